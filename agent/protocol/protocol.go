@@ -1,0 +1,246 @@
+// Package protocol holds the messages exchanged by the bridge and the
+// agents over RabbitMQ (DESIGN.md §4.4): commands, results and reports,
+// and the names of the exchange, queues and routing keys. Both sides
+// import it; it imports nothing of the project.
+package protocol
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Version is the message schema version carried in "v".
+const Version = 1
+
+// Topology names.
+const (
+	Exchange      = "vgpu"
+	ResultsQueue  = "vgpu.bridge.results"
+	ReportsQueue  = "vgpu.bridge.reports"
+	ResultsBind   = "result.#"
+	ReportsBind   = "report.#"
+	commandPrefix = "agent."
+)
+
+// CommandRoutingKey is the routing key of commands for host.
+func CommandRoutingKey(host string) string { return commandPrefix + host }
+
+// AgentQueue is the durable queue of host's commands.
+func AgentQueue(host string) string { return "vgpu.agent." + host }
+
+// ResultRoutingKey is the routing key of host's results.
+func ResultRoutingKey(host string) string { return "result." + host }
+
+// ReportRoutingKey is the routing key of host's reports.
+func ReportRoutingKey(host string) string { return "report." + host }
+
+// Kind is a command kind.
+type Kind string
+
+// Command kinds.
+const (
+	CreateMdev         Kind = "create_mdev"
+	RemoveMdev         Kind = "remove_mdev"
+	AttachVGPU         Kind = "attach_vgpu"
+	DetachVGPU         Kind = "detach_vgpu"
+	SetVGPUScheduler   Kind = "set_vgpu_scheduler"
+	SetClocks          Kind = "set_clocks"
+	ResetClocks        Kind = "reset_clocks"
+	SetVMLimits        Kind = "set_vm_limits"
+	VerifyVGPU         Kind = "verify_vgpu"
+	CollectDiagnostics Kind = "collect_diagnostics"
+)
+
+// Kinds lists every command kind.
+var Kinds = []Kind{CreateMdev, RemoveMdev, AttachVGPU, DetachVGPU, SetVGPUScheduler,
+	SetClocks, ResetClocks, SetVMLimits, VerifyVGPU, CollectDiagnostics}
+
+// Valid reports whether k is a known kind.
+func (k Kind) Valid() bool {
+	for _, x := range Kinds {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Command is what the bridge asks an agent to do.
+type Command struct {
+	V            int             `json:"v"`
+	ID           string          `json:"id"`
+	Kind         Kind            `json:"kind"`
+	Host         string          `json:"host"`
+	RequestID    string          `json:"request_id,omitempty"`
+	InstanceUUID string          `json:"instance_uuid,omitempty"`
+	IssuedAt     time.Time       `json:"issued_at"`
+	ExpiresAt    time.Time       `json:"expires_at"`
+	Params       json.RawMessage `json:"params,omitempty"`
+	KeyID        string          `json:"key_id"`
+	Sig          string          `json:"sig"`
+}
+
+// Attach modes.
+const (
+	ModeLive   = "live"
+	ModeConfig = "config"
+	ModeCold   = "cold"
+)
+
+// MdevParams are the params of create_mdev and remove_mdev. For vendor
+// VFIO GPUs, ParentPCI is the VF and TypeID is the numeric vGPU type.
+type MdevParams struct {
+	MdevUUID   string `json:"mdev_uuid"`
+	ParentPCI  string `json:"parent_pci"`
+	TypeID     string `json:"type_id"`
+	VendorVFIO bool   `json:"vendor_vfio,omitempty"`
+}
+
+// AttachParams are the params of attach_vgpu and detach_vgpu. The domain
+// is the command's instance_uuid. For an mdev, MdevUUID names it; when
+// ParentPCI and TypeID are given too and the mdev does not exist yet,
+// attach_vgpu creates it first (and the agent's journal owns it). For a
+// vendor-VFIO GPU, VendorVFIO is set, ParentPCI is the VF and TypeID its
+// numeric vGPU type (set on the VF first when given).
+type AttachParams struct {
+	MdevUUID   string `json:"mdev_uuid,omitempty"`
+	ParentPCI  string `json:"parent_pci,omitempty"`
+	TypeID     string `json:"type_id,omitempty"`
+	VendorVFIO bool   `json:"vendor_vfio,omitempty"`
+	Mode       string `json:"mode"`
+	// ShutdownTimeoutSeconds bounds the graceful shutdown of a cold attach;
+	// 0 takes the agent's [DEFAULT] cold_shutdown_timeout.
+	ShutdownTimeoutSeconds int `json:"shutdown_timeout_seconds,omitempty"`
+}
+
+// SchedulerParams are the params of set_vgpu_scheduler.
+type SchedulerParams struct {
+	GPUPCI      string `json:"gpu_pci"`
+	Policy      string `json:"policy"` // best_effort | equal_share | fixed_share
+	TimesliceUs uint32 `json:"timeslice_us,omitempty"`
+}
+
+// ClockParams are the params of set_clocks and reset_clocks.
+type ClockParams struct {
+	GPUPCI    string `json:"gpu_pci"`
+	MemoryMHz uint32 `json:"memory_mhz,omitempty"`
+	SMMHz     uint32 `json:"sm_mhz,omitempty"`
+}
+
+// LimitParams are the params of set_vm_limits.
+type LimitParams struct {
+	CPUMax     string `json:"cpu_max,omitempty"`     // cgroup v2 form: "200000 100000"
+	MemoryHigh string `json:"memory_high,omitempty"` // bytes or "max"
+}
+
+// VerifyParams are the params of verify_vgpu: the instance's domain must
+// have at least Count (default 1) healthy vGPUs of TypeID (any type when
+// empty); MdevUUID, when set, must be one of them.
+type VerifyParams struct {
+	TypeID   string `json:"type_id,omitempty"`
+	Count    int    `json:"count,omitempty"`
+	MdevUUID string `json:"mdev_uuid,omitempty"`
+}
+
+// DiagnosticsParams are the params of collect_diagnostics.
+type DiagnosticsParams struct {
+	// Checks limits the run to these check names; empty runs them all.
+	Checks []string `json:"checks,omitempty"`
+}
+
+// Status is a result status.
+type Status string
+
+// Result statuses.
+const (
+	Succeeded Status = "succeeded"
+	Failed    Status = "failed"
+	Refused   Status = "refused"
+)
+
+// Result is an agent's answer to a command.
+type Result struct {
+	V           int             `json:"v"`
+	CommandID   string          `json:"command_id"`
+	Host        string          `json:"host"`
+	Status      Status          `json:"status"`
+	Code        string          `json:"code,omitempty"`
+	NvidiaCode  int             `json:"nvidia_code,omitempty"`
+	Message     string          `json:"message,omitempty"`
+	Remediation string          `json:"remediation,omitempty"`
+	Details     json.RawMessage `json:"details,omitempty"`
+	// FinishedAt is when the agent recorded the result; a duplicate
+	// delivery is answered with the same result, FinishedAt included.
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+	KeyID      string    `json:"key_id,omitempty"`
+	Sig        string    `json:"sig,omitempty"`
+}
+
+// Report is an agent's periodic picture of its host.
+type Report struct {
+	V             int       `json:"v"`
+	Host          string    `json:"host"`
+	Node          string    `json:"node"`
+	AgentVersion  string    `json:"agent_version"`
+	DriverVersion string    `json:"driver_version,omitempty"`
+	CgroupVersion int       `json:"cgroup_version,omitempty"`
+	SentAt        time.Time `json:"sent_at"`
+	Seq           uint64    `json:"seq"`
+	GPUs          []GPU     `json:"gpus"`
+	// Errors lists what could not be read this time (e.g. "nvml: unavailable");
+	// the report is still true for the rest.
+	Errors []string `json:"errors,omitempty"`
+	KeyID  string   `json:"key_id,omitempty"`
+	Sig    string   `json:"sig,omitempty"`
+}
+
+// GPU is one physical GPU (or vendor-VFIO VF) in a report.
+type GPU struct {
+	PCI            string     `json:"pci"` // 0000:3b:00.0
+	UUID           string     `json:"uuid,omitempty"`
+	Name           string     `json:"name,omitempty"`
+	VendorVFIO     bool       `json:"vendor_vfio,omitempty"`
+	PhysFn         string     `json:"physfn,omitempty"` // the PF of a vendor-VFIO VF
+	DriverVersion  string     `json:"driver_version,omitempty"`
+	Types          []VGPUType `json:"types"`
+	Active         []VGPU     `json:"active"`
+	Health         string     `json:"health"` // ok | degraded | failed | unknown
+	UtilPercent    *float64   `json:"util_percent,omitempty"`
+	MemoryUsedMiB  *uint64    `json:"memory_used_mib,omitempty"`
+	MemoryTotalMiB *uint64    `json:"memory_total_mib,omitempty"`
+	TemperatureC   *int       `json:"temperature_c,omitempty"`
+	PowerW         *float64   `json:"power_w,omitempty"`
+}
+
+// Health values of a GPU.
+const (
+	HealthOK       = "ok"
+	HealthDegraded = "degraded"
+	HealthFailed   = "failed"
+	HealthUnknown  = "unknown"
+)
+
+// VGPUType is a vGPU type a GPU offers.
+type VGPUType struct {
+	ID                 string `json:"id"`   // nvidia-232, or a vendor VFIO numeric id
+	Name               string `json:"name"` // GRID T4-4Q
+	FramebufferMiB     int    `json:"framebuffer_mib,omitempty"`
+	MaxInstances       int    `json:"max_instances,omitempty"`
+	AvailableInstances int    `json:"available_instances"`
+}
+
+// VGPU is an active vGPU.
+type VGPU struct {
+	MdevUUID     string `json:"mdev_uuid,omitempty"`
+	PCI          string `json:"pci,omitempty"` // the VF of a vendor-VFIO vGPU
+	TypeID       string `json:"type_id"`
+	InstanceUUID string `json:"instance_uuid,omitempty"`
+	// Owner is "agent" for mdevs the agent's journal holds, "nova" otherwise.
+	Owner string `json:"owner"`
+}
+
+// Owners of a vGPU.
+const (
+	OwnerAgent = "agent"
+	OwnerNova  = "nova"
+)

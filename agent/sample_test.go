@@ -1,0 +1,22 @@
+package agent
+
+import (
+	"bytes"
+	"os"
+	"testing"
+)
+
+// The sample in etc/ is generated; `make genconfig` refreshes it.
+func TestSampleConfigIsCurrent(t *testing.T) {
+	var b bytes.Buffer
+	if err := Options.WriteSample(&b, SampleTitle); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile("../etc/vgpu-bridge/agent.conf.sample")
+	if err != nil {
+		t.Fatalf("%v; run `make genconfig`", err)
+	}
+	if !bytes.Equal(got, b.Bytes()) {
+		t.Fatal("etc/vgpu-bridge/agent.conf.sample is stale; run `make genconfig` and commit it")
+	}
+}

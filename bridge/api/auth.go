@@ -1,0 +1,201 @@
+package api
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+)
+
+// Access is what a route requires of its caller.
+type Access int
+
+const (
+	// Public routes need no credentials (health, metrics, OpenAPI).
+	Public Access = iota
+	// Reader routes need the reader or admin role.
+	Reader
+	// Admin routes need the admin role.
+	Admin
+	// Custom routes authenticate the caller themselves (e.g. webhooks).
+	Custom
+)
+
+// Role is an operator API role.
+type Role string
+
+// Roles of DESIGN.md §4.3.
+const (
+	RoleReader Role = "reader"
+	RoleAdmin  Role = "admin"
+)
+
+// Principal is the authenticated caller of a request.
+type Principal struct {
+	Name string
+	Role Role
+	// Project limits what the caller sees; empty means all projects.
+	Project string
+}
+
+// Allows reports whether p may use a route requiring a.
+func (p *Principal) Allows(a Access) bool {
+	switch a {
+	case Public, Custom:
+		return true
+	case Reader:
+		return p != nil && (p.Role == RoleReader || p.Role == RoleAdmin)
+	case Admin:
+		return p != nil && p.Role == RoleAdmin
+	}
+	return false
+}
+
+// Authenticator turns a request into a Principal, or fails with a Problem.
+type Authenticator interface {
+	Authenticate(r *http.Request) (*Principal, error)
+}
+
+type principalKey struct{}
+
+const principalCtxKey = "vgpu.principal"
+
+// PrincipalFrom returns the caller of c, or nil on public routes.
+func PrincipalFrom(c echo.Context) *Principal {
+	p, _ := c.Get(principalCtxKey).(*Principal)
+	return p
+}
+
+// SetPrincipal records the caller of c (for routes with Custom access).
+func SetPrincipal(c echo.Context, p *Principal) { c.Set(principalCtxKey, p) }
+
+// NoAuth lets everyone in as admin. For labs only.
+type NoAuth struct{}
+
+// Authenticate implements Authenticator.
+func (NoAuth) Authenticate(*http.Request) (*Principal, error) {
+	return &Principal{Name: "noauth", Role: RoleAdmin}, nil
+}
+
+// StaticTokens authenticates "X-Auth-Token: <token>" or
+// "Authorization: Bearer <token>" against a file of static tokens.
+type StaticTokens struct {
+	entries []tokenEntry
+}
+
+type tokenEntry struct {
+	sum       [32]byte
+	principal Principal
+}
+
+// LoadTokenFile reads lines "TOKEN ROLE [NAME [PROJECT]]"; blank lines and
+// lines starting with # are ignored. Errors name the line, never the token.
+func LoadTokenFile(path string) (*StaticTokens, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("token file: %w", err)
+	}
+	defer f.Close()
+	st := &StaticTokens{}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fs := strings.Fields(line)
+		if len(fs) < 2 {
+			return nil, fmt.Errorf("token file %s line %d: want TOKEN ROLE [NAME [PROJECT]]", path, n)
+		}
+		role := Role(fs[1])
+		if role != RoleReader && role != RoleAdmin {
+			return nil, fmt.Errorf("token file %s line %d: role %q is not reader or admin", path, n, fs[1])
+		}
+		p := Principal{Name: fmt.Sprintf("token-line-%d", n), Role: role}
+		if len(fs) > 2 {
+			p.Name = fs[2]
+		}
+		if len(fs) > 3 {
+			p.Project = fs[3]
+		}
+		st.entries = append(st.entries, tokenEntry{sum: sha256.Sum256([]byte(fs[0])), principal: p})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("token file: %w", err)
+	}
+	if len(st.entries) == 0 {
+		return nil, fmt.Errorf("token file %s holds no token", path)
+	}
+	return st, nil
+}
+
+// BearerToken returns the token of r from X-Auth-Token or Authorization.
+func BearerToken(r *http.Request) string {
+	if t := r.Header.Get("X-Auth-Token"); t != "" {
+		return t
+	}
+	if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+		return strings.TrimSpace(a[7:])
+	}
+	return ""
+}
+
+// Authenticate implements Authenticator. Every entry is compared, in
+// constant time, so timing tells nothing about which token is close.
+func (st *StaticTokens) Authenticate(r *http.Request) (*Principal, error) {
+	tok := BearerToken(r)
+	if tok == "" {
+		return nil, &ProblemDetails{Status: http.StatusUnauthorized, Title: "Unauthorized",
+			Detail: "send a token in X-Auth-Token or Authorization: Bearer", Code: "no_token",
+			Headers: map[string]string{"WWW-Authenticate": `Bearer realm="vgpu-bridge"`}}
+	}
+	sum := sha256.Sum256([]byte(tok))
+	var found *Principal
+	for i := range st.entries {
+		if subtle.ConstantTimeCompare(sum[:], st.entries[i].sum[:]) == 1 {
+			found = &st.entries[i].principal
+		}
+	}
+	if found == nil {
+		return nil, &ProblemDetails{Status: http.StatusUnauthorized, Title: "Unauthorized",
+			Detail: "the token is not valid", Code: "bad_token",
+			Headers: map[string]string{"WWW-Authenticate": `Bearer realm="vgpu-bridge"`}}
+	}
+	p := *found
+	return &p, nil
+}
+
+func (s *Server) requireAccess(a Access) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if a == Public || a == Custom {
+				return next(c)
+			}
+			p, err := s.auth.Authenticate(c.Request())
+			if err != nil {
+				return err
+			}
+			if !p.Allows(a) {
+				return &ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden",
+					Detail: fmt.Sprintf("role %q may not do this; it needs %s", p.Role, accessName(a)), Code: "forbidden"}
+			}
+			SetPrincipal(c, p)
+			return next(c)
+		}
+	}
+}
+
+func accessName(a Access) string {
+	switch a {
+	case Reader:
+		return "reader or admin"
+	case Admin:
+		return "admin"
+	}
+	return "nothing"
+}

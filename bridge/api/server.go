@@ -1,0 +1,382 @@
+// Package api is the bridge's HTTP server: the operator API under /v1,
+// health and readiness, Prometheus metrics and the OpenAPI document.
+// Features register their routes and describe them in OpenAPI fragments.
+package api
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Log attribute keys.
+const (
+	LogKeyRequestID = "request_id"
+	LogKeyStatus    = "status"
+	LogKeyMethod    = "method"
+	LogKeyPath      = "path"
+	LogKeyRemote    = "remote"
+	LogKeyDuration  = "duration"
+	LogKeyPrincipal = "principal"
+)
+
+// Config configures a Server.
+type Config struct {
+	Listen            string // host:port
+	TLSConfig         *tls.Config
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
+	MaxHeaderBytes    int
+	// MaxBodyBytes bounds request bodies of routes that do not read them
+	// themselves.
+	MaxBodyBytes  int64
+	ShutdownGrace time.Duration
+	Auth          Authenticator
+	Registry      *prometheus.Registry
+	Logger        *slog.Logger
+	Version       string
+}
+
+// Checker reports whether a dependency is usable; nil means ready.
+type Checker func(ctx context.Context) error
+
+// Server is the bridge's HTTP server.
+type Server struct {
+	cfg    Config
+	e      *echo.Echo
+	log    *slog.Logger
+	auth   Authenticator
+	reg    *prometheus.Registry
+	http   *http.Server
+	lnMu   sync.Mutex
+	ln     net.Listener
+	ready  chan struct{}
+	checks []namedCheck
+
+	docMu sync.Mutex
+	doc   map[string]any
+
+	reqs *prometheus.HistogramVec
+}
+
+type namedCheck struct {
+	name string
+	fn   Checker
+}
+
+// New builds a server with the health, readiness, metrics and OpenAPI routes.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Auth == nil {
+		cfg.Auth = NoAuth{}
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	s := &Server{cfg: cfg, e: echo.New(), log: cfg.Logger, auth: cfg.Auth, reg: cfg.Registry, ready: make(chan struct{})}
+	s.e.HideBanner, s.e.HidePort = true, true
+	s.e.HTTPErrorHandler = s.errorHandler
+	s.reqs = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "vgpu_bridge_http_request_duration_seconds",
+		Help:    "HTTP requests by route, method and status code.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+	}, []string{"route", "method", "code"})
+	s.reg.MustRegister(s.reqs)
+	s.e.Use(s.recoverMW, s.requestIDMW, s.accessLogMW)
+	s.doc = baseDocument(cfg.Version)
+
+	s.Handle(http.MethodGet, "/healthz", Public, s.healthz)
+	s.Handle(http.MethodGet, "/readyz", Public, s.readyz)
+	s.Handle(http.MethodGet, "/metrics", Public, echo.WrapHandler(promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg})))
+	s.Handle(http.MethodGet, "/v1/openapi.json", Public, s.openapi)
+	s.Describe(foundationFragment)
+	return s
+}
+
+// Echo exposes the underlying router for tests.
+func (s *Server) Echo() *echo.Echo { return s.e }
+
+// Registry returns the metrics registry the server exposes.
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// Handle registers a route. The access level decides which callers pass
+// the authentication middleware.
+func (s *Server) Handle(method, path string, access Access, h echo.HandlerFunc, mw ...echo.MiddlewareFunc) {
+	mws := append([]echo.MiddlewareFunc{s.requireAccess(access)}, mw...)
+	if access != Custom {
+		mws = append([]echo.MiddlewareFunc{s.bodyLimitMW(s.cfg.MaxBodyBytes)}, mws...)
+	}
+	s.e.Add(method, path, h, mws...)
+}
+
+// AddCheck adds a readiness check; /readyz fails naming it when it fails.
+func (s *Server) AddCheck(name string, fn Checker) {
+	s.checks = append(s.checks, namedCheck{name, fn})
+}
+
+func (s *Server) healthz(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+}
+
+type readiness struct {
+	Status string            `json:"status"`
+	Checks map[string]string `json:"checks"`
+}
+
+func (s *Server) readyz(c echo.Context) error {
+	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
+	defer cancel()
+	type res struct {
+		name string
+		err  error
+	}
+	out := make(chan res, len(s.checks))
+	for _, ch := range s.checks {
+		go func() { out <- res{ch.name, ch.fn(ctx)} }()
+	}
+	r := readiness{Status: "ready", Checks: map[string]string{}}
+	var failing []string
+	for range s.checks {
+		x := <-out
+		if x.err != nil {
+			r.Checks[x.name] = x.err.Error()
+			failing = append(failing, x.name)
+		} else {
+			r.Checks[x.name] = "ok"
+		}
+	}
+	if len(failing) > 0 {
+		sort.Strings(failing)
+		p := &ProblemDetails{Status: http.StatusServiceUnavailable, Title: "Not ready",
+			Detail: "unreachable: " + strings.Join(failing, ", "), Code: "not_ready"}
+		for _, f := range failing {
+			p.InvalidParams = append(p.InvalidParams, InvalidParam{Name: f, Reason: r.Checks[f]})
+		}
+		return p
+	}
+	return c.JSON(http.StatusOK, r)
+}
+
+// Start listens and serves in the background; Addr is valid afterwards.
+func (s *Server) Start() error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("api listen %s: %w", s.cfg.Listen, err)
+	}
+	if s.cfg.TLSConfig != nil {
+		ln = tls.NewListener(ln, s.cfg.TLSConfig)
+	}
+	s.lnMu.Lock()
+	s.ln = ln
+	s.lnMu.Unlock()
+	s.http = &http.Server{
+		Handler:           s.e,
+		ReadHeaderTimeout: orDefault(s.cfg.ReadHeaderTimeout, 5*time.Second),
+		ReadTimeout:       orDefault(s.cfg.ReadTimeout, 30*time.Second),
+		WriteTimeout:      orDefault(s.cfg.WriteTimeout, 30*time.Second),
+		IdleTimeout:       orDefault(s.cfg.IdleTimeout, 120*time.Second),
+		MaxHeaderBytes:    orDefaultInt(s.cfg.MaxHeaderBytes, 64<<10),
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	go func() {
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("api server stopped", "err", err)
+		}
+	}()
+	close(s.ready)
+	s.log.Info("api listening", "addr", ln.Addr().String(), "tls", s.cfg.TLSConfig != nil)
+	return nil
+}
+
+// Addr returns the listening address once started.
+func (s *Server) Addr() string {
+	s.lnMu.Lock()
+	defer s.lnMu.Unlock()
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+// Run starts the server and serves until ctx ends, then drains in-flight
+// requests for up to ShutdownGrace.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return s.Shutdown()
+}
+
+// Shutdown drains in-flight requests.
+func (s *Server) Shutdown() error {
+	if s.http == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), orDefault(s.cfg.ShutdownGrace, 15*time.Second))
+	defer cancel()
+	if err := s.http.Shutdown(ctx); err != nil {
+		return fmt.Errorf("api shutdown: %w", err)
+	}
+	return nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func orDefaultInt(n, def int) int {
+	if n == 0 {
+		return def
+	}
+	return n
+}
+
+const requestIDHeader = "X-OpenStack-Request-ID"
+
+// RequestID returns the request's id ("req-<uuid>", OpenStack style).
+func RequestID(c echo.Context) string {
+	id, _ := c.Get(LogKeyRequestID).(string)
+	return id
+}
+
+func (s *Server) requestIDMW(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		id := c.Request().Header.Get(requestIDHeader)
+		if !validRequestID(id) {
+			id = "req-" + uuid.NewString()
+		}
+		c.Set(LogKeyRequestID, id)
+		c.Response().Header().Set(requestIDHeader, id)
+		return next(c)
+	}
+}
+
+func validRequestID(id string) bool {
+	if !strings.HasPrefix(id, "req-") {
+		return false
+	}
+	_, err := uuid.Parse(id[4:])
+	return err == nil
+}
+
+func (s *Server) accessLogMW(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		err := next(c)
+		if err != nil {
+			c.Error(err)
+		}
+		d := time.Since(start)
+		status := c.Response().Status
+		route := c.Path()
+		if route == "" {
+			route = "unmatched"
+		}
+		s.reqs.WithLabelValues(route, c.Request().Method, strconv.Itoa(status)).Observe(d.Seconds())
+		level := slog.LevelInfo
+		if route == "/healthz" || route == "/readyz" || route == "/metrics" {
+			level = slog.LevelDebug
+		}
+		attrs := []slog.Attr{
+			slog.String(LogKeyRequestID, RequestID(c)),
+			slog.String(LogKeyMethod, c.Request().Method),
+			slog.String(LogKeyPath, c.Request().URL.Path),
+			slog.Int(LogKeyStatus, status),
+			slog.String(LogKeyRemote, c.RealIP()),
+			slog.Duration(LogKeyDuration, d),
+		}
+		if p := PrincipalFrom(c); p != nil {
+			attrs = append(attrs, slog.String(LogKeyPrincipal, p.Name))
+		}
+		s.log.LogAttrs(c.Request().Context(), level, "http request", attrs...)
+		return nil
+	}
+}
+
+func (s *Server) recoverMW(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				if r == http.ErrAbortHandler {
+					panic(r)
+				}
+				s.log.Error("handler panic", slog.String(LogKeyRequestID, RequestID(c)), slog.Any("panic", r))
+				err = fmt.Errorf("panic: %v", r)
+			}
+		}()
+		return next(c)
+	}
+}
+
+func (s *Server) bodyLimitMW(limit int64) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			r := c.Request()
+			if r.ContentLength > limit {
+				return Problem(http.StatusRequestEntityTooLarge, "Request Entity Too Large",
+					fmt.Sprintf("the body may hold at most %d bytes", limit))
+			}
+			r.Body = http.MaxBytesReader(c.Response(), r.Body, limit)
+			return next(c)
+		}
+	}
+}
+
+// DecodeJSON reads c's body as exactly one JSON value into v, refusing
+// unknown fields; errors are problems naming what is wrong.
+func DecodeJSON(c echo.Context, v any) error {
+	dec := json.NewDecoder(c.Request().Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return Problem(http.StatusRequestEntityTooLarge, "Request Entity Too Large",
+				fmt.Sprintf("the body may hold at most %d bytes", mbe.Limit))
+		}
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) {
+			return ValidationProblem([]InvalidParam{{Name: ute.Field, Reason: "must be " + ute.Type.String()}})
+		}
+		if strings.HasPrefix(err.Error(), "json: unknown field ") {
+			return ValidationProblem([]InvalidParam{{Name: strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`), Reason: "unknown field"}})
+		}
+		return Problem(http.StatusBadRequest, "Bad Request", "the body is not valid JSON: "+err.Error())
+	}
+	if dec.More() {
+		return Problem(http.StatusBadRequest, "Bad Request", "the body holds more than one JSON value")
+	}
+	return nil
+}
+
+func jsonEncode(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}

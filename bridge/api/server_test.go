@@ -1,0 +1,163 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/labstack/echo/v4"
+)
+
+func newTestServer(t *testing.T, auth Authenticator) *Server {
+	t.Helper()
+	s := New(Config{Auth: auth, MaxBodyBytes: 64})
+	s.Handle(http.MethodGet, "/v1/things/:id", Reader, func(c echo.Context) error {
+		return c.JSON(http.StatusOK, map[string]string{"id": c.Param("id"), "who": PrincipalFrom(c).Name})
+	})
+	s.Handle(http.MethodPost, "/v1/things", Admin, func(c echo.Context) error {
+		var body struct {
+			Name string `json:"name"`
+		}
+		if err := DecodeJSON(c, &body); err != nil {
+			return err
+		}
+		return c.JSON(http.StatusCreated, body)
+	})
+	s.Describe([]byte(`{"paths": {"/v1/things/{id}": {"get": {"summary": "x", "responses": {"200": {"description": "ok"}}}},
+		"/v1/things": {"post": {"summary": "y", "responses": {"201": {"description": "ok"}}}}}}`))
+	return s
+}
+
+func tokens(t *testing.T) *StaticTokens {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "tokens")
+	os.WriteFile(p, []byte("# comment\nreadtok reader alice\nadmintok admin bob\n\nprojtok reader carol proj-1\n"), 0o600)
+	st, err := LoadTokenFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func do(s *Server, method, path, token, body string) *httptest.ResponseRecorder {
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req := httptest.NewRequest(method, path, r)
+	if token != "" {
+		req.Header.Set("X-Auth-Token", token)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	rec := httptest.NewRecorder()
+	s.Echo().ServeHTTP(rec, req)
+	return rec
+}
+
+func TestAuthAndProblems(t *testing.T) {
+	s := newTestServer(t, tokens(t))
+	tests := []struct {
+		name, method, path, token, body string
+		wantStatus                      int
+		wantCode                        string
+	}{
+		{"no token", "GET", "/v1/things/1", "", "", 401, "no_token"},
+		{"bad token", "GET", "/v1/things/1", "nope", "", 401, "bad_token"},
+		{"reader reads", "GET", "/v1/things/1", "readtok", "", 200, ""},
+		{"reader cannot write", "POST", "/v1/things", "readtok", `{"name":"a"}`, 403, "forbidden"},
+		{"admin writes", "POST", "/v1/things", "admintok", `{"name":"a"}`, 201, ""},
+		{"unknown field", "POST", "/v1/things", "admintok", `{"nom":"a"}`, 422, "invalid_params"},
+		{"wrong type", "POST", "/v1/things", "admintok", `{"name":1}`, 422, "invalid_params"},
+		{"not json", "POST", "/v1/things", "admintok", `{"name":`, 400, ""},
+		{"too big", "POST", "/v1/things", "admintok", `{"name":"` + strings.Repeat("x", 100) + `"}`, 413, ""},
+		{"no route", "GET", "/v1/nothing", "admintok", "", 404, ""},
+		{"health is public", "GET", "/healthz", "", "", 200, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := do(s, tt.method, tt.path, tt.token, tt.body)
+			if rec.Code != tt.wantStatus {
+				t.Fatalf("status %d, want %d: %s", rec.Code, tt.wantStatus, rec.Body)
+			}
+			if rec.Header().Get("X-OpenStack-Request-ID") == "" {
+				t.Error("no request id header")
+			}
+			if tt.wantStatus >= 400 {
+				if ct := rec.Header().Get("Content-Type"); ct != ProblemContentType {
+					t.Errorf("content type %q", ct)
+				}
+				var p ProblemDetails
+				if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+					t.Fatal(err)
+				}
+				if p.Status != tt.wantStatus || p.Title == "" || p.RequestID == "" {
+					t.Errorf("problem = %+v", p)
+				}
+				if tt.wantCode != "" && p.Code != tt.wantCode {
+					t.Errorf("code = %q, want %q", p.Code, tt.wantCode)
+				}
+			}
+		})
+	}
+}
+
+func TestRequestIDPropagated(t *testing.T) {
+	s := newTestServer(t, NoAuth{})
+	req := httptest.NewRequest("GET", "/healthz", nil)
+	const id = "req-3f0b6a3e-9d63-4a5e-9d2b-1f0c2b7c2d55"
+	req.Header.Set("X-OpenStack-Request-ID", id)
+	rec := httptest.NewRecorder()
+	s.Echo().ServeHTTP(rec, req)
+	if got := rec.Header().Get("X-OpenStack-Request-ID"); got != id {
+		t.Errorf("request id = %q, want %q", got, id)
+	}
+}
+
+func TestReadyzNamesFailingPart(t *testing.T) {
+	s := newTestServer(t, NoAuth{})
+	s.AddCheck("database", func(context.Context) error { return errors.New("connection refused") })
+	s.AddCheck("broker", func(context.Context) error { return nil })
+	rec := do(s, "GET", "/readyz", "", "")
+	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "unreachable: database") || strings.Contains(rec.Body.String(), "broker,") {
+		t.Fatalf("readyz = %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestTokenFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{"role": "tok superuser\n", "short": "tok\n", "empty": "# nothing\n"} {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(body), 0o600)
+		_, err := LoadTokenFile(p)
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+			continue
+		}
+		if strings.Contains(err.Error(), "tok ") {
+			t.Errorf("%s: error quotes the token: %v", name, err)
+		}
+	}
+}
+
+func TestEveryRouteDescribed(t *testing.T) {
+	s := newTestServer(t, NoAuth{})
+	s.Handle(http.MethodDelete, "/v1/things/:id", Admin, func(c echo.Context) error { return nil })
+	got := s.Undescribed()
+	if len(got) != 1 || got[0] != "DELETE /v1/things/{id}" {
+		t.Errorf("Undescribed = %v, want the DELETE only", got)
+	}
+	var doc map[string]any
+	rec := do(s, "GET", "/v1/openapi.json", "", "")
+	if err := json.Unmarshal(rec.Body.Bytes(), &doc); err != nil || doc["openapi"] != "3.0.3" {
+		t.Fatalf("openapi.json: %v %v", err, doc["openapi"])
+	}
+}

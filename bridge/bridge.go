@@ -1,0 +1,202 @@
+// Package bridge is the vgpu-bridge daemon: it ingests Nova notifications
+// and webhooks, decides with the policy and placement engines, dispatches
+// to agents and serves the operator API. Run wires the parts together.
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+)
+
+// Build information, set by the linker through cmd/vgpu-bridge.
+var (
+	Version = "dev"
+	Commit  = "unknown"
+)
+
+// ErrSchemaBehind is returned by Run when migrations are pending and
+// [database] auto_migrate is off.
+var ErrSchemaBehind = errors.New("database schema is behind this binary")
+
+// Daemon is a running bridge, for tests that embed it.
+type Daemon struct {
+	API  *api.Server
+	Pool *pgxpool.Pool
+}
+
+// component is a part with a loop of its own; Run blocks until ctx ends.
+type component struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// Run runs the bridge until ctx ends. started, when non-nil, is called
+// once the API listens.
+func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Daemon)) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	replica := optHost.Get(v)
+	if replica == "" {
+		replica, _ = os.Hostname()
+	}
+	log = log.With("replica", replica)
+	for _, w := range v.Warnings {
+		log.Warn("configuration", "warning", w)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vgpu_bridge_build_info", Help: "Version of the running bridge."}, []string{"version", "commit"})
+	buildInfo.WithLabelValues(Version, Commit).Set(1)
+	reg.MustRegister(buildInfo)
+
+	sc, err := StoreConfig(v)
+	if err != nil {
+		return err
+	}
+	pool, err := store.Open(ctx, sc)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := checkSchema(ctx, pool, optDBAutoMigrate.Get(v), log); err != nil {
+		return err
+	}
+
+	tu, err := TransportURL(v)
+	if err != nil {
+		return fmt.Errorf("[DEFAULT] transport_url: %w", err)
+	}
+
+	ac, err := APIConfig(v)
+	if err != nil {
+		return err
+	}
+	ac.Logger, ac.Registry, ac.Version = log.With("component", "api"), reg, Version
+	ac.ShutdownGrace = optShutdownTimeout.Get(v)
+	srv := api.New(ac)
+	srv.AddCheck("database", func(ctx context.Context) error { return pool.Ping(ctx) })
+	srv.AddCheck("broker", brokerCheck(tu))
+
+	var comps []component
+	// Features register here: routes with srv, loops in comps.
+	// (wiring: features)
+
+	if err := srv.Start(); err != nil {
+		return err
+	}
+	if started != nil {
+		started(&Daemon{API: srv, Pool: pool})
+	}
+	log.Info("vgpu-bridge started", "version", Version, "api", srv.Addr(), "broker", tu.Redacted())
+
+	var wg sync.WaitGroup
+	errc := make(chan error, len(comps))
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, c := range comps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.run(cctx); err != nil && !errors.Is(err, context.Canceled) {
+				errc <- fmt.Errorf("%s: %w", c.name, err)
+			}
+		}()
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case runErr = <-errc:
+		log.Error("component failed; shutting down", "err", runErr)
+	}
+	cancel()
+	shutErr := srv.Shutdown()
+	wg.Wait()
+	return errors.Join(runErr, shutErr)
+}
+
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, auto bool, log *slog.Logger) error {
+	if auto {
+		if _, err := store.Migrate(ctx, pool, log); err != nil {
+			return err
+		}
+		return nil
+	}
+	n, err := store.Pending(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("check schema: %w", err)
+	}
+	if n > 0 {
+		return fmt.Errorf("%w: %d migration(s) pending; run `vgpu-bridge migrate up` (or set [database] auto_migrate = true)", ErrSchemaBehind, n)
+	}
+	return nil
+}
+
+// brokerCheck dials the broker (AMQP handshake included) at most every
+// few seconds and reports the last outcome.
+func brokerCheck(tu *conf.TransportURL) api.Checker {
+	var mu sync.Mutex
+	var last time.Time
+	var lastErr error
+	return func(ctx context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(last) < 3*time.Second {
+			return lastErr
+		}
+		lastErr = dialAny(ctx, tu)
+		last = time.Now()
+		return lastErr
+	}
+}
+
+func dialAny(ctx context.Context, tu *conf.TransportURL) error {
+	var errs []error
+	for i, u := range tu.AMQPURLs() {
+		deadline, ok := ctx.Deadline()
+		if !ok {
+			deadline = time.Now().Add(2 * time.Second)
+		}
+		conn, err := amqp.DialConfig(u, amqp.Config{
+			Dial: func(network, addr string) (net.Conn, error) {
+				return net.DialTimeout(network, addr, time.Until(deadline))
+			},
+			Properties: amqp.Table{"connection_name": "vgpu-bridge readiness"},
+		})
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %s", tu.Brokers[i].Host, redactAMQP(err)))
+	}
+	return errors.Join(errs...)
+}
+
+func redactAMQP(err error) string {
+	var ae *amqp.Error
+	if errors.As(err, &ae) {
+		return fmt.Sprintf("AMQP %d %s", ae.Code, ae.Reason)
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		return oe.Err.Error()
+	}
+	return "connection failed"
+}

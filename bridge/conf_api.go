@@ -1,0 +1,85 @@
+package bridge
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+)
+
+var (
+	optAPIListen = Options.String("api", "listen", "127.0.0.1:9797",
+		"Address (host:port) of the operator API, /metrics and the health checks. Example: 0.0.0.0:9797")
+	optAPIAuth = Options.Choice("api", "auth_strategy", "token", []string{"noauth", "token"},
+		"How operator API callers are authenticated: token checks X-Auth-Token (or Authorization: Bearer) "+
+			"against token_file; noauth lets everyone in as admin and is for labs only. Example: token")
+	optAPITokenFile = Options.String("api", "token_file", "",
+		"With auth_strategy = token: a file of lines \"TOKEN ROLE [NAME [PROJECT]]\", ROLE being reader or admin; "+
+			"a PROJECT limits what the token sees. Example: /etc/vgpu-bridge/secrets/api-tokens")
+	optAPIReadHeaderTimeout = Options.Duration("api", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,
+		"How long a client may take to send the request headers (cuts off slowloris clients). Example: 5s")
+	optAPIReadTimeout = Options.Duration("api", "read_timeout", 30*time.Second, time.Second, 10*time.Minute,
+		"How long a client may take to send a whole request. Example: 30s")
+	optAPIWriteTimeout = Options.Duration("api", "write_timeout", 30*time.Second, time.Second, 10*time.Minute,
+		"How long an answer may take to write. Example: 30s")
+	optAPIMaxHeaderBytes = Options.Int("api", "max_header_bytes", 64<<10, 4<<10, 1<<20,
+		"Largest request header block accepted. Example: 65536")
+	optAPIMaxBodyBytes = Options.Int("api", "max_body_bytes", 1<<20, 1<<10, 64<<20,
+		"Largest request body the operator API reads. Example: 1048576")
+	optAPITLSCert = Options.String("api", "tls_cert_file", "",
+		"PEM certificate (chain) to serve the API over TLS; empty serves plain HTTP. Example: /etc/vgpu-bridge/tls/api.crt")
+	optAPITLSKey = Options.String("api", "tls_key_file", "",
+		"PEM private key of tls_cert_file. Example: /etc/vgpu-bridge/tls/api.key")
+)
+
+func init() {
+	Options.SectionHelp("api", "The operator API (DESIGN.md §4.3), /metrics, /healthz and /readyz.")
+	validators = append(validators, func(v *conf.Values) conf.Errors {
+		var errs conf.Errors
+		if l := optAPIListen.Get(v); l != "" {
+			if _, _, err := net.SplitHostPort(l); err != nil {
+				errs = append(errs, &conf.Error{Section: "api", Option: "listen", Value: l, Problem: "not host:port; allowed: e.g. 127.0.0.1:9797"})
+			}
+		}
+		if optAPIAuth.Get(v) == "token" && optAPITokenFile.Get(v) == "" {
+			errs = append(errs, &conf.Error{Section: "api", Option: "token_file", Problem: "is required when auth_strategy = token; allowed: a file of \"TOKEN ROLE\" lines"})
+		}
+		if (optAPITLSCert.Get(v) == "") != (optAPITLSKey.Get(v) == "") {
+			errs = append(errs, &conf.Error{Section: "api", Option: "tls_key_file", Value: optAPITLSKey.Get(v), Problem: "tls_cert_file and tls_key_file go together"})
+		}
+		return errs
+	})
+}
+
+// APIConfig maps [api] to api.Config (without logger, registry, version).
+func APIConfig(v *conf.Values) (api.Config, error) {
+	c := api.Config{
+		Listen:            optAPIListen.Get(v),
+		ReadHeaderTimeout: optAPIReadHeaderTimeout.Get(v),
+		ReadTimeout:       optAPIReadTimeout.Get(v),
+		WriteTimeout:      optAPIWriteTimeout.Get(v),
+		MaxHeaderBytes:    optAPIMaxHeaderBytes.Get(v),
+		MaxBodyBytes:      int64(optAPIMaxBodyBytes.Get(v)),
+	}
+	switch optAPIAuth.Get(v) {
+	case "noauth":
+		c.Auth = api.NoAuth{}
+	case "token":
+		st, err := api.LoadTokenFile(optAPITokenFile.Get(v))
+		if err != nil {
+			return c, err
+		}
+		c.Auth = st
+	}
+	if cert := optAPITLSCert.Get(v); cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, optAPITLSKey.Get(v))
+		if err != nil {
+			return c, fmt.Errorf("[api] tls_cert_file: %w", err)
+		}
+		c.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}
+	}
+	return c, nil
+}

@@ -1,0 +1,173 @@
+// Command vgpu-agent runs on each compute host: it discovers GPUs and vGPU
+// types and executes the bridge's commands against libvirt, sysfs and NVML.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+)
+
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// globals are the flags every subcommand shares.
+type globals struct {
+	configFile string
+	overrides  []string
+	debug      bool
+	stdout     io.Writer
+	stderr     io.Writer
+}
+
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// subcommands are added by the files of this package in init.
+var subcommands []func(*globals) *cobra.Command
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:   "vgpu-agent",
+		Short: "The vgpu-bridge agent of one compute host",
+		Long: `vgpu-agent discovers the host's GPUs and vGPU types (NVML, sysfs mediated
+devices, NVIDIA vendor VFIO), executes the bridge's commands (create and
+attach vGPUs, tune GPUs, set VM limits) and reports the host's state.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.configFile, "config", defaultConfigFile(),
+		"INI configuration file (see etc/vgpu-bridge/agent.conf.sample); empty reads none")
+	pf.StringArrayVar(&g.overrides, "set", nil,
+		"override one option, SECTION.OPTION=VALUE (repeatable; wins over file and environment)")
+	pf.BoolVar(&g.debug, "debug", false, "log at debug level (same as --set DEFAULT.debug=true)")
+	for _, sc := range subcommands {
+		root.AddCommand(sc(g))
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	if es, ok := conf.AsErrors(err); ok {
+		fmt.Fprintln(stderr, "vgpu-agent: bad configuration:")
+		for _, e := range es {
+			fmt.Fprintln(stderr, "  "+e.Error())
+		}
+		return exitUsage
+	}
+	fmt.Fprintln(stderr, "vgpu-agent:", err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		return exitUsage
+	}
+	return exitFailure
+}
+
+func defaultConfigFile() string {
+	const p = "/etc/vgpu-bridge/agent.conf"
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	return ""
+}
+
+func (g *globals) load() (*conf.Values, error) {
+	ov := g.overrides
+	if g.debug {
+		ov = append(ov, "DEFAULT.debug=true")
+	}
+	return agent.LoadConfig(conf.Source{File: g.configFile, Environ: os.Environ(), Overrides: ov})
+}
+
+func (g *globals) logger(v *conf.Values) *slog.Logger {
+	level := slog.LevelInfo
+	if agent.Debug(v) {
+		level = slog.LevelDebug
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if agent.LogFormat(v) == "text" {
+		return slog.New(slog.NewTextHandler(g.stderr, opts))
+	}
+	return slog.New(slog.NewJSONHandler(g.stderr, opts))
+}
+
+func init() {
+	subcommands = append(subcommands, newServeCmd, newVersionCmd, newGenconfigCmd)
+}
+
+func newServeCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "serve",
+		Short: "Run the agent until SIGINT or SIGTERM",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v, err := g.load()
+			if err != nil {
+				return err
+			}
+			return agent.Run(cmd.Context(), v, g.logger(v))
+		},
+	}
+}
+
+func newVersionCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print version, commit and Go version",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			fmt.Fprintf(g.stdout, "vgpu-agent %s (commit %s, %s %s/%s)\n", agent.Version, agent.Commit,
+				runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			return nil
+		},
+	}
+}
+
+func newGenconfigCmd(g *globals) *cobra.Command {
+	var out string
+	c := &cobra.Command{
+		Use:   "genconfig",
+		Short: "Write the commented sample configuration generated from the option definitions",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			w := g.stdout
+			if out != "" {
+				f, err := os.Create(out)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				w = f
+			}
+			return agent.Options.WriteSample(w, agent.SampleTitle)
+		},
+	}
+	c.Flags().StringVarP(&out, "output", "o", "", "file to write (default: standard output)")
+	return c
+}

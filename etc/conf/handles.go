@@ -1,0 +1,122 @@
+package conf
+
+import "time"
+
+// String is a handle to a string option.
+type String struct{ o *Option }
+
+// Int is a handle to an integer option.
+type Int struct{ o *Option }
+
+// Float is a handle to a floating point option.
+type Float struct{ o *Option }
+
+// Bool is a handle to a boolean option.
+type Bool struct{ o *Option }
+
+// Duration is a handle to a duration option ("30s", "5m", or plain seconds).
+type Duration struct{ o *Option }
+
+// List is a handle to a comma-separated list option.
+type List struct{ o *Option }
+
+// Get returns the option's value.
+func (h String) Get(v *Values) string { return v.vals[h.o.key()].(string) }
+
+// Get returns the option's value.
+func (h Int) Get(v *Values) int { return v.vals[h.o.key()].(int) }
+
+// Get returns the option's value.
+func (h Float) Get(v *Values) float64 { return v.vals[h.o.key()].(float64) }
+
+// Get returns the option's value.
+func (h Bool) Get(v *Values) bool { return v.vals[h.o.key()].(bool) }
+
+// Get returns the option's value.
+func (h Duration) Get(v *Values) time.Duration { return v.vals[h.o.key()].(time.Duration) }
+
+// Get returns the option's value.
+func (h List) Get(v *Values) []string {
+	l, _ := v.vals[h.o.key()].([]string)
+	return l
+}
+
+// Option returns the declaration behind a handle.
+func (h String) Option() *Option { return h.o }
+
+// Option returns the declaration behind a handle.
+func (h Int) Option() *Option { return h.o }
+
+// Option returns the declaration behind a handle.
+func (h Duration) Option() *Option { return h.o }
+
+// String declares a string option.
+func (s *Set) String(section, name, def, help string) String {
+	return String{s.add(Option{Section: section, Name: name, Kind: KindString, Default: def, Help: help})}
+}
+
+// Secret declares a string option whose value is never printed.
+func (s *Set) Secret(section, name, help string) String {
+	return String{s.add(Option{Section: section, Name: name, Kind: KindString, Help: help, Secret: true})}
+}
+
+// Choice declares a string option limited to choices.
+func (s *Set) Choice(section, name, def string, choices []string, help string) String {
+	return String{s.add(Option{Section: section, Name: name, Kind: KindChoice, Default: def, Choices: choices, Help: help})}
+}
+
+// Int declares an integer option bounded by [min, max].
+func (s *Set) Int(section, name string, def, min, max int, help string) Int {
+	return Int{s.add(Option{Section: section, Name: name, Kind: KindInt, Default: itoa(def), Help: help,
+		Min: float64(min), Max: float64(max), HasRange: true})}
+}
+
+// Float declares a floating point option bounded by [min, max].
+func (s *Set) Float(section, name string, def, min, max float64, help string) Float {
+	return Float{s.add(Option{Section: section, Name: name, Kind: KindFloat, Default: ftoa(def), Help: help,
+		Min: min, Max: max, HasRange: true})}
+}
+
+// Bool declares a boolean option.
+func (s *Set) Bool(section, name string, def bool, help string) Bool {
+	d := "false"
+	if def {
+		d = "true"
+	}
+	return Bool{s.add(Option{Section: section, Name: name, Kind: KindBool, Default: d, Help: help})}
+}
+
+// Duration declares a duration option bounded by [min, max].
+func (s *Set) Duration(section, name string, def, min, max time.Duration, help string) Duration {
+	return Duration{s.add(Option{Section: section, Name: name, Kind: KindDuration, Default: def.String(), Help: help,
+		Min: float64(min), Max: float64(max), HasRange: true})}
+}
+
+// List declares a comma-separated list option.
+func (s *Set) List(section, name, def, help string) List {
+	return List{s.add(Option{Section: section, Name: name, Kind: KindList, Default: def, Help: help})}
+}
+
+// String returns a templated section's string value.
+func (in *Instance) String(name string) string { s, _ := in.vals[name].(string); return s }
+
+// Int returns a templated section's integer value.
+func (in *Instance) Int(name string) int { n, _ := in.vals[name].(int); return n }
+
+// Float returns a templated section's float value.
+func (in *Instance) Float(name string) float64 { f, _ := in.vals[name].(float64); return f }
+
+// Bool returns a templated section's boolean value.
+func (in *Instance) Bool(name string) bool { b, _ := in.vals[name].(bool); return b }
+
+// Duration returns a templated section's duration value.
+func (in *Instance) Duration(name string) time.Duration {
+	d, _ := in.vals[name].(time.Duration)
+	return d
+}
+
+// List returns a templated section's list value.
+func (in *Instance) List(name string) []string { l, _ := in.vals[name].([]string); return l }
+
+// IsSet reports whether the file set name in this section.
+func (in *Instance) IsSet(name string) bool { _, ok := in.raw[name]; return ok }

@@ -1,0 +1,194 @@
+// Package foundation tests the bridge daemon as a whole against the real
+// Postgres and RabbitMQ: schema migrations, readiness, the OpenAPI
+// document and shutdown.
+package foundation
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/migrations"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
+)
+
+func TestMigrationsOnEmptyDatabaseTwice(t *testing.T) {
+	ctx := context.Background()
+	pool := testsvc.Pool(t, testsvc.Postgres(t))
+	files, _ := fs.Glob(migrations.FS, "*.sql")
+	first, err := store.Migrate(ctx, pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) != len(files) {
+		t.Errorf("first run applied %d migrations, want %d", len(first), len(files))
+	}
+	second, err := store.Migrate(ctx, pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(second) != 0 {
+		t.Errorf("second run applied %v, want nothing", second)
+	}
+	for _, table := range []string{"hosts", "gpus", "instances", "events", "requests", "commands", "dead_letters", "audit_log"} {
+		var ok bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&ok); err != nil || !ok {
+			t.Errorf("table %s missing (%v)", table, err)
+		}
+	}
+	n, err := store.Pending(ctx, pool)
+	if err != nil || n != 0 {
+		t.Errorf("pending = %d, %v", n, err)
+	}
+}
+
+// config returns a full bridge configuration on the test services, with
+// dbURL as the database.
+func config(t *testing.T, dbURL string, extra ...string) *conf.Values {
+	t.Helper()
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	os.WriteFile(tokens, []byte("admintoken admin ops\nreadtoken reader viewer\n"), 0o600)
+	ov := append([]string{
+		"DEFAULT.transport_url=" + testsvc.TransportURL(t),
+		"database.connection=" + dbURL,
+		"database.auto_migrate=true",
+		"api.listen=127.0.0.1:0",
+		"api.token_file=" + tokens,
+	}, extra...)
+	v, err := bridge.LoadConfig(conf.Source{Overrides: ov})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// start runs the bridge until the test ends and returns its daemon.
+func start(t *testing.T, v *conf.Values) *bridge.Daemon {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan *bridge.Daemon, 1)
+	done := make(chan error, 1)
+	go func() { done <- bridge.Run(ctx, v, nil, func(d *bridge.Daemon) { started <- d }) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v on shutdown", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("bridge did not shut down within 30s")
+		}
+	})
+	select {
+	case d := <-started:
+		return d
+	case err := <-done:
+		t.Fatalf("bridge stopped at start: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("bridge did not start within 60s")
+	}
+	return nil
+}
+
+func get(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	if token != "" {
+		req.Header.Set("X-Auth-Token", token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func waitStatus(t *testing.T, url string, want int, within time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		code, body := get(t, url, "")
+		if code == want {
+			return body
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s = %d %s; want %d within %v", url, code, body, want, within)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func TestReadyzFollowsTheDatabase(t *testing.T) {
+	dbURL := testsvc.Postgres(t)
+	proxy := testsvc.NewProxy(t, "127.0.0.1:5432")
+	viaProxy := strings.Replace(dbURL, "127.0.0.1:5432", proxy.Addr(), 1)
+	d := start(t, config(t, viaProxy, "database.connect_timeout=1s"))
+	base := "http://" + d.API.Addr()
+
+	waitStatus(t, base+"/readyz", http.StatusOK, 10*time.Second)
+	proxy.Cut()
+	body := waitStatus(t, base+"/readyz", http.StatusServiceUnavailable, 10*time.Second)
+	var p struct {
+		Detail string `json:"detail"`
+	}
+	json.Unmarshal([]byte(body), &p)
+	if p.Detail != "unreachable: database" {
+		t.Errorf("detail = %q, want the database named alone", p.Detail)
+	}
+	if code, _ := get(t, base+"/healthz", ""); code != http.StatusOK {
+		t.Errorf("healthz = %d while the database is away; it must stay 200", code)
+	}
+	proxy.Restore(t)
+	waitStatus(t, base+"/readyz", http.StatusOK, 15*time.Second)
+}
+
+func TestEveryRouteIsDescribed(t *testing.T) {
+	d := start(t, config(t, testsvc.Postgres(t)))
+	if u := d.API.Undescribed(); len(u) > 0 {
+		t.Errorf("routes missing from /v1/openapi.json: %v", u)
+	}
+	code, body := get(t, "http://"+d.API.Addr()+"/v1/openapi.json", "")
+	var doc struct {
+		OpenAPI string         `json:"openapi"`
+		Paths   map[string]any `json:"paths"`
+	}
+	if err := json.Unmarshal([]byte(body), &doc); code != 200 || err != nil || doc.OpenAPI == "" {
+		t.Fatalf("openapi.json: %d %v", code, err)
+	}
+	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		if doc.Paths[p] == nil {
+			t.Errorf("document lacks %s", p)
+		}
+	}
+}
+
+func TestMetricsExposed(t *testing.T) {
+	d := start(t, config(t, testsvc.Postgres(t)))
+	code, body := get(t, "http://"+d.API.Addr()+"/metrics", "")
+	if code != 200 || !strings.Contains(body, "vgpu_bridge_build_info") || !strings.Contains(body, "go_goroutines") {
+		t.Fatalf("metrics = %d, lacking build info or Go metrics", code)
+	}
+}
+
+func TestServeRefusesAnOldSchema(t *testing.T) {
+	v := config(t, testsvc.Postgres(t), "database.auto_migrate=false")
+	err := bridge.Run(context.Background(), v, nil, nil)
+	if !errors.Is(err, bridge.ErrSchemaBehind) || !strings.Contains(err.Error(), "vgpu-bridge migrate up") {
+		t.Fatalf("Run on an empty database = %v; want ErrSchemaBehind naming the command", err)
+	}
+}

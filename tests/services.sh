@@ -1,0 +1,326 @@
+#!/usr/bin/env bash
+# tests/services.sh — make this machine ready for vgpu-bridge's tests (`make services`).
+#
+# Idempotent; fast (about a second) when everything already runs. On a fresh
+# Debian 12 machine it:
+#   1. installs with apt the packages that are missing (apt-get update only then),
+#      with a temporary /usr/sbin/policy-rc.d so packaged daemons do not start;
+#   2. starts PostgreSQL and RabbitMQ when their ports do not answer;
+#   3. runs Debian's Placement API (noauth2) under uwsgi on 127.0.0.1:8778 with
+#      its own Postgres database, config and state under $STATE_DIR;
+#   4. prints where each service listens, how to stop it, and how long each step took.
+#
+# Environment (all optional):
+#   VGPU_TEST_STATE_DIR   state dir (default /var/lib/vgpu-bridge-test)
+#   PLACEMENT_HOST/PORT   listen address of Placement (default 127.0.0.1:8778)
+#   PLACEMENT_PROCESSES   uwsgi worker processes (default 2)
+#   PLACEMENT_THREADS     threads per worker (default 4)
+#   SERVICES_NO_APT=1     skip the package step
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+	if command -v sudo >/dev/null 2>&1; then
+		exec sudo --preserve-env=VGPU_TEST_STATE_DIR,PLACEMENT_HOST,PLACEMENT_PORT,PLACEMENT_PROCESSES,PLACEMENT_THREADS,SERVICES_NO_APT \
+			bash "$(readlink -f "$0")" "$@"
+	fi
+	echo "services.sh: must run as root (and sudo is not installed)" >&2
+	exit 1
+fi
+
+# Debian's tools first: a pyenv/virtualenv python3 earlier on PATH cannot see the
+# python3-* packages, and uwsgi's embedded interpreter must not pick up foreign
+# prefixes either.
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP VIRTUAL_ENV PYENV_VERSION CONDA_PREFIX
+export LC_ALL=C.UTF-8 LANG=C.UTF-8
+PY=/usr/bin/python3
+
+HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
+STATE_DIR=${VGPU_TEST_STATE_DIR:-/var/lib/vgpu-bridge-test}
+PL_DIR=$STATE_DIR/placement
+PL_CONF=$PL_DIR/placement.conf
+PL_PID=$PL_DIR/uwsgi.pid
+PL_LOG=/var/log/vgpu-bridge-test/placement.log
+PL_HOST=${PLACEMENT_HOST:-127.0.0.1}
+PL_PORT=${PLACEMENT_PORT:-8778}
+PL_PROCESSES=${PLACEMENT_PROCESSES:-2}
+PL_THREADS=${PLACEMENT_THREADS:-4}
+PL_DB_URL="postgresql+psycopg2://placement:placement@127.0.0.1:5432/placement"
+PG_PORT=5432
+RABBIT_PORT=5672
+
+PACKAGES=(
+	postgresql
+	rabbitmq-server
+	placement-api python3-placement python3-psycopg2 uwsgi-core uwsgi-plugin-python3
+	python3-oslo.messaging
+	libvirt-dev pkg-config libvirt-daemon
+	python3-nova python3-wsgi-intercept
+	curl
+)
+
+have_systemd() { [ -d /run/systemd/system ]; }
+
+# ---------------------------------------------------------------- helpers
+T_SCRIPT=$EPOCHREALTIME
+TIMINGS=()
+step_start() { T_STEP=$EPOCHREALTIME; echo "==> $1"; }
+step_end() { # name
+	local d
+	d=$(elapsed "$T_STEP")
+	TIMINGS+=("$(printf '%-22s %7ss' "$1" "$d")")
+}
+elapsed() { # start-time -> seconds with 2 decimals
+	awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'
+}
+die() { echo "services.sh: error: $*" >&2; exit 1; }
+
+port_open() { # host port
+	timeout 1 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null
+}
+wait_port() { # host port seconds
+	local i
+	for ((i = 0; i < $3 * 10; i++)); do
+		port_open "$1" "$2" && return 0
+		sleep 0.1
+	done
+	return 1
+}
+
+# ---------------------------------------------------------------- 1. packages
+POLICY_RC=/usr/sbin/policy-rc.d
+POLICY_MARK="# vgpu-bridge tests/services.sh: temporary, removed when the script ends"
+remove_our_policy_rc() {
+	if [ -f "$POLICY_RC" ] && grep -qxF "$POLICY_MARK" "$POLICY_RC"; then
+		rm -f "$POLICY_RC"
+	fi
+}
+
+install_packages() {
+	local missing=() p st
+	declare -A installed=()
+	while IFS=$'\t' read -r p st; do
+		[ "$st" = "install ok installed" ] && installed[$p]=1
+	done < <(dpkg-query -W -f='${Package}\t${Status}\n' "${PACKAGES[@]}" 2>/dev/null || true)
+	for p in "${PACKAGES[@]}"; do
+		[ -n "${installed[$p]:-}" ] || missing+=("$p")
+	done
+	if [ ${#missing[@]} -eq 0 ]; then
+		echo "    all ${#PACKAGES[@]} packages installed"
+		return 0
+	fi
+	echo "    missing: ${missing[*]}"
+	if [ ! -e "$POLICY_RC" ]; then
+		# Keep packaged daemons from starting (on systemd machines the packaged
+		# placement-api would take port 8778 with keystone auth).
+		printf '#!/bin/sh\n%s\nexit 101\n' "$POLICY_MARK" >"$POLICY_RC"
+		chmod 0755 "$POLICY_RC"
+		trap remove_our_policy_rc EXIT
+	fi
+	export DEBIAN_FRONTEND=noninteractive
+	local apt_opts=(-y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
+	apt-get -q update
+	apt-get "${apt_opts[@]}" install --no-install-recommends "${missing[@]}"
+	remove_our_policy_rc
+	# Systemd machines: the packaged unit is enabled and would take 8778 at boot.
+	if have_systemd && systemctl is-enabled --quiet placement-api 2>/dev/null; then
+		systemctl disable --now placement-api || true
+	fi
+}
+
+# ---------------------------------------------------------------- 2. postgres, rabbitmq
+pg_version() {
+	local v
+	v=$(ls /etc/postgresql 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1)
+	[ -n "$v" ] || die "no PostgreSQL cluster under /etc/postgresql (is postgresql installed?)"
+	echo "$v"
+}
+
+psql_admin() { # psql as the postgres superuser over the local socket
+	runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -At "$@"
+}
+
+start_postgres() {
+	PG_VER=$(pg_version)
+	if port_open 127.0.0.1 $PG_PORT; then
+		echo "    already listening on 127.0.0.1:$PG_PORT"
+	else
+		[ -d "/etc/postgresql/$PG_VER/main" ] || pg_createcluster "$PG_VER" main
+		if have_systemd; then
+			pg_ctlcluster "$PG_VER" main start
+		else
+			pg_ctlcluster --skip-systemctl-redirect "$PG_VER" main start
+		fi
+		wait_port 127.0.0.1 $PG_PORT 30 || die "PostgreSQL did not open 127.0.0.1:$PG_PORT; see /var/log/postgresql/postgresql-$PG_VER-main.log"
+		echo "    started cluster $PG_VER/main"
+	fi
+	# Tests connect as postgres over TCP without a password (DESIGN §5). A
+	# fresh Debian cluster asks for one: add trust for loopback, once.
+	if ! PGCONNECT_TIMEOUT=3 psql -X -w -h 127.0.0.1 -p $PG_PORT -U postgres -Atc 'select 1' >/dev/null 2>&1; then
+		local hba
+		hba=$(psql_admin -c 'show hba_file')
+		echo "    adding loopback trust to $hba (test machine)"
+		sed -i "1i # vgpu-bridge tests/services.sh: loopback trust for tests\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust" "$hba"
+		psql_admin -c 'select pg_reload_conf()' >/dev/null
+		sleep 0.5
+	fi
+}
+
+start_rabbitmq() {
+	if port_open 127.0.0.1 $RABBIT_PORT; then
+		echo "    already listening on 127.0.0.1:$RABBIT_PORT"
+		return 0
+	fi
+	if have_systemd; then
+		systemctl start rabbitmq-server
+	else
+		rabbitmq-server -detached
+	fi
+	# await_startup fails while the node is not yet reachable: retry.
+	local i
+	for ((i = 0; i < 60; i++)); do
+		rabbitmqctl -q await_startup --timeout 60 >/dev/null 2>&1 && break
+		sleep 1
+	done
+	wait_port 127.0.0.1 $RABBIT_PORT 10 || die "RabbitMQ did not open 127.0.0.1:$RABBIT_PORT; see /var/log/rabbitmq/"
+	echo "    started"
+}
+
+# ---------------------------------------------------------------- 3. placement
+placement_ok() { # answers as a noauth2 Placement (a keystone one gives 401)
+	[ "$(curl -s -o /dev/null -w '%{http_code}' -m 3 -H 'X-Auth-Token: admin' \
+		"http://$PL_HOST:$PL_PORT/resource_providers" 2>/dev/null)" = 200 ]
+}
+
+our_uwsgi_pid() { # prints the pid of the uwsgi master this script started, if alive
+	local pid
+	[ -s "$PL_PID" ] || return 1
+	pid=$(tr -dc 0-9 <"$PL_PID")
+	[ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$PL_PID" || return 1
+	echo "$pid"
+}
+
+write_placement_conf() { # returns 0 when the file changed
+	local tmp
+	install -d -m 0750 "$PL_DIR"
+	tmp=$(mktemp "$PL_DIR/.placement.conf.XXXXXX")
+	sed -e "s|@DB_URL@|$PL_DB_URL|" -e "s|@LOG_FILE@|$PL_LOG|" "$HERE/placement/placement.conf.in" >"$tmp"
+	if [ -f "$PL_CONF" ] && cmp -s "$tmp" "$PL_CONF"; then
+		rm -f "$tmp"
+		return 1
+	fi
+	chmod 0640 "$tmp"
+	mv -f "$tmp" "$PL_CONF"
+	return 0
+}
+
+ensure_placement_db() {
+	if [ "$(psql_admin -c "select 1 from pg_roles where rolname = 'placement'")" != 1 ]; then
+		psql_admin -c "create role placement login password 'placement'"
+	fi
+	if [ "$(psql_admin -c "select 1 from pg_database where datname = 'placement'")" != 1 ]; then
+		psql_admin -c "create database placement owner placement"
+	fi
+}
+
+placement_wsgi_file() {
+	local f
+	for f in /usr/bin/placement-api /usr/lib/python3/dist-packages/placement/wsgi.py; do
+		[ -f "$f" ] && { echo "$f"; return 0; }
+	done
+	die "no Placement WSGI entry point (is placement-api installed?)"
+}
+
+start_placement() {
+	local changed=0 pid
+	write_placement_conf && changed=1
+	if pid=$(our_uwsgi_pid); then
+		if [ $changed = 0 ] && placement_ok; then
+			echo "    already running (uwsgi pid $pid)"
+			return 0
+		fi
+		echo "    restarting (config changed or not answering)"
+		"$HERE/services-stop.sh" >/dev/null
+	fi
+	if port_open "$PL_HOST" "$PL_PORT"; then
+		local hint=""
+		have_systemd && hint=" (packaged service? try: systemctl disable --now placement-api)"
+		die "$PL_HOST:$PL_PORT is taken by a process this script did not start$hint: $(ss -ltnpH "sport = :$PL_PORT" 2>/dev/null | awk '{print $NF}')"
+	fi
+
+	local t
+	t=$EPOCHREALTIME
+	ensure_placement_db
+	$PY /usr/bin/placement-manage --config-file "$PL_CONF" db sync
+	echo "    db sync: $(elapsed "$t")s"
+
+	install -d -m 0755 "$(dirname "$PL_LOG")"
+	rm -f "$PL_PID"
+	t=$EPOCHREALTIME
+	# --lazy-apps: each worker loads the app itself, so no DB connection made
+	# while loading is shared across fork. --die-on-term: SIGTERM stops
+	# (uwsgi 2.0 would reload). The pidfile path in the command line lets
+	# services-stop.sh recognise the process.
+	env -i PATH="$PATH" LANG=C.UTF-8 LC_ALL=C.UTF-8 HOME=/root \
+		OS_PLACEMENT_CONFIG_DIR="$PL_DIR" \
+		/usr/bin/uwsgi-core \
+		--plugin python3 \
+		--http-socket "$PL_HOST:$PL_PORT" \
+		--wsgi-file "$(placement_wsgi_file)" \
+		--master --lazy-apps --die-on-term --no-orphans --thunder-lock --enable-threads \
+		--processes "$PL_PROCESSES" --threads "$PL_THREADS" \
+		--listen 128 --buffer-size 65535 \
+		--pidfile "$PL_PID" --daemonize "$PL_LOG" \
+		--log-date --disable-logging \
+		>/dev/null
+	local i
+	for ((i = 0; i < 600; i++)); do
+		placement_ok && break
+		if [ $i -gt 20 ] && ! our_uwsgi_pid >/dev/null; then
+			break
+		fi
+		sleep 0.1
+	done
+	if ! placement_ok; then
+		echo "--- last lines of $PL_LOG:" >&2
+		tail -n 40 "$PL_LOG" >&2 || true
+		die "Placement did not answer on http://$PL_HOST:$PL_PORT/ within 60 s"
+	fi
+	echo "    started (uwsgi pid $(our_uwsgi_pid), ${PL_PROCESSES}x${PL_THREADS}) in $(elapsed "$t")s after db sync"
+}
+
+# ---------------------------------------------------------------- main
+if [ "${SERVICES_NO_APT:-0}" != 1 ]; then
+	step_start "packages"
+	install_packages
+	step_end packages
+fi
+
+step_start "PostgreSQL"
+start_postgres
+step_end postgresql
+
+step_start "RabbitMQ"
+start_rabbitmq
+step_end rabbitmq
+
+step_start "Placement"
+start_placement
+step_end placement
+
+cat <<EOF
+
+Services ready:
+  PostgreSQL $PG_VER  127.0.0.1:$PG_PORT  (user postgres, trust)
+                 stop: pg_ctlcluster $PG_VER main stop
+  RabbitMQ        127.0.0.1:$RABBIT_PORT  amqp://guest:guest@127.0.0.1:$RABBIT_PORT/
+                 stop: rabbitmqctl stop
+  Placement       http://$PL_HOST:$PL_PORT  (noauth2: header 'X-Auth-Token: admin', microversions up to 1.39)
+                 config $PL_CONF, log $PL_LOG, pid $PL_PID
+                 stop: $HERE/services-stop.sh
+
+Timings:
+EOF
+printf '  %s\n' "${TIMINGS[@]}"
+printf '  %-22s %7ss\n' total "$(elapsed "$T_SCRIPT")"
