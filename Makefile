@@ -45,8 +45,8 @@ lint: ## go vet, gofmt check, staticcheck when it installs
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	@if $(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 -version >/dev/null 2>&1; then \
-	  $(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 ./...; \
+	@if $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -version >/dev/null 2>&1; then \
+	  $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...; \
 	else echo "staticcheck not available from the module proxy; skipped"; fi
 
 .PHONY: genconfig

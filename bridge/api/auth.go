@@ -61,8 +61,6 @@ type Authenticator interface {
 	Authenticate(r *http.Request) (*Principal, error)
 }
 
-type principalKey struct{}
-
 const principalCtxKey = "vgpu.principal"
 
 // PrincipalFrom returns the caller of c, or nil on public routes.
