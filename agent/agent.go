@@ -5,18 +5,26 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/executor"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/journal"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/metrics"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
 	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
 )
 
@@ -35,23 +43,103 @@ func Host(v *conf.Values) string {
 	return h
 }
 
+// RunOptions are what the command line adds to the configuration.
+type RunOptions struct {
+	// FakeHostDir runs the agent on the simulated host under this
+	// directory (vgpu-agent serve --fake-host DIR).
+	FakeHostDir string
+	// AfterStep is a test hook run after each journaled command step.
+	AfterStep func(c protocol.Command, step string)
+}
+
 // Run runs the agent until ctx ends.
 func Run(ctx context.Context, v *conf.Values, log *slog.Logger) error {
+	return RunWith(ctx, v, log, RunOptions{})
+}
+
+// Log attribute keys.
+const (
+	logHost = "host"
+	logErr  = "err"
+)
+
+// RunWith runs the agent until ctx ends: it opens the host drivers and the
+// journal, finishes or rolls back the commands a previous run left in the
+// middle, recreates the devices the journal owns that are missing (reboot
+// recovery), then serves /healthz, /readyz and /metrics, consumes commands
+// and sends reports until ctx ends.
+func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	host := Host(v)
-	log = log.With("host", host)
+	log = log.With(logHost, host)
 	for _, w := range v.Warnings {
 		log.Warn("configuration", "warning", w)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	var drv *Drivers
+	var err error
+	journalPath := JournalPath(v)
+	if o.FakeHostDir != "" {
+		drv, err = OpenFakeHost(o.FakeHostDir)
+		if v.Source(conf.DefaultSection, "state_path") == "default" {
+			journalPath = filepath.Join(o.FakeHostDir, "state", "journal")
+		}
+	} else {
+		drv, err = OpenDrivers(v, log)
+	}
+	if err != nil {
+		return fmt.Errorf("host drivers: %w", err)
+	}
+	defer drv.Close()
+	j, err := journal.Open(journalPath, journal.Options{Retention: optJournalRetention.Get(v)})
+	if err != nil {
+		return err
+	}
+	defer j.Close()
+
+	scanner := drv.Scanner(v)
+	reg.MustRegister(metrics.New(scanner, 0))
+	ex, err := executor.New(executor.Config{Host: host, Journal: j, Sysfs: drv.Sysfs,
+		Domains: domains{conn: drv.Libvirt, hp: drv.HotPlug}, GPUs: drv.GPU,
+		Limiter:   limiter{conn: drv.Libvirt, cg: drv.Cgroup},
+		Diagnoser: drv.Diagnoser(v),
+		Health:    &healthCache{scan: scanner, ttl: 5 * time.Second}, Allow: drv.Allow,
+		ColdShutdownTimeout: optColdShutdownTimeout.Get(v), ClockSkew: optClockSkew.Get(v),
+		CommandTimeout: optCommandTimeout.Get(v), Log: log, Registerer: reg, AfterStep: o.AfterStep})
+	if err != nil {
+		return err
+	}
+
+	var loopp atomic.Pointer[transport.Loop]
+	var recovered atomic.Bool
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintln(w, `{"status":"ok"}`)
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		checks := map[string]string{"journal": "ok", "recovery": "done", "rabbitmq": "connected"}
+		ready := true
+		if !recovered.Load() {
+			checks["recovery"], ready = "running", false
+		}
+		switch l := loopp.Load(); {
+		case l == nil:
+			checks["rabbitmq"], ready = "not configured", false
+		case !l.Ready():
+			checks["rabbitmq"], ready = "disconnected", false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		status := "ready"
+		if !ready {
+			status = "not_ready"
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"status": status, "checks": checks})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	ln, err := net.Listen("tcp", optListen.Get(v))
@@ -62,12 +150,46 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger) error {
 		WriteTimeout: 30 * time.Second, MaxHeaderBytes: 32 << 10}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("http server stopped", "err", err)
+			log.Error("http server stopped", logErr, err)
 		}
 	}()
-	log.Info("vgpu-agent started", "version", Version, "listen", ln.Addr().String())
-	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.Background(), optShutdownTimeout.Get(v))
-	defer cancel()
-	return srv.Shutdown(sctx)
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("vgpu-agent started", "version", Version, "listen", ln.Addr().String(), "journal", journalPath,
+		"fake_host", o.FakeHostDir)
+
+	// Recovery before any new command.
+	results := ex.Recover(ctx)
+	rec, err := ex.Reconcile(ctx)
+	if err != nil {
+		log.Error("reboot recovery: cannot read the host", logErr, err)
+	} else if len(rec.Recreated)+len(rec.Failed)+len(rec.Skipped) > 0 {
+		log.Info("reboot recovery", "recreated", rec.Recreated, "failed", rec.Failed, "skipped", rec.Skipped)
+	}
+	recovered.Store(true)
+
+	raw := optTransportURL.Get(v)
+	if raw == "" && optTransportURLFile.Get(v) == "" {
+		log.Warn("no [DEFAULT] transport_url: not taking commands")
+		<-ctx.Done()
+		return nil
+	}
+	tu, err := TransportURL(v)
+	if err != nil {
+		return err
+	}
+	loop, err := transport.New(transport.Config{URLs: tu.AMQPURLs(), Redacted: tu.Redacted(), Host: host,
+		Prefetch: optPrefetch.Get(v), MaxBackoff: optReconnectMax.Get(v),
+		ReportInterval: optReportInterval.Get(v), ReportCheckInterval: optReportCheckInterval.Get(v),
+		StopGrace: optShutdownTimeout.Get(v), Log: log, Registerer: reg},
+		ex, reporter{scan: scanner, journal: j}, ex.Changed())
+	if err != nil {
+		return err
+	}
+	loop.Enqueue(results...)
+	loopp.Store(loop)
+	return loop.Run(ctx)
 }

@@ -122,7 +122,8 @@ func init() {
 }
 
 func newServeCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var o agent.RunOptions
+	c := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the agent until SIGINT or SIGTERM",
 		Args:  cobra.NoArgs,
@@ -131,9 +132,13 @@ func newServeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return agent.Run(cmd.Context(), v, g.logger(v))
+			return agent.RunWith(cmd.Context(), v, g.logger(v), o)
 		},
 	}
+	c.Flags().StringVar(&o.FakeHostDir, "fake-host", "",
+		"run on a simulated host under DIR (fake sysfs, libvirt test driver, NVML mock; built there when missing); "+
+			"the journal goes to DIR/state unless [DEFAULT] state_path is set")
+	return c
 }
 
 func newVersionCmd(g *globals) *cobra.Command {

@@ -339,7 +339,7 @@ func (s *Set) loadFile(v *Values, path string) Errors {
 	var errs Errors
 	for _, sec := range f.Sections() {
 		name := sec.Name()
-		if prefix, inst, ok := strings.Cut(name, ":"); ok {
+		if prefix, inst, ok := s.templateOf(name); ok {
 			tmpl, known := s.templates[prefix]
 			if !known {
 				v.Warnings = append(v.Warnings, fmt.Sprintf("%s: unknown section [%s]", path, name))
@@ -364,6 +364,21 @@ func (s *Set) loadFile(v *Values, path string) Errors {
 		sort.Slice(v.instances[prefix], func(i, j int) bool { return v.instances[prefix][i].Name < v.instances[prefix][j].Name })
 	}
 	return errs
+}
+
+// templateOf splits a section name into template prefix and instance name:
+// "[prefix:NAME]", or "[prefixNAME]" for a template whose prefix ends in "_"
+// (Nova's "[mdev_nvidia-232]" style).
+func (s *Set) templateOf(name string) (prefix, inst string, ok bool) {
+	if p, i, ok := strings.Cut(name, ":"); ok {
+		return p, i, true
+	}
+	for p := range s.templates {
+		if strings.HasSuffix(p, "_") && len(name) > len(p) && strings.HasPrefix(name, p) {
+			return p, name[len(p):], true
+		}
+	}
+	return "", "", false
 }
 
 func loadInstance(prefix, name string, tmpl []*Option, sec *ini.Section) (*Instance, Errors) {

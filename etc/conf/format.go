@@ -39,7 +39,11 @@ func (s *Set) WriteSample(w io.Writer, title string) error {
 	}
 	sort.Strings(prefixes)
 	for _, p := range prefixes {
-		fmt.Fprintf(&b, "\n# [%s:NAME]\n", p)
+		if strings.HasSuffix(p, "_") {
+			fmt.Fprintf(&b, "\n# [%sNAME]\n", p)
+		} else {
+			fmt.Fprintf(&b, "\n# [%s:NAME]\n", p)
+		}
 		if h := s.secHelp[p+":*"]; h != "" {
 			b.WriteString(comment(h, "# "))
 		}

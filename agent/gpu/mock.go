@@ -1,0 +1,326 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"slices"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
+)
+
+// MockGPU describes one GPU of a mock NVML.
+type MockGPU struct {
+	Name        string // "Tesla T4"
+	UUID        string // "GPU-…"
+	Addr        pci.Addr
+	MemoryMB    uint64
+	PciDeviceID uint32 // 0x1eb810de
+	// HostVGPUMode is "non_sriov" (mdev) or "sriov" (vendor VFIO).
+	HostVGPUMode  string
+	Heterogeneous bool
+	Types         []VGPUType
+	UtilGPU       uint32
+	UtilMem       uint32
+	TempC         uint32
+	PowerMW       uint32
+	SMClockMHz    uint32
+	MemClockMHz   uint32
+	// Active returns the running vGPUs at the time of the call (a fake host
+	// derives them from its sysfs tree); nil means none.
+	Active func() []MockVGPU
+	// Creatable returns the type ids creatable now; nil means all types.
+	Creatable func() []uint32
+}
+
+// MockVGPU is a running vGPU of a mock GPU.
+type MockVGPU struct {
+	MdevUUID     string
+	VMID         string
+	TypeID       uint32
+	FBUsageBytes uint64
+	Licensed     bool
+	UtilPct      uint32
+	GuestDriver  string // "" → "Not Available", as NVML says before the guest driver loads
+}
+
+// Mock is go-nvml's mock server (mock/server) with the functions it leaves
+// nil filled in from MockGPUs: vGPU types and instances, utilisation,
+// temperature, power, clocks, scheduler, licence, and lookup by the PCI bus
+// id. It records what the agent set.
+type Mock struct {
+	*server.Server
+	gpus []MockGPU
+
+	mu        sync.Mutex
+	sched     map[pci.Addr]nvml.VgpuSchedulerSetState
+	appClocks map[pci.Addr][2]uint32 // mem, sm
+	calls     int
+}
+
+// Scheduler returns the scheduler state last set on a GPU.
+func (m *Mock) Scheduler(a pci.Addr) (policy string, timesliceUs uint32, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sched[a]
+	return policyName(s.SchedulerPolicy), binary.LittleEndian.Uint32(s.SchedulerParams[:4]), ok
+}
+
+// AppClocks returns the application clocks set on a GPU (0, 0 when default).
+func (m *Mock) AppClocks(a pci.Addr) (memMHz, smMHz uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.appClocks[a]
+	return c[0], c[1]
+}
+
+// NewMock builds a mock NVML of the given GPUs.
+func NewMock(driverVersion string, list []MockGPU) *Mock {
+	cfgs := make([]gpus.Config, len(list))
+	for i, g := range list {
+		cfgs[i] = gpus.Config{Name: g.Name, MemoryMB: g.MemoryMB, PciDeviceId: g.PciDeviceID, Architecture: nvml.DEVICE_ARCH_TURING}
+	}
+	s, _ := server.New(server.WithGPUs(cfgs...), server.WithDriverVersion(driverVersion))
+	m := &Mock{Server: s, gpus: list, sched: map[pci.Addr]nvml.VgpuSchedulerSetState{}, appClocks: map[pci.Addr][2]uint32{}}
+	s.DeviceGetHandleByPciBusIdFunc = func(busID string) (nvml.Device, nvml.Return) {
+		a, err := pci.Parse(busID)
+		if err != nil {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		for i, g := range list {
+			if g.Addr == a {
+				return s.Devices[i], nvml.SUCCESS
+			}
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	for i := range list {
+		d := s.Devices[i].(*server.Device)
+		m.fill(d, &m.gpus[i])
+	}
+	return m
+}
+
+func busID(a pci.Addr) [32]int8 {
+	var b [32]int8
+	for i, c := range []byte(a.NVML()) {
+		b[i] = int8(c)
+	}
+	return b
+}
+
+type mockInstance struct {
+	*mock.VgpuInstance
+	id uint32
+}
+
+func (m mockInstance) ID() uint32 { return m.id }
+
+func (m *Mock) fill(d *server.Device, g *MockGPU) {
+	if g.UUID != "" {
+		d.UUID = g.UUID
+	}
+	d.PciBusID = g.Addr.NVML()
+	types := map[uint32]*mock.VgpuTypeId{}
+	typeList := make([]nvml.VgpuTypeId, 0, len(g.Types))
+	for _, t := range g.Types {
+		t := t
+		mt := &mock.VgpuTypeId{
+			GetIDFunc:              func() uint32 { return t.ID },
+			GetNameFunc:            func() (string, nvml.Return) { return t.Name, nvml.SUCCESS },
+			GetClassFunc:           func() (string, nvml.Return) { return t.Class, nvml.SUCCESS },
+			GetFramebufferSizeFunc: func() (uint64, nvml.Return) { return t.FramebufferMB << 20, nvml.SUCCESS },
+			GetMaxInstancesFunc:    func(nvml.Device) (int, nvml.Return) { return t.MaxInstances, nvml.SUCCESS },
+		}
+		types[t.ID] = mt
+		typeList = append(typeList, mt)
+	}
+	active := func() []MockVGPU {
+		if g.Active == nil {
+			return nil
+		}
+		return g.Active()
+	}
+	fbUsed := func() uint64 {
+		var used uint64
+		for _, v := range active() {
+			for _, t := range g.Types {
+				if t.ID == v.TypeID {
+					used += t.FramebufferMB << 20
+				}
+			}
+		}
+		return min(used, g.MemoryMB<<20)
+	}
+	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		return nvml.PciInfo{Domain: uint32(g.Addr.Domain), Bus: uint32(g.Addr.Bus), Device: uint32(g.Addr.Slot),
+			PciDeviceId: g.PciDeviceID, BusId: busID(g.Addr)}, nvml.SUCCESS
+	}
+	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		u := fbUsed()
+		return nvml.Memory{Total: g.MemoryMB << 20, Used: u, Free: g.MemoryMB<<20 - u}, nvml.SUCCESS
+	}
+	d.GetVirtualizationModeFunc = func() (nvml.GpuVirtualizationMode, nvml.Return) {
+		return nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU, nvml.SUCCESS
+	}
+	d.GetHostVgpuModeFunc = func() (nvml.HostVgpuMode, nvml.Return) {
+		if g.HostVGPUMode == "sriov" {
+			return nvml.HOST_VGPU_MODE_SRIOV, nvml.SUCCESS
+		}
+		return nvml.HOST_VGPU_MODE_NON_SRIOV, nvml.SUCCESS
+	}
+	d.GetVgpuHeterogeneousModeFunc = func() (nvml.VgpuHeterogeneousMode, nvml.Return) {
+		var mode uint32
+		if g.Heterogeneous {
+			mode = 1
+		}
+		return nvml.VgpuHeterogeneousMode{Version: 1, Mode: mode}, nvml.SUCCESS
+	}
+	d.GetSupportedVgpusFunc = func() ([]nvml.VgpuTypeId, nvml.Return) { return typeList, nvml.SUCCESS }
+	d.GetCreatableVgpusFunc = func() ([]nvml.VgpuTypeId, nvml.Return) {
+		if g.Creatable == nil {
+			return typeList, nvml.SUCCESS
+		}
+		var out []nvml.VgpuTypeId
+		for _, id := range g.Creatable() {
+			if t, ok := types[id]; ok {
+				out = append(out, t)
+			}
+		}
+		return out, nvml.SUCCESS
+	}
+	d.GetActiveVgpusFunc = func() ([]nvml.VgpuInstance, nvml.Return) {
+		var out []nvml.VgpuInstance
+		for i, v := range active() {
+			v := v
+			t := types[v.TypeID]
+			mi := &mock.VgpuInstance{
+				GetMdevUUIDFunc: func() (string, nvml.Return) { return v.MdevUUID, nvml.SUCCESS },
+				GetUUIDFunc:     func() (string, nvml.Return) { return v.MdevUUID, nvml.SUCCESS },
+				GetVmIDFunc: func() (string, nvml.VgpuVmIdType, nvml.Return) {
+					return v.VMID, nvml.VGPU_VM_ID_UUID, nvml.SUCCESS
+				},
+				GetTypeFunc: func() (nvml.VgpuTypeId, nvml.Return) {
+					if t == nil {
+						return nil, nvml.ERROR_NOT_FOUND
+					}
+					return t, nvml.SUCCESS
+				},
+				GetFbUsageFunc: func() (uint64, nvml.Return) { return v.FBUsageBytes, nvml.SUCCESS },
+				GetVmDriverVersionFunc: func() (string, nvml.Return) {
+					if v.GuestDriver == "" {
+						return "Not Available", nvml.SUCCESS
+					}
+					return v.GuestDriver, nvml.SUCCESS
+				},
+				GetLicenseInfoFunc: func() (nvml.VgpuLicenseInfo, nvml.Return) {
+					var l uint8
+					if v.Licensed {
+						l = 1
+					}
+					return nvml.VgpuLicenseInfo{IsLicensed: l}, nvml.SUCCESS
+				},
+			}
+			out = append(out, mockInstance{mi, uint32(i + 1)})
+		}
+		return out, nvml.SUCCESS
+	}
+	d.GetVgpuUtilizationFunc = func(uint64) (nvml.ValueType, []nvml.VgpuInstanceUtilizationSample, nvml.Return) {
+		var out []nvml.VgpuInstanceUtilizationSample
+		for i, v := range active() {
+			s := nvml.VgpuInstanceUtilizationSample{VgpuInstance: uint32(i + 1)}
+			binary.LittleEndian.PutUint32(s.SmUtil[:4], v.UtilPct)
+			out = append(out, s)
+		}
+		return nvml.VALUE_TYPE_UNSIGNED_INT, out, nvml.SUCCESS
+	}
+	d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+		return nvml.Utilization{Gpu: g.UtilGPU, Memory: g.UtilMem}, nvml.SUCCESS
+	}
+	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return g.TempC, nvml.SUCCESS }
+	d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return g.PowerMW, nvml.SUCCESS }
+	d.GetClockInfoFunc = func(c nvml.ClockType) (uint32, nvml.Return) {
+		if c == nvml.CLOCK_MEM {
+			return g.MemClockMHz, nvml.SUCCESS
+		}
+		return g.SMClockMHz, nvml.SUCCESS
+	}
+	d.GetApplicationsClockFunc = func(c nvml.ClockType) (uint32, nvml.Return) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		ac, ok := m.appClocks[g.Addr]
+		switch {
+		case !ok && c == nvml.CLOCK_MEM:
+			return g.MemClockMHz, nvml.SUCCESS
+		case !ok:
+			return g.SMClockMHz, nvml.SUCCESS
+		case c == nvml.CLOCK_MEM:
+			return ac[0], nvml.SUCCESS
+		}
+		return ac[1], nvml.SUCCESS
+	}
+	d.GetVgpuSchedulerStateFunc = func() (nvml.VgpuSchedulerGetState, nvml.Return) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		s, ok := m.sched[g.Addr]
+		if !ok {
+			return nvml.VgpuSchedulerGetState{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT}, nvml.SUCCESS
+		}
+		return nvml.VgpuSchedulerGetState{SchedulerPolicy: s.SchedulerPolicy, ArrMode: s.EnableARRMode, SchedulerParams: s.SchedulerParams}, nvml.SUCCESS
+	}
+	d.SetVgpuSchedulerStateFunc = func(s *nvml.VgpuSchedulerSetState) nvml.Return {
+		if s.SchedulerPolicy < nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT || s.SchedulerPolicy > nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		if len(active()) > 0 {
+			// The driver changes the scheduler only while no vGPU runs.
+			return nvml.ERROR_IN_USE
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.sched[g.Addr] = *s
+		return nvml.SUCCESS
+	}
+	d.SetApplicationsClocksFunc = func(mem, sm uint32) nvml.Return {
+		if mem > 2*g.MemClockMHz || sm > 2*g.SMClockMHz {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.appClocks[g.Addr] = [2]uint32{mem, sm}
+		return nvml.SUCCESS
+	}
+	d.ResetApplicationsClocksFunc = func() nvml.Return {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		delete(m.appClocks, g.Addr)
+		return nvml.SUCCESS
+	}
+	d.GetGridLicensableFeaturesFunc = func() (nvml.GridLicensableFeatures, nvml.Return) {
+		return nvml.GridLicensableFeatures{IsGridLicenseSupported: 1}, nvml.SUCCESS
+	}
+}
+
+// NewMockBackend returns a Backend over a new Mock, and the Mock.
+func NewMockBackend(driverVersion string, list []MockGPU) (*NVML, *Mock) {
+	m := NewMock(driverVersion, list)
+	n, err := Init(m, false)
+	if err != nil {
+		panic(err) // the mock's Init always succeeds
+	}
+	return n, m
+}
+
+// TypeIDs returns the ids of types, for MockGPU.Creatable.
+func TypeIDs(types []VGPUType) []uint32 {
+	out := make([]uint32, 0, len(types))
+	for _, t := range types {
+		out = append(out, t.ID)
+	}
+	slices.Sort(out)
+	return out
+}

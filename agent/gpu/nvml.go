@@ -1,0 +1,440 @@
+package gpu
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"reflect"
+	"strings"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/hosterr"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
+)
+
+// NVML is the Backend over an nvml.Interface: the real library or a mock.
+type NVML struct {
+	lib nvml.Interface
+	// checkSymbols: before calling a function newer drivers added, look it
+	// up in the loaded library (calling a missing symbol crashes). Mocks
+	// have no library to look into.
+	checkSymbols bool
+
+	mu     sync.Mutex // serialises writes; closed guards use after Close
+	closed bool
+}
+
+var _ Backend = (*NVML)(nil)
+
+// Open loads the real NVML and initialises it. On any failure it returns
+// an NVMLUnavailable error and has made no call but Init.
+func Open() (*NVML, error) {
+	return Init(nvml.New(), true)
+}
+
+// Init initialises lib. When lib.Init fails, the error is returned and no
+// other function of lib is called, ever.
+func Init(lib nvml.Interface, checkSymbols bool) (*NVML, error) {
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, hosterr.Errorf(hosterr.NVMLUnavailable, "nvml init", "%s", errString(ret))
+	}
+	return &NVML{lib: lib, checkSymbols: checkSymbols}, nil
+}
+
+// errString never calls into a library that might not be initialised:
+// go-nvml's Return.Error() uses nvmlErrorString only once loaded.
+func errString(r nvml.Return) string {
+	switch r {
+	case nvml.ERROR_LIBRARY_NOT_FOUND:
+		return "NVML library not found (libnvidia-ml.so.1)"
+	case nvml.ERROR_DRIVER_NOT_LOADED:
+		return "NVIDIA driver is not running"
+	case nvml.ERROR_NO_PERMISSION:
+		return "insufficient permissions"
+	case nvml.ERROR_NOT_SUPPORTED:
+		return "not supported"
+	case nvml.ERROR_NOT_FOUND:
+		return "not found"
+	case nvml.ERROR_INVALID_ARGUMENT:
+		return "invalid argument"
+	case nvml.ERROR_GPU_IS_LOST:
+		return "GPU is lost"
+	case nvml.ERROR_UNINITIALIZED:
+		return "uninitialized"
+	}
+	return fmt.Sprintf("NVML error %d", int32(r))
+}
+
+func classifyRet(op string, r nvml.Return) error {
+	if r == nvml.SUCCESS {
+		return nil
+	}
+	code := hosterr.Internal
+	switch r {
+	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_FUNCTION_NOT_FOUND:
+		code = hosterr.Unsupported
+	case nvml.ERROR_NOT_FOUND:
+		code = hosterr.NotFound
+	case nvml.ERROR_INVALID_ARGUMENT:
+		code = hosterr.Invalid
+	case nvml.ERROR_NO_PERMISSION:
+		code = hosterr.PermissionDenied
+	case nvml.ERROR_IN_USE:
+		code = hosterr.InUse
+	case nvml.ERROR_INSUFFICIENT_RESOURCES, nvml.ERROR_INSUFFICIENT_SIZE:
+		code = hosterr.NoCapacity
+	case nvml.ERROR_UNINITIALIZED, nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED:
+		code = hosterr.NVMLUnavailable
+	case nvml.ERROR_TIMEOUT:
+		code = hosterr.Timeout
+	}
+	return hosterr.Errorf(code, op, "%s", errString(r))
+}
+
+// has reports whether an optional NVML symbol may be called.
+func (n *NVML) has(symbol string) bool {
+	if !n.checkSymbols {
+		return true
+	}
+	return n.lib.Extensions().LookupSymbol(symbol) == nil
+}
+
+// Close shuts NVML down; later calls fail with NVMLUnavailable.
+func (n *NVML) Close() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.closed {
+		n.closed = true
+		n.lib.Shutdown()
+	}
+}
+
+func (n *NVML) open(op string) error {
+	if n.closed {
+		return hosterr.Errorf(hosterr.NVMLUnavailable, op, "NVML closed")
+	}
+	return nil
+}
+
+// GPUs reads every GPU. Queries a GPU does not support leave zero fields and
+// are named in GPU.Unavailable; a GPU that cannot be opened at all is an error.
+func (n *NVML) GPUs(ctx context.Context) ([]GPU, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.open("list gpus"); err != nil {
+		return nil, err
+	}
+	driver, _ := n.lib.SystemGetDriverVersion()
+	count, ret := n.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, classifyRet("nvml device count", ret)
+	}
+	out := make([]GPU, 0, count)
+	for i := range count {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		dev, ret := n.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return nil, classifyRet(fmt.Sprintf("nvml device %d", i), ret)
+		}
+		g, err := n.readGPU(i, dev)
+		if err != nil {
+			return nil, err
+		}
+		g.DriverVersion = driver
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+func cstr(b []int8) string {
+	var s strings.Builder
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s.WriteByte(byte(c))
+	}
+	return s.String()
+}
+
+func (n *NVML) readGPU(i int, dev nvml.Device) (GPU, error) {
+	g := GPU{Index: i, SupportedTypes: []VGPUType{}, CreatableTypes: []VGPUType{}, Active: []VGPUInstance{}}
+	miss := func(what string, r nvml.Return) bool {
+		if r == nvml.SUCCESS {
+			return false
+		}
+		g.Unavailable = append(g.Unavailable, what+": "+errString(r))
+		return true
+	}
+	pi, ret := dev.GetPciInfo()
+	if ret != nvml.SUCCESS {
+		return g, classifyRet(fmt.Sprintf("nvml device %d pci info", i), ret)
+	}
+	a, err := pci.Parse(cstr(pi.BusId[:]))
+	if err != nil {
+		return g, hosterr.New(hosterr.Internal, fmt.Sprintf("nvml device %d", i), err)
+	}
+	g.Addr = a
+	var r nvml.Return
+	if g.Name, r = dev.GetName(); miss("name", r) {
+		g.Name = ""
+	}
+	if g.UUID, r = dev.GetUUID(); miss("uuid", r) {
+		g.UUID = ""
+	}
+	if vm, r := dev.GetVirtualizationMode(); !miss("virtualization_mode", r) {
+		g.VirtualizationMode = virtModeName(vm)
+	}
+	if n.has("nvmlDeviceGetHostVgpuMode") {
+		if hm, r := dev.GetHostVgpuMode(); !miss("host_vgpu_mode", r) {
+			g.HostVGPUMode = map[nvml.HostVgpuMode]string{nvml.HOST_VGPU_MODE_NON_SRIOV: "non_sriov", nvml.HOST_VGPU_MODE_SRIOV: "sriov"}[hm]
+		}
+	}
+	if n.has("nvmlDeviceGetVgpuHeterogeneousMode") {
+		if hm, r := dev.GetVgpuHeterogeneousMode(); !miss("heterogeneous_mode", r) {
+			b := hm.Mode != 0
+			g.Heterogeneous = &b
+		}
+	}
+	typeNames := map[uint32]string{}
+	if ts, r := dev.GetSupportedVgpus(); !miss("supported_vgpus", r) {
+		for _, t := range ts {
+			vt := readType(dev, t)
+			typeNames[vt.ID] = vt.Name
+			g.SupportedTypes = append(g.SupportedTypes, vt)
+		}
+	}
+	if ts, r := dev.GetCreatableVgpus(); !miss("creatable_vgpus", r) {
+		for _, t := range ts {
+			g.CreatableTypes = append(g.CreatableTypes, readType(dev, t))
+		}
+	}
+	utilByInstance := map[uint32]uint32{}
+	if vt, samples, r := dev.GetVgpuUtilization(0); r == nvml.SUCCESS {
+		for _, s := range samples {
+			utilByInstance[s.VgpuInstance] = sampleValue(vt, s.SmUtil)
+		}
+	}
+	if insts, r := dev.GetActiveVgpus(); !miss("active_vgpus", r) {
+		for _, in := range insts {
+			vi := readInstance(in)
+			if vi.TypeName == "" {
+				vi.TypeName = typeNames[vi.TypeID]
+			}
+			if id, ok := instanceID(in); ok {
+				vi.UtilizationPct = utilByInstance[id]
+			}
+			if vi.Licensed != nil && !*vi.Licensed {
+				g.License.Unlicensed++
+			}
+			g.Active = append(g.Active, vi)
+		}
+	}
+	if u, r := dev.GetUtilizationRates(); !miss("utilization", r) {
+		g.Utilization = Util{GPU: u.Gpu, Memory: u.Memory}
+	}
+	if m, r := dev.GetMemoryInfo(); !miss("memory", r) {
+		g.Memory = Memory{Total: m.Total, Used: m.Used, Free: m.Free}
+	}
+	if t, r := dev.GetTemperature(nvml.TEMPERATURE_GPU); !miss("temperature", r) {
+		g.TemperatureC = t
+	}
+	if p, r := dev.GetPowerUsage(); !miss("power", r) {
+		g.PowerMW = p
+	}
+	if c, r := dev.GetClockInfo(nvml.CLOCK_SM); !miss("clock_sm", r) {
+		g.Clocks.SM = c
+	}
+	if c, r := dev.GetClockInfo(nvml.CLOCK_MEM); !miss("clock_mem", r) {
+		g.Clocks.Mem = c
+	}
+	if c, r := dev.GetApplicationsClock(nvml.CLOCK_SM); r == nvml.SUCCESS {
+		g.Clocks.AppSM = c
+	}
+	if c, r := dev.GetApplicationsClock(nvml.CLOCK_MEM); r == nvml.SUCCESS {
+		g.Clocks.AppMem = c
+	}
+	if !n.has("nvmlDeviceGetVgpuSchedulerState") {
+		// drivers before R525
+	} else if s, r := dev.GetVgpuSchedulerState(); r == nvml.SUCCESS {
+		g.Scheduler = &Scheduler{Policy: policyName(s.SchedulerPolicy), TimesliceUs: binary.LittleEndian.Uint32(s.SchedulerParams[:4])}
+	}
+	if lf, r := dev.GetGridLicensableFeatures(); r == nvml.SUCCESS {
+		g.License.Supported = lf.IsGridLicenseSupported != 0
+	}
+	return g, nil
+}
+
+func readType(dev nvml.Device, t nvml.VgpuTypeId) VGPUType {
+	vt := VGPUType{ID: t.GetID()}
+	vt.Name, _ = t.GetName()
+	vt.Class, _ = t.GetClass()
+	if fb, r := t.GetFramebufferSize(); r == nvml.SUCCESS {
+		vt.FramebufferMB = fb >> 20
+	}
+	vt.MaxInstances, _ = t.GetMaxInstances(dev)
+	return vt
+}
+
+func readInstance(in nvml.VgpuInstance) VGPUInstance {
+	var vi VGPUInstance
+	vi.MdevUUID, _ = in.GetMdevUUID()
+	vi.UUID, _ = in.GetUUID()
+	vi.VMID, _, _ = in.GetVmID()
+	if t, r := in.GetType(); r == nvml.SUCCESS && t != nil {
+		vi.TypeID = t.GetID()
+		vi.TypeName, _ = t.GetName()
+	}
+	vi.FBUsageBytes, _ = in.GetFbUsage()
+	if v, r := in.GetVmDriverVersion(); r == nvml.SUCCESS && v != "Not Available" {
+		vi.GuestDriverVersion = v
+	}
+	if li, r := in.GetLicenseInfo(); r == nvml.SUCCESS {
+		b := li.IsLicensed != 0
+		vi.Licensed = &b
+	}
+	return vi
+}
+
+// instanceID recovers the NVML instance handle (an unsigned integer in the
+// real library) to match utilisation samples; mocks implement ID().
+func instanceID(in nvml.VgpuInstance) (uint32, bool) {
+	if x, ok := in.(interface{ ID() uint32 }); ok {
+		return x.ID(), true
+	}
+	v := reflect.ValueOf(in)
+	switch v.Kind() {
+	case reflect.Uint32, reflect.Uint, reflect.Uint64:
+		u := v.Uint()
+		if u <= math.MaxUint32 {
+			return uint32(u), true
+		}
+	}
+	return 0, false
+}
+
+func sampleValue(t nvml.ValueType, b [8]byte) uint32 {
+	switch t {
+	case nvml.VALUE_TYPE_UNSIGNED_INT, nvml.VALUE_TYPE_SIGNED_INT:
+		return binary.LittleEndian.Uint32(b[:4])
+	case nvml.VALUE_TYPE_UNSIGNED_LONG, nvml.VALUE_TYPE_UNSIGNED_LONG_LONG, nvml.VALUE_TYPE_SIGNED_LONG_LONG:
+		return uint32(binary.LittleEndian.Uint64(b[:]))
+	case nvml.VALUE_TYPE_DOUBLE:
+		return uint32(math.Float64frombits(binary.LittleEndian.Uint64(b[:])))
+	}
+	return 0
+}
+
+func virtModeName(m nvml.GpuVirtualizationMode) string {
+	switch m {
+	case nvml.GPU_VIRTUALIZATION_MODE_NONE:
+		return "none"
+	case nvml.GPU_VIRTUALIZATION_MODE_PASSTHROUGH:
+		return "passthrough"
+	case nvml.GPU_VIRTUALIZATION_MODE_VGPU:
+		return "vgpu"
+	case nvml.GPU_VIRTUALIZATION_MODE_HOST_VGPU:
+		return "host_vgpu"
+	case nvml.GPU_VIRTUALIZATION_MODE_HOST_VSGA:
+		return "host_vsga"
+	}
+	return fmt.Sprintf("mode_%d", m)
+}
+
+func policyName(p uint32) string {
+	switch p {
+	case nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT:
+		return PolicyBestEffort
+	case nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE:
+		return PolicyEqualShare
+	case nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE:
+		return PolicyFixedShare
+	}
+	return "unknown"
+}
+
+// PolicyValue maps a policy name to NVML's value; ok false for unknown names.
+func PolicyValue(name string) (uint32, bool) {
+	switch name {
+	case PolicyBestEffort:
+		return nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT, true
+	case PolicyEqualShare:
+		return nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE, true
+	case PolicyFixedShare:
+		return nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE, true
+	}
+	return 0, false
+}
+
+func (n *NVML) device(op string, a pci.Addr) (nvml.Device, error) {
+	if err := n.open(op); err != nil {
+		return nil, err
+	}
+	dev, ret := n.lib.DeviceGetHandleByPciBusId(a.NVML())
+	if ret != nvml.SUCCESS {
+		return nil, classifyRet(op, ret)
+	}
+	return dev, nil
+}
+
+// SetVGPUScheduler sets the vGPU scheduler policy (and timeslice) of a GPU.
+func (n *NVML) SetVGPUScheduler(ctx context.Context, a pci.Addr, policy string, timesliceUs uint32) error {
+	op := fmt.Sprintf("set vgpu scheduler %s/%dus on %s", policy, timesliceUs, a)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p, ok := PolicyValue(policy)
+	if !ok {
+		return hosterr.Errorf(hosterr.Invalid, op, "policy must be %s, %s or %s", PolicyBestEffort, PolicyEqualShare, PolicyFixedShare)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	dev, err := n.device(op, a)
+	if err != nil {
+		return err
+	}
+	if !n.has("nvmlDeviceSetVgpuSchedulerState") {
+		return hosterr.Errorf(hosterr.Unsupported, op, "the NVIDIA driver has no vGPU scheduler control (R525 or newer needed)")
+	}
+	st := nvml.VgpuSchedulerSetState{SchedulerPolicy: p, EnableARRMode: nvml.VGPU_SCHEDULER_ARR_DEFAULT}
+	binary.LittleEndian.PutUint32(st.SchedulerParams[:4], timesliceUs)
+	return classifyRet(op, dev.SetVgpuSchedulerState(&st))
+}
+
+// SetApplicationClocks sets a GPU's application clocks.
+func (n *NVML) SetApplicationClocks(ctx context.Context, a pci.Addr, memMHz, smMHz uint32) error {
+	op := fmt.Sprintf("set application clocks mem=%d sm=%d on %s", memMHz, smMHz, a)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if memMHz == 0 || smMHz == 0 {
+		return hosterr.Errorf(hosterr.Invalid, op, "both clocks are required")
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	dev, err := n.device(op, a)
+	if err != nil {
+		return err
+	}
+	return classifyRet(op, dev.SetApplicationsClocks(memMHz, smMHz))
+}
+
+// ResetApplicationClocks restores a GPU's default application clocks.
+func (n *NVML) ResetApplicationClocks(ctx context.Context, a pci.Addr) error {
+	op := "reset application clocks on " + a.String()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	dev, err := n.device(op, a)
+	if err != nil {
+		return err
+	}
+	return classifyRet(op, dev.ResetApplicationsClocks())
+}

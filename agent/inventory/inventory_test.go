@@ -1,0 +1,219 @@
+package inventory_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/gpu"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/inventory"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/libvirt"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
+)
+
+func scanner(t testing.TB, spec fakehost.Spec) (*inventory.Scanner, *fakehost.Host) {
+	t.Helper()
+	h, err := fakehost.Build(t.TempDir(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := libvirt.Open(h.LibvirtURI())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	b, _ := h.NVML()
+	t.Cleanup(b.Close)
+	return &inventory.Scanner{Host: spec.Host, Sysfs: h.Sysfs, Domains: c, GPUs: b,
+		CgroupVersion: func() string { return "v2" }, Allow: inventory.AllowList{All: true}}, h
+}
+
+func findType(g inventory.GPU, id string) inventory.Type {
+	i := slices.IndexFunc(g.Types, func(t inventory.Type) bool { return t.ID == id })
+	if i < 0 {
+		return inventory.Type{}
+	}
+	return g.Types[i]
+}
+
+func TestScanFakeHost(t *testing.T) {
+	ctx := context.Background()
+	s, h := scanner(t, fakehost.DefaultSpec())
+	inv, err := s.Scan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv.Errors) != 0 || !inv.NVML || !slices.Equal(inv.DriverVersions, []string{"550.54.16"}) || inv.CgroupVersion != "v2" {
+		t.Fatalf("inventory header: %+v", inv)
+	}
+	if len(inv.GPUs) != 3 {
+		t.Fatalf("gpus = %d", len(inv.GPUs))
+	}
+	g := inv.GPUs[0]
+	if g.Addr != pci.MustParse("0000:3b:00.0") || g.Mode != "mdev" || g.Name != "Tesla T4" || g.Health != "ok" || g.Driver != "nvidia" {
+		t.Errorf("gpu0 = %+v", g)
+	}
+	t232 := findType(g, "nvidia-232")
+	if t232 != (inventory.Type{ID: "nvidia-232", Name: "GRID T4-4Q", Class: "Quadro", FramebufferMB: 4096, MaxInstances: 4, Available: 3, InUse: 1, Allowed: true}) {
+		t.Errorf("nvidia-232 = %+v", t232)
+	}
+	if len(g.VGPUs) != 1 || g.VGPUs[0].Instance != "0d1d9d4f-7b4b-4c4e-9a39-3f8f1a2b3c01" || !g.VGPUs[0].Live ||
+		g.VGPUs[0].TypeName != "GRID T4-4Q" || g.VGPUs[0].FBUsage == 0 {
+		t.Errorf("gpu0 vgpus = %+v", g.VGPUs)
+	}
+	h200 := inv.GPUs[1] // sorted by address: 3b, c1, d8
+	if h200.Mode != "vendor_vfio" || len(h200.VFs) != 8 || len(h200.VGPUs) != 1 || h200.VGPUs[0].Kind != "vf" ||
+		h200.VGPUs[0].Instance != "0d1d9d4f-7b4b-4c4e-9a39-3f8f1a2b3c02" || h200.VGPUs[0].TypeName != "NVIDIA H200X-70C" {
+		t.Errorf("h200 = %+v", h200)
+	}
+	if got := findType(h200, "1429"); got.InUse != 1 || got.Available != 1 || got.MaxInstances != 2 {
+		t.Errorf("1429 = %+v", got)
+	}
+	if got := findType(h200, "1428"); got.Available != 0 || got.Name != "NVIDIA H200X-141C" {
+		t.Errorf("1428 = %+v", got)
+	}
+	if len(inv.Orphans) != 0 || len(inv.Domains) != 3 {
+		t.Errorf("orphans %v domains %+v", inv.Orphans, inv.Domains)
+	}
+
+	// An mdev no domain uses is an orphan.
+	const u = "6d7e9b1c-0f2a-4c4e-9e59-0b1d2a3c4d5e"
+	if err := h.Sysfs.CreateMdev(ctx, pci.MustParse("0000:d8:00.0"), "nvidia-232", u); err != nil {
+		t.Fatal(err)
+	}
+	inv, _ = s.Scan(ctx)
+	if !slices.Equal(inv.Orphans, []string{u}) {
+		t.Errorf("orphans = %v", inv.Orphans)
+	}
+	if got := findType(inv.GPUs[2], "nvidia-232"); got.Available != 3 || got.InUse != 1 {
+		t.Errorf("after create: %+v", got)
+	}
+
+	b, err := json.Marshal(inv)
+	if err != nil || !bytes.Contains(b, []byte(`"pci_address":"0000:3b:00.0"`)) {
+		t.Errorf("json: %s %v", b, err)
+	}
+	var tbl strings.Builder
+	if err := inventory.WriteTable(&tbl, inv); err != nil || !strings.Contains(tbl.String(), "GRID T4-4Q") || !strings.Contains(tbl.String(), "ORPHANS") {
+		t.Errorf("table:\n%s", tbl.String())
+	}
+}
+
+func TestScanWithoutNVMLOrLibvirt(t *testing.T) {
+	ctx := context.Background()
+	h, err := fakehost.Build(t.TempDir(), fakehost.DefaultSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &inventory.Scanner{Host: "h", Sysfs: h.Sysfs, GPUs: gpu.None{Reason: "disabled"}, NVMLError: "disabled"}
+	inv, err := s.Scan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inv.NVML || len(inv.GPUs) != 3 || inv.GPUs[0].Health != "unknown" || len(inv.Orphans) != 0 {
+		t.Errorf("inventory without NVML/libvirt: %+v", inv)
+	}
+	if got := findType(inv.GPUs[0], "nvidia-232"); got.Available != 3 || got.MaxInstances != 4 || got.Allowed {
+		t.Errorf("type from sysfs only: %+v", got)
+	}
+}
+
+func TestAllowList(t *testing.T) {
+	t4a, t4b := pci.MustParse("0000:3b:00.0"), pci.MustParse("0000:d8:00.0")
+	vf := pci.MustParse("0000:c1:00.5")
+	pf := pci.MustParse("0000:c1:00.0")
+	physfn := func(a pci.Addr) (pci.Addr, bool) { return pf, a == vf }
+	one := inventory.AllowList{EnabledTypes: []string{"nvidia-232"}}
+	many := inventory.AllowList{EnabledTypes: []string{"nvidia-232", "nvidia-222", "1429"}, PhysFn: physfn,
+		DeviceAddresses: map[string][]pci.Addr{"nvidia-222": {t4b}, "nvidia-232": {t4a}, "nvidia-1429": {pf}}}
+	tests := []struct {
+		name string
+		a    inventory.AllowList
+		gpu  pci.Addr
+		typ  string
+		want bool
+	}{
+		{"one type, any gpu", one, t4b, "nvidia-232", true},
+		{"one type, other type", one, t4b, "nvidia-222", false},
+		{"empty list allows nothing", inventory.AllowList{}, t4a, "nvidia-232", false},
+		{"mapped", many, t4b, "nvidia-222", true},
+		{"mapped elsewhere", many, t4a, "nvidia-222", false},
+		{"vf through its pf", many, vf, "1429", true},
+		{"unmapped gpu gets none", many, pci.MustParse("0000:01:00.0"), "nvidia-232", false},
+		{"all", inventory.AllowList{All: true}, t4a, "anything", true},
+	}
+	for _, tc := range tests {
+		if got := tc.a.AllowType(tc.gpu, tc.typ); got != tc.want {
+			t.Errorf("%s: AllowType = %v", tc.name, got)
+		}
+	}
+	if !many.AllowGPU(t4a) || many.AllowGPU(pci.MustParse("0000:01:00.0")) {
+		t.Error("AllowGPU")
+	}
+	if err := many.Validate(); err != nil {
+		t.Error(err)
+	}
+	bad := inventory.AllowList{EnabledTypes: []string{"nvidia-232", "nvidia-222"},
+		DeviceAddresses: map[string][]pci.Addr{"nvidia-222": {t4a}, "nvidia-232": {t4a}}}
+	if bad.Validate() == nil {
+		t.Error("address in two types accepted")
+	}
+	if (inventory.AllowList{EnabledTypes: []string{"nvidia-232"}, DeviceAddresses: map[string][]pci.Addr{"nvidia-9": {t4a}}}).Validate() == nil {
+		t.Error("addresses for a type not enabled accepted")
+	}
+}
+
+// bigSpec is 8 GPUs × 32 mdev types, each GPU with a few mdevs.
+func bigSpec() fakehost.Spec {
+	spec := fakehost.DefaultSpec()
+	spec.VFIOGPUs = nil
+	spec.Domains = nil
+	spec.MdevGPUs = nil
+	for i := range 8 {
+		g := fakehost.MdevGPU{Addr: pci.Addr{Bus: uint8(0x10 + i)}, Name: "Tesla T4", DeviceID: "0x1eb8", MemoryMB: 65536,
+			IOMMUGroup: 10 + i, BAR1MB: 256, Heterogeneous: true}
+		for j := range 32 {
+			g.Types = append(g.Types, fakehost.Type{ID: fmt.Sprintf("nvidia-%d", 400+j), Name: fmt.Sprintf("GRID X-%dQ", j),
+				Class: "Quadro", FramebufferMB: 1024, MaxInstance: 64, NumHeads: 4, FRLConfig: 60, MaxResolution: "7680x4320"})
+		}
+		for k := range 4 {
+			g.Mdevs = append(g.Mdevs, fakehost.Mdev{UUID: fmt.Sprintf("00000000-0000-4000-8000-%012d", i*10+k), Type: "nvidia-400"})
+		}
+		spec.MdevGPUs = append(spec.MdevGPUs, g)
+	}
+	return spec
+}
+
+// BenchmarkScan8x32 is one inventory scan of 8 GPUs × 32 types (sysfs +
+// libvirt test driver + NVML mock).
+func BenchmarkScan8x32(b *testing.B) {
+	s, _ := scanner(b, bigSpec())
+	ctx := context.Background()
+	inv, err := s.Scan(ctx)
+	if err != nil || len(inv.GPUs) != 8 || len(inv.GPUs[0].Types) != 32 {
+		b.Fatalf("scan: %d gpus, %v", len(inv.GPUs), err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := s.Scan(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkScan8x32SysfsOnly isolates the sysfs part.
+func BenchmarkScan8x32SysfsOnly(b *testing.B) {
+	s, _ := scanner(b, bigSpec())
+	s.Domains, s.GPUs = nil, nil
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := s.Scan(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,455 @@
+// Package transport is the agent's RabbitMQ side (DESIGN §4.4): it
+// declares the topic exchange "vgpu" and the durable queue
+// vgpu.agent.<host> bound to agent.<host>, consumes commands with manual
+// acknowledgement, hands each to the executor, publishes the result on
+// result.<host> with publisher confirms and only then acknowledges the
+// command. It publishes reports on report.<host> at start, when the host
+// changes and every period. A lost connection is re-established with
+// capped exponential backoff and jitter; an unacknowledged command is
+// redelivered by RabbitMQ and answered from the journal.
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+)
+
+// Log attribute keys.
+const (
+	logCommand = "command_id"
+	logErr     = "err"
+	logBroker  = "broker"
+)
+
+// Executor answers commands (agent/executor.Executor implements it).
+// Execute returns a zero Result (no CommandID) when the command could not
+// be finished now (the agent is stopping); it is then left unacknowledged.
+type Executor interface {
+	Execute(ctx context.Context, c protocol.Command) protocol.Result
+	Refuse(c protocol.Command, code, msg string) protocol.Result
+}
+
+// Reporter builds a report of the host (host, node, GPUs…); Seq and
+// SentAt are set here.
+type Reporter interface {
+	Report(ctx context.Context) (protocol.Report, error)
+}
+
+// Config configures the loop.
+type Config struct {
+	// URLs are amqp:// or amqps:// URLs, one per broker, tried in turn
+	// (conf.TransportURL.AMQPURLs()).
+	URLs []string
+	// Redacted names the brokers in logs, without passwords.
+	Redacted  string
+	TLSConfig *tls.Config
+	Host      string
+	// Prefetch is how many commands may be delivered unacknowledged. Default 1.
+	Prefetch int
+	// MinBackoff and MaxBackoff bound the reconnection delay. Defaults 500ms, 30s.
+	MinBackoff, MaxBackoff time.Duration
+	// ReportInterval is the period of full reports. Default 60s.
+	ReportInterval time.Duration
+	// ReportCheckInterval is how often the host is looked at for a change
+	// that warrants a report before the period ends. Default 10s; 0 default, <0 off.
+	ReportCheckInterval time.Duration
+	// StopGrace is how long a command in progress may run after ctx ends.
+	// Default 30s.
+	StopGrace time.Duration
+	// ConfirmTimeout bounds the wait for a publisher confirm. Default 30s.
+	ConfirmTimeout time.Duration
+	Log            *slog.Logger
+	Registerer     prometheus.Registerer
+}
+
+// Loop consumes commands and publishes results and reports.
+type Loop struct {
+	cfg     Config
+	exec    Executor
+	rep     Reporter
+	changed <-chan struct{}
+	log     *slog.Logger
+
+	ready   atomic.Bool
+	mu      sync.Mutex // guards pending and pub
+	pending []protocol.Result
+	pub     *amqp.Channel
+	seq     atomic.Uint64
+	lastFP  string
+
+	connected  prometheus.Gauge
+	reconnects prometheus.Counter
+	published  *prometheus.CounterVec
+	deliveries *prometheus.CounterVec
+}
+
+// New returns a loop; changed (may be nil) signals that the host changed.
+func New(cfg Config, exec Executor, rep Reporter, changed <-chan struct{}) (*Loop, error) {
+	if len(cfg.URLs) == 0 {
+		return nil, errors.New("transport: no broker URL")
+	}
+	if cfg.Host == "" || exec == nil {
+		return nil, errors.New("transport: Host and Executor are required")
+	}
+	if cfg.Prefetch <= 0 {
+		cfg.Prefetch = 1
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = 500 * time.Millisecond
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = max(30*time.Second, cfg.MinBackoff)
+	}
+	if cfg.ReportInterval <= 0 {
+		cfg.ReportInterval = time.Minute
+	}
+	if cfg.ReportCheckInterval == 0 {
+		cfg.ReportCheckInterval = 10 * time.Second
+	}
+	if cfg.StopGrace <= 0 {
+		cfg.StopGrace = 30 * time.Second
+	}
+	if cfg.ConfirmTimeout <= 0 {
+		cfg.ConfirmTimeout = 30 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Redacted == "" {
+		cfg.Redacted = "rabbitmq"
+	}
+	l := &Loop{cfg: cfg, exec: exec, rep: rep, changed: changed, log: cfg.Log,
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vgpu_agent_amqp_connected",
+			Help: "1 while the agent is connected to RabbitMQ and consuming its command queue."}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpu_agent_amqp_reconnects_total",
+			Help: "Connections to RabbitMQ lost or refused (each is followed by a backoff and a new attempt)."}),
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_agent_published_total",
+			Help: "Messages published and confirmed by RabbitMQ, by type (result, report)."}, []string{"type"}),
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_agent_deliveries_total",
+			Help: "Command deliveries, by outcome (acked, requeued, dropped)."}, []string{"outcome"}),
+	}
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{l.connected, l.reconnects, l.published, l.deliveries} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("transport: metrics: %w", err)
+			}
+		}
+	}
+	return l, nil
+}
+
+// Ready reports whether the loop is connected and consuming.
+func (l *Loop) Ready() bool { return l.ready.Load() }
+
+// Enqueue adds results to publish as soon as connected (recovered
+// commands' results).
+func (l *Loop) Enqueue(rs ...protocol.Result) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pending = append(l.pending, rs...)
+}
+
+// Backoff returns the delay before reconnection attempt n (0-based):
+// min·2ⁿ capped at max, with "equal jitter" (half fixed, half random).
+func Backoff(n int, minD, maxD time.Duration) time.Duration {
+	d := minD
+	for i := 0; i < n && d < maxD; i++ {
+		d *= 2
+	}
+	d = min(d, maxD)
+	half := d / 2
+	return half + time.Duration(rand.Int64N(int64(half)+1))
+}
+
+// Run connects and serves until ctx ends; it returns nil then. A command
+// in progress when ctx ends gets StopGrace to finish.
+func (l *Loop) Run(ctx context.Context) error {
+	// hard ends StopGrace after ctx: commands run under it.
+	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHard()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(l.cfg.StopGrace, cancelHard)
+		context.AfterFunc(hard, func() { t.Stop() })
+	})
+	defer stop()
+
+	attempt := 0
+	for {
+		start := time.Now()
+		err := l.session(ctx, hard, attempt)
+		l.ready.Store(false)
+		l.connected.Set(0)
+		if ctx.Err() != nil {
+			return nil
+		}
+		l.reconnects.Inc()
+		if time.Since(start) > l.cfg.MaxBackoff {
+			attempt = 0 // it had worked for a while
+		}
+		d := Backoff(attempt, l.cfg.MinBackoff, l.cfg.MaxBackoff)
+		l.log.Warn("rabbitmq connection lost; reconnecting", logErr, err, "in", d.Round(time.Millisecond), "attempt", attempt+1)
+		attempt++
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(d):
+		}
+	}
+}
+
+func (l *Loop) dial(attempt int) (*amqp.Connection, error) {
+	url := l.cfg.URLs[attempt%len(l.cfg.URLs)]
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("vgpu-agent " + l.cfg.Host)
+	return amqp.DialConfig(url, amqp.Config{Heartbeat: 10 * time.Second, TLSClientConfig: l.cfg.TLSConfig,
+		Properties: props, Dial: amqp.DefaultDial(10 * time.Second)})
+}
+
+// Declare declares the exchange and the host's command queue and binding
+// on ch. The bridge declares the same exchange with the same arguments.
+func Declare(ch *amqp.Channel, host string) error {
+	if err := ch.ExchangeDeclare(protocol.Exchange, "topic", true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", protocol.Exchange, err)
+	}
+	q := protocol.AgentQueue(host)
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare queue %s: %w", q, err)
+	}
+	if err := ch.QueueBind(q, protocol.CommandRoutingKey(host), protocol.Exchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %s: %w", q, err)
+	}
+	return nil
+}
+
+// session is one connection's life.
+func (l *Loop) session(ctx, hard context.Context, attempt int) error {
+	conn, err := l.dial(attempt)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", l.cfg.Redacted, err)
+	}
+	defer conn.Close()
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := Declare(ch, l.cfg.Host); err != nil {
+		return err
+	}
+	if err := ch.Qos(l.cfg.Prefetch, 0, false); err != nil {
+		return err
+	}
+	pub, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := pub.Confirm(false); err != nil {
+		return fmt.Errorf("publisher confirms: %w", err)
+	}
+	l.mu.Lock()
+	l.pub = pub
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.pub = nil
+		l.mu.Unlock()
+	}()
+	if err := l.flushPending(hard); err != nil {
+		return err
+	}
+	tag := "vgpu-agent." + l.cfg.Host
+	deliveries, err := ch.Consume(protocol.AgentQueue(l.cfg.Host), tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	l.ready.Store(true)
+	l.connected.Set(1)
+	l.log.Info("connected to rabbitmq; consuming commands", logBroker, l.cfg.Redacted, "queue", protocol.AgentQueue(l.cfg.Host))
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	if l.rep != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.reportLoop(sctx)
+		}()
+	}
+	defer wg.Wait()
+	defer cancel()
+
+	for {
+		select {
+		case <-ctx.Done():
+			_ = ch.Cancel(tag, false)
+			return nil
+		case e := <-closed:
+			if e == nil {
+				return errors.New("connection closed")
+			}
+			return e
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("delivery channel closed")
+			}
+			if err := l.handle(hard, d); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (l *Loop) flushPending(ctx context.Context) error {
+	l.mu.Lock()
+	todo := l.pending
+	l.mu.Unlock()
+	for i, r := range todo {
+		if err := l.publish(ctx, protocol.ResultRoutingKey(l.cfg.Host), "result", r.CommandID, r); err != nil {
+			l.mu.Lock()
+			l.pending = append(todo[i:], l.pending[len(todo):]...)
+			l.mu.Unlock()
+			return err
+		}
+	}
+	l.mu.Lock()
+	l.pending = l.pending[len(todo):]
+	l.mu.Unlock()
+	return nil
+}
+
+// handle executes one delivery, publishes its result and acknowledges it.
+// An error means the connection is unusable; the delivery stays unacked.
+func (l *Loop) handle(ctx context.Context, d amqp.Delivery) error {
+	c, err := protocol.DecodeCommand(d.Body)
+	var res protocol.Result
+	switch {
+	case err != nil && c.ID == "":
+		l.log.Error("dropping a message that is not a command", logErr, err, "message_id", d.MessageId)
+		l.deliveries.WithLabelValues("dropped").Inc()
+		return d.Nack(false, false)
+	case err != nil && c.Host != "" && c.Host != l.cfg.Host:
+		res = l.exec.Refuse(c, protocol.CodeWrongHost, fmt.Sprintf("command is for host %q, this agent is %q", c.Host, l.cfg.Host))
+	case err != nil:
+		res = l.exec.Refuse(c, protocol.CodeInvalidCommand, err.Error())
+	default:
+		res = l.exec.Execute(ctx, c)
+	}
+	if res.CommandID == "" {
+		l.deliveries.WithLabelValues("requeued").Inc()
+		_ = d.Nack(false, true)
+		return errors.New("command left unfinished (stopping)")
+	}
+	if err := l.publish(ctx, protocol.ResultRoutingKey(l.cfg.Host), "result", res.CommandID, res); err != nil {
+		return fmt.Errorf("publish result of %s: %w", res.CommandID, err)
+	}
+	l.deliveries.WithLabelValues("acked").Inc()
+	return d.Ack(false)
+}
+
+// publish sends v and waits for the broker's confirm.
+func (l *Loop) publish(ctx context.Context, key, typ, id string, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	pub := l.pub
+	if pub == nil {
+		l.mu.Unlock()
+		return errors.New("not connected")
+	}
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.ConfirmTimeout)
+	defer cancel()
+	dc, err := pub.PublishWithDeferredConfirmWithContext(cctx, protocol.Exchange, key, false, false, amqp.Publishing{
+		ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: id, Type: typ,
+		AppId: "vgpu-agent", Timestamp: time.Now().UTC(), Body: body,
+	})
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	ok, err := dc.WaitContext(cctx)
+	if err != nil {
+		return fmt.Errorf("confirm: %w", err)
+	}
+	if !ok {
+		return errors.New("broker refused the message (nack)")
+	}
+	l.published.WithLabelValues(typ).Inc()
+	return nil
+}
+
+// reportLoop publishes a report now, when the host changed, and every period.
+func (l *Loop) reportLoop(ctx context.Context) {
+	send := func(force bool) {
+		r, err := l.rep.Report(ctx)
+		if err != nil {
+			l.log.Warn("cannot build report", logErr, err)
+			return
+		}
+		fp := fingerprint(r)
+		if !force && fp == l.lastFP {
+			return
+		}
+		r.V = protocol.Version
+		r.Host = l.cfg.Host
+		r.Seq = l.seq.Add(1)
+		r.SentAt = time.Now().UTC()
+		if err := l.publish(ctx, protocol.ReportRoutingKey(l.cfg.Host), "report", fmt.Sprintf("%s-%d", l.cfg.Host, r.Seq), r); err != nil {
+			if ctx.Err() == nil {
+				l.log.Warn("cannot publish report", logErr, err)
+			}
+			return
+		}
+		l.lastFP = fp
+	}
+	send(true)
+	period := time.NewTicker(l.cfg.ReportInterval)
+	defer period.Stop()
+	var check <-chan time.Time
+	if l.cfg.ReportCheckInterval > 0 {
+		t := time.NewTicker(l.cfg.ReportCheckInterval)
+		defer t.Stop()
+		check = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-period.C:
+			send(true)
+		case <-check:
+			send(false)
+		case <-l.changed:
+			send(false)
+		}
+	}
+}
+
+// fingerprint is what makes a report different: everything but the
+// timestamp, the sequence and the volatile measurements.
+func fingerprint(r protocol.Report) string {
+	r.SentAt, r.Seq = time.Time{}, 0
+	gpus := make([]protocol.GPU, len(r.GPUs))
+	for i, g := range r.GPUs {
+		g.UtilPercent, g.MemoryUsedMiB, g.TemperatureC, g.PowerW = nil, nil, nil, nil
+		gpus[i] = g
+	}
+	r.GPUs = gpus
+	b, _ := json.Marshal(r)
+	return string(b)
+}
