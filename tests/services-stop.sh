@@ -18,6 +18,13 @@ fi
 STATE_DIR=${VGPU_TEST_STATE_DIR:-/var/lib/vgpu-bridge-test}
 PL_PID=$STATE_DIR/placement/uwsgi.pid
 
+# services.sh holds this lock while it starts Placement; it sets
+# SERVICES_LOCK_HELD=1 when it calls this script itself.
+if [ "${SERVICES_LOCK_HELD:-0}" != 1 ] && [ -d "$STATE_DIR" ]; then
+	exec 9>"$STATE_DIR/services.lock"
+	flock -w 120 9 || { echo "services-stop.sh: another services.sh run holds $STATE_DIR/services.lock" >&2; exit 1; }
+fi
+
 if [ ! -s "$PL_PID" ]; then
 	echo "Placement: not running (no $PL_PID)"
 	exit 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/services.sh — make this machine ready for vgpu-bridge's tests (`make services`).
 #
-# Idempotent; fast (about a second) when everything already runs. On a fresh
+# Idempotent; fast (under a second on an idle machine) when everything already runs. On a fresh
 # Debian 12 machine it:
 #   1. installs with apt the packages that are missing (apt-get update only then),
 #      with a temporary /usr/sbin/policy-rc.d so packaged daemons do not start;
@@ -12,6 +12,7 @@
 #
 # Environment (all optional):
 #   VGPU_TEST_STATE_DIR   state dir (default /var/lib/vgpu-bridge-test)
+#   VGPU_TEST_LOG_DIR     log dir (default /var/log/vgpu-bridge-test)
 #   PLACEMENT_HOST/PORT   listen address of Placement (default 127.0.0.1:8778)
 #   PLACEMENT_PROCESSES   uwsgi worker processes (default 2)
 #   PLACEMENT_THREADS     threads per worker (default 4)
@@ -20,7 +21,7 @@ set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
 	if command -v sudo >/dev/null 2>&1; then
-		exec sudo --preserve-env=VGPU_TEST_STATE_DIR,PLACEMENT_HOST,PLACEMENT_PORT,PLACEMENT_PROCESSES,PLACEMENT_THREADS,SERVICES_NO_APT \
+		exec sudo --preserve-env=VGPU_TEST_STATE_DIR,VGPU_TEST_LOG_DIR,PLACEMENT_HOST,PLACEMENT_PORT,PLACEMENT_PROCESSES,PLACEMENT_THREADS,SERVICES_NO_APT \
 			bash "$(readlink -f "$0")" "$@"
 	fi
 	echo "services.sh: must run as root (and sudo is not installed)" >&2
@@ -39,8 +40,9 @@ HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 STATE_DIR=${VGPU_TEST_STATE_DIR:-/var/lib/vgpu-bridge-test}
 PL_DIR=$STATE_DIR/placement
 PL_CONF=$PL_DIR/placement.conf
+PL_WSGI=$PL_DIR/wsgi.py
 PL_PID=$PL_DIR/uwsgi.pid
-PL_LOG=/var/log/vgpu-bridge-test/placement.log
+PL_LOG=${VGPU_TEST_LOG_DIR:-/var/log/vgpu-bridge-test}/placement.log
 PL_HOST=${PLACEMENT_HOST:-127.0.0.1}
 PL_PORT=${PLACEMENT_PORT:-8778}
 PL_PROCESSES=${PLACEMENT_PROCESSES:-2}
@@ -66,22 +68,38 @@ T_SCRIPT=$EPOCHREALTIME
 TIMINGS=()
 step_start() { T_STEP=$EPOCHREALTIME; echo "==> $1"; }
 step_end() { # name
-	local d
-	d=$(elapsed "$T_STEP")
-	TIMINGS+=("$(printf '%-22s %7ss' "$1" "$d")")
+	local line
+	printf -v line '%-22s %7ss' "$1" "$(elapsed "$T_STEP")"
+	TIMINGS+=("$line")
 }
-elapsed() { # start-time -> seconds with 2 decimals
-	awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'
+elapsed() { # start-time (an $EPOCHREALTIME) -> seconds since, 2 decimals; no forks
+	local now=$EPOCHREALTIME a b
+	a=${1/./}
+	b=${now/./}
+	local cs=$(((10#$b - 10#$a) / 10000))
+	printf '%d.%02d' $((cs / 100)) $((cs % 100))
 }
 die() { echo "services.sh: error: $*" >&2; exit 1; }
 
 port_open() { # host port
-	timeout 1 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null
+	case $1 in
+	127.*) (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null ;; # loopback answers or refuses at once
+	*) timeout 1 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null ;;
+	esac
 }
 wait_port() { # host port seconds
 	local i
 	for ((i = 0; i < $3 * 10; i++)); do
 		port_open "$1" "$2" && return 0
+		sleep 0.1
+	done
+	return 1
+}
+
+wait_port_closed() { # host port seconds
+	local i
+	for ((i = 0; i < $3 * 10; i++)); do
+		port_open "$1" "$2" || return 0
 		sleep 0.1
 	done
 	return 1
@@ -129,9 +147,13 @@ install_packages() {
 }
 
 # ---------------------------------------------------------------- 2. postgres, rabbitmq
-pg_version() {
-	local v
-	v=$(ls /etc/postgresql 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1)
+pg_version() { # the newest major version with a config dir
+	local d v=""
+	for d in /etc/postgresql/[0-9]*; do
+		[ -d "$d" ] || continue
+		d=${d##*/}
+		[[ $d =~ ^[0-9]+$ ]] && { [ -z "$v" ] || [ "$d" -gt "$v" ]; } && v=$d
+	done
 	[ -n "$v" ] || die "no PostgreSQL cluster under /etc/postgresql (is postgresql installed?)"
 	echo "$v"
 }
@@ -141,7 +163,7 @@ psql_admin() { # psql as the postgres superuser over the local socket
 }
 
 start_postgres() {
-	PG_VER=$(pg_version)
+	PG_VER=$(pg_version) || exit 1
 	if port_open 127.0.0.1 $PG_PORT; then
 		echo "    already listening on 127.0.0.1:$PG_PORT"
 	else
@@ -156,7 +178,10 @@ start_postgres() {
 	fi
 	# Tests connect as postgres over TCP without a password (DESIGN §5). A
 	# fresh Debian cluster asks for one: add trust for loopback, once.
-	if ! PGCONNECT_TIMEOUT=3 psql -X -w -h 127.0.0.1 -p $PG_PORT -U postgres -Atc 'select 1' >/dev/null 2>&1; then
+	if grep -qE '^host[[:space:]]+all[[:space:]]+(all|postgres)[[:space:]]+127\.0\.0\.1/32[[:space:]]+trust' \
+		"/etc/postgresql/$PG_VER/main/pg_hba.conf" 2>/dev/null; then
+		: # the usual case, without starting psql
+	elif ! PGCONNECT_TIMEOUT=3 psql -X -w -h 127.0.0.1 -p $PG_PORT -U postgres -Atc 'select 1' >/dev/null 2>&1; then
 		local hba
 		hba=$(psql_admin -c 'show hba_file')
 		echo "    adding loopback trust to $hba (test machine)"
@@ -188,8 +213,9 @@ start_rabbitmq() {
 
 # ---------------------------------------------------------------- 3. placement
 placement_ok() { # answers as a noauth2 Placement (a keystone one gives 401)
+	# A filtered list: auth and database, but cheap however many providers exist.
 	[ "$(curl -s -o /dev/null -w '%{http_code}' -m 3 -H 'X-Auth-Token: admin' \
-		"http://$PL_HOST:$PL_PORT/resource_providers" 2>/dev/null)" = 200 ]
+		"http://$PL_HOST:$PL_PORT/resource_providers?name=vgpu-bridge-services-probe" 2>/dev/null)" = 200 ]
 }
 
 our_uwsgi_pid() { # prints the pid of the uwsgi master this script started, if alive
@@ -201,18 +227,26 @@ our_uwsgi_pid() { # prints the pid of the uwsgi master this script started, if a
 	echo "$pid"
 }
 
-write_placement_conf() { # returns 0 when the file changed
-	local tmp
-	install -d -m 0750 "$PL_DIR"
-	tmp=$(mktemp "$PL_DIR/.placement.conf.XXXXXX")
-	sed -e "s|@DB_URL@|$PL_DB_URL|" -e "s|@LOG_FILE@|$PL_LOG|" "$HERE/placement/placement.conf.in" >"$tmp"
-	if [ -f "$PL_CONF" ] && cmp -s "$tmp" "$PL_CONF"; then
-		rm -f "$tmp"
+install_if_changed() { # src dst mode -> returns 0 when dst changed
+	if [ -f "$2" ] && cmp -s "$1" "$2"; then
 		return 1
 	fi
-	chmod 0640 "$tmp"
-	mv -f "$tmp" "$PL_CONF"
-	return 0
+	local tmp
+	tmp=$(mktemp "$(dirname "$2")/.$(basename "$2").XXXXXX")
+	cat "$1" >"$tmp"
+	chmod "$3" "$tmp"
+	mv -f "$tmp" "$2"
+}
+
+write_placement_files() { # returns 0 when the config or the WSGI file changed
+	local changed=1 conf
+	install -d -m 0750 "$PL_DIR" "$PL_DIR/policy.d"
+	conf=$(mktemp)
+	sed -e "s|@DB_URL@|$PL_DB_URL|" -e "s|@LOG_FILE@|$PL_LOG|" "$HERE/placement/placement.conf.in" >"$conf"
+	install_if_changed "$conf" "$PL_CONF" 0640 && changed=0
+	rm -f "$conf"
+	install_if_changed "$HERE/placement/wsgi.py" "$PL_WSGI" 0644 && changed=0
+	return $changed
 }
 
 ensure_placement_db() {
@@ -224,73 +258,99 @@ ensure_placement_db() {
 	fi
 }
 
-placement_wsgi_file() {
-	local f
-	for f in /usr/bin/placement-api /usr/lib/python3/dist-packages/placement/wsgi.py; do
-		[ -f "$f" ] && { echo "$f"; return 0; }
-	done
-	die "no Placement WSGI entry point (is placement-api installed?)"
-}
-
 start_placement() {
-	local changed=0 pid
-	write_placement_conf && changed=1
+	local changed=0 pid="" t
+	[ -f /usr/bin/placement-api ] || die "no /usr/bin/placement-api (is placement-api installed?)"
+	write_placement_files && changed=1
 	if pid=$(our_uwsgi_pid); then
-		if [ $changed = 0 ] && placement_ok; then
-			echo "    already running (uwsgi pid $pid)"
-			return 0
+		if [ $changed = 0 ]; then
+			# Others' tests may be using it: give a busy or starting one 30 s.
+			local i
+			for ((i = 0; i < 30; i++)); do
+				if placement_ok; then
+					echo "    already running (uwsgi pid $pid)"
+					return 0
+				fi
+				sleep 1
+			done
+			echo "    uwsgi $pid does not answer: restarting it"
+		else
+			echo "    config or wsgi.py changed: restarting uwsgi $pid"
 		fi
-		echo "    restarting (config changed or not answering)"
-		"$HERE/services-stop.sh" >/dev/null
-	fi
-	if port_open "$PL_HOST" "$PL_PORT"; then
+	elif port_open "$PL_HOST" "$PL_PORT"; then
 		local hint=""
 		have_systemd && hint=" (packaged service? try: systemctl disable --now placement-api)"
 		die "$PL_HOST:$PL_PORT is taken by a process this script did not start$hint: $(ss -ltnpH "sport = :$PL_PORT" 2>/dev/null | awk '{print $NF}')"
 	fi
 
-	local t
+	# Schema first (safe while an old instance still serves: shorter outage).
 	t=$EPOCHREALTIME
 	ensure_placement_db
 	$PY /usr/bin/placement-manage --config-file "$PL_CONF" db sync
 	echo "    db sync: $(elapsed "$t")s"
 
+	if [ -n "$pid" ]; then
+		SERVICES_LOCK_HELD=1 "$HERE/services-stop.sh" >/dev/null
+		wait_port_closed "$PL_HOST" "$PL_PORT" 10 || die "$PL_HOST:$PL_PORT still answers after stopping uwsgi $pid"
+	fi
+
 	install -d -m 0755 "$(dirname "$PL_LOG")"
+	# Every request is logged: keep one old log of at most 50 MB.
+	if [ -f "$PL_LOG" ] && [ "$(stat -c %s "$PL_LOG")" -gt $((50 * 1024 * 1024)) ]; then
+		mv -f "$PL_LOG" "$PL_LOG.1"
+	fi
 	rm -f "$PL_PID"
 	t=$EPOCHREALTIME
+	# wsgi.py (from tests/placement/) loads /usr/bin/placement-api, fixing
+	# oslo.log's eventlet lock swap that hangs threaded workers.
 	# --lazy-apps: each worker loads the app itself, so no DB connection made
 	# while loading is shared across fork. --die-on-term: SIGTERM stops
-	# (uwsgi 2.0 would reload). The pidfile path in the command line lets
+	# (uwsgi 2.0 would reload). --no-orphans: workers die with the master.
+	# --thunder-lock: serialised accept. The pidfile path in the command line lets
 	# services-stop.sh recognise the process.
-	env -i PATH="$PATH" LANG=C.UTF-8 LC_ALL=C.UTF-8 HOME=/root \
+	if ! env -i PATH="$PATH" LANG=C.UTF-8 LC_ALL=C.UTF-8 HOME=/root \
 		OS_PLACEMENT_CONFIG_DIR="$PL_DIR" \
 		/usr/bin/uwsgi-core \
 		--plugin python3 \
 		--http-socket "$PL_HOST:$PL_PORT" \
-		--wsgi-file "$(placement_wsgi_file)" \
+		--wsgi-file "$PL_WSGI" \
 		--master --lazy-apps --die-on-term --no-orphans --thunder-lock --enable-threads \
 		--processes "$PL_PROCESSES" --threads "$PL_THREADS" \
-		--listen 128 --buffer-size 65535 \
+		--listen 128 --buffer-size 65535 --chdir "$PL_DIR" \
 		--pidfile "$PL_PID" --daemonize "$PL_LOG" \
 		--log-date --disable-logging \
-		>/dev/null
-	local i
-	for ((i = 0; i < 600; i++)); do
-		placement_ok && break
-		if [ $i -gt 20 ] && ! our_uwsgi_pid >/dev/null; then
+		</dev/null >/dev/null 9>&-; then # fd 9 is our lock: the daemon must not keep it
+		tail -n 20 "$PL_LOG" >&2 || true
+		die "uwsgi failed to start Placement (log: $PL_LOG)"
+	fi
+	# The socket is bound before the app loads (2-3 s idle, 30 s on a busy box).
+	local deadline=$((SECONDS + 120)) ok=0
+	while [ $SECONDS -lt $deadline ]; do
+		if placement_ok; then
+			ok=1
 			break
 		fi
-		sleep 0.1
+		[ -s "$PL_PID" ] && ! our_uwsgi_pid >/dev/null && break # uwsgi died
+		sleep 0.2
 	done
-	if ! placement_ok; then
+	if [ $ok = 0 ]; then
 		echo "--- last lines of $PL_LOG:" >&2
 		tail -n 40 "$PL_LOG" >&2 || true
-		die "Placement did not answer on http://$PL_HOST:$PL_PORT/ within 60 s"
+		die "Placement did not answer on http://$PL_HOST:$PL_PORT/ within 120 s"
 	fi
 	echo "    started (uwsgi pid $(our_uwsgi_pid), ${PL_PROCESSES}x${PL_THREADS}) in $(elapsed "$t")s after db sync"
 }
 
 # ---------------------------------------------------------------- main
+# One run at a time (several people may run `make test` at once).
+install -d -m 0755 "$STATE_DIR"
+exec 9>"$STATE_DIR/services.lock"
+if ! flock -n 9; then
+	echo "==> waiting for another services.sh run to finish"
+	flock -w 900 9 || die "another services.sh run holds $STATE_DIR/services.lock"
+fi
+export SERVICES_LOCK_HELD=1
+
 if [ "${SERVICES_NO_APT:-0}" != 1 ]; then
 	step_start "packages"
 	install_packages
