@@ -1,0 +1,253 @@
+package placement
+
+import (
+	"context"
+	"fmt"
+	"maps"
+
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+)
+
+// ClaimRequest asks for Count units for a consumer (a Nova instance).
+type ClaimRequest struct {
+	Consumer  string // instance uuid
+	ProjectID string // needed when the consumer has no allocations yet
+	UserID    string
+	Request   engine.Request
+}
+
+// Claim is a granted claim.
+type Claim struct {
+	Consumer   string
+	Provider   string
+	Host       string
+	Class      string
+	Amount     int // units added by this claim
+	Held       int // units of Class the consumer now holds on Provider
+	Generation int // provider generation after the claim
+	Attempts   int
+}
+
+// maxCandidateRounds bounds re-decisions after capacity conflicts.
+const maxCandidateRounds = 8
+
+// Claim writes the consumer's allocations to hold the request on the best
+// candidate, keeping what the consumer already holds. Generation
+// conflicts are refreshed and retried with backoff until ctx ends;
+// capacity conflicts move on to the next candidate; when none is left it
+// returns an error wrapping ErrNoCapacity. The mirror and index learn the
+// outcome at once.
+func (s *Service) Claim(ctx context.Context, cr ClaimRequest) (*Claim, error) {
+	if cr.Consumer == "" {
+		return nil, fmt.Errorf("claim: %w: no consumer", engine.ErrInvalidRequest)
+	}
+	q := cr.Request
+	q.AllowRetype = false
+	tried := map[string]bool{}
+	attempts := 0
+	for round := 0; round < maxCandidateRounds; round++ {
+		q.ExcludeGPUs = append(append([]string(nil), cr.Request.ExcludeGPUs...), keys(tried)...)
+		cands, err := s.decide(q)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s: %w", cr.Consumer, err)
+		}
+		if len(cands) == 0 {
+			break
+		}
+		for _, c := range cands {
+			tried[c.GPU.UUID] = true
+			cl, err := s.claimOn(ctx, cr, c.GPU, &attempts)
+			switch {
+			case err == nil:
+				return cl, nil
+			case IsCapacity(err):
+				s.log.Debug("claim: candidate full, next", LogConsumer, cr.Consumer, LogProvider, c.GPU.UUID)
+				s.refreshProvider(ctx, c.GPU.UUID)
+				continue
+			default:
+				return nil, fmt.Errorf("claim %s on %s: %w", cr.Consumer, c.GPU.UUID, err)
+			}
+		}
+	}
+	return nil, fmt.Errorf("claim %s: %w (%d GPUs tried)", cr.Consumer, ErrNoCapacity, len(tried))
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// claimOn adds the request to the consumer's allocations on g, retrying
+// generation conflicts until ctx ends.
+func (s *Service) claimOn(ctx context.Context, cr ClaimRequest, g *engine.GPU, attempts *int) (*Claim, error) {
+	n := cr.Request.Count
+	if n == 0 {
+		n = 1
+	}
+	var b Backoff
+	target, lostWrite := -1, false
+	for {
+		*attempts++
+		con, err := s.client.Allocations(ctx, cr.Consumer)
+		if err != nil {
+			return nil, err
+		}
+		held := con.Providers[g.UUID][g.Class]
+		if target < 0 {
+			target = held + n
+		} else if lostWrite && held >= target {
+			// An earlier PUT went through but its answer was lost.
+			cl := &Claim{Consumer: cr.Consumer, Provider: g.UUID, Host: g.Host.Name, Class: g.Class, Amount: n, Held: held, Attempts: *attempts}
+			cl.Generation = s.learn(ctx, g.UUID, cr.Consumer, g.Class, held)
+			return cl, nil
+		}
+		if con.Generation == nil || con.ProjectID == "" {
+			con.ProjectID, con.UserID = cr.ProjectID, cr.UserID
+		}
+		if con.ProjectID == "" || con.UserID == "" {
+			return nil, fmt.Errorf("%w: a new consumer needs project and user", engine.ErrInvalidRequest)
+		}
+		if con.Type == "" {
+			con.Type = s.cfg.ConsumerType
+		}
+		res := maps.Clone(con.Providers[g.UUID])
+		if res == nil {
+			res = map[string]int{}
+		}
+		res[g.Class] += n
+		con.Providers[g.UUID] = res
+		err = s.client.PutAllocations(ctx, con)
+		if err == nil {
+			cl := &Claim{Consumer: cr.Consumer, Provider: g.UUID, Host: g.Host.Name, Class: g.Class, Amount: n, Held: res[g.Class], Attempts: *attempts}
+			cl.Generation = s.learn(ctx, g.UUID, cr.Consumer, g.Class, res[g.Class])
+			return cl, nil
+		}
+		if !IsConflict(err) && !IsRetryable(err) {
+			return nil, err
+		}
+		lostWrite = lostWrite || IsRetryable(err)
+		s.log.Debug("claim: retry", LogConsumer, cr.Consumer, LogProvider, g.UUID, LogAttempt, *attempts, LogError, err)
+		if werr := b.Wait(ctx); werr != nil {
+			return nil, fmt.Errorf("%w (gave up: %v)", err, werr)
+		}
+	}
+}
+
+// Release removes the consumer's vGPU units from provider (all vGPU
+// providers when provider is ""), keeping its other allocations.
+func (s *Service) Release(ctx context.Context, consumer, provider string) error {
+	var b Backoff
+	for {
+		con, err := s.client.Allocations(ctx, consumer)
+		if err != nil {
+			return fmt.Errorf("release %s: %w", consumer, err)
+		}
+		type change struct{ rp, class string }
+		var changed []change
+		for rp, res := range con.Providers {
+			if provider != "" && rp != provider {
+				continue
+			}
+			for _, c := range s.classes() {
+				if _, ok := res[c]; ok {
+					res = maps.Clone(res)
+					delete(res, c)
+					con.Providers[rp] = res
+					changed = append(changed, change{rp, c})
+				}
+			}
+		}
+		if len(changed) == 0 {
+			return nil
+		}
+		if con.Type == "" {
+			con.Type = s.cfg.ConsumerType
+		}
+		err = s.client.PutAllocations(ctx, con)
+		if err == nil {
+			for _, c := range changed {
+				s.learn(ctx, c.rp, consumer, c.class, 0)
+			}
+			return nil
+		}
+		if !IsConflict(err) && !IsRetryable(err) {
+			return fmt.Errorf("release %s: %w", consumer, err)
+		}
+		if werr := b.Wait(ctx); werr != nil {
+			return fmt.Errorf("release %s: %w", consumer, err)
+		}
+	}
+}
+
+// learn reads the provider's new usage and generation and writes them to
+// the index and the mirror; it returns the generation (0 if unknown).
+func (s *Service) learn(ctx context.Context, rp, consumer, class string, held int) int {
+	u, gen, err := s.client.Usages(ctx, rp)
+	if err != nil {
+		s.log.Warn("claim: cannot read usage back; the next sync corrects the mirror", LogProvider, rp, LogError, err)
+		return 0
+	}
+	s.index.SetUsage(rp, u[class], gen)
+	if s.store != nil {
+		if err := s.store.SetAllocation(ctx, rp, consumer, class, held, u[class], gen); err != nil {
+			s.log.Warn("claim: mirror update failed; the next sync corrects it", LogProvider, rp, LogError, err)
+		}
+	}
+	return gen
+}
+
+// refreshProvider re-reads one provider's usage into the index.
+func (s *Service) refreshProvider(ctx context.Context, rp string) {
+	g, ok := s.index.Lookup(rp)
+	if !ok {
+		return
+	}
+	u, gen, err := s.client.Usages(ctx, rp)
+	if err != nil {
+		return
+	}
+	s.index.SetUsage(rp, u[g.Class], gen)
+}
+
+// Holding is a consumer's vGPU units on one GPU provider.
+type Holding struct {
+	Provider   string `json:"provider_uuid"`
+	Host       string `json:"host,omitempty"`
+	PCIAddress string `json:"pci_address,omitempty"`
+	Class      string `json:"resource_class"`
+	Amount     int    `json:"amount"`
+	Trait      string `json:"trait,omitempty"`
+	Profile    string `json:"profile,omitempty"`
+}
+
+// LookupVGPU asks Placement which GPU providers hold the instance's vGPU
+// units (GET /allocations/{instance}); after Nova creates or resizes a
+// vGPU instance, notifications do not say. Empty when it holds none.
+func (s *Service) LookupVGPU(ctx context.Context, instance string) ([]Holding, error) {
+	con, err := s.client.Allocations(ctx, instance)
+	if err != nil {
+		return nil, fmt.Errorf("lookup vGPU of %s: %w", instance, err)
+	}
+	var out []Holding
+	for rp, res := range con.Providers {
+		for _, c := range s.classes() {
+			n, ok := res[c]
+			if !ok {
+				continue
+			}
+			h := Holding{Provider: rp, Class: c, Amount: n}
+			if g, ok := s.index.Lookup(rp); ok {
+				h.Host, h.PCIAddress = g.Host.Name, g.PCIAddress()
+				if len(g.Types) > 0 {
+					h.Trait = g.Types[0]
+					h.Profile = s.profileName(h.Trait)
+				}
+			}
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}

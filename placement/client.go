@@ -1,0 +1,195 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack"
+	"github.com/gophercloud/gophercloud/v2/openstack/config"
+	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
+)
+
+// DefaultMicroversion is the Placement microversion the client speaks:
+// 1.39 has consumer types (1.38), nested trees, in_tree, and repeated
+// required parameters.
+const DefaultMicroversion = "1.39"
+
+// ClientConfig says how to reach Placement.
+type ClientConfig struct {
+	// Cloud names an entry of clouds.yaml (Keystone auth). Used when
+	// Endpoint is empty, or to authenticate when no token is given.
+	Cloud string
+	// Endpoint overrides the catalog's Placement URL
+	// ("http://127.0.0.1:8778").
+	Endpoint string
+	// Token is a static token sent as X-Auth-Token (noauth2: "admin").
+	// TokenFile, if set, is read instead.
+	Token     string
+	TokenFile string
+	// Microversion of every request; default DefaultMicroversion.
+	Microversion string
+	// Timeout of one HTTP request; default 30s.
+	Timeout time.Duration
+	// HTTPClient replaces the default client (tests).
+	HTTPClient *http.Client
+}
+
+// Client calls Placement. It is safe for concurrent use.
+type Client struct {
+	sc *gophercloud.ServiceClient
+}
+
+// NewClient builds a client: endpoint + token when both are known,
+// otherwise Keystone through clouds.yaml.
+func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
+	if cfg.Microversion == "" {
+		cfg.Microversion = DefaultMicroversion
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 32
+		hc = &http.Client{Timeout: cfg.Timeout, Transport: &staleConnRetry{next: tr}}
+	}
+	token := cfg.Token
+	if cfg.TokenFile != "" {
+		b, err := os.ReadFile(cfg.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("placement token file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	var sc *gophercloud.ServiceClient
+	switch {
+	case cfg.Endpoint != "" && token != "":
+		pc := &gophercloud.ProviderClient{HTTPClient: *hc}
+		pc.SetToken(token)
+		sc = &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: gophercloud.NormalizeURL(cfg.Endpoint), Type: "placement"}
+	case cfg.Cloud != "":
+		ao, eo, tlsc, err := clouds.Parse(clouds.WithCloudName(cfg.Cloud))
+		if err != nil {
+			return nil, fmt.Errorf("clouds.yaml cloud %q: %w", cfg.Cloud, err)
+		}
+		ao.AllowReauth = true
+		pc, err := config.NewProviderClient(ctx, ao, config.WithHTTPClient(*hc), config.WithTLSConfig(tlsc))
+		if err != nil {
+			return nil, classify("authenticate", err)
+		}
+		sc, err = openstack.NewPlacementV1(pc, eo)
+		if err != nil {
+			return nil, fmt.Errorf("placement endpoint: %w", err)
+		}
+		if cfg.Endpoint != "" {
+			sc.Endpoint = gophercloud.NormalizeURL(cfg.Endpoint)
+		}
+	default:
+		return nil, errors.New("placement: set [openstack] cloud, or [placement] endpoint_override with token_file")
+	}
+	sc.Microversion = cfg.Microversion
+	return &Client{sc: sc}, nil
+}
+
+// ServiceClient exposes the gophercloud client for calls the bridge does
+// not make itself (tests and the bench harness create providers with it).
+func (c *Client) ServiceClient() *gophercloud.ServiceClient { return c.sc }
+
+// Backoff is capped exponential backoff with full jitter.
+type Backoff struct {
+	Base, Max time.Duration
+	n         int
+}
+
+// Next returns the next wait.
+func (b *Backoff) Next() time.Duration {
+	base, max := b.Base, b.Max
+	if base <= 0 {
+		base = 20 * time.Millisecond
+	}
+	if max <= 0 {
+		max = 2 * time.Second
+	}
+	d := base << min(b.n, 16)
+	if d > max || d <= 0 {
+		d = max
+	}
+	b.n++
+	return time.Duration(rand.Int64N(int64(d))) + base/2
+}
+
+// Wait sleeps for Next or until ctx ends.
+func (b *Backoff) Wait(ctx context.Context) error {
+	t := time.NewTimer(b.Next())
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// retry runs fn until it succeeds, fails with a non-retryable error, or
+// ctx ends. Reads use it; writes decide themselves.
+func retry[T any](ctx context.Context, fn func() (T, error)) (T, error) {
+	var b Backoff
+	for {
+		v, err := fn()
+		if err == nil || !IsRetryable(err) {
+			return v, err
+		}
+		if werr := b.Wait(ctx); werr != nil {
+			return v, err
+		}
+	}
+}
+
+// staleConnRetry resends a request once when it failed on a reused
+// keep-alive connection before any answer came back: the server had
+// closed the connection (WSGI servers without keep-alive do so without
+// saying "Connection: close"). Go's transport only does this for GET-like
+// requests; for our writes a resend is safe because allocation writes are
+// guarded by generations.
+type staleConnRetry struct{ next http.RoundTripper }
+
+func (t *staleConnRetry) RoundTrip(req *http.Request) (*http.Response, error) {
+	for attempt := 0; ; attempt++ {
+		reused := false
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
+		r := req
+		if attempt > 0 {
+			r = req.Clone(req.Context())
+			if req.Body != nil && req.Body != http.NoBody {
+				b, err := req.GetBody()
+				if err != nil {
+					return nil, err
+				}
+				r.Body = b
+			}
+		}
+		resp, err := t.next.RoundTrip(r.WithContext(httptrace.WithClientTrace(r.Context(), trace)))
+		if err == nil || !reused || attempt >= 3 || req.Context().Err() != nil || !staleConn(err) {
+			return resp, err
+		}
+		if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+			return resp, err
+		}
+	}
+}
+
+// staleConn reports whether err is what a keep-alive connection closed by
+// the server yields.
+func staleConn(err error) bool {
+	// net/http's errServerClosedIdle is unexported; its text is stable.
+	return isConnErr(err) || strings.Contains(err.Error(), "server closed idle connection")
+}

@@ -1,0 +1,506 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/index"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/mirror"
+)
+
+// Config configures the placement feature. The bridge maps its
+// [placement] and [openstack] options into it.
+type Config struct {
+	Client ClientConfig
+	// Classes are the resource classes treated as vGPU (default VGPU).
+	Classes []string
+	// TypePrefix marks vGPU type traits (default CUSTOM_NVIDIA_).
+	TypePrefix string
+	// SyncInterval between incremental syncs (default 60s).
+	SyncInterval time.Duration
+	// FullSyncInterval between full syncs (default 1h; 0 keeps the default,
+	// negative disables periodic full syncs after the first).
+	FullSyncInterval time.Duration
+	// SyncConcurrency is the number of parallel Placement reads (default 8).
+	SyncConcurrency int
+	// TraitListingMin: see Syncer.TraitListingMin (default 200).
+	TraitListingMin int
+	// StaleReportAge excludes hosts whose last agent report is older
+	// (default 5m; hosts that never reported are not excluded).
+	StaleReportAge time.Duration
+	// ConsumerType written with claims (1.38+; default INSTANCE).
+	ConsumerType string
+	// Replica names this process in the sync state (default hostname).
+	Replica string
+}
+
+func (c *Config) defaults() {
+	if len(c.Classes) == 0 {
+		c.Classes = []string{"VGPU"}
+	}
+	if c.TypePrefix == "" {
+		c.TypePrefix = engine.DefaultTypePrefix
+	}
+	if c.SyncInterval <= 0 {
+		c.SyncInterval = time.Minute
+	}
+	if c.FullSyncInterval == 0 {
+		c.FullSyncInterval = time.Hour
+	}
+	if c.SyncConcurrency <= 0 {
+		c.SyncConcurrency = 8
+	}
+	if c.StaleReportAge <= 0 {
+		c.StaleReportAge = 5 * time.Minute
+	}
+	if c.ConsumerType == "" {
+		c.ConsumerType = "INSTANCE"
+	}
+	if c.Replica == "" {
+		c.Replica, _ = os.Hostname()
+	}
+}
+
+// Service is the placement feature: sync loop, index, decisions, claims.
+type Service struct {
+	cfg     Config
+	client  *Client
+	store   *mirror.Store
+	index   *index.Index
+	engine  *engine.Engine
+	catalog *catalog.Catalog
+	syncer  *Syncer
+	log     *slog.Logger
+
+	syncMu  sync.Mutex  // one sync at a time in this process
+	leading atomic.Bool // this replica holds the sync lock in Run
+
+	exMu         sync.RWMutex
+	excludeHosts []string          // node names
+	excludeGPUs  []string          // provider uuids
+	nodeOf       map[string]string // compute service host → node
+	hostOf       map[string]string // node → compute service host
+}
+
+// New builds the service. pool may be nil (no mirror: the index is filled
+// straight from Placement); cat may be nil (no profile names, no
+// re-typing advice).
+func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, cat *catalog.Catalog, log *slog.Logger) (*Service, error) {
+	cfg.defaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	c, err := NewClient(ctx, cfg.Client)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{
+		cfg:     cfg,
+		client:  c,
+		index:   index.New(index.Config{Classes: cfg.Classes, TypePrefix: cfg.TypePrefix}),
+		catalog: cat,
+		log:     log,
+		nodeOf:  map[string]string{},
+		hostOf:  map[string]string{},
+	}
+	s.engine = &engine.Engine{TypePrefix: cfg.TypePrefix}
+	if cat != nil {
+		s.engine.Retype = s.retype
+	}
+	if pool != nil {
+		s.store = mirror.New(pool, cfg.Classes, cfg.TypePrefix)
+	}
+	s.syncer = &Syncer{Client: c, Store: s.store, Index: s.index, Classes: cfg.Classes, Concurrency: cfg.SyncConcurrency, TraitListingMin: cfg.TraitListingMin, Log: log}
+	return s, nil
+}
+
+// Client returns the Placement client.
+func (s *Service) Client() *Client { return s.client }
+
+// Index returns the in-memory index.
+func (s *Service) Index() *index.Index { return s.index }
+
+// Store returns the mirror (nil without a database).
+func (s *Service) Store() *mirror.Store { return s.store }
+
+// Engine returns the decision engine.
+func (s *Service) Engine() *engine.Engine { return s.engine }
+
+func (s *Service) classes() []string { return s.cfg.Classes }
+
+// retype: an empty GPU typed from can become to when both profiles are of
+// the same GPU model and to allows count instances.
+func (s *Service) retype(from, to string, count int) (int, bool) {
+	pf, ok1 := s.catalog.ByTrait(from)
+	pt, ok2 := s.catalog.ByTrait(to)
+	if !ok1 || !ok2 || pf.GPU == "" || pf.GPU != pt.GPU || pt.MaxInstances < count {
+		return 0, false
+	}
+	return pt.MaxInstances, true
+}
+
+func (s *Service) profileName(trait string) string {
+	if s.catalog == nil {
+		return ""
+	}
+	if p, ok := s.catalog.ByTrait(trait); ok {
+		return p.Name
+	}
+	return ""
+}
+
+// SyncNow runs one sync (full or incremental) now, under the cluster-wide
+// advisory lock; ErrSyncBusy if another replica holds it.
+func (s *Service) SyncNow(ctx context.Context, full bool, progress Progress) (SyncStats, error) {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	if s.store == nil {
+		return s.syncDirect(ctx, progress)
+	}
+	if s.leading.Load() {
+		return s.syncLocked(ctx, full, progress) // Run holds the lock
+	}
+	release, ok, err := s.store.Lock(ctx)
+	if err != nil {
+		return SyncStats{}, err
+	}
+	if !ok {
+		return SyncStats{}, ErrSyncBusy
+	}
+	defer release()
+	return s.syncLocked(ctx, full, progress)
+}
+
+// ErrSyncBusy says another replica is syncing.
+var ErrSyncBusy = errors.New("placement sync: another replica holds the sync lock")
+
+func (s *Service) syncLocked(ctx context.Context, full bool, progress Progress) (SyncStats, error) {
+	st, err := s.syncer.Sync(ctx, full, progress)
+	if err != nil {
+		return st, err
+	}
+	if err := s.store.MarkSynced(ctx, full, st.Providers, s.cfg.Replica); err != nil {
+		return st, err
+	}
+	s.log.Info("placement sync done", LogFull, full, LogProviders, st.Providers, LogChanged, st.Fetched,
+		LogRemoved, st.Removed, LogDuration, st.Duration)
+	return st, nil
+}
+
+// syncDirect fills the index from Placement without a mirror.
+func (s *Service) syncDirect(ctx context.Context, progress Progress) (SyncStats, error) {
+	start := time.Now()
+	refs, err := s.client.Providers(ctx, ListOpts{})
+	if err != nil {
+		return SyncStats{}, err
+	}
+	ps, err := s.syncer.fetchAll(ctx, refs, progress)
+	if err != nil {
+		return SyncStats{}, err
+	}
+	s.index.Load(ps)
+	return SyncStats{Full: true, Providers: len(refs), Fetched: len(ps), GPUs: s.index.Len(), Duration: time.Since(start)}, nil
+}
+
+// Run keeps the index current until ctx ends: it loads the mirror, then
+// either holds the sync lock and syncs (full at start and every
+// FullSyncInterval, incremental every SyncInterval) or, while another
+// replica holds it, follows the mirror's change notifications.
+func (s *Service) Run(ctx context.Context) error {
+	if s.store == nil {
+		return s.runDirect(ctx)
+	}
+	if all, err := s.store.Load(ctx); err == nil {
+		s.index.Load(all)
+	} else {
+		s.log.Warn("placement: cannot load mirror", LogError, err)
+	}
+	go s.follow(ctx)
+	for ctx.Err() == nil {
+		release, ok, err := s.store.Lock(ctx)
+		if err != nil {
+			s.log.Warn("placement: sync lock", LogError, err)
+		}
+		if ok {
+			s.leading.Store(true)
+			err = s.lead(ctx)
+			s.leading.Store(false)
+			release()
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("placement: sync loop stopped", LogError, err)
+			}
+		}
+		s.refreshHosts(ctx)
+		select {
+		case <-ctx.Done():
+		case <-time.After(s.cfg.SyncInterval):
+		}
+	}
+	return nil
+}
+
+// lead syncs while holding the lock.
+func (s *Service) lead(ctx context.Context) error {
+	lastFull := time.Time{}
+	var b Backoff
+	b.Base, b.Max = time.Second, s.cfg.SyncInterval
+	for {
+		full := lastFull.IsZero() || (s.cfg.FullSyncInterval > 0 && time.Since(lastFull) >= s.cfg.FullSyncInterval)
+		s.syncMu.Lock()
+		_, err := s.syncLocked(ctx, full, nil)
+		s.syncMu.Unlock()
+		wait := s.cfg.SyncInterval
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.log.Warn("placement sync failed", LogFull, full, LogError, err)
+			wait = b.Next()
+		} else if full {
+			lastFull = time.Now()
+		}
+		s.refreshHosts(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// follow applies the mirror's change notifications to the index.
+func (s *Service) follow(ctx context.Context) {
+	var b Backoff
+	b.Base, b.Max = time.Second, 30*time.Second
+	for ctx.Err() == nil {
+		err := s.store.Listen(ctx, func(ids []string) {
+			if ids == nil {
+				if s.leading.Load() {
+					return // our own sync batch: the index has it already
+				}
+				if all, err := s.store.Load(ctx); err == nil {
+					s.index.Load(all)
+				}
+				return
+			}
+			ps, err := s.store.Load(ctx, ids...)
+			if err != nil {
+				return
+			}
+			found := map[string]bool{}
+			for _, p := range ps {
+				found[p.UUID] = true
+				s.index.Apply(p)
+			}
+			for _, id := range ids {
+				if !found[id] {
+					s.index.Remove(id)
+				}
+			}
+		})
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("placement: mirror notifications", LogError, err)
+			b.Wait(ctx) //nolint:errcheck
+		}
+	}
+}
+
+func (s *Service) runDirect(ctx context.Context) error {
+	for {
+		if _, err := s.syncDirect(ctx, nil); err != nil && ctx.Err() == nil {
+			s.log.Warn("placement sync failed", LogError, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(s.cfg.SyncInterval):
+		}
+	}
+}
+
+// refreshHosts reads the agents' host table: the compute host ↔ node
+// mapping, and which hosts and GPUs to exclude (drained, disabled, or
+// with a report older than StaleReportAge).
+func (s *Service) refreshHosts(ctx context.Context) {
+	if s.store == nil {
+		return
+	}
+	pool := s.store.Pool()
+	rows, err := pool.Query(ctx, `SELECT name, coalesce(node, name), (drained OR disabled OR (last_report_at IS NOT NULL AND last_report_at < now() - $1::interval)) FROM hosts`,
+		fmt.Sprintf("%d seconds", int(s.cfg.StaleReportAge.Seconds())))
+	if err != nil {
+		s.log.Debug("placement: hosts table", LogError, err)
+		return
+	}
+	nodeOf, hostOf := map[string]string{}, map[string]string{}
+	var ex []string
+	for rows.Next() {
+		var name, node string
+		var bad bool
+		if rows.Scan(&name, &node, &bad) != nil {
+			continue
+		}
+		nodeOf[name], hostOf[node] = node, name
+		if bad {
+			ex = append(ex, node)
+		}
+	}
+	rows.Close()
+	var exg []string
+	if rows, err := pool.Query(ctx, `SELECT provider_uuid::text FROM gpus WHERE drained`); err == nil {
+		for rows.Next() {
+			var u string
+			if rows.Scan(&u) == nil {
+				exg = append(exg, u)
+			}
+		}
+		rows.Close()
+	}
+	s.exMu.Lock()
+	s.nodeOf, s.hostOf, s.excludeHosts, s.excludeGPUs = nodeOf, hostOf, ex, exg
+	s.exMu.Unlock()
+}
+
+// decide runs the engine with the current exclusions added.
+func (s *Service) decide(q engine.Request) ([]engine.Candidate, error) {
+	s.exMu.RLock()
+	q.ExcludeHosts = append(append([]string(nil), q.ExcludeHosts...), s.excludeHosts...)
+	q.ExcludeGPUs = append(append([]string(nil), q.ExcludeGPUs...), s.excludeGPUs...)
+	q.Hosts = append([]string(nil), q.Hosts...)
+	for i, h := range q.Hosts {
+		if n, ok := s.nodeOf[h]; ok {
+			q.Hosts[i] = n
+		}
+	}
+	s.exMu.RUnlock()
+	return s.index.Decide(s.engine, q)
+}
+
+// HostName maps a node (root provider name) to its compute service host,
+// as agents report it; the node itself while unknown.
+func (s *Service) HostName(node string) string { return s.hostName(node) }
+
+// ProfileName names the profile of a type trait ("" when unknown).
+func (s *Service) ProfileName(trait string) string { return s.profileName(trait) }
+
+func (s *Service) hostName(node string) string {
+	s.exMu.RLock()
+	defer s.exMu.RUnlock()
+	if h, ok := s.hostOf[node]; ok {
+		return h
+	}
+	return node
+}
+
+// DryRunRequest is the body of POST /v1/placements/dry-run (DESIGN §4.3).
+type DryRunRequest struct {
+	Profile string `json:"profile,omitempty"`
+	Traits  struct {
+		Required  []string `json:"required,omitempty"`
+		Forbidden []string `json:"forbidden,omitempty"`
+	} `json:"traits,omitempty"`
+	Count       int      `json:"count,omitempty"`
+	Host        string   `json:"host,omitempty"`
+	Strategy    string   `json:"strategy,omitempty"`
+	AllowRetype bool     `json:"allow_retype,omitempty"`
+	Limit       int      `json:"limit,omitempty"`
+	ExcludeGPUs []string `json:"exclude_gpus,omitempty"`
+}
+
+// DryRunCandidate is one answer of a dry run.
+type DryRunCandidate struct {
+	Host         string `json:"host"`
+	Node         string `json:"node"`
+	ProviderUUID string `json:"provider_uuid"`
+	PCIAddress   string `json:"pci_address,omitempty"`
+	Profile      string `json:"profile,omitempty"`
+	Trait        string `json:"trait,omitempty"`
+	Amount       int    `json:"amount"`
+	FreeAfter    int    `json:"free_after"`
+	NeedsRetype  bool   `json:"needs_retype"`
+	RetypeFrom   string `json:"retype_from,omitempty"`
+	Reason       string `json:"reason"`
+}
+
+// DryRunResponse is the answer of a dry run.
+type DryRunResponse struct {
+	Candidates []DryRunCandidate `json:"candidates"`
+}
+
+// ErrUnknownProfile says a dry run named a profile the catalog lacks.
+var ErrUnknownProfile = errors.New("unknown vGPU profile")
+
+// Request turns a dry-run body into an engine request.
+func (s *Service) Request(d DryRunRequest) (engine.Request, error) {
+	q := engine.Request{
+		Required:    append([]string(nil), d.Traits.Required...),
+		Forbidden:   append([]string(nil), d.Traits.Forbidden...),
+		Count:       d.Count,
+		Strategy:    engine.Strategy(strings.ToLower(d.Strategy)),
+		AllowRetype: d.AllowRetype,
+		Limit:       d.Limit,
+		ExcludeGPUs: d.ExcludeGPUs,
+	}
+	if d.Host != "" {
+		q.Hosts = []string{d.Host}
+	}
+	if d.Profile != "" {
+		if s.catalog == nil {
+			return q, fmt.Errorf("%w %q: no catalog", ErrUnknownProfile, d.Profile)
+		}
+		p, ok := s.catalog.ByName(d.Profile)
+		if !ok || p.Trait == "" {
+			return q, fmt.Errorf("%w %q", ErrUnknownProfile, d.Profile)
+		}
+		q.Required = append(q.Required, p.Trait)
+	}
+	return s.engine.Normalize(q)
+}
+
+// DryRun ranks candidates without claiming.
+func (s *Service) DryRun(d DryRunRequest) (DryRunResponse, error) {
+	q, err := s.Request(d)
+	if err != nil {
+		return DryRunResponse{}, err
+	}
+	cs, err := s.decide(q)
+	if err != nil {
+		return DryRunResponse{}, err
+	}
+	out := DryRunResponse{Candidates: make([]DryRunCandidate, 0, len(cs))}
+	for _, c := range cs {
+		dc := DryRunCandidate{
+			Host:         s.hostName(c.GPU.Host.Name),
+			Node:         c.GPU.Host.Name,
+			ProviderUUID: c.GPU.UUID,
+			PCIAddress:   c.GPU.PCIAddress(),
+			Amount:       q.Count,
+			FreeAfter:    c.FreeAfter,
+			NeedsRetype:  c.NeedsRetype,
+			RetypeFrom:   c.RetypeFrom,
+			Reason:       c.Reason,
+		}
+		if len(c.GPU.Types) > 0 {
+			dc.Trait = c.GPU.Types[0]
+		}
+		for _, t := range q.Required {
+			if s.engine.IsType(t) {
+				dc.Trait = t // what it serves, or would after re-typing
+			}
+		}
+		dc.Profile = s.profileName(dc.Trait)
+		out.Candidates = append(out.Candidates, dc)
+	}
+	return out, nil
+}

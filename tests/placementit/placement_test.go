@@ -1,0 +1,426 @@
+package placementit
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocations"
+
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
+)
+
+func newService(t *testing.T, withDB bool) *placement.Service {
+	t.Helper()
+	url := testsvc.PlacementURL(t)
+	cfg := placement.Config{Client: placement.ClientConfig{Endpoint: url, Token: "admin"}, SyncConcurrency: 4}
+	if withDB {
+		cfg.TraitListingMin = 1 // exercise the per-trait listing too
+	}
+	var s *placement.Service
+	var err error
+	if withDB {
+		pool := testsvc.Pool(t, testsvc.MigratedPostgres(t))
+		s, err = placement.New(context.Background(), cfg, pool, catalog.New(), nil)
+	} else {
+		s, err = placement.New(context.Background(), cfg, nil, catalog.New(), nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func load(t *testing.T, s *placement.Service, nodes []Node) *Fleet {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f, err := Load(ctx, s.Client().ServiceClient(), nodes, 4)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := f.Cleanup(ctx, extraConsumers(t)...); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+var (
+	extraMu sync.Mutex
+	extra   = map[string][]string{}
+)
+
+// consumer returns a fresh consumer uuid deleted at cleanup.
+func consumer(t *testing.T) string {
+	c := uuid.NewString()
+	extraMu.Lock()
+	extra[t.Name()] = append(extra[t.Name()], c)
+	extraMu.Unlock()
+	return c
+}
+
+func extraConsumers(t *testing.T) []string {
+	extraMu.Lock()
+	defer extraMu.Unlock()
+	return extra[t.Name()]
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func name(prefix string) string { return testsvc.Name(prefix) }
+
+// TestSyncNestedTrees: several types, reserved units and existing
+// allocations come into the mirror and the index; an incremental sync
+// picks up a change by generation and a removal.
+func TestSyncNestedTrees(t *testing.T) {
+	s := newService(t, true)
+	ty1, ty2 := UniqueType(), UniqueType()
+	n1, n2 := name("it-sync-a"), name("it-sync-b")
+	f := load(t, s, []Node{
+		{Name: n1, GPUs: []GPU{{Trait: ty1, Total: 4, Reserved: 1, Used: 2}, {Trait: ty2, Total: 8}}},
+		{Name: n2, Traits: []string{"COMPUTE_STATUS_DISABLED"}, GPUs: []GPU{{Trait: ty1, Total: 4, Used: 4}, {Trait: ty1, Total: 4, Used: 1}, {Trait: ty2, Total: 8, Reserved: 8}}},
+	})
+	ctx := ctxT(t)
+	st, err := s.SyncNow(ctx, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Providers < 7 || st.Fetched != st.Providers {
+		t.Fatalf("full sync stats %+v", st)
+	}
+	want := map[string]int{f.GPUs[0][0]: 1, f.GPUs[0][1]: 8, f.GPUs[1][0]: 0, f.GPUs[1][1]: 3, f.GPUs[1][2]: 0}
+	for u, free := range want {
+		g, ok := s.Index().Lookup(u)
+		if !ok {
+			t.Fatalf("GPU %s not in the index", u)
+		}
+		if g.Free() != free {
+			t.Errorf("GPU %s free = %d, want %d", u, g.Free(), free)
+		}
+	}
+	g, _ := s.Index().Lookup(f.GPUs[1][0])
+	if g.Host.Name != n2 || !g.Host.HasTrait("COMPUTE_STATUS_DISABLED") || g.PCIAddress() != "0000:3b:00.0" {
+		t.Errorf("GPU host/pci: %+v host %+v", g, g.Host)
+	}
+	// The mirror holds the trees and the foundation's gpus rows.
+	var node, pci, vt string
+	if err := s.Store().Pool().QueryRow(ctx, `SELECT node, pci_address, vgpu_type FROM gpus WHERE provider_uuid = $1`, f.GPUs[0][1]).Scan(&node, &pci, &vt); err != nil {
+		t.Fatal(err)
+	}
+	if node != n1 || pci != "0000:3c:00.0" || vt == "" {
+		t.Errorf("gpus row: node %q pci %q type %q", node, pci, vt)
+	}
+	var root string
+	if err := s.Store().Pool().QueryRow(ctx, `SELECT root_uuid::text FROM placement_providers WHERE uuid = $1`, f.GPUs[1][2]).Scan(&root); err != nil || root != f.Roots[1] {
+		t.Errorf("root of GPU = %q (%v), want %q", root, err, f.Roots[1])
+	}
+	// Decisions: the disabled host is skipped when forbidden; pack first.
+	dr, err := s.DryRun(placement.DryRunRequest{Traits: struct {
+		Required  []string `json:"required,omitempty"`
+		Forbidden []string `json:"forbidden,omitempty"`
+	}{Required: []string{ty1}, Forbidden: []string{"COMPUTE_STATUS_DISABLED"}}, Limit: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dr.Candidates) != 1 || dr.Candidates[0].ProviderUUID != f.GPUs[0][0] || dr.Candidates[0].Reason == "" {
+		t.Fatalf("dry run: %+v", dr)
+	}
+	// Someone else allocates on a GPU: its generation moves.
+	c := consumer(t)
+	err = allocations.Update(ctx, s.Client().ServiceClient(), c, allocations.UpdateOpts{
+		Allocations: map[string]allocations.ProviderAllocationsOpts{f.GPUs[0][1]: {Resources: map[string]int{"VGPU": 3}}},
+		ProjectID:   f.Project, UserID: f.User, ConsumerType: "INSTANCE",
+	}).ExtractErr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err = s.SyncNow(ctx, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Fetched < 1 || st.Fetched >= st.Providers {
+		t.Errorf("incremental sync fetched %d of %d", st.Fetched, st.Providers)
+	}
+	if g, _ := s.Index().Lookup(f.GPUs[0][1]); g.Free() != 5 {
+		t.Errorf("after external allocation free = %d, want 5", g.Free())
+	}
+	al, err := s.Store().Allocations(ctx, c)
+	if err != nil || len(al) != 1 || al[0].Used != 3 {
+		t.Errorf("mirrored allocations of %s: %+v %v", c, al, err)
+	}
+}
+
+// TestClaimKeepsExistingAllocations: a claim adds VGPU to a consumer that
+// already holds VCPU/MEMORY_MB on the root, the index learns at once, and
+// a release removes only the VGPU.
+func TestClaimKeepsExistingAllocations(t *testing.T) {
+	s := newService(t, true)
+	ty := UniqueType()
+	f := load(t, s, []Node{{Name: name("it-claim"), GPUs: []GPU{{Trait: ty, Total: 4, Used: 1}, {Trait: ty, Total: 4}}}})
+	ctx := ctxT(t)
+	if _, err := s.SyncNow(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	inst := consumer(t)
+	sc := s.Client().ServiceClient()
+	if err := allocations.Update(ctx, sc, inst, allocations.UpdateOpts{
+		Allocations: map[string]allocations.ProviderAllocationsOpts{f.Roots[0]: {Resources: map[string]int{"VCPU": 4, "MEMORY_MB": 4096}}},
+		ProjectID:   f.Project, UserID: f.User, ConsumerType: "INSTANCE",
+	}).ExtractErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := s.Claim(ctx, placement.ClaimRequest{Consumer: inst, Request: engine.Request{Required: []string{ty}, Count: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.Provider != f.GPUs[0][0] { // pack: the partly used GPU
+		t.Errorf("claimed on %s, want %s", cl.Provider, f.GPUs[0][0])
+	}
+	if g, _ := s.Index().Lookup(cl.Provider); g.Free() != 1 {
+		t.Errorf("index free after claim = %d, want 1", g.Free())
+	}
+	con, err := s.Client().Allocations(ctx, inst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if con.Providers[f.Roots[0]]["VCPU"] != 4 || con.Providers[cl.Provider]["VGPU"] != 2 || con.Type != "INSTANCE" {
+		t.Fatalf("consumer after claim: %+v", con)
+	}
+	hs, err := s.LookupVGPU(ctx, inst)
+	if err != nil || len(hs) != 1 || hs[0].Provider != cl.Provider || hs[0].Amount != 2 || hs[0].PCIAddress != "0000:3b:00.0" {
+		t.Fatalf("LookupVGPU = %+v, %v", hs, err)
+	}
+	if al, _ := s.Store().Allocations(ctx, inst); len(al) != 1 || al[0].Used != 2 {
+		t.Errorf("mirror after claim: %+v", al)
+	}
+	if err := s.Release(ctx, inst, ""); err != nil {
+		t.Fatal(err)
+	}
+	con, _ = s.Client().Allocations(ctx, inst)
+	if con.Providers[f.Roots[0]]["VCPU"] != 4 || len(con.Providers[cl.Provider]) != 0 {
+		t.Fatalf("consumer after release: %+v", con)
+	}
+	if g, _ := s.Index().Lookup(cl.Provider); g.Free() != 3 {
+		t.Errorf("index free after release = %d, want 3", g.Free())
+	}
+	if hs, _ := s.LookupVGPU(ctx, inst); len(hs) != 0 {
+		t.Errorf("LookupVGPU after release = %+v", hs)
+	}
+}
+
+// TestGenerationConflicts provokes consumer generation conflicts on
+// purpose: a stale write is classified as a conflict, and concurrent
+// claims for one consumer all land through refresh and retry.
+func TestGenerationConflicts(t *testing.T) {
+	s := newService(t, false)
+	ty := UniqueType()
+	f := load(t, s, []Node{{Name: name("it-conflict"), GPUs: []GPU{{Trait: ty, Total: 16}}}})
+	ctx := ctxT(t)
+	if _, err := s.SyncNow(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	inst := consumer(t)
+	c := s.Client()
+	con, err := c.Allocations(ctx, inst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	con.ProjectID, con.UserID, con.Type = f.Project, f.User, "INSTANCE"
+	con.Providers[f.GPUs[0][0]] = map[string]int{"VGPU": 1}
+	if err := c.PutAllocations(ctx, con); err != nil {
+		t.Fatal(err)
+	}
+	// The same stale view again: generation null, but the consumer exists.
+	err = c.PutAllocations(ctx, con)
+	if !placement.IsConflict(err) {
+		t.Fatalf("stale consumer generation: %v, want a conflict", err)
+	}
+	var pe *placement.Error
+	if !errors.As(err, &pe) || pe.Code != placement.CodeConcurrentUpdate {
+		t.Fatalf("error %v lacks code %s", err, placement.CodeConcurrentUpdate)
+	}
+	// Over capacity: a capacity error, not a conflict.
+	con, _ = c.Allocations(ctx, inst)
+	con.Providers[f.GPUs[0][0]] = map[string]int{"VGPU": 17}
+	if err := c.PutAllocations(ctx, con); !placement.IsCapacity(err) {
+		t.Fatalf("over capacity: %v, want a capacity error", err)
+	}
+	// Eight claims for one consumer at once: each must refresh and retry.
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	attempts := make(chan int, 8)
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl, err := s.Claim(ctx, placement.ClaimRequest{Consumer: inst, ProjectID: f.Project, UserID: f.User, Request: engine.Request{Required: []string{ty}}})
+			if err != nil {
+				errs <- err
+				return
+			}
+			attempts <- cl.Attempts
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	close(attempts)
+	for err := range errs {
+		t.Error(err)
+	}
+	retried := 0
+	for a := range attempts {
+		if a > 1 {
+			retried++
+		}
+	}
+	con, _ = c.Allocations(ctx, inst)
+	if got := con.Providers[f.GPUs[0][0]]["VGPU"]; got != 9 {
+		t.Fatalf("consumer holds %d VGPU, want 9", got)
+	}
+	t.Logf("%d of 8 concurrent claims retried after a generation conflict", retried)
+	if retried == 0 {
+		t.Error("no claim met a generation conflict; the test provoked none")
+	}
+}
+
+// TestRaceLastUnits: 32 claimers race for the last 20 free units across
+// the fleet; exactly 20 win, and Placement's usages agree.
+func TestRaceLastUnits(t *testing.T) {
+	s := newService(t, true)
+	ty := UniqueType()
+	// Free: 3 + 2 + 4 + 1 + 6 + 4 = 20.
+	f := load(t, s, []Node{
+		{Name: name("it-race-a"), GPUs: []GPU{{Trait: ty, Total: 4, Used: 1}, {Trait: ty, Total: 4, Reserved: 1, Used: 1}}},
+		{Name: name("it-race-b"), GPUs: []GPU{{Trait: ty, Total: 4}, {Trait: ty, Total: 4, Used: 3}}},
+		{Name: name("it-race-c"), GPUs: []GPU{{Trait: ty, Total: 8, Reserved: 2}, {Trait: ty, Total: 4, Ratio: 1}}},
+	})
+	ctx := ctxT(t)
+	if _, err := s.SyncNow(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	var wins, full, other int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < 32; i++ {
+		wg.Add(1)
+		inst := consumer(t)
+		go func(i int) {
+			defer wg.Done()
+			_, err := s.Claim(ctx, placement.ClaimRequest{Consumer: inst, ProjectID: f.Project, UserID: f.User,
+				Request: engine.Request{Required: []string{ty}, Strategy: []engine.Strategy{engine.Pack, engine.Spread}[i%2]}})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins++
+			case errors.Is(err, placement.ErrNoCapacity):
+				full++
+			default:
+				other++
+				t.Errorf("claimer %d: %v", i, err)
+			}
+		}(i)
+	}
+	wg.Wait()
+	if wins != 20 || full != 12 || other != 0 {
+		t.Fatalf("wins %d, no capacity %d, other %d; want 20, 12, 0", wins, full, other)
+	}
+	total := 0
+	for _, id := range f.AllGPUs() {
+		inv, _, err := s.Client().Inventories(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, _, err := s.Client().Usages(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		capacity := inv["VGPU"].Capacity()
+		if u["VGPU"] != capacity {
+			t.Errorf("GPU %s used %d of %d: not full", id, u["VGPU"], capacity)
+		}
+		if u["VGPU"] > capacity {
+			t.Errorf("GPU %s overbooked", id)
+		}
+		if g, _ := s.Index().Lookup(id); g.Used != u["VGPU"] {
+			t.Errorf("index says %d used on %s, Placement %d", g.Used, id, u["VGPU"])
+		}
+		total += u["VGPU"]
+	}
+	if want := 1 + 1 + 0 + 3 + 20; total != want {
+		t.Errorf("total VGPU usage %d, want %d", total, want)
+	}
+}
+
+// TestOneSyncerAndFollowers: the advisory lock lets one replica sync; a
+// replica that does not hold it follows the mirror's notifications, so a
+// claim made by another replica reaches its index without a sync.
+func TestOneSyncerAndFollowers(t *testing.T) {
+	url := testsvc.PlacementURL(t)
+	pool := testsvc.Pool(t, testsvc.MigratedPostgres(t))
+	mk := func() *placement.Service {
+		s, err := placement.New(context.Background(), placement.Config{Client: placement.ClientConfig{Endpoint: url, Token: "admin"},
+			SyncConcurrency: 4, SyncInterval: time.Hour}, pool, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, b, c := mk(), mk(), mk()
+	ty := UniqueType()
+	f := load(t, a, []Node{{Name: name("it-follow"), GPUs: []GPU{{Trait: ty, Total: 4}}}})
+	ctx := ctxT(t)
+	if _, err := a.SyncNow(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	release, ok, err := a.Store().Lock(ctx)
+	if err != nil || !ok {
+		t.Fatalf("lock: %v %v", ok, err)
+	}
+	if _, err := b.SyncNow(ctx, false, nil); !errors.Is(err, placement.ErrSyncBusy) {
+		t.Fatalf("second syncer: %v, want ErrSyncBusy", err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	gpu := f.GPUs[0][0]
+	waitFor(t, func() bool { _, ok := c.Index().Lookup(gpu); return ok }, "follower loads the mirror")
+	if _, err := a.Claim(ctx, placement.ClaimRequest{Consumer: consumer(t), ProjectID: f.Project, UserID: f.User,
+		Request: engine.Request{Required: []string{ty}, Count: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { g, _ := c.Index().Lookup(gpu); return g.Used == 3 }, "follower learns the claim")
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if _, err := b.SyncNow(ctx, false, nil); err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
