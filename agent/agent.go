@@ -5,6 +5,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,8 +13,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +53,9 @@ type RunOptions struct {
 	FakeHostDir string
 	// AfterStep is a test hook run after each journaled command step.
 	AfterStep func(c protocol.Command, step string)
+	// Now is the clock of the signature checks (key grace periods);
+	// nil is time.Now.
+	Now func() time.Time
 }
 
 // Run runs the agent until ctx ends.
@@ -100,6 +106,26 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 		return err
 	}
 	defer j.Close()
+
+	// Keys before any command: a bad key file stops the agent here.
+	sec, err := newSecurity(v, log, reg, o.Now)
+	if err != nil {
+		return err
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				log.Info("SIGHUP: reloading keys")
+				_ = sec.Reload()
+			}
+		}
+	}()
 
 	scanner := drv.Scanner(v)
 	reg.MustRegister(metrics.New(scanner, 0))
@@ -181,7 +207,15 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	if err != nil {
 		return err
 	}
+	var tlsFn func() (*tls.Config, error)
+	if tu.TLS {
+		if _, err := TLSConfig(v); err != nil { // fail at start, not at each reconnection
+			return fmt.Errorf("[amqp] TLS: %w", err)
+		}
+		tlsFn = func() (*tls.Config, error) { return TLSConfig(v) }
+	}
 	loop, err := transport.New(transport.Config{URLs: tu.AMQPURLs(), Redacted: tu.Redacted(), Host: host,
+		TLS: tlsFn, Verifier: sec, Signer: sec,
 		Prefetch: optPrefetch.Get(v), MaxBackoff: optReconnectMax.Get(v),
 		ReportInterval: optReportInterval.Get(v), ReportCheckInterval: optReportCheckInterval.Get(v),
 		StopGrace: optShutdownTimeout.Get(v), Log: log, Registerer: reg},

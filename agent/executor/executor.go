@@ -41,6 +41,7 @@ const (
 	logErr     = "err"
 	logCode    = "code"
 	logDevice  = "device"
+	logReason  = "reason"
 )
 
 // Config builds an Executor. Journal, Sysfs and Domains are required;
@@ -80,6 +81,7 @@ type Executor struct {
 	mu  sync.Mutex
 
 	outcomes *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	// changed is signalled after a command that may have changed the host.
 	changed chan struct{}
@@ -117,6 +119,11 @@ func New(cfg Config) (*Executor, error) {
 			Name: "vgpu_agent_commands_total",
 			Help: "Commands handled by the agent, by kind, status (succeeded, failed, refused) and code.",
 		}, []string{"kind", "status", "code"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vgpu_agent_commands_refused_total",
+			Help: "Commands refused and never executed, by reason (the result code: bad_signature, unknown_key, " +
+				"key_expired, wrong_host, expired, id_reused, invalid_command, not_owned, not_allowed).",
+		}, []string{"reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vgpu_agent_command_duration_seconds",
 			Help:    "Time to execute a command (duplicates and refusals excluded).",
@@ -124,7 +131,7 @@ func New(cfg Config) (*Executor, error) {
 		}, []string{"kind"}),
 	}
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{e.outcomes, e.duration} {
+		for _, c := range []prometheus.Collector{e.outcomes, e.refused, e.duration} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("executor: metrics: %w", err)
 			}
@@ -160,8 +167,22 @@ func (e *Executor) Refuse(c protocol.Command, code, msg string) protocol.Result 
 		r.Remediation = "The agent touches only mdevs and VF types it created; this one is Nova's or was made by hand."
 	case protocol.CodeNotAllowed:
 		r.Remediation = "Add the GPU and type to [devices] enabled_mdev_types and [mdev_<type>] device_addresses of the agent."
+	case protocol.CodeBadSignature:
+		r.Remediation = "The command is unsigned or was altered: check that the bridge signs commands ([dispatch] signing key) " +
+			"and that nothing else publishes on the agent's queue (etc/rabbitmq/)."
+	case protocol.CodeUnknownKey:
+		r.Remediation = "Add the bridge's current public key to the agent's [security] bridge_keys_file and send the agent SIGHUP."
+	case protocol.CodeKeyExpired:
+		r.Remediation = "The bridge signed with a key whose grace period ended: make the bridge sign with the new key."
+	case protocol.CodeIDReused:
+		r.Remediation = "A command id is used once; the bridge must give a new command a new id."
 	}
-	e.outcomes.WithLabelValues(string(c.Kind), string(r.Status), r.Code).Inc()
+	kind := string(c.Kind)
+	if !c.Kind.Valid() {
+		kind = "unknown" // bounded label values whatever the message says
+	}
+	e.outcomes.WithLabelValues(kind, string(r.Status), r.Code).Inc()
+	e.refused.WithLabelValues(r.Code).Inc()
 	return r
 }
 
@@ -175,6 +196,10 @@ func (e *Executor) Execute(ctx context.Context, c protocol.Command) protocol.Res
 		return e.Refuse(c, protocol.CodeInvalidCommand, "command has no id")
 	}
 	if ent, ok := e.j.Lookup(c.ID); ok {
+		if !sameCommand(ent.Command, c) {
+			log.Warn("refused: command id already used for another command", logReason, protocol.CodeIDReused)
+			return e.Refuse(c, protocol.CodeIDReused, fmt.Sprintf("command id %q was already used for another command", c.ID))
+		}
 		if ent.Finished() {
 			log.Info("duplicate command; answering the recorded result", "status", ent.Result.Status)
 			return *ent.Result
@@ -185,11 +210,11 @@ func (e *Executor) Execute(ctx context.Context, c protocol.Command) protocol.Res
 		return e.resume(ctx, ent)
 	}
 	if c.Host != e.cfg.Host {
-		log.Warn("refused: command for another host", "command_host", c.Host)
+		log.Warn("refused: command for another host", logReason, protocol.CodeWrongHost, "command_host", c.Host)
 		return e.Refuse(c, protocol.CodeWrongHost, fmt.Sprintf("command is for host %q, this agent is %q", c.Host, e.cfg.Host))
 	}
 	if c.ExpiresAt.IsZero() || c.Expired(e.cfg.Now(), e.cfg.ClockSkew) {
-		log.Warn("refused: command expired", "expires_at", c.ExpiresAt)
+		log.Warn("refused: command expired", logReason, protocol.CodeExpired, "expires_at", c.ExpiresAt)
 		return e.Refuse(c, protocol.CodeExpired, fmt.Sprintf("command expired at %s", c.ExpiresAt.UTC().Format(time.RFC3339)))
 	}
 	if err := c.Validate(); err != nil {
@@ -206,6 +231,28 @@ func (e *Executor) Execute(ctx context.Context, c protocol.Command) protocol.Res
 	}
 	ent, _ := e.j.Lookup(c.ID)
 	return e.run(ctx, ent, h)
+}
+
+// sameCommand reports whether a delivery with an id the journal knows is
+// that command again: same kind, host, request, instance and params. The
+// signature and times may differ (a re-signed retry after a key rotation).
+func sameCommand(a, b protocol.Command) bool {
+	if a.Kind != b.Kind || a.Host != b.Host || a.RequestID != b.RequestID || !strings.EqualFold(a.InstanceUUID, b.InstanceUUID) {
+		return false
+	}
+	return canonicalParams(a.Params) == canonicalParams(b.Params)
+}
+
+func canonicalParams(p json.RawMessage) string {
+	t := strings.TrimSpace(string(p))
+	if t == "" || t == "null" {
+		return ""
+	}
+	c, err := protocol.Canonical([]byte(`{"p":` + t + `}`))
+	if err != nil {
+		return t
+	}
+	return string(c)
 }
 
 // refusalError is a reason to refuse before anything is done.

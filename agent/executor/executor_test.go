@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/vgpu-bridge/vgpu-bridge/agent/hosterr"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/journal"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
@@ -430,4 +433,43 @@ func TestStoppingLeavesCommandPending(t *testing.T) {
 	if len(en.j.Pending()) != 1 {
 		t.Error("not pending")
 	}
+}
+
+// TestIDReusedForAnotherCommand: a delivery whose id the journal holds for
+// a different command is refused, not answered with the recorded result;
+// the same command re-signed or with new times is still a duplicate.
+func TestIDReusedForAnotherCommand(t *testing.T) {
+	en := newEnv(t)
+	c := command(t, "u1", protocol.CreateMdev, protocol.MdevParams{MdevUUID: mdev1, ParentPCI: gpu0, TypeID: t4q})
+	r1 := en.exec(c)
+	wantStatus(t, r1, protocol.Succeeded, "")
+
+	again := c
+	again.KeyID, again.Sig, again.ExpiresAt = "bridge-2025b", "c2lnbmF0dXJl", c.ExpiresAt.Add(time.Minute)
+	again.Params = json.RawMessage(" {\"type_id\": \"nvidia-232\", \"parent_pci\":\"0000:3b:00.0\",\"mdev_uuid\":\"" + mdev1 + "\"} ")
+	if r := en.exec(again); !r.FinishedAt.Equal(r1.FinishedAt) || r.Status != protocol.Succeeded {
+		t.Errorf("same command re-signed answered %+v, want the recorded %+v", r, r1)
+	}
+	forged := command(t, "u1", protocol.RemoveMdev, protocol.MdevParams{MdevUUID: mdev1})
+	wantStatus(t, en.exec(forged), protocol.Refused, protocol.CodeIDReused)
+	if n := en.h.count("remove_mdev"); n != 0 {
+		t.Errorf("RemoveMdev called %d times", n)
+	}
+	if got := counterValue(en.e.refused.WithLabelValues(protocol.CodeIDReused)); got != 1 {
+		t.Errorf("refused{reason=id_reused} = %v", got)
+	}
+	// A refusal's kind label is bounded whatever the message says.
+	junk := command(t, "u2", protocol.Kind("rm -rf /"), nil)
+	en.e.Refuse(junk, protocol.CodeBadSignature, "x")
+	if got := counterValue(en.e.outcomes.WithLabelValues("unknown", "refused", protocol.CodeBadSignature)); got != 1 {
+		t.Errorf("commands_total{kind=unknown} = %v", got)
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
 }

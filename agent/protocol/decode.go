@@ -34,6 +34,10 @@ const (
 	// CodeVerifyFailed: verify_vgpu found no healthy vGPU of the expected
 	// type in the domain (failed).
 	CodeVerifyFailed = "verify_failed"
+	// CodeIDReused: the command's id is in the journal for a different
+	// command (other kind, host, instance or params) (refused). The
+	// signature codes are in sign.go.
+	CodeIDReused = "id_reused"
 )
 
 // Decoding limits for outside input.

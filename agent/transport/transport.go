@@ -11,7 +11,9 @@ package transport
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +44,19 @@ type Executor interface {
 	Refuse(c protocol.Command, code, msg string) protocol.Result
 }
 
+// Verifier checks a command's signature before anything else is done with
+// it. VerifyCommand returns nil for a command that may go on to the
+// executor, or an error whose protocol.SignatureCode is the refusal code.
+type Verifier interface {
+	VerifyCommand(body []byte) error
+}
+
+// Signer signs the results and reports the agent publishes.
+type Signer interface {
+	SignResult(r *protocol.Result) error
+	SignReport(r *protocol.Report) error
+}
+
 // Reporter builds a report of the host (host, node, GPUs…); Seq and
 // SentAt are set here.
 type Reporter interface {
@@ -56,7 +71,16 @@ type Config struct {
 	// Redacted names the brokers in logs, without passwords.
 	Redacted  string
 	TLSConfig *tls.Config
-	Host      string
+	// TLS, when set, builds the TLS configuration at each connection (so
+	// certificates replaced on disk are used at the next one); it wins
+	// over TLSConfig.
+	TLS  func() (*tls.Config, error)
+	Host string
+	// Verifier, when set, checks every command before anything else;
+	// a command that fails is refused with the code it gives.
+	Verifier Verifier
+	// Signer, when set, signs every result and report published.
+	Signer Signer
 	// Prefetch is how many commands may be delivered unacknowledged. Default 1.
 	Prefetch int
 	// MinBackoff and MaxBackoff bound the reconnection delay. Defaults 500ms, 30s.
@@ -214,7 +238,14 @@ func (l *Loop) dial(attempt int) (*amqp.Connection, error) {
 	url := l.cfg.URLs[attempt%len(l.cfg.URLs)]
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("vgpu-agent " + l.cfg.Host)
-	return amqp.DialConfig(url, amqp.Config{Heartbeat: 10 * time.Second, TLSClientConfig: l.cfg.TLSConfig,
+	tc := l.cfg.TLSConfig
+	if l.cfg.TLS != nil {
+		var err error
+		if tc, err = l.cfg.TLS(); err != nil {
+			return nil, fmt.Errorf("tls: %w", err)
+		}
+	}
+	return amqp.DialConfig(url, amqp.Config{Heartbeat: 10 * time.Second, TLSClientConfig: tc,
 		Properties: props, Dial: amqp.DefaultDial(10 * time.Second)})
 }
 
@@ -224,6 +255,40 @@ func Declare(ch *amqp.Channel, host string) error {
 	if err := ch.ExchangeDeclare(protocol.Exchange, "topic", true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", protocol.Exchange, err)
 	}
+	return DeclareQueue(ch, host)
+}
+
+// EnsureExchange makes sure the exchange exists. When it does, nothing is
+// declared, so an agent account needs no configure permission on it
+// (etc/rabbitmq/setup-accounts.sh grants none); when it does not, it is
+// declared, which only an account allowed to (the bridge's) can do.
+func EnsureExchange(conn *amqp.Connection) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	err = ch.ExchangeDeclarePassive(protocol.Exchange, "topic", true, false, false, false, nil)
+	if err == nil {
+		return ch.Close()
+	}
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+		return fmt.Errorf("check exchange %s: %w", protocol.Exchange, err)
+	}
+	// The failed passive declare closed that channel.
+	if ch, err = conn.Channel(); err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclare(protocol.Exchange, "topic", true, false, false, false, nil); err != nil {
+		return fmt.Errorf("exchange %s does not exist and this account may not declare it (the bridge does): %w", protocol.Exchange, err)
+	}
+	return nil
+}
+
+// DeclareQueue declares host's durable command queue and binds it to
+// agent.<host> on the exchange.
+func DeclareQueue(ch *amqp.Channel, host string) error {
 	q := protocol.AgentQueue(host)
 	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare queue %s: %w", q, err)
@@ -242,11 +307,14 @@ func (l *Loop) session(ctx, hard context.Context, attempt int) error {
 	}
 	defer conn.Close()
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	if err := EnsureExchange(conn); err != nil {
+		return err
+	}
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
 	}
-	if err := Declare(ch, l.cfg.Host); err != nil {
+	if err := DeclareQueue(ch, l.cfg.Host); err != nil {
 		return err
 	}
 	if err := ch.Qos(l.cfg.Prefetch, 0, false); err != nil {
@@ -336,11 +404,28 @@ func (l *Loop) flushPending(ctx context.Context) error {
 func (l *Loop) handle(ctx context.Context, d amqp.Delivery) error {
 	c, err := protocol.DecodeCommand(d.Body)
 	var res protocol.Result
+	var verr error
+	if l.cfg.Verifier != nil && c.ID != "" {
+		// Before anything else: the journal is not even looked at, so a
+		// forged command reusing an executed id gets no recorded result.
+		verr = l.cfg.Verifier.VerifyCommand(d.Body)
+	}
 	switch {
 	case err != nil && c.ID == "":
 		l.log.Error("dropping a message that is not a command", logErr, err, "message_id", d.MessageId)
 		l.deliveries.WithLabelValues("dropped").Inc()
 		return d.Nack(false, false)
+	case verr != nil:
+		code := protocol.SignatureCode(verr)
+		if code == "" {
+			code = protocol.CodeBadSignature
+		}
+		l.log.Warn("refused: command signature", logCommand, c.ID, "reason", code, logErr, verr)
+		res = l.exec.Refuse(c, code, verr.Error())
+		// The digest lets the bridge tell a refusal of its own command from
+		// one of a forgery that borrowed the id.
+		sum := sha256.Sum256(d.Body)
+		res.Details, _ = json.Marshal(map[string]string{"body_sha256": hex.EncodeToString(sum[:])})
 	case err != nil && c.Host != "" && c.Host != l.cfg.Host:
 		res = l.exec.Refuse(c, protocol.CodeWrongHost, fmt.Sprintf("command is for host %q, this agent is %q", c.Host, l.cfg.Host))
 	case err != nil:
@@ -360,8 +445,23 @@ func (l *Loop) handle(ctx context.Context, d amqp.Delivery) error {
 	return d.Ack(false)
 }
 
-// publish sends v and waits for the broker's confirm.
+// publish signs v (a Result or Report) when a Signer is set, sends it and
+// waits for the broker's confirm.
 func (l *Loop) publish(ctx context.Context, key, typ, id string, v any) error {
+	if s := l.cfg.Signer; s != nil {
+		switch m := v.(type) {
+		case protocol.Result:
+			if err := s.SignResult(&m); err != nil {
+				return fmt.Errorf("sign result: %w", err)
+			}
+			v = m
+		case protocol.Report:
+			if err := s.SignReport(&m); err != nil {
+				return fmt.Errorf("sign report: %w", err)
+			}
+			v = m
+		}
+	}
 	body, err := json.Marshal(v)
 	if err != nil {
 		return err

@@ -1,0 +1,46 @@
+package agent
+
+import (
+	"crypto/tls"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+)
+
+// [amqp]: TLS to RabbitMQ, used when transport_url is rabbit+ssl://,
+// amqps:// or has ?ssl=1. The names follow oslo.messaging's
+// [oslo_messaging_rabbit] ssl_* options so nova.conf's values can be copied.
+var (
+	optSSLCAFile = Options.String("amqp", "ssl_ca_file", "",
+		"PEM file of the CA certificates that sign RabbitMQ's server certificates; they replace the system's roots. "+
+			"Empty: the system's roots. The server certificate is always verified. Example: /etc/ssl/rabbitmq/ca.pem")
+	optSSLCertFile = Options.String("amqp", "ssl_cert_file", "",
+		"PEM client certificate presented to RabbitMQ (for ssl_options.fail_if_no_peer_cert = true). Goes with "+
+			"ssl_key_file. Read at each connection, so a renewed certificate is used at the next one. "+
+			"Example: /etc/vgpu-bridge/tls/agent.crt")
+	optSSLKeyFile = Options.String("amqp", "ssl_key_file", "",
+		"PEM private key of ssl_cert_file; must not be readable by others. Example: /etc/vgpu-bridge/tls/agent.key")
+	optSSLServerName = Options.String("amqp", "ssl_server_name", "",
+		"Name RabbitMQ's certificate must carry (SAN), when it differs from the host in transport_url (e.g. brokers "+
+			"reached by IP address). Empty: each broker's host name from transport_url. Example: rabbit.example.org")
+)
+
+func init() {
+	Options.SectionHelp("amqp", "TLS to RabbitMQ (transport_url rabbit+ssl://, amqps:// or ?ssl=1).")
+	validators = append(validators, func(v *conf.Values) conf.Errors {
+		if (optSSLCertFile.Get(v) == "") != (optSSLKeyFile.Get(v) == "") {
+			return conf.Errors{{Section: "amqp", Option: "ssl_key_file", Value: optSSLKeyFile.Get(v),
+				Problem: "ssl_cert_file and ssl_key_file go together"}}
+		}
+		return nil
+	})
+}
+
+// tlsFiles returns the [amqp] TLS settings.
+func tlsFiles(v *conf.Values) transport.TLSFiles {
+	return transport.TLSFiles{CAFile: optSSLCAFile.Get(v), CertFile: optSSLCertFile.Get(v),
+		KeyFile: optSSLKeyFile.Get(v), ServerName: optSSLServerName.Get(v)}
+}
+
+// TLSConfig builds the TLS configuration of the transport from [amqp].
+func TLSConfig(v *conf.Values) (*tls.Config, error) { return transport.ClientTLS(tlsFiles(v)) }
