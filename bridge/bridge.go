@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
 )
@@ -97,6 +98,41 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	var comps []component
 	// Features register here: routes with srv, loops in comps.
 	// (wiring: features)
+	// Policy (issue 6): the rules, their reload loop, POST /v1/policy/explain.
+	pol, polComp, err := setupPolicy(v, nil, srv, nil, nil, log.With("component", "policy"))
+	if err != nil {
+		return err
+	}
+	comps = append(comps, polComp)
+	// Placement (issue 4): mirror, sync loop, engine, claims, /v1/placements, /v1/gpus, /v1/hosts.
+	pl, plComp, err := setupPlacement(ctx, v, replica, pool, pol.Catalog(), srv, log)
+	if err != nil {
+		return err
+	}
+	comps = append(comps, plComp)
+	// Webhooks and the request store (issue 5): /v1/webhooks/{source}, /v1/requests, callbacks.
+	whComps, err := setupWebhooks(v, pool, srv, ac, reg, log)
+	if err != nil {
+		return err
+	}
+	comps = append(comps, whComps...)
+	// Nova notifications (issue 3): consumer loop + /v1/instances, /v1/events, /v1/dead-letters.
+	notifCfg, err := NotificationsConfig(v, tu)
+	if err != nil {
+		return err
+	}
+	notif, err := ingest.New(notifCfg, pool, reg, log.With("component", "notifications"))
+	if err != nil {
+		return err
+	}
+	notif.Register(srv)
+	comps = append(comps, component{"notifications", notif.Run})
+	// Pipeline and dispatch (issue 8): inbox → policy → Placement claim → outbox → agents; results, reports, deadlines.
+	pipeComps, err := setupPipeline(ctx, v, replica, tu, notifCfg.TLS, pol, pl, reg, log)
+	if err != nil {
+		return err
+	}
+	comps = append(comps, pipeComps...)
 
 	if err := srv.Start(); err != nil {
 		return err

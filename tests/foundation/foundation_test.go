@@ -10,8 +10,6 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +18,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/migrations"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -53,54 +52,14 @@ func TestMigrationsOnEmptyDatabaseTwice(t *testing.T) {
 	}
 }
 
-// config returns a full bridge configuration on the test services, with
-// dbURL as the database.
 func config(t *testing.T, dbURL string, extra ...string) *conf.Values {
 	t.Helper()
-	dir := t.TempDir()
-	tokens := filepath.Join(dir, "tokens")
-	os.WriteFile(tokens, []byte("admintoken admin ops\nreadtoken reader viewer\n"), 0o600)
-	ov := append([]string{
-		"DEFAULT.transport_url=" + testsvc.TransportURL(t),
-		"database.connection=" + dbURL,
-		"database.auto_migrate=true",
-		"api.listen=127.0.0.1:0",
-		"api.token_file=" + tokens,
-	}, extra...)
-	v, err := bridge.LoadConfig(conf.Source{Overrides: ov})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
+	return testbridge.Config(t, dbURL, extra...)
 }
 
-// start runs the bridge until the test ends and returns its daemon.
 func start(t *testing.T, v *conf.Values) *bridge.Daemon {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	started := make(chan *bridge.Daemon, 1)
-	done := make(chan error, 1)
-	go func() { done <- bridge.Run(ctx, v, nil, func(d *bridge.Daemon) { started <- d }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run returned %v on shutdown", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("bridge did not shut down within 30s")
-		}
-	})
-	select {
-	case d := <-started:
-		return d
-	case err := <-done:
-		t.Fatalf("bridge stopped at start: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("bridge did not start within 60s")
-	}
-	return nil
+	return testbridge.Start(t, v)
 }
 
 func get(t *testing.T, url, token string) (int, string) {

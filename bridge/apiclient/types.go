@@ -1,0 +1,327 @@
+package apiclient
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Request states (DESIGN.md §4.3).
+const (
+	StateAccepted   = "accepted"
+	StateDecided    = "decided"
+	StateDispatched = "dispatched"
+	StateSucceeded  = "succeeded"
+	StateFailed     = "failed"
+	StateRejected   = "rejected"
+)
+
+// FinalState reports whether a request in state s will not change again.
+func FinalState(s string) bool {
+	return s == StateSucceeded || s == StateFailed || s == StateRejected
+}
+
+// Readiness is the answer of /readyz; on 503 Checks holds each failing
+// dependency's error.
+type Readiness struct {
+	Status string            `json:"status"`
+	Checks map[string]string `json:"checks"`
+	Raw    json.RawMessage   `json:"-"`
+}
+
+// Host is a compute node holding GPUs (GET /v1/hosts, /v1/hosts/{name}).
+type Host struct {
+	Name     string   `json:"name"`
+	Node     string   `json:"node"`
+	RootUUID string   `json:"root_provider_uuid"`
+	Traits   []string `json:"traits"`
+	GPUCount int      `json:"gpu_count"`
+	Capacity int      `json:"capacity"`
+	Used     int      `json:"used"`
+	Free     int      `json:"free"`
+	// GPUs is filled by GET /v1/hosts/{name} only.
+	GPUs []GPU           `json:"gpus,omitempty"`
+	Raw  json.RawMessage `json:"-"`
+}
+
+// HostList is the answer of GET /v1/hosts.
+type HostList struct {
+	Hosts []Host          `json:"hosts"`
+	Raw   json.RawMessage `json:"-"`
+}
+
+// GPU is a physical GPU: one Placement child resource provider.
+type GPU struct {
+	ProviderUUID  string   `json:"provider_uuid"`
+	Name          string   `json:"name"`
+	Host          string   `json:"host"`
+	Node          string   `json:"node"`
+	RootUUID      string   `json:"root_provider_uuid"`
+	PCIAddress    string   `json:"pci_address,omitempty"`
+	ResourceClass string   `json:"resource_class"`
+	Trait         string   `json:"trait,omitempty"`
+	Profile       string   `json:"profile,omitempty"`
+	Total         int      `json:"total"`
+	Reserved      int      `json:"reserved"`
+	Capacity      int      `json:"capacity"`
+	Used          int      `json:"used"`
+	Free          int      `json:"free"`
+	Generation    int      `json:"generation"`
+	Traits        []string `json:"traits"`
+}
+
+// GPUList is the answer of GET /v1/gpus.
+type GPUList struct {
+	GPUs []GPU           `json:"gpus"`
+	Raw  json.RawMessage `json:"-"`
+}
+
+// GPUFilter narrows GET /v1/gpus; empty fields do not filter.
+type GPUFilter struct {
+	Host, Trait, Profile string
+}
+
+// Instance is a Nova instance as the bridge knows it from notifications.
+type Instance struct {
+	UUID             string          `json:"uuid"`
+	ProjectID        *string         `json:"project_id"`
+	UserID           *string         `json:"user_id"`
+	Host             *string         `json:"host"`
+	Node             *string         `json:"node"`
+	DisplayName      *string         `json:"display_name"`
+	AvailabilityZone *string         `json:"availability_zone"`
+	VMState          *string         `json:"vm_state"`
+	TaskState        *string         `json:"task_state"`
+	PowerState       *string         `json:"power_state"`
+	Flavor           json.RawMessage `json:"flavor"`
+	NewFlavor        json.RawMessage `json:"new_flavor"`
+	VGPUDemand       json.RawMessage `json:"vgpu_demand"`
+	VGPUs            int             `json:"vgpus"`
+	HasVGPU          bool            `json:"has_vgpu"`
+	Fault            json.RawMessage `json:"fault"`
+	LastEventType    *string         `json:"last_event_type"`
+	LastEventAt      *time.Time      `json:"last_event_at"`
+	DeletedAt        *time.Time      `json:"deleted_at"`
+	CreatedAt        time.Time       `json:"created_at"`
+	UpdatedAt        time.Time       `json:"updated_at"`
+	Raw              json.RawMessage `json:"-"`
+}
+
+// InstanceList is a page of GET /v1/instances.
+type InstanceList struct {
+	Instances  []Instance      `json:"instances"`
+	NextCursor string          `json:"next_cursor,omitempty"`
+	Raw        json.RawMessage `json:"-"`
+}
+
+// InstanceFilter narrows GET /v1/instances.
+type InstanceFilter struct {
+	Host, Project string
+	// HasVGPU, when not nil, keeps instances with (true) or without vGPU.
+	HasVGPU *bool
+	// Deleted includes deleted instances.
+	Deleted bool
+	Limit   int
+	Cursor  string
+}
+
+// Request is what a source asked for and where it stands.
+type Request struct {
+	ID           string          `json:"id"`
+	Source       string          `json:"source"`
+	Kind         string          `json:"kind"`
+	InstanceUUID string          `json:"instance_uuid,omitempty"`
+	State        string          `json:"state"`
+	Phase        string          `json:"phase,omitempty"`
+	Reason       string          `json:"reason,omitempty"`
+	Code         string          `json:"code,omitempty"`
+	Body         json.RawMessage `json:"body,omitempty"`
+	CallbackURL  string          `json:"callback_url,omitempty"`
+	CreatedAt    time.Time       `json:"created_at"`
+	UpdatedAt    time.Time       `json:"updated_at"`
+	DecidedAt    *time.Time      `json:"decided_at,omitempty"`
+	DispatchedAt *time.Time      `json:"dispatched_at,omitempty"`
+	FinishedAt   *time.Time      `json:"finished_at,omitempty"`
+	Raw          json.RawMessage `json:"-"`
+}
+
+// RequestList is the answer of GET /v1/requests.
+type RequestList struct {
+	Requests []Request       `json:"requests"`
+	Raw      json.RawMessage `json:"-"`
+}
+
+// RequestFilter narrows GET /v1/requests.
+type RequestFilter struct {
+	Source, State, InstanceUUID string
+	Limit                       int
+}
+
+// Event is an inbox record.
+type Event struct {
+	ID              int64           `json:"id"`
+	Source          string          `json:"source"`
+	MessageID       string          `json:"message_id"`
+	EventType       string          `json:"event_type"`
+	InstanceUUID    *string         `json:"instance_uuid"`
+	PublisherID     *string         `json:"publisher_id"`
+	Priority        *string         `json:"priority"`
+	RequestID       *string         `json:"request_id"`
+	GlobalRequestID *string         `json:"global_request_id"`
+	OccurredAt      *time.Time      `json:"occurred_at"`
+	ReceivedAt      time.Time       `json:"received_at"`
+	ProcessedAt     *time.Time      `json:"processed_at"`
+	Status          *string         `json:"status"`
+	Detail          *string         `json:"detail"`
+	Payload         json.RawMessage `json:"payload,omitempty"`
+}
+
+// EventList is a page of GET /v1/events, oldest first.
+type EventList struct {
+	Events     []Event         `json:"events"`
+	NextCursor string          `json:"next_cursor,omitempty"`
+	Raw        json.RawMessage `json:"-"`
+}
+
+// EventFilter narrows GET /v1/events.
+type EventFilter struct {
+	Instance string
+	// Type matches exactly, or as a prefix when it ends with '*'.
+	Type    string
+	Since   time.Time
+	Payload bool
+	Limit   int
+	Cursor  string
+}
+
+// DeadLetter is a message that could not be accepted.
+type DeadLetter struct {
+	ID           int64           `json:"id"`
+	Source       string          `json:"source"`
+	Reason       string          `json:"reason"`
+	Detail       *string         `json:"detail"`
+	MessageID    *string         `json:"message_id"`
+	Raw          string          `json:"raw"`
+	RawEncoding  string          `json:"raw_encoding"`
+	RawTruncated bool            `json:"raw_truncated"`
+	Headers      json.RawMessage `json:"headers"`
+	ReceivedAt   time.Time       `json:"received_at"`
+}
+
+// DeadLetterList is a page of GET /v1/dead-letters, newest first.
+type DeadLetterList struct {
+	DeadLetters []DeadLetter    `json:"dead_letters"`
+	NextCursor  string          `json:"next_cursor,omitempty"`
+	Raw         json.RawMessage `json:"-"`
+}
+
+// DeadLetterFilter narrows GET /v1/dead-letters.
+type DeadLetterFilter struct {
+	Reason, Source string
+	Limit          int
+	Cursor         string
+}
+
+// Allocation is a vGPU allocation held on a GPU provider.
+type Allocation struct {
+	InstanceUUID  string `json:"instance_uuid"`
+	ProviderUUID  string `json:"provider_uuid"`
+	ResourceClass string `json:"resource_class"`
+	Amount        int    `json:"amount"`
+	Host          string `json:"host,omitempty"`
+	PCIAddress    string `json:"pci_address,omitempty"`
+	Profile       string `json:"profile,omitempty"`
+}
+
+// AllocationList is the answer of GET /v1/allocations.
+type AllocationList struct {
+	Allocations []Allocation    `json:"allocations"`
+	Raw         json.RawMessage `json:"-"`
+}
+
+// Traits are required and forbidden traits of a dry run.
+type Traits struct {
+	Required  []string `json:"required,omitempty"`
+	Forbidden []string `json:"forbidden,omitempty"`
+}
+
+// DryRunRequest is the body of POST /v1/placements/dry-run.
+type DryRunRequest struct {
+	Profile     string  `json:"profile,omitempty"`
+	Traits      *Traits `json:"traits,omitempty"`
+	Count       int     `json:"count,omitempty"`
+	Host        string  `json:"host,omitempty"`
+	Strategy    string  `json:"strategy,omitempty"`
+	AllowRetype bool    `json:"allow_retype,omitempty"`
+	Limit       int     `json:"limit,omitempty"`
+}
+
+// Candidate is one GPU a dry run found, best first.
+type Candidate struct {
+	Host         string `json:"host"`
+	Node         string `json:"node"`
+	ProviderUUID string `json:"provider_uuid"`
+	PCIAddress   string `json:"pci_address,omitempty"`
+	Profile      string `json:"profile,omitempty"`
+	Trait        string `json:"trait,omitempty"`
+	Amount       int    `json:"amount"`
+	FreeAfter    int    `json:"free_after"`
+	NeedsRetype  bool   `json:"needs_retype"`
+	RetypeFrom   string `json:"retype_from,omitempty"`
+	Reason       string `json:"reason"`
+}
+
+// DryRunResponse is the answer of a dry run.
+type DryRunResponse struct {
+	Candidates []Candidate     `json:"candidates"`
+	Raw        json.RawMessage `json:"-"`
+}
+
+// Explanation is the answer of POST /v1/policy/explain. The decision's
+// fields are kept as sent in Raw; Text is its rendering for people.
+type Explanation struct {
+	Event    string          `json:"event"`
+	Instance string          `json:"instance_uuid,omitempty"`
+	Rejected bool            `json:"rejected"`
+	Reason   string          `json:"reason,omitempty"`
+	Intents  []Intent        `json:"intents"`
+	Text     string          `json:"text"`
+	Raw      json.RawMessage `json:"-"`
+}
+
+// Intent is one thing a decision wants done.
+type Intent struct {
+	Kind     string `json:"kind"`
+	Rule     string `json:"rule"`
+	Instance string `json:"instance_uuid,omitempty"`
+	Host     string `json:"host,omitempty"`
+	Profile  string `json:"profile,omitempty"`
+	Count    int    `json:"count,omitempty"`
+	Mode     string `json:"mode,omitempty"`
+}
+
+// Skipped is an alert a webhook answer left out, with why.
+type Skipped struct {
+	Index       int    `json:"index"`
+	Fingerprint string `json:"fingerprint,omitempty"`
+	AlertName   string `json:"alertname,omitempty"`
+	Reason      string `json:"reason"`
+}
+
+// WebhookAnswer is the 202 answer of POST /v1/webhooks/{source}.
+type WebhookAnswer struct {
+	RequestID string          `json:"request_id"`
+	StatusURL string          `json:"status_url"`
+	Skipped   []Skipped       `json:"skipped"`
+	Raw       json.RawMessage `json:"-"`
+}
+
+// SyncResult is what POST /v1/placements/sync did.
+type SyncResult struct {
+	Full            bool            `json:"full"`
+	Providers       int             `json:"providers"`
+	Fetched         int             `json:"fetched"`
+	Removed         int             `json:"removed"`
+	GPUs            int             `json:"gpus"`
+	DurationSeconds float64         `json:"duration_seconds"`
+	Raw             json.RawMessage `json:"-"`
+}

@@ -1,0 +1,118 @@
+package bridge
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+var (
+	optPipelinePoll = Options.Duration("pipeline", "poll_interval", 200*time.Millisecond, 10*time.Millisecond, time.Minute,
+		"How often each replica looks at the inbox (events not processed yet) when nothing woke it. Example: 100ms")
+	optPipelineBatch = Options.Int("pipeline", "batch_size", 100, 1, 10000,
+		"Most inbox events one poll takes; each is decided in its own transaction. Example: 200")
+	optPipelineWorkers = Options.Int("pipeline", "workers", 4, 1, 64,
+		"Events of different instances decided concurrently by this replica (events of one instance always go in "+
+			"inbox order). The pipeline has a pool of its own of workers + 2 connections. Example: 8")
+	optPipelineRequestTimeout = Options.Duration("pipeline", "request_timeout", 2*time.Minute, 5*time.Second, 24*time.Hour,
+		"Deadline of a request once decided: its agent commands must all be answered by then, or the request fails "+
+			"(code agent_timeout, naming the host and command) and is compensated (Placement claim released, "+
+			"remove_mdev queued). Also the expiry of its commands. Example: 5m")
+	optPipelineWatchdog = Options.Duration("pipeline", "deadline_check_interval", time.Second, 100*time.Millisecond, 10*time.Minute,
+		"How often requests past their deadline are looked for (replicas share the work). Example: 5s")
+	optPipelineMaxAttempts = Options.Int("pipeline", "max_attempts", 5, 1, 100,
+		"Attempts at an event whose processing fails (Placement or database unavailable) before the event is closed "+
+			"with status failed and its request fails (code event_failed). Example: 10")
+	optPipelineRetryMin = Options.Duration("pipeline", "retry_min", time.Second, 10*time.Millisecond, time.Hour,
+		"First wait before an event is tried again; it doubles (with jitter) up to retry_max. Example: 2s")
+	optPipelineRetryMax = Options.Duration("pipeline", "retry_max", time.Minute, 10*time.Millisecond, 24*time.Hour,
+		"Longest wait between attempts at an event. Example: 5m")
+)
+
+func init() {
+	Options.SectionHelp("pipeline", "The decision loop: inbox -> policy -> Placement claim -> outbox, request deadlines "+
+		"and compensation. Every replica runs it; rows are shared with SKIP LOCKED.")
+	validators = append(validators, func(v *conf.Values) conf.Errors {
+		var errs conf.Errors
+		if optPipelineRetryMax.Get(v) < optPipelineRetryMin.Get(v) {
+			errs = append(errs, &conf.Error{Section: "pipeline", Option: "retry_max", Value: optPipelineRetryMax.Get(v).String(),
+				Problem: "is below retry_min; allowed: at least retry_min"})
+		}
+		return errs
+	})
+}
+
+// PipelineConfig maps [pipeline] (and [placement] stale_report_age) to
+// pipeline.Config.
+func PipelineConfig(v *conf.Values, replica string) pipeline.Config {
+	return pipeline.Config{
+		Replica:          replica,
+		PollInterval:     optPipelinePoll.Get(v),
+		BatchSize:        optPipelineBatch.Get(v),
+		Workers:          optPipelineWorkers.Get(v),
+		RequestTimeout:   optPipelineRequestTimeout.Get(v),
+		WatchdogInterval: optPipelineWatchdog.Get(v),
+		MaxAttempts:      optPipelineMaxAttempts.Get(v),
+		RetryMin:         optPipelineRetryMin.Get(v),
+		RetryMax:         optPipelineRetryMax.Get(v),
+		StaleReportAge:   optPlacementStaleReportAge.Get(v),
+	}
+}
+
+// setupPipeline builds the pipeline (on a pool of its own: its decision
+// transactions stay open across the Placement claims, whose mirror writes
+// take connections of the main pool) and the dispatcher, and returns
+// their loops as one component. bridge.Run calls it at the features mark,
+// after placement, policy and notifications:
+//
+//	pipeComps, err := setupPipeline(ctx, v, replica, tu, notifCfg.TLS, pol, pl, reg, log)
+func setupPipeline(ctx context.Context, v *conf.Values, replica string, tu *conf.TransportURL, tlsCfg *tls.Config,
+	pol *policy.Holder, pl *placement.Service, reg prometheus.Registerer, log *slog.Logger) ([]component, error) {
+	sc, err := StoreConfig(v)
+	if err != nil {
+		return nil, err
+	}
+	pc := PipelineConfig(v, replica)
+	sc.MaxConns = int32(pc.Workers + 5) // + relay, results, reports, deadlines, hosts
+	pipePool, err := store.Open(ctx, sc)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline pool: %w", err)
+	}
+	var disp *dispatch.Dispatcher
+	proc, err := pipeline.New(pc, pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
+		Policy: pol, Placement: pipeline.ServiceAdapter{S: pl}, Catalog: pol.Catalog(), Log: log.With("component", "pipeline"),
+		Registry: reg, OnOutbox: func() { disp.Kick() }})
+	if err != nil {
+		pipePool.Close()
+		return nil, err
+	}
+	dc := DispatchConfig(v, tu, replica)
+	dc.TLS = tlsCfg
+	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
+		Results: proc, Catalog: pol.Catalog(), Phase: pipeline.PhaseOf, Log: log.With("component", "dispatch"), Registry: reg})
+	if err != nil {
+		pipePool.Close()
+		return nil, err
+	}
+	run := func(ctx context.Context) error {
+		defer pipePool.Close()
+		errc := make(chan error, 2)
+		go func() { errc <- proc.Run(ctx) }()
+		go func() { errc <- disp.Run(ctx) }()
+		return errors.Join(<-errc, <-errc)
+	}
+	return []component{{name: "pipeline", run: run}}, nil
+}

@@ -1,0 +1,340 @@
+package bridge
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+)
+
+const webhookSourcePrefix = "webhook_source"
+
+var (
+	optWHListen = Options.String("webhooks", "listen", "",
+		"Address (host:port) of the webhook listener. Empty, or the same as [api] listen, serves webhooks on the "+
+			"operator API's listener (with [api]'s TLS; client_ca_file is then added to it). Another address starts "+
+			"a second listener with this section's TLS and timeouts. Example: 0.0.0.0:9443")
+	optWHTLSCert = Options.String("webhooks", "tls_cert_file", "",
+		"PEM certificate (chain) of a separate webhook listener; empty serves plain HTTP (only behind a TLS proxy). "+
+			"Example: /etc/vgpu-bridge/tls/webhooks.crt")
+	optWHTLSKey = Options.String("webhooks", "tls_key_file", "",
+		"PEM private key of tls_cert_file. Example: /etc/vgpu-bridge/tls/webhooks.key")
+	optWHClientCA = Options.String("webhooks", "client_ca_file", "",
+		"PEM CA bundle that signs the client certificates of auth = mtls sources. The listener then asks every "+
+			"client for a certificate (sources with other auth need none). Example: /etc/vgpu-bridge/tls/webhook-clients-ca.crt")
+	optWHReadHeaderTimeout = Options.Duration("webhooks", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,
+		"How long a client of a separate listener may take to send its headers (cuts off slowloris clients). Example: 5s")
+	optWHReadTimeout = Options.Duration("webhooks", "read_timeout", 10*time.Second, 100*time.Millisecond, 10*time.Minute,
+		"How long a client of a separate listener may take to send a whole request, body included. Example: 10s")
+	optWHWriteTimeout = Options.Duration("webhooks", "write_timeout", 15*time.Second, time.Second, 10*time.Minute,
+		"How long an answer of a separate listener may take, commit included. Example: 15s")
+	optWHIdleTimeout = Options.Duration("webhooks", "idle_timeout", 60*time.Second, time.Second, 10*time.Minute,
+		"How long a separate listener keeps an idle keep-alive connection. Example: 60s")
+	optWHMaxHeaderBytes = Options.Int("webhooks", "max_header_bytes", 16<<10, 4<<10, 1<<20,
+		"Largest request header block a separate listener accepts. Example: 16384")
+	optWHPublicURL = Options.String("webhooks", "public_url", "",
+		"Scheme, host and port senders reach the bridge at; status_url in answers starts with it. Empty answers "+
+			"a path (/v1/requests/ID). Example: https://vgpu-bridge.example.org:9443")
+	optWHIdempotencyTTL = Options.Duration("webhooks", "idempotency_ttl", 24*time.Hour, time.Minute, 30*24*time.Hour,
+		"How long an Idempotency-Key (or webhook-id) is remembered per source. Example: 24h")
+	optWHBatchSize = Options.Int("webhooks", "commit_batch_size", 256, 1, 10000,
+		"Most webhooks committed in one transaction (group commit; each 202 still waits for its commit). Example: 256")
+	optWHCommitWorkers = Options.Int("webhooks", "commit_workers", 4, 1, 64,
+		"Transactions committing webhooks at once (database connections used). Example: 4")
+	optWHCallbackTimeout = Options.Duration("webhooks", "callback_timeout", 10*time.Second, time.Second, 5*time.Minute,
+		"How long one callback POST may take. Example: 10s")
+	optWHCallbackAttempts = Options.Int("webhooks", "callback_max_attempts", 12, 1, 1000,
+		"Attempts before a callback is given up (each is recorded). Example: 12")
+	optWHCallbackBackoffMin = Options.Duration("webhooks", "callback_backoff_min", 5*time.Second, 100*time.Millisecond, time.Hour,
+		"Wait after the first failed callback attempt; it doubles after each failure, with jitter. Example: 5s")
+	optWHCallbackBackoffMax = Options.Duration("webhooks", "callback_backoff_max", 10*time.Minute, time.Second, 24*time.Hour,
+		"Longest wait between callback attempts. Example: 10m")
+	optWHCallbackPoll = Options.Duration("webhooks", "callback_poll_interval", time.Second, 10*time.Millisecond, time.Minute,
+		"How often due callbacks are looked for. Example: 1s")
+)
+
+func init() {
+	Options.SectionHelp("webhooks", "The webhook endpoint POST /v1/webhooks/{source} (DESIGN.md §4.2): its listener, group commit, idempotency and callbacks. Sources are [webhook_source:NAME] sections.")
+	Options.Template(webhookSourcePrefix,
+		"One webhook source per section, e.g. [webhook_source:batch-scheduler]; senders POST to /v1/webhooks/batch-scheduler.",
+		conf.Option{Name: "auth", Kind: conf.KindChoice, Default: "hmac", Choices: []string{"hmac", "bearer", "mtls"},
+			Help: "How the source authenticates: hmac (X-Hub-Signature-256 with Idempotency-Key, or Standard Webhooks " +
+				"headers), bearer (Authorization: Bearer), mtls (a client certificate signed by [webhooks] client_ca_file). Example: hmac"},
+		conf.Option{Name: "format", Kind: conf.KindChoice, Default: "native", Choices: []string{"native", "alertmanager"},
+			Help: "Payload format: native (DESIGN.md §4.2) or alertmanager (Alertmanager's webhook_config; needs auth = bearer or mtls). Example: alertmanager"},
+		conf.Option{Name: "secret_files", Kind: conf.KindList,
+			Help: "Files each holding one HMAC secret (not world-readable). List two during a rotation: either verifies, " +
+				"and callbacks carry a signature of each. A secret of the form whsec_<base64> is used as its decoded bytes. " +
+				"Example: /etc/vgpu-bridge/secrets/batch.new,/etc/vgpu-bridge/secrets/batch.old"},
+		conf.Option{Name: "token_files", Kind: conf.KindList,
+			Help: "With auth = bearer: files each holding one accepted token (several during a rotation). " +
+				"Example: /etc/vgpu-bridge/secrets/alertmanager.token"},
+		conf.Option{Name: "allowed_cidrs", Kind: conf.KindList,
+			Help: "Client addresses allowed to send; empty allows any. Example: 10.20.0.0/16,2001:db8::/32"},
+		conf.Option{Name: "trusted_proxies", Kind: conf.KindList,
+			Help: "Proxies whose X-Forwarded-For is believed when finding the client's address; empty believes none. Example: 10.0.0.5/32"},
+		conf.Option{Name: "rate", Kind: conf.KindFloat, Default: "50", Min: 0.001, Max: 1e6, HasRange: true,
+			Help: "Requests per second the source may send (token bucket). Example: 50"},
+		conf.Option{Name: "burst", Kind: conf.KindInt, Default: "100", Min: 1, Max: 1e6, HasRange: true,
+			Help: "Requests the source may send at once above rate. Example: 100"},
+		conf.Option{Name: "client_rate", Kind: conf.KindFloat, Default: "0", Min: 0, Max: 1e6, HasRange: true,
+			Help: "Requests per second each client address may send; 0 means the same as rate. Example: 10"},
+		conf.Option{Name: "client_burst", Kind: conf.KindInt, Default: "0", Min: 0, Max: 1e6, HasRange: true,
+			Help: "Burst of each client address; 0 means the same as burst. Example: 20"},
+		conf.Option{Name: "max_body_bytes", Kind: conf.KindInt, Default: "65536", Min: 256, Max: 64 << 20, HasRange: true,
+			Help: "Largest body accepted, enforced while reading (413 beyond). Example: 1048576"},
+		conf.Option{Name: "callback_hosts", Kind: conf.KindList,
+			Help: "Hosts a callback_url may name (exact names or addresses, or *.domain); empty refuses every callback_url. " +
+				"Nothing else is ever contacted. Example: scheduler.example.org,*.jobs.example.org"},
+		conf.Option{Name: "instance_label", Kind: conf.KindString, Default: "instance_uuid",
+			Help: "With format = alertmanager: the alert label holding the Nova instance UUID; alerts without it are skipped. Example: instance_uuid"},
+		conf.Option{Name: "mtls_subjects", Kind: conf.KindList,
+			Help: "With auth = mtls: client certificate subjects allowed, as a common name or a full subject. Example: CN=batch-scheduler,O=Example"},
+		conf.Option{Name: "mtls_sans", Kind: conf.KindList,
+			Help: "With auth = mtls: subject alternative names allowed (DNS, URI, e-mail or IP). Example: batch.example.org"},
+		conf.Option{Name: "timestamp_tolerance", Kind: conf.KindDuration, Default: "5m", Min: float64(10 * time.Second), Max: float64(time.Hour), HasRange: true,
+			Help: "Standard Webhooks: the largest difference between webhook-timestamp and the bridge's clock. Example: 5m"},
+	)
+	validators = append(validators, validateWebhooks)
+}
+
+func validateWebhooks(v *conf.Values) conf.Errors {
+	var errs conf.Errors
+	if l := optWHListen.Get(v); l != "" {
+		if _, _, err := net.SplitHostPort(l); err != nil {
+			errs = append(errs, &conf.Error{Section: "webhooks", Option: "listen", Value: l, Problem: "not host:port; allowed: e.g. 0.0.0.0:9443"})
+		}
+	}
+	if (optWHTLSCert.Get(v) == "") != (optWHTLSKey.Get(v) == "") {
+		errs = append(errs, &conf.Error{Section: "webhooks", Option: "tls_key_file", Value: optWHTLSKey.Get(v), Problem: "tls_cert_file and tls_key_file go together"})
+	}
+	shared := webhooksShareAPI(v)
+	for _, in := range v.Instances(webhookSourcePrefix) {
+		sec := webhookSourcePrefix + ":" + in.Name
+		bad := func(opt, val, problem string) {
+			errs = append(errs, &conf.Error{Section: sec, Option: opt, Value: val, Problem: problem})
+		}
+		auth := in.String("auth")
+		switch auth {
+		case "hmac":
+			if len(in.List("secret_files")) == 0 {
+				bad("secret_files", "", "is required with auth = hmac; allowed: files holding one secret each")
+			}
+		case "bearer":
+			if len(in.List("token_files")) == 0 {
+				bad("token_files", "", "is required with auth = bearer; allowed: files holding one token each")
+			}
+		case "mtls":
+			if len(in.List("mtls_subjects"))+len(in.List("mtls_sans")) == 0 {
+				bad("mtls_subjects", "", "auth = mtls needs mtls_subjects or mtls_sans")
+			}
+			if optWHClientCA.Get(v) == "" {
+				bad("auth", auth, "auth = mtls needs [webhooks] client_ca_file")
+			}
+			if (shared && optAPITLSCert.Get(v) == "") || (!shared && optWHTLSCert.Get(v) == "") {
+				bad("auth", auth, "auth = mtls needs TLS on the listener that serves webhooks")
+			}
+		}
+		if in.String("format") == "alertmanager" && auth == "hmac" {
+			bad("format", "alertmanager", "Alertmanager cannot sign: use auth = bearer or mtls")
+		}
+		for _, opt := range []string{"allowed_cidrs", "trusted_proxies"} {
+			for _, c := range in.List(opt) {
+				if _, err := parsePrefix(c); err != nil {
+					bad(opt, c, "not an address or CIDR; allowed: e.g. 10.0.0.0/8, 192.0.2.7, 2001:db8::/32")
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// parsePrefix reads a CIDR or a single address.
+func parsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+func webhooksShareAPI(v *conf.Values) bool {
+	l := optWHListen.Get(v)
+	return l == "" || l == optAPIListen.Get(v)
+}
+
+// WebhookSources reads the [webhook_source:NAME] sections and their
+// secret and token files.
+func WebhookSources(v *conf.Values) ([]webhook.Source, error) {
+	var out []webhook.Source
+	for _, in := range v.Instances(webhookSourcePrefix) {
+		sec := "[" + webhookSourcePrefix + ":" + in.Name + "]"
+		s := webhook.Source{
+			Name: in.Name, Auth: webhook.Auth(in.String("auth")), Format: webhook.Format(in.String("format")),
+			Rate: in.Float("rate"), Burst: in.Int("burst"), ClientRate: in.Float("client_rate"), ClientBurst: in.Int("client_burst"),
+			MaxBodyBytes: int64(in.Int("max_body_bytes")), CallbackHosts: in.List("callback_hosts"),
+			InstanceLabel: in.String("instance_label"), MTLSSubjects: in.List("mtls_subjects"), MTLSSANs: in.List("mtls_sans"),
+			TimestampTolerance: in.Duration("timestamp_tolerance"),
+		}
+		for _, f := range in.List("secret_files") {
+			text, err := conf.ReadSecretFile(f)
+			if err != nil {
+				return nil, fmt.Errorf("%s secret_files: %w", sec, err)
+			}
+			k, err := webhook.SecretKey(text)
+			if err != nil {
+				return nil, fmt.Errorf("%s secret_files: %s: %w", sec, f, err)
+			}
+			s.Secrets = append(s.Secrets, k)
+		}
+		for _, f := range in.List("token_files") {
+			t, err := conf.ReadSecretFile(f)
+			if err != nil {
+				return nil, fmt.Errorf("%s token_files: %w", sec, err)
+			}
+			if len(t) < 16 {
+				return nil, fmt.Errorf("%s token_files: %s: a token must be at least 16 characters", sec, f)
+			}
+			s.Tokens = append(s.Tokens, t)
+		}
+		for _, c := range in.List("allowed_cidrs") {
+			p, err := parsePrefix(c)
+			if err != nil {
+				return nil, fmt.Errorf("%s allowed_cidrs: %q: %w", sec, c, err)
+			}
+			s.AllowedCIDRs = append(s.AllowedCIDRs, p)
+		}
+		for _, c := range in.List("trusted_proxies") {
+			p, err := parsePrefix(c)
+			if err != nil {
+				return nil, fmt.Errorf("%s trusted_proxies: %q: %w", sec, c, err)
+			}
+			s.TrustedProxies = append(s.TrustedProxies, p)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// WebhookConfig maps [webhooks] and the sources to webhook.Config (without
+// store, pool, registry and logger).
+func WebhookConfig(v *conf.Values) (webhook.Config, error) {
+	srcs, err := WebhookSources(v)
+	if err != nil {
+		return webhook.Config{}, err
+	}
+	return webhook.Config{
+		Sources:        srcs,
+		PublicURL:      optWHPublicURL.Get(v),
+		IdempotencyTTL: optWHIdempotencyTTL.Get(v),
+		BatchSize:      optWHBatchSize.Get(v),
+		CommitWorkers:  optWHCommitWorkers.Get(v),
+		CommitTimeout:  optWHWriteTimeout.Get(v) * 2 / 3,
+		Callbacks: webhook.CallbackConfig{
+			PollInterval: optWHCallbackPoll.Get(v),
+			Timeout:      optWHCallbackTimeout.Get(v),
+			MaxAttempts:  optWHCallbackAttempts.Get(v),
+			BackoffMin:   optWHCallbackBackoffMin.Get(v),
+			BackoffMax:   optWHCallbackBackoffMax.Get(v),
+		},
+	}, nil
+}
+
+func loadClientCAs(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("[webhooks] client_ca_file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("[webhooks] client_ca_file %s holds no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+// setupWebhooks builds the request store, its routes and the webhook
+// endpoint. Routes go on srv (the operator API), and on a second listener
+// when [webhooks] listen names another address. apiTLS is the API's TLS
+// configuration (nil without TLS); with a shared listener the webhook
+// client CA is added to it before the API starts.
+func setupWebhooks(v *conf.Values, pool *pgxpool.Pool, srv *api.Server, ac api.Config, reg *prometheus.Registry, log *slog.Logger) ([]component, error) {
+	store := requests.NewStore(pool, "vgpu-bridge")
+	wc, err := WebhookConfig(v)
+	if err != nil {
+		return nil, err
+	}
+	wc.Store, wc.Pool, wc.Registerer, wc.Logger = store, pool, reg, log.With("component", "webhooks")
+	ep, err := webhook.New(wc)
+	if err != nil {
+		return nil, fmt.Errorf("webhooks: %w", err)
+	}
+	var cas *x509.CertPool
+	if f := optWHClientCA.Get(v); f != "" {
+		if cas, err = loadClientCAs(f); err != nil {
+			return nil, err
+		}
+	}
+	h := requests.NewHandler(store, ac.Auth, ep, log.With("component", "requests"))
+	h.Register(srv)
+	comps := []component{{name: "webhooks", run: ep.Run}}
+	if webhooksShareAPI(v) {
+		if cas != nil && ac.TLSConfig != nil {
+			// The server holds the same *tls.Config; it is read when the
+			// API starts listening, after this.
+			ac.TLSConfig.ClientCAs = cas
+			ac.TLSConfig.ClientAuth = tls.VerifyClientCertIfGiven
+		}
+		ep.Register(srv)
+		return comps, nil
+	}
+	wcfg := api.Config{
+		Listen:            optWHListen.Get(v),
+		ReadHeaderTimeout: optWHReadHeaderTimeout.Get(v),
+		ReadTimeout:       optWHReadTimeout.Get(v),
+		WriteTimeout:      optWHWriteTimeout.Get(v),
+		IdleTimeout:       optWHIdleTimeout.Get(v),
+		MaxHeaderBytes:    optWHMaxHeaderBytes.Get(v),
+		ShutdownGrace:     optShutdownTimeout.Get(v),
+		Auth:              ac.Auth,
+		// Its own registry: the listener's HTTP histogram would collide
+		// with the API's; the webhook metrics themselves are on reg.
+		Registry: prometheus.NewRegistry(),
+		Logger:   log.With("component", "webhook-listener"),
+		Version:  Version,
+	}
+	if cert := optWHTLSCert.Get(v); cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, optWHTLSKey.Get(v))
+		if err != nil {
+			return nil, fmt.Errorf("[webhooks] tls_cert_file: %w", err)
+		}
+		wcfg.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}
+		if cas != nil {
+			wcfg.TLSConfig.ClientCAs = cas
+			wcfg.TLSConfig.ClientAuth = tls.VerifyClientCertIfGiven
+		}
+	}
+	wsrv := api.New(wcfg)
+	wsrv.AddCheck("database", func(ctx context.Context) error { return pool.Ping(ctx) })
+	ep.Register(wsrv)
+	h.RegisterStatus(wsrv)
+	wsrv.Describe(requests.StatusFragment())
+	comps = append(comps, component{name: "webhook-listener", run: wsrv.Run})
+	return comps, nil
+}

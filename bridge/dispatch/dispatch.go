@@ -1,0 +1,428 @@
+// Package dispatch connects the bridge to its agents over RabbitMQ
+// (DESIGN.md §4.4). The outbox relay publishes the commands rows the
+// pipeline wrote, with publisher confirms, to exchange "vgpu" with routing
+// key agent.<host>, and marks them sent; the commands of one request go
+// out in order, each once its predecessor succeeded. Results (queue
+// vgpu.bridge.results, bound result.#) go to a ResultHandler (the
+// pipeline); reports (vgpu.bridge.reports, bound report.#) update the hosts
+// and gpus tables: the host ↔ Placement node mapping and the last report
+// time that keeps stale hosts out of placement.
+//
+// Every replica runs a relay and both consumers: rows are taken with FOR
+// UPDATE SKIP LOCKED, so each command is published by one replica, and
+// RabbitMQ hands each result and report to one consumer.
+package dispatch
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
+)
+
+// Config configures a Dispatcher; zero fields take DefaultConfig's values.
+type Config struct {
+	// URLs are the brokers' amqp:// URLs, tried in order.
+	URLs []string
+	// TLS is used for amqps:// URLs.
+	TLS *tls.Config
+	// Exchange is the bridge↔agent topic exchange ("vgpu").
+	Exchange string
+	// ResultsQueue and ReportsQueue are the bridge's durable queues,
+	// shared by every replica.
+	ResultsQueue, ReportsQueue string
+	// ResultsBindings and ReportsBindings are their routing keys
+	// (result.#, report.#: host names contain dots).
+	ResultsBindings, ReportsBindings []string
+	// QuorumQueues declares the bridge's queues as quorum queues.
+	QuorumQueues bool
+	// DeclareAgentQueues declares vgpu.agent.<host> (as the agent does)
+	// before the first command to a host, so commands wait for an agent
+	// that is not up yet instead of being dropped as unroutable.
+	DeclareAgentQueues bool
+	// RelayInterval is how often the outbox is polled when nothing woke
+	// the relay.
+	RelayInterval time.Duration
+	// RelayBatch is the most commands one relay round publishes.
+	RelayBatch int
+	// ConfirmTimeout bounds the wait for the broker's confirms.
+	ConfirmTimeout time.Duration
+	// Prefetch is the consumers' QoS.
+	Prefetch int
+	// ReconnectMin and ReconnectMax bound the reconnect backoff.
+	ReconnectMin, ReconnectMax time.Duration
+	// ConnectionName is shown in RabbitMQ's management UI.
+	ConnectionName string
+	// Replica names this process in logs and the audit.
+	Replica string
+}
+
+// DefaultConfig returns the defaults of the [dispatch] options.
+func DefaultConfig() Config {
+	return Config{
+		Exchange:           protocol.Exchange,
+		ResultsQueue:       protocol.ResultsQueue,
+		ReportsQueue:       protocol.ReportsQueue,
+		ResultsBindings:    []string{protocol.ResultsBind},
+		ReportsBindings:    []string{protocol.ReportsBind},
+		DeclareAgentQueues: true,
+		RelayInterval:      200 * time.Millisecond,
+		RelayBatch:         100,
+		ConfirmTimeout:     10 * time.Second,
+		Prefetch:           50,
+		ReconnectMin:       500 * time.Millisecond,
+		ReconnectMax:       30 * time.Second,
+		ConnectionName:     "vgpu-bridge dispatch",
+	}
+}
+
+func (c *Config) setDefaults() {
+	d := DefaultConfig()
+	if c.Exchange == "" {
+		c.Exchange = d.Exchange
+	}
+	if c.ResultsQueue == "" {
+		c.ResultsQueue = d.ResultsQueue
+	}
+	if c.ReportsQueue == "" {
+		c.ReportsQueue = d.ReportsQueue
+	}
+	if len(c.ResultsBindings) == 0 {
+		c.ResultsBindings = d.ResultsBindings
+	}
+	if len(c.ReportsBindings) == 0 {
+		c.ReportsBindings = d.ReportsBindings
+	}
+	if c.RelayInterval <= 0 {
+		c.RelayInterval = d.RelayInterval
+	}
+	if c.RelayBatch <= 0 {
+		c.RelayBatch = d.RelayBatch
+	}
+	if c.ConfirmTimeout <= 0 {
+		c.ConfirmTimeout = d.ConfirmTimeout
+	}
+	if c.Prefetch <= 0 {
+		c.Prefetch = d.Prefetch
+	}
+	if c.ReconnectMin <= 0 {
+		c.ReconnectMin = d.ReconnectMin
+	}
+	if c.ReconnectMax <= 0 {
+		c.ReconnectMax = d.ReconnectMax
+	}
+	if c.ConnectionName == "" {
+		c.ConnectionName = d.ConnectionName
+	}
+	if c.Replica == "" {
+		c.Replica, _ = os.Hostname()
+	}
+}
+
+// Validate reports impossible settings.
+func (c *Config) Validate() error {
+	var errs []error
+	if len(c.URLs) == 0 {
+		errs = append(errs, errors.New("no broker URL"))
+	}
+	if c.ResultsQueue == c.ReportsQueue {
+		errs = append(errs, fmt.Errorf("results and reports share the queue %q", c.ResultsQueue))
+	}
+	if c.ReconnectMax < c.ReconnectMin {
+		errs = append(errs, fmt.Errorf("reconnect max %v below min %v", c.ReconnectMax, c.ReconnectMin))
+	}
+	return errors.Join(errs...)
+}
+
+// ResultHandler takes agents' results (the pipeline). An error leaves the
+// result in the queue for a later attempt.
+type ResultHandler interface {
+	HandleResult(ctx context.Context, r protocol.Result) error
+}
+
+// CatalogObserver learns vGPU types from reports (catalog.Catalog).
+type CatalogObserver interface {
+	Observe(typeID, name string, maxInstances int) (catalog.Profile, error)
+}
+
+// Deps are the dispatcher's collaborators.
+type Deps struct {
+	Pool     *pgxpool.Pool
+	Requests *requests.Store
+	Results  ResultHandler
+	Catalog  CatalogObserver // may be nil
+	// Phase names a request's phase while a command kind runs (the
+	// pipeline's PhaseOf); nil: the kind itself.
+	Phase    func(protocol.Kind) string
+	Log      *slog.Logger
+	Registry prometheus.Registerer // may be nil
+}
+
+// Log attribute keys.
+const (
+	LogCommand = "command_id"
+	LogHost    = "host"
+	LogQueue   = "queue"
+	LogError   = "err"
+)
+
+// Dispatcher is the relay and the consumers.
+type Dispatcher struct {
+	cfg  Config
+	d    Deps
+	log  *slog.Logger
+	kick chan struct{}
+	m    *metrics
+}
+
+// New builds a dispatcher.
+func New(cfg Config, d Deps) (*Dispatcher, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Pool == nil || d.Results == nil {
+		return nil, errors.New("dispatch: pool and result handler are required")
+	}
+	if d.Requests == nil {
+		d.Requests = requests.NewStore(d.Pool, "vgpu-bridge")
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Phase == nil {
+		d.Phase = func(k protocol.Kind) string { return string(k) }
+	}
+	return &Dispatcher{cfg: cfg, d: d, log: d.Log, kick: make(chan struct{}, 1), m: newMetrics(d.Registry)}, nil
+}
+
+// Kick wakes the relay: new commands are in the outbox.
+func (x *Dispatcher) Kick() {
+	select {
+	case x.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run connects, declares the topology, relays and consumes until ctx
+// ends, reconnecting with capped exponential backoff.
+func (x *Dispatcher) Run(ctx context.Context) error {
+	wait := x.cfg.ReconnectMin
+	attempt := 0
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := x.session(ctx, attempt)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(start) > time.Minute {
+			wait, attempt = x.cfg.ReconnectMin, 0
+		}
+		x.m.reconnects.Inc()
+		x.log.Warn("dispatch: broker session ended; reconnecting", LogError, err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait/2 + rand.N(wait/2+1)):
+		}
+		wait = min(wait*2, x.cfg.ReconnectMax)
+		attempt++
+	}
+	return nil
+}
+
+func (x *Dispatcher) dial(attempt int) (*amqp.Connection, error) {
+	var errs []error
+	n := len(x.cfg.URLs)
+	for i := range n {
+		u := x.cfg.URLs[(attempt+i)%n]
+		conn, err := amqp.DialConfig(u, amqp.Config{TLSClientConfig: x.cfg.TLS, Heartbeat: 10 * time.Second,
+			Properties: amqp.Table{"connection_name": x.cfg.ConnectionName + " " + x.cfg.Replica}})
+		if err == nil {
+			return conn, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+// Declare declares the exchange and the bridge's two queues with their
+// bindings on ch.
+func Declare(ch *amqp.Channel, cfg Config) error {
+	cfg.setDefaults()
+	if err := ch.ExchangeDeclare(cfg.Exchange, "topic", true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", cfg.Exchange, err)
+	}
+	var args amqp.Table
+	if cfg.QuorumQueues {
+		args = amqp.Table{"x-queue-type": "quorum"}
+	}
+	for q, keys := range map[string][]string{cfg.ResultsQueue: cfg.ResultsBindings, cfg.ReportsQueue: cfg.ReportsBindings} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
+			return fmt.Errorf("declare queue %s: %w", q, err)
+		}
+		for _, k := range keys {
+			if err := ch.QueueBind(q, k, cfg.Exchange, false, nil); err != nil {
+				return fmt.Errorf("bind queue %s to %s: %w", q, k, err)
+			}
+		}
+	}
+	return nil
+}
+
+// session is one connection's life: a confirm-mode channel for the relay
+// and one channel per consumer.
+func (x *Dispatcher) session(ctx context.Context, attempt int) error {
+	conn, err := x.dial(attempt)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := Declare(ch, x.cfg); err != nil {
+		return err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("confirm mode: %w", err)
+	}
+	rch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	pch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	results, err := consume(rch, x.cfg.ResultsQueue, x.cfg.Prefetch, x.cfg.ConnectionName+" results "+x.cfg.Replica)
+	if err != nil {
+		return err
+	}
+	reports, err := consume(pch, x.cfg.ReportsQueue, x.cfg.Prefetch, x.cfg.ConnectionName+" reports "+x.cfg.Replica)
+	if err != nil {
+		return err
+	}
+	x.log.Info("dispatch: connected", LogQueue, x.cfg.ResultsQueue+","+x.cfg.ReportsQueue)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	go func() { errc <- x.relayLoop(sctx, ch) }()
+	go func() { errc <- x.consumeLoop(sctx, results, x.handleResult) }()
+	go func() { errc <- x.consumeLoop(sctx, reports, x.handleReport) }()
+	var end error
+	select {
+	case <-ctx.Done():
+	case e := <-closed:
+		if e != nil {
+			end = e
+		} else {
+			end = errors.New("connection closed")
+		}
+	case end = <-errc:
+	}
+	cancel()
+	conn.Close()
+	return end
+}
+
+func consume(ch *amqp.Channel, queue string, prefetch int, tag string) (<-chan amqp.Delivery, error) {
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return nil, err
+	}
+	d, err := ch.Consume(queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", queue, err)
+	}
+	return d, nil
+}
+
+// consumeLoop hands each delivery to h: acked when h succeeds or the
+// message is broken for good, requeued after a pause when h fails.
+func (x *Dispatcher) consumeLoop(ctx context.Context, ds <-chan amqp.Delivery, h func(context.Context, amqp.Delivery) (retry bool, err error)) error {
+	pause := 100 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-ds:
+			if !ok {
+				return errors.New("consumer channel closed")
+			}
+			retry, err := h(ctx, d)
+			if err != nil && retry {
+				x.log.Warn("dispatch: message not handled; requeued", LogError, err, "routing_key", d.RoutingKey)
+				select {
+				case <-ctx.Done():
+				case <-time.After(pause):
+				}
+				pause = min(pause*2, 10*time.Second)
+				if err := d.Nack(false, true); err != nil {
+					return err
+				}
+				continue
+			}
+			pause = 100 * time.Millisecond
+			if err != nil {
+				x.log.Warn("dispatch: broken message dropped", LogError, err, "routing_key", d.RoutingKey)
+			}
+			if err := d.Ack(false); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (x *Dispatcher) handleResult(ctx context.Context, d amqp.Delivery) (bool, error) {
+	r, err := protocol.DecodeResult(d.Body)
+	if err != nil {
+		x.m.broken.WithLabelValues("result").Inc()
+		x.deadLetter(ctx, "agent-result", err, d)
+		return false, err
+	}
+	if err := x.d.Results.HandleResult(ctx, r); err != nil {
+		return true, err
+	}
+	x.Kick()
+	return false, nil
+}
+
+func (x *Dispatcher) handleReport(ctx context.Context, d amqp.Delivery) (bool, error) {
+	r, err := protocol.DecodeReport(d.Body)
+	if err != nil {
+		x.m.broken.WithLabelValues("report").Inc()
+		x.deadLetter(ctx, "agent-report", err, d)
+		return false, err
+	}
+	if err := x.HandleReport(ctx, r); err != nil {
+		return true, err
+	}
+	return false, nil
+}
+
+// deadLetter keeps a message that can never be handled.
+func (x *Dispatcher) deadLetter(ctx context.Context, source string, why error, d amqp.Delivery) {
+	raw := d.Body
+	trunc := false
+	if len(raw) > 64<<10 {
+		raw, trunc = raw[:64<<10], true
+	}
+	if _, err := x.d.Pool.Exec(ctx, `INSERT INTO dead_letters (source, reason, detail, raw, raw_truncated) VALUES ($1, 'invalid', $2, $3, $4)`,
+		source, why.Error(), raw, trunc); err != nil {
+		x.log.Warn("dispatch: cannot keep a dead letter", LogError, err)
+	}
+}

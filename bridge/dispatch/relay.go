@@ -1,0 +1,190 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+)
+
+// queueGrace keeps a command in its agent's queue a little past its
+// expiry (clock skew); after that RabbitMQ drops it.
+const queueGrace = time.Minute
+
+func (x *Dispatcher) relayLoop(ctx context.Context, ch *amqp.Channel) error {
+	declared := map[string]bool{}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-x.kick:
+		}
+		n, err := x.relayOnce(ctx, ch, declared)
+		if err != nil {
+			if ch.IsClosed() {
+				return err
+			}
+			if ctx.Err() == nil {
+				x.log.Warn("dispatch: relay round failed", LogError, err)
+			}
+		}
+		next := x.cfg.RelayInterval
+		if n >= x.cfg.RelayBatch {
+			next = 0
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+type outRow struct {
+	id       uuid.UUID
+	host     string
+	kind     string
+	body     []byte
+	expires  *time.Time
+	request  *uuid.UUID
+	purpose  string
+	deferred *amqp.DeferredConfirmation
+	err      error
+}
+
+// relayOnce publishes one batch of due commands and marks those the broker
+// confirmed as sent, in one transaction holding their rows (SKIP LOCKED:
+// another replica takes other rows). It returns how many it sent.
+func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared map[string]bool) (int, error) {
+	// Expired before they could go out: the request's deadline handles it.
+	if tag, err := x.d.Pool.Exec(ctx, `UPDATE commands SET result_status = 'expired', finished_at = now(), last_error = 'expired before it was published'
+		WHERE sent_at IS NULL AND finished_at IS NULL AND expires_at < now()`); err != nil {
+		return 0, err
+	} else if tag.RowsAffected() > 0 {
+		x.m.expired.Add(float64(tag.RowsAffected()))
+	}
+	sent := 0
+	err := pgx.BeginFunc(ctx, x.d.Pool, func(tx pgx.Tx) error {
+		sent = 0
+		rows, err := tx.Query(ctx, `SELECT c.id, c.host, c.kind, c.body, c.expires_at, c.request_id, c.purpose FROM commands c
+			WHERE c.sent_at IS NULL AND c.finished_at IS NULL
+			  AND NOT EXISTS (SELECT 1 FROM commands q WHERE q.request_id = c.request_id AND q.purpose = c.purpose AND q.seq < c.seq
+			        AND (q.finished_at IS NULL OR (c.purpose = 'action' AND q.result_status IS DISTINCT FROM 'succeeded')))
+			ORDER BY c.created_at, c.seq LIMIT $1 FOR UPDATE OF c SKIP LOCKED`, x.cfg.RelayBatch)
+		if err != nil {
+			return fmt.Errorf("read outbox: %w", err)
+		}
+		var out []*outRow
+		for rows.Next() {
+			r := &outRow{}
+			if err := rows.Scan(&r.id, &r.host, &r.kind, &r.body, &r.expires, &r.request, &r.purpose); err != nil {
+				rows.Close()
+				return err
+			}
+			out = append(out, r)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(out) == 0 {
+			return err
+		}
+		pctx, cancel := context.WithTimeout(ctx, x.cfg.ConfirmTimeout)
+		defer cancel()
+		for _, r := range out {
+			if x.cfg.DeclareAgentQueues && !declared[r.host] {
+				if err := declareAgentQueue(ch, x.cfg.Exchange, r.host); err != nil {
+					return err // the channel is gone after a failed declare
+				}
+				declared[r.host] = true
+			}
+			pub := amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: r.id.String(),
+				Timestamp: time.Now(), Type: r.kind, Body: r.body}
+			if r.expires != nil {
+				ttl := time.Until(*r.expires) + queueGrace
+				pub.Expiration = strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)
+			}
+			r.deferred, r.err = ch.PublishWithDeferredConfirmWithContext(pctx, x.cfg.Exchange, protocol.CommandRoutingKey(r.host), false, false, pub)
+		}
+		var ok []*outRow
+		for _, r := range out {
+			if r.err == nil && r.deferred != nil {
+				acked, err := r.deferred.WaitContext(pctx)
+				switch {
+				case err != nil:
+					r.err = fmt.Errorf("no confirm: %w", err)
+				case !acked:
+					r.err = errors.New("the broker refused the message (nack)")
+				}
+			}
+			if r.err != nil {
+				x.m.published.WithLabelValues("failed").Inc()
+				if _, err := tx.Exec(ctx, `UPDATE commands SET publish_attempts = publish_attempts + 1, last_error = $2 WHERE id = $1`,
+					r.id, r.err.Error()); err != nil {
+					return err
+				}
+				continue
+			}
+			ok = append(ok, r)
+		}
+		for _, r := range ok {
+			if _, err := tx.Exec(ctx, `UPDATE commands SET sent_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL WHERE id = $1`, r.id); err != nil {
+				return err
+			}
+			x.m.published.WithLabelValues("sent").Inc()
+		}
+		sent = len(ok)
+		return x.markDispatched(ctx, tx, ok)
+	})
+	return sent, err
+}
+
+// markDispatched moves the requests whose first command went out from
+// decided to dispatched.
+func (x *Dispatcher) markDispatched(ctx context.Context, tx pgx.Tx, sent []*outRow) error {
+	seen := map[uuid.UUID]bool{}
+	for _, r := range sent {
+		if r.request == nil || r.purpose != "action" || seen[*r.request] {
+			continue
+		}
+		seen[*r.request] = true
+		var st string
+		err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, *r.request).Scan(&st)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if requests.State(st) != requests.Decided {
+			continue
+		}
+		if _, err := x.d.Requests.Transition(ctx, tx, *r.request, requests.Dispatched, x.d.Phase(protocol.Kind(r.kind)), "", ""); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// declareAgentQueue declares vgpu.agent.<host> exactly as the agent does.
+func declareAgentQueue(ch *amqp.Channel, exchange, host string) error {
+	q := protocol.AgentQueue(host)
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare queue %s: %w", q, err)
+	}
+	if err := ch.QueueBind(q, protocol.CommandRoutingKey(host), exchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %s: %w", q, err)
+	}
+	return nil
+}

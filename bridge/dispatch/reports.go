@@ -1,0 +1,102 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+)
+
+// HandleReport keeps an agent's report: the hosts row (node name = the
+// Placement root provider, versions, last report time, the report), the
+// gpus rows of that node learn their compute host, and the profile
+// catalog learns the reported vGPU types.
+func (x *Dispatcher) HandleReport(ctx context.Context, r protocol.Report) error {
+	body, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	var errs []byte
+	if len(r.Errors) > 0 {
+		errs, _ = json.Marshal(r.Errors)
+	}
+	node := r.Node
+	if node == "" {
+		node = r.Host
+	}
+	var pcis []string
+	for _, g := range r.GPUs {
+		pcis = append(pcis, g.PCI)
+	}
+	err = pgx.BeginFunc(ctx, x.d.Pool, func(tx pgx.Tx) error {
+		// A report older than the one kept (same agent run, lower seq)
+		// only refreshes the report time.
+		if _, err := tx.Exec(ctx, `INSERT INTO hosts AS h (name, node, agent_version, driver_version, last_report_at, report, report_seq, report_errors)
+			VALUES ($1, $2, $3, nullif($4,''), now(), $5, $6, $7)
+			ON CONFLICT (name) DO UPDATE SET last_report_at = now(), updated_at = now(),
+				node = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.node ELSE h.node END,
+				agent_version = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.agent_version ELSE h.agent_version END,
+				driver_version = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.driver_version ELSE h.driver_version END,
+				report = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.report ELSE h.report END,
+				report_errors = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.report_errors ELSE h.report_errors END,
+				report_seq = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.report_seq ELSE h.report_seq END`,
+			r.Host, node, r.AgentVersion, r.DriverVersion, body, int64(r.Seq), errs); err != nil {
+			return fmt.Errorf("keep report of %s: %w", r.Host, err)
+		}
+		if len(pcis) > 0 {
+			if _, err := tx.Exec(ctx, `UPDATE gpus SET host = $1, updated_at = now()
+				WHERE node = $2 AND pci_address = ANY($3) AND host IS DISTINCT FROM $1`, r.Host, node, pcis); err != nil {
+				return fmt.Errorf("map gpus of %s: %w", r.Host, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	x.m.reports.Inc()
+	if x.d.Catalog != nil {
+		for _, g := range r.GPUs {
+			for _, t := range g.Types {
+				if t.ID == "" || t.Name == "" {
+					continue
+				}
+				if _, err := x.d.Catalog.Observe(t.ID, t.Name, t.MaxInstances); err != nil {
+					x.log.Debug("dispatch: reported vGPU type not in the catalog", LogHost, r.Host, "type", t.ID, "name", t.Name, LogError, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+type metrics struct {
+	published  *prometheus.CounterVec
+	expired    prometheus.Counter
+	reports    prometheus.Counter
+	broken     *prometheus.CounterVec
+	reconnects prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_dispatch_commands_published_total",
+			Help: "Commands published to agents: sent (confirmed by the broker) or failed (retried)."}, []string{"outcome"}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpu_bridge_dispatch_commands_expired_total",
+			Help: "Commands that expired before they could be published."}),
+		reports: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpu_bridge_dispatch_reports_total",
+			Help: "Agent reports kept."}),
+		broken: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_dispatch_invalid_messages_total",
+			Help: "Results and reports that could not be decoded (kept in dead_letters)."}, []string{"type"}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpu_bridge_dispatch_reconnects_total",
+			Help: "Broker sessions that ended and were retried."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.published, m.expired, m.reports, m.broken, m.reconnects)
+	}
+	return m
+}

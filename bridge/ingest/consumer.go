@@ -1,0 +1,508 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
+)
+
+// Log attribute keys.
+const (
+	LogKeyBroker    = "broker"
+	LogKeyQueue     = "queue"
+	LogKeyErr       = "err"
+	LogKeyBackoff   = "backoff"
+	LogKeyReason    = "reason"
+	LogKeyMessageID = "message_id"
+	LogKeySilence   = "silent_for"
+	LogKeyBatch     = "batch"
+)
+
+// Consumer consumes Nova's notifications into Postgres.
+type Consumer struct {
+	cfg  Config
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	m    *metrics
+
+	started   time.Time
+	lastMsg   atomic.Int64 // unix nanoseconds of the last delivery; 0: none yet
+	connected atomic.Bool
+	sessions  atomic.Int64
+}
+
+// New returns a Consumer. reg may be nil (no metrics exported).
+func New(cfg Config, pool *pgxpool.Pool, reg prometheus.Registerer, log *slog.Logger) (*Consumer, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("notifications: %w", err)
+	}
+	if pool == nil {
+		return nil, errors.New("notifications: no database pool")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	c := &Consumer{cfg: cfg, pool: pool, log: log, started: time.Now()}
+	c.m = newMetrics(reg, c.sinceLast, func() float64 {
+		if c.connected.Load() {
+			return 1
+		}
+		return 0
+	})
+	return c, nil
+}
+
+// Connected reports whether a consuming session is up.
+func (c *Consumer) Connected() bool { return c.connected.Load() }
+
+// Sessions counts the consuming sessions started so far (1 + reconnects).
+func (c *Consumer) Sessions() int64 { return c.sessions.Load() }
+
+func (c *Consumer) sinceLast() float64 {
+	t := c.lastMsg.Load()
+	if t == 0 {
+		return time.Since(c.started).Seconds()
+	}
+	return time.Since(time.Unix(0, t)).Seconds()
+}
+
+// Run consumes until ctx ends, reconnecting with capped exponential backoff
+// and jitter on any connection, channel or consumer loss. It returns nil
+// when ctx ends.
+func (c *Consumer) Run(ctx context.Context) error {
+	go c.watchSilence(ctx)
+	attempt := 0
+	var lastErr string
+	for broker := 0; ; broker = (broker + 1) % len(c.cfg.URLs) {
+		start := time.Now()
+		delivered, err := c.session(ctx, c.cfg.URLs[broker])
+		c.connected.Store(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if delivered || time.Since(start) > c.cfg.ReconnectMax {
+			attempt = 0
+		}
+		d := backoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax, attempt)
+		attempt++
+		c.m.reconnects.Inc()
+		lvl := slog.LevelWarn
+		if es := err.Error(); es != lastErr {
+			lastErr = es
+			lvl = slog.LevelError
+		}
+		c.log.Log(ctx, lvl, "notification consumer stopped; reconnecting",
+			LogKeyBroker, redactURL(c.cfg.URLs[broker]), LogKeyErr, err, LogKeyBackoff, d)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(d):
+		}
+	}
+}
+
+// backoff is min·2^attempt capped at max, with full jitter over its upper half.
+func backoff(min, max time.Duration, attempt int) time.Duration {
+	d := min
+	for i := 0; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	half := d / 2
+	return half + time.Duration(rand.Int64N(int64(half)+1))
+}
+
+// session runs one connection: dial, declare, consume, commit, ack.
+// delivered tells whether any batch was committed.
+func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
+	conn, err := c.dial(u)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	ch, err := c.declare(conn)
+	if err != nil {
+		return false, err
+	}
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return false, fmt.Errorf("qos: %w", err)
+	}
+	tag := fmt.Sprintf("vgpu-bridge-%d", rand.Int64())
+	deliveries, err := ch.Consume(c.cfg.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return false, fmt.Errorf("consume %s: %w", c.cfg.Queue, err)
+	}
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	cancelled := ch.NotifyCancel(make(chan string, 1))
+	c.connected.Store(true)
+	c.sessions.Add(1)
+	c.log.Info("consuming Nova notifications", LogKeyBroker, redactURL(u), LogKeyQueue, c.cfg.Queue,
+		"exchange", c.cfg.Exchange, "binding_keys", c.cfg.BindingKeys)
+
+	// Stages: this loop decodes deliveries into batches; Committers
+	// goroutines commit batches concurrently; one acker acks, in delivery
+	// order, the last tag of the longest run of committed batches
+	// (multiple=true), so nothing is acked before it is committed.
+	var committed atomic.Bool
+	type seqBatch struct {
+		seq   uint64
+		items []*item
+	}
+	type doneBatch struct{ seq, tag uint64 }
+	work := make(chan seqBatch, c.cfg.Committers)
+	acks := make(chan doneBatch, 2*c.cfg.Committers)
+	errc := make(chan error, c.cfg.Committers+1)
+	report := func(err error) {
+		select {
+		case errc <- err:
+		default:
+		}
+	}
+	commitCtx, abortCommit := context.WithCancel(context.WithoutCancel(ctx))
+	defer abortCommit()
+	var committers sync.WaitGroup
+	for i := 0; i < c.cfg.Committers; i++ {
+		committers.Add(1)
+		go func() {
+			defer committers.Done()
+			for b := range work {
+				if err := c.commit(commitCtx, b.items); err != nil {
+					report(err)
+					abortCommit() // the others stop too: their batches are redelivered
+					return
+				}
+				acks <- doneBatch{b.seq, b.items[len(b.items)-1].tag}
+			}
+		}()
+	}
+	ackerDone := make(chan struct{})
+	go func() {
+		defer close(ackerDone)
+		next, done := uint64(1), map[uint64]uint64{}
+		failed := false
+		for d := range acks {
+			done[d.seq] = d.tag
+			var last uint64
+			for t, ok := done[next]; ok; t, ok = done[next] {
+				delete(done, next)
+				last = t
+				next++
+			}
+			if last == 0 || failed {
+				continue
+			}
+			if err := ch.Ack(last, true); err != nil {
+				report(fmt.Errorf("ack after commit (the broker will redeliver; duplicates are ignored): %w", err))
+				failed = true
+				continue
+			}
+			committed.Store(true)
+		}
+	}()
+	// finish lets the committers end their work: within grace on a clean
+	// shutdown, at once when the session failed (unacked messages are
+	// redelivered and deduplicated).
+	finish := func(grace time.Duration) {
+		close(work)
+		all := make(chan struct{})
+		go func() { committers.Wait(); close(acks); <-ackerDone; close(all) }()
+		select {
+		case <-all:
+		case <-time.After(grace):
+			abortCommit()
+			<-all
+		}
+	}
+	var seq uint64
+
+	batch := make([]*item, 0, c.cfg.BatchSize)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	// flush hands the batch to the committer, unless stop fires first.
+	flush := func(stop <-chan struct{}) error {
+		if len(batch) == 0 {
+			return nil
+		}
+		select {
+		case work <- seqBatch{seq + 1, batch}:
+			seq++
+		case err := <-errc:
+			return err
+		case <-stop:
+			return errStopped
+		}
+		batch = make([]*item, 0, c.cfg.BatchSize)
+		return nil
+	}
+	// shutdown finishes the in-flight batches within ShutdownGrace; what is
+	// not acked is requeued by the broker when the channel closes.
+	shutdown := func() (bool, error) {
+		deadline := time.Now().Add(c.cfg.ShutdownGrace)
+		sctx, cancel := context.WithDeadline(context.Background(), deadline)
+		defer cancel()
+		err := flush(sctx.Done())
+		if err == nil {
+			finish(time.Until(deadline))
+			select {
+			case err = <-errc:
+			default:
+			}
+		} else {
+			finish(0)
+		}
+		if err != nil {
+			c.log.Warn("in-flight batch not committed on shutdown; the broker requeues it", LogKeyErr, err)
+		}
+		_ = ch.Cancel(tag, false)
+		return committed.Load(), ctx.Err()
+	}
+	fail := func(err error) (bool, error) {
+		finish(0)
+		return committed.Load(), err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return shutdown()
+		case err := <-errc:
+			return fail(err)
+		case e := <-connClosed:
+			return fail(fmt.Errorf("connection closed: %w", amqpErr(e)))
+		case e := <-chClosed:
+			return fail(fmt.Errorf("channel closed: %w", amqpErr(e)))
+		case q := <-cancelled:
+			return fail(fmt.Errorf("broker cancelled consumer %s (queue %s deleted or node down)", q, c.cfg.Queue))
+		case d, ok := <-deliveries:
+			if !ok {
+				return fail(errors.New("delivery channel closed"))
+			}
+			if len(batch) == 0 {
+				timer.Reset(c.cfg.FlushInterval)
+			}
+			batch = append(batch, c.decode(&d))
+			if len(batch) >= c.cfg.BatchSize {
+				timer.Stop()
+				if err := flush(ctx.Done()); err == errStopped {
+					return shutdown()
+				} else if err != nil {
+					return fail(err)
+				}
+			}
+		case <-timer.C:
+			if err := flush(ctx.Done()); err == errStopped {
+				return shutdown()
+			} else if err != nil {
+				return fail(err)
+			}
+		}
+	}
+}
+
+var errStopped = errors.New("stopped")
+
+func (c *Consumer) dial(u string) (*amqp.Connection, error) {
+	conn, err := amqp.DialConfig(u, amqp.Config{
+		TLSClientConfig: c.cfg.TLS,
+		Heartbeat:       10 * time.Second,
+		Locale:          "en_US",
+		Properties:      amqp.Table{"connection_name": c.cfg.ConnectionName, "product": "vgpu-bridge"},
+		Dial:            amqp.DefaultDial(10 * time.Second),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", redactURL(u), err)
+	}
+	return conn, nil
+}
+
+func amqpErr(e *amqp.Error) error {
+	if e == nil {
+		return errors.New("closed normally")
+	}
+	return e
+}
+
+// commit applies a batch, retrying database errors with backoff until ctx
+// ends. A batch Postgres refuses as data is applied one by one, and the
+// messages it refuses become dead letters.
+func (c *Consumer) commit(ctx context.Context, batch []*item) error {
+	for attempt := 0; ; attempt++ {
+		start := time.Now()
+		res, err := c.applyBatch(ctx, batch)
+		if err == nil {
+			c.m.observe(res, time.Since(start))
+			return nil
+		}
+		if isDataError(err) {
+			return c.commitOneByOne(ctx, batch)
+		}
+		if isConflict(err) && attempt < 10 {
+			c.m.commitErrors.Inc()
+			continue // a deadlock with a concurrent batch: retry at once
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		d := backoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax, attempt)
+		c.m.commitErrors.Inc()
+		c.log.Error("batch commit failed; retrying", LogKeyErr, err, LogKeyBatch, len(batch), LogKeyBackoff, d)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(d):
+		}
+	}
+}
+
+func (c *Consumer) commitOneByOne(ctx context.Context, batch []*item) error {
+	for _, it := range batch {
+		start := time.Now()
+		res, err := c.applyBatch(ctx, []*item{it})
+		if err != nil && isDataError(err) && it.ev != nil {
+			c.log.Warn("message refused by the database; dead-lettered", LogKeyMessageID, it.ev.Message.MessageID, LogKeyErr, err)
+			raw, _ := json.Marshal(map[string]any{"message_id": it.ev.Message.MessageID, "event_type": it.ev.Message.EventType})
+			*it = item{tag: it.tag, reason: ReasonSchema, detail: "database refused it: " + err.Error(), raw: raw, msgID: it.ev.Message.MessageID}
+			res, err = c.applyBatch(ctx, []*item{it})
+		}
+		if err != nil {
+			return c.commit(ctx, []*item{it})
+		}
+		c.m.observe(res, time.Since(start))
+	}
+	return nil
+}
+
+// decode turns a delivery into an event or a dead letter.
+func (c *Consumer) decode(d *amqp.Delivery) *item {
+	c.lastMsg.Store(time.Now().UnixNano())
+	c.m.received.Inc()
+	it := &item{tag: d.DeliveryTag}
+	dead := func(reason, detail string) *item {
+		it.reason, it.detail = reason, detail
+		it.raw = d.Body
+		if len(it.raw) > c.cfg.DeadLetterMaxBytes {
+			it.raw, it.truncated = it.raw[:c.cfg.DeadLetterMaxBytes], true
+		}
+		it.raw = redactTokens(append([]byte(nil), it.raw...))
+		it.headers, _ = json.Marshal(map[string]any{
+			"exchange": d.Exchange, "routing_key": d.RoutingKey, "redelivered": d.Redelivered,
+			"content_type": d.ContentType, "size": len(d.Body),
+		})
+		c.log.Warn("dead letter", LogKeyReason, reason, "detail", detail, "routing_key", d.RoutingKey)
+		return it
+	}
+	if len(d.Body) > c.cfg.MaxMessageBytes {
+		return dead(ReasonOversize, fmt.Sprintf("%d bytes, more than max_message_bytes %d", len(d.Body), c.cfg.MaxMessageBytes))
+	}
+	m, err := nova.Decode(d.Body)
+	if err != nil {
+		return dead(string(nova.KindOf(err)), err.Error())
+	}
+	if err := storable(m); err != nil {
+		return dead(ReasonSchema, err.Error())
+	}
+	if len(m.MessageID) <= 255 {
+		it.msgID = m.MessageID
+	}
+	ev := &Event{Source: c.cfg.Source, Message: m}
+	p, err := m.Decode()
+	switch {
+	case err == nil:
+		ev.Payload = p
+	case nova.KindOf(err) == nova.KindUnknownVersion:
+		ev.Status, ev.Detail = statusUnrecognized, err.Error()
+	default:
+		return dead(ReasonSchema, err.Error())
+	}
+	if !m.Event.KnownEvent() && ev.Status == "" {
+		ev.Status, ev.Detail = statusUnrecognized, "unknown event type "+m.EventType
+	}
+	switch p := ev.Payload.(type) {
+	case *nova.InstanceAction:
+		ev.InstanceUUID = p.UUID
+	case *nova.InstanceUpdate:
+		ev.InstanceUUID = p.UUID
+	case *nova.ComputeTask:
+		ev.InstanceUUID = p.InstanceUUID
+	}
+	it.ev = ev
+	return it
+}
+
+// watchSilence logs a hint naming Nova's settings when no notification
+// arrived for SilenceWarning, once per silent period.
+func (c *Consumer) watchSilence(ctx context.Context) {
+	if c.cfg.SilenceWarning <= 0 {
+		return
+	}
+	period := c.cfg.SilenceWarning / 4
+	if period < 10*time.Millisecond {
+		period = 10 * time.Millisecond
+	}
+	t := time.NewTicker(period)
+	defer t.Stop()
+	var warnedAt int64 = -1
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		last := c.lastMsg.Load()
+		silent := time.Duration(c.sinceLast() * float64(time.Second))
+		if silent >= c.cfg.SilenceWarning && last != warnedAt {
+			warnedAt = last
+			c.log.Warn("no Nova notification received; check that Nova sends versioned notifications: "+
+				"nova.conf [notifications] notification_format = versioned (or both) and "+
+				"[oslo_messaging_notifications] driver = messagingv2, with the same transport_url and "+
+				"topics "+fmt.Sprint(c.cfg.BindingKeys),
+				LogKeySilence, silent.Round(time.Second), LogKeyQueue, c.cfg.Queue)
+		}
+	}
+}
+
+// redactURL drops the password of an AMQP URL.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "<unparsable URL>"
+	}
+	if u.User != nil {
+		u.User = url.User(u.User.Username())
+	}
+	if _, _, err := net.SplitHostPort(u.Host); err != nil {
+		return u.Redacted()
+	}
+	return u.String()
+}
+
+// tokenRE finds the value of oslo's flattened _context_auth_token (also
+// inside the JSON-encoded oslo.message string, where quotes are escaped).
+var tokenRE = regexp.MustCompile(`(_context_auth_token\\?"\s*:\s*\\?")[^"\\]+`)
+
+// redactTokens blanks Keystone tokens out of a raw body before it is kept.
+func redactTokens(b []byte) []byte {
+	if !bytes.Contains(b, []byte("_context_auth_token")) {
+		return b
+	}
+	return tokenRE.ReplaceAll(b, []byte("${1}***"))
+}

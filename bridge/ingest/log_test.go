@@ -1,0 +1,5 @@
+package ingest
+
+import "log/slog"
+
+var discard = slog.New(slog.DiscardHandler)

@@ -1,0 +1,235 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
+)
+
+// Instance state from snapshot events (every InstanceActionPayload and
+// InstanceUpdatePayload carries the whole instance) is written set-based:
+// the batch's events are folded per instance in Go, then one INSERT for
+// instances not yet known and one UPDATE for the others, each guarded so
+// that state only moves forward in (notification timestamp, phase rank).
+//
+// Folding is exact: the columns of the snapshot come from the newest event,
+// applied iff it is newer than the stored state; the sticky or optional
+// columns (new_flavor, fault, deleted_at) take the newest event that set or
+// cleared them, applied iff that event is newer than the stored state —
+// which is what applying the events one by one would give.
+
+// action is a fold of set/clear changes to one optional column.
+type action struct {
+	op   string // "", "set", "clear"
+	val  []byte
+	at   time.Time
+	rank int
+}
+
+func (a *action) take(op string, val []byte, at time.Time, rank int) {
+	a.op, a.val, a.at, a.rank = op, val, at, rank
+}
+
+// snapshot is the folded update of one instance.
+type snapshot struct {
+	uuid    string
+	newest  *Event
+	in      *nova.Instance
+	at      time.Time
+	rank    int
+	flavor  *nova.Flavor // newest non-null flavor
+	nf      action
+	fault   action
+	deleted action
+	created *time.Time
+	events  []*Event
+}
+
+func instanceOf(p nova.Payload) (*nova.Instance, *nova.Flavor, bool) {
+	switch p := p.(type) {
+	case *nova.InstanceAction:
+		return &p.Instance, p.NewFlavor, true
+	case *nova.InstanceUpdate:
+		return &p.Instance, nil, true
+	}
+	return nil, nil, false
+}
+
+func newer(at time.Time, rank int, than time.Time, thanRank int) bool {
+	return at.After(than) || at.Equal(than) && rank > thanRank
+}
+
+// foldSnapshots folds the snapshot events per instance, sorted by uuid.
+// evs are in delivery order. Applied one by one, an event changes the state
+// only when it is strictly newer than every event applied before it, so only
+// the running maxima of each instance's events (in delivery order) count;
+// the others are marked stale here.
+func foldSnapshots(evs []*Event) (out []*snapshot, stale int) {
+	by := map[string]*snapshot{}
+	for _, ev := range evs {
+		in, newFlavor, ok := instanceOf(ev.Payload)
+		if !ok {
+			continue
+		}
+		m := ev.Message
+		rank := m.Event.Phase.Rank()
+		s := by[in.UUID]
+		if s == nil {
+			s = &snapshot{uuid: in.UUID}
+			by[in.UUID] = s
+			out = append(out, s)
+		} else if !newer(m.Timestamp, rank, s.at, s.rank) {
+			stale++ // an event delivered earlier in the batch is as new
+			continue
+		}
+		s.events = append(s.events, ev)
+		s.newest, s.in, s.at, s.rank = ev, in, m.Timestamp, rank
+		if in.Flavor != nil {
+			s.flavor = in.Flavor
+		}
+		switch {
+		case newFlavor != nil:
+			v, _ := json.Marshal(newFlavor)
+			s.nf.take("set", v, m.Timestamp, rank)
+		case m.Event.Phase == nova.PhaseEnd && strings.HasPrefix(m.Event.Action, "resize") && m.Event.Action != "resize_prep":
+			s.nf.take("clear", nil, m.Timestamp, rank)
+		}
+		switch {
+		case in.Fault != nil:
+			v, _ := json.Marshal(in.Fault)
+			s.fault.take("set", v, m.Timestamp, rank)
+		case rank == nova.PhaseEnd.Rank():
+			s.fault.take("clear", nil, m.Timestamp, rank)
+		}
+		// deleted_at is set once by Nova; the newest event carrying it wins.
+		if d := in.DeletedAt.Ptr(); d != nil {
+			v, _ := json.Marshal(d)
+			s.deleted.take("set", v, m.Timestamp, rank)
+		} else if m.EventType == "instance.delete.end" {
+			v, _ := json.Marshal(m.Timestamp)
+			s.deleted.take("set", v, m.Timestamp, rank)
+		}
+		if c := in.CreatedAt.Ptr(); c != nil && (s.created == nil || c.Before(*s.created)) {
+			s.created = c
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].uuid < out[j].uuid })
+	return out, stale
+}
+
+// snapshotCols is the unnest column list shared by both statements.
+const snapshotCols = `x(u, pj, us, h, nd, vs, tsk, ps, fl, dm, vg, dn, az,
+		nfo, nfv, nfat, nfrk, fo, fv, fat, frk, dlo, dlv, dlat, dlrk, et, at, rk, mid, cr)`
+
+const snapshotUnnest = `unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+		$9::text[], $10::text[], $11::int[], $12::text[], $13::text[],
+		$14::text[], $15::text[], $16::timestamptz[], $17::int[], $18::text[], $19::text[], $20::timestamptz[], $21::int[],
+		$22::text[], $23::text[], $24::timestamptz[], $25::int[], $26::text[], $27::timestamptz[], $28::int[], $29::text[],
+		$30::timestamptz[]) AS ` + snapshotCols
+
+const insertSnapshots = `INSERT INTO instances (uuid, project_id, user_id, host, node, vm_state, task_state, power_state,
+		flavor, vgpu_demand, vgpus, display_name, availability_zone, new_flavor, fault,
+		last_event_type, last_event_at, last_event_rank, last_message_id, deleted_at, created_at, updated_at)
+	SELECT u::uuid, NULLIF(pj, ''), NULLIF(us, ''), h, nd, NULLIF(vs, ''), tsk, NULLIF(ps, ''),
+		fl::jsonb, dm::jsonb, vg, NULLIF(dn, ''), az,
+		CASE WHEN nfo = 'set' THEN nfv::jsonb END, CASE WHEN fo = 'set' THEN fv::jsonb END,
+		et, at, rk, mid, CASE WHEN dlo = 'set' THEN (dlv::jsonb #>> '{}')::timestamptz END, COALESCE(cr, now()), now()
+	FROM ` + snapshotUnnest + `
+	ON CONFLICT (uuid) DO NOTHING
+	RETURNING uuid::text`
+
+const updateSnapshots = `UPDATE instances AS i SET
+		project_id = NULLIF(x.pj, ''), user_id = NULLIF(x.us, ''), host = x.h, node = x.nd,
+		vm_state = NULLIF(x.vs, ''), task_state = x.tsk, power_state = NULLIF(x.ps, ''),
+		flavor = COALESCE(x.fl::jsonb, i.flavor),
+		vgpu_demand = CASE WHEN x.fl IS NULL THEN i.vgpu_demand ELSE x.dm::jsonb END,
+		vgpus = CASE WHEN x.fl IS NULL THEN i.vgpus ELSE x.vg END,
+		display_name = NULLIF(x.dn, ''), availability_zone = x.az,
+		new_flavor = CASE WHEN x.nfo <> '' AND (i.last_event_at IS NULL OR (i.last_event_at, i.last_event_rank) < (x.nfat, x.nfrk))
+			THEN x.nfv::jsonb ELSE i.new_flavor END,
+		fault = CASE WHEN x.fo <> '' AND (i.last_event_at IS NULL OR (i.last_event_at, i.last_event_rank) < (x.fat, x.frk))
+			THEN x.fv::jsonb ELSE i.fault END,
+		deleted_at = COALESCE(i.deleted_at, CASE WHEN x.dlo = 'set' AND (i.last_event_at IS NULL OR (i.last_event_at, i.last_event_rank) < (x.dlat, x.dlrk))
+			THEN (x.dlv::jsonb #>> '{}')::timestamptz END),
+		created_at = LEAST(i.created_at, COALESCE(x.cr, i.created_at)),
+		last_event_type = x.et, last_event_at = x.at, last_event_rank = x.rk, last_message_id = x.mid,
+		updated_at = now()
+	FROM ` + snapshotUnnest + `
+	WHERE i.uuid = x.u::uuid
+		AND (i.last_event_at IS NULL OR (i.last_event_at, i.last_event_rank) < (x.at, x.rk))
+	RETURNING i.uuid::text`
+
+// applySnapshots writes the folded snapshots; it marks the events of
+// updated instances Applied and returns how many events changed nothing.
+func applySnapshots(ctx context.Context, tx pgx.Tx, snaps []*snapshot) (stale int, err error) {
+	if len(snaps) == 0 {
+		return 0, nil
+	}
+	n := len(snaps)
+	var (
+		u, pj, us, vs, ps, dn, nfo, fo, dlo, et, mid = mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n)
+		h, nd, tsk, fl, dm, az, nfv, fv, dlv         = mkp(n), mkp(n), mkp(n), mkp(n), mkp(n), mkp(n), mkp(n), mkp(n), mkp(n)
+		vg, nfrk, frk, dlrk, rk                      = make([]int32, n), make([]int32, n), make([]int32, n), make([]int32, n), make([]int32, n)
+		nfat, fat, dlat, at                          = make([]time.Time, n), make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
+		cr                                           = make([]*time.Time, n)
+	)
+	str := func(b []byte) *string {
+		if b == nil {
+			return nil
+		}
+		s := string(b)
+		return &s
+	}
+	for i, s := range snaps {
+		in, m := s.in, s.newest.Message
+		u[i], pj[i], us[i], vs[i], ps[i], dn[i] = in.UUID, in.TenantID, in.UserID, in.State, in.PowerState, in.DisplayName
+		h[i], nd[i], tsk[i], az[i] = in.Host, in.Node, in.TaskState, in.AvailabilityZone
+		if s.flavor != nil {
+			f, d, v := flavorJSON(s.flavor)
+			fl[i], dm[i], vg[i] = str(f), str(d), int32(v)
+		}
+		nfo[i], nfv[i], nfat[i], nfrk[i] = s.nf.op, str(s.nf.val), s.nf.at, int32(s.nf.rank)
+		fo[i], fv[i], fat[i], frk[i] = s.fault.op, str(s.fault.val), s.fault.at, int32(s.fault.rank)
+		dlo[i], dlv[i], dlat[i], dlrk[i] = s.deleted.op, str(s.deleted.val), s.deleted.at, int32(s.deleted.rank)
+		et[i], at[i], rk[i], mid[i] = m.EventType, s.at, int32(s.rank), m.MessageID
+		cr[i] = s.created
+	}
+	args := []any{u, pj, us, h, nd, vs, tsk, ps, fl, dm, vg, dn, az, nfo, nfv, nfat, nfrk, fo, fv, fat, frk,
+		dlo, dlv, dlat, dlrk, et, at, rk, mid, cr}
+	done := map[string]bool{}
+	for _, q := range []string{insertSnapshots, updateSnapshots} {
+		rows, err := tx.Query(ctx, q, args...)
+		if err != nil {
+			return 0, fmt.Errorf("instance state: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			done[strings.ToLower(id)] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return 0, fmt.Errorf("instance state: %w", err)
+		}
+	}
+	for _, s := range snaps {
+		ok := done[strings.ToLower(s.uuid)]
+		for _, ev := range s.events {
+			ev.Applied = ok
+			if !ok {
+				stale++
+			}
+		}
+	}
+	return stale, nil
+}

@@ -1,0 +1,404 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
+)
+
+// Event is one new notification, as OnApplied sees it.
+type Event struct {
+	ID           int64 // events.id
+	Source       string
+	Message      *nova.Message
+	Payload      nova.Payload // nil when Status is "unrecognized" and nothing decoded
+	InstanceUUID string       // "" when the event is not about an instance
+	// Status is "" for an accepted event and "unrecognized" for an unknown
+	// event type or payload major version (recorded, not applied).
+	Status string
+	Detail string
+	// Applied is true when the event changed instance or flavor state;
+	// false for an event older than the state already held.
+	Applied bool
+}
+
+// Dead-letter reasons (the "reason" label of the dead-letter metric).
+const (
+	ReasonNotJSON        = string(nova.KindNotJSON)
+	ReasonBrokenEnvelope = string(nova.KindBrokenEnvelope)
+	ReasonNoMessageID    = string(nova.KindNoMessageID)
+	ReasonSchema         = string(nova.KindSchema)
+	ReasonOversize       = "oversize"
+)
+
+// item is one delivery of a batch: an event to keep or a dead letter.
+type item struct {
+	tag uint64
+	ev  *Event
+	// dead letter
+	reason, detail string
+	msgID          string // when the message decoded far enough to have one
+	raw            []byte
+	truncated      bool
+	headers        []byte
+}
+
+type batchResult struct {
+	applied, duplicates, stale, unrecognized int
+	dead                                     map[string]int
+}
+
+// statusUnrecognized marks events recorded but not applied.
+const statusUnrecognized = "unrecognized"
+
+// applyBatch writes a batch in one transaction: dead letters, the inbox rows
+// (ON CONFLICT DO NOTHING), the state updates of the new events and the
+// OnApplied hook.
+func (c *Consumer) applyBatch(ctx context.Context, items []*item) (batchResult, error) {
+	res := batchResult{dead: map[string]int{}}
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+
+	// Dead letters.
+	var dl struct {
+		reason, detail, msgID, headers []string
+		raw                            [][]byte
+		trunc                          []bool
+	}
+	for _, it := range items {
+		if it.ev != nil {
+			continue
+		}
+		dl.reason = append(dl.reason, it.reason)
+		dl.detail = append(dl.detail, it.detail)
+		dl.msgID = append(dl.msgID, it.msgID)
+		dl.raw = append(dl.raw, it.raw)
+		dl.trunc = append(dl.trunc, it.truncated)
+		dl.headers = append(dl.headers, string(it.headers))
+		res.dead[it.reason]++
+	}
+	if len(dl.reason) > 0 {
+		_, err := tx.Exec(ctx, `INSERT INTO dead_letters (source, reason, detail, message_id, raw, raw_truncated, headers)
+			SELECT $1, r, d, NULLIF(m, ''), b, t, h::jsonb
+			FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::bool[], $7::text[]) AS x(r, d, m, b, t, h)`,
+			c.cfg.Source, dl.reason, dl.detail, dl.msgID, dl.raw, dl.trunc, dl.headers)
+		if err != nil {
+			return res, fmt.Errorf("insert dead letters: %w", err)
+		}
+	}
+
+	// Inbox, deduplicated within the batch first.
+	seen := make(map[string]*Event, len(items))
+	var evs []*Event
+	for _, it := range items {
+		if it.ev == nil {
+			continue
+		}
+		if _, dup := seen[it.ev.Message.MessageID]; dup {
+			res.duplicates++
+			continue
+		}
+		seen[it.ev.Message.MessageID] = it.ev
+		evs = append(evs, it.ev)
+	}
+	if len(evs) > 0 {
+		n := len(evs)
+		var (
+			ids, types, uuids, payloads, pubs, prios, reqs, greqs, projs, users, stats, details = mk(n), mk(n), mkp(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mkp(n), mkp(n)
+			occurred                                                                            = make([]time.Time, n)
+		)
+		for i, ev := range evs {
+			m := ev.Message
+			ids[i], types[i], payloads[i] = m.MessageID, m.EventType, string(m.RawPayload)
+			if ev.InstanceUUID != "" {
+				uuids[i] = &ev.InstanceUUID
+			}
+			occurred[i] = m.Timestamp
+			pubs[i], prios[i] = m.PublisherID, m.Priority
+			reqs[i], greqs[i], projs[i], users[i] = m.Context.RequestID, m.Context.GlobalRequestID, m.Context.ProjectID, m.Context.UserID
+			if ev.Status != "" {
+				stats[i] = &ev.Status
+			}
+			if ev.Detail != "" {
+				details[i] = &ev.Detail
+			}
+		}
+		rows, err := tx.Query(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload,
+				publisher_id, priority, request_id, global_request_id, project_id, user_id, status, detail, processed_at)
+			SELECT $1, m, e, u::uuid, o, p::jsonb, pub, pr, NULLIF(rq, ''), NULLIF(grq, ''), NULLIF(pj, ''), NULLIF(us, ''), st, dt,
+				CASE WHEN st IS NULL THEN NULL ELSE now() END
+			FROM unnest($2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[], $7::text[], $8::text[],
+				$9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
+				AS x(m, e, u, o, p, pub, pr, rq, grq, pj, us, st, dt)
+			ON CONFLICT (source, message_id) DO NOTHING
+			RETURNING id, message_id`,
+			c.cfg.Source, ids, types, uuids, occurred, payloads, pubs, prios, reqs, greqs, projs, users, stats, details)
+		if err != nil {
+			return res, fmt.Errorf("insert events: %w", err)
+		}
+		inserted := 0
+		for rows.Next() {
+			var id int64
+			var mid string
+			if err := rows.Scan(&id, &mid); err != nil {
+				rows.Close()
+				return res, err
+			}
+			seen[mid].ID = id
+			inserted++
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return res, fmt.Errorf("insert events: %w", err)
+		}
+		res.duplicates += len(evs) - inserted
+
+		// State updates for the new events, in one round trip, ordered by
+		// row (table, key) so that concurrent batches lock rows in the same
+		// order and cannot deadlock; the events of one row keep their order.
+		order := make([]*Event, 0, len(evs))
+		for _, ev := range evs {
+			if ev.ID != 0 {
+				order = append(order, ev)
+			}
+		}
+		sort.SliceStable(order, func(i, j int) bool { return rowKey(order[i]) < rowKey(order[j]) })
+		var b pgx.Batch
+		var queued, snapEvents []*Event
+		for _, ev := range order {
+			if ev.ID == 0 {
+				continue
+			}
+			if ev.Status == statusUnrecognized && ev.Payload == nil {
+				res.unrecognized++
+				continue
+			}
+			if ev.Status == statusUnrecognized {
+				res.unrecognized++
+			}
+			if _, _, ok := instanceOf(ev.Payload); ok {
+				snapEvents = append(snapEvents, ev)
+				continue
+			}
+			if queueState(&b, ev) {
+				queued = append(queued, ev)
+			}
+		}
+		snaps, stale := foldSnapshots(snapEvents)
+		res.stale += stale
+		stale, err = applySnapshots(ctx, tx, snaps)
+		if err != nil {
+			return res, err
+		}
+		res.stale += stale
+		if b.Len() > 0 {
+			br := tx.SendBatch(ctx, &b)
+			for _, ev := range queued {
+				tag, err := br.Exec()
+				if err != nil {
+					br.Close()
+					return res, fmt.Errorf("update state from %s %s: %w", ev.Message.EventType, ev.Message.MessageID, err)
+				}
+				ev.Applied = tag.RowsAffected() > 0
+				if !ev.Applied {
+					res.stale++
+				}
+			}
+			if err := br.Close(); err != nil {
+				return res, fmt.Errorf("update state: %w", err)
+			}
+		}
+		for _, ev := range evs {
+			if ev.ID == 0 {
+				continue
+			}
+			res.applied++
+			if c.cfg.OnApplied != nil {
+				if err := c.cfg.OnApplied(ctx, tx, *ev); err != nil {
+					return res, fmt.Errorf("on applied %s: %w", ev.Message.MessageID, err)
+				}
+			}
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return res, fmt.Errorf("commit: %w", err)
+	}
+	return res, nil
+}
+
+// rowKey names the state row an event updates.
+func rowKey(ev *Event) string {
+	if ev.InstanceUUID != "" {
+		return "i" + ev.InstanceUUID
+	}
+	if f, ok := ev.Payload.(*nova.Flavor); ok {
+		return "f" + f.FlavorID
+	}
+	return ""
+}
+
+func mk(n int) []string   { return make([]string, n) }
+func mkp(n int) []*string { return make([]*string, n) }
+
+const upsertTask = `INSERT INTO instances AS i (uuid, project_id, user_id, vm_state, flavor, vgpu_demand, vgpus, fault,
+		last_event_type, last_event_at, last_event_rank, last_message_id, updated_at)
+	VALUES ($1, NULLIF($2, ''), NULLIF($3, ''), NULLIF($4, ''), $5, $6, $7, $8, $9, $10, $11, $12, now())
+	ON CONFLICT (uuid) DO UPDATE SET
+		vm_state = COALESCE(EXCLUDED.vm_state, i.vm_state), task_state = NULL, fault = EXCLUDED.fault,
+		project_id = COALESCE(i.project_id, EXCLUDED.project_id), user_id = COALESCE(i.user_id, EXCLUDED.user_id),
+		flavor = COALESCE(i.flavor, EXCLUDED.flavor),
+		vgpu_demand = CASE WHEN i.flavor IS NULL THEN EXCLUDED.vgpu_demand ELSE i.vgpu_demand END,
+		vgpus = CASE WHEN i.flavor IS NULL THEN EXCLUDED.vgpus ELSE i.vgpus END,
+		last_event_type = EXCLUDED.last_event_type, last_event_at = EXCLUDED.last_event_at,
+		last_event_rank = EXCLUDED.last_event_rank, last_message_id = EXCLUDED.last_message_id,
+		updated_at = now()
+	WHERE i.last_event_at IS NULL
+		OR (i.last_event_at, i.last_event_rank) < (EXCLUDED.last_event_at, EXCLUDED.last_event_rank)`
+
+const upsertFlavor = `INSERT INTO flavors AS f (flavorid, name, vcpus, memory_mb, is_public, extra_specs, vgpu_demand, vgpus,
+		spec_error, last_event_at, deleted_at, updated_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now())
+	ON CONFLICT (flavorid) DO UPDATE SET
+		name = EXCLUDED.name, vcpus = EXCLUDED.vcpus, memory_mb = EXCLUDED.memory_mb, is_public = EXCLUDED.is_public,
+		extra_specs = EXCLUDED.extra_specs, vgpu_demand = EXCLUDED.vgpu_demand, vgpus = EXCLUDED.vgpus,
+		spec_error = EXCLUDED.spec_error, last_event_at = EXCLUDED.last_event_at,
+		deleted_at = COALESCE(f.deleted_at, EXCLUDED.deleted_at), updated_at = now()
+	WHERE f.last_event_at IS NULL OR f.last_event_at <= EXCLUDED.last_event_at`
+
+// queueState queues the state update of one event; false when the event
+// changes no state.
+func queueState(b *pgx.Batch, ev *Event) bool {
+	m := ev.Message
+	rank := m.Event.Phase.Rank()
+	switch p := ev.Payload.(type) {
+	case *nova.ComputeTask:
+		var flavor, demand []byte
+		vgpus := 0
+		projectID, userID := "", ""
+		if rs := p.RequestSpec; rs != nil {
+			projectID, userID = rs.ProjectID, rs.UserID
+			if rs.Flavor != nil {
+				flavor, demand, vgpus = flavorJSON(rs.Flavor)
+			}
+		}
+		b.Queue(upsertTask, p.InstanceUUID, projectID, userID, p.State, flavor, demand, vgpus, jsonOrNil(p.Reason),
+			m.EventType, m.Timestamp, rank, m.MessageID)
+		return true
+	case *nova.Flavor:
+		var deleted *time.Time
+		if m.EventType == "flavor.delete" {
+			deleted = &m.Timestamp
+		}
+		specs, _ := json.Marshal(p.ExtraSpecs)
+		d, err := nova.ParseExtraSpecs(p.ExtraSpecs)
+		var specErr *string
+		var demand []byte
+		if err != nil {
+			s := err.Error()
+			specErr = &s
+		} else {
+			demand, _ = json.Marshal(d)
+		}
+		b.Queue(upsertFlavor, p.FlavorID, p.Name, p.VCPUs, p.MemoryMB, p.IsPublic, specs, demand, demandUnits(d),
+			specErr, m.Timestamp, deleted)
+		return true
+	}
+	return false
+}
+
+// flavorJSON returns the flavor, its parsed vGPU demand ({"error": …} when
+// the extra specs are malformed) and its vGPU units.
+func flavorJSON(f *nova.Flavor) (flavor, demand []byte, vgpus int) {
+	flavor, _ = json.Marshal(f)
+	d, err := nova.ParseExtraSpecs(f.ExtraSpecs)
+	if err != nil {
+		demand, _ = json.Marshal(map[string]string{"error": err.Error()})
+		return flavor, demand, 0
+	}
+	demand, _ = json.Marshal(d)
+	return flavor, demand, demandUnits(d)
+}
+
+func demandUnits(d nova.Demand) int {
+	n := d.VGPUs()
+	for _, v := range d.CustomResources() {
+		n += v
+	}
+	return n
+}
+
+func jsonOrNil(v *nova.Exception) []byte {
+	if v == nil {
+		return nil
+	}
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// storable reports why Postgres could not store a decoded message (a NUL
+// character, invalid UTF-8), so it becomes a dead letter instead of failing
+// its batch.
+func storable(m *nova.Message) error {
+	for _, s := range []string{m.MessageID, m.EventType, m.PublisherID, m.Priority,
+		m.Context.RequestID, m.Context.GlobalRequestID, m.Context.ProjectID, m.Context.UserID} {
+		if strings.IndexByte(s, 0) >= 0 {
+			return errors.New("a string field contains NUL")
+		}
+	}
+	if !utf8.Valid(m.RawPayload) {
+		return errors.New("payload is not valid UTF-8")
+	}
+	if hasEscapedNUL(m.RawPayload) {
+		return errors.New(`payload contains \u0000, which Postgres cannot store`)
+	}
+	return nil
+}
+
+// hasEscapedNUL finds a JSON escape \u0000 (not an escaped backslash
+// followed by "u0000").
+func hasEscapedNUL(b []byte) bool {
+	for i := 0; i+5 < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		if b[i+1] == '\\' {
+			i++ // skip the escaped backslash
+			continue
+		}
+		if string(b[i+1:i+6]) == "u0000" {
+			return true
+		}
+	}
+	return false
+}
+
+// isDataError reports a Postgres data exception (class 22) or integrity
+// violation (class 23): the batch holds a message Postgres refuses, which
+// retrying as a whole will not fix.
+func isDataError(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23")
+	}
+	return false
+}
+
+// isConflict reports a deadlock or serialization failure (class 40) between
+// concurrent batches; retrying the batch resolves it.
+func isConflict(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "40")
+}

@@ -1,0 +1,118 @@
+// Package pipeline is the bridge's decision loop. It claims unprocessed
+// inbox rows (events) with FOR UPDATE SKIP LOCKED, maps each to a
+// policy.Event, evaluates the policy against the state the bridge holds,
+// and turns the intents into actions: on the direct path a Placement claim
+// on a GPU of the instance's own host (in the instance's consumer) and the
+// agent commands that create and attach the mdev. The decision, the
+// attachment records, the commands (outbox rows) and the request's
+// transition are written in one transaction; the relay (package dispatch)
+// publishes the commands.
+//
+// Results come back through HandleResult: a request succeeds when all its
+// commands succeeded; a failed or refused command, or a deadline passed
+// without an answer, fails it and runs the compensation (the Placement
+// claim released, remove_mdev for the mdev it created), recorded in
+// audit_log.
+//
+// Several replicas share the work: inbox rows and requests are locked with
+// SKIP LOCKED; events of one instance are handled in inbox order (a
+// transaction-scoped advisory lock per instance).
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config configures a Processor. The bridge maps its [pipeline] options
+// into it; zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// Replica names this process in decisions and logs.
+	Replica string
+	// PollInterval is how often the inbox is looked at when nothing woke
+	// the processor.
+	PollInterval time.Duration
+	// BatchSize is how many inbox rows one poll takes.
+	BatchSize int
+	// Workers process events of different instances concurrently.
+	Workers int
+	// RequestTimeout is how long the agents have to finish a request's
+	// commands; past it the request fails and is compensated.
+	RequestTimeout time.Duration
+	// WatchdogInterval is how often deadlines are checked.
+	WatchdogInterval time.Duration
+	// MaxAttempts closes an event (status failed) after that many failed
+	// attempts; its request fails with the last error.
+	MaxAttempts int
+	// RetryMin and RetryMax bound the backoff between attempts of an event.
+	RetryMin, RetryMax time.Duration
+	// StaleReportAge: an instance's host whose last agent report is older
+	// is not given new vGPUs ([placement] stale_report_age).
+	StaleReportAge time.Duration
+	// HostsRefresh is how often the hosts' reports are re-read for the
+	// policy's view of the fleet.
+	HostsRefresh time.Duration
+}
+
+// DefaultConfig returns the defaults of the [pipeline] options.
+func DefaultConfig() Config {
+	return Config{
+		PollInterval:     200 * time.Millisecond,
+		BatchSize:        100,
+		Workers:          4,
+		RequestTimeout:   2 * time.Minute,
+		WatchdogInterval: time.Second,
+		MaxAttempts:      5,
+		RetryMin:         time.Second,
+		RetryMax:         time.Minute,
+		StaleReportAge:   5 * time.Minute,
+		HostsRefresh:     5 * time.Second,
+	}
+}
+
+func (c *Config) setDefaults() {
+	d := DefaultConfig()
+	if c.PollInterval <= 0 {
+		c.PollInterval = d.PollInterval
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = d.BatchSize
+	}
+	if c.Workers <= 0 {
+		c.Workers = d.Workers
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = d.RequestTimeout
+	}
+	if c.WatchdogInterval <= 0 {
+		c.WatchdogInterval = d.WatchdogInterval
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = d.MaxAttempts
+	}
+	if c.RetryMin <= 0 {
+		c.RetryMin = d.RetryMin
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = d.RetryMax
+	}
+	if c.StaleReportAge <= 0 {
+		c.StaleReportAge = d.StaleReportAge
+	}
+	if c.HostsRefresh <= 0 {
+		c.HostsRefresh = d.HostsRefresh
+	}
+}
+
+// Validate reports impossible settings.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.RetryMax < c.RetryMin {
+		errs = append(errs, fmt.Errorf("retry max %v below retry min %v", c.RetryMax, c.RetryMin))
+	}
+	if c.Workers > 64 {
+		errs = append(errs, fmt.Errorf("workers %d: at most 64", c.Workers))
+	}
+	return errors.Join(errs...)
+}

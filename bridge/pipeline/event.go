@@ -1,0 +1,128 @@
+package pipeline
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// WebhookSourcePrefix starts the inbox source of webhook events
+// ("webhook:<name>"); other sources ("nova") are notifications.
+const WebhookSourcePrefix = "webhook:"
+
+// InboxRow is one events row as the pipeline reads it.
+type InboxRow struct {
+	ID           int64
+	Source       string // "nova", "webhook:<name>"
+	MessageID    string
+	EventType    string // Nova's event_type, or the webhook type (GPU_REQUEST)
+	InstanceUUID string
+	OccurredAt   time.Time
+	Payload      json.RawMessage
+	RequestID    string // webhook: the bridge's request id; nova: Nova's req-… id
+	ProjectID    string
+	Attempts     int
+}
+
+// Webhook reports whether the row came by webhook.
+func (r InboxRow) Webhook() bool { return strings.HasPrefix(r.Source, WebhookSourcePrefix) }
+
+// BridgeRequest returns the id of the bridge request the row belongs to
+// (webhook rows only).
+func (r InboxRow) BridgeRequest() (uuid.UUID, bool) {
+	if !r.Webhook() || r.RequestID == "" {
+		return uuid.Nil, false
+	}
+	id, err := uuid.Parse(r.RequestID)
+	return id, err == nil
+}
+
+// webhookPayload is the inbox payload the webhook endpoint writes
+// (webhook.EventPayload); only what the policy reads.
+type webhookPayload struct {
+	Source      string         `json:"source"`
+	Type        string         `json:"type"`
+	VMID        string         `json:"vm_id"`
+	Workload    string         `json:"workload"`
+	VGPUProfile string         `json:"vgpu_profile"`
+	Count       int            `json:"count"`
+	Metrics     map[string]any `json:"metrics"`
+	Alert       *struct {
+		Status string            `json:"status"`
+		Labels map[string]string `json:"labels"`
+	} `json:"alert"`
+}
+
+// NovaKindPrefix starts the policy kind of a Nova notification
+// ("nova.instance.delete.end").
+const NovaKindPrefix = "nova."
+
+// MapEvent turns an inbox row into the policy's event. It is pure.
+func MapEvent(r InboxRow) (policy.Event, error) {
+	ev := policy.Event{InstanceUUID: r.InstanceUUID, ProjectID: r.ProjectID, Time: r.OccurredAt}
+	if !r.Webhook() {
+		ev.Kind = NovaKindPrefix + r.EventType
+		ev.Source = r.Source
+		return ev, nil
+	}
+	var p webhookPayload
+	if err := json.Unmarshal(r.Payload, &p); err != nil {
+		return ev, fmt.Errorf("event %d: webhook payload: %w", r.ID, err)
+	}
+	ev.Source = p.Source
+	if ev.Source == "" {
+		ev.Source = strings.TrimPrefix(r.Source, WebhookSourcePrefix)
+	}
+	if ev.InstanceUUID == "" {
+		ev.InstanceUUID = p.VMID
+	}
+	ev.Workload, ev.Profile, ev.Count = p.Workload, p.VGPUProfile, p.Count
+	if len(p.Metrics) > 0 {
+		ev.Metrics = make(map[string]float64, len(p.Metrics))
+		for k, v := range p.Metrics {
+			if f, ok := number(v); ok {
+				ev.Metrics[k] = f
+			}
+		}
+	}
+	if p.Alert != nil {
+		ev.Kind = policy.KindAlert
+		ev.Status = p.Alert.Status
+		ev.Labels = p.Alert.Labels
+		return ev, nil
+	}
+	t := p.Type
+	if t == "" {
+		t = r.EventType
+	}
+	ev.Kind = "webhook." + t
+	return ev, nil
+}
+
+// number reads a JSON metric as a float; strings holding numbers count
+// (Alertmanager annotations are strings).
+func number(v any) (float64, bool) {
+	switch x := v.(type) {
+	case float64:
+		return x, !math.IsNaN(x) && !math.IsInf(x, 0)
+	case json.Number:
+		f, err := x.Float64()
+		return f, err == nil
+	case string:
+		f, err := strconv.ParseFloat(strings.TrimSpace(x), 64)
+		return f, err == nil && !math.IsNaN(f) && !math.IsInf(f, 0)
+	case bool:
+		if x {
+			return 1, true
+		}
+		return 0, true
+	}
+	return 0, false
+}

@@ -1,0 +1,34 @@
+package pipeline
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	events        *prometheus.CounterVec
+	decide        prometheus.Histogram
+	claims        prometheus.Counter
+	results       *prometheus.CounterVec
+	requests      *prometheus.CounterVec
+	compensations *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_pipeline_events_total",
+			Help: "Inbox events processed by outcome: act, reject, fail, nothing, skipped (request already final), error (retried)."}, []string{"outcome"}),
+		decide: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vgpu_bridge_pipeline_decide_seconds",
+			Help:    "Time to process one inbox event: policy, Placement claim and the decision's transaction.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		claims: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpu_bridge_pipeline_claims_total",
+			Help: "vGPUs claimed in Placement on the direct path."}),
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_pipeline_results_total",
+			Help: "Agent results recorded, by command kind and status."}, []string{"kind", "status"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_pipeline_requests_finished_total",
+			Help: "Requests the pipeline finished after dispatching, by final state."}, []string{"state"}),
+		compensations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_pipeline_compensations_total",
+			Help: "Compensation steps: claim_released, mdev_removal_queued."}, []string{"step"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.events, m.decide, m.claims, m.results, m.requests, m.compensations)
+	}
+	return m
+}

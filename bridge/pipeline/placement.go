@@ -1,0 +1,132 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+)
+
+// Placement is what the pipeline needs of the placement feature.
+type Placement interface {
+	// Claim adds count units of the type trait on a GPU of node to the
+	// consumer's allocations.
+	Claim(ctx context.Context, c ClaimSpec) (Claimed, error)
+	// Holdings lists the consumer's vGPU units by GPU provider.
+	Holdings(ctx context.Context, consumer string) ([]placement.Holding, error)
+	// ReleaseUnits takes amount units of class off the consumer's
+	// allocation on provider, keeping its other allocations. heldAfter is
+	// what the consumer held there right after the claim: when it now
+	// holds less, the release is taken as done already (a retry).
+	ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error
+	// GPUAddress is the PCI address of a GPU provider ("" if unknown).
+	GPUAddress(provider string) string
+}
+
+// ClaimSpec is one claim to make.
+type ClaimSpec struct {
+	Consumer  string
+	ProjectID string
+	UserID    string
+	Node      string // root provider name of the instance's host
+	Trait     string
+	Count     int
+	Exclude   []string // GPU providers to skip
+}
+
+// Claimed is a claim made.
+type Claimed struct {
+	Provider string
+	Node     string
+	Class    string
+	Amount   int
+	Held     int
+}
+
+// ErrNoCapacity says no GPU of the host can take the request.
+var ErrNoCapacity = errors.New("no vGPU capacity")
+
+// ServiceAdapter implements Placement over *placement.Service.
+type ServiceAdapter struct {
+	S *placement.Service
+}
+
+var _ Placement = ServiceAdapter{}
+
+// Claim implements Placement.
+func (a ServiceAdapter) Claim(ctx context.Context, c ClaimSpec) (Claimed, error) {
+	q, err := a.S.Engine().Normalize(engine.Request{Required: []string{c.Trait}, Count: c.Count, Hosts: []string{c.Node}, ExcludeGPUs: c.Exclude})
+	if err != nil {
+		return Claimed{}, err
+	}
+	cl, err := a.S.Claim(ctx, placement.ClaimRequest{Consumer: c.Consumer, ProjectID: c.ProjectID, UserID: c.UserID, Request: q})
+	if errors.Is(err, placement.ErrNoCapacity) {
+		return Claimed{}, fmt.Errorf("%w: %v", ErrNoCapacity, err)
+	}
+	if err != nil {
+		return Claimed{}, err
+	}
+	return Claimed{Provider: cl.Provider, Node: cl.Host, Class: cl.Class, Amount: cl.Amount, Held: cl.Held}, nil
+}
+
+// Holdings implements Placement.
+func (a ServiceAdapter) Holdings(ctx context.Context, consumer string) ([]placement.Holding, error) {
+	return a.S.LookupVGPU(ctx, consumer)
+}
+
+// GPUAddress implements Placement.
+func (a ServiceAdapter) GPUAddress(provider string) string {
+	if g, ok := a.S.Index().Lookup(provider); ok {
+		return g.PCIAddress()
+	}
+	return ""
+}
+
+// ReleaseUnits implements Placement. placement.Service.Release drops all
+// of the consumer's vGPU units on a provider; a direct-path release must
+// keep the others, so this decrements.
+func (a ServiceAdapter) ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error {
+	c := a.S.Client()
+	var b placement.Backoff
+	for {
+		con, err := c.Allocations(ctx, consumer)
+		if err != nil {
+			return fmt.Errorf("release %s on %s: %w", consumer, provider, err)
+		}
+		res := con.Providers[provider]
+		held := res[class]
+		if held == 0 || (heldAfter > 0 && held < heldAfter) {
+			return nil // nothing there, or released already
+		}
+		res = maps.Clone(res)
+		if held <= amount {
+			delete(res, class)
+		} else {
+			res[class] = held - amount
+		}
+		if len(res) == 0 {
+			delete(con.Providers, provider)
+		} else {
+			con.Providers[provider] = res
+		}
+		if con.Type == "" {
+			con.Type = "INSTANCE"
+		}
+		err = c.PutAllocations(ctx, con)
+		if err == nil {
+			if u, gen, err := c.Usages(ctx, provider); err == nil {
+				a.S.Index().SetUsage(provider, u[class], gen)
+			}
+			return nil
+		}
+		if !placement.IsConflict(err) && !placement.IsRetryable(err) {
+			return fmt.Errorf("release %s on %s: %w", consumer, provider, err)
+		}
+		if werr := b.Wait(ctx); werr != nil {
+			return fmt.Errorf("release %s on %s: %w", consumer, provider, err)
+		}
+	}
+}

@@ -1,0 +1,416 @@
+package pipeline
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// Attachment states (vgpu_attachments.state).
+const (
+	AttPending   = "pending"   // claimed in Placement, commands queued
+	AttAttached  = "attached"  // the agent created and attached the mdev
+	AttReleasing = "releasing" // detach and remove queued
+	AttReleased  = "released"  // removed and the claim released
+	AttFailed    = "failed"    // the attach failed and was compensated
+)
+
+// Attachment is a direct-path vGPU: a Placement claim in the instance's
+// consumer and the mdev (ID) the agent creates for it.
+type Attachment struct {
+	ID           uuid.UUID
+	InstanceUUID string
+	RequestID    uuid.UUID
+	Host         string // compute service host
+	Node         string // root provider name
+	Provider     string // GPU provider uuid
+	Class        string
+	Amount       int
+	HeldAfter    int
+	PCIAddress   string
+	TypeID       string
+	Profile      string
+	Trait        string
+	Mode         string // protocol.ModeLive | ModeConfig | ModeCold
+	State        string
+}
+
+// InstanceFacts is what the bridge knows of the event's instance.
+type InstanceFacts struct {
+	UUID      string
+	ProjectID string
+	UserID    string
+	Host      string
+	Node      string
+	VMState   string
+	// FlavorVGPUs are the units of the instance's flavor (Nova's own).
+	FlavorVGPUs int
+	Known       bool // a row exists in instances
+	Deleted     bool
+}
+
+// Facts are the inputs of planning besides the decision.
+type Facts struct {
+	Instance    InstanceFacts
+	Attachments []Attachment // the instance's active ones (pending, attached, releasing)
+	// LastReport is when the instance's host last reported; zero when it
+	// never did (such a host is not held stale).
+	LastReport time.Time
+	Now        time.Time
+	StaleAge   time.Duration
+	// Deleting is true for the event that says the instance is gone
+	// (instance.delete.end): its domain no longer exists.
+	Deleting bool
+	// Rebuilt is true for events after which Nova has rebuilt the domain
+	// from its own definition (reboot, power on, unshelve): the direct-path
+	// vGPUs, unknown to Nova, must be attached again.
+	Rebuilt bool
+}
+
+// RebuildEvents are the Nova event types after which the bridge attaches
+// its direct-path vGPUs again.
+var RebuildEvents = []string{"instance.reboot.end", "instance.power_on.end", "instance.unshelve.end"}
+
+// StepKind names what a step does.
+type StepKind string
+
+// Step kinds.
+const (
+	StepAttach   StepKind = "attach"   // claim in Placement, create_mdev, attach_vgpu
+	StepRelease  StepKind = "release"  // detach_vgpu, remove_mdev, then the claim is released
+	StepCommand  StepKind = "command"  // one agent command (set_vm_limits, set_vgpu_scheduler)
+	StepReattach StepKind = "reattach" // attach_vgpu again after Nova rebuilt the domain
+	StepNotify   StepKind = "notify"   // recorded only
+)
+
+// Step is one thing to do for a decision.
+type Step struct {
+	Kind   StepKind
+	Intent policy.Intent
+	// attach: the agent's attach mode.
+	Mode string
+	// release: the attachments to take back; RemoveOnly when the domain is
+	// gone (the instance was deleted).
+	Release    []Attachment
+	RemoveOnly bool
+	// command
+	Command protocol.Kind
+	Params  any
+	Host    string
+}
+
+// Outcome is what the plan does with the request.
+type Outcome string
+
+// Outcomes of a plan.
+const (
+	OutcomeAct     Outcome = "act"     // steps to run
+	OutcomeReject  Outcome = "reject"  // the policy (or a refusal) said no
+	OutcomeFail    Outcome = "fail"    // the bridge cannot do what was decided
+	OutcomeNothing Outcome = "nothing" // no rule asked for a change
+)
+
+// Request codes the pipeline sets.
+const (
+	CodePolicyRejected = "policy_rejected"
+	CodeRefused        = "refused"
+	CodeNoAction       = "no_action"
+	CodeNovaPath       = "nova_path_unavailable"
+	CodeUnsupported    = "unsupported_intent"
+	CodeNoInstance     = "unknown_instance"
+	CodeNoHost         = "no_host"
+	CodeHostStale      = "host_stale"
+	CodeNoCapacity     = "no_capacity"
+	CodePlacement      = "placement_error"
+	CodeBusy           = "change_in_progress"
+	CodeAgentTimeout   = "agent_timeout"
+	CodeAgentFailed    = "agent_failed"
+	CodeAgentRefused   = "agent_refused"
+	CodeEventFailed    = "event_failed"
+	CodeNotPublished   = "not_published"
+)
+
+// Plan is what the pipeline does about one decision.
+type Plan struct {
+	Outcome Outcome
+	Code    string
+	Reason  string
+	Steps   []Step
+	// Notes are refusals of the planner that did not stop the plan.
+	Notes []string
+}
+
+// Actions reports whether the plan has steps that change something.
+func (p Plan) Actions() bool {
+	for _, s := range p.Steps {
+		if s.Kind != StepNotify {
+			return true
+		}
+	}
+	return false
+}
+
+// PlanDecision turns a policy decision into steps. It is pure.
+func PlanDecision(d *policy.Decision, f Facts) Plan {
+	if d.Rejected {
+		return Plan{Outcome: OutcomeReject, Code: CodePolicyRejected, Reason: d.Reason}
+	}
+	var p Plan
+	fail := func(code, reason string) Plan {
+		return Plan{Outcome: OutcomeFail, Code: code, Reason: reason}
+	}
+	busy := map[string]bool{} // attachments already taken by a release step
+	for _, in := range d.Intents {
+		switch in.Kind {
+		case policy.IntentAttach:
+			if in.Mode != policy.ModeDirectLive && in.Mode != policy.ModeDirectCold {
+				return fail(CodeNovaPath, fmt.Sprintf("attach mode %s (the Nova-native path) is not available in this build; "+
+					"set attach_mode: direct-live or direct-cold for this project or profile in the policy", orDefault(string(in.Mode), "nova-resize")))
+			}
+			if why, code := hostProblem(f); why != "" {
+				return fail(code, why)
+			}
+			if in.Trait == "" {
+				return fail(CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
+			}
+			p.Steps = append(p.Steps, Step{Kind: StepAttach, Intent: in, Mode: agentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
+		case policy.IntentRelease:
+			var take []Attachment
+			var inFlight bool
+			for _, a := range f.Attachments {
+				if busy[a.ID.String()] {
+					continue
+				}
+				if a.State != AttAttached {
+					inFlight = inFlight || a.State == AttPending || a.State == AttReleasing
+					continue
+				}
+				if in.Profile != "" && a.Profile != "" && a.Profile != in.Profile {
+					continue
+				}
+				take = append(take, a)
+				if in.Count > 0 && len(take) >= in.Count {
+					break
+				}
+			}
+			if len(take) == 0 {
+				if inFlight {
+					return fail(CodeBusy, "a change of this instance's vGPUs is still in progress; retry when it is finished")
+				}
+				p.Notes = append(p.Notes, "release: the instance holds no direct-path vGPU (vGPUs of its flavor are Nova's)")
+				continue
+			}
+			for _, a := range take {
+				busy[a.ID.String()] = true
+			}
+			p.Steps = append(p.Steps, Step{Kind: StepRelease, Intent: in, Release: take, RemoveOnly: f.Deleting, Host: take[0].Host})
+		case policy.IntentSetLimits:
+			if f.Deleting || f.Instance.Host == "" {
+				p.Notes = append(p.Notes, "set_limits: the instance has no host")
+				continue
+			}
+			mem, err := MemoryBytes(in.MemoryHigh)
+			if err != nil {
+				p.Notes = append(p.Notes, "set_limits: "+err.Error())
+				continue
+			}
+			p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.SetVMLimits, Host: f.Instance.Host,
+				Params: protocol.LimitParams{CPUMax: in.CPUMax, MemoryHigh: mem}})
+		case policy.IntentTune:
+			if in.Scheduler == "" {
+				p.Notes = append(p.Notes, "tune: only the vGPU scheduler is applied (clocks need memory and SM clocks)")
+				continue
+			}
+			gpus := in.GPUs
+			if len(gpus) == 0 {
+				seen := map[string]bool{}
+				for _, a := range f.Attachments {
+					if a.PCIAddress != "" && !seen[a.PCIAddress] && a.State != AttReleasing {
+						seen[a.PCIAddress] = true
+						gpus = append(gpus, a.PCIAddress)
+					}
+				}
+			}
+			if len(gpus) == 0 || f.Instance.Host == "" {
+				p.Notes = append(p.Notes, "tune: no physical GPU of the instance is known to the bridge")
+				continue
+			}
+			for _, g := range gpus {
+				p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.SetVGPUScheduler, Host: f.Instance.Host,
+					Params: protocol.SchedulerParams{GPUPCI: g, Policy: in.Scheduler, TimesliceUs: uint32(max(in.TimesliceUS, 0))}})
+			}
+		case policy.IntentNotify:
+			p.Steps = append(p.Steps, Step{Kind: StepNotify, Intent: in})
+		case policy.IntentResize:
+			return fail(CodeUnsupported, fmt.Sprintf("resize to %s: moving a vGPU to another profile is not available in this build; "+
+				"release it and request the new profile", in.Profile))
+		}
+	}
+	if f.Rebuilt && !f.Deleting {
+		var again []Attachment
+		for _, a := range f.Attachments {
+			if a.State == AttAttached && a.Host == f.Instance.Host && !busy[a.ID.String()] {
+				again = append(again, a)
+			}
+		}
+		if len(again) > 0 {
+			p.Steps = append(p.Steps, Step{Kind: StepReattach, Release: again, Host: f.Instance.Host})
+		}
+	}
+	if p.Actions() {
+		p.Outcome = OutcomeAct
+		return p
+	}
+	switch {
+	case len(d.Refused) > 0:
+		p.Outcome, p.Code, p.Reason = OutcomeReject, CodeRefused, d.Refused[0].Reason
+	case len(p.Notes) > 0:
+		p.Outcome, p.Code, p.Reason = OutcomeReject, CodeRefused, p.Notes[0]
+	default:
+		p.Outcome, p.Code, p.Reason = OutcomeNothing, CodeNoAction, nothingReason(d)
+	}
+	return p
+}
+
+func hostProblem(f Facts) (string, string) {
+	in := f.Instance
+	switch {
+	case !in.Known:
+		return fmt.Sprintf("instance %s is not known to the bridge (no Nova notification about it yet)", in.UUID), CodeNoInstance
+	case in.Deleted:
+		return fmt.Sprintf("instance %s is deleted", in.UUID), CodeNoInstance
+	case in.Host == "":
+		return fmt.Sprintf("instance %s has no compute host (not scheduled yet, or shelved)", in.UUID), CodeNoHost
+	case !f.LastReport.IsZero() && f.StaleAge > 0 && f.Now.Sub(f.LastReport) > f.StaleAge:
+		return fmt.Sprintf("host %s last reported at %s, more than %s ago: its agent looks down", in.Host,
+			f.LastReport.UTC().Format(time.RFC3339), f.StaleAge), CodeHostStale
+	}
+	return "", ""
+}
+
+// agentMode maps the policy's attach mode to the agent's: a live attach
+// to a domain that is not running changes its definition only.
+func agentMode(m policy.AttachMode, vmState string) string {
+	if m == policy.ModeDirectCold {
+		return protocol.ModeCold
+	}
+	if vmState != "" && vmState != "active" {
+		return protocol.ModeConfig
+	}
+	return protocol.ModeLive
+}
+
+func nothingReason(d *policy.Decision) string {
+	var fired []string
+	for _, r := range d.Rules {
+		if r.Outcome == policy.OutcomeHolding || r.Outcome == policy.OutcomeCooldown {
+			fired = append(fired, fmt.Sprintf("%s: %s", r.Rule, r.Detail))
+		}
+	}
+	if len(fired) > 0 {
+		return "no change now (" + strings.Join(fired, "; ") + ")"
+	}
+	if len(d.Rules) == 0 {
+		return "no policy rule listens to " + d.Kind
+	}
+	return "no policy rule asked for a change"
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+// MemoryBytes turns a cgroup-style size ("64G", "512M", "1073741824",
+// "max") into what set_vm_limits takes: a byte count or "max". "" stays "".
+func MemoryBytes(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "max" {
+		return s, nil
+	}
+	mult := uint64(1)
+	num := strings.TrimSuffix(strings.TrimSuffix(s, "i"), "B")
+	if n := len(num); n > 0 {
+		switch num[n-1] {
+		case 'K', 'k':
+			mult, num = 1<<10, num[:n-1]
+		case 'M', 'm':
+			mult, num = 1<<20, num[:n-1]
+		case 'G', 'g':
+			mult, num = 1<<30, num[:n-1]
+		case 'T', 't':
+			mult, num = 1<<40, num[:n-1]
+		}
+	}
+	v, err := strconv.ParseUint(num, 10, 64)
+	if err != nil || v == 0 {
+		return "", fmt.Errorf("memory_high %q is not a size such as 64G or a byte count", s)
+	}
+	if v > (1<<63)/mult {
+		return "", fmt.Errorf("memory_high %q is too large", s)
+	}
+	return strconv.FormatUint(v*mult, 10), nil
+}
+
+// NewCommand builds an agent command.
+func NewCommand(kind protocol.Kind, host, requestID, instance string, params any, issued, expires time.Time) (protocol.Command, error) {
+	c := protocol.Command{V: protocol.Version, ID: uuid.NewString(), Kind: kind, Host: host, RequestID: requestID,
+		InstanceUUID: instance, IssuedAt: issued.UTC(), ExpiresAt: expires.UTC()}
+	if params != nil {
+		if err := c.MarshalParams(params); err != nil {
+			return c, err
+		}
+	}
+	return c, c.Validate()
+}
+
+// AttachCommands are the commands of a new attachment, in order:
+// create_mdev, then attach_vgpu (which names the parent and type too, so
+// it also works should the mdev be missing).
+func AttachCommands(a Attachment, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
+	mdev := a.ID.String()
+	c1, err := NewCommand(protocol.CreateMdev, a.Host, requestID, a.InstanceUUID,
+		protocol.MdevParams{MdevUUID: mdev, ParentPCI: a.PCIAddress, TypeID: a.TypeID}, issued, expires)
+	if err != nil {
+		return nil, err
+	}
+	c2, err := NewCommand(protocol.AttachVGPU, a.Host, requestID, a.InstanceUUID,
+		protocol.AttachParams{MdevUUID: mdev, ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: a.Mode}, issued, expires)
+	if err != nil {
+		return nil, err
+	}
+	return []protocol.Command{c1, c2}, nil
+}
+
+// ReleaseCommands take an attachment back: detach_vgpu (unless the domain
+// is gone), then remove_mdev.
+func ReleaseCommands(a Attachment, removeOnly bool, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
+	var out []protocol.Command
+	mdev := a.ID.String()
+	if !removeOnly {
+		mode := a.Mode
+		if mode == "" {
+			mode = protocol.ModeLive
+		}
+		c, err := NewCommand(protocol.DetachVGPU, a.Host, requestID, a.InstanceUUID,
+			protocol.AttachParams{MdevUUID: mdev, Mode: mode}, issued, expires)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	c, err := NewCommand(protocol.RemoveMdev, a.Host, requestID, a.InstanceUUID,
+		protocol.MdevParams{MdevUUID: mdev}, issued, expires)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, c), nil
+}

@@ -1,0 +1,264 @@
+package pipeline
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+const inst = "0d1d9d4f-7b4b-4c4e-9a39-3f8f1a2b3c04"
+
+func known(host string) InstanceFacts {
+	return InstanceFacts{UUID: inst, ProjectID: "p", UserID: "u", Host: host, Node: host, VMState: "active", Known: true}
+}
+
+func attach(mode policy.AttachMode) policy.Intent {
+	return policy.Intent{Kind: policy.IntentAttach, Instance: inst, Profile: "T4-4Q", TypeID: "nvidia-232", Trait: "CUSTOM_NVIDIA_232", Count: 1, Mode: mode}
+}
+
+func att(state, profile string) Attachment {
+	return Attachment{ID: uuid.New(), InstanceUUID: inst, Host: "cmp1", Provider: "rp", Class: "VGPU", Amount: 1, PCIAddress: "0000:3b:00.0",
+		TypeID: "nvidia-232", Profile: profile, Mode: protocol.ModeLive, State: state}
+}
+
+func TestPlanDecision(t *testing.T) {
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name    string
+		d       policy.Decision
+		f       Facts
+		outcome Outcome
+		code    string
+		steps   []StepKind
+		mode    string
+		inWhy   string
+	}{
+		{name: "rejected by policy", d: policy.Decision{Rejected: true, Reason: "instance is deleted"}, f: Facts{Instance: known("cmp1")},
+			outcome: OutcomeReject, code: CodePolicyRejected, inWhy: "deleted"},
+		{name: "direct live attach", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}}, f: Facts{Instance: known("cmp1")},
+			outcome: OutcomeAct, steps: []StepKind{StepAttach}, mode: protocol.ModeLive},
+		{name: "live attach to a stopped server changes its definition", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}},
+			f: Facts{Instance: InstanceFacts{UUID: inst, Host: "cmp1", VMState: "stopped", Known: true}}, outcome: OutcomeAct, steps: []StepKind{StepAttach}, mode: protocol.ModeConfig},
+		{name: "cold attach", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectCold)}}, f: Facts{Instance: known("cmp1")},
+			outcome: OutcomeAct, steps: []StepKind{StepAttach}, mode: protocol.ModeCold},
+		{name: "nova path not in this build", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeNovaResize)}}, f: Facts{Instance: known("cmp1")},
+			outcome: OutcomeFail, code: CodeNovaPath, inWhy: "direct-live"},
+		{name: "unknown instance", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}}, f: Facts{Instance: InstanceFacts{UUID: inst}},
+			outcome: OutcomeFail, code: CodeNoInstance, inWhy: "not known"},
+		{name: "no host", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}}, f: Facts{Instance: known("")},
+			outcome: OutcomeFail, code: CodeNoHost},
+		{name: "stale host", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}},
+			f:       Facts{Instance: known("cmp1"), LastReport: now.Add(-10 * time.Minute), Now: now, StaleAge: 5 * time.Minute},
+			outcome: OutcomeFail, code: CodeHostStale, inWhy: "cmp1 last reported"},
+		{name: "fresh host", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}},
+			f:       Facts{Instance: known("cmp1"), LastReport: now.Add(-time.Minute), Now: now, StaleAge: 5 * time.Minute},
+			outcome: OutcomeAct, steps: []StepKind{StepAttach}, mode: protocol.ModeLive},
+		{name: "release what is attached", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Profile: "T4-4Q", Count: 1}}},
+			f: Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q")}}, outcome: OutcomeAct, steps: []StepKind{StepRelease}},
+		{name: "release with nothing attached", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Count: 1}}},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeRefused, inWhy: "no direct-path vGPU"},
+		{name: "release while attaching", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Count: 1}}},
+			f: Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttPending, "T4-4Q")}}, outcome: OutcomeFail, code: CodeBusy},
+		{name: "resize not in this build", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentResize, Profile: "T4-8Q"}}},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeFail, code: CodeUnsupported},
+		{name: "limits", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentSetLimits, CPUMax: "800000 100000", MemoryHigh: "64G"}}},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeAct, steps: []StepKind{StepCommand}},
+		{name: "notify only", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentNotify, Message: "hi"}}},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeNothing, code: CodeNoAction, steps: []StepKind{StepNotify}},
+		{name: "refused by policy", d: policy.Decision{Refused: []policy.Refusal{{Reason: "quota: 4 vGPUs per project"}}},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeRefused, inWhy: "quota"},
+		{name: "no rule", d: policy.Decision{Kind: "webhook.GPU_LOAD"}, f: Facts{Instance: known("cmp1")}, outcome: OutcomeNothing, code: CodeNoAction,
+			inWhy: "no policy rule listens"},
+		{name: "load rule holding", d: policy.Decision{Rules: []policy.RuleTrace{{Rule: "scale-up", Outcome: policy.OutcomeHolding, Detail: "held 1m of 5m"}}},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeNothing, code: CodeNoAction, inWhy: "scale-up: held 1m of 5m"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := PlanDecision(&tt.d, tt.f)
+			if got.Outcome != tt.outcome || (tt.code != "" && got.Code != tt.code) {
+				t.Fatalf("outcome %s code %s (%s), want %s %s", got.Outcome, got.Code, got.Reason, tt.outcome, tt.code)
+			}
+			if tt.inWhy != "" && !strings.Contains(got.Reason, tt.inWhy) {
+				t.Errorf("reason %q does not contain %q", got.Reason, tt.inWhy)
+			}
+			var kinds []StepKind
+			for _, s := range got.Steps {
+				kinds = append(kinds, s.Kind)
+			}
+			if strings.Join(stepNames(kinds), ",") != strings.Join(stepNames(tt.steps), ",") {
+				t.Errorf("steps %v, want %v", kinds, tt.steps)
+			}
+			if tt.mode != "" && got.Steps[0].Mode != tt.mode {
+				t.Errorf("mode %s, want %s", got.Steps[0].Mode, tt.mode)
+			}
+		})
+	}
+}
+
+func stepNames(ks []StepKind) []string {
+	out := make([]string, len(ks))
+	for i, k := range ks {
+		out[i] = string(k)
+	}
+	return out
+}
+
+func TestPlanReleaseTakesCountAndProfile(t *testing.T) {
+	a1, a2, a3 := att(AttAttached, "T4-4Q"), att(AttAttached, "T4-8Q"), att(AttAttached, "T4-4Q")
+	d := &policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Profile: "T4-4Q", Count: 1}}}
+	p := PlanDecision(d, Facts{Instance: known("cmp1"), Attachments: []Attachment{a1, a2, a3}})
+	if len(p.Steps) != 1 || len(p.Steps[0].Release) != 1 || p.Steps[0].Release[0].ID != a1.ID {
+		t.Fatalf("steps %+v, want a release of the first T4-4Q only", p.Steps)
+	}
+	d = &policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Count: 3}}}
+	p = PlanDecision(d, Facts{Instance: known("cmp1"), Attachments: []Attachment{a1, a2, a3}, Deleting: true})
+	if len(p.Steps[0].Release) != 3 || !p.Steps[0].RemoveOnly {
+		t.Fatalf("release of a deleted instance: %+v", p.Steps[0])
+	}
+}
+
+func TestPlanReattachAfterRebuild(t *testing.T) {
+	a1, a2 := att(AttAttached, "T4-4Q"), att(AttPending, "T4-4Q")
+	a1.Host = "cmp1"
+	p := PlanDecision(&policy.Decision{Kind: "nova.instance.power_on.end"}, Facts{Instance: known("cmp1"), Attachments: []Attachment{a1, a2}, Rebuilt: true})
+	if p.Outcome != OutcomeAct || len(p.Steps) != 1 || p.Steps[0].Kind != StepReattach || len(p.Steps[0].Release) != 1 || p.Steps[0].Release[0].ID != a1.ID {
+		t.Fatalf("plan %+v, want one reattach of the attached vGPU", p)
+	}
+	// Moved to another host (its claim went with Nova's move): not here.
+	p = PlanDecision(&policy.Decision{}, Facts{Instance: known("cmp2"), Attachments: []Attachment{a1}, Rebuilt: true})
+	if p.Outcome != OutcomeNothing {
+		t.Fatalf("plan %+v, want nothing", p)
+	}
+}
+
+func TestCommands(t *testing.T) {
+	a := att(AttPending, "T4-4Q")
+	now := time.Now()
+	cs, err := AttachCommands(a, "req", now, now.Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 2 || cs[0].Kind != protocol.CreateMdev || cs[1].Kind != protocol.AttachVGPU {
+		t.Fatalf("attach commands %+v", cs)
+	}
+	var mp protocol.MdevParams
+	if err := cs[0].DecodeParams(&mp); err != nil || mp.MdevUUID != a.ID.String() || mp.ParentPCI != "0000:3b:00.0" || mp.TypeID != "nvidia-232" {
+		t.Errorf("create_mdev params %+v (%v)", mp, err)
+	}
+	var ap protocol.AttachParams
+	if err := cs[1].DecodeParams(&ap); err != nil || ap.Mode != protocol.ModeLive || ap.MdevUUID != a.ID.String() {
+		t.Errorf("attach params %+v (%v)", ap, err)
+	}
+	for _, c := range cs {
+		body, _ := json.Marshal(c)
+		if _, err := protocol.DecodeCommand(body); err != nil {
+			t.Errorf("%s does not decode: %v", c.Kind, err)
+		}
+	}
+	rs, err := ReleaseCommands(a, false, "req", now, now.Add(time.Minute))
+	if err != nil || len(rs) != 2 || rs[0].Kind != protocol.DetachVGPU || rs[1].Kind != protocol.RemoveMdev {
+		t.Fatalf("release commands %+v (%v)", rs, err)
+	}
+	rs, err = ReleaseCommands(a, true, "req", now, now.Add(time.Minute))
+	if err != nil || len(rs) != 1 || rs[0].Kind != protocol.RemoveMdev {
+		t.Fatalf("remove-only commands %+v (%v)", rs, err)
+	}
+}
+
+func TestMemoryBytes(t *testing.T) {
+	for in, want := range map[string]string{"": "", "max": "max", "64G": "68719476736", "512M": "536870912", "1Gi": "1073741824",
+		"2048": "2048", "1K": "1024", "3T": "3298534883328"} {
+		got, err := MemoryBytes(in)
+		if err != nil || got != want {
+			t.Errorf("MemoryBytes(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"G", "-1G", "1.5G", "lots", "0", "99999999999T"} {
+		if got, err := MemoryBytes(bad); err == nil {
+			t.Errorf("MemoryBytes(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+func TestMapEvent(t *testing.T) {
+	at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name string
+		row  InboxRow
+		want policy.Event
+	}{
+		{name: "native request", row: InboxRow{Source: "webhook:batch", EventType: "GPU_REQUEST", InstanceUUID: inst, OccurredAt: at,
+			Payload: json.RawMessage(`{"source":"batch","type":"GPU_REQUEST","vm_id":"` + inst + `","workload":"training","vgpu_profile":"T4-4Q","count":2,"metrics":{"gpu_util":93.5,"note":"x"}}`)},
+			want: policy.Event{Kind: policy.KindGPURequest, Source: "batch", InstanceUUID: inst, Workload: "training", Profile: "T4-4Q", Count: 2,
+				Metrics: map[string]float64{"gpu_util": 93.5}, Time: at}},
+		{name: "alert", row: InboxRow{Source: "webhook:am", EventType: "GPU_LOAD", InstanceUUID: inst, OccurredAt: at,
+			Payload: json.RawMessage(`{"source":"am","type":"GPU_LOAD","vm_id":"` + inst + `","metrics":{"gpu_util":"97"},"alert":{"status":"firing","labels":{"alertname":"GPUBusy"}}}`)},
+			want: policy.Event{Kind: policy.KindAlert, Source: "am", InstanceUUID: inst, Status: "firing", Labels: map[string]string{"alertname": "GPUBusy"},
+				Metrics: map[string]float64{"gpu_util": 97}, Time: at}},
+		{name: "nova", row: InboxRow{Source: "nova", EventType: "instance.delete.end", InstanceUUID: inst, ProjectID: "p1", OccurredAt: at},
+			want: policy.Event{Kind: "nova.instance.delete.end", Source: "nova", InstanceUUID: inst, ProjectID: "p1", Time: at}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := MapEvent(tt.row)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, _ := json.Marshal(got)
+			w, _ := json.Marshal(tt.want)
+			if string(g) != string(w) {
+				t.Errorf("got  %s\nwant %s", g, w)
+			}
+		})
+	}
+	if _, err := MapEvent(InboxRow{Source: "webhook:x", Payload: json.RawMessage(`[`)}); err == nil {
+		t.Error("broken payload: no error")
+	}
+}
+
+func FuzzMapEvent(f *testing.F) {
+	f.Add(`{"source":"batch","type":"GPU_REQUEST","vm_id":"x","count":1,"metrics":{"gpu_util":1e400}}`)
+	f.Add(`{"alert":{"status":"resolved","labels":{"instance":"x"}},"metrics":{"a":"NaN","b":true}}`)
+	f.Add(`null`)
+	f.Fuzz(func(t *testing.T, payload string) {
+		ev, err := MapEvent(InboxRow{Source: "webhook:f", EventType: "GPU_LOAD", Payload: json.RawMessage(payload)})
+		if err != nil {
+			return
+		}
+		if ev.Kind == "" {
+			t.Errorf("no kind for %q", payload)
+		}
+		for k, v := range ev.Metrics {
+			if v != v {
+				t.Errorf("metric %s is NaN", k)
+			}
+		}
+	})
+}
+
+func TestHostFromReport(t *testing.T) {
+	util := 42.0
+	r := protocol.Report{Host: "cmp1", DriverVersion: "550.54.16", GPUs: []protocol.GPU{
+		{PCI: "0000:3b:00.0", Types: []protocol.VGPUType{{ID: "nvidia-232", Name: "GRID T4-4Q", MaxInstances: 4}},
+			Active: []protocol.VGPU{{TypeID: "nvidia-232", MdevUUID: "m"}}, UtilPercent: &util},
+		{PCI: "0000:d8:00.0", Types: []protocol.VGPUType{{ID: "nvidia-232", Name: "GRID T4-4Q", MaxInstances: 4}}},
+	}}
+	h := HostFromReport(r, catalog.New())
+	if h.Name != "cmp1" || h.DriverVersion != "550.54.16" || len(h.GPUs) != 2 {
+		t.Fatalf("host %+v", h)
+	}
+	g := h.GPUs[0]
+	if g.Model != "T4" || g.Profile != "T4-4Q" || g.Used != 1 || g.Capacity != 4 || g.Utilization != 42 {
+		t.Errorf("gpu %+v", g)
+	}
+	if h.GPUs[1].Model != "T4" || h.GPUs[1].Used != 0 {
+		t.Errorf("empty gpu %+v", h.GPUs[1])
+	}
+}

@@ -1,0 +1,805 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// Log attribute keys.
+const (
+	LogEvent    = "event_id"
+	LogRequest  = "request_id"
+	LogInstance = "instance_uuid"
+	LogCommand  = "command_id"
+	LogHost     = "host"
+	LogError    = "err"
+	LogCode     = "code"
+	LogReason   = "reason"
+)
+
+// PolicySource gives the active policy (policy.Holder).
+type PolicySource interface {
+	Policy() *policy.Policy
+}
+
+// Deps are the processor's collaborators.
+type Deps struct {
+	// Pool is the pipeline's own pool, of at least Workers+2 connections:
+	// a decision's transaction holds one while the placement feature
+	// writes its mirror through another pool. Sharing one pool could
+	// starve the nested writes; New lowers Workers to fit.
+	Pool      *pgxpool.Pool
+	Requests  *requests.Store
+	Policy    PolicySource
+	Placement Placement
+	Catalog   Catalog // may be nil
+	Log       *slog.Logger
+	Registry  prometheus.Registerer // may be nil
+	// OnOutbox is called after commands were committed, to wake the
+	// relay of this process; nil: the relay polls.
+	OnOutbox func()
+}
+
+// Processor runs the pipeline. It is safe for concurrent use.
+type Processor struct {
+	cfg   Config
+	d     Deps
+	log   *slog.Logger
+	wake  chan struct{}
+	hosts atomic.Pointer[hostSet]
+	m     *metrics
+}
+
+// New builds a processor.
+func New(cfg Config, d Deps) (*Processor, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Pool == nil || d.Policy == nil || d.Placement == nil {
+		return nil, errors.New("pipeline: pool, policy and placement are required")
+	}
+	if d.Requests == nil {
+		d.Requests = requests.NewStore(d.Pool, "vgpu-bridge")
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Replica == "" {
+		cfg.Replica, _ = os.Hostname()
+	}
+	if mc := int(d.Pool.Config().MaxConns); cfg.Workers > mc-2 {
+		d.Log.Warn("pipeline: fewer workers than configured, to leave the pool room", "workers", max(mc-2, 1), "configured", cfg.Workers, "pool", mc)
+		cfg.Workers = max(mc-2, 1)
+	}
+	p := &Processor{cfg: cfg, d: d, log: d.Log, wake: make(chan struct{}, 1), m: newMetrics(d.Registry)}
+	p.hosts.Store(&hostSet{byName: map[string]int{}})
+	return p, nil
+}
+
+// Wake makes the inbox loop look at the inbox now.
+func (p *Processor) Wake() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run processes the inbox and watches deadlines until ctx ends.
+func (p *Processor) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(p.cfg.WatchdogInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if _, err := p.CheckDeadlines(ctx); err != nil && ctx.Err() == nil {
+				p.log.Warn("pipeline: deadline check failed", LogError, err)
+			}
+		}
+	}()
+	defer wg.Wait()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-p.wake:
+		}
+		n, err := p.ProcessOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			p.log.Warn("pipeline: inbox poll failed", LogError, err)
+		}
+		next := p.cfg.PollInterval
+		if n > 0 {
+			next = 0 // more may be waiting
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+// refreshHosts re-reads the agents' reports when the cached view is old.
+func (p *Processor) hostView(ctx context.Context) *hostSet {
+	hs := p.hosts.Load()
+	if time.Since(hs.at) < p.cfg.HostsRefresh {
+		return hs
+	}
+	nh, err := loadHosts(ctx, p.d.Pool, p.d.Catalog)
+	if err != nil {
+		p.log.Warn("pipeline: cannot read hosts; using the last view", LogError, err)
+		return hs
+	}
+	p.hosts.Store(nh)
+	return nh
+}
+
+type candidate struct {
+	id       int64
+	instance string
+}
+
+// ProcessOnce takes one batch of unprocessed inbox rows and processes
+// them; events of one instance in order, instances concurrently. It
+// returns how many events it closed.
+func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
+	rows, err := p.d.Pool.Query(ctx, `SELECT id, coalesce(instance_uuid::text,'') FROM events
+		WHERE processed_at IS NULL AND (not_before IS NULL OR not_before <= now())
+		ORDER BY id LIMIT $1`, p.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("poll inbox: %w", err)
+	}
+	var cands []candidate
+	for rows.Next() {
+		var c candidate
+		if err := rows.Scan(&c.id, &c.instance); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		cands = append(cands, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(cands) == 0 {
+		return 0, err
+	}
+	groups := map[string][]int64{}
+	var order []string
+	for _, c := range cands {
+		k := c.instance
+		if k == "" {
+			k = fmt.Sprintf("#%d", c.id)
+		}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], c.id)
+	}
+	work := make(chan []int64)
+	var done atomic.Int64
+	var wg sync.WaitGroup
+	for range min(p.cfg.Workers, len(order)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ids := range work {
+				for _, id := range ids {
+					ok, err := p.processOne(ctx, id)
+					if err != nil {
+						p.log.Warn("pipeline: event not processed", LogEvent, id, LogError, err)
+						break // keep the instance's order: the rest waits
+					}
+					if !ok {
+						break
+					}
+					done.Add(1)
+				}
+			}
+		}()
+	}
+	for _, k := range order {
+		work <- groups[k]
+	}
+	close(work)
+	wg.Wait()
+	return int(done.Load()), nil
+}
+
+// madeClaim is a Placement claim made during one event's transaction; it
+// is released if the transaction does not commit.
+type madeClaim struct {
+	consumer, provider, class string
+	amount, held              int
+}
+
+// errRetry wraps errors after which the event is tried again later.
+type errRetry struct{ err error }
+
+func (e errRetry) Error() string { return e.err.Error() }
+func (e errRetry) Unwrap() error { return e.err }
+
+// processOne handles one inbox row in one transaction. It returns false
+// when the row was not processed now (another replica holds it, or an
+// earlier event of the same instance is still open).
+func (p *Processor) processOne(ctx context.Context, id int64) (bool, error) {
+	start := time.Now()
+	var claims []madeClaim
+	var outbox bool
+	var closed bool
+	hs := p.hostView(ctx)
+	err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+		claims, outbox, closed = nil, false, false
+		row, ok, err := lockEvent(ctx, tx, id)
+		if err != nil || !ok {
+			return err
+		}
+		if row.InstanceUUID != "" {
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
+				return fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
+			}
+			var earlier bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL)`,
+				row.InstanceUUID, row.ID).Scan(&earlier); err != nil {
+				return err
+			}
+			if earlier {
+				return nil // an earlier event of the instance goes first
+			}
+		}
+		closed = true
+		var err2 error
+		claims, outbox, err2 = p.handle(ctx, tx, row, hs)
+		return err2
+	})
+	if err != nil {
+		p.releaseClaims(ctx, claims, "the decision's transaction did not commit")
+		p.m.events.WithLabelValues("error").Inc()
+		return false, p.retryLater(ctx, id, err)
+	}
+	if closed {
+		p.m.decide.Observe(time.Since(start).Seconds())
+	}
+	if outbox && p.d.OnOutbox != nil {
+		p.d.OnOutbox()
+	}
+	return closed, nil
+}
+
+func lockEvent(ctx context.Context, tx pgx.Tx, id int64) (InboxRow, bool, error) {
+	var r InboxRow
+	var inst, reqID, proj *string
+	var occurred *time.Time
+	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, payload, request_id, project_id, attempts
+		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id).
+		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.Payload, &reqID, &proj, &r.Attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, false, fmt.Errorf("lock event %d: %w", id, err)
+	}
+	if inst != nil {
+		r.InstanceUUID = *inst
+	}
+	if reqID != nil {
+		r.RequestID = *reqID
+	}
+	if proj != nil {
+		r.ProjectID = *proj
+	}
+	if occurred != nil {
+		r.OccurredAt = *occurred
+	}
+	return r, true, nil
+}
+
+// retryLater counts a failed attempt and backs the event off; after
+// MaxAttempts the event is closed and its request fails.
+func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error {
+	if ctx.Err() != nil {
+		return cause
+	}
+	var attempts int
+	err := p.d.Pool.QueryRow(ctx, `UPDATE events SET attempts = attempts + 1, last_error = $2
+		WHERE id = $1 AND processed_at IS NULL RETURNING attempts`, id, cause.Error()).Scan(&attempts)
+	if err != nil {
+		return errors.Join(cause, err)
+	}
+	if attempts < p.cfg.MaxAttempts {
+		wait := p.cfg.RetryMin << min(attempts-1, 20)
+		if wait > p.cfg.RetryMax || wait <= 0 {
+			wait = p.cfg.RetryMax
+		}
+		wait = wait/2 + rand.N(wait/2+1)
+		_, err := p.d.Pool.Exec(ctx, `UPDATE events SET not_before = now() + make_interval(secs => $2) WHERE id = $1`, id, wait.Seconds())
+		return errors.Join(cause, err)
+	}
+	// Give up: close the event; its request fails with the last error.
+	return errors.Join(cause, pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+		row, ok, err := lockEvent(ctx, tx, id)
+		if err != nil || !ok {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE events SET processed_at = now(), status = 'failed', detail = $2 WHERE id = $1`, id, cause.Error()); err != nil {
+			return err
+		}
+		if reqID, ok := row.BridgeRequest(); ok {
+			return p.failRequest(ctx, tx, reqID, CodeEventFailed,
+				fmt.Sprintf("the bridge gave up after %d attempts: %v", attempts, cause), nil)
+		}
+		return nil
+	}))
+}
+
+// handle decides about one locked event and writes everything in tx.
+func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hostSet) ([]madeClaim, bool, error) {
+	markProcessed := func() error {
+		_, err := tx.Exec(ctx, `UPDATE events SET processed_at = now() WHERE id = $1`, row.ID)
+		return err
+	}
+	reqID, hasReq := row.BridgeRequest()
+	var reqState requests.State
+	if hasReq {
+		var st string
+		err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, reqID).Scan(&st)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			hasReq = false
+		case err != nil:
+			return nil, false, err
+		default:
+			reqState = requests.State(st)
+		}
+	}
+	if hasReq && reqState.Final() {
+		// Cancelled (or otherwise finished) before the pipeline got to it.
+		p.m.events.WithLabelValues("skipped").Inc()
+		return nil, false, markProcessed()
+	}
+	ev, err := MapEvent(row)
+	if err != nil {
+		if hasReq {
+			if err := p.failRequest(ctx, tx, reqID, CodeEventFailed, err.Error(), nil); err != nil {
+				return nil, false, err
+			}
+		}
+		_, err2 := tx.Exec(ctx, `UPDATE events SET processed_at = now(), status = 'failed', detail = $2 WHERE id = $1`, row.ID, err.Error())
+		return nil, false, err2
+	}
+	pol := p.d.Policy.Policy()
+	if !hasReq && !rebuildKind(ev.Kind) && ev.Kind != NovaKindPrefix+"instance.delete.end" {
+		// Most notifications: no rule listens, nothing to re-apply.
+		if d0 := pol.Evaluate(ev, nil, nil); len(d0.Rules) == 0 {
+			p.m.events.WithLabelValues(string(OutcomeNothing)).Inc()
+			return nil, false, markProcessed()
+		}
+	}
+	facts, st, err := p.loadFacts(ctx, tx, ev, hs)
+	if err != nil {
+		return nil, false, err
+	}
+	ls, err := policystate.Snapshot(ctx, tx, ev.InstanceUUID)
+	if err != nil {
+		return nil, false, err
+	}
+	d := pol.Evaluate(ev, st, ls)
+	plan := PlanDecision(d, facts)
+
+	if !hasReq && plan.Outcome != OutcomeAct {
+		// A notification nobody asked about: record the decision only when
+		// a rule listened.
+		p.m.events.WithLabelValues(string(plan.Outcome)).Inc()
+		if len(d.Rules) > 0 {
+			if err := p.recordDecision(ctx, tx, row, nil, d, plan); err != nil {
+				return nil, false, err
+			}
+			if err := policystate.Apply(ctx, tx, d.LoadUpdates); err != nil {
+				return nil, false, err
+			}
+		}
+		return nil, false, markProcessed()
+	}
+	if !hasReq {
+		reqID = uuid.New()
+		var inst *uuid.UUID
+		if u, err := uuid.Parse(ev.InstanceUUID); err == nil {
+			inst = &u
+		}
+		body, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "message_id": row.MessageID})
+		if err := p.d.Requests.Create(ctx, tx, requests.Request{ID: reqID, Source: row.Source, Kind: row.EventType, InstanceUUID: inst, Body: body}); err != nil {
+			return nil, false, err
+		}
+		hasReq, reqState = true, requests.Accepted
+	}
+	var claims []madeClaim
+	outbox := false
+	switch plan.Outcome {
+	case OutcomeAct:
+		var err error
+		claims, err = p.act(ctx, tx, row, reqID, reqState, d, &plan, facts)
+		if err != nil {
+			return claims, false, err
+		}
+		outbox = plan.Outcome == OutcomeAct
+	default:
+		if err := p.notify(ctx, tx, reqID, ev.InstanceUUID, plan.Steps); err != nil {
+			return nil, false, err
+		}
+		if err := p.closeWithout(ctx, tx, row, reqID, reqState, plan); err != nil {
+			return nil, false, err
+		}
+	}
+	p.m.events.WithLabelValues(string(plan.Outcome)).Inc()
+	if err := p.recordDecision(ctx, tx, row, &reqID, d, plan); err != nil {
+		return claims, false, err
+	}
+	if err := policystate.Apply(ctx, tx, d.LoadUpdates); err != nil {
+		return claims, false, err
+	}
+	return claims, outbox, markProcessed()
+}
+
+// closeWithout ends a request whose decision does nothing: rejected, or
+// failed when the bridge cannot act. A request with several events (an
+// Alertmanager group) waits for its last one.
+func (p *Processor) closeWithout(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State, plan Plan) error {
+	if state != requests.Accepted {
+		return nil // a sibling event already decided it
+	}
+	var others bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE request_id = $1 AND id <> $2 AND processed_at IS NULL)`,
+		reqID.String(), row.ID).Scan(&others); err != nil {
+		return err
+	}
+	if others {
+		return nil
+	}
+	to := requests.Rejected
+	if plan.Outcome == OutcomeFail {
+		to = requests.Failed
+	}
+	_, err := p.d.Requests.Transition(ctx, tx, reqID, to, "", plan.Reason, plan.Code)
+	return err
+}
+
+func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow, reqID *uuid.UUID, d *policy.Decision, plan Plan) error {
+	doc, err := json.Marshal(struct {
+		*policy.Decision
+		Plan struct {
+			Outcome Outcome  `json:"outcome"`
+			Code    string   `json:"code,omitempty"`
+			Reason  string   `json:"reason,omitempty"`
+			Notes   []string `json:"notes,omitempty"`
+		} `json:"plan"`
+		Explanation string `json:"explanation"`
+	}{Decision: d, Plan: struct {
+		Outcome Outcome  `json:"outcome"`
+		Code    string   `json:"code,omitempty"`
+		Reason  string   `json:"reason,omitempty"`
+		Notes   []string `json:"notes,omitempty"`
+	}{plan.Outcome, plan.Code, plan.Reason, plan.Notes}, Explanation: d.Explain()})
+	if err != nil {
+		return err
+	}
+	var inst *string
+	if _, err := uuid.Parse(row.InstanceUUID); err == nil {
+		inst = &row.InstanceUUID
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO decisions (event_id, request_id, instance_uuid, policy, rejected, reason, decision, replica)
+		VALUES ($1, $2, $3::uuid, $4, $5, nullif($6,''), $7, $8) ON CONFLICT (event_id) DO NOTHING`,
+		row.ID, reqID, inst, d.Policy, plan.Outcome == OutcomeReject, plan.Reason, doc, p.cfg.Replica)
+	if err != nil {
+		return fmt.Errorf("record decision of event %d: %w", row.ID, err)
+	}
+	return nil
+}
+
+// act runs an OutcomeAct plan: claims, attachment rows, commands and the
+// request's transition to decided. A claim that cannot be made turns the
+// plan into a failure (plan.Outcome is set to OutcomeFail) after the claims
+// already made are released.
+func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State,
+	d *policy.Decision, plan *Plan, f Facts) ([]madeClaim, error) {
+	now := time.Now()
+	deadline := now.Add(p.cfg.RequestTimeout)
+	var seq int
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, reqID).Scan(&seq); err != nil {
+		return nil, err
+	}
+	var claims []madeClaim
+	var cmds []outCmd
+	var atts []Attachment
+	var release []Attachment
+	var summary []string
+	for _, s := range plan.Steps {
+		switch s.Kind {
+		case StepAttach:
+			made, err := p.claim(ctx, f, s, atts)
+			claims = append(claims, made...)
+			if err != nil {
+				if errors.Is(err, ErrNoCapacity) || errors.Is(err, errNoAddress) {
+					code := CodeNoCapacity
+					if errors.Is(err, errNoAddress) {
+						code = CodePlacement
+					}
+					reason := fmt.Sprintf("no GPU of host %s (node %s) can take %d × %s (%s): %v", f.Instance.Host, f.Instance.Node,
+						max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, err)
+					p.releaseClaims(ctx, claims, reason)
+					if err := p.auditReleased(ctx, tx, reqID, claims, reason); err != nil {
+						return nil, err
+					}
+					plan.Outcome, plan.Code, plan.Reason, plan.Steps = OutcomeFail, code, reason, nil
+					return nil, p.closeWithout(ctx, tx, row, reqID, state, *plan)
+				}
+				return claims, errRetry{err}
+			}
+			for _, mc := range made {
+				a := Attachment{ID: uuid.New(), InstanceUUID: f.Instance.UUID, RequestID: reqID, Host: f.Instance.Host, Node: f.Instance.Node,
+					Provider: mc.provider, Class: mc.class, Amount: 1, HeldAfter: mc.held, PCIAddress: p.d.Placement.GPUAddress(mc.provider),
+					TypeID: s.Intent.TypeID, Profile: s.Intent.Profile, Trait: s.Intent.Trait, Mode: s.Mode, State: AttPending}
+				for u := 0; u < mc.amount; u++ {
+					b := a
+					if u > 0 {
+						b.ID = uuid.New()
+					}
+					b.HeldAfter = mc.held - (mc.amount - 1 - u)
+					cs, err := AttachCommands(b, reqID.String(), now, deadline)
+					if err != nil {
+						return claims, err
+					}
+					atts = append(atts, b)
+					for _, c := range cs {
+						seq++
+						cmds = append(cmds, outCmd{c: c, seq: seq, attachment: &b.ID})
+					}
+				}
+				summary = append(summary, fmt.Sprintf("attach %d × %s on %s GPU %s", mc.amount, s.Intent.Profile, f.Instance.Host, a.PCIAddress))
+			}
+		case StepRelease:
+			for _, a := range s.Release {
+				cs, err := ReleaseCommands(a, s.RemoveOnly, reqID.String(), now, deadline)
+				if err != nil {
+					return claims, err
+				}
+				release = append(release, a)
+				id := a.ID
+				for _, c := range cs {
+					seq++
+					cmds = append(cmds, outCmd{c: c, seq: seq, attachment: &id})
+				}
+				summary = append(summary, fmt.Sprintf("release %s (mdev %s) on %s", a.Profile, a.ID, a.Host))
+			}
+		case StepReattach:
+			for _, a := range s.Release {
+				c, err := NewCommand(protocol.AttachVGPU, a.Host, reqID.String(), a.InstanceUUID,
+					protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: agentMode(policy.ModeDirectLive, f.Instance.VMState)},
+					now, deadline)
+				if err != nil {
+					return claims, err
+				}
+				id := a.ID
+				seq++
+				cmds = append(cmds, outCmd{c: c, seq: seq, attachment: &id})
+				summary = append(summary, fmt.Sprintf("attach %s (mdev %s) again after Nova rebuilt the domain", a.Profile, a.ID))
+			}
+		case StepCommand:
+			c, err := NewCommand(s.Command, s.Host, reqID.String(), f.Instance.UUID, s.Params, now, deadline)
+			if err != nil {
+				plan.Notes = append(plan.Notes, fmt.Sprintf("%s: %v", s.Command, err))
+				continue
+			}
+			seq++
+			cmds = append(cmds, outCmd{c: c, seq: seq})
+			summary = append(summary, string(s.Command))
+		case StepNotify:
+			if err := p.notify(ctx, tx, reqID, f.Instance.UUID, []Step{s}); err != nil {
+				return claims, err
+			}
+		}
+	}
+	for _, a := range atts {
+		if _, err := tx.Exec(ctx, `INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
+				amount, held_after, pci_address, type_id, profile, trait, mode, state)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 'pending')`,
+			a.ID, a.InstanceUUID, reqID, a.Host, a.Node, a.Provider, a.Class, a.Amount, a.HeldAfter, a.PCIAddress, a.TypeID, a.Profile, a.Trait, a.Mode); err != nil {
+			return claims, fmt.Errorf("record attachment: %w", err)
+		}
+	}
+	for _, a := range release {
+		if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'releasing', release_request_id = $2, updated_at = now() WHERE id = $1`,
+			a.ID, reqID); err != nil {
+			return claims, err
+		}
+	}
+	if err := insertCommands(ctx, tx, reqID, PurposeAction, cmds); err != nil {
+		return claims, err
+	}
+	if len(cmds) == 0 {
+		// Only notes and notifications: nothing for the agents.
+		plan.Outcome, plan.Code = OutcomeReject, CodeNoAction
+		if plan.Reason == "" {
+			plan.Reason = joinNonEmpty("; ", plan.Notes...)
+		}
+		if plan.Reason == "" {
+			plan.Reason = "nothing to send to an agent"
+		}
+		return claims, p.closeWithout(ctx, tx, row, reqID, state, *plan)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE requests SET deadline_at = $2 WHERE id = $1`, reqID, deadline); err != nil {
+		return claims, err
+	}
+	reason := joinNonEmpty("; ", summary...)
+	if _, err := p.d.Requests.Transition(ctx, tx, reqID, nextState(state, requests.Decided), "queued", reason, ""); err != nil {
+		return claims, err
+	}
+	p.m.claims.Add(float64(len(atts)))
+	return claims, nil
+}
+
+func rebuildKind(kind string) bool {
+	for _, k := range RebuildEvents {
+		if kind == NovaKindPrefix+k {
+			return true
+		}
+	}
+	return false
+}
+
+// notify records the plan's notify steps in the audit log.
+func (p *Processor) notify(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, instance string, steps []Step) error {
+	for _, s := range steps {
+		if s.Kind != StepNotify {
+			continue
+		}
+		detail, _ := json.Marshal(map[string]any{"message": s.Intent.Message, "rule": s.Intent.Rule, "why": s.Intent.Why})
+		if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+			VALUES ($1, 'notify', 'instance', $2, $3, $4)`, p.actor(), orDefault(instance, "-"), reqID.String(), detail); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nextState is to, unless the request is already past it (a sibling event
+// of the same request moved it on): then it stays where it is.
+func nextState(cur, to requests.State) requests.State {
+	if cur == requests.Dispatched && to == requests.Decided {
+		return requests.Dispatched
+	}
+	return to
+}
+
+var errNoAddress = errors.New("the GPU provider's name carries no PCI address (<node>_pci_DDDD_BB_SS_F)")
+
+// claim claims the units of an attach step, or adopts units an
+// interrupted earlier attempt claimed for this consumer but recorded
+// nowhere.
+func (p *Processor) claim(ctx context.Context, f Facts, s Step, planned []Attachment) ([]madeClaim, error) {
+	n := max(s.Intent.Count, 1)
+	known := map[string]int{}
+	for _, a := range f.Attachments {
+		if a.State != AttFailed && a.State != AttReleased {
+			known[a.Provider] += a.Amount
+		}
+	}
+	for _, a := range planned {
+		known[a.Provider] += a.Amount
+	}
+	holdings, err := p.d.Placement.Holdings(ctx, f.Instance.UUID)
+	if err != nil {
+		return nil, err
+	}
+	if f.Instance.FlavorVGPUs == 0 { // a flavor's units are Nova's, never adopted
+		for _, h := range holdings {
+			if h.Trait != s.Intent.Trait {
+				continue
+			}
+			if excess := h.Amount - known[h.Provider]; excess >= n {
+				if p.d.Placement.GPUAddress(h.Provider) == "" {
+					continue
+				}
+				p.log.Info("pipeline: adopting a claim an interrupted attempt made", LogInstance, f.Instance.UUID, "provider", h.Provider, "units", n)
+				return []madeClaim{{consumer: f.Instance.UUID, provider: h.Provider, class: h.Class, amount: n, held: h.Amount}}, nil
+			}
+		}
+	}
+	cl, err := p.d.Placement.Claim(ctx, ClaimSpec{Consumer: f.Instance.UUID, ProjectID: f.Instance.ProjectID, UserID: f.Instance.UserID,
+		Node: f.Instance.Node, Trait: s.Intent.Trait, Count: n})
+	if err != nil {
+		return nil, err
+	}
+	mc := madeClaim{consumer: f.Instance.UUID, provider: cl.Provider, class: cl.Class, amount: cl.Amount, held: cl.Held}
+	if p.d.Placement.GPUAddress(cl.Provider) == "" {
+		return []madeClaim{mc}, fmt.Errorf("%w: provider %s", errNoAddress, cl.Provider)
+	}
+	return []madeClaim{mc}, nil
+}
+
+// releaseClaims gives back claims made for a decision that did not
+// happen; errors are logged (the drift reconciler finds what is left).
+func (p *Processor) releaseClaims(ctx context.Context, claims []madeClaim, why string) {
+	ctx = context.WithoutCancel(ctx)
+	for _, c := range claims {
+		if err := p.d.Placement.ReleaseUnits(ctx, c.consumer, c.provider, c.class, c.amount, c.held); err != nil {
+			p.log.Error("pipeline: cannot release a claim; Placement keeps it until the reconciler repairs it",
+				LogInstance, c.consumer, "provider", c.provider, LogError, err, LogReason, why)
+			continue
+		}
+		p.m.compensations.WithLabelValues("claim_released").Inc()
+	}
+}
+
+func (p *Processor) auditReleased(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, claims []madeClaim, why string) error {
+	for _, c := range claims {
+		detail, _ := json.Marshal(map[string]any{"claim_released": map[string]any{"provider": c.provider, "class": c.class, "amount": c.amount},
+			"reason": why})
+		if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+			VALUES ($1, 'compensate', 'instance', $2, $3, $4)`, p.actor(), c.consumer, reqID.String(), detail); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *Processor) actor() string { return "vgpu-bridge/" + p.cfg.Replica }
+
+// Purposes of commands.
+const (
+	PurposeAction       = "action"
+	PurposeCompensation = "compensation"
+)
+
+type outCmd struct {
+	c          protocol.Command
+	seq        int
+	attachment *uuid.UUID
+}
+
+func insertCommands(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, purpose string, cmds []outCmd) error {
+	for _, oc := range cmds {
+		body, err := json.Marshal(oc.c)
+		if err != nil {
+			return err
+		}
+		var inst *string
+		if oc.c.InstanceUUID != "" {
+			inst = &oc.c.InstanceUUID
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, attachment_id, instance_uuid)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::uuid)`,
+			oc.c.ID, reqID, oc.c.Host, string(oc.c.Kind), body, oc.c.ExpiresAt, oc.seq, purpose, oc.attachment, inst); err != nil {
+			return fmt.Errorf("queue command %s: %w", oc.c.Kind, err)
+		}
+	}
+	return nil
+}

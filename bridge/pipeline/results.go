@@ -1,0 +1,455 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+)
+
+// Phases of a request in flight (requests.phase).
+const (
+	PhaseQueued       = "queued"
+	PhaseCreating     = "creating_mdev"
+	PhaseAttaching    = "attaching"
+	PhaseDetaching    = "detaching"
+	PhaseRemoving     = "removing_mdev"
+	PhaseApplying     = "applying"
+	PhaseCompensating = "compensating"
+)
+
+// PhaseOf is the phase of a request while command kind k runs.
+func PhaseOf(k protocol.Kind) string {
+	switch k {
+	case protocol.CreateMdev:
+		return PhaseCreating
+	case protocol.AttachVGPU:
+		return PhaseAttaching
+	case protocol.DetachVGPU:
+		return PhaseDetaching
+	case protocol.RemoveMdev:
+		return PhaseRemoving
+	}
+	return PhaseApplying
+}
+
+// HandleResult records an agent's result and moves its request on: the
+// next phase, success once every command of the request succeeded, or
+// failure and compensation. Duplicate and unknown results are ignored.
+func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) error {
+	outbox := false
+	err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+		outbox = false
+		var reqID *uuid.UUID
+		var purpose, kind, host string
+		var attID *uuid.UUID
+		var finished *time.Time
+		err := tx.QueryRow(ctx, `SELECT request_id, purpose, kind, host, attachment_id, finished_at FROM commands WHERE id::text = $1 FOR UPDATE`,
+			r.CommandID).Scan(&reqID, &purpose, &kind, &host, &attID, &finished)
+		if errors.Is(err, pgx.ErrNoRows) {
+			p.log.Debug("pipeline: result of an unknown command", LogCommand, r.CommandID, LogHost, r.Host)
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("result of %s: %w", r.CommandID, err)
+		}
+		if finished != nil {
+			return nil // a duplicate delivery
+		}
+		if r.Host != "" && r.Host != host {
+			p.log.Warn("pipeline: result from another host than the command's; ignored", LogCommand, r.CommandID, LogHost, r.Host, "want", host)
+			return nil
+		}
+		body, _ := json.Marshal(r)
+		if _, err := tx.Exec(ctx, `UPDATE commands SET result_status = $2, result = $3, finished_at = now() WHERE id::text = $1`,
+			r.CommandID, string(r.Status), body); err != nil {
+			return err
+		}
+		p.m.results.WithLabelValues(kind, string(r.Status)).Inc()
+		if reqID == nil {
+			return nil
+		}
+		if purpose == PurposeCompensation {
+			detail, _ := json.Marshal(map[string]any{"command_id": r.CommandID, "kind": kind, "status": r.Status, "code": r.Code, "message": r.Message})
+			_, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+				VALUES ($1, 'compensation_result', 'command', $2, $3, $4)`, p.actor(), r.CommandID, reqID.String(), detail)
+			return err
+		}
+		var st string
+		if err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, *reqID).Scan(&st); err != nil {
+			return err
+		}
+		state := requests.State(st)
+		if state.Final() {
+			// A late answer for a request that already ended: undo what the
+			// command did if it succeeded.
+			if r.Status == protocol.Succeeded && attID != nil && (kind == string(protocol.CreateMdev) || kind == string(protocol.AttachVGPU)) {
+				outbox = true
+				return p.undoLate(ctx, tx, *reqID, *attID, kind == string(protocol.AttachVGPU))
+			}
+			return nil
+		}
+		if r.Status != protocol.Succeeded {
+			code := CodeAgentFailed
+			if r.Status == protocol.Refused {
+				code = CodeAgentRefused
+			}
+			outbox = true
+			return p.failRequest(ctx, tx, *reqID, code, describeResult(host, kind, r), attID)
+		}
+		// What is still open?
+		var nextKind *string
+		var openFailed bool
+		if err := tx.QueryRow(ctx, `SELECT (SELECT kind FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NULL ORDER BY seq LIMIT 1),
+				EXISTS (SELECT 1 FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NOT NULL AND result_status <> 'succeeded')`,
+			*reqID).Scan(&nextKind, &openFailed); err != nil {
+			return err
+		}
+		if state == requests.Decided {
+			if _, err := p.d.Requests.Transition(ctx, tx, *reqID, requests.Dispatched, PhaseOf(protocol.Kind(kind)), "", ""); err != nil {
+				return err
+			}
+			state = requests.Dispatched
+		}
+		if nextKind != nil {
+			outbox = true
+			_, err := p.d.Requests.Transition(ctx, tx, *reqID, state, PhaseOf(protocol.Kind(*nextKind)), "", "")
+			return err
+		}
+		if openFailed {
+			return nil // failed before; nothing more to do
+		}
+		return p.complete(ctx, tx, *reqID)
+	})
+	if err == nil && outbox && p.d.OnOutbox != nil {
+		p.d.OnOutbox()
+	}
+	return err
+}
+
+func describeResult(host, kind string, r protocol.Result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "agent of host %s: %s %s", host, kind, r.Status)
+	if r.Code != "" {
+		fmt.Fprintf(&b, " (%s", r.Code)
+		if r.NvidiaCode != 0 {
+			fmt.Fprintf(&b, ", NVIDIA code %d", r.NvidiaCode)
+		}
+		b.WriteString(")")
+	}
+	if r.Message != "" {
+		b.WriteString(": " + r.Message)
+	}
+	if r.Remediation != "" {
+		b.WriteString("; remediation: " + r.Remediation)
+	}
+	return b.String()
+}
+
+// complete ends a request whose commands all succeeded: new attachments
+// are attached; released ones give their claim back.
+func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID) error {
+	tag, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'attached', updated_at = now() WHERE request_id = $1 AND state = 'pending'`, reqID)
+	if err != nil {
+		return err
+	}
+	attached := tag.RowsAffected()
+	rows, err := tx.Query(ctx, `SELECT `+attachmentColumns+` FROM vgpu_attachments WHERE release_request_id = $1 AND state = 'releasing' FOR UPDATE`, reqID)
+	if err != nil {
+		return err
+	}
+	rel, err := scanAttachments(rows)
+	if err != nil {
+		return err
+	}
+	for _, a := range rel {
+		if a.Provider != "" {
+			if err := p.d.Placement.ReleaseUnits(ctx, a.InstanceUUID, a.Provider, a.Class, a.Amount, a.HeldAfter); err != nil {
+				return errRetry{err}
+			}
+		}
+		if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'released', released_at = now(), updated_at = now() WHERE id = $1`, a.ID); err != nil {
+			return err
+		}
+	}
+	var parts []string
+	if attached > 0 {
+		parts = append(parts, fmt.Sprintf("%d vGPU(s) attached", attached))
+	}
+	if len(rel) > 0 {
+		parts = append(parts, fmt.Sprintf("%d vGPU(s) detached and removed, claim released", len(rel)))
+	}
+	reason := joinNonEmpty("; ", parts...)
+	if reason == "" {
+		reason = "all commands succeeded"
+	}
+	if _, err := p.d.Requests.Transition(ctx, tx, reqID, requests.Succeeded, "", reason, ""); err != nil {
+		return err
+	}
+	p.m.requests.WithLabelValues(string(requests.Succeeded)).Inc()
+	return nil
+}
+
+// failRequest fails a request with code and reason and compensates what
+// it did: for each attachment it was creating, the Placement claim is
+// released and, for what reached the agent, detach_vgpu / remove_mdev are
+// queued; attachments it was releasing stay attached. Unsent commands are
+// cancelled. Everything is recorded in audit_log. cause, when set, is the
+// attachment whose command failed.
+func (p *Processor) failRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string, cause *uuid.UUID) error {
+	var st string
+	if err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, reqID).Scan(&st); err != nil {
+		return err
+	}
+	state := requests.State(st)
+	if state.Final() {
+		return nil
+	}
+	if state != requests.Accepted {
+		if _, err := p.d.Requests.Transition(ctx, tx, reqID, state, PhaseCompensating, reason, code); err != nil {
+			return err
+		}
+	}
+	if err := p.compensate(ctx, tx, reqID, code, reason, cause); err != nil {
+		return err
+	}
+	if _, err := p.d.Requests.Transition(ctx, tx, reqID, requests.Failed, "", reason, code); err != nil {
+		return err
+	}
+	p.m.requests.WithLabelValues(string(requests.Failed)).Inc()
+	p.log.Info("pipeline: request failed", LogRequest, reqID, LogCode, code, LogReason, reason)
+	return nil
+}
+
+// compensate undoes what a request did that is not finished: see
+// failRequest. The request's state is the caller's.
+func (p *Processor) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string, cause *uuid.UUID) error {
+	// Unsent commands never go out.
+	if _, err := tx.Exec(ctx, `UPDATE commands SET result_status = 'cancelled', finished_at = now()
+		WHERE request_id = $1 AND sent_at IS NULL AND finished_at IS NULL`, reqID); err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, `SELECT `+attachmentColumns+` FROM vgpu_attachments WHERE request_id = $1 AND state = 'pending' FOR UPDATE`, reqID)
+	if err != nil {
+		return err
+	}
+	atts, err := scanAttachments(rows)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	var seq int
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, reqID).Scan(&seq); err != nil {
+		return err
+	}
+	for _, a := range atts {
+		detail := map[string]any{"reason": reason, "code": code}
+		if a.Provider != "" {
+			if err := p.d.Placement.ReleaseUnits(ctx, a.InstanceUUID, a.Provider, a.Class, a.Amount, a.HeldAfter); err != nil {
+				return errRetry{fmt.Errorf("compensate attachment %s: %w", a.ID, err)}
+			}
+			detail["claim_released"] = map[string]any{"provider": a.Provider, "class": a.Class, "amount": a.Amount}
+			p.m.compensations.WithLabelValues("claim_released").Inc()
+		}
+		cmds, err := p.undoCommands(ctx, tx, reqID, a, now, &seq)
+		if err != nil {
+			return err
+		}
+		if len(cmds) > 0 {
+			var kinds []string
+			for _, c := range cmds {
+				kinds = append(kinds, string(c.c.Kind)+" "+c.c.ID)
+			}
+			detail["commands"] = kinds
+			p.m.compensations.WithLabelValues("mdev_removal_queued").Inc()
+		}
+		why := reason
+		if cause != nil && *cause != a.ID {
+			why = "another vGPU of the request failed: " + reason
+		}
+		if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'failed', reason = $2, updated_at = now() WHERE id = $1`, a.ID, why); err != nil {
+			return err
+		}
+		d, _ := json.Marshal(detail)
+		if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+			VALUES ($1, 'compensate', 'attachment', $2, $3, $4)`, p.actor(), a.ID.String(), reqID.String(), d); err != nil {
+			return err
+		}
+	}
+	// Releases that did not finish: the vGPU stays where it is.
+	if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'attached', release_request_id = NULL, reason = $2, updated_at = now()
+		WHERE release_request_id = $1 AND state = 'releasing'`, reqID, "release failed: "+reason); err != nil {
+		return err
+	}
+	return nil
+}
+
+// compensateEnded compensates requests that ended while their vGPUs were
+// in flight without the pipeline ending them (an operator's cancel).
+func (p *Processor) compensateEnded(ctx context.Context) (int, error) {
+	n := 0
+	for {
+		done := false
+		err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+			var id uuid.UUID
+			var st, reason, code string
+			err := tx.QueryRow(ctx, `SELECT r.id, r.state, coalesce(r.reason,''), coalesce(r.code,'') FROM requests r
+				WHERE r.state IN ('failed','rejected') AND EXISTS (SELECT 1 FROM vgpu_attachments a
+					WHERE (a.request_id = r.id AND a.state = 'pending') OR (a.release_request_id = r.id AND a.state = 'releasing'))
+				LIMIT 1 FOR UPDATE OF r SKIP LOCKED`).Scan(&id, &st, &reason, &code)
+			if errors.Is(err, pgx.ErrNoRows) {
+				done = true
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			return p.compensate(ctx, tx, id, code, fmt.Sprintf("request %s while in flight: %s", st, orDefault(reason, code)), nil)
+		})
+		if err != nil || done {
+			return n, err
+		}
+		n++
+	}
+}
+
+// undoCommands queues the compensation of an attachment: detach_vgpu when
+// its attach_vgpu was sent, remove_mdev when its create_mdev was.
+func (p *Processor) undoCommands(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, a Attachment, now time.Time, seq *int) ([]outCmd, error) {
+	rows, err := tx.Query(ctx, `SELECT kind FROM commands WHERE attachment_id = $1 AND purpose = 'action' AND sent_at IS NOT NULL
+		AND coalesce(result_status, '') NOT IN ('failed', 'refused')`, a.ID)
+	if err != nil {
+		return nil, err
+	}
+	sent := map[string]bool{}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		sent[k] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return p.queueUndo(ctx, tx, reqID, a, sent[string(protocol.AttachVGPU)], sent[string(protocol.CreateMdev)] || sent[string(protocol.AttachVGPU)], now, seq)
+}
+
+func (p *Processor) queueUndo(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, a Attachment, detach, remove bool, now time.Time, seq *int) ([]outCmd, error) {
+	if !detach && !remove {
+		return nil, nil
+	}
+	expires := now.Add(p.cfg.RequestTimeout)
+	all, err := ReleaseCommands(a, !detach, reqID.String(), now, expires)
+	if err != nil {
+		return nil, err
+	}
+	var out []outCmd
+	for _, c := range all {
+		*seq++
+		id := a.ID
+		out = append(out, outCmd{c: c, seq: *seq, attachment: &id})
+	}
+	return out, insertCommands(ctx, tx, reqID, PurposeCompensation, out)
+}
+
+// undoLate compensates a create or attach that succeeded after its
+// request had already ended.
+func (p *Processor) undoLate(ctx context.Context, tx pgx.Tx, reqID, attID uuid.UUID, attached bool) error {
+	rows, err := tx.Query(ctx, `SELECT `+attachmentColumns+` FROM vgpu_attachments WHERE id = $1 FOR UPDATE`, attID)
+	if err != nil {
+		return err
+	}
+	atts, err := scanAttachments(rows)
+	if err != nil || len(atts) == 0 {
+		return err
+	}
+	if atts[0].State != AttFailed {
+		return nil
+	}
+	var seq int
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, reqID).Scan(&seq); err != nil {
+		return err
+	}
+	cmds, err := p.queueUndo(ctx, tx, reqID, atts[0], attached, true, time.Now(), &seq)
+	if err != nil {
+		return err
+	}
+	var kinds []string
+	for _, c := range cmds {
+		kinds = append(kinds, string(c.c.Kind)+" "+c.c.ID)
+	}
+	d, _ := json.Marshal(map[string]any{"reason": "a late result said the agent did it after the request had ended", "commands": kinds})
+	_, err = tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+		VALUES ($1, 'compensate', 'attachment', $2, $3, $4)`, p.actor(), attID.String(), reqID.String(), d)
+	return err
+}
+
+// CheckDeadlines fails the requests whose deadline passed without every
+// answer, with the reason naming the command and host that did not
+// answer, and compensates them. Replicas share the work (SKIP LOCKED).
+func (p *Processor) CheckDeadlines(ctx context.Context) (int, error) {
+	n := 0
+	for {
+		done := false
+		err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+			var id uuid.UUID
+			err := tx.QueryRow(ctx, `SELECT id FROM requests WHERE state IN ('accepted','decided','dispatched')
+				AND deadline_at IS NOT NULL AND deadline_at < now() ORDER BY deadline_at LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&id)
+			if errors.Is(err, pgx.ErrNoRows) {
+				done = true
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			code, reason, err := p.timeoutReason(ctx, tx, id)
+			if err != nil {
+				return err
+			}
+			return p.failRequest(ctx, tx, id, code, reason, nil)
+		})
+		if err != nil {
+			return n, err
+		}
+		if done {
+			m, err := p.compensateEnded(ctx)
+			return n + m, err
+		}
+		n++
+		if p.d.OnOutbox != nil {
+			p.d.OnOutbox()
+		}
+	}
+}
+
+func (p *Processor) timeoutReason(ctx context.Context, tx pgx.Tx, id uuid.UUID) (string, string, error) {
+	var cmdID, kind, host string
+	var sentAt *time.Time
+	var deadline time.Time
+	err := tx.QueryRow(ctx, `SELECT c.id::text, c.kind, c.host, c.sent_at, r.deadline_at FROM commands c JOIN requests r ON r.id = c.request_id
+		WHERE c.request_id = $1 AND c.purpose = 'action' AND (c.finished_at IS NULL OR c.result_status IN ('expired','cancelled'))
+		ORDER BY c.seq LIMIT 1`, id).Scan(&cmdID, &kind, &host, &sentAt, &deadline)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return CodeAgentTimeout, fmt.Sprintf("the request did not finish within %s", p.cfg.RequestTimeout), nil
+	}
+	if err != nil {
+		return "", "", err
+	}
+	if sentAt == nil {
+		return CodeNotPublished, fmt.Sprintf("command %s (%s) for host %s could not be published to RabbitMQ before the deadline %s",
+			kind, cmdID, host, deadline.UTC().Format(time.RFC3339)), nil
+	}
+	return CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer %s (command %s, sent %s) by the deadline %s; is vgpu-agent running there and consuming %s?",
+		host, kind, cmdID, sentAt.UTC().Format(time.RFC3339), deadline.UTC().Format(time.RFC3339), protocol.AgentQueue(host)), nil
+}

@@ -1,0 +1,287 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// Catalog is what the pipeline reads of the vGPU profile catalog.
+type Catalog interface {
+	ByName(name string) (catalog.Profile, bool)
+	ByTypeID(typeID string) (catalog.Profile, bool)
+}
+
+// snapshot is the policy.State of one evaluation.
+type snapshot struct {
+	inst    policy.Instance
+	hosts   []policy.Host
+	byName  map[string]int
+	usage   policy.Usage
+	project string
+}
+
+var _ policy.State = (*snapshot)(nil)
+
+func (s *snapshot) Instance(id string) (policy.Instance, bool) {
+	if id == "" || s.inst.UUID != id {
+		return policy.Instance{}, false
+	}
+	return s.inst, true
+}
+
+func (s *snapshot) Host(name string) (policy.Host, bool) {
+	if i, ok := s.byName[name]; ok {
+		return s.hosts[i], true
+	}
+	return policy.Host{}, false
+}
+
+func (s *snapshot) Hosts() []policy.Host { return s.hosts }
+
+func (s *snapshot) ProjectUsage(id string) policy.Usage {
+	if id == s.project {
+		return s.usage
+	}
+	return policy.Usage{}
+}
+
+// hostSet is the fleet as the agents' reports describe it.
+type hostSet struct {
+	hosts  []policy.Host
+	byName map[string]int
+	at     time.Time
+}
+
+// HostFromReport turns an agent's report into the policy's view of a
+// host. It is pure; cat may be nil.
+func HostFromReport(r protocol.Report, cat Catalog) policy.Host {
+	h := policy.Host{Name: r.Host, Hypervisor: "KVM", DriverVersion: r.DriverVersion}
+	for _, g := range r.GPUs {
+		pg := policy.GPU{Address: g.PCI, Used: len(g.Active)}
+		for _, t := range g.Types {
+			if pn, err := catalog.ParseName(t.Name); err == nil {
+				pg.Model = pn.GPU
+				break
+			}
+		}
+		if len(g.Active) > 0 {
+			typ := g.Active[0].TypeID
+			for _, t := range g.Types {
+				if t.ID == typ {
+					pg.Capacity = t.MaxInstances
+					if pn, err := catalog.ParseName(t.Name); err == nil {
+						pg.Profile = pn.Name
+					}
+				}
+			}
+			if pg.Profile == "" && cat != nil {
+				if p, ok := cat.ByTypeID(typ); ok {
+					pg.Profile, pg.Capacity = p.Name, p.MaxInstances
+				}
+			}
+		}
+		if g.UtilPercent != nil {
+			pg.Utilization = *g.UtilPercent
+		}
+		h.GPUs = append(h.GPUs, pg)
+	}
+	return h
+}
+
+func loadHosts(ctx context.Context, q querier, cat Catalog) (*hostSet, error) {
+	rows, err := q.Query(ctx, `SELECT name, report FROM hosts WHERE report IS NOT NULL ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("read hosts: %w", err)
+	}
+	defer rows.Close()
+	hs := &hostSet{byName: map[string]int{}, at: time.Now()}
+	for rows.Next() {
+		var name string
+		var raw []byte
+		if err := rows.Scan(&name, &raw); err != nil {
+			return nil, fmt.Errorf("read hosts: %w", err)
+		}
+		var r protocol.Report
+		if json.Unmarshal(raw, &r) != nil {
+			continue
+		}
+		r.Host = name
+		hs.byName[name] = len(hs.hosts)
+		hs.hosts = append(hs.hosts, HostFromReport(r, cat))
+	}
+	return hs, rows.Err()
+}
+
+// querier is what reads need of a transaction or pool.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// loadFacts reads the event's instance, its direct-path vGPUs, its host's
+// last report and its project's usage.
+func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, hs *hostSet) (Facts, *snapshot, error) {
+	f := Facts{Now: time.Now(), StaleAge: p.cfg.StaleReportAge, Deleting: ev.Kind == NovaKindPrefix+"instance.delete.end"}
+	f.Instance.UUID = ev.InstanceUUID
+	f.Rebuilt = rebuildKind(ev.Kind)
+	st := &snapshot{hosts: hs.hosts, byName: hs.byName}
+	if ev.InstanceUUID == "" {
+		return f, st, nil
+	}
+	if _, err := uuid.Parse(ev.InstanceUUID); err != nil {
+		return f, st, nil
+	}
+	var flavor string
+	var vgpus int
+	var hostNode string
+	var lastReport *time.Time
+	err := tx.QueryRow(ctx, `SELECT coalesce(i.project_id,''), coalesce(i.user_id,''), coalesce(i.host,''), coalesce(i.node,''),
+			coalesce(i.vm_state,''), i.deleted_at IS NOT NULL OR coalesce(i.vm_state,'') = 'deleted', coalesce(i.flavor->>'name',''), i.vgpus,
+			coalesce(h.node,''), h.last_report_at
+		FROM instances i LEFT JOIN hosts h ON h.name = i.host WHERE i.uuid = $1`, ev.InstanceUUID).
+		Scan(&f.Instance.ProjectID, &f.Instance.UserID, &f.Instance.Host, &f.Instance.Node, &f.Instance.VMState,
+			&f.Instance.Deleted, &flavor, &vgpus, &hostNode, &lastReport)
+	switch {
+	case err == pgx.ErrNoRows:
+	case err != nil:
+		return f, nil, fmt.Errorf("read instance %s: %w", ev.InstanceUUID, err)
+	default:
+		f.Instance.Known = true
+	}
+	f.Instance.FlavorVGPUs = vgpus
+	if hostNode != "" {
+		f.Instance.Node = hostNode
+	}
+	if f.Instance.Node == "" {
+		f.Instance.Node = f.Instance.Host
+	}
+	if lastReport != nil {
+		f.LastReport = *lastReport
+	}
+	atts, err := activeAttachments(ctx, tx, ev.InstanceUUID)
+	if err != nil {
+		return f, nil, err
+	}
+	f.Attachments = atts
+
+	in := policy.Instance{UUID: ev.InstanceUUID, ProjectID: f.Instance.ProjectID, Host: f.Instance.Host, Flavor: flavor, State: f.Instance.VMState}
+	if f.Instance.Deleted {
+		in.State = "deleted"
+	}
+	counts := map[string]int{}
+	var order []string
+	for _, a := range atts {
+		if a.State == AttReleasing {
+			continue
+		}
+		if _, ok := counts[a.Profile]; !ok {
+			order = append(order, a.Profile)
+		}
+		counts[a.Profile] += a.Amount
+	}
+	for _, prof := range order {
+		gpu := ""
+		for _, a := range atts {
+			if a.Profile == prof {
+				gpu = a.PCIAddress
+				break
+			}
+		}
+		in.VGPUs = append(in.VGPUs, policy.VGPU{Profile: prof, Count: counts[prof], GPU: gpu})
+	}
+	if vgpus > 0 {
+		in.VGPUs = append(in.VGPUs, policy.VGPU{Count: vgpus})
+	}
+	if f.Instance.Known {
+		st.inst = in
+	}
+	project := ev.ProjectID
+	if project == "" {
+		project = f.Instance.ProjectID
+	}
+	if project != "" {
+		u, err := p.projectUsage(ctx, tx, project)
+		if err != nil {
+			return f, nil, err
+		}
+		st.usage, st.project = u, project
+	}
+	return f, st, nil
+}
+
+const attachmentColumns = `id, instance_uuid::text, coalesce(request_id, '00000000-0000-0000-0000-000000000000'::uuid), host, coalesce(node,''),
+	coalesce(provider_uuid::text,''), coalesce(resource_class,''), amount, coalesce(held_after,0), coalesce(pci_address,''),
+	coalesce(type_id,''), coalesce(profile,''), coalesce(trait,''), coalesce(mode,''), state`
+
+func scanAttachments(rows pgx.Rows) ([]Attachment, error) {
+	defer rows.Close()
+	var out []Attachment
+	for rows.Next() {
+		var a Attachment
+		if err := rows.Scan(&a.ID, &a.InstanceUUID, &a.RequestID, &a.Host, &a.Node, &a.Provider, &a.Class, &a.Amount, &a.HeldAfter,
+			&a.PCIAddress, &a.TypeID, &a.Profile, &a.Trait, &a.Mode, &a.State); err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
+func activeAttachments(ctx context.Context, q querier, instance string) ([]Attachment, error) {
+	rows, err := q.Query(ctx, `SELECT `+attachmentColumns+` FROM vgpu_attachments
+		WHERE instance_uuid = $1 AND state IN ('pending','attached','releasing') ORDER BY created_at, id`, instance)
+	if err != nil {
+		return nil, fmt.Errorf("read attachments of %s: %w", instance, err)
+	}
+	out, err := scanAttachments(rows)
+	if err != nil {
+		return nil, fmt.Errorf("read attachments of %s: %w", instance, err)
+	}
+	return out, nil
+}
+
+func (p *Processor) projectUsage(ctx context.Context, q querier, project string) (policy.Usage, error) {
+	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int FROM vgpu_attachments a JOIN instances i ON i.uuid = a.instance_uuid
+			WHERE i.project_id = $1 AND a.state IN ('pending','attached') GROUP BY 1
+		UNION ALL
+		SELECT '', coalesce(sum(vgpus),0)::int FROM instances WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0`, project)
+	if err != nil {
+		return policy.Usage{}, fmt.Errorf("read usage of project %s: %w", project, err)
+	}
+	defer rows.Close()
+	var u policy.Usage
+	for rows.Next() {
+		var prof string
+		var n int
+		if err := rows.Scan(&prof, &n); err != nil {
+			return u, err
+		}
+		u.VGPUs += n
+		if prof != "" && p.d.Catalog != nil {
+			if cp, ok := p.d.Catalog.ByName(prof); ok {
+				u.FramebufferMiB += n * cp.FramebufferMiB
+			}
+		}
+	}
+	return u, rows.Err()
+}
+
+func joinNonEmpty(sep string, parts ...string) string {
+	var out []string
+	for _, p := range parts {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, sep)
+}

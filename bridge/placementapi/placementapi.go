@@ -1,0 +1,239 @@
+// Package placementapi serves the placement part of the operator API:
+// POST /v1/placements/dry-run, POST /v1/placements/sync, GET /v1/gpus,
+// GET /v1/hosts, GET /v1/hosts/{name} and GET /v1/allocations, all read
+// from the mirror and its in-memory index.
+package placementapi
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+)
+
+//go:embed openapi.json
+var openAPI []byte
+
+// Handlers serve the routes over a placement service.
+type Handlers struct {
+	svc *placement.Service
+}
+
+// New returns the handlers of svc.
+func New(svc *placement.Service) *Handlers { return &Handlers{svc: svc} }
+
+// Register adds the routes and their OpenAPI description to srv.
+func (h *Handlers) Register(srv *api.Server) {
+	srv.Handle(http.MethodPost, "/v1/placements/dry-run", api.Reader, h.dryRun)
+	srv.Handle(http.MethodPost, "/v1/placements/sync", api.Admin, h.sync)
+	srv.Handle(http.MethodGet, "/v1/gpus", api.Reader, h.gpus)
+	srv.Handle(http.MethodGet, "/v1/hosts", api.Reader, h.hosts)
+	srv.Handle(http.MethodGet, "/v1/hosts/:name", api.Reader, h.host)
+	srv.Handle(http.MethodGet, "/v1/allocations", api.Reader, h.allocations)
+	srv.Describe(openAPI)
+}
+
+func (h *Handlers) dryRun(c echo.Context) error {
+	var req placement.DryRunRequest
+	if err := api.DecodeJSON(c, &req); err != nil {
+		return err
+	}
+	var bad []api.InvalidParam
+	if req.Profile == "" && len(req.Traits.Required) == 0 {
+		bad = append(bad, api.InvalidParam{Name: "profile", Reason: "give a profile or traits.required"})
+	}
+	if req.Count < 0 {
+		bad = append(bad, api.InvalidParam{Name: "count", Reason: "must be 1 or more"})
+	}
+	if req.Limit < 0 || req.Limit > engine.MaxLimit {
+		bad = append(bad, api.InvalidParam{Name: "limit", Reason: "must be within 1..1000"})
+	}
+	if req.Strategy != "" && req.Strategy != string(engine.Pack) && req.Strategy != string(engine.Spread) {
+		bad = append(bad, api.InvalidParam{Name: "strategy", Reason: "must be pack or spread"})
+	}
+	if len(bad) > 0 {
+		return api.ValidationProblem(bad)
+	}
+	out, err := h.svc.DryRun(req)
+	switch {
+	case errors.Is(err, placement.ErrUnknownProfile):
+		return api.ValidationProblem([]api.InvalidParam{{Name: "profile", Reason: err.Error()}})
+	case errors.Is(err, engine.ErrInvalidRequest):
+		return api.ValidationProblem([]api.InvalidParam{{Name: "traits", Reason: err.Error()}})
+	case err != nil:
+		return err
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+func (h *Handlers) sync(c echo.Context) error {
+	full := c.QueryParam("full") == "true"
+	ctx, cancel := context.WithTimeout(c.Request().Context(), 10*time.Minute)
+	defer cancel()
+	st, err := h.svc.SyncNow(ctx, full, nil)
+	if errors.Is(err, placement.ErrSyncBusy) {
+		p := api.Problem(http.StatusConflict, "Sync running", err.Error())
+		p.Headers = map[string]string{"Retry-After": "10"}
+		return p
+	}
+	if err != nil {
+		return api.Problem(http.StatusBadGateway, "Placement sync failed", err.Error())
+	}
+	return c.JSON(http.StatusOK, map[string]any{
+		"full": st.Full, "providers": st.Providers, "fetched": st.Fetched, "removed": st.Removed,
+		"gpus": st.GPUs, "duration_seconds": st.Duration.Seconds(),
+	})
+}
+
+// GPU is one physical GPU in answers.
+type GPU struct {
+	ProviderUUID  string   `json:"provider_uuid"`
+	Name          string   `json:"name"`
+	Host          string   `json:"host"`
+	Node          string   `json:"node"`
+	RootUUID      string   `json:"root_provider_uuid"`
+	PCIAddress    string   `json:"pci_address,omitempty"`
+	ResourceClass string   `json:"resource_class"`
+	Trait         string   `json:"trait,omitempty"`
+	Profile       string   `json:"profile,omitempty"`
+	Total         int      `json:"total"`
+	Reserved      int      `json:"reserved"`
+	Capacity      int      `json:"capacity"`
+	Used          int      `json:"used"`
+	Free          int      `json:"free"`
+	Generation    int      `json:"generation"`
+	Traits        []string `json:"traits"`
+}
+
+func (h *Handlers) gpu(g *engine.GPU) GPU {
+	out := GPU{
+		ProviderUUID: g.UUID, Name: g.Name, Host: h.svc.HostName(g.Host.Name), Node: g.Host.Name, RootUUID: g.Host.RootUUID,
+		PCIAddress: g.PCIAddress(), ResourceClass: g.Class, Total: g.Inventory.Total, Reserved: g.Inventory.Reserved,
+		Capacity: g.Capacity(), Used: g.Used, Free: g.Free(), Generation: g.Generation, Traits: g.Traits,
+	}
+	if out.Traits == nil {
+		out.Traits = []string{}
+	}
+	if len(g.Types) > 0 {
+		out.Trait = g.Types[0]
+		out.Profile = h.svc.ProfileName(out.Trait)
+	}
+	return out
+}
+
+func (h *Handlers) gpus(c echo.Context) error {
+	host, trait, profile := c.QueryParam("host"), c.QueryParam("trait"), c.QueryParam("profile")
+	all := h.svc.Index().GPUs()
+	out := make([]GPU, 0, len(all))
+	for i := range all {
+		g := h.gpu(&all[i])
+		if (host != "" && host != g.Host && host != g.Node) || (trait != "" && !all[i].HasTrait(trait)) || (profile != "" && profile != g.Profile) {
+			continue
+		}
+		out = append(out, g)
+	}
+	return c.JSON(http.StatusOK, map[string]any{"gpus": out})
+}
+
+// Host is one compute node in answers.
+type Host struct {
+	Name     string   `json:"name"`
+	Node     string   `json:"node"`
+	RootUUID string   `json:"root_provider_uuid"`
+	Traits   []string `json:"traits"`
+	GPUs     int      `json:"gpu_count"`
+	Capacity int      `json:"capacity"`
+	Used     int      `json:"used"`
+	Free     int      `json:"free"`
+	Detail   []GPU    `json:"gpus,omitempty"`
+}
+
+func (h *Handlers) hostList() map[string]*Host {
+	all := h.svc.Index().GPUs()
+	hosts := map[string]*Host{}
+	for i := range all {
+		g := &all[i]
+		x, ok := hosts[g.Host.Name]
+		if !ok {
+			x = &Host{Name: h.svc.HostName(g.Host.Name), Node: g.Host.Name, RootUUID: g.Host.RootUUID, Traits: g.Host.Traits}
+			if x.Traits == nil {
+				x.Traits = []string{}
+			}
+			hosts[g.Host.Name] = x
+		}
+		x.GPUs++
+		x.Capacity += g.Capacity()
+		x.Used += g.Used
+		x.Free += g.Free()
+		x.Detail = append(x.Detail, h.gpu(g))
+	}
+	return hosts
+}
+
+func (h *Handlers) hosts(c echo.Context) error {
+	m := h.hostList()
+	out := make([]Host, 0, len(m))
+	for _, x := range m {
+		x.Detail = nil
+		out = append(out, *x)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return c.JSON(http.StatusOK, map[string]any{"hosts": out})
+}
+
+func (h *Handlers) host(c echo.Context) error {
+	name := c.Param("name")
+	for _, x := range h.hostList() {
+		if x.Name == name || x.Node == name {
+			return c.JSON(http.StatusOK, x)
+		}
+	}
+	return api.Problem(http.StatusNotFound, "Not Found", "no host or node named "+name+" holds GPUs")
+}
+
+func (h *Handlers) allocations(c echo.Context) error {
+	inst := c.QueryParam("instance")
+	if inst != "" {
+		if _, err := uuid.Parse(inst); err != nil {
+			return api.ValidationProblem([]api.InvalidParam{{Name: "instance", Reason: "must be an instance UUID"}})
+		}
+	}
+	st := h.svc.Store()
+	if st == nil {
+		return api.Problem(http.StatusServiceUnavailable, "No mirror", "the placement mirror is not configured")
+	}
+	al, err := st.Allocations(c.Request().Context(), inst)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		Instance   string `json:"instance_uuid"`
+		Provider   string `json:"provider_uuid"`
+		Class      string `json:"resource_class"`
+		Amount     int    `json:"amount"`
+		Host       string `json:"host,omitempty"`
+		PCIAddress string `json:"pci_address,omitempty"`
+		Profile    string `json:"profile,omitempty"`
+	}
+	out := make([]row, 0, len(al))
+	for _, a := range al {
+		r := row{Instance: a.Consumer, Provider: a.Provider, Class: a.Class, Amount: a.Used}
+		if g, ok := h.svc.Index().Lookup(a.Provider); ok {
+			r.Host, r.PCIAddress = h.svc.HostName(g.Host.Name), g.PCIAddress()
+			if len(g.Types) > 0 {
+				r.Profile = h.svc.ProfileName(g.Types[0])
+			}
+		}
+		out = append(out, r)
+	}
+	return c.JSON(http.StatusOK, map[string]any{"allocations": out})
+}

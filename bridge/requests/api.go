@@ -1,0 +1,181 @@
+package requests
+
+import (
+	_ "embed"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+)
+
+//go:embed openapi.json
+var openapiFragment []byte
+
+// OpenAPI returns the OpenAPI fragment of the request routes.
+func OpenAPI() []byte { return openapiFragment }
+
+// SourceAuthenticator checks that an HTTP request carries the credentials
+// of a webhook source; package webhook implements it.
+type SourceAuthenticator interface {
+	AuthenticateSource(r *http.Request, source string) error
+}
+
+// Handler serves the request routes.
+type Handler struct {
+	store    *Store
+	operator api.Authenticator
+	sources  SourceAuthenticator
+	log      *slog.Logger
+}
+
+// NewHandler returns the routes over store. operator authenticates operator
+// API callers (the [api] auth strategy); sources, when not nil, lets a
+// webhook source read its own requests with its own credentials.
+func NewHandler(store *Store, operator api.Authenticator, sources SourceAuthenticator, log *slog.Logger) *Handler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if operator == nil {
+		operator = api.NoAuth{}
+	}
+	return &Handler{store: store, operator: operator, sources: sources, log: log}
+}
+
+// Register adds GET /v1/requests, GET /v1/requests/{id} and
+// POST /v1/requests/{id}/cancel to srv and describes them.
+func (h *Handler) Register(srv *api.Server) {
+	srv.Handle(http.MethodGet, "/v1/requests", api.Reader, h.list)
+	h.RegisterStatus(srv)
+	srv.Handle(http.MethodPost, "/v1/requests/:id/cancel", api.Admin, h.cancel)
+	srv.Describe(openapiFragment)
+}
+
+// RegisterStatus adds only GET /v1/requests/{id}, for a webhook listener
+// apart from the API (its description comes with Register on the API).
+func (h *Handler) RegisterStatus(srv *api.Server) {
+	srv.Handle(http.MethodGet, "/v1/requests/:id", api.Custom, h.get)
+}
+
+// StatusFragment is the OpenAPI fragment of GET /v1/requests/{id} alone.
+func StatusFragment() []byte { return statusFragment }
+
+//go:embed status.json
+var statusFragment []byte
+
+func notFound(id string) error {
+	return &api.ProblemDetails{Status: http.StatusNotFound, Title: "Not Found", Code: "no_such_request",
+		Detail: fmt.Sprintf("no request %q", id)}
+}
+
+func (h *Handler) get(c echo.Context) error {
+	raw := c.Param("id")
+	id, err := uuid.Parse(raw)
+	if err != nil {
+		return notFound(raw)
+	}
+	r := c.Request()
+	if p, err := h.operator.Authenticate(r); err == nil && p.Allows(api.Reader) {
+		api.SetPrincipal(c, p)
+		req, err := h.store.Get(r.Context(), id)
+		if IsNotFound(err) {
+			return notFound(raw)
+		}
+		if err != nil {
+			return err
+		}
+		return c.JSON(http.StatusOK, req)
+	}
+	req, err := h.store.Get(r.Context(), id)
+	if IsNotFound(err) {
+		return notFound(raw)
+	}
+	if err != nil {
+		return err
+	}
+	name := SourceName(req.Source)
+	if h.sources == nil || name == req.Source {
+		return unauthorized("operator credentials with the reader or admin role are needed")
+	}
+	if err := h.sources.AuthenticateSource(r, name); err != nil {
+		h.log.Info("request status refused", "source", name, "remote", c.RealIP(), "reason", err.Error())
+		return unauthorized("send operator credentials, or the credentials of the source that created the request")
+	}
+	api.SetPrincipal(c, &api.Principal{Name: req.Source})
+	return c.JSON(http.StatusOK, req)
+}
+
+func unauthorized(detail string) error {
+	return &api.ProblemDetails{Status: http.StatusUnauthorized, Title: "Unauthorized", Code: "unauthorized", Detail: detail}
+}
+
+func (h *Handler) cancel(c echo.Context) error {
+	raw := c.Param("id")
+	id, err := uuid.Parse(raw)
+	if err != nil {
+		return notFound(raw)
+	}
+	actor := "operator"
+	if p := api.PrincipalFrom(c); p != nil {
+		actor = p.Name
+	}
+	var out Request
+	err = h.store.Do(c.Request().Context(), func(tx pgx.Tx) error {
+		var err error
+		out, err = h.store.transition(c.Request().Context(), tx, actor, id, Failed, "", "cancelled by "+actor, CodeCancelled)
+		return err
+	})
+	switch {
+	case IsNotFound(err):
+		return notFound(raw)
+	case IsIllegal(err):
+		return &api.ProblemDetails{Status: http.StatusConflict, Title: "Conflict", Code: "final_state",
+			Detail: fmt.Sprintf("request %s is already %s", id, out.State)}
+	case err != nil:
+		return err
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+func (h *Handler) list(c echo.Context) error {
+	var o ListOptions
+	var bad []api.InvalidParam
+	o.Source = c.QueryParam("source")
+	if s := c.QueryParam("state"); s != "" {
+		o.State = State(s)
+		if !o.State.Valid() {
+			bad = append(bad, api.InvalidParam{Name: "state", Reason: "must be accepted, decided, dispatched, succeeded, failed or rejected"})
+		}
+	}
+	if s := c.QueryParam("instance_uuid"); s != "" {
+		u, err := uuid.Parse(s)
+		if err != nil {
+			bad = append(bad, api.InvalidParam{Name: "instance_uuid", Reason: "must be a UUID"})
+		} else {
+			o.InstanceUUID = &u
+		}
+	}
+	if s := c.QueryParam("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 1000 {
+			bad = append(bad, api.InvalidParam{Name: "limit", Reason: "must be an integer from 1 to 1000"})
+		}
+		o.Limit = n
+	}
+	if len(bad) > 0 {
+		return api.ValidationProblem(bad)
+	}
+	rs, err := h.store.List(c.Request().Context(), o)
+	if err != nil {
+		return err
+	}
+	if rs == nil {
+		rs = []Request{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{"requests": rs})
+}

@@ -1,0 +1,356 @@
+// Package requests is the request store: what a source asked for and where
+// it stands. Requests move through the states of DESIGN.md §4.3,
+//
+//	accepted → decided → dispatched → succeeded | failed | rejected
+//
+// with failed and rejected also reachable from accepted and decided.
+// Transition is the single place that changes a request's state: it checks
+// the move, writes the audit row in the caller's transaction and, on a
+// final state, queues the request's callback (delivered by package
+// webhook). The package also serves GET /v1/requests/{id} and
+// POST /v1/requests/{id}/cancel.
+package requests
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// State is where a request stands.
+type State string
+
+// States of DESIGN.md §4.3.
+const (
+	Accepted   State = "accepted"
+	Decided    State = "decided"
+	Dispatched State = "dispatched"
+	Succeeded  State = "succeeded"
+	Failed     State = "failed"
+	Rejected   State = "rejected"
+)
+
+// Final reports whether no transition leaves s.
+func (s State) Final() bool { return s == Succeeded || s == Failed || s == Rejected }
+
+// Valid reports whether s is one of the known states.
+func (s State) Valid() bool {
+	switch s {
+	case Accepted, Decided, Dispatched, Succeeded, Failed, Rejected:
+		return true
+	}
+	return false
+}
+
+// next lists the states each state may move to. A non-final state may also
+// "move" to itself to change only its phase, reason or code.
+var next = map[State][]State{
+	Accepted:   {Decided, Failed, Rejected},
+	Decided:    {Dispatched, Failed, Rejected},
+	Dispatched: {Succeeded, Failed, Rejected},
+}
+
+// Allowed reports whether a request in state from may move to to.
+func Allowed(from, to State) bool {
+	if from == to {
+		return !from.Final()
+	}
+	for _, s := range next[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// CodeCancelled is the code of a request an operator cancelled.
+const CodeCancelled = "cancelled"
+
+// Request is one request and its state.
+type Request struct {
+	ID             uuid.UUID       `json:"id"`
+	Source         string          `json:"source"` // "webhook:<name>", "nova", "operator"
+	Kind           string          `json:"kind"`   // GPU_REQUEST, GPU_RELEASE, GPU_RESIZE, GPU_LOAD, …
+	InstanceUUID   *uuid.UUID      `json:"instance_uuid,omitempty"`
+	State          State           `json:"state"`
+	Phase          string          `json:"phase,omitempty"`
+	Reason         string          `json:"reason,omitempty"`
+	Code           string          `json:"code,omitempty"`
+	Body           json.RawMessage `json:"body,omitempty"`
+	CallbackURL    string          `json:"callback_url,omitempty"`
+	IdempotencyKey string          `json:"-"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+	DecidedAt      *time.Time      `json:"decided_at,omitempty"`
+	DispatchedAt   *time.Time      `json:"dispatched_at,omitempty"`
+	FinishedAt     *time.Time      `json:"finished_at,omitempty"`
+}
+
+// Errors callers test with errors.Is.
+var (
+	ErrNotFound = errors.New("request not found")
+	// ErrIllegal is a transition the state machine does not allow.
+	ErrIllegal = errors.New("transition not allowed")
+)
+
+// IsNotFound reports whether err says the request does not exist.
+func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// IsIllegal reports whether err is a refused state transition.
+func IsIllegal(err error) bool { return errors.Is(err, ErrIllegal) }
+
+// Store reads and writes requests in Postgres.
+type Store struct {
+	pool  *pgxpool.Pool
+	actor string
+}
+
+// NewStore returns a store over pool. actor names the writer in the audit
+// log ("vgpu-bridge" when empty).
+func NewStore(pool *pgxpool.Pool, actor string) *Store {
+	if actor == "" {
+		actor = "vgpu-bridge"
+	}
+	return &Store{pool: pool, actor: actor}
+}
+
+// Pool returns the store's connection pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Create inserts r in state accepted, with its audit row, in tx. r.ID must
+// be set; the caller commits.
+func (s *Store) Create(ctx context.Context, tx pgx.Tx, r Request) error {
+	return s.CreateBatch(ctx, tx, []Request{r})
+}
+
+// CreateBatch inserts many requests, in state accepted, with their audit
+// rows, in two statements of tx sent together.
+func (s *Store) CreateBatch(ctx context.Context, tx pgx.Tx, rs []Request) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	b := &pgx.Batch{}
+	if err := s.QueueCreate(b, rs); err != nil {
+		return err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("create requests: %w", err)
+	}
+	return nil
+}
+
+// QueueCreate queues on b the two statements that insert rs, in state
+// accepted, with their audit rows; the caller sends b in its transaction,
+// with statements of its own (the webhook path adds its inbox rows).
+func (s *Store) QueueCreate(b *pgx.Batch, rs []Request) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	n := len(rs)
+	ids := make([]string, n)
+	sources := make([]string, n)
+	kinds := make([]string, n)
+	insts := make([]*string, n)
+	bodies := make([]*string, n)
+	cbs := make([]*string, n)
+	keys := make([]*string, n)
+	details := make([]string, n)
+	for i, r := range rs {
+		if r.ID == uuid.Nil {
+			return fmt.Errorf("create request: no id")
+		}
+		ids[i] = r.ID.String()
+		sources[i] = r.Source
+		kinds[i] = r.Kind
+		if r.InstanceUUID != nil {
+			s := r.InstanceUUID.String()
+			insts[i] = &s
+		}
+		if len(r.Body) > 0 {
+			b := string(r.Body)
+			bodies[i] = &b
+		}
+		if r.CallbackURL != "" {
+			c := r.CallbackURL
+			cbs[i] = &c
+		}
+		if r.IdempotencyKey != "" {
+			k := r.IdempotencyKey
+			keys[i] = &k
+		}
+		d, _ := json.Marshal(map[string]any{"to": Accepted, "source": r.Source, "kind": r.Kind})
+		details[i] = string(d)
+	}
+	b.Queue(`INSERT INTO requests (id, source, kind, instance_uuid, state, body, callback_url, idempotency_key)
+		SELECT id, source, kind, inst, 'accepted', body::jsonb, cb, key
+		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[])
+		  AS t(id, source, kind, inst, body, cb, key)`,
+		ids, sources, kinds, insts, bodies, cbs, keys)
+	b.Queue(`INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+		SELECT $1, 'create', 'request', id, id, detail::jsonb
+		FROM unnest($2::text[], $3::text[]) AS t(id, detail)`, s.actor, ids, details)
+	return nil
+}
+
+const columns = `id, source, kind, instance_uuid, state, coalesce(phase,''), coalesce(reason,''), coalesce(code,''),
+	body, coalesce(callback_url,''), coalesce(idempotency_key,''), created_at, updated_at, decided_at, dispatched_at, finished_at`
+
+func scan(row pgx.Row) (Request, error) {
+	var r Request
+	var inst *uuid.UUID
+	var state string
+	var body []byte
+	err := row.Scan(&r.ID, &r.Source, &r.Kind, &inst, &state, &r.Phase, &r.Reason, &r.Code,
+		&body, &r.CallbackURL, &r.IdempotencyKey, &r.CreatedAt, &r.UpdatedAt, &r.DecidedAt, &r.DispatchedAt, &r.FinishedAt)
+	if err != nil {
+		return r, err
+	}
+	r.InstanceUUID = inst
+	r.State = State(state)
+	if len(body) > 0 {
+		r.Body = json.RawMessage(body)
+	}
+	return r, nil
+}
+
+// Get returns one request.
+func (s *Store) Get(ctx context.Context, id uuid.UUID) (Request, error) {
+	r, err := scan(s.pool.QueryRow(ctx, `SELECT `+columns+` FROM requests WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, fmt.Errorf("request %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return r, fmt.Errorf("get request %s: %w", id, err)
+	}
+	return r, nil
+}
+
+// ListOptions filters List; zero fields do not filter.
+type ListOptions struct {
+	Source       string
+	State        State
+	InstanceUUID *uuid.UUID
+	// Limit caps the answer (default 100, at most 1000); newest first.
+	Limit int
+}
+
+// List returns requests, newest first.
+func (s *Store) List(ctx context.Context, o ListOptions) ([]Request, error) {
+	if o.Limit <= 0 || o.Limit > 1000 {
+		o.Limit = 100
+	}
+	var inst *string
+	if o.InstanceUUID != nil {
+		x := o.InstanceUUID.String()
+		inst = &x
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM requests
+		WHERE ($1 = '' OR source = $1) AND ($2 = '' OR state = $2) AND ($3::uuid IS NULL OR instance_uuid = $3::uuid)
+		ORDER BY created_at DESC, id DESC LIMIT $4`, o.Source, string(o.State), inst, o.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list requests: %w", err)
+	}
+	defer rows.Close()
+	var out []Request
+	for rows.Next() {
+		r, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list requests: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Transition moves request id to state to, with phase, reason and code, in
+// tx: it locks the row, refuses moves the state machine does not allow
+// (ErrIllegal), records the move in audit_log and, when to is final and the
+// request has a callback URL, queues the callback. The caller commits.
+// It returns the request as it is after the move.
+func (s *Store) Transition(ctx context.Context, tx pgx.Tx, id uuid.UUID, to State, phase, reason, code string) (Request, error) {
+	return s.transition(ctx, tx, s.actor, id, to, phase, reason, code)
+}
+
+func (s *Store) transition(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID, to State, phase, reason, code string) (Request, error) {
+	if !to.Valid() {
+		return Request{}, fmt.Errorf("request %s: unknown state %q: %w", id, to, ErrIllegal)
+	}
+	cur, err := scan(tx.QueryRow(ctx, `SELECT `+columns+` FROM requests WHERE id = $1 FOR UPDATE`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return cur, fmt.Errorf("request %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return cur, fmt.Errorf("transition request %s: %w", id, err)
+	}
+	if !Allowed(cur.State, to) {
+		return cur, fmt.Errorf("request %s: %s → %s: %w", id, cur.State, to, ErrIllegal)
+	}
+	r, err := scan(tx.QueryRow(ctx, `UPDATE requests SET state = $2, phase = nullif($3,''), reason = nullif($4,''),
+		code = nullif($5,''), updated_at = now(),
+		decided_at = CASE WHEN $2 = 'decided' AND decided_at IS NULL THEN now() ELSE decided_at END,
+		dispatched_at = CASE WHEN $2 = 'dispatched' AND dispatched_at IS NULL THEN now() ELSE dispatched_at END,
+		finished_at = CASE WHEN $2 IN ('succeeded','failed','rejected') THEN now() ELSE finished_at END
+		WHERE id = $1 RETURNING `+columns, id, string(to), phase, reason, code))
+	if err != nil {
+		return r, fmt.Errorf("transition request %s: %w", id, err)
+	}
+	detail, _ := json.Marshal(map[string]any{"from": cur.State, "to": to, "phase": phase, "reason": reason, "code": code})
+	if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+		VALUES ($1, 'transition', 'request', $2, $2, $3)`, actor, id.String(), detail); err != nil {
+		return r, fmt.Errorf("audit request %s: %w", id, err)
+	}
+	if to.Final() && r.CallbackURL != "" {
+		payload, err := json.Marshal(CallbackPayload(r))
+		if err != nil {
+			return r, err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO request_callbacks (request_id, source, url, payload)
+			VALUES ($1, $2, $3, $4)`, id, SourceName(r.Source), r.CallbackURL, payload); err != nil {
+			return r, fmt.Errorf("queue callback of request %s: %w", id, err)
+		}
+	}
+	return r, nil
+}
+
+// Do runs fn in a transaction of the store's pool and commits when fn
+// returns nil.
+func (s *Store) Do(ctx context.Context, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, s.pool, fn)
+}
+
+// WebhookSourcePrefix starts the source of requests that came by webhook.
+const WebhookSourcePrefix = "webhook:"
+
+// SourceName returns the webhook source name of a request source
+// ("webhook:batch" → "batch"), or the source itself.
+func SourceName(source string) string {
+	if len(source) > len(WebhookSourcePrefix) && source[:len(WebhookSourcePrefix)] == WebhookSourcePrefix {
+		return source[len(WebhookSourcePrefix):]
+	}
+	return source
+}
+
+// Callback is the body POSTed to a request's callback URL.
+type Callback struct {
+	RequestID    uuid.UUID  `json:"request_id"`
+	Kind         string     `json:"kind"`
+	InstanceUUID *uuid.UUID `json:"instance_uuid,omitempty"`
+	State        State      `json:"state"`
+	Phase        string     `json:"phase,omitempty"`
+	Reason       string     `json:"reason,omitempty"`
+	Code         string     `json:"code,omitempty"`
+	CreatedAt    time.Time  `json:"created_at"`
+	FinishedAt   *time.Time `json:"finished_at,omitempty"`
+}
+
+// CallbackPayload is what the callback of r carries.
+func CallbackPayload(r Request) Callback {
+	return Callback{RequestID: r.ID, Kind: r.Kind, InstanceUUID: r.InstanceUUID, State: r.State, Phase: r.Phase,
+		Reason: r.Reason, Code: r.Code, CreatedAt: r.CreatedAt, FinishedAt: r.FinishedAt}
+}

@@ -1,0 +1,282 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// CallbackConfig configures callback delivery.
+type CallbackConfig struct {
+	// PollInterval is how often due callbacks are looked for (1s).
+	PollInterval time.Duration
+	// Timeout bounds one attempt (10s).
+	Timeout time.Duration
+	// MaxAttempts: after this many failed attempts the callback is failed (12).
+	MaxAttempts int
+	// BackoffMin and BackoffMax bound the wait between attempts, which
+	// doubles from BackoffMin, with jitter (5s, 10m).
+	BackoffMin, BackoffMax time.Duration
+	// Lease is how long a replica holds a callback it is delivering; if it
+	// dies, another replica retries after it (2m).
+	Lease time.Duration
+	// Parallel is how many callbacks are delivered at once (8).
+	Parallel int
+	// Transport, when set, replaces the HTTP transport (tests).
+	Transport http.RoundTripper
+}
+
+func (c *CallbackConfig) setDefaults() {
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 10 * time.Second
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 12
+	}
+	if c.BackoffMin == 0 {
+		c.BackoffMin = 5 * time.Second
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = 10 * time.Minute
+	}
+	if c.Lease == 0 {
+		c.Lease = 2 * time.Minute
+	}
+	if c.Parallel == 0 {
+		c.Parallel = 8
+	}
+}
+
+// client never follows redirects (a redirect could lead off the
+// allowlist) and ignores proxy environment variables.
+func (c *CallbackConfig) client() *http.Client {
+	tr := c.Transport
+	if tr == nil {
+		tr = &http.Transport{
+			Proxy:                 nil,
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			TLSHandshakeTimeout:   5 * time.Second,
+			ResponseHeaderTimeout: c.Timeout,
+			MaxIdleConnsPerHost:   4,
+			IdleConnTimeout:       90 * time.Second,
+		}
+	}
+	return &http.Client{
+		Transport:     tr,
+		Timeout:       c.Timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// Backoff returns the wait after the n-th failed attempt (n ≥ 1): min·2^(n-1),
+// capped at max, with up to 20% jitter either way.
+func Backoff(n int, min, max time.Duration) time.Duration {
+	d := min
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	j := time.Duration(float64(d) * 0.2 * (2*rand.Float64() - 1))
+	return d + j
+}
+
+type dueCallback struct {
+	id        int64
+	requestID uuid.UUID
+	source    string
+	url       string
+	payload   []byte
+	attempts  int
+}
+
+func (e *Endpoint) callbackLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.Callbacks.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for {
+			n, err := e.deliverDue(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					e.log.Warn("callbacks", "err", err)
+				}
+				break
+			}
+			if n < e.cfg.Callbacks.Parallel {
+				break
+			}
+		}
+	}
+}
+
+// deliverDue claims due callbacks for a lease and delivers them.
+func (e *Endpoint) deliverDue(ctx context.Context) (int, error) {
+	cc := e.cfg.Callbacks
+	rows, err := e.pool.Query(ctx, `UPDATE request_callbacks SET next_attempt_at = now() + make_interval(secs => $1)
+		WHERE id IN (SELECT id FROM request_callbacks WHERE state = 'pending' AND next_attempt_at <= now()
+		             ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+		RETURNING id, request_id, source, url, payload, attempts`, cc.Lease.Seconds(), cc.Parallel)
+	if err != nil {
+		return 0, fmt.Errorf("claim callbacks: %w", err)
+	}
+	var due []dueCallback
+	for rows.Next() {
+		var d dueCallback
+		if err := rows.Scan(&d.id, &d.requestID, &d.source, &d.url, &d.payload, &d.attempts); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		due = append(due, d)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("claim callbacks: %w", err)
+	}
+	var wg sync.WaitGroup
+	for _, d := range due {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.deliver(ctx, d); err != nil && ctx.Err() == nil {
+				e.log.Warn("callback bookkeeping", "callback", d.id, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	return len(due), nil
+}
+
+// deliver makes one attempt and records it.
+func (e *Endpoint) deliver(ctx context.Context, d dueCallback) error {
+	attempt := d.attempts + 1
+	src := e.sources[d.source]
+	var refusal string
+	u, err := url.Parse(d.url)
+	switch {
+	case src == nil:
+		refusal = fmt.Sprintf("source %q is no longer configured", d.source)
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil:
+		refusal = "not an http or https URL without user information"
+	case !hostAllowed(src.cfg.CallbackHosts, u.Hostname()):
+		refusal = fmt.Sprintf("host %q is not on the callback_hosts allowlist of source %q", u.Hostname(), d.source)
+	}
+	if refusal != "" {
+		// Never contacted: recorded as an attempt without an answer.
+		e.m.callbacks.WithLabelValues(d.source, "refused").Inc()
+		e.log.Warn("callback refused", LogKeySource, d.source, "request", d.requestID, LogKeyReason, refusal)
+		return e.recordAttempt(ctx, d, attempt, 0, refusal, 0, "refused", 0)
+	}
+	start := time.Now()
+	code, aerr := e.post(ctx, src, d)
+	dur := time.Since(start)
+	if aerr == nil && code >= 200 && code < 300 {
+		e.m.callbacks.WithLabelValues(d.source, "delivered").Inc()
+		return e.recordAttempt(ctx, d, attempt, code, "", dur, "delivered", 0)
+	}
+	msg := ""
+	if aerr != nil {
+		msg = aerr.Error()
+	} else {
+		msg = "answered " + strconv.Itoa(code)
+	}
+	if attempt >= e.cfg.Callbacks.MaxAttempts {
+		e.m.callbacks.WithLabelValues(d.source, "failed").Inc()
+		e.log.Warn("callback failed for good", LogKeySource, d.source, "request", d.requestID, "attempts", attempt, "err", msg)
+		return e.recordAttempt(ctx, d, attempt, code, msg, dur, "failed", 0)
+	}
+	e.m.callbacks.WithLabelValues(d.source, "retry").Inc()
+	wait := Backoff(attempt, e.cfg.Callbacks.BackoffMin, e.cfg.Callbacks.BackoffMax)
+	return e.recordAttempt(ctx, d, attempt, code, msg, dur, "pending", wait)
+}
+
+func (e *Endpoint) post(ctx context.Context, src *source, d dueCallback) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Callbacks.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(d.payload))
+	if err != nil {
+		return 0, err
+	}
+	SignCallback(req.Header, src.cfg, "cb_"+strconv.FormatInt(d.id, 10), e.cfg.Now(), d.payload)
+	resp, err := e.client.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the URL is recorded already
+		}
+		return 0, err
+	}
+	defer resp.Body.Close()
+	readAll(resp.Body, 64<<10)
+	return resp.StatusCode, nil
+}
+
+// SignCallback sets the headers of a callback: JSON, the callback's stable
+// id (webhook-id and Idempotency-Key, the same on every attempt), and the
+// signatures the source uses: Standard Webhooks (every secret, for
+// rotation) and X-Hub-Signature-256 (the first secret) when the source has
+// secrets, Authorization: Bearer (the first token) when it has tokens.
+func SignCallback(h http.Header, s Source, id string, now time.Time, body []byte) {
+	h.Set("Content-Type", "application/json")
+	h.Set("User-Agent", "vgpu-bridge-callback")
+	h.Set(HeaderWebhookID, id)
+	h.Set(HeaderIdempotencyKey, id)
+	ts := strconv.FormatInt(now.Unix(), 10)
+	h.Set(HeaderWebhookTimestamp, ts)
+	if len(s.Secrets) > 0 {
+		h.Set(HeaderWebhookSignature, StandardSignature(id, ts, body, s.Secrets...))
+		h.Set(HeaderHubSignature, HubSignature(s.Secrets[0], body))
+	}
+	if len(s.Tokens) > 0 {
+		h.Set("Authorization", "Bearer "+s.Tokens[0])
+	}
+}
+
+func (e *Endpoint) recordAttempt(ctx context.Context, d dueCallback, attempt, code int, errText string, dur time.Duration, state string, wait time.Duration) error {
+	var codeArg *int
+	if code != 0 {
+		codeArg = &code
+	}
+	var errArg *string
+	if errText != "" {
+		if len(errText) > 1000 {
+			errText = errText[:1000]
+		}
+		errArg = &errText
+	}
+	ctx = context.WithoutCancel(ctx)
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `INSERT INTO request_callback_attempts (callback_id, attempt, status_code, error, duration_ms)
+		VALUES ($1, $2, $3, $4, $5)`, d.id, attempt, codeArg, errArg, dur.Milliseconds()); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE request_callbacks SET attempts = $2, state = $3, last_error = $4,
+		next_attempt_at = now() + make_interval(secs => $5),
+		finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE now() END
+		WHERE id = $1`, d.id, attempt, state, errArg, wait.Seconds()); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}

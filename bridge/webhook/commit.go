@@ -1,0 +1,344 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+)
+
+// CodeNoInstance is the code of an Alertmanager request none of whose
+// alerts named an instance.
+const CodeNoInstance = "no_instance"
+
+type eventRow struct {
+	vm      string
+	at      time.Time
+	payload EventPayload
+}
+
+// pending is one accepted webhook waiting for its commit.
+type pending struct {
+	src          *source
+	req          requests.Request
+	events       []eventRow
+	rejectReason string // non-empty: the request is rejected at once
+	answer       []byte
+	key          string
+	hash         [32]byte
+	done         chan result
+}
+
+type result struct {
+	status   int
+	body     []byte
+	replay   bool
+	conflict bool
+	err      error
+}
+
+// commit hands p to the committers and waits for its outcome.
+func (e *Endpoint) commit(ctx context.Context, p *pending) result {
+	p.req.IdempotencyKey = p.key
+	t := time.NewTimer(e.cfg.CommitTimeout)
+	defer t.Stop()
+	select {
+	case e.queue <- p:
+	case <-t.C:
+		return result{err: errors.New("commit queue full")}
+	}
+	select {
+	case r := <-p.done:
+		return r
+	case <-t.C:
+		return result{err: errors.New("commit timed out")}
+	}
+}
+
+// commitLoop commits what is queued, in batches: whatever queued up while
+// the previous transaction ran goes into the next one. After ctx ends it
+// goes on until the queue stays empty for a commit timeout, so that
+// requests the HTTP server is still draining get their answer.
+func (e *Endpoint) commitLoop(ctx context.Context) {
+	batch := make([]*pending, 0, e.cfg.BatchSize)
+	bg := context.WithoutCancel(ctx)
+	for {
+		var p *pending
+		select {
+		case p = <-e.queue:
+		case <-ctx.Done():
+			select {
+			case p = <-e.queue:
+			case <-time.After(e.cfg.CommitTimeout):
+				return
+			}
+		}
+		batch = append(batch[:0], p)
+	fill:
+		for len(batch) < e.cfg.BatchSize {
+			select {
+			case q := <-e.queue:
+				batch = append(batch, q)
+			default:
+				break fill
+			}
+		}
+		e.commitBatch(bg, batch)
+	}
+}
+
+func (e *Endpoint) commitBatch(ctx context.Context, batch []*pending) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.CommitTimeout)
+	defer cancel()
+	res, err := e.tryCommit(ctx, batch)
+	e.m.batchSize.Observe(float64(len(batch)))
+	e.m.commitDur.Observe(time.Since(start).Seconds())
+	if err != nil && len(batch) > 1 {
+		// One request may spoil a batch (Postgres refuses a value): commit
+		// each alone so the others still get in.
+		e.log.Warn("webhook batch commit failed; committing one by one", "size", len(batch), "err", err)
+		for _, p := range batch {
+			r, err := e.tryCommit(ctx, []*pending{p})
+			if err != nil {
+				p.done <- result{err: err}
+				continue
+			}
+			p.done <- r[0]
+		}
+		return
+	}
+	for i, p := range batch {
+		if err != nil {
+			p.done <- result{err: err}
+			continue
+		}
+		p.done <- res[i]
+	}
+}
+
+type keyRef struct{ source, key string }
+
+type storedKey struct {
+	hash   []byte
+	status int
+	body   []byte
+}
+
+// tryCommit writes batch in one transaction and returns each one's answer.
+func (e *Endpoint) tryCommit(ctx context.Context, batch []*pending) ([]result, error) {
+	res := make([]result, len(batch))
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+
+	// Idempotency keys: the first of a key in the batch leads; the others
+	// follow its outcome.
+	leaders := map[keyRef]int{}
+	var followers, keyed []int
+	for i, p := range batch {
+		if p.key == "" {
+			continue
+		}
+		k := keyRef{p.src.cfg.Name, p.key}
+		if _, ok := leaders[k]; ok {
+			followers = append(followers, i)
+			continue
+		}
+		leaders[k] = i
+		keyed = append(keyed, i)
+	}
+	existing := map[keyRef]storedKey{}
+	inserted := map[keyRef]bool{}
+	if len(keyed) > 0 {
+		// Claim the keys. ON CONFLICT waits for a concurrent transaction
+		// holding the same key, so a loser sees the winner's committed row.
+		insert := func(idx []int) error {
+			srcs, keys, ids := make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
+			resps, hashes := make([][]byte, len(idx)), make([][]byte, len(idx))
+			for j, i := range idx {
+				p := batch[i]
+				srcs[j], keys[j], ids[j], resps[j], hashes[j] = p.src.cfg.Name, p.key, p.req.ID.String(), p.answer, p.hash[:]
+			}
+			rows, err := tx.Query(ctx, `INSERT INTO webhook_idempotency (source, key, body_sha256, request_id, status, response, expires_at)
+				SELECT s, k, h, id, 202, resp, now() + make_interval(secs => $6)
+				FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[], $5::bytea[]) AS t(s, k, h, id, resp)
+				ON CONFLICT (source, key) DO NOTHING RETURNING source, key`,
+				srcs, keys, hashes, ids, resps, e.cfg.IdempotencyTTL.Seconds())
+			if err != nil {
+				return fmt.Errorf("idempotency keys: %w", err)
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var k keyRef
+				if err := rows.Scan(&k.source, &k.key); err != nil {
+					return err
+				}
+				inserted[k] = true
+			}
+			return rows.Err()
+		}
+		lost := func() (idx []int, srcs, keys []string) {
+			for _, i := range keyed {
+				if k := (keyRef{batch[i].src.cfg.Name, batch[i].key}); !inserted[k] {
+					idx, srcs, keys = append(idx, i), append(srcs, k.source), append(keys, k.key)
+				}
+			}
+			return
+		}
+		if err := insert(keyed); err != nil {
+			return nil, err
+		}
+		if idx, srcs, keys := lost(); len(idx) > 0 {
+			// Some keys were taken: free those that expired, claim them
+			// again, and read the first answers of the others.
+			tag, err := tx.Exec(ctx, `DELETE FROM webhook_idempotency w USING unnest($1::text[], $2::text[]) AS t(s, k)
+				WHERE w.source = t.s AND w.key = t.k AND w.expires_at < now()`, srcs, keys)
+			if err != nil {
+				return nil, fmt.Errorf("expire idempotency keys: %w", err)
+			}
+			if tag.RowsAffected() > 0 {
+				if err := insert(idx); err != nil {
+					return nil, err
+				}
+				idx, srcs, keys = lost()
+			}
+			if len(idx) > 0 {
+				rows, err := tx.Query(ctx, `SELECT source, key, body_sha256, status, response FROM webhook_idempotency w
+					JOIN unnest($1::text[], $2::text[]) AS t(s, k) ON w.source = t.s AND w.key = t.k`, srcs, keys)
+				if err != nil {
+					return nil, fmt.Errorf("idempotency keys: %w", err)
+				}
+				for rows.Next() {
+					var k keyRef
+					var s storedKey
+					if err := rows.Scan(&k.source, &k.key, &s.hash, &s.status, &s.body); err != nil {
+						rows.Close()
+						return nil, err
+					}
+					existing[k] = s
+				}
+				rows.Close()
+				if err := rows.Err(); err != nil {
+					return nil, fmt.Errorf("idempotency keys: %w", err)
+				}
+			}
+		}
+	}
+	// What a leader that lost to an earlier request answers.
+	answerFrom := func(p *pending, s storedKey) result {
+		if !bytes.Equal(s.hash, p.hash[:]) {
+			return result{conflict: true}
+		}
+		return result{status: s.status, body: s.body, replay: true}
+	}
+	var create []*pending
+	for i, p := range batch {
+		if p.key == "" {
+			create = append(create, p)
+			res[i] = result{status: http.StatusAccepted, body: p.answer}
+			continue
+		}
+		k := keyRef{p.src.cfg.Name, p.key}
+		if leaders[k] != i {
+			continue // follower
+		}
+		if inserted[k] {
+			create = append(create, p)
+			res[i] = result{status: http.StatusAccepted, body: p.answer}
+			continue
+		}
+		s, ok := existing[k]
+		if !ok {
+			return nil, fmt.Errorf("idempotency key of source %s vanished; retry", k.source)
+		}
+		res[i] = answerFrom(p, s)
+	}
+	for _, i := range followers {
+		p := batch[i]
+		k := keyRef{p.src.cfg.Name, p.key}
+		l := batch[leaders[k]]
+		if inserted[k] {
+			res[i] = answerFrom(p, storedKey{hash: l.hash[:], status: http.StatusAccepted, body: l.answer})
+		} else {
+			res[i] = answerFrom(p, existing[k])
+		}
+	}
+
+	if len(create) > 0 {
+		b := &pgx.Batch{}
+		reqs := make([]requests.Request, len(create))
+		var evSrc, evMsg, evType, evInst, evPayload, evReq []string
+		var evAt []time.Time
+		for j, p := range create {
+			reqs[j] = p.req
+			for n, ev := range p.events {
+				pl, err := json.Marshal(ev.payload)
+				if err != nil {
+					return nil, err
+				}
+				msg := p.req.ID.String()
+				if len(p.events) > 1 || p.src.cfg.Format == FormatAlertmanager {
+					msg += "/" + strconv.Itoa(n)
+				}
+				evSrc = append(evSrc, p.src.label)
+				evMsg = append(evMsg, msg)
+				evType = append(evType, ev.payload.Type)
+				evInst = append(evInst, ev.vm)
+				evAt = append(evAt, ev.at)
+				evPayload = append(evPayload, string(pl))
+				evReq = append(evReq, p.req.ID.String())
+			}
+		}
+		if err := e.store.QueueCreate(b, reqs); err != nil {
+			return nil, err
+		}
+		if len(evSrc) > 0 {
+			b.Queue(`INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id)
+				SELECT s, m, t, i, o, p::jsonb, r
+				FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::timestamptz[], $6::text[], $7::text[])
+				  AS x(s, m, t, i, o, p, r)`, evSrc, evMsg, evType, evInst, evAt, evPayload, evReq)
+		}
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, fmt.Errorf("store requests: %w", err)
+		}
+		for _, p := range create {
+			if p.rejectReason == "" {
+				continue
+			}
+			if _, err := e.store.Transition(ctx, tx, p.req.ID, requests.Rejected, "", p.rejectReason, CodeNoInstance); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return res, nil
+}
+
+// janitor forgets expired idempotency keys.
+func (e *Endpoint) janitor(ctx context.Context) {
+	t := time.NewTicker(10 * time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_idempotency WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
+				e.log.Warn("forget expired idempotency keys", "err", err)
+			}
+		}
+	}
+}

@@ -1,0 +1,411 @@
+package webhook
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+)
+
+// Event types of the native body (DESIGN.md §4.2).
+const (
+	TypeRequest = "GPU_REQUEST"
+	TypeRelease = "GPU_RELEASE"
+	TypeResize  = "GPU_RESIZE"
+	TypeLoad    = "GPU_LOAD"
+)
+
+// Types lists the native event types.
+var Types = []string{TypeRequest, TypeRelease, TypeResize, TypeLoad}
+
+// Workloads lists the workload classes.
+var Workloads = []string{"training", "inference", "rendering", "vdi", "gaming"}
+
+// Limits of the native body.
+const (
+	MaxCount      = 16
+	maxMetrics    = 64
+	maxMetricKey  = 128
+	maxMetricText = 1024
+	maxURL        = 2048
+)
+
+var profileRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// Native is the native webhook body.
+type Native struct {
+	Type        string         `json:"type"`
+	VMID        string         `json:"vm_id"`
+	Workload    string         `json:"workload,omitempty"`
+	VGPUProfile string         `json:"vgpu_profile,omitempty"`
+	Count       int            `json:"count"`
+	Metrics     map[string]any `json:"metrics,omitempty"`
+	CallbackURL string         `json:"callback_url,omitempty"`
+}
+
+func oneOf(v string, set []string) bool {
+	for _, s := range set {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// jsonKind names the JSON type of a raw value for error messages.
+func jsonKind(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '"':
+		return "a string"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+// strictUUID parses the 36-character canonical form only.
+func strictUUID(s string) (uuid.UUID, bool) {
+	if len(s) != 36 {
+		return uuid.Nil, false
+	}
+	u, err := uuid.Parse(s)
+	return u, err == nil
+}
+
+// DecodeNative decodes and validates a native body. allowHost says
+// whether a callback host is on the source's allowlist. It returns every
+// invalid field; the body must already be valid JSON.
+func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.InvalidParam) {
+	var n Native
+	var bad []api.InvalidParam
+	add := func(name, format string, args ...any) {
+		bad = append(bad, api.InvalidParam{Name: name, Reason: fmt.Sprintf(format, args...)})
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
+		add("(body)", "must be a JSON object")
+		return n, bad
+	}
+	str := func(name string) (string, bool) {
+		raw, ok := fields[name]
+		if !ok {
+			return "", false
+		}
+		var s string
+		if jsonKind(raw) != "a string" || json.Unmarshal(raw, &s) != nil {
+			add(name, "must be a string, not %s", jsonKind(raw))
+			return "", false
+		}
+		return s, true
+	}
+	names := make([]string, 0, len(fields))
+	for k := range fields {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		switch k {
+		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url":
+		default:
+			add(k, "unknown field")
+		}
+	}
+
+	if s, ok := str("type"); ok {
+		if !oneOf(s, Types) {
+			add("type", "must be one of %s", strings.Join(Types, ", "))
+		}
+		n.Type = s
+	} else if _, present := fields["type"]; !present {
+		add("type", "is required")
+	}
+
+	if s, ok := str("vm_id"); ok {
+		if u, ok := strictUUID(s); ok {
+			n.VMID = u.String()
+		} else {
+			add("vm_id", "must be a Nova server UUID like 8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e")
+		}
+	} else if _, present := fields["vm_id"]; !present {
+		add("vm_id", "is required")
+	}
+
+	if s, ok := str("workload"); ok {
+		if !oneOf(s, Workloads) {
+			add("workload", "must be one of %s", strings.Join(Workloads, ", "))
+		}
+		n.Workload = s
+	} else if _, present := fields["workload"]; !present && (n.Type == TypeRequest || n.Type == TypeResize) {
+		add("workload", "is required for %s", n.Type)
+	}
+
+	if s, ok := str("vgpu_profile"); ok {
+		if !profileRE.MatchString(s) {
+			add("vgpu_profile", "must be a vGPU profile name such as T4-4Q (letters, digits, '.', '_', '-'; at most 64)")
+		}
+		n.VGPUProfile = s
+	}
+
+	n.Count = 1
+	if raw, ok := fields["count"]; ok {
+		var c json.Number
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber()
+		if jsonKind(raw) != "a number" || dec.Decode(&c) != nil {
+			add("count", "must be an integer, not %s", jsonKind(raw))
+		} else if i, err := c.Int64(); err != nil || i < 1 || i > MaxCount {
+			add("count", "must be an integer from 1 to %d", MaxCount)
+		} else {
+			n.Count = int(i)
+		}
+	}
+
+	if raw, ok := fields["metrics"]; ok {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+			add("metrics", "must be an object, not %s", jsonKind(raw))
+		} else if len(m) > maxMetrics {
+			add("metrics", "may hold at most %d entries", maxMetrics)
+		} else {
+			n.Metrics = make(map[string]any, len(m))
+			keys := make([]string, 0, len(m))
+			for k := range m {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				name := "metrics." + k
+				if k == "" || len(k) > maxMetricKey {
+					add(name, "names must be 1 to %d characters", maxMetricKey)
+					continue
+				}
+				var v any
+				dec := json.NewDecoder(bytes.NewReader(m[k]))
+				dec.UseNumber()
+				_ = dec.Decode(&v)
+				switch x := v.(type) {
+				case json.Number, bool:
+					n.Metrics[k] = x
+				case string:
+					if len(x) > maxMetricText {
+						add(name, "strings may be at most %d bytes", maxMetricText)
+						continue
+					}
+					n.Metrics[k] = x
+				default:
+					add(name, "must be a number, a string or a boolean, not %s", jsonKind(m[k]))
+				}
+			}
+		}
+	}
+
+	if s, ok := str("callback_url"); ok {
+		if reason := checkCallbackURL(s, allowHost); reason != "" {
+			add("callback_url", "%s", reason)
+		}
+		n.CallbackURL = s
+	}
+	return n, bad
+}
+
+// checkCallbackURL returns why u may not be called back, or "".
+func checkCallbackURL(s string, allowHost func(string) bool) string {
+	if len(s) > maxURL {
+		return fmt.Sprintf("must be at most %d characters", maxURL)
+	}
+	u, err := url.Parse(s)
+	if err != nil || !u.IsAbs() || u.Host == "" {
+		return "must be an absolute http or https URL"
+	}
+	if u.Scheme != "https" && u.Scheme != "http" {
+		return "must be an http or https URL"
+	}
+	if u.User != nil {
+		return "must not carry user information"
+	}
+	if u.Fragment != "" {
+		return "must not carry a fragment"
+	}
+	if allowHost == nil || !allowHost(u.Hostname()) {
+		return fmt.Sprintf("host %q is not on this source's callback_hosts allowlist", u.Hostname())
+	}
+	return ""
+}
+
+// hostAllowed reports whether host is on list: exact names or addresses
+// (case-insensitive), or "*.example.org" for any name below example.org.
+func hostAllowed(list []string, host string) bool {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if host == "" {
+		return false
+	}
+	for _, h := range list {
+		h = strings.ToLower(h)
+		if h == host {
+			return true
+		}
+		if suf, ok := strings.CutPrefix(h, "*."); ok && strings.HasSuffix(host, "."+suf) {
+			return true
+		}
+	}
+	return false
+}
+
+// Alertmanager webhook payload, version 4 (notify/webhook Message and
+// template.Data of prometheus/alertmanager). Unknown fields are ignored.
+type amMessage struct {
+	Version           string            `json:"version"`
+	GroupKey          string            `json:"groupKey"`
+	TruncatedAlerts   int               `json:"truncatedAlerts"`
+	Status            string            `json:"status"`
+	Receiver          string            `json:"receiver"`
+	GroupLabels       map[string]string `json:"groupLabels"`
+	CommonLabels      map[string]string `json:"commonLabels"`
+	CommonAnnotations map[string]string `json:"commonAnnotations"`
+	ExternalURL       string            `json:"externalURL"`
+	Alerts            []json.RawMessage `json:"alerts"`
+}
+
+// Alert is one Alertmanager alert as an event carries it.
+type Alert struct {
+	Status       string            `json:"status"`
+	Labels       map[string]string `json:"labels"`
+	Annotations  map[string]string `json:"annotations,omitempty"`
+	StartsAt     time.Time         `json:"startsAt"`
+	EndsAt       time.Time         `json:"endsAt"`
+	GeneratorURL string            `json:"generatorURL,omitempty"`
+	Fingerprint  string            `json:"fingerprint,omitempty"`
+}
+
+// Skipped names an alert that was not turned into an event.
+type Skipped struct {
+	Index       int    `json:"index"`
+	Fingerprint string `json:"fingerprint,omitempty"`
+	AlertName   string `json:"alertname,omitempty"`
+	Reason      string `json:"reason"`
+}
+
+// AlertEvent is an alert that names an instance.
+type AlertEvent struct {
+	VMID  string
+	Alert Alert
+}
+
+// AlertBatch is a decoded Alertmanager notification.
+type AlertBatch struct {
+	Receiver        string       `json:"receiver"`
+	Status          string       `json:"status"`
+	GroupKey        string       `json:"groupKey,omitempty"`
+	TruncatedAlerts int          `json:"truncatedAlerts,omitempty"`
+	Alerts          int          `json:"alerts"`
+	Events          []AlertEvent `json:"-"`
+	Skipped         []Skipped    `json:"skipped"`
+}
+
+// DecodeAlertmanager decodes an Alertmanager notification tolerantly:
+// unknown fields are ignored, alerts without a usable label are skipped
+// and listed. Wrong types of known fields and bad statuses are invalid.
+func DecodeAlertmanager(body []byte, label string) (AlertBatch, []api.InvalidParam) {
+	var b AlertBatch
+	var bad []api.InvalidParam
+	add := func(name, format string, args ...any) {
+		bad = append(bad, api.InvalidParam{Name: name, Reason: fmt.Sprintf(format, args...)})
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil || top == nil {
+		add("(body)", "must be a JSON object")
+		return b, bad
+	}
+	var m amMessage
+	// Decode field by field so that every wrong type is named.
+	for name, dst := range map[string]any{
+		"version": &m.Version, "groupKey": &m.GroupKey, "truncatedAlerts": &m.TruncatedAlerts,
+		"status": &m.Status, "receiver": &m.Receiver, "groupLabels": &m.GroupLabels,
+		"commonLabels": &m.CommonLabels, "commonAnnotations": &m.CommonAnnotations,
+		"externalURL": &m.ExternalURL, "alerts": &m.Alerts,
+	} {
+		raw, ok := top[name]
+		if !ok || string(bytes.TrimSpace(raw)) == "null" {
+			continue
+		}
+		if err := json.Unmarshal(raw, dst); err != nil {
+			add(name, "has the wrong type (%s)", jsonKind(raw))
+		}
+	}
+	if _, ok := top["alerts"]; !ok {
+		add("alerts", "is required")
+	}
+	if m.Version != "" && m.Version != "4" {
+		add("version", "must be \"4\" (Alertmanager's webhook payload version)")
+	}
+	if m.Status != "" && m.Status != "firing" && m.Status != "resolved" {
+		add("status", "must be firing or resolved")
+	}
+	b.Receiver, b.Status, b.GroupKey, b.TruncatedAlerts, b.Alerts = m.Receiver, m.Status, m.GroupKey, m.TruncatedAlerts, len(m.Alerts)
+	b.Skipped = []Skipped{}
+	for i, raw := range m.Alerts {
+		name := fmt.Sprintf("alerts[%d]", i)
+		var a Alert
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+			add(name, "must be an object")
+			continue
+		}
+		for f, dst := range map[string]any{
+			"status": &a.Status, "labels": &a.Labels, "annotations": &a.Annotations, "startsAt": &a.StartsAt,
+			"endsAt": &a.EndsAt, "generatorURL": &a.GeneratorURL, "fingerprint": &a.Fingerprint,
+		} {
+			r, ok := fields[f]
+			if !ok || string(bytes.TrimSpace(r)) == "null" {
+				continue
+			}
+			if err := json.Unmarshal(r, dst); err != nil {
+				add(name+"."+f, "has the wrong type or form (%s)", jsonKind(r))
+			}
+		}
+		if a.Status == "" {
+			a.Status = m.Status
+		}
+		if a.Status != "firing" && a.Status != "resolved" {
+			add(name+".status", "must be firing or resolved")
+			continue
+		}
+		v, ok := a.Labels[label]
+		if !ok {
+			b.Skipped = append(b.Skipped, Skipped{Index: i, Fingerprint: a.Fingerprint, AlertName: a.Labels["alertname"],
+				Reason: fmt.Sprintf("no label %s", label)})
+			continue
+		}
+		u, ok := strictUUID(v)
+		if !ok {
+			b.Skipped = append(b.Skipped, Skipped{Index: i, Fingerprint: a.Fingerprint, AlertName: a.Labels["alertname"],
+				Reason: fmt.Sprintf("label %s is not an instance UUID", label)})
+			continue
+		}
+		b.Events = append(b.Events, AlertEvent{VMID: u.String(), Alert: a})
+	}
+	sort.Slice(bad, func(i, j int) bool { return bad[i].Name < bad[j].Name })
+	return b, bad
+}
+
+// hasNUL reports whether a JSON text holds an escaped NUL, which
+// Postgres's jsonb refuses.
+func hasNUL(body []byte) bool { return bytes.Contains(body, []byte(`\u0000`)) }

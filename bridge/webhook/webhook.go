@@ -1,0 +1,517 @@
+// Package webhook is the bridge's webhook endpoint, POST /v1/webhooks/{source}
+// (DESIGN.md §4.2): external schedulers and monitoring ask for or give back
+// vGPU. It sits on the network edge, so it refuses precisely, in a fixed
+// order (unknown source 404, address 403, rate 429, content type 415, size
+// 413, auth 401, not JSON 400, schema 422, idempotency conflict 409), and
+// answers 202 only once the request and its events are committed to
+// Postgres. Commits are grouped: concurrent requests share a transaction,
+// and each answer still waits for its own commit.
+//
+// When a request reaches a final state (requests.Store.Transition), its
+// callback is POSTed, signed like the source signs, at least once, with
+// backoff; every attempt is recorded; only hosts on the source's allowlist
+// are ever contacted.
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+)
+
+//go:embed openapi.json
+var openapiFragment []byte
+
+// OpenAPI returns the OpenAPI fragment of the webhook route.
+func OpenAPI() []byte { return openapiFragment }
+
+// Auth is how a source authenticates.
+type Auth string
+
+// Auth schemes.
+const (
+	AuthHMAC   Auth = "hmac"
+	AuthBearer Auth = "bearer"
+	AuthMTLS   Auth = "mtls"
+)
+
+// Format is a source's payload format.
+type Format string
+
+// Payload formats.
+const (
+	FormatNative       Format = "native"
+	FormatAlertmanager Format = "alertmanager"
+)
+
+// Log attribute keys.
+const (
+	LogKeySource = "source"
+	LogKeyRemote = "remote"
+	LogKeyReason = "reason"
+	LogKeyStatus = "status"
+)
+
+// Source is one [webhook_source:NAME].
+type Source struct {
+	Name   string
+	Auth   Auth
+	Format Format
+	// Secrets are HMAC keys (SecretKey); several during a rotation. They
+	// sign callbacks too.
+	Secrets [][]byte
+	// Tokens are the accepted bearer tokens; several during a rotation.
+	Tokens []string
+	// AllowedCIDRs limit client addresses; empty allows any.
+	AllowedCIDRs []netip.Prefix
+	// TrustedProxies may set X-Forwarded-For; empty trusts none.
+	TrustedProxies []netip.Prefix
+	// Rate (requests/s) and Burst of the source's bucket; ClientRate and
+	// ClientBurst of each client address's bucket (zero: as the source).
+	Rate        float64
+	Burst       int
+	ClientRate  float64
+	ClientBurst int
+	// MaxBodyBytes bounds the body, enforced while reading.
+	MaxBodyBytes int64
+	// CallbackHosts are the hosts callback_url may name ("*.example.org"
+	// for a domain); empty refuses every callback_url.
+	CallbackHosts []string
+	// InstanceLabel is the Alertmanager label naming the instance.
+	InstanceLabel string
+	// MTLSSubjects (CN or full subject) and MTLSSANs (DNS, URI, e-mail,
+	// IP) a client certificate may match.
+	MTLSSubjects []string
+	MTLSSANs     []string
+	// TimestampTolerance bounds webhook-timestamp's skew (5 minutes).
+	TimestampTolerance time.Duration
+}
+
+// Config configures an Endpoint.
+type Config struct {
+	Sources []Source
+	Store   *requests.Store
+	Pool    *pgxpool.Pool
+	// PublicURL prefixes status_url ("https://bridge.example.org:9443");
+	// empty gives a path.
+	PublicURL string
+	// IdempotencyTTL is how long keys are kept (24h).
+	IdempotencyTTL time.Duration
+	// BatchSize caps the requests committed in one transaction (256);
+	// CommitWorkers is how many transactions run at once (4).
+	BatchSize     int
+	CommitWorkers int
+	// CommitTimeout bounds how long a request waits for its commit (10s).
+	CommitTimeout time.Duration
+	// MaxClients bounds the per-address rate limiters kept per source.
+	MaxClients int
+	Callbacks  CallbackConfig
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+	// Now is the clock (time.Now).
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.IdempotencyTTL == 0 {
+		c.IdempotencyTTL = 24 * time.Hour
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 256
+	}
+	if c.CommitWorkers == 0 {
+		c.CommitWorkers = 4
+	}
+	if c.CommitTimeout == 0 {
+		c.CommitTimeout = 10 * time.Second
+	}
+	if c.MaxClients == 0 {
+		c.MaxClients = 10000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	c.Callbacks.setDefaults()
+}
+
+type source struct {
+	cfg       Source
+	label     string // "webhook:<name>"
+	lim       *limiters
+	tokenSums [][32]byte
+}
+
+// Endpoint serves POST /v1/webhooks/{source} and delivers callbacks.
+type Endpoint struct {
+	cfg     Config
+	log     *slog.Logger
+	sources map[string]*source
+	store   *requests.Store
+	pool    *pgxpool.Pool
+	queue   chan *pending
+	m       *metrics
+	client  *http.Client
+
+	bufs sync.Pool
+}
+
+// New checks cfg and builds the endpoint.
+func New(cfg Config) (*Endpoint, error) {
+	cfg.setDefaults()
+	if cfg.Store == nil || cfg.Pool == nil {
+		return nil, errors.New("webhook: a request store and a pool are needed")
+	}
+	e := &Endpoint{cfg: cfg, log: cfg.Logger, sources: map[string]*source{}, store: cfg.Store, pool: cfg.Pool,
+		queue: make(chan *pending, 8192)}
+	e.bufs.New = func() any { return new(bytes.Buffer) }
+	var errs []error
+	for _, s := range cfg.Sources {
+		if _, dup := e.sources[s.Name]; dup {
+			errs = append(errs, fmt.Errorf("source %q twice", s.Name))
+			continue
+		}
+		if err := checkSource(&s); err != nil {
+			errs = append(errs, fmt.Errorf("source %q: %w", s.Name, err))
+			continue
+		}
+		src := &source{cfg: s, label: requests.WebhookSourcePrefix + s.Name,
+			lim: newLimiters(s.Rate, s.Burst, s.ClientRate, s.ClientBurst, cfg.MaxClients)}
+		for _, t := range s.Tokens {
+			src.tokenSums = append(src.tokenSums, sha256.Sum256([]byte(t)))
+		}
+		e.sources[s.Name] = src
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	e.m = newMetrics(cfg.Registerer)
+	e.client = cfg.Callbacks.client()
+	return e, nil
+}
+
+func checkSource(s *Source) error {
+	if s.Name == "" {
+		return errors.New("no name")
+	}
+	switch s.Auth {
+	case AuthHMAC:
+		if len(s.Secrets) == 0 {
+			return errors.New("auth = hmac needs at least one secret")
+		}
+	case AuthBearer:
+		if len(s.Tokens) == 0 {
+			return errors.New("auth = bearer needs at least one token")
+		}
+	case AuthMTLS:
+		if len(s.MTLSSubjects)+len(s.MTLSSANs) == 0 {
+			return errors.New("auth = mtls needs mtls_subjects or mtls_sans")
+		}
+	default:
+		return fmt.Errorf("auth %q is not hmac, bearer or mtls", s.Auth)
+	}
+	switch s.Format {
+	case "":
+		s.Format = FormatNative
+	case FormatNative:
+	case FormatAlertmanager:
+		if s.Auth == AuthHMAC {
+			return errors.New("Alertmanager cannot sign: format = alertmanager needs auth = bearer or mtls")
+		}
+	default:
+		return fmt.Errorf("format %q is not native or alertmanager", s.Format)
+	}
+	if s.Rate <= 0 || s.Burst < 1 {
+		return errors.New("rate must be positive and burst at least 1")
+	}
+	if s.ClientRate <= 0 {
+		s.ClientRate = s.Rate
+	}
+	if s.ClientBurst < 1 {
+		s.ClientBurst = s.Burst
+	}
+	if s.MaxBodyBytes <= 0 {
+		s.MaxBodyBytes = 64 << 10
+	}
+	if s.InstanceLabel == "" {
+		s.InstanceLabel = "instance_uuid"
+	}
+	if s.TimestampTolerance <= 0 {
+		s.TimestampTolerance = 5 * time.Minute
+	}
+	return nil
+}
+
+// Register adds POST /v1/webhooks/{source} to srv and describes it.
+func (e *Endpoint) Register(srv *api.Server) {
+	srv.Handle(http.MethodPost, "/v1/webhooks/:source", api.Custom, e.handle)
+	srv.Describe(openapiFragment)
+}
+
+// Run commits accepted requests, delivers callbacks and forgets expired
+// idempotency keys until ctx ends.
+func (e *Endpoint) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for range e.cfg.CommitWorkers {
+		wg.Add(1)
+		go func() { defer wg.Done(); e.commitLoop(ctx) }()
+	}
+	wg.Add(2)
+	go func() { defer wg.Done(); e.callbackLoop(ctx) }()
+	go func() { defer wg.Done(); e.janitor(ctx) }()
+	wg.Wait()
+	return ctx.Err()
+}
+
+// Answer is the 202 body.
+type Answer struct {
+	RequestID uuid.UUID `json:"request_id"`
+	StatusURL string    `json:"status_url"`
+	Skipped   []Skipped `json:"skipped"`
+}
+
+func (e *Endpoint) refuse(c echo.Context, src, remote, reason string, p *api.ProblemDetails) error {
+	p.Code = reason
+	if p.Title == "" {
+		p.Title = http.StatusText(p.Status)
+	}
+	label := src
+	if label == "" {
+		label = "(unknown)"
+	}
+	e.m.refused.WithLabelValues(label, reason).Inc()
+	level := slog.LevelInfo
+	if p.Status == http.StatusUnauthorized || p.Status == http.StatusForbidden {
+		level = slog.LevelWarn
+	}
+	e.log.LogAttrs(c.Request().Context(), level, "webhook refused",
+		slog.String(LogKeySource, src), slog.String(LogKeyRemote, remote), slog.String(LogKeyReason, reason),
+		slog.Int(LogKeyStatus, p.Status), slog.String(api.LogKeyRequestID, api.RequestID(c)))
+	return p
+}
+
+func (e *Endpoint) handle(c echo.Context) error {
+	r := c.Request()
+	now := e.cfg.Now()
+	name := c.Param("source")
+	// 404: unknown source. The name is logged only when it is known, so a
+	// scanner cannot fill the log with its guesses.
+	src := e.sources[name]
+	if src == nil {
+		return e.refuse(c, "", r.RemoteAddr, "unknown_source",
+			&api.ProblemDetails{Status: http.StatusNotFound, Detail: "no webhook source of that name"})
+	}
+	// 403: address.
+	addr, ok := clientIP(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), src.cfg.TrustedProxies)
+	remote := addr.String()
+	if !ok || (len(src.cfg.AllowedCIDRs) > 0 && !inAny(src.cfg.AllowedCIDRs, addr)) {
+		return e.refuse(c, name, remote, "address_not_allowed",
+			&api.ProblemDetails{Status: http.StatusForbidden, Detail: "this address may not send to this source"})
+	}
+	// 429: rate.
+	if reason, wait := src.lim.allow(addr, now); reason != "" {
+		ra := min(retryAfter(wait), 3600)
+		return e.refuse(c, name, remote, reason, &api.ProblemDetails{Status: http.StatusTooManyRequests,
+			Detail:  fmt.Sprintf("too many requests; retry in %d s", ra),
+			Headers: map[string]string{"Retry-After": strconv.Itoa(ra)}})
+	}
+	// 415: content type.
+	if mt, _, err := mime.ParseMediaType(r.Header.Get(echo.HeaderContentType)); err != nil || mt != echo.MIMEApplicationJSON {
+		return e.refuse(c, name, remote, "unsupported_media_type", &api.ProblemDetails{Status: http.StatusUnsupportedMediaType,
+			Detail: "send Content-Type: application/json"})
+	}
+	// 413: size, enforced while reading.
+	limit := src.cfg.MaxBodyBytes
+	tooBig := func() error {
+		// Close the connection after the answer instead of reading
+		// the rest of a body nobody wants.
+		return e.refuse(c, name, remote, "body_too_large", &api.ProblemDetails{Status: http.StatusRequestEntityTooLarge,
+			Detail:  fmt.Sprintf("the body may hold at most %d bytes", limit),
+			Headers: map[string]string{"Connection": "close"}})
+	}
+	if r.ContentLength > limit {
+		return tooBig()
+	}
+	buf := e.bufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer e.bufs.Put(buf)
+	// The net/http writer itself, so that passing the limit marks the
+	// connection to be closed (echo's wrapper would hide it).
+	if _, err := buf.ReadFrom(http.MaxBytesReader(c.Response().Writer, r.Body, limit)); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return tooBig()
+		}
+		return e.refuse(c, name, remote, "body_unreadable", &api.ProblemDetails{Status: http.StatusBadRequest,
+			Detail: "the body could not be read", Headers: map[string]string{"Connection": "close"}})
+	}
+	body := buf.Bytes()
+	// 401: authentication.
+	key, aerr := src.authenticate(r, body, now)
+	if aerr != nil {
+		p := &api.ProblemDetails{Status: http.StatusUnauthorized, Detail: aerr.detail}
+		if src.cfg.Auth == AuthBearer {
+			p.Headers = map[string]string{"WWW-Authenticate": `Bearer realm="vgpu-bridge webhooks"`}
+		}
+		return e.refuse(c, name, remote, aerr.reason, p)
+	}
+	// 400: not JSON.
+	if !json.Valid(body) {
+		return e.refuse(c, name, remote, "not_json", &api.ProblemDetails{Status: http.StatusBadRequest,
+			Detail: "the body is not valid JSON"})
+	}
+	// 422: schema.
+	p, bad := e.build(src, body, now)
+	if key != "" && !validKey(key) {
+		bad = append(bad, api.InvalidParam{Name: HeaderIdempotencyKey, Reason: "must be 1 to 255 printable ASCII characters"})
+	}
+	if hasNUL(body) {
+		bad = append(bad, api.InvalidParam{Name: "(body)", Reason: `must not contain \u0000`})
+	}
+	if len(bad) > 0 {
+		vp := api.ValidationProblem(bad)
+		return e.refuse(c, name, remote, "invalid_params", vp)
+	}
+	p.key = key
+	p.hash = sha256.Sum256(body)
+	// Commit, then 202; or 409 for a key reused with another body.
+	res := e.commit(r.Context(), p)
+	switch {
+	case res.err != nil:
+		e.log.Error("webhook commit failed", LogKeySource, name, "err", res.err)
+		return e.refuse(c, name, remote, "store_unavailable", &api.ProblemDetails{Status: http.StatusServiceUnavailable,
+			Detail: "the request could not be stored; retry", Headers: map[string]string{"Retry-After": "1"}})
+	case res.conflict:
+		return e.refuse(c, name, remote, "idempotency_conflict", &api.ProblemDetails{Status: http.StatusConflict,
+			Detail: "this Idempotency-Key (or webhook-id) was used with another body within the last day"})
+	case res.replay:
+		e.m.replayed.WithLabelValues(name).Inc()
+		c.Response().Header().Set("Idempotent-Replayed", "true")
+	default:
+		e.m.accepted.WithLabelValues(name).Inc()
+	}
+	return c.JSONBlob(res.status, res.body)
+}
+
+// build decodes body into a pending commit.
+func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []api.InvalidParam) {
+	id := uuid.Must(uuid.NewV7())
+	p := &pending{src: src, done: make(chan result, 1)}
+	p.req = requests.Request{ID: id, Source: src.label}
+	ans := Answer{RequestID: id, StatusURL: e.cfg.PublicURL + "/v1/requests/" + id.String(), Skipped: []Skipped{}}
+	switch src.cfg.Format {
+	case FormatAlertmanager:
+		b, bad := DecodeAlertmanager(body, src.cfg.InstanceLabel)
+		if len(bad) > 0 {
+			return nil, bad
+		}
+		p.req.Kind = TypeLoad
+		ans.Skipped = b.Skipped
+		for _, ev := range b.Events {
+			a := ev.Alert
+			at := a.StartsAt
+			if a.Status == "resolved" && !a.EndsAt.IsZero() {
+				at = a.EndsAt
+			}
+			p.events = append(p.events, eventRow{vm: ev.VMID, at: at, payload: EventPayload{
+				RequestID: id, Source: src.cfg.Name, Type: TypeLoad, VMID: ev.VMID,
+				Workload: workloadLabel(a.Labels), Alert: &a}})
+		}
+		if len(b.Events) == 1 {
+			u := uuid.MustParse(b.Events[0].VMID)
+			p.req.InstanceUUID = &u
+		}
+		if len(b.Events) == 0 {
+			p.rejectReason = fmt.Sprintf("none of the %d alert(s) has a usable %s label", b.Alerts, src.cfg.InstanceLabel)
+		}
+		p.req.Body, _ = json.Marshal(b)
+	default:
+		n, bad := DecodeNative(body, func(h string) bool { return hostAllowed(src.cfg.CallbackHosts, h) })
+		if len(bad) > 0 {
+			return nil, bad
+		}
+		u := uuid.MustParse(n.VMID)
+		p.req.Kind, p.req.InstanceUUID, p.req.CallbackURL = n.Type, &u, n.CallbackURL
+		p.req.Body, _ = json.Marshal(n)
+		p.events = []eventRow{{vm: n.VMID, at: now, payload: EventPayload{RequestID: id, Source: src.cfg.Name,
+			Type: n.Type, VMID: n.VMID, Workload: n.Workload, VGPUProfile: n.VGPUProfile, Count: n.Count,
+			Metrics: n.Metrics, CallbackURL: n.CallbackURL}}}
+	}
+	p.answer, _ = json.Marshal(ans)
+	return p, nil
+}
+
+func workloadLabel(l map[string]string) string {
+	if w := l["workload"]; oneOf(w, Workloads) {
+		return w
+	}
+	return ""
+}
+
+// EventPayload is the payload of an inbox row (events, source
+// "webhook:<name>") written for an accepted webhook.
+type EventPayload struct {
+	RequestID   uuid.UUID      `json:"request_id"`
+	Source      string         `json:"source"`
+	Type        string         `json:"type"`
+	VMID        string         `json:"vm_id"`
+	Workload    string         `json:"workload,omitempty"`
+	VGPUProfile string         `json:"vgpu_profile,omitempty"`
+	Count       int            `json:"count,omitempty"`
+	Metrics     map[string]any `json:"metrics,omitempty"`
+	CallbackURL string         `json:"callback_url,omitempty"`
+	Alert       *Alert         `json:"alert,omitempty"`
+}
+
+// AuthenticateSource implements requests.SourceAuthenticator: a source
+// reads its requests with its own credentials. HMAC sources sign the text
+// "GET <path>" in place of a body.
+func (e *Endpoint) AuthenticateSource(r *http.Request, name string) error {
+	src := e.sources[name]
+	if src == nil {
+		return errors.New("no such source")
+	}
+	addr, ok := clientIP(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), src.cfg.TrustedProxies)
+	if !ok || (len(src.cfg.AllowedCIDRs) > 0 && !inAny(src.cfg.AllowedCIDRs, addr)) {
+		return errors.New("address_not_allowed")
+	}
+	payload := []byte(r.Method + " " + r.URL.Path)
+	// X-Hub-Signature-256 needs no Idempotency-Key for reads.
+	if _, aerr := src.authenticate(r, payload, e.cfg.Now()); aerr != nil && aerr.reason != "missing_idempotency_key" {
+		return aerr
+	}
+	return nil
+}
+
+var _ requests.SourceAuthenticator = (*Endpoint)(nil)
+
+// readAll is io.ReadAll with a bound, for callback answers.
+func readAll(r io.Reader, n int64) []byte {
+	b, _ := io.ReadAll(io.LimitReader(r, n))
+	return b
+}

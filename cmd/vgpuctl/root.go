@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
+)
+
+// Set by the linker.
+var (
+	version = "dev"
+	commit  = "unknown"
+)
+
+// Exit codes scripts can rely on (contract: documented in --help and README).
+const (
+	exitOK       = 0
+	exitFailure  = 1 // the API answered with an error, or the command failed
+	exitUsage    = 2 // bad flags or arguments
+	exitNotReady = 3 // health: the bridge answered but is not ready
+	exitNoAPI    = 4 // the API could not be reached
+	exitRequest  = 5 // a watched request ended failed or rejected
+	exitGaveUp   = 6 // --wait-timeout passed before the request was final
+)
+
+const exitCodesHelp = `Exit codes:
+  0  success (a watched request ended succeeded)
+  1  the API answered with an error (printed as "title: detail" and each invalid field), or the command failed
+  2  usage: unknown command, bad flag or argument
+  3  health: the bridge answered but is not ready
+  4  the API could not be reached
+  5  a watched request ended failed or rejected (requests show --watch, webhook send --watch)
+  6  --wait-timeout passed before the watched request reached a final state`
+
+const rootLong = `vgpuctl operates vgpu-bridge through its operator API (DESIGN.md §4.3).
+
+Output is a table by default; -o json prints the API's answer as sent, -o yaml
+the same as YAML.
+
+Credentials, first match wins:
+  --token / VGPUCTL_TOKEN        a static token of [api] token_file, sent as X-Auth-Token
+  --os-cloud / OS_CLOUD          log in to Keystone with that cloud of clouds.yaml
+                                 ($OS_CLIENT_CONFIG_FILE, ./clouds.yaml, ~/.config/openstack/,
+                                 /etc/openstack/) and send the Keystone token
+The bridge is found at --url / VGPUCTL_URL (default http://127.0.0.1:9797).
+
+` + exitCodesHelp
+
+type globals struct {
+	url, token, cloud, output string
+	timeout                   time.Duration
+	stdout, stderr            io.Writer
+	// tty reports whether stderr is a terminal (spinners); nil means no.
+	tty    func() bool
+	client *apiclient.Client
+}
+
+// exitError carries the exit code of a failure.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+func (e exitError) Unwrap() error { return e.err }
+
+func usageErr(err error) error { return exitError{exitUsage, err} }
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr, tty: func() bool { return isTerminal(stderr) }}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	code := exitCode(err)
+	printError(stderr, err)
+	if code == exitUsage {
+		fmt.Fprintln(stderr, "Run 'vgpuctl --help' for usage.")
+	}
+	return code
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "vgpuctl",
+		Short:         "Operate vgpu-bridge through its API",
+		Long:          rootLong,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		// Own completion command: bash, zsh and fish only.
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return checkOutput(g.output)
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr(err) })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.url, "url", envOr("VGPUCTL_URL", "http://127.0.0.1:9797"), "base URL of the bridge API (env VGPUCTL_URL)")
+	pf.StringVar(&g.token, "token", "", "API token (env VGPUCTL_TOKEN; prefer the environment: flags show in ps)")
+	pf.StringVar(&g.cloud, "os-cloud", "", "cloud of clouds.yaml to log in to Keystone with (env OS_CLOUD)")
+	pf.StringVarP(&g.output, "output", "o", outTable, "output format: table, json or yaml")
+	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long one API call may take")
+	root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{outTable, outJSON, outYAML}, cobra.ShellCompDirectiveNoFileComp))
+
+	for _, f := range []func(*globals) *cobra.Command{
+		versionCmd, healthCmd,
+		hostsCmd, gpusCmd, instancesCmd, allocationsCmd, eventsCmd, deadLettersCmd,
+		requestsCmd, placeCmd, syncCmd, policyCmd, webhookCmd,
+	} {
+		root.AddCommand(f(g))
+	}
+	root.AddCommand(completionCmd(root))
+	setUsageArgs(root)
+	return root
+}
+
+// setUsageArgs makes every positional-argument error exit 2.
+func setUsageArgs(c *cobra.Command) {
+	if v := c.Args; v != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if err := v(cmd, args); err != nil {
+				return usageErr(err)
+			}
+			return nil
+		}
+	}
+	for _, s := range c.Commands() {
+		setUsageArgs(s)
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// api returns the client, built once from the flags and the environment.
+func (g *globals) api() *apiclient.Client {
+	if g.client != nil {
+		return g.client
+	}
+	cfg := apiclient.Config{URL: g.url, Token: g.token, Timeout: g.timeout, UserAgent: "vgpuctl/" + version}
+	if cfg.Token == "" {
+		cfg.Token = os.Getenv("VGPUCTL_TOKEN")
+	}
+	cloud := g.cloud
+	if cloud == "" {
+		cloud = os.Getenv("OS_CLOUD")
+	}
+	if cfg.Token == "" && cloud != "" {
+		cfg.TokenSource = apiclient.CloudTokenSource(cloud)
+	}
+	g.client = apiclient.New(cfg)
+	return g.client
+}
+
+// exitCode maps an error to the documented exit codes.
+func exitCode(err error) int {
+	var ee exitError
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case apiclient.IsUnreachable(err):
+		return exitNoAPI
+	}
+	if _, ok := apiclient.AsError(err); ok {
+		return exitFailure
+	}
+	msg := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "accepts ", "requires ", "invalid argument", "flag needs an argument", "required flag"} {
+		if strings.HasPrefix(msg, p) {
+			return exitUsage
+		}
+	}
+	return exitFailure
+}
+
+// printError writes "vgpuctl: title: detail", each invalid field on its own
+// line, and the request id the bridge logged it under.
+func printError(w io.Writer, err error) {
+	fmt.Fprintln(w, "vgpuctl:", err)
+	if e, ok := apiclient.AsError(err); ok && e.Problem.RequestID != "" {
+		fmt.Fprintln(w, "  request id:", e.Problem.RequestID)
+	}
+}
+
+func versionCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print version, commit and Go version",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			fmt.Fprintf(g.stdout, "vgpuctl %s (commit %s, %s %s/%s)\n", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			return nil
+		},
+	}
+}
+
+func healthCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "health",
+		Short: "Show the bridge's readiness (exit 3 when not ready, 4 when unreachable)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := g.api().Ready(cmd.Context())
+			if err != nil && apiclient.StatusCode(err) != 503 {
+				return err
+			}
+			if perr := g.emit(r.Raw, func(w io.Writer) {
+				header(w, "CHECK", "STATE")
+				for _, k := range sortedKeys(r.Checks) {
+					row(w, k, r.Checks[k])
+				}
+			}); perr != nil {
+				return perr
+			}
+			if err != nil {
+				return exitError{exitNotReady, fmt.Errorf("not ready: %w", err)}
+			}
+			return nil
+		},
+	}
+}
+
+func completionCmd(root *cobra.Command) *cobra.Command {
+	return &cobra.Command{
+		Use:   "completion bash|zsh|fish",
+		Short: "Print a shell completion script",
+		Long: `Print a shell completion script.
+
+  bash:  source <(vgpuctl completion bash)      # or write it to /etc/bash_completion.d/vgpuctl
+  zsh:   vgpuctl completion zsh > "${fpath[1]}/_vgpuctl"
+  fish:  vgpuctl completion fish > ~/.config/fish/completions/vgpuctl.fish`,
+		Args:      cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs),
+		ValidArgs: []string{"bash", "zsh", "fish"},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			w := cmd.OutOrStdout()
+			switch args[0] {
+			case "bash":
+				return root.GenBashCompletionV2(w, true)
+			case "zsh":
+				return root.GenZshCompletion(w)
+			default:
+				return root.GenFishCompletion(w, true)
+			}
+		},
+	}
+}
+
+// flagChanged reports whether the user set the flag.
+func flagChanged(fs *pflag.FlagSet, name string) bool {
+	f := fs.Lookup(name)
+	return f != nil && f.Changed
+}

@@ -1,0 +1,291 @@
+package ingest_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
+	"github.com/vgpu-bridge/vgpu-bridge/nova/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
+)
+
+const infoKey = "versioned_notifications.info"
+
+// TestCorpusSamples publishes every Nova sample raw (oslo 2.0 envelope,
+// message_id and timestamp added), some twice, plus poison messages: every
+// sample lands once in the inbox, the poison in dead_letters, and the
+// instance state is the newest event's.
+func TestCorpusSamples(t *testing.T) {
+	r := newRig(t)
+	cfg := r.config(r.amqpURL)
+	cfg.MaxMessageBytes = 64 << 10
+	r.declare(cfg)
+
+	ss := samples(t)
+	base := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	var bodies [][]byte
+	for i, s := range ss {
+		bodies = append(bodies, s.Wire(fmt.Sprintf("sample-%03d", i), base.Add(time.Duration(i)*time.Millisecond)))
+	}
+	// Redelivered/republished: no second effect.
+	bodies = append(bodies, bodies[0], bodies[1], bodies[len(bodies)-1])
+	// Legacy (messaging driver) form of one sample, under a new id.
+	var env map[string]string
+	testsvc.Must(t, json.Unmarshal(ss[0].Wire("legacy-1", base), &env), "envelope")
+	bodies = append(bodies, []byte(env["oslo.message"]))
+	var inst novatest.Sample
+	for _, s := range ss {
+		if s.Name == "instance-create-end" {
+			inst = s
+		}
+	}
+	poison := map[string][]byte{
+		ingest.ReasonNotJSON:        []byte("this is not json"),
+		ingest.ReasonBrokenEnvelope: []byte(`{"oslo.version":"2.0","oslo.message":{"not":"a string"}}`),
+		ingest.ReasonNoMessageID:    []byte(strings.Replace(string(ss[0].Wire("x", base)), `\"message_id\":\"x\",`, "", 1)),
+		ingest.ReasonSchema:         ss[0].Wire("bad-ts", base)[:0],
+		ingest.ReasonOversize:       []byte(`{"pad":"` + strings.Repeat("x", 70<<10) + `"}`),
+	}
+	// A schema violation: the instance uuid is not a UUID.
+	poison[ingest.ReasonSchema] = []byte(strings.Replace(string(inst.Wire("bad-uuid", base)), "178b0921-8f85-4257-88b6-2e743b5a975c", "not-a-uuid", 1))
+	for reason, b := range poison {
+		if reason == ingest.ReasonNoMessageID && strings.Contains(string(b), "message_id") {
+			t.Fatal("test bug: message_id still in the no_message_id case")
+		}
+		if reason == ingest.ReasonSchema && !strings.Contains(string(b), "not-a-uuid") {
+			t.Fatal("test bug: uuid not replaced")
+		}
+		bodies = append(bodies, b)
+	}
+	// An unknown major version is recorded, not dead.
+	unknown := string(inst.Wire("future", base))
+	i := strings.LastIndex(unknown, `\"nova_object.version\":\"1.`)
+	if i < 0 {
+		t.Fatal("test bug: no payload version")
+	}
+	unknown = unknown[:i] + `\"nova_object.version\":\"9.` + unknown[i+len(`\"nova_object.version\":\"1.`):]
+	bodies = append(bodies, []byte(unknown))
+	r.publish(infoKey, bodies...)
+
+	run := r.start(cfg)
+	want := len(ss) + 2
+	r.waitCount(want, 60*time.Second, `SELECT count(*) FROM events`)
+	r.waitCount(len(poison), 30*time.Second, `SELECT count(*) FROM dead_letters`)
+	for reason := range poison {
+		if n := r.count(`SELECT count(*) FROM dead_letters WHERE reason = $1 AND raw IS NOT NULL AND detail <> ''`, reason); n != 1 {
+			t.Errorf("dead letters with reason %s: %d, want 1", reason, n)
+		}
+	}
+	if n := r.count(`SELECT count(*) FROM dead_letters WHERE reason = 'schema' AND message_id = 'bad-uuid' AND detail LIKE '%payload.uuid%'`); n != 1 {
+		t.Errorf("schema dead letter does not name its message_id and field")
+	}
+	if n := r.count(`SELECT count(*) FROM dead_letters WHERE reason = 'oversize' AND raw_truncated AND length(raw) = 65536`); n != 1 {
+		t.Errorf("oversize body not capped at 64 KiB")
+	}
+	if n := r.count(`SELECT count(*) FROM events WHERE status = 'unrecognized'`); n != 1 {
+		t.Errorf("unrecognized events: %d, want 1", n)
+	}
+	if n := r.count(`SELECT count(*) FROM events WHERE request_id LIKE 'req-%' AND project_id IS NOT NULL AND user_id = 'fake'`); n != want {
+		t.Errorf("events with request context: %d, want %d", n, want)
+	}
+	// All instance samples share one uuid; the newest event wins.
+	var lastType string
+	testsvc.Must(t, r.pool.QueryRow(context.Background(),
+		`SELECT last_event_type FROM instances WHERE uuid = '178b0921-8f85-4257-88b6-2e743b5a975c'`).Scan(&lastType), "instance")
+	var newest string
+	testsvc.Must(t, r.pool.QueryRow(context.Background(), `SELECT event_type FROM events
+		WHERE instance_uuid = '178b0921-8f85-4257-88b6-2e743b5a975c' AND status IS NULL ORDER BY occurred_at DESC LIMIT 1`).Scan(&newest), "newest")
+	if lastType != newest {
+		t.Errorf("instance last_event_type %q, want the newest event %q", lastType, newest)
+	}
+	if n := r.count(`SELECT count(*) FROM flavors WHERE flavorid = 'a22d5517-147c-4147-a0d1-e698df5cd4e3'`); n != 1 {
+		t.Errorf("flavor rows: %d", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for run.metric("vgpu_bridge_notifications_duplicates_total") < 3 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := run.metric("vgpu_bridge_notifications_duplicates_total"); got != 3 {
+		t.Errorf("duplicates metric %v, want 3", got)
+	}
+	if got := run.metric("vgpu_bridge_notifications_dead_letters_total"); got != float64(len(poison)) {
+		t.Errorf("dead letters metric %v, want %d", got, len(poison))
+	}
+}
+
+// instanceMsg builds an instance notification for uuid at ts.
+func instanceMsg(t *testing.T, id, eventType, uuid, vmState, host string, specs map[string]string, ts time.Time) []byte {
+	flavor := map[string]any{"nova_object.name": "FlavorPayload", "nova_object.namespace": "nova", "nova_object.version": "1.4",
+		"nova_object.data": map[string]any{"flavorid": "f-" + host, "name": "gpu", "vcpus": 4, "memory_mb": 8192, "extra_specs": specs}}
+	sample := map[string]any{
+		"event_type": eventType, "priority": "INFO", "publisher_id": "nova-compute:" + host,
+		"payload": map[string]any{"nova_object.name": "InstanceActionPayload", "nova_object.namespace": "nova", "nova_object.version": "1.9",
+			"nova_object.data": map[string]any{"uuid": uuid, "tenant_id": "p1", "user_id": "u1", "host": host, "node": host + "-node",
+				"state": vmState, "task_state": nil, "power_state": "running", "flavor": flavor}},
+	}
+	b, err := json.Marshal(sample)
+	testsvc.Must(t, err, "marshal")
+	w, err := nova.WireMessage(b, id, ts)
+	testsvc.Must(t, err, "wire")
+	return w
+}
+
+// TestOutOfOrder: an older event never overwrites newer state, also when
+// both arrive in one batch or in later batches; start < end at the same
+// timestamp.
+func TestOutOfOrder(t *testing.T) {
+	r := newRig(t)
+	cfg := r.config(r.amqpURL)
+	r.declare(cfg)
+	const uuid = "6f0a4b6c-6a6e-4b1e-9c3a-0d1b2c3d4e5f"
+	t0 := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	vgpu := map[string]string{"resources:VGPU": "1", "trait:CUSTOM_NVIDIA_232": "required"}
+	r.publish(infoKey,
+		instanceMsg(t, "m3", "instance.resize_finish.end", uuid, "resized", "hostB", vgpu, t0.Add(3*time.Second)),
+		instanceMsg(t, "m1", "instance.create.end", uuid, "active", "hostA", nil, t0.Add(time.Second)),
+		instanceMsg(t, "m3s", "instance.resize_finish.start", uuid, "active", "hostA", nil, t0.Add(3*time.Second)),
+	)
+	run := r.start(cfg)
+	r.waitCount(3, 30*time.Second, `SELECT count(*) FROM events`)
+	run.stop()
+	r.publish(infoKey, instanceMsg(t, "m2", "instance.power_off.end", uuid, "stopped", "hostA", nil, t0.Add(2*time.Second)))
+	r.start(cfg)
+	r.waitCount(4, 30*time.Second, `SELECT count(*) FROM events`)
+	var host, state, last string
+	var vgpus int
+	testsvc.Must(t, r.pool.QueryRow(context.Background(),
+		`SELECT host, vm_state, last_event_type, vgpus FROM instances WHERE uuid = $1`, uuid).Scan(&host, &state, &last, &vgpus), "instance")
+	if host != "hostB" || state != "resized" || last != "instance.resize_finish.end" || vgpus != 1 {
+		t.Errorf("got host=%s state=%s last=%s vgpus=%d; want the resize_finish.end state", host, state, last, vgpus)
+	}
+}
+
+// TestTopologyMismatch: oslo declared the exchange durable (as with
+// amqp_durable_queues = true) and the bridge is configured otherwise: the
+// error is a clear 406 naming the setting.
+func TestTopologyMismatch(t *testing.T) {
+	r := newRig(t)
+	testsvc.Must(t, r.pub.ExchangeDeclare(r.exchange, "topic", true, false, false, false, nil), "declare durable exchange")
+	cfg := r.config(r.amqpURL)
+	c, err := ingest.New(cfg, r.pool, nil, nil)
+	testsvc.Must(t, err, "new")
+	err = c.CheckTopology(context.Background())
+	if !ingest.IsTopologyMismatch(err) || !strings.Contains(err.Error(), "exchange_durable") || !strings.Contains(err.Error(), "amqp_durable_queues") {
+		t.Fatalf("err = %v; want a topology mismatch naming exchange_durable and amqp_durable_queues", err)
+	}
+	cfg.ExchangeDurable = true
+	c, _ = ingest.New(cfg, r.pool, nil, nil)
+	testsvc.Must(t, c.CheckTopology(context.Background()), "with exchange_durable = true")
+	cfg.ExchangeDurable, cfg.ExchangePassive = false, true
+	c, _ = ingest.New(cfg, r.pool, nil, nil)
+	testsvc.Must(t, c.CheckTopology(context.Background()), "passive")
+}
+
+// burst publishes n instance notifications with distinct ids.
+func burst(t *testing.T, n int) [][]byte {
+	base := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	out := make([][]byte, n)
+	for i := range out {
+		uuid := fmt.Sprintf("00000000-0000-4000-8000-%012d", i%97)
+		out[i] = instanceMsg(t, fmt.Sprintf("burst-%06d", i), "instance.update", uuid, "active", "h1", map[string]string{"resources:VGPU": "1"}, base.Add(time.Duration(i)*time.Microsecond))
+	}
+	return out
+}
+
+// TestKillMidBurst: the consumer is stopped in the middle of a burst and a
+// new one takes over: every message is applied exactly once.
+func TestKillMidBurst(t *testing.T) {
+	r := newRig(t)
+	cfg := r.config(r.amqpURL)
+	cfg.BatchSize, cfg.Prefetch = 50, 100
+	cfg.OnApplied = r.appliedLog()
+	r.declare(cfg)
+	const n = 3000
+	r.publish(infoKey, burst(t, n)...)
+	run := r.start(cfg)
+	for r.count(`SELECT count(*) FROM events`) < n/4 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	run.stop() // mid-burst: in-flight batch finished or requeued
+	if got := r.count(`SELECT count(*) FROM events`); got >= n {
+		t.Fatalf("the burst ended before the kill (%d events); make it bigger", got)
+	}
+	r.start(cfg)
+	r.waitCount(n, 60*time.Second, `SELECT count(*) FROM events`)
+	r.waitCount(n, 10*time.Second, `SELECT count(*) FROM applied_log`)
+	if d := r.count(`SELECT count(*) FROM (SELECT message_id FROM applied_log GROUP BY 1 HAVING count(*) > 1) x`); d != 0 {
+		t.Errorf("%d messages applied more than once", d)
+	}
+}
+
+// TestConnectionCutMidBurst: the broker connection is cut (TCP reset by a
+// proxy the test controls) in the middle of a burst, twice; the consumer
+// reconnects by itself and every message is applied exactly once.
+func TestConnectionCutMidBurst(t *testing.T) {
+	r := newRig(t)
+	u, err := amqp.ParseURI(r.amqpURL)
+	testsvc.Must(t, err, "parse")
+	p := newProxy(t, fmt.Sprintf("%s:%d", u.Host, u.Port))
+	cfg := r.config(proxiedURL(r.amqpURL, p.Addr()))
+	cfg.BatchSize, cfg.Prefetch = 50, 100
+	cfg.OnApplied = r.appliedLog()
+	r.declare(cfg)
+	const n = 4000
+	r.publish(infoKey, burst(t, n)...)
+	run := r.start(cfg)
+	for _, frac := range []int{4, 2} {
+		for r.count(`SELECT count(*) FROM events`) < n/frac {
+			time.Sleep(2 * time.Millisecond)
+		}
+		p.Cut()
+	}
+	if got := r.count(`SELECT count(*) FROM events`); got >= n {
+		t.Logf("warning: the burst ended before the last cut (%d events)", got)
+	}
+	r.waitCount(n, 90*time.Second, `SELECT count(*) FROM events`)
+	r.waitCount(n, 10*time.Second, `SELECT count(*) FROM applied_log`)
+	if d := r.count(`SELECT count(*) FROM (SELECT message_id FROM applied_log GROUP BY 1 HAVING count(*) > 1) x`); d != 0 {
+		t.Errorf("%d messages applied more than once", d)
+	}
+	if s := run.c.Sessions(); s < 3 {
+		t.Errorf("sessions = %d, want >= 3 (reconnected after each cut)", s)
+	}
+	if !run.c.Connected() {
+		t.Error("consumer not connected after the cuts")
+	}
+}
+
+// TestConsumerCancelledAndBrokerList: the first broker of the list is down,
+// so the consumer uses the second; then the broker cancels the consumer
+// (its queue is deleted) and the consumer declares it again and goes on.
+func TestConsumerCancelledAndBrokerList(t *testing.T) {
+	r := newRig(t)
+	dead := fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", testsvc.FreePort(t))
+	cfg := r.config(dead)
+	cfg.URLs = append(cfg.URLs, r.amqpURL)
+	run := r.start(cfg)
+	waitFor(t, 30*time.Second, "first session", func() bool { return run.c.Connected() && run.c.Sessions() == 1 })
+	_, err := r.pub.QueueDelete(r.queue, false, false, false)
+	testsvc.Must(t, err, "delete queue")
+	waitFor(t, 30*time.Second, "second session", func() bool { return run.c.Connected() && run.c.Sessions() >= 2 })
+	r.publish(infoKey, burst(t, 10)...)
+	r.waitCount(10, 30*time.Second, `SELECT count(*) FROM events`)
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
