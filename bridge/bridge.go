@@ -110,6 +110,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 		return err
 	}
 	comps = append(comps, plComp)
+	srv.AddCheck("placement", pl.Ready) // not ready before the first full inventory sync
 	// Webhooks and the request store (issue 5): /v1/webhooks/{source}, /v1/requests, callbacks.
 	whComps, err := setupWebhooks(v, pool, srv, ac, reg, log)
 	if err != nil {

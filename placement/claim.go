@@ -182,6 +182,13 @@ func (s *Service) Release(ctx context.Context, consumer, provider string) error 
 	}
 }
 
+// Learn records, in the index and the mirror, a change a caller made to
+// consumer's allocation on rp outside Claim and Release; held is what the
+// consumer holds of class there now.
+func (s *Service) Learn(ctx context.Context, rp, consumer, class string, held int) {
+	s.learn(ctx, rp, consumer, class, held)
+}
+
 // learn reads the provider's new usage and generation and writes them to
 // the index and the mirror; it returns the generation (0 if unknown).
 func (s *Service) learn(ctx context.Context, rp, consumer, class string, held int) int {

@@ -85,6 +85,7 @@ type Service struct {
 
 	syncMu  sync.Mutex  // one sync at a time in this process
 	leading atomic.Bool // this replica holds the sync lock in Run
+	synced  atomic.Bool // the index holds the result of a full sync
 
 	exMu         sync.RWMutex
 	excludeHosts []string          // node names
@@ -221,11 +222,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.store == nil {
 		return s.runDirect(ctx)
 	}
-	if all, err := s.store.Load(ctx); err == nil {
-		s.index.Load(all)
-	} else {
-		s.log.Warn("placement: cannot load mirror", LogError, err)
-	}
+	s.loadMirror(ctx)
 	go s.follow(ctx)
 	for ctx.Err() == nil {
 		release, ok, err := s.store.Lock(ctx)
@@ -269,6 +266,7 @@ func (s *Service) lead(ctx context.Context) error {
 			wait = b.Next()
 		} else if full {
 			lastFull = time.Now()
+			s.synced.Store(true)
 		}
 		s.refreshHosts(ctx)
 		select {
@@ -289,9 +287,7 @@ func (s *Service) follow(ctx context.Context) {
 				if s.leading.Load() {
 					return // our own sync batch: the index has it already
 				}
-				if all, err := s.store.Load(ctx); err == nil {
-					s.index.Load(all)
-				}
+				s.loadMirror(ctx)
 				return
 			}
 			ps, err := s.store.Load(ctx, ids...)
@@ -320,6 +316,8 @@ func (s *Service) runDirect(ctx context.Context) error {
 	for {
 		if _, err := s.syncDirect(ctx, nil); err != nil && ctx.Err() == nil {
 			s.log.Warn("placement sync failed", LogError, err)
+		} else if err == nil {
+			s.synced.Store(true)
 		}
 		select {
 		case <-ctx.Done():
@@ -327,6 +325,31 @@ func (s *Service) runDirect(ctx context.Context) error {
 		case <-time.After(s.cfg.SyncInterval):
 		}
 	}
+}
+
+// loadMirror loads the whole mirror into the index; once the mirror holds
+// a full sync, the index is ready for decisions.
+func (s *Service) loadMirror(ctx context.Context) {
+	st, stErr := s.store.State(ctx)
+	all, err := s.store.Load(ctx)
+	if err != nil {
+		s.log.Warn("placement: cannot load mirror", LogError, err)
+		return
+	}
+	s.index.Load(all)
+	if stErr == nil && st.LastFullAt != nil {
+		s.synced.Store(true)
+	}
+}
+
+// Ready reports whether decisions can be trusted: the index holds the
+// result of a full inventory sync (by this replica or another). Before
+// that every dry-run would answer "no capacity".
+func (s *Service) Ready(context.Context) error {
+	if !s.synced.Load() {
+		return errors.New("the first full inventory sync from Placement has not finished")
+	}
+	return nil
 }
 
 // refreshHosts reads the agents' host table: the compute host ↔ node

@@ -117,9 +117,7 @@ func (a ServiceAdapter) ReleaseUnits(ctx context.Context, consumer, provider, cl
 		}
 		err = c.PutAllocations(ctx, con)
 		if err == nil {
-			if u, gen, err := c.Usages(ctx, provider); err == nil {
-				a.S.Index().SetUsage(provider, u[class], gen)
-			}
+			a.S.Learn(ctx, provider, consumer, class, res[class])
 			return nil
 		}
 		if !placement.IsConflict(err) && !placement.IsRetryable(err) {

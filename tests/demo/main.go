@@ -128,6 +128,12 @@ func run() int {
 	err := d.main()
 	d.runCleanup()
 	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		fmt.Println("\nDEMO INTERRUPTED (everything it created was removed)")
+		return 130
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		fmt.Printf("\nDEMO FAILED: it did not finish within %s: %v\n", overall, err)
+		return 1
 	case err != nil:
 		fmt.Printf("\nDEMO FAILED: %v\n", err)
 		if d.work != "" {
@@ -201,7 +207,7 @@ func randHex(n int) string {
 }
 
 func (d *demo) main() error {
-	fmt.Printf("vgpu-bridge demo %s: the main job against the local Postgres, RabbitMQ and Placement\n", d.id)
+	fmt.Printf("vgpu-bridge demo %s (%s): the main job against the local Postgres, RabbitMQ and Placement\n", d.id, d.start.UTC().Format(time.RFC3339))
 	for _, b := range []string{"bin/vgpu-bridge", "bin/vgpu-agent"} {
 		if _, err := os.Stat(b); err != nil {
 			return fmt.Errorf("%s is missing: run `make build` (or `make demo`) from the repository root", b)
@@ -531,7 +537,7 @@ secret_files = %s
 	for {
 		r, err := d.api.Ready(d.ctx)
 		if err == nil {
-			d.say("bridge serving on %s (pid %d, migrated database, Placement synced): %s", d.apiURL, d.bridge.Process.Pid, r.Status)
+			d.say("bridge serving on %s (pid %d, database migrated, first Placement sync done): /readyz %s", d.apiURL, d.bridge.Process.Pid, r.Status)
 			return nil
 		}
 		if d.gone(d.bridge) || time.Now().After(deadline) || d.ctx.Err() != nil {
@@ -583,6 +589,22 @@ func (d *demo) startAgents() error {
 				return fmt.Errorf("no report from %s within 45s (%v); %s.log:%s", h.name, err, h.name, d.logTail(h.name+".log"))
 			}
 			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	// /readyz waits for the first full Placement sync; check that the
+	// mirror holds every demo host's GPUs.
+	for _, h := range d.hosts {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			x, err := d.api.Host(d.ctx, h.node)
+			if err == nil && x.GPUCount == len(gpuPCIs) && x.Free > 0 {
+				d.say("bridge's Placement mirror: %s has %d GPUs, %d vGPU slots free", h.node, x.GPUCount, x.Free)
+				break
+			}
+			if time.Now().After(deadline) || d.ctx.Err() != nil {
+				return fmt.Errorf("the bridge's Placement mirror does not show %s's GPUs within 60s (%v)", h.node, err)
+			}
+			time.Sleep(250 * time.Millisecond)
 		}
 	}
 	return nil
@@ -895,30 +917,42 @@ func (d *demo) summary() {
 	}
 	tw.Flush()
 
-	// The bridge answers from its mirror of Placement; refresh it first.
-	if _, err := d.api.Sync(d.ctx, false); err != nil {
-		fmt.Printf("\n(POST /v1/placements/sync: %v)\n", err)
+	// The bridge answers from its mirror of Placement.
+	bridgeView := func() (map[string]string, map[string]int) {
+		text, units := map[string]string{}, map[string]int{}
+		for _, vm := range d.vms {
+			l, err := d.api.Allocations(d.ctx, vm.uuid)
+			if err != nil {
+				text[vm.label] = "error: " + err.Error()
+				continue
+			}
+			var parts []string
+			for _, a := range l.Allocations {
+				p := fmt.Sprintf("%s=%d", a.ResourceClass, a.Amount)
+				if a.PCIAddress != "" {
+					p += " on " + a.Host + " " + a.PCIAddress
+				}
+				if a.Profile != "" {
+					p += " (" + a.Profile + ")"
+				}
+				parts = append(parts, p)
+				if a.ResourceClass == "VGPU" {
+					units[vm.label] += a.Amount
+				}
+			}
+			sort.Strings(parts)
+			if len(parts) == 0 {
+				parts = []string{"(no vGPU)"}
+			}
+			text[vm.label] = strings.Join(parts, ", ")
+		}
+		return text, units
 	}
-	fmt.Println("\nBridge's view (GET /v1/allocations?instance=, after POST /v1/placements/sync):")
+	fmt.Println("\nBridge's view (GET /v1/allocations?instance=, its Placement mirror):")
+	view, units := bridgeView()
 	for _, vm := range d.vms {
-		l, err := d.api.Allocations(d.ctx, vm.uuid)
-		if err != nil {
-			fmt.Printf("  %s: error %v\n", vm.label, err)
-			continue
-		}
-		var parts []string
-		for _, a := range l.Allocations {
-			p := fmt.Sprintf("%s=%d", a.ResourceClass, a.Amount)
-			if a.PCIAddress != "" {
-				p += " on " + a.Host + " " + a.PCIAddress
-			}
-			if a.Profile != "" {
-				p += " (" + a.Profile + ")"
-			}
-			parts = append(parts, p)
-		}
-		sort.Strings(parts)
-		fmt.Printf("  %s: %s\n", vm.label, strings.Join(parts, ", "))
+		fmt.Printf("  %s: %s\n", vm.label, view[vm.label])
+		d.expect(units[vm.label] == want[vm.label], "the bridge's view of %s: VGPU %d, want %d (Placement holds the truth above)", vm.label, units[vm.label], want[vm.label])
 	}
 
 	fmt.Println("\nvGPUs on the simulated hosts (the agents' last reports, and the fake sysfs):")

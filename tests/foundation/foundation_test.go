@@ -99,7 +99,7 @@ func TestReadyzFollowsTheDatabase(t *testing.T) {
 	d := start(t, config(t, viaProxy, "database.connect_timeout=1s"))
 	base := "http://" + d.API.Addr()
 
-	waitStatus(t, base+"/readyz", http.StatusOK, 10*time.Second)
+	waitStatus(t, base+"/readyz", http.StatusOK, 2*time.Minute)
 	proxy.Cut()
 	body := waitStatus(t, base+"/readyz", http.StatusServiceUnavailable, 10*time.Second)
 	var p struct {
