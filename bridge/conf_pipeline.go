@@ -101,6 +101,10 @@ func setupPipeline(ctx context.Context, v *conf.Values, replica string, tu *conf
 	}
 	dc := DispatchConfig(v, tu, replica)
 	dc.TLS = tlsCfg
+	if err := SecurityConfig(v, &dc, log.With("component", "dispatch")); err != nil {
+		pipePool.Close()
+		return nil, err
+	}
 	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
 		Results: proc, Catalog: pol.Catalog(), Phase: pipeline.PhaseOf, Log: log.With("component", "dispatch"), Registry: reg})
 	if err != nil {
@@ -109,6 +113,9 @@ func setupPipeline(ctx context.Context, v *conf.Values, replica string, tu *conf
 	}
 	run := func(ctx context.Context) error {
 		defer pipePool.Close()
+		hctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go reloadKeysOnHUP(hctx, v, disp, log.With("component", "dispatch"))
 		errc := make(chan error, 2)
 		go func() { errc <- proc.Run(ctx) }()
 		go func() { errc <- disp.Run(ctx) }()

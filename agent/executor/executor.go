@@ -168,7 +168,7 @@ func (e *Executor) Refuse(c protocol.Command, code, msg string) protocol.Result 
 	case protocol.CodeNotAllowed:
 		r.Remediation = "Add the GPU and type to [devices] enabled_mdev_types and [mdev_<type>] device_addresses of the agent."
 	case protocol.CodeBadSignature:
-		r.Remediation = "The command is unsigned or was altered: check that the bridge signs commands ([dispatch] signing key) " +
+		r.Remediation = "The command is unsigned or was altered: check that the bridge signs commands ([security] signing_key_file) " +
 			"and that nothing else publishes on the agent's queue (etc/rabbitmq/)."
 	case protocol.CodeUnknownKey:
 		r.Remediation = "Add the bridge's current public key to the agent's [security] bridge_keys_file and send the agent SIGHUP."

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -67,6 +68,19 @@ type Config struct {
 	ConnectionName string
 	// Replica names this process in logs and the audit.
 	Replica string
+
+	// Signer, when set, signs every command as the relay publishes it
+	// (the signed body is also what the outbox row keeps).
+	Signer *protocol.Signer
+	// Keyring, when set, holds the agents' public keys (each with its
+	// Host): a result or report whose signature does not verify with the
+	// key of its host is dropped (acknowledged, never applied), logged
+	// and counted.
+	Keyring *protocol.Keyring
+	// RequireSigned drops unsigned results and reports too; without it
+	// they are accepted, logged and counted (switch-over only). It needs
+	// Keyring.
+	RequireSigned bool
 }
 
 // DefaultConfig returns the defaults of the [dispatch] options.
@@ -143,6 +157,9 @@ func (c *Config) Validate() error {
 	if c.ReconnectMax < c.ReconnectMin {
 		errs = append(errs, fmt.Errorf("reconnect max %v below min %v", c.ReconnectMax, c.ReconnectMin))
 	}
+	if c.RequireSigned && c.Keyring == nil {
+		errs = append(errs, errors.New("signed results and reports are required but there is no keyring of agents' keys"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -185,6 +202,8 @@ type Dispatcher struct {
 	log  *slog.Logger
 	kick chan struct{}
 	m    *metrics
+	// keyset starts as the Config's keys; SetKeys replaces it.
+	keyset atomic.Pointer[Keys]
 }
 
 // New builds a dispatcher.
@@ -205,7 +224,9 @@ func New(cfg Config, d Deps) (*Dispatcher, error) {
 	if d.Phase == nil {
 		d.Phase = func(k protocol.Kind) string { return string(k) }
 	}
-	return &Dispatcher{cfg: cfg, d: d, log: d.Log, kick: make(chan struct{}, 1), m: newMetrics(d.Registry)}, nil
+	x := &Dispatcher{cfg: cfg, d: d, log: d.Log, kick: make(chan struct{}, 1), m: newMetrics(d.Registry)}
+	x.keyset.Store(&Keys{Signer: cfg.Signer, Keyring: cfg.Keyring, RequireSigned: cfg.RequireSigned})
+	return x, nil
 }
 
 // Kick wakes the relay: new commands are in the outbox.
@@ -388,11 +409,19 @@ func (x *Dispatcher) consumeLoop(ctx context.Context, ds <-chan amqp.Delivery, h
 }
 
 func (x *Dispatcher) handleResult(ctx context.Context, d amqp.Delivery) (bool, error) {
+	if !x.verified(protocol.TypeResult, d) {
+		return false, nil
+	}
 	r, err := protocol.DecodeResult(d.Body)
 	if err != nil {
-		x.m.broken.WithLabelValues("result").Inc()
+		x.m.broken.WithLabelValues("result", ReasonInvalid).Inc()
 		x.deadLetter(ctx, "agent-result", err, d)
 		return false, err
+	}
+	if ok, err := x.ownRefusal(ctx, r); err != nil {
+		return true, err
+	} else if !ok {
+		return false, nil
 	}
 	if err := x.d.Results.HandleResult(ctx, r); err != nil {
 		return true, err
@@ -402,9 +431,12 @@ func (x *Dispatcher) handleResult(ctx context.Context, d amqp.Delivery) (bool, e
 }
 
 func (x *Dispatcher) handleReport(ctx context.Context, d amqp.Delivery) (bool, error) {
+	if !x.verified(protocol.TypeReport, d) {
+		return false, nil
+	}
 	r, err := protocol.DecodeReport(d.Body)
 	if err != nil {
-		x.m.broken.WithLabelValues("report").Inc()
+		x.m.broken.WithLabelValues("report", ReasonInvalid).Inc()
 		x.deadLetter(ctx, "agent-report", err, d)
 		return false, err
 	}

@@ -61,6 +61,7 @@ type outRow struct {
 	expires  *time.Time
 	request  *uuid.UUID
 	purpose  string
+	signed   bool // body is the signed command, kept in the row when sent
 	deferred *amqp.DeferredConfirmation
 	err      error
 }
@@ -109,6 +110,12 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 				}
 				declared[r.host] = true
 			}
+			if signer := x.keys().Signer; signer != nil {
+				if r.body, r.err = signCommand(signer, r.body); r.err != nil {
+					continue
+				}
+				r.signed = true
+			}
 			pub := amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: r.id.String(),
 				Timestamp: time.Now(), Type: r.kind, Body: r.body}
 			if r.expires != nil {
@@ -139,7 +146,14 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 			ok = append(ok, r)
 		}
 		for _, r := range ok {
-			if _, err := tx.Exec(ctx, `UPDATE commands SET sent_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL WHERE id = $1`, r.id); err != nil {
+			if r.signed {
+				// The row keeps what went out (key_id and sig included): a
+				// refusal's body_sha256 is checked against it (ownRefusal).
+				if _, err := tx.Exec(ctx, `UPDATE commands SET sent_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL, body = $2::jsonb WHERE id = $1`,
+					r.id, string(r.body)); err != nil {
+					return err
+				}
+			} else if _, err := tx.Exec(ctx, `UPDATE commands SET sent_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL WHERE id = $1`, r.id); err != nil {
 				return err
 			}
 			x.m.published.WithLabelValues("sent").Inc()

@@ -79,6 +79,7 @@ type metrics struct {
 	expired    prometheus.Counter
 	reports    prometheus.Counter
 	broken     *prometheus.CounterVec
+	unsigned   *prometheus.CounterVec
 	reconnects prometheus.Counter
 }
 
@@ -91,12 +92,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reports: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpu_bridge_dispatch_reports_total",
 			Help: "Agent reports kept."}),
 		broken: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_dispatch_invalid_messages_total",
-			Help: "Results and reports that could not be decoded (kept in dead_letters)."}, []string{"type"}),
+			Help: "Results and reports dropped, by reason: invalid (could not be decoded; kept in dead_letters), " +
+				"bad_signature, unknown_key, key_expired, unsigned (signature check failed) or foreign_refusal " +
+				"(a signature refusal of a command body the bridge did not send)."}, []string{"type", "reason"}),
+		unsigned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_dispatch_unsigned_accepted_total",
+			Help: "Unsigned results and reports accepted because signed ones are not required (switch-over only)."}, []string{"type"}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpu_bridge_dispatch_reconnects_total",
 			Help: "Broker sessions that ended and were retried."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.published, m.expired, m.reports, m.broken, m.reconnects)
+		reg.MustRegister(m.published, m.expired, m.reports, m.broken, m.unsigned, m.reconnects)
 	}
 	return m
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/placementit"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -111,29 +112,8 @@ burst = 1000
 	testsvc.Must(t, err, "channel")
 	testsvc.Must(t, e.pub.Confirm(false), "confirm mode")
 
-	ctx, cancel := context.WithCancel(context.Background())
-	started := make(chan *bridge.Daemon, 1)
-	done := make(chan error, 1)
-	go func() { done <- bridge.Run(ctx, v, nil, func(d *bridge.Daemon) { started <- d }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("bridge.Run returned %v on shutdown", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("bridge did not shut down within 30s")
-		}
-	})
-	select {
-	case d := <-started:
-		e.url, e.pool = "http://"+d.API.Addr(), d.Pool
-	case err := <-done:
-		t.Fatalf("bridge stopped at start: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("bridge did not start within 60s")
-	}
+	d := testbridge.Start(t, v)
+	e.url, e.pool = "http://"+d.API.Addr(), d.Pool
 	// Publish only once the bridge consumes: its queue is then declared
 	// and bound (a passive declare that fails closes its channel).
 	waitFor(t, 30*time.Second, "the bridge consumes its queue", func() bool {

@@ -24,6 +24,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/traits"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
@@ -233,6 +234,10 @@ type replicaOpts struct {
 	name           string
 	requestTimeout time.Duration
 	noRun          bool
+	// dispatch adjusts the dispatcher's config ([security] keys).
+	dispatch func(*dispatch.Config)
+	// registry, when set, takes the dispatcher's metrics.
+	registry prometheus.Registerer
 }
 
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
@@ -263,11 +268,15 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
 			Placement: pipeline.ServiceAdapter{S: svc}, Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
 	testsvc.Must(t, err, "pipeline")
-	r.disp, err = dispatch.New(dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
+	dc := dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
 		ResultsBindings: []string{protocol.ResultRoutingKey(w.host)}, ReportsBindings: []string{protocol.ReportRoutingKey(w.host)},
-		RelayInterval: 100 * time.Millisecond, ReconnectMax: 2 * time.Second, Replica: o.name},
+		RelayInterval: 100 * time.Millisecond, ReconnectMax: 2 * time.Second, Replica: o.name}
+	if o.dispatch != nil {
+		o.dispatch(&dc)
+	}
+	r.disp, err = dispatch.New(dc,
 		dispatch.Deps{Pool: w.pool, Requests: requests.NewStore(w.pool, "vgpu-bridge/"+o.name), Results: r.proc,
-			Catalog: w.holder.Catalog(), Phase: pipeline.PhaseOf, Log: logger()})
+			Catalog: w.holder.Catalog(), Phase: pipeline.PhaseOf, Log: logger(), Registry: o.registry})
 	testsvc.Must(t, err, "dispatch")
 	kick = r.disp.Kick
 	if o.noRun {
@@ -288,12 +297,13 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	return r
 }
 
-// startAgent runs vgpu-agent on the fake host in this process.
-func (w *world) startAgent() {
+// startAgent runs vgpu-agent on the fake host in this process; extra
+// are more option overrides (section.name=value).
+func (w *world) startAgent(extra ...string) {
 	t := w.t
-	v, err := agent.LoadConfig(conf.Source{Overrides: []string{"DEFAULT.host=" + w.host, "DEFAULT.node=" + w.node,
+	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + w.host, "DEFAULT.node=" + w.node,
 		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + t.TempDir(), "DEFAULT.listen=127.0.0.1:0",
-		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}})
+		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}, extra...)})
 	testsvc.Must(t, err, "agent config")
 	ctx, cancel := context.WithCancel(w.ctx)
 	done := make(chan error, 1)

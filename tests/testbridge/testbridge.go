@@ -5,6 +5,8 @@ package testbridge
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -87,13 +89,32 @@ func Start(t testing.TB, v *conf.Values) *bridge.Daemon {
 			t.Error("bridge did not shut down within 30s")
 		}
 	})
+	var d *bridge.Daemon
 	select {
-	case d := <-started:
-		return d
+	case d = <-started:
 	case err := <-done:
 		t.Fatalf("bridge stopped at start: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("bridge did not start within 60s")
 	}
-	return nil
+	// Ready means the database and broker answer and the first full
+	// Placement sync is done, so decisions see the fleet.
+	url := "http://" + d.API.Addr() + "/readyz"
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return d
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("bridge not ready within 2m: %s", body)
+			}
+		} else if time.Now().After(deadline) {
+			t.Fatalf("bridge not ready within 2m: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -1,0 +1,167 @@
+package dispatch
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+)
+
+// Reasons a result or report is dropped (label reason of
+// vgpu_bridge_dispatch_invalid_messages_total); the signature reasons are
+// protocol.CodeBadSignature, CodeUnknownKey and CodeKeyExpired.
+const (
+	ReasonInvalid        = "invalid"
+	ReasonUnsigned       = "unsigned"
+	ReasonForeignRefusal = "foreign_refusal"
+)
+
+// Keys are the dispatcher's signing key and the agents' keyring.
+type Keys struct {
+	Signer        *protocol.Signer
+	Keyring       *protocol.Keyring
+	RequireSigned bool
+}
+
+func (x *Dispatcher) keys() *Keys { return x.keyset.Load() }
+
+// Keys returns the keys in use.
+func (x *Dispatcher) Keys() Keys { return *x.keys() }
+
+// SetKeys replaces the keys in use (SIGHUP reload): later commands are
+// signed with k.Signer, later results and reports verified with
+// k.Keyring. An impossible set is refused and the keys in use stay.
+func (x *Dispatcher) SetKeys(k Keys) error {
+	if k.RequireSigned && k.Keyring == nil {
+		return errors.New("signed results and reports are required but there is no keyring of agents' keys")
+	}
+	x.keyset.Store(&k)
+	return nil
+}
+
+// signCommand returns the body to publish for an outbox row: the stored
+// command signed with the bridge's key (key_id and sig set). The relay
+// writes it back to the row with sent_at, so the row keeps the bytes that
+// went out (as jsonb; sentDigests recomputes them) whatever key signs
+// later.
+func signCommand(s *protocol.Signer, body []byte) ([]byte, error) {
+	var c protocol.Command
+	if err := json.Unmarshal(body, &c); err != nil {
+		return nil, fmt.Errorf("outbox body is not a command: %w", err)
+	}
+	if err := s.SignCommand(&c); err != nil {
+		return nil, fmt.Errorf("sign command: %w", err)
+	}
+	return json.Marshal(c)
+}
+
+// sentDigests returns the SHA-256 (hex) of the bodies the relay may have
+// published for a stored body: the stored text itself (unsigned relay)
+// and the command re-encoded (signed relay: the row keeps the signed
+// command, whose encoding is what went out).
+func sentDigests(stored []byte) []string {
+	sum := sha256.Sum256(stored)
+	out := []string{hex.EncodeToString(sum[:])}
+	var c protocol.Command
+	if json.Unmarshal(stored, &c) == nil {
+		if b, err := json.Marshal(c); err == nil {
+			sum := sha256.Sum256(b)
+			out = append(out, hex.EncodeToString(sum[:]))
+		}
+	}
+	return out
+}
+
+// verified checks the signature of a result or report when a keyring is
+// configured. A message that fails is logged and counted, and the caller
+// drops it (acknowledged, never applied).
+func (x *Dispatcher) verified(t protocol.MessageType, d amqp.Delivery) bool {
+	k := x.keys()
+	ring := k.Keyring
+	if ring == nil {
+		return true
+	}
+	_, err := ring.Verify(t, d.Body, time.Now())
+	if err == nil {
+		return true
+	}
+	var se *protocol.SignatureError
+	keyID := ""
+	if errors.As(err, &se) {
+		keyID = se.KeyID
+	}
+	if protocol.IsUnsigned(err) {
+		if !k.RequireSigned {
+			x.m.unsigned.WithLabelValues(string(t)).Inc()
+			x.log.Warn("dispatch: unsigned message accepted (signed results and reports are not required)",
+				"type", string(t), "routing_key", d.RoutingKey)
+			return true
+		}
+		x.m.broken.WithLabelValues(string(t), ReasonUnsigned).Inc()
+		x.log.Warn("dispatch: unsigned message dropped", "type", string(t), "reason", ReasonUnsigned,
+			"routing_key", d.RoutingKey, "message_id", d.MessageId)
+		return false
+	}
+	code := protocol.SignatureCode(err)
+	if code == "" {
+		code = protocol.CodeBadSignature
+	}
+	x.m.broken.WithLabelValues(string(t), code).Inc()
+	x.log.Warn("dispatch: message with a bad signature dropped", "type", string(t), "reason", code, "key_id", keyID,
+		"routing_key", d.RoutingKey, "message_id", d.MessageId, LogError, err)
+	return false
+}
+
+// ownRefusal tells whether a result may be applied. A refusal coded
+// bad_signature, unknown_key or key_expired says only that the agent got
+// a command with that id it would not run — anyone who can publish on the
+// broker can send one that borrows a real command's id. It is about the
+// bridge's command only when its details.body_sha256 is the digest of
+// the body the bridge sent; otherwise it is dropped (logged, counted) and
+// the command stays in flight. Other results, and results of commands
+// the bridge does not know (the pipeline ignores them), pass.
+func (x *Dispatcher) ownRefusal(ctx context.Context, r protocol.Result) (bool, error) {
+	if r.Status != protocol.Refused {
+		return true, nil
+	}
+	switch r.Code {
+	case protocol.CodeBadSignature, protocol.CodeUnknownKey, protocol.CodeKeyExpired:
+	default:
+		return true, nil
+	}
+	// FOR SHARE waits for the relay's transaction, which holds the row
+	// until the broker confirmed and the signed body is written back.
+	var stored []byte
+	err := x.d.Pool.QueryRow(ctx, `SELECT body::text FROM commands WHERE id::text = $1 FOR SHARE`, r.CommandID).Scan(&stored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("body of command %s: %w", r.CommandID, err)
+	}
+	var det struct {
+		BodySHA256 string `json:"body_sha256"`
+	}
+	if len(r.Details) > 0 {
+		_ = json.Unmarshal(r.Details, &det)
+	}
+	if det.BodySHA256 != "" {
+		for _, d := range sentDigests(stored) {
+			if d == det.BodySHA256 {
+				return true, nil
+			}
+		}
+	}
+	x.m.broken.WithLabelValues(string(protocol.TypeResult), ReasonForeignRefusal).Inc()
+	x.log.Warn("dispatch: refusal of a command body the bridge did not send dropped; the command stays in flight",
+		LogCommand, r.CommandID, LogHost, r.Host, "reason", ReasonForeignRefusal, "code", r.Code, "body_sha256", det.BodySHA256)
+	return false, nil
+}
