@@ -378,10 +378,10 @@ func testWebhooks(t *testing.T, e *bridgeEnv) {
 	}
 
 	// requests show finds it.
-	req, err := api.Request(ctx, id)
-	testsvc.Must(t, err, "read request")
+	// The pipeline may decide it at any moment: the golden file is the
+	// table of a request still accepted.
 	r = e.reader.must(t, 0, "requests", "show", id)
-	if req.State == apiclient.StateAccepted {
+	if strings.Contains(r.stdout, "State:         accepted\n") {
 		golden(t, "request-show", mask(r.stdout, map[string]string{id: "request-id"}))
 	}
 	if !strings.Contains(r.stdout, "Source:        webhook:lab\n") || !strings.Contains(r.stdout, "Instance:      "+vmTrain+"\n") {
