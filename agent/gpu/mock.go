@@ -59,7 +59,6 @@ type Mock struct {
 	mu        sync.Mutex
 	sched     map[pci.Addr]nvml.VgpuSchedulerSetState
 	appClocks map[pci.Addr][2]uint32 // mem, sm
-	calls     int
 }
 
 // Scheduler returns the scheduler state last set on a GPU.

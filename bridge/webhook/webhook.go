@@ -241,7 +241,7 @@ func checkSource(s *Source) error {
 	case FormatNative:
 	case FormatAlertmanager:
 		if s.Auth == AuthHMAC {
-			return errors.New("Alertmanager cannot sign: format = alertmanager needs auth = bearer or mtls")
+			return errors.New("format = alertmanager needs auth = bearer or mtls (Alertmanager cannot sign)")
 		}
 	default:
 		return fmt.Errorf("format %q is not native or alertmanager", s.Format)

@@ -96,7 +96,6 @@ type world struct {
 	reports  string
 	amqpURL  string
 	domains  []fakehost.Domain
-	mu       sync.Mutex
 	created  []string // consumers to clean up
 	requests *requests.Store
 }

@@ -245,7 +245,7 @@ func TestRefuseSchema422(t *testing.T) {
 	wantProblem(t, e.postHub("batch", secretNew, []byte(`[1,2]`), "schema3"), http.StatusUnprocessableEntity, "invalid_params")
 	// A bad Idempotency-Key is named like a field.
 	a = e.postHub("batch", secretNew, nativeBody(""), "has space")
-	p = wantProblem(t, a, http.StatusUnprocessableEntity, "invalid_params")
+	wantProblem(t, a, http.StatusUnprocessableEntity, "invalid_params")
 	if !strings.Contains(string(a.body), "Idempotency-Key") {
 		t.Errorf("bad key not named: %s", a.body)
 	}

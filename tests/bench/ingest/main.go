@@ -402,7 +402,7 @@ func scratchDB(ctx context.Context) (string, func(), error) {
 	admin := *flagPostgres
 	c, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		return "", nil, fmt.Errorf("Postgres: %w (start it with `make services`)", err)
+		return "", nil, fmt.Errorf("connect to Postgres: %w (start it with `make services`)", err)
 	}
 	defer c.Close(ctx)
 	name := fmt.Sprintf("vgpu_bench_%08x", rand.Uint32())
