@@ -3,7 +3,6 @@ package agent
 import (
 	"crypto/tls"
 
-	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
 	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
 )
 
@@ -37,10 +36,10 @@ func init() {
 }
 
 // tlsFiles returns the [amqp] TLS settings.
-func tlsFiles(v *conf.Values) transport.TLSFiles {
-	return transport.TLSFiles{CAFile: optSSLCAFile.Get(v), CertFile: optSSLCertFile.Get(v),
+func tlsFiles(v *conf.Values) conf.TLSFiles {
+	return conf.TLSFiles{CAFile: optSSLCAFile.Get(v), CertFile: optSSLCertFile.Get(v),
 		KeyFile: optSSLKeyFile.Get(v), ServerName: optSSLServerName.Get(v)}
 }
 
 // TLSConfig builds the TLS configuration of the transport from [amqp].
-func TLSConfig(v *conf.Values) (*tls.Config, error) { return transport.ClientTLS(tlsFiles(v)) }
+func TLSConfig(v *conf.Values) (*tls.Config, error) { return conf.ClientTLS(tlsFiles(v)) }

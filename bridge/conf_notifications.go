@@ -1,10 +1,7 @@
 package bridge
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
@@ -128,23 +125,10 @@ func NotificationsConfig(v *conf.Values, tu *conf.TransportURL) (ingest.Config, 
 	c.ReconnectMin = optNotifReconnectMin.Get(v)
 	c.ReconnectMax = optNotifReconnectMax.Get(v)
 	if tu.TLS {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if f := optNotifSSLCA.Get(v); f != "" {
-			pem, err := os.ReadFile(f)
-			if err != nil {
-				return c, fmt.Errorf("[notifications] ssl_ca_file: %w", err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return c, fmt.Errorf("[notifications] ssl_ca_file %s: no PEM certificate in it", f)
-			}
-		}
-		if cf, kf := optNotifSSLCert.Get(v), optNotifSSLKey.Get(v); cf != "" {
-			cert, err := tls.LoadX509KeyPair(cf, kf)
-			if err != nil {
-				return c, fmt.Errorf("[notifications] ssl_cert_file/ssl_key_file: %w", err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
+		tc, err := conf.ClientTLS(conf.TLSFiles{CAFile: optNotifSSLCA.Get(v),
+			CertFile: optNotifSSLCert.Get(v), KeyFile: optNotifSSLKey.Get(v)})
+		if err != nil {
+			return c, fmt.Errorf("[notifications] ssl_*: %w", err)
 		}
 		c.TLS = tc
 	}

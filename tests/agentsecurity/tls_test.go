@@ -21,7 +21,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -161,8 +161,8 @@ func TestTLSChecks(t *testing.T) {
 	front := newTLSFront(t, p)
 	u, _ := url.Parse(testsvc.RabbitURL(t))
 	amqps := "amqps://" + u.User.String() + "@" + front.addr + "/"
-	dial := func(f transport.TLSFiles) error {
-		cfg, err := transport.ClientTLS(f)
+	dial := func(f conf.TLSFiles) error {
+		cfg, err := conf.ClientTLS(f)
 		if err != nil {
 			return err
 		}
@@ -172,19 +172,19 @@ func TestTLSChecks(t *testing.T) {
 		}
 		return err
 	}
-	good := transport.TLSFiles{CAFile: p.caFile, CertFile: p.cliCrt, KeyFile: p.cliKey, ServerName: "rabbit.test"}
+	good := conf.TLSFiles{CAFile: p.caFile, CertFile: p.cliCrt, KeyFile: p.cliKey, ServerName: "rabbit.test"}
 	if err := dial(good); err != nil {
 		t.Fatalf("good configuration: %v", err)
 	}
 	for name, tc := range map[string]struct {
-		f    transport.TLSFiles
+		f    conf.TLSFiles
 		want string
 	}{
-		"untrusted CA":   {transport.TLSFiles{CAFile: other.caFile, CertFile: p.cliCrt, KeyFile: p.cliKey, ServerName: "rabbit.test"}, "certificate signed by unknown authority"},
-		"wrong name":     {transport.TLSFiles{CAFile: p.caFile, CertFile: p.cliCrt, KeyFile: p.cliKey, ServerName: "rabbit.evil"}, "rabbit.evil"},
-		"no server name": {transport.TLSFiles{CAFile: p.caFile, CertFile: p.cliCrt, KeyFile: p.cliKey}, "127.0.0.1"},
-		"no client cert": {transport.TLSFiles{CAFile: p.caFile, ServerName: "rabbit.test"}, ""},
-		"other CA's client cert": {transport.TLSFiles{CAFile: p.caFile, CertFile: other.cliCrt, KeyFile: other.cliKey,
+		"untrusted CA":   {conf.TLSFiles{CAFile: other.caFile, CertFile: p.cliCrt, KeyFile: p.cliKey, ServerName: "rabbit.test"}, "certificate signed by unknown authority"},
+		"wrong name":     {conf.TLSFiles{CAFile: p.caFile, CertFile: p.cliCrt, KeyFile: p.cliKey, ServerName: "rabbit.evil"}, "rabbit.evil"},
+		"no server name": {conf.TLSFiles{CAFile: p.caFile, CertFile: p.cliCrt, KeyFile: p.cliKey}, "127.0.0.1"},
+		"no client cert": {conf.TLSFiles{CAFile: p.caFile, ServerName: "rabbit.test"}, ""},
+		"other CA's client cert": {conf.TLSFiles{CAFile: p.caFile, CertFile: other.cliCrt, KeyFile: other.cliKey,
 			ServerName: "rabbit.test"}, ""},
 	} {
 		err := dial(tc.f)

@@ -1,4 +1,4 @@
-package transport
+package conf
 
 import (
 	"crypto/tls"

@@ -1,4 +1,4 @@
-package transport
+package conf
 
 import (
 	"crypto/tls"
@@ -14,7 +14,7 @@ type TLSFiles struct {
 	// CAFile holds the PEM certificates of the CAs that sign the brokers'
 	// certificates; they replace the system's roots. Empty: system roots.
 	CAFile string
-	// CertFile and KeyFile are the agent's client certificate and key
+	// CertFile and KeyFile are the client certificate and key
 	// (PEM), for brokers that require one (ssl_options.verify =
 	// verify_peer, fail_if_no_peer_cert = true). Both or neither.
 	CertFile, KeyFile string
