@@ -58,6 +58,8 @@ PACKAGES=(
 	python3-oslo.messaging
 	libvirt-dev pkg-config libvirt-daemon
 	python3-nova python3-wsgi-intercept
+	python3-keystone
+	chromium
 	curl
 )
 
