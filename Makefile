@@ -25,7 +25,7 @@ build: ## Build the three binaries into bin/
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
 
 .PHONY: services
-services: ## Install (apt) and start Postgres, RabbitMQ and Placement for tests and the demo
+services: ## Install (apt) and start Postgres, RabbitMQ, Placement and Keystone for tests and the demo
 	bash tests/services.sh
 
 .PHONY: test

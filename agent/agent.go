@@ -13,10 +13,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,6 +54,14 @@ type RunOptions struct {
 	// Now is the clock of the signature checks (key grace periods);
 	// nil is time.Now.
 	Now func() time.Time
+	// LoadConfig reads the configuration again on SIGHUP, so that new key
+	// paths and key_id apply (serve sets it); nil re-reads the same files.
+	LoadConfig func() (*conf.Values, error)
+	// Drivers, when set, are the host drivers to run on instead of
+	// opening them; the caller keeps and closes them. Tests share a fake
+	// host's drivers (its libvirt test driver lives in one connection)
+	// with the code that plays Nova's libvirt driver on that host.
+	Drivers *Drivers
 }
 
 // Run runs the agent until ctx ends.
@@ -89,7 +95,12 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	var drv *Drivers
 	var err error
 	journalPath := JournalPath(v)
-	if o.FakeHostDir != "" {
+	if o.Drivers != nil {
+		drv = o.Drivers
+		if o.FakeHostDir != "" && v.Source(conf.DefaultSection, "state_path") == "default" {
+			journalPath = filepath.Join(o.FakeHostDir, "state", "journal")
+		}
+	} else if o.FakeHostDir != "" {
 		drv, err = OpenFakeHost(o.FakeHostDir)
 		if v.Source(conf.DefaultSection, "state_path") == "default" {
 			journalPath = filepath.Join(o.FakeHostDir, "state", "journal")
@@ -100,7 +111,9 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	if err != nil {
 		return fmt.Errorf("host drivers: %w", err)
 	}
-	defer drv.Close()
+	if o.Drivers == nil {
+		defer drv.Close()
+	}
 	j, err := journal.Open(journalPath, journal.Options{Retention: optJournalRetention.Get(v)})
 	if err != nil {
 		return err
@@ -112,20 +125,7 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	if err != nil {
 		return err
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-hup:
-				log.Info("SIGHUP: reloading keys")
-				_ = sec.Reload()
-			}
-		}
-	}()
+	go reloadOnSignal(ctx, sec, v, o.LoadConfig, log) // SIGHUP (reload.go)
 
 	scanner := drv.Scanner(v)
 	reg.MustRegister(metrics.New(scanner, 0))

@@ -34,7 +34,7 @@ var (
 			"Example: /etc/vgpu-bridge/agent.key")
 	optKeyID = Options.String("security", "key_id", "",
 		"The key id of signing_key_file, carried in key_id of every result and report; it must match the Key-Id of "+
-			"the entry in the bridge's keyring. Change it with the key. Example: compute-0012-2025a")
+			"the entry in the bridge's keyring. Change it with the key: SIGHUP reads both again. Example: compute-0012-2025a")
 )
 
 func init() {

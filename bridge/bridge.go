@@ -19,8 +19,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ui"
 	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
 )
 
@@ -38,6 +41,8 @@ var ErrSchemaBehind = errors.New("database schema is behind this binary")
 type Daemon struct {
 	API  *api.Server
 	Pool *pgxpool.Pool
+
+	reload *reloader // secrets swapped on SIGHUP (reload.go)
 }
 
 // component is a part with a loop of its own; Run blocks until ctx ends.
@@ -56,7 +61,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	if replica == "" {
 		replica, _ = os.Hostname()
 	}
-	log = log.With("replica", replica)
+	log = slog.New(requestid.Handler(log.Handler())).With("replica", replica) // + global_request_id of context logs
 	for _, w := range v.Warnings {
 		log.Warn("configuration", "warning", w)
 	}
@@ -91,6 +96,17 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	}
 	ac.Logger, ac.Registry, ac.Version = log.With("component", "api"), reg, Version
 	ac.ShutdownGrace = optShutdownTimeout.Get(v)
+	// Keystone auth (issue 9, bridge/keystoneauth) logs Keystone outages with the API's logger
+	// and exports its validation metrics.
+	if la, ok := ac.Auth.(interface{ SetLogger(*slog.Logger) }); ok {
+		la.SetLogger(ac.Logger)
+	}
+	if mc, ok := ac.Auth.(interface{ Collectors() []prometheus.Collector }); ok {
+		reg.MustRegister(mc.Collectors()...)
+	}
+	// Secrets rotation (issue 10): SIGHUP swaps tokens, certificates, webhook secrets and keys.
+	rl := newReloader(v, reg, log)
+	rl.api(v, &ac)
 	srv := api.New(ac)
 	srv.AddCheck("database", func(ctx context.Context) error { return pool.Ping(ctx) })
 	srv.AddCheck("broker", brokerCheck(tu))
@@ -104,15 +120,17 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 		return err
 	}
 	comps = append(comps, polComp)
+	// Operator controls (issue 9): pause, observe-only, drains; read by placement and the pipeline.
+	ctl := controls.NewStore(pool, reg, log.With("component", "controls"))
 	// Placement (issue 4): mirror, sync loop, engine, claims, /v1/placements, /v1/gpus, /v1/hosts.
-	pl, plComp, err := setupPlacement(ctx, v, replica, pool, pol.Catalog(), srv, log)
+	pl, plComp, err := setupPlacement(ctx, v, replica, pool, pol.Catalog(), srv, log, ctl)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, plComp)
 	srv.AddCheck("placement", pl.Ready) // not ready before the first full inventory sync
 	// Webhooks and the request store (issue 5): /v1/webhooks/{source}, /v1/requests, callbacks.
-	whComps, err := setupWebhooks(v, pool, srv, ac, reg, log)
+	whComps, err := setupWebhooks(v, pool, srv, ac, reg, log, rl)
 	if err != nil {
 		return err
 	}
@@ -129,17 +147,27 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	notif.Register(srv)
 	comps = append(comps, component{"notifications", notif.Run})
 	// Pipeline and dispatch (issue 8): inbox → policy → Placement claim → outbox → agents; results, reports, deadlines.
-	pipeComps, err := setupPipeline(ctx, v, replica, tu, notifCfg.TLS, pol, pl, reg, log)
+	pipeComps, err := setupPipeline(ctx, v, replica, tu, notifCfg.TLS, pol, pl, reg, log, rl, ctl)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, pipeComps...)
+	// Operator controls (issue 9): /v1/controls, drains, /v1/audit, /v1/profiles, dead-letter replay; retention purge.
+	comps = append(comps, setupControls(v, ctl, pl, pol, notif, srv, log.With("component", "controls"))...)
+	// Drift reconciler (issue 8): Placement ↔ agents' reports ↔ bridge records; GET /v1/drift, repairs.
+	driftComp, err := setupDrift(v, replica, pool, pl, srv, reg, log)
+	if err != nil {
+		return err
+	}
+	comps = append(comps, driftComp)
+	// Dashboard (issue 9): /ui (embedded page over /v1) and GET /v1/status (ingest lag, agent reports).
+	ui.New(ui.Config{Pool: pool, StaleReportAge: optPlacementStaleReportAge.Get(v), Version: Version}).Register(srv)
 
 	if err := srv.Start(); err != nil {
 		return err
 	}
 	if started != nil {
-		started(&Daemon{API: srv, Pool: pool})
+		started(&Daemon{API: srv, Pool: pool, reload: rl})
 	}
 	log.Info("vgpu-bridge started", "version", Version, "api", srv.Addr(), "broker", tu.Redacted())
 

@@ -2,23 +2,27 @@ package bridge
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/keystoneauth"
 	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
 )
 
 var (
 	optAPIListen = Options.String("api", "listen", "127.0.0.1:9797",
 		"Address (host:port) of the operator API, /metrics and the health checks. Example: 0.0.0.0:9797")
-	optAPIAuth = Options.Choice("api", "auth_strategy", "token", []string{"noauth", "token"},
+	optAPIAuth = Options.Choice("api", "auth_strategy", "token", []string{"noauth", "token", "keystone"},
 		"How operator API callers are authenticated: token checks X-Auth-Token (or Authorization: Bearer) "+
-			"against token_file; noauth lets everyone in as admin and is for labs only. Example: token")
+			"against token_file; keystone validates it with Keystone (see [keystone]); noauth lets everyone in "+
+			"as admin and is for labs only. Example: token")
 	optAPITokenFile = Options.String("api", "token_file", "",
 		"With auth_strategy = token: a file of lines \"TOKEN ROLE [NAME [PROJECT]]\", ROLE being reader or admin; "+
-			"a PROJECT limits what the token sees. Example: /etc/vgpu-bridge/secrets/api-tokens")
+			"a PROJECT limits what the token sees. Re-read on SIGHUP (a file that does not load keeps the tokens in use). Example: /etc/vgpu-bridge/secrets/api-tokens")
 	optAPIReadHeaderTimeout = Options.Duration("api", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,
 		"How long a client may take to send the request headers (cuts off slowloris clients). Example: 5s")
 	optAPIReadTimeout = Options.Duration("api", "read_timeout", 30*time.Second, time.Second, 10*time.Minute,
@@ -30,10 +34,34 @@ var (
 	optAPIMaxBodyBytes = Options.Int("api", "max_body_bytes", 1<<20, 1<<10, 64<<20,
 		"Largest request body the operator API reads. Example: 1048576")
 	optAPITLSCert = Options.String("api", "tls_cert_file", "",
-		"PEM certificate (chain) to serve the API over TLS; empty serves plain HTTP. Example: /etc/vgpu-bridge/tls/api.crt")
+		"PEM certificate (chain) to serve the API over TLS (1.2 with ECDHE AEAD suites, or 1.3); empty serves plain HTTP. "+
+			"Re-read with tls_key_file on SIGHUP (renewal without a restart). Example: /etc/vgpu-bridge/tls/api.crt")
 	optAPITLSKey = Options.String("api", "tls_key_file", "",
 		"PEM private key of tls_cert_file. Example: /etc/vgpu-bridge/tls/api.key")
+	optAPIClientCA = Options.String("api", "tls_client_ca_file", "",
+		"With TLS: a PEM CA bundle; every client of the API listener must then present a certificate it signs "+
+			"(mutual TLS, on top of auth_strategy). When webhooks share this listener, their senders need one too. "+
+			"Example: /etc/vgpu-bridge/tls/operators-ca.crt")
 )
+
+// serverTLS is the TLS configuration of the bridge's listeners: TLS 1.2
+// or 1.3 only, and with 1.2 only forward-secret AEAD suites (ECDHE with
+// AES-GCM or ChaCha20-Poly1305); the certificate is read now.
+func serverTLS(certFile, keyFile string) (*tls.Config, error) {
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{pair},
+		CipherSuites: []uint16{
+			tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+			tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+			tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+		},
+	}, nil
+}
 
 func init() {
 	Options.SectionHelp("api", "The operator API (DESIGN.md §4.3), /metrics, /healthz and /readyz.")
@@ -49,6 +77,9 @@ func init() {
 		}
 		if (optAPITLSCert.Get(v) == "") != (optAPITLSKey.Get(v) == "") {
 			errs = append(errs, &conf.Error{Section: "api", Option: "tls_key_file", Value: optAPITLSKey.Get(v), Problem: "tls_cert_file and tls_key_file go together"})
+		}
+		if optAPIClientCA.Get(v) != "" && optAPITLSCert.Get(v) == "" {
+			errs = append(errs, &conf.Error{Section: "api", Option: "tls_client_ca_file", Value: optAPIClientCA.Get(v), Problem: "needs tls_cert_file (client certificates are a TLS feature)"})
 		}
 		return errs
 	})
@@ -73,13 +104,34 @@ func APIConfig(v *conf.Values) (api.Config, error) {
 			return c, err
 		}
 		c.Auth = st
+	case "keystone": // issue 9: bridge/keystoneauth, options in conf_keystone.go
+		kc, err := KeystoneAuthConfig(v, nil)
+		if err != nil {
+			return c, err
+		}
+		ka, err := keystoneauth.New(kc)
+		if err != nil {
+			return c, err
+		}
+		c.Auth = ka
 	}
 	if cert := optAPITLSCert.Get(v); cert != "" {
-		pair, err := tls.LoadX509KeyPair(cert, optAPITLSKey.Get(v))
+		tc, err := serverTLS(cert, optAPITLSKey.Get(v))
 		if err != nil {
 			return c, fmt.Errorf("[api] tls_cert_file: %w", err)
 		}
-		c.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}
+		if f := optAPIClientCA.Get(v); f != "" {
+			pem, err := os.ReadFile(f)
+			if err != nil {
+				return c, fmt.Errorf("[api] tls_client_ca_file: %w", err)
+			}
+			tc.ClientCAs = x509.NewCertPool()
+			if !tc.ClientCAs.AppendCertsFromPEM(pem) {
+				return c, fmt.Errorf("[api] tls_client_ca_file %s holds no PEM certificate", f)
+			}
+			tc.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+		c.TLSConfig = tc
 	}
 	return c, nil
 }

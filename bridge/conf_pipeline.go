@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -78,23 +79,29 @@ func PipelineConfig(v *conf.Values, replica string) pipeline.Config {
 // their loops as one component. bridge.Run calls it at the features mark,
 // after placement, policy and notifications:
 //
-//	pipeComps, err := setupPipeline(ctx, v, replica, tu, notifCfg.TLS, pol, pl, reg, log)
+//	pipeComps, err := setupPipeline(ctx, v, replica, tu, notifCfg.TLS, pol, pl, reg, log, rl, ctl)
 func setupPipeline(ctx context.Context, v *conf.Values, replica string, tu *conf.TransportURL, tlsCfg *tls.Config,
-	pol *policy.Holder, pl *placement.Service, reg prometheus.Registerer, log *slog.Logger) ([]component, error) {
+	pol *policy.Holder, pl *placement.Service, reg prometheus.Registerer, log *slog.Logger, rl *reloader, ctl *controls.Store) ([]component, error) {
 	sc, err := StoreConfig(v)
 	if err != nil {
 		return nil, err
 	}
 	pc := PipelineConfig(v, replica)
-	sc.MaxConns = int32(pc.Workers + 5) // + relay, results, reports, deadlines, hosts
+	sc.MaxConns = int32(pc.Workers + 6) // + relay, results, reports, deadlines, hosts, Nova calls
 	pipePool, err := store.Open(ctx, sc)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline pool: %w", err)
 	}
 	var disp *dispatch.Dispatcher
+	novaAPI, err := setupNova(ctx, v) // the Nova-native path (conf_nova.go); nil when [nova] is not configured
+	if err != nil {
+		pipePool.Close()
+		return nil, fmt.Errorf("nova: %w", err)
+	}
 	proc, err := pipeline.New(pc, pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
 		Policy: pol, Placement: pipeline.ServiceAdapter{S: pl}, Catalog: pol.Catalog(), Log: log.With("component", "pipeline"),
-		Registry: reg, OnOutbox: func() { disp.Kick() }})
+		Nova: novaAPI, NovaConfig: NovaPathConfig(v),
+		Registry: reg, OnOutbox: func() { disp.Kick() }, Controls: ctl})
 	if err != nil {
 		pipePool.Close()
 		return nil, err
@@ -106,16 +113,15 @@ func setupPipeline(ctx context.Context, v *conf.Values, replica string, tu *conf
 		return nil, err
 	}
 	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
-		Results: proc, Catalog: pol.Catalog(), Phase: pipeline.PhaseOf, Log: log.With("component", "dispatch"), Registry: reg})
+		Results: proc, Catalog: pol.Catalog(), Phase: pipeline.PhaseOf, Log: log.With("component", "dispatch"), Registry: reg,
+		Hold: ctl.Hold}) // operators' pause / observe-only hold the outbox (issue 9)
 	if err != nil {
 		pipePool.Close()
 		return nil, err
 	}
+	rl.setDispatcher(disp) // SIGHUP: [security] keys (reload.go)
 	run := func(ctx context.Context) error {
 		defer pipePool.Close()
-		hctx, stop := context.WithCancel(ctx)
-		defer stop()
-		go reloadKeysOnHUP(hctx, v, disp, log.With("component", "dispatch"))
 		errc := make(chan error, 2)
 		go func() { errc <- proc.Run(ctx) }()
 		go func() { errc <- disp.Run(ctx) }()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/placementapi"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
@@ -75,6 +76,8 @@ func PlacementConfig(v *conf.Values, replica string) (placement.Config, error) {
 		Endpoint:     optPlacementEndpoint.Get(v),
 		Microversion: optPlacementMicroversion.Get(v),
 		Timeout:      optPlacementTimeout.Get(v),
+		// X-OpenStack-Request-ID of the operation being served (API call or notification).
+		WrapTransport: requestid.Transport,
 	}
 	if f := optPlacementTokenFile.Get(v); f != "" {
 		tok, err := conf.ReadSecretFile(f)
@@ -105,7 +108,8 @@ func PlacementConfig(v *conf.Values, replica string) (placement.Config, error) {
 //	comps = append(comps, plComp)
 //
 // pl is what the pipeline uses: DryRun, Claim, Release, LookupVGPU.
-func setupPlacement(ctx context.Context, v *conf.Values, replica string, pool *pgxpool.Pool, cat *catalog.Catalog, srv *api.Server, log *slog.Logger) (*placement.Service, component, error) {
+func setupPlacement(ctx context.Context, v *conf.Values, replica string, pool *pgxpool.Pool, cat *catalog.Catalog, srv *api.Server, log *slog.Logger,
+	marks placementapi.Marks) (*placement.Service, component, error) {
 	pc, err := PlacementConfig(v, replica)
 	if err != nil {
 		return nil, component{}, err
@@ -114,6 +118,8 @@ func setupPlacement(ctx context.Context, v *conf.Values, replica string, pool *p
 	if err != nil {
 		return nil, component{}, err
 	}
-	placementapi.New(svc).Register(srv)
+	ph := placementapi.New(svc)
+	ph.Marks = marks // drains and disabled services in /v1/hosts and /v1/gpus (issue 9)
+	ph.Register(srv)
 	return svc, component{name: "placement", run: svc.Run}, nil
 }

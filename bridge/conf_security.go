@@ -1,12 +1,8 @@
 package bridge
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
@@ -20,7 +16,7 @@ var (
 		"The bridge's private key, which signs every command it sends: PEM PKCS#8 Ed25519 "+
 			"(openssl genpkey -algorithm ed25519 -out bridge.key). Agents trust its public key "+
 			"(openssl pkey -in bridge.key -pubout) in their [security] bridge_keys_file with a \"Key-Id:\" header equal to "+
-			"key_id. Mode 0600 or 0640. Read at start only: a new key comes with a new key_id, by a (rolling) restart of the replicas once agents trust it. Empty: commands go unsigned (agents with signed commands required refuse them). "+
+			"key_id. Mode 0600 or 0640. Re-read with key_id on SIGHUP: put the new key (with a new key_id) in place once agents trust it, then SIGHUP every replica. Empty: commands go unsigned (agents with signed commands required refuse them). "+
 			"Example: /etc/vgpu-bridge/bridge.key")
 	optSecurityKeyID = Options.String("security", "key_id", "",
 		"The key id of signing_key_file, carried in key_id of every command; agents look the verification key up by it. "+
@@ -92,8 +88,7 @@ func SecurityConfig(v *conf.Values, c *dispatch.Config, log *slog.Logger) error 
 
 // ReloadKeys re-reads [security] agent_keys_file (same path, new
 // contents: an agent added, a key rotated) into disp; on error the keys in
-// use stay. The signing key stays too: it changes together with key_id,
-// which is read at start.
+// use stay. The signing key stays. A SIGHUP reloads both (reload.go).
 func ReloadKeys(v *conf.Values, disp *dispatch.Dispatcher) error {
 	k := disp.Keys()
 	if f := optSecurityAgentKeysFile.Get(v); f != "" {
@@ -104,23 +99,4 @@ func ReloadKeys(v *conf.Values, disp *dispatch.Dispatcher) error {
 		k.Keyring = ring
 	}
 	return disp.SetKeys(k)
-}
-
-// reloadKeysOnHUP calls ReloadKeys on every SIGHUP until ctx ends.
-func reloadKeysOnHUP(ctx context.Context, v *conf.Values, disp *dispatch.Dispatcher, log *slog.Logger) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
-			if err := ReloadKeys(v, disp); err != nil {
-				log.Error("key reload refused on SIGHUP; keeping the keys in use", "err", err.Error())
-			} else {
-				log.Info("[security] keys reloaded on SIGHUP")
-			}
-		}
-	}
 }

@@ -28,7 +28,7 @@ var (
 			"operator API's listener (with [api]'s TLS; client_ca_file is then added to it). Another address starts "+
 			"a second listener with this section's TLS and timeouts. Example: 0.0.0.0:9443")
 	optWHTLSCert = Options.String("webhooks", "tls_cert_file", "",
-		"PEM certificate (chain) of a separate webhook listener; empty serves plain HTTP (only behind a TLS proxy). "+
+		"PEM certificate (chain) of a separate webhook listener; empty serves plain HTTP (only behind a TLS proxy). Re-read on SIGHUP. "+
 			"Example: /etc/vgpu-bridge/tls/webhooks.crt")
 	optWHTLSKey = Options.String("webhooks", "tls_key_file", "",
 		"PEM private key of tls_cert_file. Example: /etc/vgpu-bridge/tls/webhooks.key")
@@ -77,10 +77,10 @@ func init() {
 			Help: "Payload format: native (DESIGN.md §4.2) or alertmanager (Alertmanager's webhook_config; needs auth = bearer or mtls). Example: alertmanager"},
 		conf.Option{Name: "secret_files", Kind: conf.KindList,
 			Help: "Files each holding one HMAC secret (not world-readable). List two during a rotation: either verifies, " +
-				"and callbacks carry a signature of each. A secret of the form whsec_<base64> is used as its decoded bytes. " +
+				"and callbacks carry a signature of each. A secret of the form whsec_<base64> is used as its decoded bytes. Re-read on SIGHUP. " +
 				"Example: /etc/vgpu-bridge/secrets/batch.new,/etc/vgpu-bridge/secrets/batch.old"},
 		conf.Option{Name: "token_files", Kind: conf.KindList,
-			Help: "With auth = bearer: files each holding one accepted token (several during a rotation). " +
+			Help: "With auth = bearer: files each holding one accepted token (several during a rotation). Re-read on SIGHUP. " +
 				"Example: /etc/vgpu-bridge/secrets/alertmanager.token"},
 		conf.Option{Name: "allowed_cidrs", Kind: conf.KindList,
 			Help: "Client addresses allowed to send; empty allows any. Example: 10.20.0.0/16,2001:db8::/32"},
@@ -274,7 +274,7 @@ func loadClientCAs(path string) (*x509.CertPool, error) {
 // when [webhooks] listen names another address. apiTLS is the API's TLS
 // configuration (nil without TLS); with a shared listener the webhook
 // client CA is added to it before the API starts.
-func setupWebhooks(v *conf.Values, pool *pgxpool.Pool, srv *api.Server, ac api.Config, reg *prometheus.Registry, log *slog.Logger) ([]component, error) {
+func setupWebhooks(v *conf.Values, pool *pgxpool.Pool, srv *api.Server, ac api.Config, reg *prometheus.Registry, log *slog.Logger, rl *reloader) ([]component, error) {
 	store := requests.NewStore(pool, "vgpu-bridge")
 	wc, err := WebhookConfig(v)
 	if err != nil {
@@ -285,6 +285,7 @@ func setupWebhooks(v *conf.Values, pool *pgxpool.Pool, srv *api.Server, ac api.C
 	if err != nil {
 		return nil, fmt.Errorf("webhooks: %w", err)
 	}
+	rl.setWebhooks(ep)
 	var cas *x509.CertPool
 	if f := optWHClientCA.Get(v); f != "" {
 		if cas, err = loadClientCAs(f); err != nil {
@@ -298,8 +299,15 @@ func setupWebhooks(v *conf.Values, pool *pgxpool.Pool, srv *api.Server, ac api.C
 		if cas != nil && ac.TLSConfig != nil {
 			// The server holds the same *tls.Config; it is read when the
 			// API starts listening, after this.
-			ac.TLSConfig.ClientCAs = cas
-			ac.TLSConfig.ClientAuth = tls.VerifyClientCertIfGiven
+			if ac.TLSConfig.ClientAuth == tls.RequireAndVerifyClientCert {
+				// [api] tls_client_ca_file: every client needs a
+				// certificate; webhook senders' CAs are trusted too.
+				pem, _ := os.ReadFile(optWHClientCA.Get(v))
+				ac.TLSConfig.ClientCAs.AppendCertsFromPEM(pem)
+			} else {
+				ac.TLSConfig.ClientCAs = cas
+				ac.TLSConfig.ClientAuth = tls.VerifyClientCertIfGiven
+			}
 		}
 		ep.Register(srv)
 		return comps, nil
@@ -320,11 +328,12 @@ func setupWebhooks(v *conf.Values, pool *pgxpool.Pool, srv *api.Server, ac api.C
 		Version:  Version,
 	}
 	if cert := optWHTLSCert.Get(v); cert != "" {
-		pair, err := tls.LoadX509KeyPair(cert, optWHTLSKey.Get(v))
+		tc, err := serverTLS(cert, optWHTLSKey.Get(v))
 		if err != nil {
 			return nil, fmt.Errorf("[webhooks] tls_cert_file: %w", err)
 		}
-		wcfg.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}
+		wcfg.TLSConfig = tc
+		rl.webhookListener(tc)
 		if cas != nil {
 			wcfg.TLSConfig.ClientCAs = cas
 			wcfg.TLSConfig.ClientAuth = tls.VerifyClientCertIfGiven

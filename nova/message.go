@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // EnvelopeVersion is the oslo.messaging message format the messagingv2 driver
@@ -80,13 +81,23 @@ type wire struct {
 //
 // Errors are *Error; IsPoison tells whether the message is a dead letter.
 func Decode(body []byte) (*Message, error) {
+	if w, ver, ok := fastWire(body); ok {
+		if m, err := fromWire(&w, ver); err == nil {
+			return m, nil
+		}
+	}
+	return decodeReference(body)
+}
+
+// decodeReference is Decode with encoding/json: it decides every message the
+// fast path leaves to it, and gives the precise errors.
+func decodeReference(body []byte) (*Message, error) {
 	var w wire
 	if err := unmarshalObject(body, &w); err != nil {
 		return nil, wireErr(KindNotJSON, "", err)
 	}
-	m := &Message{}
+	ver := ""
 	if w.OsloVersion != nil || w.OsloMessage != nil {
-		var ver string
 		if w.OsloVersion == nil || json.Unmarshal(*w.OsloVersion, &ver) != nil {
 			return nil, errorf(KindBrokenEnvelope, "oslo.version", "missing or not a string")
 		}
@@ -104,9 +115,14 @@ func Decode(body []byte) (*Message, error) {
 		if w.OsloVersion != nil || w.OsloMessage != nil {
 			return nil, errorf(KindBrokenEnvelope, "oslo.message", "nested envelope")
 		}
-		m.Envelope = ver
 	}
+	return fromWire(&w, ver)
+}
 
+// fromWire checks the inner message's fields and builds the Message; ver
+// is the envelope's version, "" for the legacy form.
+func fromWire(w *wire, ver string) (*Message, error) {
+	m := &Message{Envelope: ver}
 	if w.MessageID == nil || *w.MessageID == "" {
 		return nil, errorf(KindNoMessageID, "message_id", "missing")
 	}
@@ -160,6 +176,8 @@ func Decode(body []byte) (*Message, error) {
 		return nil, errorf(KindSchema, "payload.nova_object.data", "missing or not an object")
 	}
 	m.RawPayload = m.Payload.JSON()
+	// The data, as a slice of RawPayload: one copy, not aliasing the input.
+	m.Payload.Data = m.RawPayload[len(m.RawPayload)-1-len(m.Payload.Data) : len(m.RawPayload)-1 : len(m.RawPayload)-1]
 	return m, nil
 }
 
@@ -183,17 +201,30 @@ func wireErr(kind Kind, field string, err error) error {
 // JSON re-encodes the object: its name, namespace, version and data (other
 // header keys such as nova_object.changes are not kept).
 func (o Object) JSON() json.RawMessage {
-	q := func(s string) []byte { b, _ := json.Marshal(s); return b }
 	b := make([]byte, 0, len(o.Data)+len(o.Name)+len(o.Namespace)+len(o.Version)+90)
 	b = append(b, `{"nova_object.name":`...)
-	b = append(b, q(o.Name)...)
+	b = appendQuoted(b, o.Name)
 	b = append(b, `,"nova_object.namespace":`...)
-	b = append(b, q(o.Namespace)...)
+	b = appendQuoted(b, o.Namespace)
 	b = append(b, `,"nova_object.version":`...)
-	b = append(b, q(o.Version)...)
+	b = appendQuoted(b, o.Version)
 	b = append(b, `,"nova_object.data":`...)
 	b = append(b, o.Data...)
 	return append(b, '}')
+}
+
+// appendQuoted appends s as json.Marshal writes it: directly when it is
+// printable ASCII that needs no escape, else through json.Marshal.
+func appendQuoted(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= utf8.RuneSelf || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // unmarshalObject decodes b into v, insisting that b is a JSON object (so

@@ -149,7 +149,10 @@ func (c *Client) Allocations(ctx context.Context, consumer string) (*Consumer, e
 		if a.UserID != nil {
 			out.UserID = *a.UserID
 		}
-		if a.ConsumerType != nil {
+		// Placement shows "unknown" for a consumer written without a type
+		// (Nova before 2023.1 writes none) and refuses it in a PUT
+		// (^[A-Z0-9_]+$): leave it empty so writers set theirs.
+		if a.ConsumerType != nil && *a.ConsumerType != "unknown" {
 			out.Type = *a.ConsumerType
 		}
 		for rp, pa := range a.Allocations {

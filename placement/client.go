@@ -40,6 +40,9 @@ type ClientConfig struct {
 	Timeout time.Duration
 	// HTTPClient replaces the default client (tests).
 	HTTPClient *http.Client
+	// WrapTransport, when set, wraps the default client's transport (the
+	// bridge sets requestid.Transport: X-OpenStack-Request-ID from ctx).
+	WrapTransport func(http.RoundTripper) http.RoundTripper
 }
 
 // Client calls Placement. It is safe for concurrent use.
@@ -60,7 +63,11 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if hc == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 32
-		hc = &http.Client{Timeout: cfg.Timeout, Transport: &staleConnRetry{next: tr}}
+		var next http.RoundTripper = tr
+		if cfg.WrapTransport != nil {
+			next = cfg.WrapTransport(next)
+		}
+		hc = &http.Client{Timeout: cfg.Timeout, Transport: &staleConnRetry{next: next}}
 	}
 	token := cfg.Token
 	if cfg.TokenFile != "" {

@@ -352,6 +352,11 @@ func (s *Service) Ready(context.Context) error {
 	return nil
 }
 
+// RefreshHosts re-reads the hosts table now (drains, Nova's disabled
+// services, the host ↔ node map) instead of at the next sync round; the
+// bridge calls it when an operator or Nova changes them.
+func (s *Service) RefreshHosts(ctx context.Context) { s.refreshHosts(ctx) }
+
 // refreshHosts reads the agents' host table: the compute host ↔ node
 // mapping, and which hosts and GPUs to exclude (drained, disabled, or
 // with a report older than StaleReportAge).

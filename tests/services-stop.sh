@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/services-stop.sh — stop the Placement API that tests/services.sh started.
+# tests/services-stop.sh — stop the Placement API and Keystone that tests/services.sh started.
 #
 # Leaves PostgreSQL and RabbitMQ running (other work shares them); stop those
 # with `pg_ctlcluster 15 main stop` and `rabbitmqctl stop` if you must.
@@ -24,6 +24,8 @@ if [ "${SERVICES_LOCK_HELD:-0}" != 1 ] && [ -d "$STATE_DIR" ]; then
 	exec 9>"$STATE_DIR/services.lock"
 	flock -w 120 9 || { echo "services-stop.sh: another services.sh run holds $STATE_DIR/services.lock" >&2; exit 1; }
 fi
+
+SERVICES_LOCK_HELD=1 bash "$(dirname "$(readlink -f "$0")")/keystone.sh" stop || true
 
 if [ ! -s "$PL_PID" ]; then
 	echo "Placement: not running (no $PL_PID)"

@@ -386,3 +386,10 @@ Timings:
 EOF
 printf '  %s\n' "${TIMINGS[@]}"
 printf '  %-22s %7ss\n' total "$(elapsed "$T_SCRIPT")"
+
+# ---------------------------------------------------------------- 5. keystone (tests/keystone.sh)
+# A real Keystone on 127.0.0.1:5000 for tests/keystone/ (its own database, state
+# and summary; idempotent, ~0.1 s when it already answers). It runs under our lock
+# (SERVICES_LOCK_HELD is exported). Stop it with tests/keystone.sh stop.
+echo
+bash "$HERE/keystone.sh" start

@@ -341,6 +341,49 @@ func (c *Conn) Start(ctx context.Context, uuid string) error {
 	return nil
 }
 
+// DefineAndStart defines a domain from its full XML and starts it, as
+// Nova's libvirt driver does when it spawns an instance. Tests use it on
+// a fake host's test driver to play that driver.
+func (c *Conn) DefineAndStart(ctx context.Context, domainXML string) error {
+	op := "define and start domain"
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d, err := c.c.DomainDefineXML(domainXML)
+	if err != nil {
+		return Classify(op, err)
+	}
+	defer d.Free()
+	if err := d.Create(); err != nil {
+		return Classify(op, err)
+	}
+	return nil
+}
+
+// DestroyAndUndefine stops a domain at once and removes its definition, as
+// Nova's libvirt driver does when it deletes an instance; an unknown
+// domain is not an error.
+func (c *Conn) DestroyAndUndefine(ctx context.Context, uuid string) error {
+	op := "destroy and undefine " + uuid
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d, err := c.lookup(uuid)
+	if err != nil {
+		if hosterr.Is(err, hosterr.NotFound) {
+			return nil
+		}
+		return hosterr.New(hosterr.CodeOf(err), op, err)
+	}
+	defer d.Free()
+	if active, err := d.IsActive(); err == nil && active {
+		if err := d.Destroy(); err != nil {
+			return Classify(op, err)
+		}
+	}
+	return Classify(op, d.Undefine())
+}
+
 // Tunables are a VM's resource limits, applied through libvirt where the
 // hypervisor supports them. On cgroup v2, libvirt writes global_period /
 // global_quota to the VM's cpu.max and the memory soft limit to memory.high.

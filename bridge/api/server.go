@@ -23,6 +23,8 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 )
 
 // Log attribute keys.
@@ -274,6 +276,8 @@ func (s *Server) requestIDMW(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		c.Set(LogKeyRequestID, id)
 		c.Response().Header().Set(requestIDHeader, id)
+		// Outgoing OpenStack calls and context logs of the handler carry it.
+		c.SetRequest(c.Request().WithContext(requestid.With(c.Request().Context(), id)))
 		return next(c)
 	}
 }

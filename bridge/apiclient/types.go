@@ -41,6 +41,11 @@ type Host struct {
 	// GPUs is filled by GET /v1/hosts/{name} only.
 	GPUs []GPU           `json:"gpus,omitempty"`
 	Raw  json.RawMessage `json:"-"`
+	// Drained by an operator, or Disabled (Nova's compute service): no new placements.
+	Drained        bool   `json:"drained"`
+	DrainReason    string `json:"drain_reason,omitempty"`
+	Disabled       bool   `json:"disabled"`
+	DisabledReason string `json:"disabled_reason,omitempty"`
 }
 
 // HostList is the answer of GET /v1/hosts.
@@ -67,6 +72,8 @@ type GPU struct {
 	Free          int      `json:"free"`
 	Generation    int      `json:"generation"`
 	Traits        []string `json:"traits"`
+	Drained       bool     `json:"drained"`
+	DrainReason   string   `json:"drain_reason,omitempty"`
 }
 
 // GPUList is the answer of GET /v1/gpus.

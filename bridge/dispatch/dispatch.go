@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -185,6 +186,10 @@ type Deps struct {
 	Phase    func(protocol.Kind) string
 	Log      *slog.Logger
 	Registry prometheus.Registerer // may be nil
+	// Hold, when set, is asked in each relay round's transaction whether
+	// operators hold the outbox (paused or observe-only: bridge/controls
+	// Store.Hold); held commands stay queued. Results are still applied.
+	Hold func(ctx context.Context, tx pgx.Tx) (bool, error)
 }
 
 // Log attribute keys.

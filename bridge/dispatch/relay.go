@@ -80,6 +80,11 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 	sent := 0
 	err := pgx.BeginFunc(ctx, x.d.Pool, func(tx pgx.Tx) error {
 		sent = 0
+		if x.d.Hold != nil {
+			if held, err := x.d.Hold(ctx, tx); err != nil || held {
+				return err // operators hold the outbox: nothing is sent
+			}
+		}
 		rows, err := tx.Query(ctx, `SELECT c.id, c.host, c.kind, c.body, c.expires_at, c.request_id, c.purpose FROM commands c
 			WHERE c.sent_at IS NULL AND c.finished_at IS NULL
 			  AND NOT EXISTS (SELECT 1 FROM commands q WHERE q.request_id = c.request_id AND q.purpose = c.purpose AND q.seq < c.seq

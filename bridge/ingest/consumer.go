@@ -159,14 +159,15 @@ func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
 	c.log.Info("consuming Nova notifications", LogKeyBroker, redactURL(u), LogKeyQueue, c.cfg.Queue,
 		"exchange", c.cfg.Exchange, "binding_keys", c.cfg.BindingKeys)
 
-	// Stages: this loop decodes deliveries into batches; Committers
-	// goroutines commit batches concurrently; one acker acks, in delivery
-	// order, the last tag of the longest run of committed batches
-	// (multiple=true), so nothing is acked before it is committed.
+	// Stages: this loop gathers deliveries into batches; Committers
+	// goroutines decode and commit batches concurrently (so decoding uses
+	// every core); one acker acks, in delivery order, the last tag of the
+	// longest run of committed batches (multiple=true), so nothing is acked
+	// before it is committed.
 	var committed atomic.Bool
 	type seqBatch struct {
-		seq   uint64
-		items []*item
+		seq        uint64
+		deliveries []amqp.Delivery
 	}
 	type doneBatch struct{ seq, tag uint64 }
 	work := make(chan seqBatch, c.cfg.Committers)
@@ -186,12 +187,16 @@ func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
 		go func() {
 			defer committers.Done()
 			for b := range work {
-				if err := c.commit(commitCtx, b.items); err != nil {
+				items := make([]*item, len(b.deliveries))
+				for i := range b.deliveries {
+					items[i] = c.decode(&b.deliveries[i])
+				}
+				if err := c.commit(commitCtx, items); err != nil {
 					report(err)
 					abortCommit() // the others stop too: their batches are redelivered
 					return
 				}
-				acks <- doneBatch{b.seq, b.items[len(b.items)-1].tag}
+				acks <- doneBatch{b.seq, items[len(items)-1].tag}
 			}
 		}()
 	}
@@ -235,7 +240,7 @@ func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
 	}
 	var seq uint64
 
-	batch := make([]*item, 0, c.cfg.BatchSize)
+	batch := make([]amqp.Delivery, 0, c.cfg.BatchSize)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	// flush hands the batch to the committer, unless stop fires first.
@@ -251,7 +256,7 @@ func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
 		case <-stop:
 			return errStopped
 		}
-		batch = make([]*item, 0, c.cfg.BatchSize)
+		batch = make([]amqp.Delivery, 0, c.cfg.BatchSize)
 		return nil
 	}
 	// shutdown finishes the in-flight batches within ShutdownGrace; what is
@@ -299,7 +304,9 @@ func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
 			if len(batch) == 0 {
 				timer.Reset(c.cfg.FlushInterval)
 			}
-			batch = append(batch, c.decode(&d))
+			c.lastMsg.Store(time.Now().UnixNano())
+			c.m.received.Inc()
+			batch = append(batch, d)
 			if len(batch) >= c.cfg.BatchSize {
 				timer.Stop()
 				if err := flush(ctx.Done()); err == errStopped {
@@ -393,8 +400,6 @@ func (c *Consumer) commitOneByOne(ctx context.Context, batch []*item) error {
 
 // decode turns a delivery into an event or a dead letter.
 func (c *Consumer) decode(d *amqp.Delivery) *item {
-	c.lastMsg.Store(time.Now().UnixNano())
-	c.m.received.Inc()
 	it := &item{tag: d.DeliveryTag}
 	dead := func(reason, detail string) *item {
 		it.reason, it.detail = reason, detail

@@ -168,10 +168,71 @@ const updateSnapshots = `UPDATE instances AS i SET
 
 // applySnapshots writes the folded snapshots; it marks the events of
 // updated instances Applied and returns how many events changed nothing.
+//
+// Most instances are known already, so the UPDATE runs first and the
+// INSERT only for the instances it did not change. An INSERT that finds
+// the row inserted meanwhile by a concurrent batch waits for that batch and
+// does nothing; those rows get the UPDATE once more, which now sees them.
 func applySnapshots(ctx context.Context, tx pgx.Tx, snaps []*snapshot) (stale int, err error) {
 	if len(snaps) == 0 {
 		return 0, nil
 	}
+	done := map[string]bool{}
+	run := func(q string, snaps []*snapshot) error {
+		rows, err := tx.Query(ctx, q, snapshotArgs(snaps)...)
+		if err != nil {
+			return fmt.Errorf("instance state: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			done[strings.ToLower(id)] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("instance state: %w", err)
+		}
+		return nil
+	}
+	left := func() []*snapshot {
+		var out []*snapshot
+		for _, s := range snaps {
+			if !done[strings.ToLower(s.uuid)] {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	if err := run(updateSnapshots, snaps); err != nil {
+		return 0, err
+	}
+	if l := left(); len(l) > 0 {
+		if err := run(insertSnapshots, l); err != nil {
+			return 0, err
+		}
+		if l := left(); len(l) > 0 {
+			if err := run(updateSnapshots, l); err != nil {
+				return 0, err
+			}
+		}
+	}
+	for _, s := range snaps {
+		ok := done[strings.ToLower(s.uuid)]
+		for _, ev := range s.events {
+			ev.Applied = ok
+			if !ok {
+				stale++
+			}
+		}
+	}
+	return stale, nil
+}
+
+// snapshotArgs are the arrays of insertSnapshots and updateSnapshots.
+func snapshotArgs(snaps []*snapshot) []any {
 	n := len(snaps)
 	var (
 		u, pj, us, vs, ps, dn, nfo, fo, dlo, et, mid = mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n)
@@ -201,35 +262,6 @@ func applySnapshots(ctx context.Context, tx pgx.Tx, snaps []*snapshot) (stale in
 		et[i], at[i], rk[i], mid[i] = m.EventType, s.at, int32(s.rank), m.MessageID
 		cr[i] = s.created
 	}
-	args := []any{u, pj, us, h, nd, vs, tsk, ps, fl, dm, vg, dn, az, nfo, nfv, nfat, nfrk, fo, fv, fat, frk,
+	return []any{u, pj, us, h, nd, vs, tsk, ps, fl, dm, vg, dn, az, nfo, nfv, nfat, nfrk, fo, fv, fat, frk,
 		dlo, dlv, dlat, dlrk, et, at, rk, mid, cr}
-	done := map[string]bool{}
-	for _, q := range []string{insertSnapshots, updateSnapshots} {
-		rows, err := tx.Query(ctx, q, args...)
-		if err != nil {
-			return 0, fmt.Errorf("instance state: %w", err)
-		}
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return 0, err
-			}
-			done[strings.ToLower(id)] = true
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return 0, fmt.Errorf("instance state: %w", err)
-		}
-	}
-	for _, s := range snaps {
-		ok := done[strings.ToLower(s.uuid)]
-		for _, ev := range s.events {
-			ev.Applied = ok
-			if !ok {
-				stale++
-			}
-		}
-	}
-	return stale, nil
 }

@@ -247,6 +247,9 @@ func rowKey(ev *Event) string {
 	if f, ok := ev.Payload.(*nova.Flavor); ok {
 		return "f" + f.FlavorID
 	}
+	if sv, ok := ev.Payload.(*nova.ServiceStatus); ok {
+		return "h" + sv.Host
+	}
 	return ""
 }
 
@@ -315,6 +318,8 @@ func queueState(b *pgx.Batch, ev *Event) bool {
 		b.Queue(upsertFlavor, p.FlavorID, p.Name, p.VCPUs, p.MemoryMB, p.IsPublic, specs, demand, demandUnits(d),
 			specErr, m.Timestamp, deleted)
 		return true
+	case *nova.ServiceStatus:
+		return queueService(b, m, p)
 	}
 	return false
 }

@@ -29,6 +29,9 @@ type InboxRow struct {
 	RequestID    string // webhook: the bridge's request id; nova: Nova's req-… id
 	ProjectID    string
 	Attempts     int
+	// observeOnly: operators set observe-only mode (read in the event's
+	// decision transaction).
+	observeOnly bool
 }
 
 // Webhook reports whether the row came by webhook.

@@ -170,8 +170,15 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 		switch in.Kind {
 		case policy.IntentAttach:
 			if in.Mode != policy.ModeDirectLive && in.Mode != policy.ModeDirectCold {
-				return fail(CodeNovaPath, fmt.Sprintf("attach mode %s (the Nova-native path) is not available in this build; "+
-					"set attach_mode: direct-live or direct-cold for this project or profile in the policy", orDefault(string(in.Mode), "nova-resize")))
+				// The Nova-native path (novapath.go): Nova chooses the host.
+				if why, code := novaHostProblem(f); why != "" {
+					return fail(code, why)
+				}
+				if in.Trait == "" {
+					return fail(CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
+				}
+				p.Steps = append(p.Steps, Step{Kind: StepNovaResize, Intent: in, Host: f.Instance.Host})
+				continue
 			}
 			if why, code := hostProblem(f); why != "" {
 				return fail(code, why)

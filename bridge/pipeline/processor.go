@@ -56,6 +56,14 @@ type Deps struct {
 	// OnOutbox is called after commands were committed, to wake the
 	// relay of this process; nil: the relay polls.
 	OnOutbox func()
+	// Controls are the operators' pause and observe-only switches; nil:
+	// always running.
+	Controls Controls
+	// Nova is Nova's compute API for the Nova-native path (novapath.go);
+	// nil: requests for it fail with code nova_path_unavailable.
+	Nova Nova
+	// NovaConfig times the Nova-native path; zero fields take defaults.
+	NovaConfig NovaConfig
 }
 
 // Processor runs the pipeline. It is safe for concurrent use.
@@ -66,6 +74,9 @@ type Processor struct {
 	wake  chan struct{}
 	hosts atomic.Pointer[hostSet]
 	m     *metrics
+	// nova: the Nova-native path's timing; novaWake wakes its loop.
+	nova     NovaConfig
+	novaWake chan struct{}
 }
 
 // New builds a processor.
@@ -90,7 +101,9 @@ func New(cfg Config, d Deps) (*Processor, error) {
 		d.Log.Warn("pipeline: fewer workers than configured, to leave the pool room", "workers", max(mc-2, 1), "configured", cfg.Workers, "pool", mc)
 		cfg.Workers = max(mc-2, 1)
 	}
-	p := &Processor{cfg: cfg, d: d, log: d.Log, wake: make(chan struct{}, 1), m: newMetrics(d.Registry)}
+	d.NovaConfig.setDefaults()
+	p := &Processor{cfg: cfg, d: d, log: d.Log, wake: make(chan struct{}, 1), m: newMetrics(d.Registry),
+		nova: d.NovaConfig, novaWake: make(chan struct{}, 1)}
 	p.hosts.Store(&hostSet{byName: map[string]int{}})
 	return p, nil
 }
@@ -117,11 +130,18 @@ func (p *Processor) Run(ctx context.Context) error {
 				return
 			case <-t.C:
 			}
+			if p.paused(ctx, "deadlines") {
+				continue // paused: no decisions, failing requests included
+			}
 			if _, err := p.CheckDeadlines(ctx); err != nil && ctx.Err() == nil {
 				p.log.Warn("pipeline: deadline check failed", LogError, err)
 			}
 		}
 	}()
+	if p.d.Nova != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.runNova(ctx) }() // Nova calls and deadlines of the Nova path
+	}
 	defer wg.Wait()
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -174,6 +194,9 @@ type candidate struct {
 // them; events of one instance in order, instances concurrently. It
 // returns how many events it closed.
 func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
+	if p.paused(ctx, "pipeline") {
+		return 0, nil // events wait in the inbox until resumed
+	}
 	rows, err := p.d.Pool.Query(ctx, `SELECT id, coalesce(instance_uuid::text,'') FROM events
 		WHERE processed_at IS NULL AND (not_before IS NULL OR not_before <= now())
 		ORDER BY id LIMIT $1`, p.cfg.BatchSize)
@@ -260,6 +283,10 @@ func (p *Processor) processOne(ctx context.Context, id int64) (bool, error) {
 	err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
 		claims, outbox, closed = nil, false, false
 		row, ok, err := lockEvent(ctx, tx, id)
+		if err != nil || !ok {
+			return err
+		}
+		ctx, ok, err := p.gate(ctx, tx, &row) // operator pause / observe-only (bridge/controls)
 		if err != nil || !ok {
 			return err
 		}
@@ -367,6 +394,12 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 		_, err := tx.Exec(ctx, `UPDATE events SET processed_at = now() WHERE id = $1`, row.ID)
 		return err
 	}
+	if handled, outbox, err := p.novaEvent(ctx, tx, row); err != nil || handled {
+		if err != nil {
+			return nil, false, err
+		}
+		return nil, outbox, markProcessed() // a step of a resize through Nova (novapath.go)
+	}
 	reqID, hasReq := row.BridgeRequest()
 	var reqState requests.State
 	if hasReq {
@@ -396,6 +429,12 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 		_, err2 := tx.Exec(ctx, `UPDATE events SET processed_at = now(), status = 'failed', detail = $2 WHERE id = $1`, row.ID, err.Error())
 		return nil, false, err2
 	}
+	if claims, outbox, handled, err := p.handleMove(ctx, tx, row, ev, hs); err != nil || handled {
+		if err != nil {
+			return claims, false, err
+		}
+		return claims, outbox, markProcessed() // direct-path vGPUs follow a Nova move (move.go)
+	}
 	pol := p.d.Policy.Policy()
 	if !hasReq && !rebuildKind(ev.Kind) && ev.Kind != NovaKindPrefix+"instance.delete.end" {
 		// Most notifications: no rule listens, nothing to re-apply.
@@ -414,6 +453,9 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 	}
 	d := pol.Evaluate(ev, st, ls)
 	plan := PlanDecision(d, facts)
+	if row.observeOnly && plan.Outcome == OutcomeAct {
+		plan = observe(plan, facts) // decide and explain, act on nothing
+	}
 
 	if !hasReq && plan.Outcome != OutcomeAct {
 		// A notification nobody asked about: record the decision only when
@@ -530,6 +572,9 @@ func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow,
 // already made are released.
 func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State,
 	d *policy.Decision, plan *Plan, f Facts) ([]madeClaim, error) {
+	if s, ok := novaStep(plan.Steps); ok {
+		return nil, p.actNova(ctx, tx, row, reqID, state, plan, f, s) // novapath.go
+	}
 	now := time.Now()
 	deadline := now.Add(p.cfg.RequestTimeout)
 	var seq int

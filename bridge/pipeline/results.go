@@ -83,6 +83,12 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) error {
 				VALUES ($1, 'compensation_result', 'command', $2, $3, $4)`, p.actor(), r.CommandID, reqID.String(), detail)
 			return err
 		}
+		if kind == string(protocol.VerifyVGPU) {
+			// The Nova-native path's verification (novapath.go).
+			if handled, err := p.novaResult(ctx, tx, *reqID, host, kind, r); err != nil || handled {
+				return err
+			}
+		}
 		var st string
 		if err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, *reqID).Scan(&st); err != nil {
 			return err

@@ -200,7 +200,8 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 		in.VGPUs = append(in.VGPUs, policy.VGPU{Profile: prof, Count: counts[prof], GPU: gpu})
 	}
 	if vgpus > 0 {
-		in.VGPUs = append(in.VGPUs, policy.VGPU{Count: vgpus})
+		// The flavor's (Nova's) vGPUs, with the GPU the host's agent reports (novapath.go).
+		in.VGPUs = append(in.VGPUs, p.flavorVGPU(ctx, tx, ev.InstanceUUID, f.Instance.Host, vgpus))
 	}
 	if f.Instance.Known {
 		st.inst = in

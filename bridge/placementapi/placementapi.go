@@ -26,6 +26,37 @@ var openAPI []byte
 // Handlers serve the routes over a placement service.
 type Handlers struct {
 	svc *placement.Service
+	// Marks, when set, adds drains and Nova's disabled services to the
+	// hosts and GPUs answered (bridge/controls).
+	Marks Marks
+}
+
+// HostMark is what operators and Nova say of a host.
+type HostMark struct {
+	Drained        bool
+	DrainReason    string
+	Disabled       bool // Nova's compute service disabled or forced down
+	DisabledReason string
+}
+
+// GPUMark is what operators say of a GPU.
+type GPUMark struct {
+	Drained     bool
+	DrainReason string
+}
+
+// Marks gives the marked hosts (by compute service host and by node name)
+// and GPUs (by provider UUID).
+type Marks interface {
+	Marks(ctx context.Context) (map[string]HostMark, map[string]GPUMark, error)
+}
+
+// marks reads the marks; empty maps when none are configured.
+func (h *Handlers) marks(c echo.Context) (map[string]HostMark, map[string]GPUMark, error) {
+	if h.Marks == nil {
+		return nil, nil, nil
+	}
+	return h.Marks.Marks(c.Request().Context())
 }
 
 // New returns the handlers of svc.
@@ -112,6 +143,8 @@ type GPU struct {
 	Free          int      `json:"free"`
 	Generation    int      `json:"generation"`
 	Traits        []string `json:"traits"`
+	Drained       bool     `json:"drained"`
+	DrainReason   string   `json:"drain_reason,omitempty"`
 }
 
 func (h *Handlers) gpu(g *engine.GPU) GPU {
@@ -132,10 +165,17 @@ func (h *Handlers) gpu(g *engine.GPU) GPU {
 
 func (h *Handlers) gpus(c echo.Context) error {
 	host, trait, profile := c.QueryParam("host"), c.QueryParam("trait"), c.QueryParam("profile")
+	_, gm, err := h.marks(c)
+	if err != nil {
+		return err
+	}
 	all := h.svc.Index().GPUs()
 	out := make([]GPU, 0, len(all))
 	for i := range all {
 		g := h.gpu(&all[i])
+		if m, ok := gm[g.ProviderUUID]; ok {
+			g.Drained, g.DrainReason = m.Drained, m.DrainReason
+		}
 		if (host != "" && host != g.Host && host != g.Node) || (trait != "" && !all[i].HasTrait(trait)) || (profile != "" && profile != g.Profile) {
 			continue
 		}
@@ -155,9 +195,18 @@ type Host struct {
 	Used     int      `json:"used"`
 	Free     int      `json:"free"`
 	Detail   []GPU    `json:"gpus,omitempty"`
+	// Drained by an operator, or Disabled by Nova: no new placements.
+	Drained        bool   `json:"drained"`
+	DrainReason    string `json:"drain_reason,omitempty"`
+	Disabled       bool   `json:"disabled"`
+	DisabledReason string `json:"disabled_reason,omitempty"`
 }
 
-func (h *Handlers) hostList() map[string]*Host {
+func (h *Handlers) hostList(c echo.Context) (map[string]*Host, error) {
+	hm, gm, err := h.marks(c)
+	if err != nil {
+		return nil, err
+	}
 	all := h.svc.Index().GPUs()
 	hosts := map[string]*Host{}
 	for i := range all {
@@ -168,19 +217,31 @@ func (h *Handlers) hostList() map[string]*Host {
 			if x.Traits == nil {
 				x.Traits = []string{}
 			}
+			m, ok := hm[x.Name]
+			if !ok {
+				m = hm[x.Node]
+			}
+			x.Drained, x.DrainReason, x.Disabled, x.DisabledReason = m.Drained, m.DrainReason, m.Disabled, m.DisabledReason
 			hosts[g.Host.Name] = x
 		}
 		x.GPUs++
 		x.Capacity += g.Capacity()
 		x.Used += g.Used
 		x.Free += g.Free()
-		x.Detail = append(x.Detail, h.gpu(g))
+		d := h.gpu(g)
+		if m, ok := gm[d.ProviderUUID]; ok {
+			d.Drained, d.DrainReason = m.Drained, m.DrainReason
+		}
+		x.Detail = append(x.Detail, d)
 	}
-	return hosts
+	return hosts, nil
 }
 
 func (h *Handlers) hosts(c echo.Context) error {
-	m := h.hostList()
+	m, err := h.hostList(c)
+	if err != nil {
+		return err
+	}
 	out := make([]Host, 0, len(m))
 	for _, x := range m {
 		x.Detail = nil
@@ -192,7 +253,11 @@ func (h *Handlers) hosts(c echo.Context) error {
 
 func (h *Handlers) host(c echo.Context) error {
 	name := c.Param("name")
-	for _, x := range h.hostList() {
+	hl, err := h.hostList(c)
+	if err != nil {
+		return err
+	}
+	for _, x := range hl {
 		if x.Name == name || x.Node == name {
 			return c.JSON(http.StatusOK, x)
 		}

@@ -80,17 +80,6 @@ func (h *Handler) get(c echo.Context) error {
 		return notFound(raw)
 	}
 	r := c.Request()
-	if p, err := h.operator.Authenticate(r); err == nil && p.Allows(api.Reader) {
-		api.SetPrincipal(c, p)
-		req, err := h.store.Get(r.Context(), id)
-		if IsNotFound(err) {
-			return notFound(raw)
-		}
-		if err != nil {
-			return err
-		}
-		return c.JSON(http.StatusOK, req)
-	}
 	req, err := h.store.Get(r.Context(), id)
 	if IsNotFound(err) {
 		return notFound(raw)
@@ -98,16 +87,47 @@ func (h *Handler) get(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	// The source's own credentials are checked first, locally: with
+	// auth_strategy = keystone, a source's bearer secret must never be sent
+	// to Keystone as a token to validate.
 	name := SourceName(req.Source)
-	if h.sources == nil || name == req.Source {
+	isSource := h.sources != nil && name != req.Source
+	var srcErr error
+	if isSource {
+		if srcErr = h.sources.AuthenticateSource(r, name); srcErr == nil {
+			api.SetPrincipal(c, &api.Principal{Name: req.Source})
+			return c.JSON(http.StatusOK, req)
+		}
+	}
+	if p, err := h.operator.Authenticate(r); err == nil && p.Allows(api.Reader) {
+		api.SetPrincipal(c, p)
+		if err := h.visible(c, req); err != nil {
+			return err
+		}
+		return c.JSON(http.StatusOK, req)
+	}
+	if !isSource {
 		return unauthorized("operator credentials with the reader or admin role are needed")
 	}
-	if err := h.sources.AuthenticateSource(r, name); err != nil {
-		h.log.Info("request status refused", "source", name, "remote", c.RealIP(), "reason", err.Error())
-		return unauthorized("send operator credentials, or the credentials of the source that created the request")
+	h.log.Info("request status refused", "source", name, "remote", c.RealIP(), "reason", srcErr.Error())
+	return unauthorized("send operator credentials, or the credentials of the source that created the request")
+}
+
+// visible answers 404, as for a request that does not exist, when the
+// caller is limited to a project and req is not about one of its instances.
+func (h *Handler) visible(c echo.Context, req Request) error {
+	p := api.PrincipalFrom(c)
+	if p == nil || p.Project == "" {
+		return nil
 	}
-	api.SetPrincipal(c, &api.Principal{Name: req.Source})
-	return c.JSON(http.StatusOK, req)
+	ok, err := h.store.InProject(c.Request().Context(), req, p.Project)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return notFound(req.ID.String())
+	}
+	return nil
 }
 
 func unauthorized(detail string) error {
@@ -123,6 +143,18 @@ func (h *Handler) cancel(c echo.Context) error {
 	actor := "operator"
 	if p := api.PrincipalFrom(c); p != nil {
 		actor = p.Name
+	}
+	if p := api.PrincipalFrom(c); p != nil && p.Project != "" {
+		req, err := h.store.Get(c.Request().Context(), id)
+		if IsNotFound(err) {
+			return notFound(raw)
+		}
+		if err != nil {
+			return err
+		}
+		if err := h.visible(c, req); err != nil {
+			return err
+		}
 	}
 	var out Request
 	err = h.store.Do(c.Request().Context(), func(tx pgx.Tx) error {
@@ -169,6 +201,9 @@ func (h *Handler) list(c echo.Context) error {
 	}
 	if len(bad) > 0 {
 		return api.ValidationProblem(bad)
+	}
+	if p := api.PrincipalFrom(c); p != nil {
+		o.Project = p.Project // a project-scoped caller sees its project's requests only
 	}
 	rs, err := h.store.List(c.Request().Context(), o)
 	if err != nil {

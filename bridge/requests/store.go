@@ -236,6 +236,9 @@ type ListOptions struct {
 	Source       string
 	State        State
 	InstanceUUID *uuid.UUID
+	// Project, when set, keeps only requests about instances of that
+	// project (as Nova's notifications name it; scope.go).
+	Project string
 	// Limit caps the answer (default 100, at most 1000); newest first.
 	Limit int
 }
@@ -252,7 +255,8 @@ func (s *Store) List(ctx context.Context, o ListOptions) ([]Request, error) {
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM requests
 		WHERE ($1 = '' OR source = $1) AND ($2 = '' OR state = $2) AND ($3::uuid IS NULL OR instance_uuid = $3::uuid)
-		ORDER BY created_at DESC, id DESC LIMIT $4`, o.Source, string(o.State), inst, o.Limit)
+		AND ($5 = '' OR instance_uuid IN (SELECT uuid FROM instances WHERE project_id = $5))
+		ORDER BY created_at DESC, id DESC LIMIT $4`, o.Source, string(o.State), inst, o.Limit, o.Project)
 	if err != nil {
 		return nil, fmt.Errorf("list requests: %w", err)
 	}

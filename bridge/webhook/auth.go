@@ -203,8 +203,9 @@ func (s *source) verifyHMAC(h http.Header, payload []byte, now time.Time) (strin
 		if err != nil {
 			return "", authFail("bad_signature", "webhook-signature: %v", err)
 		}
-		wants := make([][]byte, len(s.cfg.Secrets))
-		for i, k := range s.cfg.Secrets {
+		secrets := s.credentials().secrets
+		wants := make([][]byte, len(secrets))
+		for i, k := range secrets {
 			wants[i] = standardMAC(k, id, ts, payload)
 		}
 		if !anyEqual(wants, sigs) {
@@ -220,8 +221,9 @@ func (s *source) verifyHMAC(h http.Header, payload []byte, now time.Time) (strin
 	if err != nil {
 		return "", authFail("bad_signature", "X-Hub-Signature-256: %v", err)
 	}
-	wants := make([][]byte, len(s.cfg.Secrets))
-	for i, k := range s.cfg.Secrets {
+	secrets := s.credentials().secrets
+	wants := make([][]byte, len(secrets))
+	for i, k := range secrets {
 		m := hmac.New(sha256.New, k)
 		m.Write(payload)
 		wants[i] = m.Sum(nil)
@@ -243,7 +245,7 @@ func (s *source) verifyBearer(r *http.Request) *authError {
 	}
 	sum := sha256.Sum256([]byte(tok))
 	ok := 0
-	for _, t := range s.tokenSums {
+	for _, t := range s.credentials().tokenSums {
 		ok |= subtle.ConstantTimeCompare(sum[:], t[:])
 	}
 	if ok != 1 {

@@ -215,7 +215,7 @@ func (e *Endpoint) post(ctx context.Context, src *source, d dueCallback) (int, e
 	if err != nil {
 		return 0, err
 	}
-	SignCallback(req.Header, src.cfg, "cb_"+strconv.FormatInt(d.id, 10), e.cfg.Now(), d.payload)
+	SignCallback(req.Header, src.current(), "cb_"+strconv.FormatInt(d.id, 10), e.cfg.Now(), d.payload)
 	resp, err := e.client.Do(req)
 	if err != nil {
 		var ue *url.Error

@@ -6,11 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 )
@@ -23,6 +27,31 @@ type eventRow struct {
 	vm      string
 	at      time.Time
 	payload EventPayload
+	// Set by encodeEvents, in the request's goroutine, so that the commit
+	// workers (the serial part) only copy them.
+	msgID  string
+	vmUUID uuid.UUID
+	json   string
+	err    error
+}
+
+// encodeEvents gives each event its inbox message id and JSON payload.
+func (p *pending) encodeEvents() {
+	id := p.req.ID.String()
+	for n := range p.events {
+		ev := &p.events[n]
+		ev.msgID = id
+		if len(p.events) > 1 || p.src.cfg.Format == FormatAlertmanager {
+			ev.msgID += "/" + strconv.Itoa(n)
+		}
+		b, err := json.Marshal(ev.payload)
+		ev.json, ev.err = string(b), err
+		if u, perr := uuid.Parse(ev.vm); perr != nil && ev.err == nil {
+			ev.err = fmt.Errorf("event of request %s: vm_id %q: %w", id, ev.vm, perr)
+		} else {
+			ev.vmUUID = u
+		}
+	}
 }
 
 // pending is one accepted webhook waiting for its commit.
@@ -135,6 +164,112 @@ type storedKey struct {
 
 // tryCommit writes batch in one transaction and returns each one's answer.
 func (e *Endpoint) tryCommit(ctx context.Context, batch []*pending) ([]result, error) {
+	if res, ok, err := e.tryCommitNew(ctx, batch); ok || err != nil {
+		return res, err
+	}
+	return e.tryCommitTx(ctx, batch)
+}
+
+// tryCommitNew is the common case in one round trip: every request is new
+// (no rejection to record, no idempotency key seen before or twice in the
+// batch). Its statements go in one pipeline, which Postgres runs as one
+// implicit transaction: the keys are claimed by a plain INSERT, so a key
+// taken already fails the whole batch, and nothing of it is kept. ok is
+// false when the batch is not of that kind, or a key was taken: then
+// tryCommitTx decides it.
+func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []result, ok bool, err error) {
+	seen := make(map[keyRef]bool, len(batch))
+	var srcs, keys []string
+	// [16]byte: pgx sends it as binary uuid (uuid.UUID goes through its
+	// driver.Valuer, as text).
+	var ids [][16]byte
+	var resps, hashes [][]byte
+	for _, p := range batch {
+		if p.rejectReason != "" {
+			return nil, false, nil
+		}
+		if p.key == "" {
+			continue
+		}
+		k := keyRef{p.src.cfg.Name, p.key}
+		if seen[k] {
+			return nil, false, nil
+		}
+		seen[k] = true
+		srcs, keys, ids = append(srcs, k.source), append(keys, k.key), append(ids, [16]byte(p.req.ID))
+		resps, hashes = append(resps, p.answer), append(hashes, p.hash[:])
+	}
+	b := &pgx.Batch{}
+	if len(keys) > 0 {
+		b.Queue(`INSERT INTO webhook_idempotency (source, key, body_sha256, request_id, status, response, expires_at)
+			SELECT s, k, h, id, 202, resp, now() + make_interval(secs => $6)
+			FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[], $5::bytea[]) AS t(s, k, h, id, resp)`,
+			srcs, keys, hashes, ids, resps, e.cfg.IdempotencyTTL.Seconds())
+	}
+	if err := e.queueCreate(b, batch); err != nil {
+		return nil, false, err
+	}
+	br := e.pool.SendBatch(ctx, b)
+	for range b.Len() {
+		if _, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23505" /* unique_violation */ && pe.TableName == "webhook_idempotency" {
+		return nil, false, nil // a key was used before: the full path tells replay from conflict
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("store requests: %w", err)
+	}
+	res = make([]result, len(batch))
+	for i, p := range batch {
+		res[i] = result{status: http.StatusAccepted, body: p.answer}
+	}
+	return res, true, nil
+}
+
+// queueCreate queues the requests of create and their inbox events.
+func (e *Endpoint) queueCreate(b *pgx.Batch, create []*pending) error {
+	reqs := make([]requests.Request, len(create))
+	var evSrc, evMsg, evType, evPayload, evReq []string
+	var evInst [][16]byte
+	var evAt []time.Time
+	for j, p := range create {
+		reqs[j] = p.req
+		id := p.req.ID.String()
+		for _, ev := range p.events {
+			if ev.err != nil {
+				return ev.err
+			}
+			evSrc = append(evSrc, p.src.label)
+			evMsg = append(evMsg, ev.msgID)
+			evType = append(evType, ev.payload.Type)
+			evInst = append(evInst, [16]byte(ev.vmUUID))
+			evAt = append(evAt, ev.at)
+			evPayload = append(evPayload, ev.json)
+			evReq = append(evReq, id)
+		}
+	}
+	if err := e.store.QueueCreate(b, reqs); err != nil {
+		return err
+	}
+	if len(evSrc) > 0 {
+		b.Queue(`INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id)
+			SELECT s, m, t, i, o, p::jsonb, r
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::timestamptz[], $6::text[], $7::text[])
+			  AS x(s, m, t, i, o, p, r)`, evSrc, evMsg, evType, evInst, evAt, evPayload, evReq)
+	}
+	return nil
+}
+
+// tryCommitTx writes batch in one explicit transaction: it claims the
+// idempotency keys it can, answers the others from their first answer
+// (or 409), and records rejections.
+func (e *Endpoint) tryCommitTx(ctx context.Context, batch []*pending) ([]result, error) {
 	res := make([]result, len(batch))
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
@@ -277,37 +412,8 @@ func (e *Endpoint) tryCommit(ctx context.Context, batch []*pending) ([]result, e
 
 	if len(create) > 0 {
 		b := &pgx.Batch{}
-		reqs := make([]requests.Request, len(create))
-		var evSrc, evMsg, evType, evInst, evPayload, evReq []string
-		var evAt []time.Time
-		for j, p := range create {
-			reqs[j] = p.req
-			for n, ev := range p.events {
-				pl, err := json.Marshal(ev.payload)
-				if err != nil {
-					return nil, err
-				}
-				msg := p.req.ID.String()
-				if len(p.events) > 1 || p.src.cfg.Format == FormatAlertmanager {
-					msg += "/" + strconv.Itoa(n)
-				}
-				evSrc = append(evSrc, p.src.label)
-				evMsg = append(evMsg, msg)
-				evType = append(evType, ev.payload.Type)
-				evInst = append(evInst, ev.vm)
-				evAt = append(evAt, ev.at)
-				evPayload = append(evPayload, string(pl))
-				evReq = append(evReq, p.req.ID.String())
-			}
-		}
-		if err := e.store.QueueCreate(b, reqs); err != nil {
+		if err := e.queueCreate(b, create); err != nil {
 			return nil, err
-		}
-		if len(evSrc) > 0 {
-			b.Queue(`INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id)
-				SELECT s, m, t, i, o, p::jsonb, r
-				FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::timestamptz[], $6::text[], $7::text[])
-				  AS x(s, m, t, i, o, p, r)`, evSrc, evMsg, evType, evInst, evAt, evPayload, evReq)
 		}
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return nil, fmt.Errorf("store requests: %w", err)
@@ -341,4 +447,11 @@ func (e *Endpoint) janitor(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// isJSONMediaType reports whether a Content-Type value is application/json
+// (with parameters, in any case).
+func isJSONMediaType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == echo.MIMEApplicationJSON
 }

@@ -81,6 +81,47 @@ func jsonKind(raw json.RawMessage) string {
 	return "a number"
 }
 
+// jsonString returns the string a valid JSON value holds; false when it
+// is not a string. Plain ASCII without escapes is sliced, not decoded.
+func jsonString(raw json.RawMessage) (string, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) < 2 || raw[0] != '"' {
+		return "", false
+	}
+	plain := true
+	for _, c := range raw[1 : len(raw)-1] {
+		if c == '\\' || c == '"' || c < 0x20 || c >= 0x80 {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return string(raw[1 : len(raw)-1]), true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// scalar decodes a valid JSON value as a json.Decoder with UseNumber
+// would for a number, a string or a boolean; nil for anything else.
+func scalar(raw json.RawMessage) any {
+	raw = bytes.TrimSpace(raw)
+	switch jsonKind(raw) {
+	case "a number":
+		return json.Number(raw)
+	case "a boolean":
+		return raw[0] == 't'
+	case "a string":
+		if s, ok := jsonString(raw); ok {
+			return s
+		}
+	}
+	return nil
+}
+
 // strictUUID parses the 36-character canonical form only.
 func strictUUID(s string) (uuid.UUID, bool) {
 	if len(s) != 36 {
@@ -109,8 +150,8 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 		if !ok {
 			return "", false
 		}
-		var s string
-		if jsonKind(raw) != "a string" || json.Unmarshal(raw, &s) != nil {
+		s, ok := jsonString(raw)
+		if !ok {
 			add(name, "must be a string, not %s", jsonKind(raw))
 			return "", false
 		}
@@ -166,10 +207,9 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 
 	n.Count = 1
 	if raw, ok := fields["count"]; ok {
-		var c json.Number
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.UseNumber()
-		if jsonKind(raw) != "a number" || dec.Decode(&c) != nil {
+		// raw is a valid JSON value: a number is its own literal.
+		c := json.Number(bytes.TrimSpace(raw))
+		if jsonKind(raw) != "a number" {
 			add("count", "must be an integer, not %s", jsonKind(raw))
 		} else if i, err := c.Int64(); err != nil || i < 1 || i > MaxCount {
 			add("count", "must be an integer from 1 to %d", MaxCount)
@@ -197,11 +237,7 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 					add(name, "names must be 1 to %d characters", maxMetricKey)
 					continue
 				}
-				var v any
-				dec := json.NewDecoder(bytes.NewReader(m[k]))
-				dec.UseNumber()
-				_ = dec.Decode(&v)
-				switch x := v.(type) {
+				switch x := scalar(m[k]).(type) {
 				case json.Number, bool:
 					n.Metrics[k] = x
 				case string:

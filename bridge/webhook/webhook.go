@@ -23,11 +23,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"mime"
 	"net/http"
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -161,10 +161,12 @@ func (c *Config) setDefaults() {
 }
 
 type source struct {
-	cfg       Source
-	label     string // "webhook:<name>"
-	lim       *limiters
-	tokenSums [][32]byte
+	cfg   Source // Secrets and Tokens as at start: use creds
+	label string // "webhook:<name>"
+	lim   *limiters
+	// creds are the secrets and tokens in use; SetCredentials (SIGHUP
+	// reload) replaces them.
+	creds atomic.Pointer[credentials]
 }
 
 // Endpoint serves POST /v1/webhooks/{source} and delivers callbacks.
@@ -202,9 +204,7 @@ func New(cfg Config) (*Endpoint, error) {
 		}
 		src := &source{cfg: s, label: requests.WebhookSourcePrefix + s.Name,
 			lim: newLimiters(s.Rate, s.Burst, s.ClientRate, s.ClientBurst, cfg.MaxClients)}
-		for _, t := range s.Tokens {
-			src.tokenSums = append(src.tokenSums, sha256.Sum256([]byte(t)))
-		}
+		src.creds.Store(newCredentials(s.Secrets, s.Tokens))
 		e.sources[s.Name] = src
 	}
 	if len(errs) > 0 {
@@ -341,7 +341,7 @@ func (e *Endpoint) handle(c echo.Context) error {
 			Headers: map[string]string{"Retry-After": strconv.Itoa(ra)}})
 	}
 	// 415: content type.
-	if mt, _, err := mime.ParseMediaType(r.Header.Get(echo.HeaderContentType)); err != nil || mt != echo.MIMEApplicationJSON {
+	if ct := r.Header.Get(echo.HeaderContentType); ct != echo.MIMEApplicationJSON && !isJSONMediaType(ct) {
 		return e.refuse(c, name, remote, "unsupported_media_type", &api.ProblemDetails{Status: http.StatusUnsupportedMediaType,
 			Detail: "send Content-Type: application/json"})
 	}
@@ -462,6 +462,7 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 			Type: n.Type, VMID: n.VMID, Workload: n.Workload, VGPUProfile: n.VGPUProfile, Count: n.Count,
 			Metrics: n.Metrics, CallbackURL: n.CallbackURL}}}
 	}
+	p.encodeEvents()
 	p.answer, _ = json.Marshal(ans)
 	return p, nil
 }

@@ -125,13 +125,14 @@ func newServeCmd(g *globals) *cobra.Command {
 	var o agent.RunOptions
 	c := &cobra.Command{
 		Use:   "serve",
-		Short: "Run the agent until SIGINT or SIGTERM",
+		Short: "Run the agent until SIGINT or SIGTERM (SIGHUP reloads keys)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := g.load()
 			if err != nil {
 				return err
 			}
+			o.LoadConfig = g.load // SIGHUP: new key paths and key_id apply
 			return agent.RunWith(cmd.Context(), v, g.logger(v), o)
 		},
 	}

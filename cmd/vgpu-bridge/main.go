@@ -133,14 +133,17 @@ func init() {
 func newServeCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "serve",
-		Short: "Run the bridge daemon until SIGINT or SIGTERM",
+		Short: "Run the bridge daemon until SIGINT or SIGTERM (SIGHUP reloads secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := g.load()
 			if err != nil {
 				return err
 			}
-			return bridge.Run(cmd.Context(), v, g.logger(v), nil)
+			ctx := cmd.Context()
+			// SIGHUP reads the configuration again and swaps the secrets
+			// it names (bridge/reload.go); the listeners stay up.
+			return bridge.Run(ctx, v, g.logger(v), func(d *bridge.Daemon) { go d.ReloadOnSignal(ctx, g.load) })
 		},
 	}
 }

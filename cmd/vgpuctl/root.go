@@ -120,8 +120,16 @@ func newRoot(g *globals) *cobra.Command {
 		versionCmd, healthCmd,
 		hostsCmd, gpusCmd, instancesCmd, allocationsCmd, eventsCmd, deadLettersCmd,
 		requestsCmd, placeCmd, syncCmd, policyCmd, webhookCmd,
+		driftCmd,
 	} {
 		root.AddCommand(f(g))
+	}
+	// Operator controls (issue 9): pause, resume, observe-only, drain, undrain, controls, audit, profiles.
+	root.AddCommand(append(controlsCmds(g), auditCmd(g), profilesCmd(g))...)
+	for _, c := range root.Commands() {
+		if c.Name() == "dead-letters" {
+			c.AddCommand(deadLetterReplayCmd(g))
+		}
 	}
 	root.AddCommand(completionCmd(root))
 	setUsageArgs(root)

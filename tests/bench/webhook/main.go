@@ -8,8 +8,11 @@
 //  3. the real endpoint again at half the throughput of (1), open loop,
 //     latency counted from each request's scheduled start.
 //
-// It prints req/s, p50 and p99 of each and the ratio of (1) to (2). It
-// creates a database of its own on the test Postgres
+// It prints req/s, p50 and p99 of each and the ratio of (1) to (2), and the
+// CPU time per request of (1) and (2) in this process and of (1) in the
+// bench database's Postgres backends: on a machine others share, these
+// move far less with the load than req/s do. -cpuprofile FILE profiles
+// phase (1). It creates a database of its own on the test Postgres
 // (VGPU_TEST_POSTGRES_URL, default postgres://postgres@127.0.0.1:5432/postgres)
 // and drops it at the end. Runs in under a minute.
 package main
@@ -27,14 +30,17 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
@@ -49,14 +55,15 @@ func main() {
 	clients := flag.Int("clients", 64, "concurrent clients")
 	phase := flag.Duration("phase", 10*time.Second, "length of each measured phase")
 	workers := flag.Int("workers", 4, "commit workers ([webhooks] commit_workers)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the durable phase (server and load generator) to this file")
 	flag.Parse()
-	if err := run(*clients, *phase, *workers); err != nil {
+	if err := run(*clients, *phase, *workers, *cpuprofile); err != nil {
 		fmt.Fprintln(os.Stderr, "bench webhook:", err)
 		os.Exit(1)
 	}
 }
 
-func run(clients int, phase time.Duration, workers int) error {
+func run(clients int, phase time.Duration, workers int, cpuprofile string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
 	admin := os.Getenv("VGPU_TEST_POSTGRES_URL")
@@ -126,8 +133,24 @@ func run(clients int, phase time.Duration, workers int) error {
 
 	fmt.Printf("webhook load: %d clients, keep-alive, loopback, %s phases, %d commit workers\n", clients, phase, workers)
 	closedLoop(hc, url+"/v1/webhooks/bench", clients, 2*time.Second, &seq) // warm up
+	if cpuprofile != "" {
+		f, err := os.Create(cpuprofile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
+	cpu0, pg0 := processCPU(), backendCPU(ctx, pool)
 	durable := closedLoop(hc, url+"/v1/webhooks/bench", clients, phase, &seq)
+	cpu1, pg1 := processCPU(), backendCPU(ctx, pool)
+	if cpuprofile != "" {
+		pprof.StopCPUProfile()
+	}
+	cpu2 := processCPU()
 	bare := closedLoop(hc, url+"/echo", clients, phase*8/10, &seq)
+	cpu3 := processCPU()
 	half := openLoop(hc, url+"/v1/webhooks/bench", clients, phase, durable.rps/2, &seq)
 
 	print := func(label string, r stats) {
@@ -138,10 +161,56 @@ func run(clients int, phase time.Duration, workers int) error {
 	print("bare handler 202 (baseline)", bare)
 	print(fmt.Sprintf("durable 202 at half load (%.0f/s)", durable.rps/2), half)
 	fmt.Printf("ratio durable/bare throughput: %.2f\n", durable.rps/bare.rps)
+	if durable.ok > 0 {
+		fmt.Printf("CPU per durable request: %.0f us in this process (server and load generator), %.0f us in its Postgres backends\n",
+			float64((cpu1-cpu0).Microseconds())/float64(durable.ok), float64((pg1-pg0).Microseconds())/float64(durable.ok))
+	}
+	if bare.ok > 0 {
+		fmt.Printf("CPU per bare request: %.0f us in this process (server and load generator)\n",
+			float64((cpu3-cpu2).Microseconds())/float64(bare.ok))
+	}
 	var n int
 	pool.QueryRow(context.Background(), "SELECT count(*) FROM requests").Scan(&n)
 	fmt.Printf("requests committed: %d (targets: >= 5000 durable req/s; p99 <= 20 ms at half load)\n", n)
 	return nil
+}
+
+// processCPU is the CPU time this process used so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// backendCPU is the CPU time the Postgres backends serving the bench
+// database used so far (read from /proc: Postgres runs on this machine).
+func backendCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {
+	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+	if err != nil {
+		return 0
+	}
+	defer rows.Close()
+	var ticks int64
+	for rows.Next() {
+		var pid int
+		if rows.Scan(&pid) != nil {
+			return 0
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after "(comm)": utime and stime are the 12th and 13th.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 12 {
+			ut, _ := strconv.ParseInt(f[11], 10, 64)
+			st, _ := strconv.ParseInt(f[12], 10, 64)
+			ticks += ut + st
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,87 @@
+package apiclient
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// DriftFinding is a difference the drift reconciler found between
+// Placement, the hosts' reports and the bridge's records.
+type DriftFinding struct {
+	ID              int64      `json:"id"`
+	Kind            string     `json:"kind"`
+	Host            *string    `json:"host"`
+	ProviderUUID    *string    `json:"provider_uuid"`
+	PCIAddress      *string    `json:"pci_address"`
+	InstanceUUID    *string    `json:"instance_uuid"`
+	MdevUUID        *string    `json:"mdev_uuid"`
+	Detail          string     `json:"detail"`
+	Repairable      bool       `json:"repairable"`
+	Repaired        bool       `json:"repaired"`
+	Repair          *string    `json:"repair"`
+	RepairRequestID *string    `json:"repair_request_id"`
+	RepairedAt      *time.Time `json:"repaired_at"`
+	FirstSeen       time.Time  `json:"first_seen"`
+	LastSeen        time.Time  `json:"last_seen"`
+	Seen            int        `json:"seen"`
+	ResolvedAt      *time.Time `json:"resolved_at"`
+}
+
+// DriftRun sums up one run of the reconciler.
+type DriftRun struct {
+	ID           int64     `json:"id"`
+	Replica      string    `json:"replica"`
+	StartedAt    time.Time `json:"started_at"`
+	FinishedAt   time.Time `json:"finished_at"`
+	Findings     int       `json:"findings"`
+	New          int       `json:"new_findings"`
+	Resolved     int       `json:"resolved"`
+	Repairs      int       `json:"repairs"`
+	SkippedHosts []string  `json:"skipped_hosts"`
+	Error        string    `json:"error,omitempty"`
+
+	Raw json.RawMessage `json:"-"`
+}
+
+// DriftList is the answer of GET /v1/drift.
+type DriftList struct {
+	Findings []DriftFinding `json:"findings"`
+	LastRun  *DriftRun      `json:"last_run"`
+	Repair   bool           `json:"repair"`
+	Interval string         `json:"interval"`
+
+	Raw json.RawMessage `json:"-"`
+}
+
+// DriftFilter narrows GET /v1/drift.
+type DriftFilter struct {
+	State string // open (default), resolved, all
+	Kind  string
+	Host  string
+	Limit int
+}
+
+// Drift lists the drift reconciler's findings.
+func (c *Client) Drift(ctx context.Context, f DriftFilter) (DriftList, error) {
+	q := url.Values{}
+	set(q, "state", f.State)
+	set(q, "kind", f.Kind)
+	set(q, "host", f.Host)
+	setInt(q, "limit", f.Limit)
+	var out DriftList
+	raw, err := c.getInto(ctx, "/v1/drift", q, &out)
+	out.Raw = raw
+	return out, err
+}
+
+// DriftRunNow runs the reconciler at once (admin); 409 while another
+// replica runs it.
+func (c *Client) DriftRunNow(ctx context.Context) (DriftRun, error) {
+	var out DriftRun
+	raw, err := c.callInto(ctx, Call{Method: http.MethodPost, Path: "/v1/drift/run"}, &out)
+	out.Raw = raw
+	return out, err
+}

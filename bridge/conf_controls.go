@@ -1,0 +1,57 @@
+package bridge
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// setupControls registers the operator controls' routes (issue 9) and
+// returns their loops: change notifications (placement exclusions and
+// the mode gauges of this replica follow every replica's changes) and the
+// retention purge. ctl is built in Run before placement and the pipeline,
+// which read it:
+//
+//	ctlComps := setupControls(v, ctl, pl, pol, notif, srv, log)
+func setupControls(v *conf.Values, ctl *controls.Store, pl *placement.Service, pol *policy.Holder, notif *ingest.Consumer,
+	srv *api.Server, log *slog.Logger) []component {
+	a := &controls.API{
+		Store:   ctl,
+		Catalog: pol.Catalog(),
+		GPUs:    pl.Index().GPUs,
+		KnownHost: func(name string) bool {
+			return len(pl.Index().HostGPUs(name)) > 0
+		},
+		Changed: pl.RefreshHosts,
+	}
+	if notif != nil {
+		a.Replayer = notif
+	}
+	a.Register(srv)
+	listen := func(ctx context.Context) error {
+		return ctl.Listen(ctx, func(ctx context.Context, table string) {
+			switch table {
+			case "hosts", "gpus":
+				pl.RefreshHosts(ctx)
+			case "bridge_controls":
+				if _, err := ctl.Get(ctx); err != nil {
+					log.Warn("controls: cannot read the mode", controls.LogError, err)
+				}
+			default: // (re)connected: changes may have been missed
+				pl.RefreshHosts(ctx)
+				ctl.Get(ctx) //nolint:errcheck
+			}
+		})
+	}
+	r := RetentionConfig(v)
+	return []component{
+		{name: "controls", run: listen},
+		{name: "retention", run: func(ctx context.Context) error { return ctl.RunPurge(ctx, r) }},
+	}
+}

@@ -1,0 +1,59 @@
+package bridge
+
+import (
+	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+)
+
+const day = 24 * time.Hour
+
+var (
+	optRetentionEvents = Options.Duration("retention", "events", 30*day, 0, 100*365*day,
+		"Age (by received_at) after which processed inbox events, and the decisions of those that made no request, "+
+			"are purged; 0 keeps them forever. Unprocessed events are never purged. Example: 720h")
+	optRetentionDeadLetters = Options.Duration("retention", "dead_letters", 30*day, 0, 100*365*day,
+		"Age after which dead letters are purged; 0 keeps them forever. Example: 720h")
+	optRetentionRequests = Options.Duration("retention", "requests", 90*day, 0, 100*365*day,
+		"Age (since they reached a final state: succeeded, failed, rejected) after which requests are purged with "+
+			"their commands, decisions and callbacks; requests with a callback still to deliver or a command still "+
+			"unanswered are kept. 0 keeps them forever. Example: 2160h")
+	optRetentionAudit = Options.Duration("retention", "audit", 365*day, 0, 100*365*day,
+		"Age after which audit log rows are purged; 0 keeps them forever. Example: 8760h")
+	optRetentionInterval = Options.Duration("retention", "purge_interval", time.Hour, time.Minute, 7*day,
+		"Time between purge rounds. One replica purges at a time (advisory lock); the others skip the round. Example: 6h")
+	optRetentionBatch = Options.Int("retention", "batch_size", 1000, 10, 100000,
+		"Rows deleted per statement and transaction, so a purge never holds long locks. Example: 5000")
+)
+
+func init() {
+	Options.SectionHelp("retention", "How long the bridge keeps its history (inbox events, dead letters, final requests, "+
+		"audit log), and how often it purges what is older (also: vgpu-bridge purge [--dry-run]).")
+	validators = append(validators, func(v *conf.Values) conf.Errors {
+		var errs conf.Errors
+		for _, o := range []struct {
+			name string
+			d    time.Duration
+		}{{"events", optRetentionEvents.Get(v)}, {"dead_letters", optRetentionDeadLetters.Get(v)},
+			{"requests", optRetentionRequests.Get(v)}, {"audit", optRetentionAudit.Get(v)}} {
+			if o.d > 0 && o.d < time.Hour {
+				errs = append(errs, &conf.Error{Section: "retention", Option: o.name, Value: o.d.String(),
+					Problem: "is below an hour; allowed: 0 (keep forever) or 1h and more"})
+			}
+		}
+		return errs
+	})
+}
+
+// RetentionConfig maps [retention] to controls.Retention.
+func RetentionConfig(v *conf.Values) controls.Retention {
+	return controls.Retention{
+		Events:      optRetentionEvents.Get(v),
+		DeadLetters: optRetentionDeadLetters.Get(v),
+		Requests:    optRetentionRequests.Get(v),
+		Audit:       optRetentionAudit.Get(v),
+		Interval:    optRetentionInterval.Get(v),
+		BatchSize:   optRetentionBatch.Get(v),
+	}
+}

@@ -1,0 +1,193 @@
+package controls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/placementapi"
+)
+
+// ErrNotFound says no host or GPU has that name or id.
+var ErrNotFound = errors.New("not found")
+
+// HostState is a host's marks as the drain routes answer them.
+type HostState struct {
+	Name           string     `json:"name"`
+	Node           string     `json:"node,omitempty"`
+	Drained        bool       `json:"drained"`
+	DrainReason    string     `json:"drain_reason,omitempty"`
+	DrainedBy      string     `json:"drained_by,omitempty"`
+	DrainedAt      *time.Time `json:"drained_at,omitempty"`
+	Disabled       bool       `json:"disabled"`
+	ForcedDown     bool       `json:"forced_down"`
+	DisabledReason string     `json:"disabled_reason,omitempty"`
+	Changed        bool       `json:"changed"`
+}
+
+// GPUState is a GPU's drain as the drain routes answer it.
+type GPUState struct {
+	ProviderUUID string     `json:"provider_uuid"`
+	Node         string     `json:"node,omitempty"`
+	PCIAddress   string     `json:"pci_address,omitempty"`
+	Drained      bool       `json:"drained"`
+	DrainReason  string     `json:"drain_reason,omitempty"`
+	DrainedBy    string     `json:"drained_by,omitempty"`
+	DrainedAt    *time.Time `json:"drained_at,omitempty"`
+	Changed      bool       `json:"changed"`
+}
+
+const hostCols = `name, coalesce(node,''), drained, coalesce(drain_reason,''), coalesce(drained_by,''), drained_at,
+	disabled, forced_down, coalesce(disabled_reason,'')`
+
+func scanHost(row pgx.Row) (HostState, error) {
+	var h HostState
+	err := row.Scan(&h.Name, &h.Node, &h.Drained, &h.DrainReason, &h.DrainedBy, &h.DrainedAt, &h.Disabled, &h.ForcedDown, &h.DisabledReason)
+	return h, err
+}
+
+// DrainHost drains (drain true) or undrains a host named by its compute
+// service host or its node name. A name the hosts table lacks is taken
+// when known reports it (a node of the Placement mirror without an agent
+// yet): its row is created. Draining twice changes nothing and writes no
+// second audit row.
+func (s *Store) DrainHost(ctx context.Context, who Actor, name, reason string, drain bool, known func(string) bool) (HostState, error) {
+	var out HostState
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		cur, err := scanHost(tx.QueryRow(ctx, `SELECT `+hostCols+` FROM hosts WHERE name = $1 OR node = $1
+			ORDER BY (name = $1) DESC LIMIT 1 FOR UPDATE`, name))
+		if errors.Is(err, pgx.ErrNoRows) {
+			if !drain || known == nil || !known(name) {
+				return fmt.Errorf("host %q: %w", name, ErrNotFound)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO hosts (name) VALUES ($1) ON CONFLICT DO NOTHING`, name); err != nil {
+				return err
+			}
+			cur, err = scanHost(tx.QueryRow(ctx, `SELECT `+hostCols+` FROM hosts WHERE name = $1 FOR UPDATE`, name))
+		}
+		if err != nil {
+			return err
+		}
+		if cur.Drained == drain && (!drain || cur.DrainReason == reason) {
+			out = cur
+			return nil
+		}
+		out, err = scanHost(tx.QueryRow(ctx, `UPDATE hosts SET drained = $2,
+				drain_reason = CASE WHEN $2 THEN nullif($3,'') END, drained_by = CASE WHEN $2 THEN $4 END,
+				drained_at = CASE WHEN $2 THEN coalesce(CASE WHEN drained THEN drained_at END, now()) END, updated_at = now()
+			WHERE name = $1 RETURNING `+hostCols, cur.Name, drain, reason, who.Name))
+		if err != nil {
+			return err
+		}
+		out.Changed = true
+		action := "host.drain"
+		if !drain {
+			action = "host.undrain"
+		}
+		return Audit(ctx, tx, Entry{Actor: who, Action: action, ObjectType: "host", ObjectID: cur.Name,
+			Detail: map[string]any{"reason": reason, "node": cur.Node, "was_drained": cur.Drained}})
+	})
+	if err != nil {
+		return out, err
+	}
+	if out.Changed {
+		s.log.Info("host drain changed", LogObject, out.Name, "drained", out.Drained, LogActor, who.Name, LogRequest, who.RequestID, LogReason, reason)
+	}
+	return out, nil
+}
+
+const gpuCols = `provider_uuid::text, coalesce(node,''), coalesce(pci_address,''), drained, coalesce(drain_reason,''),
+	coalesce(drained_by,''), drained_at`
+
+func scanGPU(row pgx.Row) (GPUState, error) {
+	var g GPUState
+	err := row.Scan(&g.ProviderUUID, &g.Node, &g.PCIAddress, &g.Drained, &g.DrainReason, &g.DrainedBy, &g.DrainedAt)
+	return g, err
+}
+
+// DrainGPU drains or undrains a GPU named by its provider UUID.
+func (s *Store) DrainGPU(ctx context.Context, who Actor, id, reason string, drain bool) (GPUState, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return GPUState{}, fmt.Errorf("GPU %q: %w", id, ErrNotFound)
+	}
+	var out GPUState
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		cur, err := scanGPU(tx.QueryRow(ctx, `SELECT `+gpuCols+` FROM gpus WHERE provider_uuid = $1 FOR UPDATE`, id))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("GPU %q: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		if cur.Drained == drain && (!drain || cur.DrainReason == reason) {
+			out = cur
+			return nil
+		}
+		out, err = scanGPU(tx.QueryRow(ctx, `UPDATE gpus SET drained = $2,
+				drain_reason = CASE WHEN $2 THEN nullif($3,'') END, drained_by = CASE WHEN $2 THEN $4 END,
+				drained_at = CASE WHEN $2 THEN coalesce(CASE WHEN drained THEN drained_at END, now()) END
+			WHERE provider_uuid = $1 RETURNING `+gpuCols, id, drain, reason, who.Name))
+		if err != nil {
+			return err
+		}
+		out.Changed = true
+		action := "gpu.drain"
+		if !drain {
+			action = "gpu.undrain"
+		}
+		return Audit(ctx, tx, Entry{Actor: who, Action: action, ObjectType: "gpu", ObjectID: id,
+			Detail: map[string]any{"reason": reason, "node": cur.Node, "pci_address": cur.PCIAddress, "was_drained": cur.Drained}})
+	})
+	if err != nil {
+		return out, err
+	}
+	if out.Changed {
+		s.log.Info("GPU drain changed", LogObject, id, "drained", out.Drained, LogActor, who.Name, LogRequest, who.RequestID, LogReason, reason)
+	}
+	return out, nil
+}
+
+var _ placementapi.Marks = (*Store)(nil)
+
+// Marks implements placementapi.Marks: hosts by compute service host and
+// by node name, GPUs by provider UUID; unmarked ones are left out.
+func (s *Store) Marks(ctx context.Context) (map[string]placementapi.HostMark, map[string]placementapi.GPUMark, error) {
+	hosts, gpus := map[string]placementapi.HostMark{}, map[string]placementapi.GPUMark{}
+	rows, err := s.pool.Query(ctx, `SELECT `+hostCols+` FROM hosts WHERE drained OR disabled`)
+	if err != nil {
+		return nil, nil, err
+	}
+	for rows.Next() {
+		h, err := scanHost(rows)
+		if err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		m := placementapi.HostMark{Drained: h.Drained, DrainReason: h.DrainReason, Disabled: h.Disabled, DisabledReason: h.DisabledReason}
+		hosts[h.Name] = m
+		if h.Node != "" {
+			hosts[h.Node] = m
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	rows, err = s.pool.Query(ctx, `SELECT `+gpuCols+` FROM gpus WHERE drained`)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		g, err := scanGPU(rows)
+		if err != nil {
+			return nil, nil, err
+		}
+		gpus[g.ProviderUUID] = placementapi.GPUMark{Drained: true, DrainReason: g.DrainReason}
+	}
+	return hosts, gpus, rows.Err()
+}

@@ -1,0 +1,234 @@
+package controls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// purgeLock is the session advisory lock that makes one replica purge at
+// a time.
+const purgeLock int64 = 0x7667707570757267 // "vgpupurg"
+
+// Retention says how old rows get before the purge deletes them; 0 keeps
+// them forever.
+type Retention struct {
+	Events      time.Duration // processed inbox rows (and their decisions), by received_at
+	DeadLetters time.Duration // by received_at
+	Requests    time.Duration // requests in a final state, by finished_at, with their commands, callbacks, decisions
+	Audit       time.Duration // audit_log rows, by at
+	Interval    time.Duration // time between purge rounds
+	BatchSize   int           // rows per delete statement (and transaction)
+}
+
+// Purged counts rows by table.
+type Purged map[string]int64
+
+// Total sums the counts.
+func (p Purged) Total() int64 {
+	var n int64
+	for _, v := range p {
+		n += v
+	}
+	return n
+}
+
+// ErrPurgeBusy says another replica is purging.
+var ErrPurgeBusy = errors.New("another replica is purging")
+
+// Purge deletes (or with dryRun counts) what r says is old, in batches,
+// holding the purge lock; ErrPurgeBusy when another replica holds it.
+func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, error) {
+	if r.BatchSize <= 0 {
+		r.BatchSize = 1000
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, purgeLock).Scan(&ok); err != nil {
+		return nil, fmt.Errorf("purge lock: %w", err)
+	}
+	if !ok {
+		return nil, ErrPurgeBusy
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, purgeLock) //nolint:errcheck
+
+	out := Purged{}
+	start := time.Now()
+	steps := []struct {
+		table string
+		age   time.Duration
+		count string
+		purge func(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error)
+	}{
+		{"events", r.Events, `SELECT count(*) FROM events WHERE processed_at IS NOT NULL AND received_at < $1`, purgeEvents},
+		{"dead_letters", r.DeadLetters, `SELECT count(*) FROM dead_letters WHERE received_at < $1`, simplePurge("dead_letters", "id", "received_at")},
+		{"requests", r.Requests, `SELECT count(*) FROM requests r WHERE ` + finalOld, purgeRequests},
+		{"audit_log", r.Audit, `SELECT count(*) FROM audit_log WHERE at < $1`, simplePurge("audit_log", "id", "at")},
+	}
+	for _, st := range steps {
+		if st.age <= 0 {
+			continue
+		}
+		cutoff := time.Now().Add(-st.age)
+		if dryRun {
+			var n int64
+			if err := conn.QueryRow(ctx, st.count, cutoff).Scan(&n); err != nil {
+				return out, fmt.Errorf("count %s: %w", st.table, err)
+			}
+			out[st.table] += n
+			continue
+		}
+		for {
+			var got Purged
+			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				var err error
+				got, err = st.purge(ctx, tx, cutoff, r.BatchSize)
+				return err
+			})
+			if err != nil {
+				return out, fmt.Errorf("purge %s: %w", st.table, err)
+			}
+			for k, v := range got {
+				out[k] += v
+				s.m.purged.WithLabelValues(k).Add(float64(v))
+			}
+			if got[st.table] < int64(r.BatchSize) {
+				break
+			}
+		}
+	}
+	if !dryRun {
+		s.log.Info("retention purge done", LogDeleted, out.Total(), "events", out["events"], "dead_letters", out["dead_letters"],
+			"requests", out["requests"], "audit_log", out["audit_log"], LogDuration, time.Since(start))
+	}
+	return out, nil
+}
+
+// RunPurge purges every r.Interval until ctx ends; one replica at a time.
+func (s *Store) RunPurge(ctx context.Context, r Retention) error {
+	if r.Interval <= 0 || (r.Events <= 0 && r.DeadLetters <= 0 && r.Requests <= 0 && r.Audit <= 0) {
+		return nil // nothing to purge, ever
+	}
+	t := time.NewTimer(time.Minute) // let the replica settle first
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		_, err := s.Purge(ctx, r, false)
+		switch {
+		case errors.Is(err, ErrPurgeBusy):
+			s.m.purgeRuns.WithLabelValues("skipped").Inc()
+		case err != nil && ctx.Err() == nil:
+			s.m.purgeRuns.WithLabelValues("failed").Inc()
+			s.log.Warn("retention purge failed; next round retries", LogError, err)
+		case err == nil:
+			s.m.purgeRuns.WithLabelValues("done").Inc()
+		}
+		t.Reset(r.Interval)
+	}
+}
+
+func simplePurge(table, key, at string) func(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
+	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE %[2]s IN (SELECT %[2]s FROM %[1]s WHERE %[3]s < $1 ORDER BY %[3]s LIMIT $2 FOR UPDATE SKIP LOCKED)`, table, key, at)
+	return func(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
+		tag, err := tx.Exec(ctx, q, cutoff, n)
+		if err != nil {
+			return nil, err
+		}
+		return Purged{table: tag.RowsAffected()}, nil
+	}
+}
+
+func purgeEvents(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
+	rows, err := tx.Query(ctx, `SELECT id FROM events WHERE processed_at IS NOT NULL AND received_at < $1
+		ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED`, cutoff, n)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(ids) == 0 {
+		return Purged{"events": 0}, err
+	}
+	out := Purged{}
+	tag, err := tx.Exec(ctx, `DELETE FROM decisions WHERE event_id = ANY($1) AND request_id IS NULL`, ids)
+	if err != nil {
+		return nil, err
+	}
+	out["decisions"] = tag.RowsAffected()
+	tag, err = tx.Exec(ctx, `DELETE FROM events WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	out["events"] = tag.RowsAffected()
+	return out, nil
+}
+
+// finalOld selects requests (alias r) final before $1 with nothing still
+// in flight: no callback to deliver, no command unanswered.
+const finalOld = `r.state IN ('succeeded','failed','rejected') AND r.finished_at < $1
+	AND NOT EXISTS (SELECT 1 FROM request_callbacks cb WHERE cb.request_id = r.id AND cb.state = 'pending')
+	AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.request_id = r.id AND c.finished_at IS NULL)`
+
+func purgeRequests(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
+	rows, err := tx.Query(ctx, `SELECT r.id FROM requests r WHERE `+finalOld+` ORDER BY r.finished_at LIMIT $2 FOR UPDATE SKIP LOCKED`, cutoff, n)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	if err != nil || len(ids) == 0 {
+		return Purged{"requests": 0}, err
+	}
+	out := Purged{}
+	del := func(name, q string) error {
+		tag, err := tx.Exec(ctx, q, ids)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		out[name] += tag.RowsAffected()
+		return nil
+	}
+	if err := del("request_callback_attempts", `DELETE FROM request_callback_attempts WHERE callback_id IN
+			(SELECT id FROM request_callbacks WHERE request_id = ANY($1))`); err != nil {
+		return nil, err
+	}
+	if err := del("decisions", `DELETE FROM decisions WHERE request_id = ANY($1)`); err != nil {
+		return nil, err
+	}
+	// Every table with a foreign key to requests (request_callbacks,
+	// commands, webhook_idempotency, and those of later migrations).
+	refs, err := tx.Query(ctx, `SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c
+		JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+		WHERE c.contype = 'f' AND c.confrelid = 'requests'::regclass AND array_length(c.conkey, 1) = 1
+		ORDER BY 1`)
+	if err != nil {
+		return nil, err
+	}
+	type ref struct{ table, col string }
+	rs, err := pgx.CollectRows(refs, func(r pgx.CollectableRow) (ref, error) {
+		var x ref
+		return x, r.Scan(&x.table, &x.col)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rs {
+		// r.table is regclass text: quoted as needed already.
+		if err := del(r.table, fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1)`, r.table, pgx.Identifier{r.col}.Sanitize())); err != nil {
+			return nil, err
+		}
+	}
+	if err := del("requests", `DELETE FROM requests WHERE id = ANY($1)`); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -1,0 +1,134 @@
+package drift
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+)
+
+const (
+	instA = "11111111-1111-1111-1111-111111111111"
+	instB = "22222222-2222-2222-2222-222222222222"
+	mdev1 = "aaaaaaaa-0000-0000-0000-000000000001"
+	mdev2 = "aaaaaaaa-0000-0000-0000-000000000002"
+	provA = "bbbbbbbb-0000-0000-0000-00000000000a"
+	pciA  = "0000:3b:00.0"
+)
+
+func base(now time.Time) *Snapshot {
+	return &Snapshot{
+		Now:         now,
+		Hosts:       map[string]HostView{"h1": {Name: "h1", Node: "n1", ReportAt: now, Fresh: true, Report: protocol.Report{GPUs: []protocol.GPU{{PCI: pciA}}}}},
+		GPUs:        []GPUView{{Provider: provA, Host: "h1", Node: "n1", PCI: pciA, Class: "VGPU"}},
+		Allocations: map[string]map[string]int{provA: {}},
+		Unread:      map[string]bool{},
+		Made:        map[string]bool{},
+		Instances:   map[string]InstanceView{instA: {Known: true, Host: "h1"}},
+	}
+}
+
+func TestDetect(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	att := AttachmentView{ID: mdev1, Instance: instA, Host: "h1", Provider: provA, PCI: pciA, Class: "VGPU", Amount: 1, State: attAttached, UpdatedAt: now.Add(-time.Minute)}
+	active := func(s *Snapshot, v ...protocol.VGPU) {
+		h := s.Hosts["h1"]
+		h.Report.GPUs[0].Active = v
+		s.Hosts["h1"] = h
+	}
+	type want struct {
+		kind       Kind
+		repairable bool
+		amount     int
+	}
+	tests := []struct {
+		name  string
+		setup func(s *Snapshot)
+		want  []want
+	}{
+		{"in agreement", func(s *Snapshot) {
+			s.Attachments = []AttachmentView{att}
+			s.Allocations[provA][instA] = 1
+			active(s, protocol.VGPU{MdevUUID: mdev1, InstanceUUID: instA, Owner: protocol.OwnerAgent})
+		}, nil},
+		{"orphan mdev, free", func(s *Snapshot) {
+			active(s, protocol.VGPU{MdevUUID: mdev2, Owner: protocol.OwnerAgent})
+		}, []want{{OrphanMdev, true, 0}}},
+		{"orphan mdev in a domain is reported only", func(s *Snapshot) {
+			s.Allocations[provA][instA] = 0
+			active(s, protocol.VGPU{MdevUUID: mdev2, InstanceUUID: instA, Owner: protocol.OwnerAgent})
+		}, []want{{OrphanMdev, false, 0}}},
+		{"nova's mdevs are not orphans", func(s *Snapshot) {
+			active(s, protocol.VGPU{MdevUUID: mdev2, Owner: protocol.OwnerNova})
+		}, nil},
+		{"missing device", func(s *Snapshot) {
+			s.Attachments = []AttachmentView{att}
+			s.Allocations[provA][instA] = 1
+		}, []want{{MissingDevice, false, 0}}},
+		{"report older than the attach is not judged", func(s *Snapshot) {
+			a := att
+			a.UpdatedAt = now.Add(time.Minute)
+			s.Attachments = []AttachmentView{a}
+			s.Allocations[provA][instA] = 1
+		}, nil},
+		{"stale host is not judged", func(s *Snapshot) {
+			h := s.Hosts["h1"]
+			h.Fresh = false
+			s.Hosts["h1"] = h
+			active(s, protocol.VGPU{MdevUUID: mdev2, Owner: protocol.OwnerAgent})
+		}, nil},
+		{"stale claim of a deleted instance, the bridge's", func(s *Snapshot) {
+			s.Attachments = []AttachmentView{att}
+			s.Allocations[provA][instA] = 1
+			s.Instances[instA] = InstanceView{Known: true, Deleted: true}
+			active(s, protocol.VGPU{MdevUUID: mdev1, Owner: protocol.OwnerAgent})
+		}, []want{{StaleClaim, true, 1}}},
+		{"claim of a deleted instance the bridge did not make", func(s *Snapshot) {
+			s.Allocations[provA][instA] = 1
+			s.Instances[instA] = InstanceView{Known: true, Deleted: true, VGPUs: 1}
+		}, []want{{StaleClaim, false, 0}}},
+		{"excess claim the bridge made", func(s *Snapshot) {
+			s.Allocations[provA][instA] = 1
+			s.Made[instA+"|"+provA] = true
+		}, []want{{StaleClaim, true, 1}}},
+		{"flavor units are Nova's", func(s *Snapshot) {
+			s.Allocations[provA][instA] = 1
+			s.Instances[instA] = InstanceView{Known: true, Host: "h1", VGPUs: 1}
+		}, nil},
+		{"unclaimed device", func(s *Snapshot) {
+			s.Attachments = []AttachmentView{att}
+			active(s, protocol.VGPU{MdevUUID: mdev1, InstanceUUID: instA, Owner: protocol.OwnerAgent})
+		}, []want{{UnclaimedDevice, false, 0}}},
+		{"unknown instance in Placement and on the host", func(s *Snapshot) {
+			s.Allocations[provA][instB] = 1
+			active(s, protocol.VGPU{MdevUUID: mdev2, InstanceUUID: instB, Owner: protocol.OwnerNova})
+		}, []want{{UnknownInstance, false, 0}, {UnknownInstance, false, 0}}},
+		{"unread provider is not judged", func(s *Snapshot) {
+			delete(s.Allocations, provA)
+			s.Unread[provA] = true
+			s.Attachments = []AttachmentView{att}
+			active(s, protocol.VGPU{MdevUUID: mdev1, InstanceUUID: instA, Owner: protocol.OwnerAgent})
+		}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base(now)
+			tc.setup(s)
+			var got []want
+			for _, f := range Detect(s) {
+				w := want{f.Kind, f.Repairable, 0}
+				if f.Repair != nil {
+					w.amount = f.Repair.Amount
+				}
+				if f.Detail == "" {
+					t.Errorf("%s without detail", f.Kind)
+				}
+				got = append(got, w)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}

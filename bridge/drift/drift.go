@@ -1,0 +1,704 @@
+// Package drift is the bridge's drift reconciler. Every interval one
+// replica (a transaction-scoped advisory lock) compares three views of the
+// fleet's vGPUs:
+//
+//   - Placement: the VGPU allocations on every GPU child provider of the
+//     hosts that run an agent, read through the Placement API;
+//   - the hosts: the vGPUs and mdevs each agent last reported;
+//   - the bridge: its direct-path vGPUs (vgpu_attachments) and the
+//     instances Nova's notifications told it about.
+//
+// Each difference is a Finding (orphan_mdev, missing_device, stale_claim,
+// unclaimed_device, unknown_instance), kept in drift_findings with when it
+// was first and last seen, logged once when new, audited, counted in
+// metrics and served by GET /v1/drift. With repair on, the reconciler
+// fixes what is safe once a finding has lasted RepairGrace: it removes
+// agent-made mdevs no vGPU accounts for (remove_mdev through the outbox,
+// signed by the relay like every command) and releases the bridge's own
+// Placement claims of deleted instances, or claims the bridge made that
+// nothing accounts for any more. Nova's claims and mdevs are never touched.
+package drift
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+)
+
+// Log attribute keys.
+const (
+	LogKind     = "kind"
+	LogHost     = "host"
+	LogProvider = "provider"
+	LogInstance = "instance_uuid"
+	LogMdev     = "mdev_uuid"
+	LogDetail   = "detail"
+	LogError    = "err"
+	LogRequest  = "request_id"
+)
+
+// Source is the requests.source of the reconciler's repair requests.
+const Source = "drift"
+
+// ErrBusy is returned by RunOnce when another replica is running the
+// reconciler.
+var ErrBusy = errors.New("another replica is running the drift reconciler")
+
+// lockKey is the advisory lock key text (hashed as the pipeline hashes its
+// instance locks).
+const lockKey = "vgpu-drift-reconciler"
+
+// Placement is what the reconciler needs of Placement.
+type Placement interface {
+	// ProviderAllocations returns consumer → resource class → amount on
+	// a provider (GET /resource_providers/{uuid}/allocations).
+	ProviderAllocations(ctx context.Context, provider string) (map[string]map[string]int, error)
+	// ReleaseUnits takes amount units of class off the consumer's
+	// allocation on provider, keeping the rest (heldAfter as in
+	// pipeline.Placement; 0 here).
+	ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error
+}
+
+// Config configures a Reconciler; zero fields take DefaultConfig's values.
+type Config struct {
+	// Replica names this process in runs, audit rows and logs.
+	Replica string
+	// Interval is the time between runs.
+	Interval time.Duration
+	// Repair turns repairs on.
+	Repair bool
+	// RepairGrace is how long a finding must have lasted before it is
+	// repaired (0: at once), so that work in flight is not "repaired".
+	RepairGrace time.Duration
+	// StaleReportAge: hosts whose last report is older are not judged.
+	StaleReportAge time.Duration
+	// CommandTimeout is the deadline of a repair's commands.
+	CommandTimeout time.Duration
+	// Concurrency bounds parallel Placement reads.
+	Concurrency int
+}
+
+// DefaultConfig returns the defaults of the [drift] options.
+func DefaultConfig() Config {
+	return Config{Interval: 5 * time.Minute, RepairGrace: 10 * time.Minute, StaleReportAge: 5 * time.Minute,
+		CommandTimeout: 2 * time.Minute, Concurrency: 4}
+}
+
+func (c *Config) setDefaults() {
+	d := DefaultConfig()
+	if c.Interval <= 0 {
+		c.Interval = d.Interval
+	}
+	if c.RepairGrace < 0 {
+		c.RepairGrace = 0
+	}
+	if c.StaleReportAge <= 0 {
+		c.StaleReportAge = d.StaleReportAge
+	}
+	if c.CommandTimeout <= 0 {
+		c.CommandTimeout = d.CommandTimeout
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = d.Concurrency
+	}
+	if c.Replica == "" {
+		c.Replica, _ = os.Hostname()
+	}
+}
+
+// Deps are the reconciler's collaborators.
+type Deps struct {
+	Pool      *pgxpool.Pool
+	Placement Placement
+	// Requests records repair requests; nil: a store over Pool.
+	Requests *requests.Store
+	Log      *slog.Logger
+	Registry prometheus.Registerer // may be nil
+	// OnOutbox wakes the relay after repair commands were committed.
+	OnOutbox func()
+	// Hold, when set and true, holds repairs (the operator paused the
+	// bridge or set observe-only mode); findings are still recorded.
+	Hold func(ctx context.Context) bool
+}
+
+// Reconciler finds and repairs drift.
+type Reconciler struct {
+	cfg Config
+	d   Deps
+	log *slog.Logger
+	m   *metrics
+	mu  sync.Mutex // one run at a time in this process
+}
+
+// New builds a reconciler.
+func New(cfg Config, d Deps) (*Reconciler, error) {
+	cfg.setDefaults()
+	if d.Pool == nil || d.Placement == nil {
+		return nil, errors.New("drift: pool and placement are required")
+	}
+	if d.Requests == nil {
+		d.Requests = requests.NewStore(d.Pool, "vgpu-bridge/"+cfg.Replica)
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Reconciler{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry)}, nil
+}
+
+// Config returns the effective configuration.
+func (r *Reconciler) Config() Config { return r.cfg }
+
+// Run runs the reconciler every interval until ctx ends. The first run
+// waits one interval: a starting bridge has not heard from its agents yet.
+func (r *Reconciler) Run(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := r.RunOnce(ctx); err != nil && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
+			r.log.Warn("drift: run failed", LogError, err)
+		}
+	}
+}
+
+// RunResult sums up one run.
+type RunResult struct {
+	ID           int64     `json:"id"`
+	Replica      string    `json:"replica"`
+	StartedAt    time.Time `json:"started_at"`
+	FinishedAt   time.Time `json:"finished_at"`
+	Findings     int       `json:"findings"`
+	New          int       `json:"new_findings"`
+	Resolved     int       `json:"resolved"`
+	Repairs      int       `json:"repairs"`
+	SkippedHosts []string  `json:"skipped_hosts"`
+	Error        string    `json:"error,omitempty"`
+}
+
+// RunOnce runs the reconciler now, unless another replica runs it
+// (ErrBusy).
+func (r *Reconciler) RunOnce(ctx context.Context) (RunResult, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res := RunResult{Replica: r.cfg.Replica, StartedAt: time.Now().UTC(), SkippedHosts: []string{}}
+	kick := false
+	err := pgx.BeginFunc(ctx, r.d.Pool, func(tx pgx.Tx) error {
+		res.Findings, res.New, res.Resolved, res.Repairs, res.SkippedHosts, kick = 0, 0, 0, 0, []string{}, false
+		var got bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, lockKey).Scan(&got); err != nil {
+			return fmt.Errorf("drift lock: %w", err)
+		}
+		if !got {
+			return ErrBusy
+		}
+		snap, skipped, err := r.load(ctx, tx)
+		if err != nil {
+			return err
+		}
+		res.SkippedHosts = skipped
+		found := Detect(snap)
+		var k bool
+		k, err = r.persist(ctx, tx, found, skipped, &res)
+		kick = k
+		if err != nil {
+			return err
+		}
+		res.FinishedAt = time.Now().UTC()
+		return tx.QueryRow(ctx, `INSERT INTO drift_runs (replica, started_at, finished_at, findings, new_findings, resolved, repairs, skipped_hosts)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`, res.Replica, res.StartedAt, res.FinishedAt, res.Findings, res.New,
+			res.Resolved, res.Repairs, res.SkippedHosts).Scan(&res.ID)
+	})
+	switch {
+	case errors.Is(err, ErrBusy):
+		r.m.runs.WithLabelValues("busy").Inc()
+		return res, err
+	case err != nil:
+		r.m.runs.WithLabelValues("error").Inc()
+		res.Error = err.Error()
+		res.FinishedAt = time.Now().UTC()
+		if ctx.Err() == nil {
+			_, _ = r.d.Pool.Exec(context.WithoutCancel(ctx), `INSERT INTO drift_runs (replica, started_at, finished_at, error) VALUES ($1, $2, $3, $4)`,
+				res.Replica, res.StartedAt, res.FinishedAt, res.Error)
+		}
+		return res, err
+	}
+	r.m.runs.WithLabelValues("ok").Inc()
+	if kick && r.d.OnOutbox != nil {
+		r.d.OnOutbox()
+	}
+	if err := r.refreshGauge(ctx); err != nil {
+		r.log.Debug("drift: cannot count open findings", LogError, err)
+	}
+	return res, nil
+}
+
+// load reads the three views.
+func (r *Reconciler) load(ctx context.Context, tx pgx.Tx) (*Snapshot, []string, error) {
+	s := &Snapshot{Now: time.Now(), Hosts: map[string]HostView{}, Allocations: map[string]map[string]int{}, Unread: map[string]bool{},
+		Made: map[string]bool{}, Instances: map[string]InstanceView{}}
+	skipped := []string{}
+	rows, err := tx.Query(ctx, `SELECT name, coalesce(node,''), last_report_at, report FROM hosts WHERE report IS NOT NULL ORDER BY name`)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read hosts: %w", err)
+	}
+	for rows.Next() {
+		var h HostView
+		var at *time.Time
+		var raw []byte
+		if err := rows.Scan(&h.Name, &h.Node, &at, &raw); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		if json.Unmarshal(raw, &h.Report) != nil {
+			continue
+		}
+		if at != nil {
+			h.ReportAt = *at
+		}
+		h.Fresh = at != nil && s.Now.Sub(*at) <= r.cfg.StaleReportAge
+		if !h.Fresh {
+			skipped = append(skipped, h.Name)
+		}
+		s.Hosts[h.Name] = h
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+
+	rows, err = tx.Query(ctx, `SELECT provider_uuid::text, coalesce(host,''), coalesce(node,''), coalesce(pci_address,''), resource_class
+		FROM gpus WHERE resource_class IS NOT NULL ORDER BY provider_uuid`)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read gpus: %w", err)
+	}
+	for rows.Next() {
+		var g GPUView
+		if err := rows.Scan(&g.Provider, &g.Host, &g.Node, &g.PCI, &g.Class); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		s.GPUs = append(s.GPUs, g)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	// A GPU's compute host comes from the reports. GPUs of nodes no agent
+	// reports for are Nova's alone: the bridge does not judge them.
+	byNode := map[string]string{}
+	for _, h := range s.Hosts {
+		byNode[h.Node] = h.Name
+	}
+	mine := s.GPUs[:0]
+	for _, g := range s.GPUs {
+		if h, ok := byNode[g.Node]; ok {
+			g.Host = h
+			mine = append(mine, g)
+		}
+	}
+	s.GPUs = mine
+
+	rows, err = tx.Query(ctx, `SELECT id::text, instance_uuid::text, host, coalesce(provider_uuid::text,''), coalesce(pci_address,''),
+			coalesce(resource_class,''), coalesce(profile,''), amount, coalesce(held_after,0), state, updated_at
+		FROM vgpu_attachments WHERE state IN ('pending','attached','releasing') ORDER BY created_at, id`)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read attachments: %w", err)
+	}
+	for rows.Next() {
+		var a AttachmentView
+		if err := rows.Scan(&a.ID, &a.Instance, &a.Host, &a.Provider, &a.PCI, &a.Class, &a.Profile, &a.Amount, &a.HeldAfter, &a.State, &a.UpdatedAt); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		s.Attachments = append(s.Attachments, a)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+
+	if err := r.readAllocations(ctx, s); err != nil {
+		return nil, nil, err
+	}
+
+	// The instances and claims the three views name.
+	ids := map[string]bool{}
+	for _, a := range s.Attachments {
+		ids[a.Instance] = true
+	}
+	for _, cons := range s.Allocations {
+		for c := range cons {
+			ids[c] = true
+		}
+	}
+	for _, h := range s.Hosts {
+		for _, g := range h.Report.GPUs {
+			for _, v := range g.Active {
+				if protocol.ValidUUID(v.InstanceUUID) {
+					ids[v.InstanceUUID] = true
+				}
+			}
+		}
+	}
+	list := make([]string, 0, len(ids))
+	for id := range ids {
+		if protocol.ValidUUID(id) {
+			list = append(list, id)
+		}
+	}
+	sort.Strings(list)
+	if len(list) == 0 {
+		return s, skipped, nil
+	}
+	rows, err = tx.Query(ctx, `SELECT uuid::text, coalesce(host,''), deleted_at IS NOT NULL OR coalesce(vm_state,'') = 'deleted', vgpus
+		FROM instances WHERE uuid = ANY($1::uuid[])`, list)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read instances: %w", err)
+	}
+	for rows.Next() {
+		var id string
+		in := InstanceView{Known: true}
+		if err := rows.Scan(&id, &in.Host, &in.Deleted, &in.VGPUs); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		s.Instances[id] = in
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	rows, err = tx.Query(ctx, `SELECT DISTINCT instance_uuid::text, provider_uuid::text FROM vgpu_attachments
+		WHERE provider_uuid IS NOT NULL AND instance_uuid = ANY($1::uuid[])`, list)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the bridge's claims: %w", err)
+	}
+	for rows.Next() {
+		var c, p string
+		if err := rows.Scan(&c, &p); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		s.Made[c+"|"+p] = true
+	}
+	rows.Close()
+	return s, skipped, rows.Err()
+}
+
+// readAllocations asks Placement who holds what on every GPU provider.
+func (r *Reconciler) readAllocations(ctx context.Context, s *Snapshot) error {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, r.cfg.Concurrency)
+	var firstErr error
+	failed := 0
+	for _, g := range s.GPUs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			al, err := r.d.Placement.ProviderAllocations(ctx, g.Provider)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				s.Unread[g.Provider] = true
+				failed++
+				if firstErr == nil {
+					firstErr = err
+				}
+				return
+			}
+			cons := map[string]int{}
+			for c, res := range al {
+				if n := res[g.Class]; n > 0 {
+					cons[c] = n
+				}
+			}
+			s.Allocations[g.Provider] = cons
+		}()
+	}
+	wg.Wait()
+	if failed > 0 {
+		if failed == len(s.GPUs) {
+			return fmt.Errorf("placement: no GPU provider's allocations could be read: %w", firstErr)
+		}
+		r.log.Warn("drift: some GPU providers' allocations could not be read; they are not judged this run", "providers", failed, LogError, firstErr)
+	}
+	return nil
+}
+
+// open is a finding kept from an earlier run.
+type open struct {
+	id        int64
+	kind      string
+	host      string
+	firstSeen time.Time
+	repaired  bool
+	request   *uuid.UUID
+}
+
+// persist writes the run's findings, resolves the ones gone, and repairs.
+// It reports whether repair commands were queued.
+func (r *Reconciler) persist(ctx context.Context, tx pgx.Tx, found []Finding, skipped []string, res *RunResult) (bool, error) {
+	now := time.Now()
+	prev := map[string]*open{}
+	rows, err := tx.Query(ctx, `SELECT id, fingerprint, kind, coalesce(host,''), first_seen, repaired, repair_request_id
+		FROM drift_findings WHERE resolved_at IS NULL FOR UPDATE`)
+	if err != nil {
+		return false, fmt.Errorf("read findings: %w", err)
+	}
+	for rows.Next() {
+		o := &open{}
+		var fp string
+		if err := rows.Scan(&o.id, &fp, &o.kind, &o.host, &o.firstSeen, &o.repaired, &o.request); err != nil {
+			rows.Close()
+			return false, err
+		}
+		prev[fp] = o
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, err
+	}
+	// Repairs queued earlier that have finished.
+	for _, o := range prev {
+		if o.request == nil || o.repaired {
+			continue
+		}
+		var st string
+		if err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1`, *o.request).Scan(&st); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue
+			}
+			return false, err
+		}
+		if requests.State(st) == requests.Succeeded {
+			if _, err := tx.Exec(ctx, `UPDATE drift_findings SET repaired = true, repaired_at = now() WHERE id = $1`, o.id); err != nil {
+				return false, err
+			}
+			o.repaired = true
+			r.m.repairs.WithLabelValues(o.kind, "succeeded").Inc()
+		}
+	}
+
+	seen := map[string]bool{}
+	kick := false
+	held := r.cfg.Repair && r.d.Hold != nil && r.d.Hold(ctx)
+	if held {
+		r.log.Info("drift: repairs held (the bridge is paused or observe-only)")
+	}
+	for _, f := range found {
+		fp := f.Fingerprint()
+		seen[fp] = true
+		o, ok := prev[fp]
+		if ok {
+			if _, err := tx.Exec(ctx, `UPDATE drift_findings SET last_seen = now(), seen = seen + 1, detail = $2, repairable = $3 WHERE id = $1`,
+				o.id, f.Detail, f.Repairable); err != nil {
+				return false, err
+			}
+		} else {
+			o = &open{kind: string(f.Kind), host: f.Host, firstSeen: now}
+			if err := tx.QueryRow(ctx, `INSERT INTO drift_findings (kind, fingerprint, host, provider_uuid, pci_address, instance_uuid, mdev_uuid, detail, repairable)
+				VALUES ($1, $2, nullif($3,''), nullif($4,'')::uuid, nullif($5,''), nullif($6,'')::uuid, nullif($7,'')::uuid, $8, $9) RETURNING id, first_seen`,
+				string(f.Kind), fp, f.Host, uuidOrEmpty(f.Provider), f.PCI, uuidOrEmpty(f.Instance), uuidOrEmpty(f.Mdev), f.Detail, f.Repairable).
+				Scan(&o.id, &o.firstSeen); err != nil {
+				return false, fmt.Errorf("record finding %s: %w", fp, err)
+			}
+			if err := r.audit(ctx, tx, "drift_found", o.id, "", map[string]any{"kind": f.Kind, "host": f.Host, "provider_uuid": f.Provider,
+				"pci_address": f.PCI, "instance_uuid": f.Instance, "mdev_uuid": f.Mdev, "detail": f.Detail, "repairable": f.Repairable}); err != nil {
+				return false, err
+			}
+			res.New++
+			r.m.found.WithLabelValues(string(f.Kind)).Inc()
+			r.log.Warn("drift: new finding", LogKind, f.Kind, LogHost, f.Host, LogProvider, f.Provider, LogInstance, f.Instance,
+				LogMdev, f.Mdev, "repairable", f.Repairable, LogDetail, f.Detail)
+		}
+		res.Findings++
+		if !r.cfg.Repair || !f.Repairable || f.Repair == nil || o.repaired || now.Sub(o.firstSeen) < r.cfg.RepairGrace || held {
+			continue
+		}
+		queued, err := r.repair(ctx, tx, f, o)
+		if err != nil {
+			return false, err
+		}
+		if queued {
+			res.Repairs++
+			kick = kick || f.Repair.RemoveMdev
+		}
+	}
+	skip := map[string]bool{}
+	for _, h := range skipped {
+		skip[h] = true
+	}
+	for fp, o := range prev {
+		if seen[fp] || (o.host != "" && skip[o.host] && (o.kind == string(OrphanMdev) || o.kind == string(MissingDevice) || o.kind == string(UnknownInstance))) {
+			continue
+		}
+		if _, err := tx.Exec(ctx, `UPDATE drift_findings SET resolved_at = now() WHERE id = $1`, o.id); err != nil {
+			return false, err
+		}
+		if err := r.audit(ctx, tx, "drift_resolved", o.id, "", map[string]any{"kind": o.kind, "host": o.host, "repaired": o.repaired}); err != nil {
+			return false, err
+		}
+		res.Resolved++
+		r.log.Info("drift: finding resolved", LogKind, o.kind, LogHost, o.host, "finding", o.id, "repaired", o.repaired)
+	}
+	return kick, nil
+}
+
+// repair fixes one finding; it reports whether something was done.
+func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open) (bool, error) {
+	rp := f.Repair
+	switch {
+	case rp.RemoveMdev:
+		if o.request != nil {
+			var st string
+			err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1`, *o.request).Scan(&st)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return false, err
+			}
+			if err == nil && !requests.State(st).Final() {
+				return false, nil // the earlier repair is in flight
+			}
+		}
+		now := time.Now()
+		reqID := uuid.New()
+		var inst *uuid.UUID
+		if u, err := uuid.Parse(f.Instance); err == nil {
+			inst = &u
+		}
+		body, _ := json.Marshal(map[string]any{"finding_id": o.id, "kind": f.Kind, "host": f.Host, "mdev_uuid": f.Mdev, "pci_address": f.PCI})
+		if err := r.d.Requests.Create(ctx, tx, requests.Request{ID: reqID, Source: Source, Kind: "drift." + string(f.Kind), InstanceUUID: inst, Body: body}); err != nil {
+			return false, err
+		}
+		cmd := protocol.Command{V: protocol.Version, ID: uuid.NewString(), Kind: protocol.RemoveMdev, Host: f.Host, RequestID: reqID.String(),
+			IssuedAt: now.UTC(), ExpiresAt: now.Add(r.cfg.CommandTimeout).UTC()}
+		if err := cmd.MarshalParams(protocol.MdevParams{MdevUUID: f.Mdev, ParentPCI: f.PCI}); err != nil {
+			return false, err
+		}
+		if err := cmd.Validate(); err != nil {
+			return false, err
+		}
+		cb, err := json.Marshal(cmd)
+		if err != nil {
+			return false, err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose)
+			VALUES ($1, $2, $3, $4, $5, $6, 1, 'action')`, cmd.ID, reqID, cmd.Host, string(cmd.Kind), cb, cmd.ExpiresAt); err != nil {
+			return false, fmt.Errorf("queue remove_mdev: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE requests SET deadline_at = $2 WHERE id = $1`, reqID, cmd.ExpiresAt); err != nil {
+			return false, err
+		}
+		what := fmt.Sprintf("remove_mdev %s queued on host %s (command %s)", f.Mdev, f.Host, cmd.ID)
+		if _, err := r.d.Requests.Transition(ctx, tx, reqID, requests.Decided, "queued", what, ""); err != nil {
+			return false, err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE drift_findings SET repair = $2, repair_request_id = $3 WHERE id = $1`, o.id, what, reqID); err != nil {
+			return false, err
+		}
+		o.request = &reqID
+		r.m.repairs.WithLabelValues(string(f.Kind), "queued").Inc()
+		r.log.Info("drift: repair queued", LogKind, f.Kind, LogHost, f.Host, LogMdev, f.Mdev, LogRequest, reqID)
+		return true, r.audit(ctx, tx, "drift_repair", o.id, reqID.String(), map[string]any{"kind": f.Kind, "repair": what, "command_id": cmd.ID})
+	case rp.Release:
+		var parts []string
+		if rp.Amount > 0 {
+			if err := r.d.Placement.ReleaseUnits(ctx, rp.Consumer, f.Provider, rp.Class, rp.Amount, 0); err != nil {
+				r.m.repairs.WithLabelValues(string(f.Kind), "failed").Inc()
+				r.log.Warn("drift: cannot release a stale claim; tried again next run", LogInstance, rp.Consumer, LogProvider, f.Provider, LogError, err)
+				return false, nil
+			}
+			parts = append(parts, fmt.Sprintf("released %d %s unit(s) of consumer %s on provider %s", rp.Amount, rp.Class, rp.Consumer, f.Provider))
+		}
+		if len(rp.Attachments) > 0 {
+			if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'released', released_at = now(), updated_at = now(),
+					reason = 'drift reconciler: the instance is gone or the claim is stale'
+				WHERE id = ANY($1::uuid[]) AND state IN ('pending','attached','releasing')`, rp.Attachments); err != nil {
+				return false, err
+			}
+			parts = append(parts, fmt.Sprintf("%d vGPU record(s) marked released (their mdevs are removed as orphans)", len(rp.Attachments)))
+		}
+		what := joinSemi(parts)
+		if what == "" {
+			return false, nil
+		}
+		if _, err := tx.Exec(ctx, `UPDATE drift_findings SET repair = $2, repaired = true, repaired_at = now() WHERE id = $1`, o.id, what); err != nil {
+			return false, err
+		}
+		o.repaired = true
+		r.m.repairs.WithLabelValues(string(f.Kind), "succeeded").Inc()
+		r.log.Info("drift: repaired", LogKind, f.Kind, LogInstance, rp.Consumer, LogProvider, f.Provider, "repair", what)
+		return true, r.audit(ctx, tx, "drift_repair", o.id, "", map[string]any{"kind": f.Kind, "repair": what})
+	}
+	return false, nil
+}
+
+func (r *Reconciler) audit(ctx context.Context, tx pgx.Tx, action string, id int64, req string, detail map[string]any) error {
+	d, _ := json.Marshal(detail)
+	var rq *string
+	if req != "" {
+		rq = &req
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+		VALUES ($1, $2, 'drift_finding', $3, $4, $5)`, "vgpu-bridge/"+r.cfg.Replica, action, fmt.Sprint(id), rq, d)
+	return err
+}
+
+func (r *Reconciler) refreshGauge(ctx context.Context) error {
+	rows, err := r.d.Pool.Query(ctx, `SELECT kind, count(*) FROM drift_findings WHERE resolved_at IS NULL GROUP BY kind`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	counts := map[string]float64{}
+	for rows.Next() {
+		var k string
+		var n int64
+		if err := rows.Scan(&k, &n); err != nil {
+			return err
+		}
+		counts[k] = float64(n)
+	}
+	for _, k := range Kinds {
+		r.m.open.WithLabelValues(string(k)).Set(counts[string(k)])
+	}
+	return rows.Err()
+}
+
+func uuidOrEmpty(s string) string {
+	if protocol.ValidUUID(s) {
+		return s
+	}
+	return ""
+}
+
+func joinSemi(parts []string) string {
+	out := ""
+	for i, p := range parts {
+		if i > 0 {
+			out += "; "
+		}
+		out += p
+	}
+	return out
+}

@@ -1,0 +1,27 @@
+package drift
+
+import (
+	"context"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+)
+
+// ServiceAdapter implements Placement over *placement.Service: reads go
+// to the Placement API, releases decrement as the pipeline's do.
+type ServiceAdapter struct {
+	S *placement.Service
+}
+
+var _ Placement = ServiceAdapter{}
+
+// ProviderAllocations implements Placement.
+func (a ServiceAdapter) ProviderAllocations(ctx context.Context, provider string) (map[string]map[string]int, error) {
+	m, _, err := a.S.Client().ProviderAllocations(ctx, provider)
+	return m, err
+}
+
+// ReleaseUnits implements Placement.
+func (a ServiceAdapter) ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error {
+	return pipeline.ServiceAdapter{S: a.S}.ReleaseUnits(ctx, consumer, provider, class, amount, heldAfter)
+}

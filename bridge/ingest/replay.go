@@ -1,0 +1,50 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ReplayResult is what became of a replayed dead letter's body.
+type ReplayResult struct {
+	// Accepted: a new inbox row (EventID) was written.
+	Accepted bool
+	// Duplicate: the inbox holds the message id already.
+	Duplicate bool
+	EventID   int64
+	MessageID string
+	EventType string
+	// Reason and Detail say why the body is still refused (neither
+	// Accepted nor Duplicate); nothing was written then.
+	Reason, Detail string
+}
+
+// Source is the inbox source of this consumer's events ("nova").
+func (c *Consumer) Source() string { return c.cfg.Source }
+
+// Replay runs a dead letter's stored body through the same decoding,
+// validation and inbox write as a delivery (deduplicated on message_id,
+// state applied, OnApplied called). A body still refused is not written
+// again as a dead letter.
+func (c *Consumer) Replay(ctx context.Context, raw []byte) (ReplayResult, error) {
+	it := c.decode(&amqp.Delivery{Body: raw, Exchange: "replay", RoutingKey: "replay"})
+	if it.ev == nil {
+		return ReplayResult{Reason: it.reason, Detail: it.detail, MessageID: it.msgID}, nil
+	}
+	out := ReplayResult{MessageID: it.ev.Message.MessageID, EventType: it.ev.Message.EventType}
+	start := time.Now()
+	res, err := c.applyBatch(ctx, []*item{it})
+	if err != nil {
+		return out, fmt.Errorf("replay %s: %w", out.MessageID, err)
+	}
+	c.m.observe(res, time.Since(start))
+	if res.duplicates > 0 || it.ev.ID == 0 {
+		out.Duplicate = true
+		return out, nil
+	}
+	out.Accepted, out.EventID = true, it.ev.ID
+	return out, nil
+}

@@ -1,0 +1,311 @@
+// Package keystoneauth authenticates operator API callers with Keystone
+// tokens ([api] auth_strategy = keystone, DESIGN.md §4.3).
+//
+// An Authenticator validates the X-Auth-Token (or Authorization: Bearer)
+// of a request with Keystone's identity v3 API, keeps the answer in a
+// bounded cache until the token expires or the cache TTL ends (failures a
+// shorter while), maps Keystone role names to the API's reader and admin
+// roles, and limits a non-admin, project-scoped caller to its project.
+// Tokens are never logged, and the cache keys on their SHA-256.
+package keystoneauth
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+)
+
+// Log attribute keys.
+const (
+	LogKeyUser    = "user_id"
+	LogKeyProject = "project_id"
+	LogKeyRole    = "role"
+	LogKeyErr     = "err"
+)
+
+// TokenInfo is what Keystone says about a valid token.
+type TokenInfo struct {
+	UserID, UserName, UserDomain string
+	// ProjectID and ProjectName are set for a project-scoped token.
+	ProjectID, ProjectName string
+	// DomainID is set for a domain-scoped token.
+	DomainID string
+	// System is true for a system-scoped token.
+	System    bool
+	Roles     []string
+	ExpiresAt time.Time
+}
+
+// ErrInvalidToken says Keystone does not accept the token: unknown,
+// malformed, expired or revoked.
+var ErrInvalidToken = errors.New("keystone: token not valid")
+
+// Validator asks Keystone about a token. Keystone implements it; tests use
+// fakes.
+type Validator interface {
+	// Validate returns the token's details, ErrInvalidToken when Keystone
+	// refuses the token, or another error when Keystone could not answer
+	// (unreachable, our own credentials refused, 5xx). Errors never hold
+	// the token.
+	Validate(ctx context.Context, token string) (*TokenInfo, error)
+}
+
+// Config configures an Authenticator.
+type Config struct {
+	Validator Validator
+	// AdminRoles and ReaderRoles are Keystone role names (compared without
+	// regard to case). A token holding one of AdminRoles is admin and sees
+	// every project; one holding only ReaderRoles is reader, limited to its
+	// project unless system-scoped.
+	AdminRoles, ReaderRoles []string
+	// CacheTTL bounds how long a validated token is trusted before Keystone
+	// is asked again (never past the token's expiry): the longest a revoked
+	// token is still accepted. 0 asks Keystone on every request.
+	CacheTTL time.Duration
+	// InvalidCacheTTL is how long a refused token is remembered as refused.
+	InvalidCacheTTL time.Duration
+	// CacheSize bounds the cache (least recently used entries go first);
+	// default 10000.
+	CacheSize int
+	// Timeout of one validation; default 10s.
+	Timeout time.Duration
+	Logger  *slog.Logger
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
+}
+
+// Authenticator implements api.Authenticator with Keystone tokens.
+type Authenticator struct {
+	cfg    Config
+	admin  []string
+	reader []string
+	cache  *cache
+	group  singleflight.Group
+	log    *slog.Logger
+	now    func() time.Time
+
+	validations *prometheus.CounterVec // by result
+	lookups     *prometheus.CounterVec // cache hit or miss
+	latency     prometheus.Histogram   // of Keystone calls
+}
+
+var _ api.Authenticator = (*Authenticator)(nil)
+
+// New returns an Authenticator; cfg.Validator is required.
+func New(cfg Config) (*Authenticator, error) {
+	if cfg.Validator == nil {
+		return nil, errors.New("keystoneauth: no validator")
+	}
+	if len(lower(cfg.AdminRoles)) == 0 && len(lower(cfg.ReaderRoles)) == 0 {
+		return nil, errors.New("keystoneauth: no admin or reader roles")
+	}
+	if cfg.CacheSize <= 0 {
+		cfg.CacheSize = 10000
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	a := &Authenticator{cfg: cfg, admin: lower(cfg.AdminRoles), reader: lower(cfg.ReaderRoles),
+		cache: newCache(cfg.CacheSize), log: cfg.Logger, now: cfg.Now,
+		validations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vgpu_bridge_keystone_validations_total",
+			Help: "Token validations asked of Keystone, by result: valid, forbidden (no known role), refused (invalid, expired, revoked), error (Keystone did not answer).",
+		}, []string{"result"}),
+		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vgpu_bridge_keystone_cache_lookups_total",
+			Help: "Token lookups in the validation cache, by result: hit or miss.",
+		}, []string{"result"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "vgpu_bridge_keystone_validation_duration_seconds",
+			Help:    "Duration of token validations asked of Keystone.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
+	}
+	for _, r := range []string{"valid", "forbidden", "refused", "error"} {
+		a.validations.WithLabelValues(r) // exported as 0 from the start
+	}
+	a.lookups.WithLabelValues("hit")
+	a.lookups.WithLabelValues("miss")
+	return a, nil
+}
+
+// Collectors are the Authenticator's metrics, for the bridge's registry.
+func (a *Authenticator) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{a.validations, a.lookups, a.latency}
+}
+
+func lower(ss []string) []string {
+	out := make([]string, 0, len(ss))
+	for _, s := range ss {
+		if s = strings.ToLower(strings.TrimSpace(s)); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// SetLogger replaces the logger (before the server starts).
+func (a *Authenticator) SetLogger(l *slog.Logger) {
+	if l != nil {
+		a.log = l
+	}
+}
+
+// CacheLen is the number of cached validations (tests, metrics).
+func (a *Authenticator) CacheLen() int { return a.cache.len() }
+
+// outcome is a validation's cached result: a principal, or a refusal.
+type outcome struct {
+	principal *api.Principal
+	status    int // 401 or 403 when refused
+	code      string
+	detail    string
+}
+
+func (o *outcome) result() (*api.Principal, error) {
+	if o.principal != nil {
+		p := *o.principal
+		return &p, nil
+	}
+	return nil, refusal(o.status, o.code, o.detail)
+}
+
+func refusal(status int, code, detail string) *api.ProblemDetails {
+	p := &api.ProblemDetails{Status: status, Title: http.StatusText(status), Code: code, Detail: detail}
+	if status == http.StatusUnauthorized {
+		p.Headers = map[string]string{"WWW-Authenticate": `Keystone uri="keystone"`}
+	}
+	return p
+}
+
+// Authenticate implements api.Authenticator: 401 without a token or with
+// one Keystone refuses, 403 when the token holds none of the configured
+// roles, 503 when Keystone cannot answer (not cached).
+func (a *Authenticator) Authenticate(r *http.Request) (*api.Principal, error) {
+	tok := api.BearerToken(r)
+	if tok == "" {
+		return nil, refusal(http.StatusUnauthorized, "no_token", "send a Keystone token in X-Auth-Token")
+	}
+	key := sha256.Sum256([]byte(tok))
+	if o, ok := a.cache.get(key, a.now()); ok {
+		a.lookups.WithLabelValues("hit").Inc()
+		return o.result()
+	}
+	a.lookups.WithLabelValues("miss").Inc()
+	// One validation per token at a time; it outlives a caller that
+	// goes away, since others may wait on it.
+	v, err, _ := a.group.Do(string(key[:]), func() (any, error) {
+		return a.validate(context.WithoutCancel(r.Context()), tok, key)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*outcome).result()
+}
+
+func (a *Authenticator) validate(ctx context.Context, tok string, key [32]byte) (*outcome, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	info, err := a.cfg.Validator.Validate(ctx, tok)
+	a.latency.Observe(time.Since(start).Seconds())
+	now := a.now()
+	if errors.Is(err, ErrInvalidToken) || (err == nil && !info.ExpiresAt.IsZero() && !info.ExpiresAt.After(now)) {
+		a.validations.WithLabelValues("refused").Inc()
+		o := &outcome{status: http.StatusUnauthorized, code: "bad_token", detail: "Keystone does not accept the token (unknown, expired or revoked)"}
+		a.remember(key, o, now, now.Add(a.cfg.InvalidCacheTTL))
+		return o, nil
+	}
+	if err != nil {
+		a.validations.WithLabelValues("error").Inc()
+		a.log.Warn("keystone token validation failed", LogKeyErr, err.Error())
+		return nil, &api.ProblemDetails{Status: http.StatusServiceUnavailable, Title: "Service Unavailable",
+			Code: "identity_unavailable", Detail: "Keystone could not validate the token; try again",
+			Headers: map[string]string{"Retry-After": "5"}}
+	}
+	o := a.outcome(info)
+	until := now.Add(a.cfg.CacheTTL)
+	if !info.ExpiresAt.IsZero() && info.ExpiresAt.Before(until) {
+		until = info.ExpiresAt
+	}
+	a.remember(key, o, now, until)
+	if o.principal == nil {
+		a.validations.WithLabelValues("forbidden").Inc()
+	} else {
+		a.validations.WithLabelValues("valid").Inc()
+		a.log.Debug("keystone token validated", LogKeyUser, info.UserID, LogKeyProject, info.ProjectID, LogKeyRole, string(o.principal.Role))
+	}
+	return o, nil
+}
+
+func (a *Authenticator) remember(key [32]byte, o *outcome, now, until time.Time) {
+	if until.After(now) {
+		a.cache.put(key, o, until)
+	}
+}
+
+// outcome maps a valid token's roles and scope to a principal or a 403.
+func (a *Authenticator) outcome(ti *TokenInfo) *outcome {
+	name := ti.UserName
+	if name == "" {
+		name = ti.UserID
+	}
+	switch {
+	case ti.ProjectID != "":
+		pn := ti.ProjectName
+		if pn == "" {
+			pn = ti.ProjectID
+		}
+		name += "@" + pn
+	case ti.System:
+		name += "@system"
+	case ti.DomainID != "":
+		name += "@domain:" + ti.DomainID
+	}
+	if hasAny(ti.Roles, a.admin) {
+		return &outcome{principal: &api.Principal{Name: name, Role: api.RoleAdmin}}
+	}
+	if hasAny(ti.Roles, a.reader) {
+		switch {
+		case ti.System:
+			return &outcome{principal: &api.Principal{Name: name, Role: api.RoleReader}}
+		case ti.ProjectID != "":
+			return &outcome{principal: &api.Principal{Name: name, Role: api.RoleReader, Project: ti.ProjectID}}
+		}
+		return &outcome{status: http.StatusForbidden, code: "forbidden",
+			detail: "a reader needs a project-scoped (or system-scoped) token; this one is scoped to no project"}
+	}
+	roles := append([]string(nil), ti.Roles...)
+	sort.Strings(roles)
+	return &outcome{status: http.StatusForbidden, code: "forbidden",
+		detail: fmt.Sprintf("the token's roles [%s] include none of [keystone] admin_roles [%s] or reader_roles [%s]",
+			strings.Join(roles, ", "), strings.Join(a.admin, ", "), strings.Join(a.reader, ", "))}
+}
+
+func hasAny(roles, want []string) bool {
+	for _, r := range roles {
+		for _, w := range want {
+			if strings.EqualFold(r, w) {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,395 @@
+package keystoneauth
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+)
+
+// fakeValidator answers from a map of tokens and counts its calls.
+type fakeValidator struct {
+	mu     sync.Mutex
+	tokens map[string]*TokenInfo
+	err    error // returned for every token when set
+	calls  atomic.Int32
+	gate   chan struct{} // when set, Validate waits on it
+}
+
+func (f *fakeValidator) Validate(ctx context.Context, token string) (*TokenInfo, error) {
+	f.calls.Add(1)
+	if f.gate != nil {
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	ti, ok := f.tokens[token]
+	if !ok {
+		return nil, ErrInvalidToken
+	}
+	c := *ti
+	return &c, nil
+}
+
+func (f *fakeValidator) set(token string, ti *TokenInfo) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ti == nil {
+		delete(f.tokens, token)
+		return
+	}
+	f.tokens[token] = ti
+}
+
+// clock is a settable clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+var t0 = time.Date(2031, 1, 2, 2, 0, 0, 0, time.UTC)
+
+func newAuth(t *testing.T, f *fakeValidator, mod func(*Config)) (*Authenticator, *clock) {
+	t.Helper()
+	clk := &clock{t: t0}
+	cfg := Config{Validator: f, AdminRoles: []string{"admin"}, ReaderRoles: []string{"reader", "member"},
+		CacheTTL: 5 * time.Minute, InvalidCacheTTL: 10 * time.Second, Now: clk.Now}
+	if mod != nil {
+		mod(&cfg)
+	}
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, clk
+}
+
+func request(token string) *http.Request {
+	r := httptest.NewRequest(http.MethodGet, "/v1/instances", nil)
+	if token != "" {
+		r.Header.Set("X-Auth-Token", token)
+	}
+	return r
+}
+
+func status(err error) int {
+	var p *api.ProblemDetails
+	if errors.As(err, &p) {
+		return p.Status
+	}
+	if err != nil {
+		return -1
+	}
+	return http.StatusOK
+}
+
+func counter(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func TestRolesAndScope(t *testing.T) {
+	exp := t0.Add(time.Hour)
+	tests := []struct {
+		name        string
+		ti          TokenInfo
+		wantStatus  int
+		wantRole    api.Role
+		wantProject string
+		wantName    string
+	}{
+		{"admin on a project sees all", TokenInfo{UserName: "root", ProjectID: "p-admin", ProjectName: "admin", Roles: []string{"admin", "member", "reader"}},
+			200, api.RoleAdmin, "", "root@admin"},
+		{"admin role compared without case", TokenInfo{UserName: "root", ProjectID: "p1", Roles: []string{"Admin"}},
+			200, api.RoleAdmin, "", "root@p1"},
+		{"member is a reader of its project", TokenInfo{UserName: "alice", ProjectID: "p-a", ProjectName: "a", Roles: []string{"member"}},
+			200, api.RoleReader, "p-a", "alice@a"},
+		{"reader is a reader of its project", TokenInfo{UserName: "bob", ProjectID: "p-b", ProjectName: "b", Roles: []string{"reader"}},
+			200, api.RoleReader, "p-b", "bob@b"},
+		{"system reader sees all", TokenInfo{UserName: "mon", System: true, Roles: []string{"reader"}},
+			200, api.RoleReader, "", "mon@system"},
+		{"domain-scoped reader refused", TokenInfo{UserName: "dom", DomainID: "d1", Roles: []string{"reader"}},
+			403, "", "", ""},
+		{"domain-scoped admin is admin", TokenInfo{UserName: "dadm", DomainID: "d1", Roles: []string{"admin"}},
+			200, api.RoleAdmin, "", "dadm@domain:d1"},
+		{"no known role", TokenInfo{UserName: "eve", ProjectID: "p-e", Roles: []string{"load-balancer_member", "creator"}},
+			403, "", "", ""},
+		{"unscoped token has no roles", TokenInfo{UserName: "eve"}, 403, "", "", ""},
+		{"user id when no name", TokenInfo{UserID: "u-1", ProjectID: "p-1", ProjectName: "one", Roles: []string{"member"}},
+			200, api.RoleReader, "p-1", "u-1@one"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ti := tt.ti
+			ti.ExpiresAt = exp
+			f := &fakeValidator{tokens: map[string]*TokenInfo{"tok": &ti}}
+			a, _ := newAuth(t, f, nil)
+			p, err := a.Authenticate(request("tok"))
+			if got := status(err); got != tt.wantStatus {
+				t.Fatalf("status = %d (%v), want %d", got, err, tt.wantStatus)
+			}
+			if tt.wantStatus != 200 {
+				return
+			}
+			if p.Role != tt.wantRole || p.Project != tt.wantProject || p.Name != tt.wantName {
+				t.Errorf("principal = %+v, want role %q project %q name %q", *p, tt.wantRole, tt.wantProject, tt.wantName)
+			}
+		})
+	}
+}
+
+func TestForbiddenNamesRoles(t *testing.T) {
+	f := &fakeValidator{tokens: map[string]*TokenInfo{"tok": {UserName: "eve", ProjectID: "p", Roles: []string{"creator"}, ExpiresAt: t0.Add(time.Hour)}}}
+	a, _ := newAuth(t, f, nil)
+	_, err := a.Authenticate(request("tok"))
+	var p *api.ProblemDetails
+	if !errors.As(err, &p) || p.Status != 403 || p.Code != "forbidden" {
+		t.Fatalf("err = %v, want a 403 problem", err)
+	}
+	want := "the token's roles [creator] include none of [keystone] admin_roles [admin] or reader_roles [reader, member]"
+	if p.Detail != want {
+		t.Errorf("detail = %q, want %q", p.Detail, want)
+	}
+}
+
+func TestNoToken(t *testing.T) {
+	f := &fakeValidator{tokens: map[string]*TokenInfo{}}
+	a, _ := newAuth(t, f, nil)
+	_, err := a.Authenticate(request(""))
+	var p *api.ProblemDetails
+	if !errors.As(err, &p) || p.Status != 401 || p.Code != "no_token" || p.Headers["WWW-Authenticate"] == "" {
+		t.Fatalf("err = %#v, want 401 no_token with WWW-Authenticate", err)
+	}
+	if f.calls.Load() != 0 {
+		t.Errorf("Keystone asked %d times without a token", f.calls.Load())
+	}
+}
+
+func TestBearerHeaderAccepted(t *testing.T) {
+	f := &fakeValidator{tokens: map[string]*TokenInfo{"tok": {UserName: "a", ProjectID: "p", Roles: []string{"admin"}, ExpiresAt: t0.Add(time.Hour)}}}
+	a, _ := newAuth(t, f, nil)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("Authorization", "Bearer tok")
+	if _, err := a.Authenticate(r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A valid token is cached until the TTL or its expiry, whichever is first;
+// then Keystone is asked again and a revoked token is refused.
+func TestValidCachedUntilTTLOrExpiry(t *testing.T) {
+	tests := []struct {
+		name    string
+		expires time.Duration // after t0
+		ttl     time.Duration
+		fresh   time.Duration // last moment still served from cache
+	}{
+		{"ttl first", time.Hour, 5 * time.Minute, 5*time.Minute - time.Second},
+		{"expiry first", 2 * time.Minute, 5 * time.Minute, 2*time.Minute - time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fakeValidator{tokens: map[string]*TokenInfo{"tok": {UserName: "a", ProjectID: "p", Roles: []string{"member"}, ExpiresAt: t0.Add(tt.expires)}}}
+			a, clk := newAuth(t, f, func(c *Config) { c.CacheTTL = tt.ttl })
+			if _, err := a.Authenticate(request("tok")); err != nil {
+				t.Fatal(err)
+			}
+			f.set("tok", nil) // revoked in Keystone
+			clk.Add(tt.fresh)
+			if _, err := a.Authenticate(request("tok")); err != nil {
+				t.Fatalf("within the cache time: %v", err)
+			}
+			if got := f.calls.Load(); got != 1 {
+				t.Fatalf("Keystone asked %d times, want 1", got)
+			}
+			clk.Add(time.Second)
+			if got := status(func() error { _, err := a.Authenticate(request("tok")); return err }()); got != 401 {
+				t.Fatalf("after the cache time: status %d, want 401", got)
+			}
+			if got := f.calls.Load(); got != 2 {
+				t.Fatalf("Keystone asked %d times, want 2", got)
+			}
+		})
+	}
+}
+
+func TestZeroTTLAsksEveryTime(t *testing.T) {
+	f := &fakeValidator{tokens: map[string]*TokenInfo{"tok": {UserName: "a", ProjectID: "p", Roles: []string{"admin"}, ExpiresAt: t0.Add(time.Hour)}}}
+	a, _ := newAuth(t, f, func(c *Config) { c.CacheTTL = 0 })
+	for range 3 {
+		if _, err := a.Authenticate(request("tok")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.calls.Load(); got != 3 {
+		t.Errorf("Keystone asked %d times, want 3", got)
+	}
+	if a.CacheLen() != 0 {
+		t.Errorf("cache holds %d entries, want 0", a.CacheLen())
+	}
+}
+
+func TestExpiredTokenRefused(t *testing.T) {
+	f := &fakeValidator{tokens: map[string]*TokenInfo{"tok": {UserName: "a", ProjectID: "p", Roles: []string{"admin"}, ExpiresAt: t0.Add(-time.Second)}}}
+	a, _ := newAuth(t, f, nil)
+	if got := status(func() error { _, err := a.Authenticate(request("tok")); return err }()); got != 401 {
+		t.Fatalf("status %d, want 401", got)
+	}
+}
+
+func TestInvalidCachedBriefly(t *testing.T) {
+	f := &fakeValidator{tokens: map[string]*TokenInfo{}}
+	a, clk := newAuth(t, f, func(c *Config) { c.InvalidCacheTTL = 10 * time.Second })
+	auth := func() int { _, err := a.Authenticate(request("nope")); return status(err) }
+	if got := auth(); got != 401 {
+		t.Fatalf("status %d, want 401", got)
+	}
+	clk.Add(9 * time.Second)
+	if got := auth(); got != 401 {
+		t.Fatalf("status %d, want 401", got)
+	}
+	if got := f.calls.Load(); got != 1 {
+		t.Fatalf("Keystone asked %d times within invalid_cache_ttl, want 1", got)
+	}
+	if r, h := counter(t, a.validations.WithLabelValues("refused")), counter(t, a.lookups.WithLabelValues("hit")); r != 1 || h != 1 {
+		t.Errorf("metrics: refused %v, cache hits %v; want 1 and 1", r, h)
+	}
+	// The token became valid (e.g. clock skew on issue): seen after the TTL.
+	f.set("nope", &TokenInfo{UserName: "a", ProjectID: "p", Roles: []string{"member"}, ExpiresAt: t0.Add(time.Hour)})
+	clk.Add(time.Second)
+	if got := auth(); got != 200 {
+		t.Fatalf("after invalid_cache_ttl: status %d, want 200", got)
+	}
+}
+
+// Keystone outages answer 503, are not cached, and never log the token.
+func TestOutageNotCachedNorLogged(t *testing.T) {
+	var buf bytes.Buffer
+	f := &fakeValidator{err: errors.New("dial tcp 127.0.0.1:5000: connect: connection refused")}
+	a, _ := newAuth(t, f, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&buf, nil)) })
+	const tok = "gAAAAABsecret-token-value"
+	for range 2 {
+		_, err := a.Authenticate(request(tok))
+		var p *api.ProblemDetails
+		if !errors.As(err, &p) || p.Status != 503 || p.Code != "identity_unavailable" || p.Headers["Retry-After"] == "" {
+			t.Fatalf("err = %#v, want 503 identity_unavailable with Retry-After", err)
+		}
+		if strings.Contains(p.Detail, tok) {
+			t.Fatal("the problem holds the token")
+		}
+	}
+	if got := f.calls.Load(); got != 2 {
+		t.Errorf("Keystone asked %d times, want 2 (outages are not cached)", got)
+	}
+	if e := counter(t, a.validations.WithLabelValues("error")); e != 2 {
+		t.Errorf("metrics: %v errors, want 2", e)
+	}
+	if !strings.Contains(buf.String(), "connection refused") || strings.Contains(buf.String(), tok) {
+		t.Errorf("log = %q: want the cause, never the token", buf.String())
+	}
+}
+
+func TestCacheBoundedLRU(t *testing.T) {
+	f := &fakeValidator{tokens: map[string]*TokenInfo{}}
+	for i := range 4 {
+		f.tokens[fmt.Sprint("t", i)] = &TokenInfo{UserName: "u", ProjectID: "p", Roles: []string{"member"}, ExpiresAt: t0.Add(time.Hour)}
+	}
+	a, _ := newAuth(t, f, func(c *Config) { c.CacheSize = 2 })
+	auth := func(tok string) {
+		t.Helper()
+		if _, err := a.Authenticate(request(tok)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	auth("t0")
+	auth("t1")
+	auth("t0") // t0 most recent: t1 is evicted next
+	auth("t2")
+	if a.CacheLen() != 2 {
+		t.Fatalf("cache holds %d entries, want 2", a.CacheLen())
+	}
+	before := f.calls.Load()
+	auth("t0")
+	auth("t2")
+	if got := f.calls.Load() - before; got != 0 {
+		t.Errorf("t0 and t2 should be cached; Keystone asked %d times", got)
+	}
+	auth("t1")
+	if got := f.calls.Load() - before; got != 1 {
+		t.Errorf("t1 should have been evicted; Keystone asked %d times, want 1", got)
+	}
+}
+
+// Concurrent requests with the same uncached token cause one validation.
+func TestOneValidationPerToken(t *testing.T) {
+	f := &fakeValidator{tokens: map[string]*TokenInfo{"tok": {UserName: "a", ProjectID: "p", Roles: []string{"member"}, ExpiresAt: t0.Add(time.Hour)}},
+		gate: make(chan struct{})}
+	a, _ := newAuth(t, f, nil)
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := a.Authenticate(request("tok"))
+			errs <- err
+		}()
+	}
+	// Callers that come while the validation waits share it; those that
+	// come after it find the cache: either way Keystone is asked once.
+	for f.calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	close(f.gate)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.calls.Load(); got != 1 {
+		t.Errorf("Keystone asked %d times for %d concurrent callers, want 1", got, n)
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	if _, err := New(Config{AdminRoles: []string{"admin"}}); err == nil {
+		t.Error("no validator accepted")
+	}
+	if _, err := New(Config{Validator: &fakeValidator{}}); err == nil {
+		t.Error("no roles accepted")
+	}
+}

@@ -1,0 +1,238 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// MoveEvents are the Nova notifications that end a move of an instance:
+// a resize or cold migration (finished, confirmed or reverted), a live
+// migration, an evacuation (a rebuild on another host), a shelve offload
+// and an unshelve. Nova rewrites the instance's Placement allocations on
+// each, dropping the direct-path vGPUs the bridge added to its consumer,
+// and the domain on the new host has no mdev of the bridge's.
+var MoveEvents = []string{
+	"instance.resize_finish.end",
+	"instance.resize_confirm.end",
+	"instance.resize_revert.end",
+	"instance.live_migration_post.end",
+	"instance.rebuild.end", // evacuate: rebuilt on another host
+	"instance.shelve_offload.end",
+	"instance.unshelve.end",
+}
+
+func moveKind(kind string) bool {
+	for _, k := range MoveEvents {
+		if kind == NovaKindPrefix+k {
+			return true
+		}
+	}
+	return false
+}
+
+// Move request kinds' body "move" values.
+const (
+	moveRelease = "release" // remove_mdev on the host the instance left; its claim is gone with Nova's rewrite
+	moveReapply = "reapply" // claim on a GPU of the new host, create_mdev + attach_vgpu there
+)
+
+// handleMove keeps the instance's direct-path vGPUs where the instance is
+// after a Nova move: a vGPU whose instance left its host, or whose claim
+// Nova's rewrite of the allocations dropped, is released (remove_mdev on
+// its old host, where Nova has undefined or redefined the domain; its
+// claim is no longer in the consumer) by one request, and applied again
+// on the instance's current host (claim in the consumer, create_mdev +
+// attach_vgpu through that host's agent) by another, so that a failure of
+// one never leaves the other half-done. A shelve offload only releases
+// (the vGPUs are marked shelved); the unshelve applies the shelved ones
+// on the host Nova chose. It reports handled = false when the event needs
+// nothing of this (the vGPUs are where the instance is, with their
+// claims): the ordinary path (re-attach after a rebuild) runs then.
+func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev policy.Event, hs *hostSet) ([]madeClaim, bool, bool, error) {
+	if row.Webhook() || !moveKind(ev.Kind) || ev.InstanceUUID == "" {
+		return nil, false, false, nil
+	}
+	if row.observeOnly {
+		return nil, false, false, nil // observe-only mode acts on nothing (controls.go)
+	}
+	if _, err := uuid.Parse(ev.InstanceUUID); err != nil {
+		return nil, false, false, nil
+	}
+	f, _, err := p.loadFacts(ctx, tx, ev, hs)
+	if err != nil {
+		return nil, false, false, err
+	}
+	if !f.Instance.Known || f.Instance.Deleted {
+		return nil, false, false, nil
+	}
+	shelved, err := shelvedAttachments(ctx, tx, ev.InstanceUUID)
+	if err != nil {
+		return nil, false, false, err
+	}
+	var attached []Attachment
+	for _, a := range f.Attachments {
+		if a.State == AttAttached {
+			attached = append(attached, a)
+		}
+	}
+	if len(attached) == 0 && len(shelved) == 0 {
+		return nil, false, false, nil
+	}
+	offload := ev.Kind == NovaKindPrefix+"instance.shelve_offload.end" || f.Instance.Host == ""
+	holds := map[string]int{} // units the consumer holds per GPU provider
+	if !offload {
+		hl, err := p.d.Placement.Holdings(ctx, ev.InstanceUUID)
+		if err != nil {
+			return nil, false, false, errRetry{fmt.Errorf("move of %s: %w", ev.InstanceUUID, err)}
+		}
+		for _, h := range hl {
+			holds[h.Provider] += h.Amount
+		}
+	}
+	// Which vGPUs moved: off the instance's host, or without their claim.
+	var moved []Attachment
+	need := map[string]int{}
+	for _, a := range attached {
+		need[a.Provider] += a.Amount
+	}
+	for _, a := range attached {
+		if offload || a.Host != f.Instance.Host || a.Provider == "" || holds[a.Provider] < need[a.Provider] {
+			moved = append(moved, a)
+		}
+	}
+	var reapply []Attachment
+	if !offload {
+		reapply = append(reapply, moved...)
+		if ev.Kind == NovaKindPrefix+"instance.unshelve.end" {
+			reapply = append(reapply, shelved...)
+		}
+	}
+	if len(moved) == 0 && len(reapply) == 0 {
+		return nil, false, false, nil
+	}
+	why := strings.TrimPrefix(ev.Kind, NovaKindPrefix)
+
+	// The release: the old mdevs go; their claims left the consumer with
+	// Nova's rewrite (the provider is forgotten so that completing the
+	// release never takes units off a claim made since on the same GPU).
+	var relID *uuid.UUID
+	if len(moved) > 0 {
+		id := uuid.New()
+		relID = &id
+		if err := p.moveRequest(ctx, tx, row, id, moveRelease); err != nil {
+			return nil, false, false, err
+		}
+		for i, a := range moved {
+			if holds[a.Provider] == 0 || offload {
+				if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET provider_uuid = NULL, shelved = $2, reason = $3, updated_at = now() WHERE id = $1`,
+					a.ID, offload, fmt.Sprintf("claim dropped by Nova (%s)", why)); err != nil {
+					return nil, false, false, err
+				}
+				moved[i].Provider = ""
+			}
+		}
+		plan := Plan{Outcome: OutcomeAct, Steps: []Step{{Kind: StepRelease, Release: moved, RemoveOnly: true, Host: moved[0].Host}}}
+		if _, err := p.act(ctx, tx, row, id, requests.Accepted, &policy.Decision{Kind: ev.Kind}, &plan, f); err != nil {
+			return nil, false, false, err
+		}
+	}
+
+	// The re-apply on the instance's current host.
+	var claims []madeClaim
+	var reqID *uuid.UUID
+	plan := Plan{Outcome: OutcomeAct}
+	if len(reapply) > 0 {
+		id := uuid.New()
+		reqID = &id
+		if err := p.moveRequest(ctx, tx, row, id, moveReapply); err != nil {
+			return nil, false, false, err
+		}
+		mode := moveMode(f.Instance.VMState)
+		for _, a := range reapply {
+			plan.Steps = append(plan.Steps, Step{Kind: StepAttach, Mode: mode, Host: f.Instance.Host,
+				Intent: policy.Intent{Kind: policy.IntentAttach, Rule: "move", Instance: a.InstanceUUID, Profile: a.Profile, TypeID: a.TypeID,
+					Trait: a.Trait, Count: max(a.Amount, 1), Mode: policy.ModeDirectLive,
+					Why: fmt.Sprintf("vGPU %s (mdev %s) applied again on host %s after %s", a.Profile, a.ID, f.Instance.Host, why)}})
+		}
+		if problem, code := hostProblem(f); problem != "" {
+			plan = Plan{Outcome: OutcomeFail, Code: code, Reason: "the vGPUs cannot follow the instance: " + problem}
+			if err := p.closeWithout(ctx, tx, row, id, requests.Accepted, plan); err != nil {
+				return nil, false, false, err
+			}
+		} else {
+			claims, err = p.act(ctx, tx, row, id, requests.Accepted, &policy.Decision{Kind: ev.Kind}, &plan, f)
+			if err != nil {
+				return claims, false, false, err
+			}
+		}
+		if len(shelved) > 0 && ev.Kind == NovaKindPrefix+"instance.unshelve.end" {
+			ids := make([]uuid.UUID, len(shelved))
+			for i, a := range shelved {
+				ids[i] = a.ID
+			}
+			if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET shelved = false, updated_at = now() WHERE id = ANY($1)`, ids); err != nil {
+				return claims, false, false, err
+			}
+		}
+	}
+	if relID != nil {
+		plan.Notes = append(plan.Notes, fmt.Sprintf("release on the old host: request %s", relID))
+	}
+	if err := p.recordDecision(ctx, tx, row, firstID(reqID, relID), &policy.Decision{Kind: ev.Kind, Reason: "the instance moved (" + why + ")"}, plan); err != nil {
+		return claims, false, false, err
+	}
+	p.m.events.WithLabelValues("move").Inc()
+	p.log.Info("pipeline: vGPUs follow a Nova move", LogInstance, ev.InstanceUUID, LogHost, f.Instance.Host, "event", why,
+		"released", len(moved), "reapplied", len(reapply))
+	return claims, true, true, nil
+}
+
+func firstID(ids ...*uuid.UUID) *uuid.UUID {
+	for _, id := range ids {
+		if id != nil {
+			return id
+		}
+	}
+	return nil
+}
+
+// moveMode is the attach mode on the new host: live into a running
+// domain (active, or resized and awaiting the confirm), else into its
+// definition.
+func moveMode(vmState string) string {
+	switch vmState {
+	case "", "active", "resized":
+		return agentMode(policy.ModeDirectLive, "active")
+	}
+	return agentMode(policy.ModeDirectLive, vmState)
+}
+
+// moveRequest records a request of the bridge's own for one half of a
+// move.
+func (p *Processor) moveRequest(ctx context.Context, tx pgx.Tx, row InboxRow, id uuid.UUID, half string) error {
+	var inst *uuid.UUID
+	if u, err := uuid.Parse(row.InstanceUUID); err == nil {
+		inst = &u
+	}
+	body, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "message_id": row.MessageID, "move": half})
+	return p.d.Requests.Create(ctx, tx, requests.Request{ID: id, Source: row.Source, Kind: row.EventType, InstanceUUID: inst, Body: body})
+}
+
+// shelvedAttachments are the instance's vGPUs released by a shelve
+// offload, to apply again at the unshelve.
+func shelvedAttachments(ctx context.Context, q querier, instance string) ([]Attachment, error) {
+	rows, err := q.Query(ctx, `SELECT `+attachmentColumns+` FROM vgpu_attachments
+		WHERE instance_uuid = $1 AND shelved AND state IN ('releasing','released') ORDER BY created_at, id`, instance)
+	if err != nil {
+		return nil, fmt.Errorf("read shelved vGPUs of %s: %w", instance, err)
+	}
+	return scanAttachments(rows)
+}

@@ -1,0 +1,972 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
+	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// The Nova-native path (DESIGN.md §6, "Who claims"): the bridge resizes the
+// server to a flavor carrying the wanted vGPU and lets Nova's scheduler
+// claim; it only dry-runs Placement to fail fast. A request moves
+//
+//	decided/queued → dispatched/resizing   the resize call (nova_resizes.step resize → resizing)
+//	  → dispatched/verifying               instance.resize_finish.end: verify_vgpu to the target host's agent
+//	  → dispatched/confirming              the agent verified: confirmResize
+//	  → succeeded                          instance.resize_confirm.end (or the server ACTIVE on the new flavor)
+//
+// A failed verification reverts (phase compensating, revertResize) and the
+// request fails with the agent's reason; compute_task.migrate_server.error
+// (NoValidHost) and instance.resize*.error fail it with Nova's. Each step
+// has a deadline. The state lives in nova_resizes; Nova calls are made by
+// one replica at a time under a lease, and a call is preceded by a read of
+// the server, so a call a crash interrupted is not made twice.
+
+// Nova is what the Nova-native path needs of Nova's compute API.
+type Nova interface {
+	Server(ctx context.Context, id, requestID string) (computeapi.Server, error)
+	Flavors(ctx context.Context, requestID string) ([]computeapi.Flavor, error)
+	Resize(ctx context.Context, id, flavorID, requestID string) error
+	ConfirmResize(ctx context.Context, id, requestID string) error
+	RevertResize(ctx context.Context, id, requestID string) error
+}
+
+var _ Nova = (*computeapi.Client)(nil)
+
+// NovaConfig times the Nova-native path.
+type NovaConfig struct {
+	// ResizeTimeout: from the resize call to instance.resize_finish.end.
+	ResizeTimeout time.Duration
+	// VerifyTimeout: the target host's agent must answer verify_vgpu.
+	VerifyTimeout time.Duration
+	// ConfirmTimeout: confirmResize (or revertResize) to its .end notification.
+	ConfirmTimeout time.Duration
+	// PollInterval: how often due Nova calls and passed deadlines are
+	// looked for when nothing woke the loop.
+	PollInterval time.Duration
+	// CallLease: how long a replica holds a row while it calls Nova; past
+	// it another replica may take the row over (it reads the server first).
+	CallLease time.Duration
+}
+
+// DefaultNovaConfig returns the defaults of the [nova] options.
+func DefaultNovaConfig() NovaConfig {
+	return NovaConfig{ResizeTimeout: 10 * time.Minute, VerifyTimeout: 2 * time.Minute, ConfirmTimeout: 5 * time.Minute,
+		PollInterval: 500 * time.Millisecond, CallLease: 2 * time.Minute}
+}
+
+func (c *NovaConfig) setDefaults() {
+	d := DefaultNovaConfig()
+	if c.ResizeTimeout <= 0 {
+		c.ResizeTimeout = d.ResizeTimeout
+	}
+	if c.VerifyTimeout <= 0 {
+		c.VerifyTimeout = d.VerifyTimeout
+	}
+	if c.ConfirmTimeout <= 0 {
+		c.ConfirmTimeout = d.ConfirmTimeout
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = d.PollInterval
+	}
+	if c.CallLease <= 0 {
+		c.CallLease = d.CallLease
+	}
+}
+
+// StepNovaResize resizes the server through Nova to a flavor with the
+// intent's vGPU.
+const StepNovaResize StepKind = "nova_resize"
+
+// Phases of a Nova-path request.
+const (
+	PhaseResizing   = "resizing"
+	PhaseVerifying  = "verifying"
+	PhaseConfirming = "confirming"
+)
+
+// Request codes of the Nova-native path.
+const (
+	CodeNoFlavor     = "no_flavor"     // no flavor carries the vGPU; the reason names the one to create
+	CodeNovaFailed   = "nova_failed"   // Nova could not resize (NoValidHost, a compute error)
+	CodeNovaError    = "nova_error"    // Nova's API refused a call
+	CodeNovaTimeout  = "nova_timeout"  // a step did not end by its deadline
+	CodeVerifyFailed = "verify_failed" // the agent did not find the vGPU; the resize was reverted
+)
+
+// Steps of nova_resizes.
+const (
+	stepResize     = "resize"
+	stepResizing   = "resizing"
+	stepVerifying  = "verifying"
+	stepConfirm    = "confirm"
+	stepConfirming = "confirming"
+	stepRevert     = "revert"
+	stepReverting  = "reverting"
+	stepDone       = "done"
+)
+
+// NovaRequestID is the X-OpenStack-Request-ID of the bridge's Nova calls
+// for a request: Nova's notifications carry it as global_request_id.
+func NovaRequestID(reqID uuid.UUID) string { return "req-" + reqID.String() }
+
+// novaHostProblem is hostProblem for the Nova path: Nova chooses the
+// host, so the current host's agent may be stale.
+func novaHostProblem(f Facts) (string, string) {
+	in := f.Instance
+	switch {
+	case !in.Known:
+		return fmt.Sprintf("instance %s is not known to the bridge (no Nova notification about it yet)", in.UUID), CodeNoInstance
+	case in.Deleted:
+		return fmt.Sprintf("instance %s is deleted", in.UUID), CodeNoInstance
+	case in.Host == "":
+		return fmt.Sprintf("instance %s has no compute host (not scheduled yet, or shelved)", in.UUID), CodeNoHost
+	}
+	return "", ""
+}
+
+// capacityChecker is the dry run of the Nova path (ServiceAdapter).
+type capacityChecker interface {
+	// CanFit reports whether a GPU of one of the hosts (compute host or
+	// node names) has count free units of the type trait, from the mirror.
+	CanFit(trait string, count int, hosts []string) (bool, error)
+}
+
+// CanFit implements capacityChecker with the placement engine's dry run.
+func (a ServiceAdapter) CanFit(trait string, count int, hosts []string) (bool, error) {
+	var req placement.DryRunRequest
+	req.Traits.Required = []string{trait}
+	req.Count, req.Limit = max(count, 1), engine.MaxLimit
+	out, err := a.S.DryRun(req)
+	if err != nil {
+		return false, err
+	}
+	ok := map[string]bool{}
+	for _, h := range hosts {
+		ok[h] = true
+	}
+	for _, c := range out.Candidates {
+		if !c.NeedsRetype && (ok[c.Host] || ok[c.Node]) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// verifiableHosts are the compute hosts (and their nodes) whose agents
+// report, less excluded ones: where a vGPU Nova gives can be verified.
+func (p *Processor) verifiableHosts(ctx context.Context, q querier, exclude []policy.Exclusion) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT name, coalesce(node, '') FROM hosts WHERE report IS NOT NULL
+		AND (last_report_at IS NULL OR last_report_at > now() - make_interval(secs => $1))`, p.cfg.StaleReportAge.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("read hosts: %w", err)
+	}
+	defer rows.Close()
+	skip := map[string]bool{}
+	for _, e := range exclude {
+		skip[e.Host] = true
+	}
+	var out []string
+	for rows.Next() {
+		var name, node string
+		if err := rows.Scan(&name, &node); err != nil {
+			return nil, err
+		}
+		if skip[name] || (node != "" && skip[node]) {
+			continue
+		}
+		out = append(out, name)
+		if node != "" {
+			out = append(out, node)
+		}
+	}
+	return out, rows.Err()
+}
+
+func novaStep(steps []Step) (Step, bool) {
+	for _, s := range steps {
+		if s.Kind == StepNovaResize {
+			return s, true
+		}
+	}
+	return Step{}, false
+}
+
+// actNova runs a plan with a Nova resize step in the decision's
+// transaction: checks, the dry run, and the nova_resizes row whose resize
+// call the Nova loop makes. Failures set plan.Outcome to OutcomeFail and
+// close the request.
+func (p *Processor) actNova(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State, plan *Plan, f Facts, s Step) error {
+	fail := func(code, reason string) error {
+		plan.Outcome, plan.Code, plan.Reason, plan.Steps = OutcomeFail, code, reason, nil
+		return p.closeWithout(ctx, tx, row, reqID, state, *plan)
+	}
+	if p.d.Nova == nil {
+		return fail(CodeNovaPath, fmt.Sprintf("attach mode %s (the Nova-native path) needs Nova's API: set [nova] endpoint_override and token_file, "+
+			"or [openstack] cloud; or set attach_mode: direct-live or direct-cold for this project or profile in the policy", orDefault(string(s.Intent.Mode), "nova-resize")))
+	}
+	for _, o := range plan.Steps {
+		switch o.Kind {
+		case StepNotify:
+			if err := p.notify(ctx, tx, reqID, f.Instance.UUID, []Step{o}); err != nil {
+				return err
+			}
+		case StepNovaResize:
+		default:
+			plan.Notes = append(plan.Notes, fmt.Sprintf("%s: not applied with a Nova resize in the same decision", o.Kind))
+		}
+	}
+	in := s.Intent
+	n := max(in.Count, 1)
+	if f.Instance.FlavorVGPUs > 0 {
+		return fail(CodeUnsupported, fmt.Sprintf("instance %s already has %d vGPU(s) from its flavor; the Nova-native path resizes only from a flavor without vGPU "+
+			"(resize it by hand, or use attach_mode direct-live)", f.Instance.UUID, f.Instance.FlavorVGPUs))
+	}
+	var busy uuid.UUID
+	err := tx.QueryRow(ctx, `SELECT request_id FROM nova_resizes WHERE instance_uuid = $1 AND step <> 'done'`, f.Instance.UUID).Scan(&busy)
+	switch {
+	case err == nil:
+		return fail(CodeBusy, fmt.Sprintf("request %s is resizing this instance through Nova; retry when it is finished", busy))
+	case !errors.Is(err, pgx.ErrNoRows):
+		return err
+	}
+	if cc, ok := p.d.Placement.(capacityChecker); ok {
+		hosts, err := p.verifiableHosts(ctx, tx, in.ExcludedHosts)
+		if err != nil {
+			return err
+		}
+		fits, err := cc.CanFit(in.Trait, n, hosts)
+		if err != nil {
+			return errRetry{fmt.Errorf("dry run: %w", err)}
+		}
+		if !fits {
+			return fail(CodeNoCapacity, fmt.Sprintf("no GPU of a host whose agent reports has %d free unit(s) of %s (%s) in Placement; "+
+				"Nova's scheduler would answer NoValidHost (or pick a host the bridge cannot verify), so Nova was not called", n, in.Profile, in.Trait))
+		}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO nova_resizes (request_id, instance_uuid, step, profile, type_id, trait, count, source_host,
+			nova_request_id, due_at, deadline_at)
+		VALUES ($1, $2, 'resize', $3, $4, $5, $6, $7, $8, now(), now() + make_interval(secs => $9))`,
+		reqID, f.Instance.UUID, in.Profile, in.TypeID, in.Trait, n, f.Instance.Host, NovaRequestID(reqID), (p.nova.ResizeTimeout + p.nova.CallLease).Seconds()); err != nil {
+		return fmt.Errorf("record the resize: %w", err)
+	}
+	reason := fmt.Sprintf("resize through Nova to a flavor with %d × %s", n, in.Profile)
+	if _, err := p.d.Requests.Transition(ctx, tx, reqID, nextState(state, requests.Decided), PhaseQueued, reason, ""); err != nil {
+		return err
+	}
+	p.kickNova()
+	return nil
+}
+
+func (p *Processor) kickNova() {
+	select {
+	case p.novaWake <- struct{}{}:
+	default:
+	}
+}
+
+// resizeRow is one nova_resizes row.
+type resizeRow struct {
+	RequestID      uuid.UUID
+	Instance       string
+	Step           string
+	Profile        string
+	TypeID         string
+	Trait          string
+	Count          int
+	OldFlavor      string
+	FlavorID       string
+	FlavorName     string
+	SourceHost     string
+	TargetHost     string
+	VerifyCommand  *uuid.UUID
+	NovaRequestID  string
+	FailCode       string
+	FailReason     string
+	Attempts       int
+	ResizeSent     bool // a resize call may have reached Nova
+	RequestState   requests.State
+	RequestPhase   string
+	DeadlinePassed bool
+}
+
+const resizeColumns = `r.request_id, r.instance_uuid::text, r.step, coalesce(r.profile,''), coalesce(r.type_id,''), r.trait, r.count,
+	coalesce(r.old_flavor,''), coalesce(r.flavor_id,''), coalesce(r.flavor_name,''), coalesce(r.source_host,''), coalesce(r.target_host,''),
+	r.verify_command_id, r.nova_request_id, coalesce(r.fail_code,''), coalesce(r.fail_reason,''), r.attempts, r.resize_sent_at IS NOT NULL, q.state, coalesce(q.phase,''),
+	coalesce(r.deadline_at < now(), false)`
+
+// lockResize reads a nova_resizes row and its request, both locked.
+func lockResize(ctx context.Context, tx pgx.Tx, where string, skipLocked bool, args ...any) (resizeRow, bool, error) {
+	var r resizeRow
+	lock := "FOR UPDATE"
+	if skipLocked {
+		lock += " SKIP LOCKED"
+	}
+	var st string
+	err := tx.QueryRow(ctx, `SELECT `+resizeColumns+` FROM nova_resizes r JOIN requests q ON q.id = r.request_id WHERE `+where+` LIMIT 1 `+lock, args...).
+		Scan(&r.RequestID, &r.Instance, &r.Step, &r.Profile, &r.TypeID, &r.Trait, &r.Count, &r.OldFlavor, &r.FlavorID, &r.FlavorName,
+			&r.SourceHost, &r.TargetHost, &r.VerifyCommand, &r.NovaRequestID, &r.FailCode, &r.FailReason, &r.Attempts, &r.ResizeSent, &st, &r.RequestPhase,
+			&r.DeadlinePassed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, false, fmt.Errorf("read nova resize: %w", err)
+	}
+	r.RequestState = requests.State(st)
+	return r, true, nil
+}
+
+func (r resizeRow) want() computeapi.Want {
+	return computeapi.Want{Profile: r.Profile, Trait: r.Trait, Count: r.Count}
+}
+
+// setStep moves a row to step; deadline 0 clears it, due sets the next
+// call's time (nil: no call due).
+func setStep(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, step string, deadline time.Duration, due bool, sets string, args ...any) error {
+	q := `UPDATE nova_resizes SET step = $2, updated_at = now(),
+		deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) ELSE NULL END,
+		due_at = CASE WHEN $4 THEN now() ELSE NULL END,
+		finished_at = CASE WHEN $2 = 'done' THEN now() ELSE NULL END` + sets + ` WHERE request_id = $1`
+	_, err := tx.Exec(ctx, q, append([]any{reqID, step, deadline.Seconds(), due}, args...)...)
+	if err != nil {
+		return fmt.Errorf("nova resize %s → %s: %w", reqID, step, err)
+	}
+	return nil
+}
+
+func (p *Processor) auditNova(ctx context.Context, tx pgx.Tx, r resizeRow, action string, detail map[string]any) error {
+	detail["nova_request_id"] = r.NovaRequestID
+	d, _ := json.Marshal(detail)
+	_, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+		VALUES ($1, $2, 'instance', $3, $4, $5)`, p.actor(), action, r.Instance, r.RequestID.String(), d)
+	return err
+}
+
+// finishFailed ends a resize and fails its request (unless it already ended).
+func (p *Processor) finishFailed(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) error {
+	if err := setStep(ctx, tx, r.RequestID, stepDone, 0, false, ""); err != nil {
+		return err
+	}
+	if r.RequestState.Final() {
+		return p.auditNova(ctx, tx, r, "nova_resize_end", map[string]any{"outcome": "failed", "code": code, "reason": reason,
+			"note": "the request had ended already"})
+	}
+	return p.failRequest(ctx, tx, r.RequestID, code, reason, nil)
+}
+
+func (p *Processor) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how string) error {
+	if err := setStep(ctx, tx, r.RequestID, stepDone, 0, false, ""); err != nil {
+		return err
+	}
+	reason := fmt.Sprintf("resized through Nova to flavor %s (%d × %s) on host %s; the agent verified the vGPU; %s",
+		r.FlavorName, r.Count, r.Profile, orDefault(r.TargetHost, "?"), how)
+	if r.RequestState.Final() {
+		return p.auditNova(ctx, tx, r, "nova_resize_end", map[string]any{"outcome": "succeeded", "reason": reason, "note": "the request had ended already"})
+	}
+	if _, err := p.d.Requests.Transition(ctx, tx, r.RequestID, requests.Succeeded, "", reason, ""); err != nil {
+		return err
+	}
+	p.m.requests.WithLabelValues(string(requests.Succeeded)).Inc()
+	p.log.Info("pipeline: resize through Nova succeeded", LogRequest, r.RequestID, LogInstance, r.Instance, "flavor", r.FlavorName, LogHost, r.TargetHost)
+	return nil
+}
+
+// startRevert makes revertResize due; the request fails with code and
+// reason once Nova reverted.
+func (p *Processor) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) error {
+	if err := setStep(ctx, tx, r.RequestID, stepRevert, 0, true, ", fail_code = $5, fail_reason = $6, attempts = 0", code, reason); err != nil {
+		return err
+	}
+	if !r.RequestState.Final() {
+		if _, err := p.d.Requests.Transition(ctx, tx, r.RequestID, r.RequestState, PhaseCompensating, "reverting the resize: "+reason, code); err != nil {
+			return err
+		}
+	}
+	p.m.compensations.WithLabelValues("resize_reverted").Inc()
+	return p.auditNova(ctx, tx, r, "compensate", map[string]any{"revert_resize": true, "code": code, "reason": reason})
+}
+
+// queueVerify sends verify_vgpu to the target host's agent.
+func (p *Processor) queueVerify(ctx context.Context, tx pgx.Tx, r resizeRow, host string) error {
+	now := time.Now()
+	c, err := NewCommand(protocol.VerifyVGPU, host, r.RequestID.String(), r.Instance,
+		protocol.VerifyParams{TypeID: r.TypeID, Count: r.Count}, now, now.Add(p.nova.VerifyTimeout))
+	if err != nil {
+		return err
+	}
+	var seq int
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, r.RequestID).Scan(&seq); err != nil {
+		return err
+	}
+	if err := insertCommands(ctx, tx, r.RequestID, PurposeAction, []outCmd{{c: c, seq: seq + 1}}); err != nil {
+		return err
+	}
+	if err := setStep(ctx, tx, r.RequestID, stepVerifying, p.nova.VerifyTimeout, false, ", target_host = $5, verify_command_id = $6", host, c.ID); err != nil {
+		return err
+	}
+	if !r.RequestState.Final() {
+		to := r.RequestState
+		if to == requests.Decided {
+			to = requests.Dispatched
+		}
+		if _, err := p.d.Requests.Transition(ctx, tx, r.RequestID, to, PhaseVerifying,
+			fmt.Sprintf("Nova finished the resize to %s on host %s; the agent verifies the vGPU", orDefault(r.FlavorName, "the new flavor"), host), ""); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// novaEvent follows a Nova notification into the resize of its instance.
+// handled is true when the event belonged to a bridge resize (the policy
+// does not see it); outbox when a command was queued.
+func (p *Processor) novaEvent(ctx context.Context, tx pgx.Tx, row InboxRow) (handled, outbox bool, err error) {
+	if row.Webhook() || row.InstanceUUID == "" {
+		return false, false, nil
+	}
+	et := row.EventType
+	finish := et == "instance.resize_finish.end"
+	novaErr := et == "compute_task.migrate_server.error" || (strings.HasPrefix(et, "instance.resize") && strings.HasSuffix(et, ".error"))
+	confirmed := et == "instance.resize_confirm.end"
+	reverted := et == "instance.resize_revert.end"
+	if !finish && !novaErr && !confirmed && !reverted {
+		return false, false, nil
+	}
+	if p.d.Nova == nil {
+		return false, false, p.tenantResize(ctx, tx, row, finish)
+	}
+	r, ok, err := lockResize(ctx, tx, `r.instance_uuid = $1 AND r.step <> 'done'`, false, row.InstanceUUID)
+	if err != nil {
+		return false, false, err
+	}
+	if !ok {
+		return false, false, p.tenantResize(ctx, tx, row, finish)
+	}
+	pl := decodeNovaPayload(row.Payload)
+	if err := p.auditNova(ctx, tx, r, "nova_event", map[string]any{"event_type": et, "event_id": row.ID, "step": r.Step}); err != nil {
+		return false, false, err
+	}
+	switch {
+	case finish && (r.Step == stepResize || r.Step == stepResizing):
+		host := pl.host
+		if host == "" {
+			host = r.SourceHost
+		}
+		if r.RequestState.Final() {
+			r.TargetHost = host
+			return true, false, p.startRevert(ctx, tx, r, CodeNovaFailed, "the request ended while Nova resized")
+		}
+		if r.FlavorName == "" {
+			r.FlavorName = pl.flavor
+			if _, err := tx.Exec(ctx, `UPDATE nova_resizes SET flavor_name = $2 WHERE request_id = $1`, r.RequestID, pl.flavor); err != nil {
+				return false, false, err
+			}
+		}
+		return true, true, p.queueVerify(ctx, tx, r, host)
+	case novaErr && (r.Step == stepResize || r.Step == stepResizing):
+		why := pl.reason
+		if why == "" {
+			why = "no reason given"
+		}
+		return true, false, p.finishFailed(ctx, tx, r, CodeNovaFailed,
+			fmt.Sprintf("Nova could not resize instance %s to flavor %s (%s): %s", r.Instance, orDefault(r.FlavorName, "?"), et, why))
+	case confirmed && (r.Step == stepConfirm || r.Step == stepConfirming):
+		return true, false, p.finishSucceeded(ctx, tx, r, "Nova confirmed the resize")
+	case reverted && (r.Step == stepRevert || r.Step == stepReverting):
+		return true, false, p.finishFailed(ctx, tx, r, orDefault(r.FailCode, CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
+	case novaErr && (r.Step == stepConfirm || r.Step == stepConfirming || r.Step == stepRevert || r.Step == stepReverting):
+		return true, false, p.finishFailed(ctx, tx, r, CodeNovaFailed,
+			fmt.Sprintf("Nova failed while %s the resize of instance %s (%s): %s", map[bool]string{true: "confirming", false: "reverting"}[r.Step == stepConfirm || r.Step == stepConfirming],
+				r.Instance, et, orDefault(pl.reason, "no reason given")))
+	}
+	return true, false, nil // a late or repeated notification of this resize
+}
+
+type novaPayload struct {
+	host, flavor, reason string
+	vgpus                int
+	traits               []string
+}
+
+// decodeNovaPayload reads what the Nova path needs of an event's payload
+// (a nova_object): the host, the flavor's name and vGPU demand, and the
+// reason of a compute task's error or the instance's fault.
+func decodeNovaPayload(raw json.RawMessage) novaPayload {
+	var out novaPayload
+	var o nova.Object
+	if json.Unmarshal(raw, &o) != nil {
+		return out
+	}
+	pl, _ := nova.DecodeObject(o)
+	exc := func(e *nova.Exception) string {
+		if e == nil {
+			return ""
+		}
+		// Remote exceptions carry the traceback after the message.
+		msg, _, _ := strings.Cut(strings.TrimSpace(e.ExceptionMessage), "\n")
+		return joinNonEmpty(": ", e.Exception, strings.TrimSpace(msg))
+	}
+	switch x := pl.(type) {
+	case *nova.InstanceAction:
+		if x.Host != nil {
+			out.host = *x.Host
+		}
+		if x.Flavor != nil {
+			out.flavor = x.Flavor.Name
+			if d, err := nova.ParseExtraSpecs(x.Flavor.ExtraSpecs); err == nil {
+				out.vgpus = d.VGPUs()
+				for _, g := range d.VGPUGroups() {
+					out.traits = append(out.traits, g.Required...)
+				}
+			}
+		}
+		out.reason = exc(x.Fault)
+	case *nova.ComputeTask:
+		out.reason = exc(x.Reason)
+	}
+	return out
+}
+
+// tenantResize records a resize to a vGPU flavor the bridge did not ask
+// for (a tenant's): the instance's vGPU demand is in instances (ingest);
+// this records it in the audit log and, before the policy sees the event,
+// waits (errRetry) until the host's agent reports the vGPU, so the
+// policy's tuning intents know its physical GPU.
+func (p *Processor) tenantResize(ctx context.Context, tx pgx.Tx, row InboxRow, finish bool) error {
+	if !finish {
+		return nil
+	}
+	pl := decodeNovaPayload(row.Payload)
+	if pl.vgpus == 0 {
+		return nil
+	}
+	v, reported, err := p.reportedVGPU(ctx, tx, row.InstanceUUID, pl.host)
+	if err != nil {
+		return err
+	}
+	if reported && v.GPU == "" && row.Attempts+1 < p.cfg.MaxAttempts {
+		return errRetry{fmt.Errorf("instance %s was resized to vGPU flavor %s on host %s: waiting for its agent to report the vGPU", row.InstanceUUID, pl.flavor, pl.host)}
+	}
+	d, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "flavor": pl.flavor, "vgpus": pl.vgpus,
+		"traits": pl.traits, "host": pl.host, "gpu": v.GPU, "profile": v.Profile, "nova_request_id": row.RequestID})
+	_, err = tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+		VALUES ($1, 'vgpu_recorded', 'instance', $2, NULL, $3)`, p.actor(), row.InstanceUUID, d)
+	return err
+}
+
+// reportedVGPU is the instance's Nova-owned vGPU as its host's agent last
+// reported it (GPU address and profile); reported is false when no agent
+// of host ever reported.
+func (p *Processor) reportedVGPU(ctx context.Context, q querier, instance, host string) (policy.VGPU, bool, error) {
+	var v policy.VGPU
+	if host == "" {
+		return v, false, nil
+	}
+	var raw []byte
+	err := q.QueryRow(ctx, `SELECT report FROM hosts WHERE name = $1 AND report IS NOT NULL`, host).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return v, false, nil
+	}
+	if err != nil {
+		return v, false, fmt.Errorf("read report of %s: %w", host, err)
+	}
+	var r protocol.Report
+	if json.Unmarshal(raw, &r) != nil {
+		return v, false, nil
+	}
+	for _, g := range r.GPUs {
+		for _, a := range g.Active {
+			if !strings.EqualFold(a.InstanceUUID, instance) {
+				continue
+			}
+			v.GPU = g.PCI
+			v.Count++
+			for _, t := range g.Types {
+				if t.ID == a.TypeID && v.Profile == "" {
+					v.Profile = strings.TrimPrefix(t.Name, "GRID ")
+				}
+			}
+			if v.Profile == "" && p.d.Catalog != nil {
+				if cp, ok := p.d.Catalog.ByTypeID(a.TypeID); ok {
+					v.Profile = cp.Name
+				}
+			}
+		}
+	}
+	return v, true, nil
+}
+
+// flavorVGPU is the policy's view of the vGPUs of an instance's flavor:
+// n units on the GPU its host's agent reports, when known (tune intents
+// need it). The profile stays empty: the policy's resize rules act on
+// direct-path vGPUs only.
+func (p *Processor) flavorVGPU(ctx context.Context, q querier, instance, host string, n int) policy.VGPU {
+	v, _, err := p.reportedVGPU(ctx, q, instance, host)
+	if err != nil {
+		p.log.Debug("pipeline: cannot read the host's report", LogHost, host, LogError, err)
+	}
+	return policy.VGPU{Count: n, GPU: v.GPU}
+}
+
+// novaResult takes the agent's answer to a verify_vgpu of the Nova path.
+// handled is false for results of other requests.
+func (p *Processor) novaResult(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kind string, res protocol.Result) (bool, error) {
+	r, ok, err := lockResize(ctx, tx, `r.request_id = $1`, false, reqID)
+	if err != nil || !ok {
+		return false, err
+	}
+	if r.Step != stepVerifying || r.VerifyCommand == nil || r.VerifyCommand.String() != strings.ToLower(res.CommandID) {
+		return true, nil // an old verification
+	}
+	if err := p.auditNova(ctx, tx, r, "nova_verify", map[string]any{"command_id": res.CommandID, "status": res.Status, "code": res.Code,
+		"message": res.Message, "details": res.Details}); err != nil {
+		return true, err
+	}
+	if res.Status != protocol.Succeeded {
+		return true, p.startRevert(ctx, tx, r, CodeVerifyFailed, describeResult(host, kind, res))
+	}
+	if r.RequestState.Final() {
+		return true, p.startRevert(ctx, tx, r, CodeVerifyFailed, "the request ended while the agent verified the vGPU")
+	}
+	if err := setStep(ctx, tx, r.RequestID, stepConfirm, 0, true, ", attempts = 0"); err != nil {
+		return true, err
+	}
+	if _, err := p.d.Requests.Transition(ctx, tx, r.RequestID, r.RequestState, PhaseConfirming,
+		fmt.Sprintf("the agent of host %s verified %d × %s; confirming the resize", host, r.Count, r.Profile), ""); err != nil {
+		return true, err
+	}
+	p.kickNova()
+	return true, nil
+}
+
+// runNova makes the due Nova calls and handles passed deadlines until ctx
+// ends.
+func (p *Processor) runNova(ctx context.Context) {
+	t := time.NewTicker(p.nova.PollInterval)
+	defer t.Stop()
+	for {
+		for ctx.Err() == nil && !p.paused(ctx, "nova") {
+			did, err := p.NovaOnce(ctx)
+			if err != nil && ctx.Err() == nil {
+				p.log.Warn("pipeline: Nova step failed", LogError, err)
+				break
+			}
+			if !did {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-p.novaWake:
+		}
+	}
+}
+
+// NovaOnce makes one due Nova call or handles one passed deadline; it
+// reports whether it found one.
+func (p *Processor) NovaOnce(ctx context.Context) (bool, error) {
+	if p.d.Nova == nil {
+		return false, nil
+	}
+	did, err := p.novaDue(ctx)
+	if did || err != nil {
+		return did, err
+	}
+	return p.novaDeadline(ctx)
+}
+
+// novaDue leases one row whose call is due (its due_at moves past the
+// lease, its attempts count up, committed), makes the call outside any
+// transaction, then records the outcome under the row's lock.
+func (p *Processor) novaDue(ctx context.Context) (bool, error) {
+	var r resizeRow
+	found := false
+	err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+		var ok bool
+		var err error
+		r, ok, err = lockResize(ctx, tx, `r.step IN ('resize','confirm','revert') AND r.due_at <= now() ORDER BY r.due_at`, true)
+		if err != nil || !ok {
+			return err
+		}
+		found = true
+		r.Attempts++
+		_, err = tx.Exec(ctx, `UPDATE nova_resizes SET due_at = now() + make_interval(secs => $2), attempts = $3, updated_at = now() WHERE request_id = $1`,
+			r.RequestID, p.nova.CallLease.Seconds(), r.Attempts)
+		return err
+	})
+	if err != nil || !found {
+		return found, err
+	}
+	out := p.callNova(ctx, r)
+	return true, pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+		cur, ok, err := lockResize(ctx, tx, `r.request_id = $1`, false, r.RequestID)
+		if err != nil || !ok {
+			return err
+		}
+		if cur.Step != r.Step || cur.Attempts != r.Attempts {
+			// A notification moved the row on meanwhile (or another replica
+			// took it over): the call is recorded, the row is not touched.
+			return p.auditNova(ctx, tx, cur, "nova_call", out.audit)
+		}
+		if err := p.auditNova(ctx, tx, cur, "nova_call", out.audit); err != nil {
+			return err
+		}
+		return out.apply(ctx, tx, cur)
+	})
+}
+
+// callOutcome is what a Nova call did, applied under the row's lock.
+type callOutcome struct {
+	audit map[string]any
+	apply func(ctx context.Context, tx pgx.Tx, r resizeRow) error
+}
+
+// retryOrFail reschedules a call after a retryable error, or fails the
+// request after MaxAttempts or a final error.
+func (p *Processor) retryOrFail(op string, err error, failCode string) callOutcome {
+	return callOutcome{audit: map[string]any{"call": op, "error": err.Error()}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+		if computeapi.IsRetryable(err) && r.Attempts < p.cfg.MaxAttempts {
+			wait := p.cfg.RetryMin << min(r.Attempts-1, 20)
+			if wait > p.cfg.RetryMax || wait <= 0 {
+				wait = p.cfg.RetryMax
+			}
+			_, e := tx.Exec(ctx, `UPDATE nova_resizes SET due_at = now() + make_interval(secs => $2), last_error = $3, updated_at = now() WHERE request_id = $1`,
+				r.RequestID, wait.Seconds(), err.Error())
+			return e
+		}
+		reason := fmt.Sprintf("%s: %v", op, err)
+		if r.Step == stepRevert {
+			reason = r.FailReason + "; and the revert failed: " + reason
+			failCode = orDefault(r.FailCode, failCode)
+		}
+		return p.finishFailed(ctx, tx, r, failCode, reason)
+	}}
+}
+
+func (p *Processor) callNova(ctx context.Context, r resizeRow) callOutcome {
+	cctx, cancel := context.WithTimeout(ctx, p.nova.CallLease/2)
+	defer cancel()
+	nc, id := p.d.Nova, r.NovaRequestID
+	srv, err := nc.Server(cctx, r.Instance, id)
+	if computeapi.IsNotFound(err) {
+		return callOutcome{audit: map[string]any{"call": "get server", "error": err.Error()}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return p.finishFailed(ctx, tx, r, CodeNoInstance, fmt.Sprintf("Nova has no server %s", r.Instance))
+		}}
+	}
+	if err != nil {
+		return p.retryOrFail("get server", err, CodeNovaError)
+	}
+	state := map[string]any{"status": srv.Status, "task_state": srv.TaskState, "host": srv.Host, "flavor": srv.Flavor.Name}
+	switch r.Step {
+	case stepResize:
+		return p.callResize(cctx, r, srv, state)
+	case stepConfirm:
+		return p.callConfirm(cctx, r, srv, state)
+	default:
+		return p.callRevert(cctx, r, srv, state)
+	}
+}
+
+func (p *Processor) callResize(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
+	if r.RequestState.Final() {
+		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "the request ended before the resize"},
+			apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+				return setStep(ctx, tx, r.RequestID, stepDone, 0, false, "")
+			}}
+	}
+	if srv.Resizing() || (r.ResizeSent && computeapi.CarriesVGPU(srv.Flavor, r.want())) {
+		if r.ResizeSent {
+			// An earlier attempt's call reached Nova before its outcome was
+			// recorded: follow that resize.
+			return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "a resize is under way: an earlier attempt's call"},
+				apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+					if srv.Status == "VERIFY_RESIZE" {
+						r.FlavorName = srv.Flavor.Name
+						if _, err := tx.Exec(ctx, `UPDATE nova_resizes SET flavor_name = $2 WHERE request_id = $1`, r.RequestID, srv.Flavor.Name); err != nil {
+							return err
+						}
+						return p.queueVerify(ctx, tx, r, srv.Host)
+					}
+					if !srv.Resizing() { // confirmed already
+						r.FlavorName, r.TargetHost = srv.Flavor.Name, srv.Host
+						return p.finishSucceeded(ctx, tx, r, "the server was found on the flavor")
+					}
+					return p.resizeCalled(ctx, tx, r, "", srv.Flavor.Name, srv.Flavor.Name)
+				}}
+		}
+		return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return p.finishFailed(ctx, tx, r, CodeBusy, fmt.Sprintf("server %s is being resized already (status %s, task state %s); retry when it is finished",
+				r.Instance, srv.Status, orDefault(srv.TaskState, "none")))
+		}}
+	}
+	flavors, err := p.d.Nova.Flavors(ctx, r.NovaRequestID)
+	if err != nil {
+		return p.retryOrFail("list flavors", err, CodeNovaError)
+	}
+	fl, err := computeapi.ChooseFlavor(srv.Flavor, flavors, r.want())
+	if err != nil {
+		return callOutcome{audit: map[string]any{"call": "none", "server": state, "error": err.Error()}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return p.finishFailed(ctx, tx, r, CodeNoFlavor, err.Error())
+		}}
+	}
+	// Committed before the call: should the bridge die before recording
+	// the outcome, the next attempt follows the resize under way instead
+	// of calling again.
+	if _, err := p.d.Pool.Exec(ctx, `UPDATE nova_resizes SET resize_sent_at = now() WHERE request_id = $1`, r.RequestID); err != nil {
+		return p.retryOrFail("record the resize call", &computeapi.Error{Op: "record", Kind: computeapi.KindRetryable, Err: err}, CodeNovaError)
+	}
+	if err := p.d.Nova.Resize(ctx, srv.ID, fl.ID, r.NovaRequestID); err != nil {
+		code := CodeNovaError
+		return p.retryOrFail(fmt.Sprintf("resize to flavor %s (%s)", fl.Name, fl.ID), err, code)
+	}
+	return callOutcome{audit: map[string]any{"call": "resize", "flavor_id": fl.ID, "flavor": fl.Name, "old_flavor": srv.Flavor.Name, "server": state},
+		apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return p.resizeCalled(ctx, tx, r, fl.ID, fl.Name, srv.Flavor.Name)
+		}}
+}
+
+func (p *Processor) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, flavorID, flavorName, oldFlavor string) error {
+	if err := setStep(ctx, tx, r.RequestID, stepResizing, p.nova.ResizeTimeout, false,
+		", flavor_id = nullif($5,''), flavor_name = $6, old_flavor = $7, last_error = NULL", flavorID, flavorName, oldFlavor); err != nil {
+		return err
+	}
+	to := r.RequestState
+	if to == requests.Decided {
+		to = requests.Dispatched
+	}
+	_, err := p.d.Requests.Transition(ctx, tx, r.RequestID, to, PhaseResizing,
+		fmt.Sprintf("Nova resizes the server from flavor %s to %s (%d × %s)", orDefault(oldFlavor, "?"), flavorName, r.Count, r.Profile), "")
+	return err
+}
+
+func (p *Processor) callConfirm(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
+	if r.RequestState.Final() && srv.Status == "VERIFY_RESIZE" {
+		// Cancelled after the verification: undo rather than confirm.
+		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "the request ended before the confirm"},
+			apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+				return p.startRevert(ctx, tx, r, requests.CodeCancelled, "the request ended before the resize was confirmed")
+			}}
+	}
+	switch {
+	case srv.Status == "VERIFY_RESIZE":
+		if err := p.d.Nova.ConfirmResize(ctx, srv.ID, r.NovaRequestID); err != nil {
+			return p.retryOrFail("confirm resize", err, CodeNovaError)
+		}
+		return callOutcome{audit: map[string]any{"call": "confirm_resize", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return setStep(ctx, tx, r.RequestID, stepConfirming, p.nova.ConfirmTimeout, false, "")
+		}}
+	case !srv.Resizing() && computeapi.CarriesVGPU(srv.Flavor, r.want()):
+		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "confirmed already"}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return p.finishSucceeded(ctx, tx, r, "the server is on the new flavor")
+		}}
+	case srv.Resizing():
+		// resize_confirming: an earlier attempt's call is running.
+		return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return setStep(ctx, tx, r.RequestID, stepConfirming, p.nova.ConfirmTimeout, false, "")
+		}}
+	}
+	return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+		return p.finishFailed(ctx, tx, r, CodeNovaFailed, fmt.Sprintf("cannot confirm the resize: server %s is %s (task state %s) on flavor %s%s",
+			r.Instance, srv.Status, orDefault(srv.TaskState, "none"), srv.Flavor.Name, faultSuffix(srv.Fault)))
+	}}
+}
+
+func (p *Processor) callRevert(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
+	switch {
+	case srv.Status == "VERIFY_RESIZE":
+		if err := p.d.Nova.RevertResize(ctx, srv.ID, r.NovaRequestID); err != nil {
+			return p.retryOrFail("revert resize", err, CodeNovaError)
+		}
+		return callOutcome{audit: map[string]any{"call": "revert_resize", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return setStep(ctx, tx, r.RequestID, stepReverting, p.nova.ConfirmTimeout, false, "")
+		}}
+	case srv.Resizing():
+		return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return setStep(ctx, tx, r.RequestID, stepReverting, p.nova.ConfirmTimeout, false, "")
+		}}
+	}
+	return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "nothing to revert"}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+		return p.finishFailed(ctx, tx, r, orDefault(r.FailCode, CodeVerifyFailed),
+			fmt.Sprintf("%s; the server is %s on flavor %s", r.FailReason, srv.Status, srv.Flavor.Name))
+	}}
+}
+
+func faultSuffix(f string) string {
+	if f == "" {
+		return ""
+	}
+	return "; fault: " + f
+}
+
+// novaDeadline handles one row whose step passed its deadline: it reads
+// the server (a notification may have been lost) and moves on, reverts or
+// fails.
+func (p *Processor) novaDeadline(ctx context.Context) (bool, error) {
+	found := false
+	err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+		r, ok, err := lockResize(ctx, tx, `r.step IN ('resizing','verifying','confirming','reverting') AND r.deadline_at < now() ORDER BY r.deadline_at`, true)
+		if err != nil || !ok {
+			return err
+		}
+		found = true
+		srv, err := p.d.Nova.Server(ctx, r.Instance, r.NovaRequestID)
+		if err != nil && !computeapi.IsNotFound(err) {
+			// Try again at the next look, a little later.
+			_, e := tx.Exec(ctx, `UPDATE nova_resizes SET deadline_at = now() + make_interval(secs => $2), last_error = $3 WHERE request_id = $1`,
+				r.RequestID, p.cfg.RetryMax.Seconds(), err.Error())
+			return e
+		}
+		if computeapi.IsNotFound(err) {
+			return p.finishFailed(ctx, tx, r, CodeNoInstance, fmt.Sprintf("Nova has no server %s any more", r.Instance))
+		}
+		state := fmt.Sprintf("status %s, task state %s, flavor %s%s", srv.Status, orDefault(srv.TaskState, "none"), srv.Flavor.Name, faultSuffix(srv.Fault))
+		if err := p.auditNova(ctx, tx, r, "nova_deadline", map[string]any{"step": r.Step, "server": state}); err != nil {
+			return err
+		}
+		switch r.Step {
+		case stepResizing:
+			if srv.Status == "VERIFY_RESIZE" { // the notification was lost
+				r.FlavorName = orDefault(r.FlavorName, srv.Flavor.Name)
+				return p.queueVerify(ctx, tx, r, srv.Host)
+			}
+			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not finish the resize to %s within %s (server: %s)",
+				orDefault(r.FlavorName, "?"), p.nova.ResizeTimeout, state))
+		case stepVerifying:
+			if _, err := tx.Exec(ctx, `UPDATE commands SET result_status = 'cancelled', finished_at = now()
+				WHERE request_id = $1 AND sent_at IS NULL AND finished_at IS NULL`, r.RequestID); err != nil {
+				return err
+			}
+			return p.startRevert(ctx, tx, r, CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer verify_vgpu within %s; is vgpu-agent running there and consuming %s?",
+				r.TargetHost, p.nova.VerifyTimeout, protocol.AgentQueue(r.TargetHost)))
+		case stepConfirming:
+			if !srv.Resizing() && computeapi.CarriesVGPU(srv.Flavor, r.want()) {
+				return p.finishSucceeded(ctx, tx, r, "the server is on the new flavor (no confirm notification seen)")
+			}
+			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not confirm the resize within %s (server: %s)", p.nova.ConfirmTimeout, state))
+		default: // reverting
+			if !srv.Resizing() {
+				return p.finishFailed(ctx, tx, r, orDefault(r.FailCode, CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
+			}
+			return p.finishFailed(ctx, tx, r, orDefault(r.FailCode, CodeVerifyFailed),
+				fmt.Sprintf("%s; and Nova did not revert the resize within %s (server: %s)", r.FailReason, p.nova.ConfirmTimeout, state))
+		}
+	})
+	return found, err
+}

@@ -1,0 +1,68 @@
+package pipeline
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpu-bridge/vgpu-bridge/nova/novatest"
+)
+
+// TestDecodeNovaPayload reads what the Nova path needs from Nova's own
+// notification samples (nova/testdata/notification_samples).
+func TestDecodeNovaPayload(t *testing.T) {
+	tests := []struct {
+		sample, host, flavor string
+		reasonHas            string
+	}{
+		{sample: "instance-resize_finish-end", host: "compute", flavor: "other_flavor"},
+		{sample: "instance-resize_confirm-end", host: "compute", flavor: "m1.small"},
+		{sample: "compute_task-migrate_server-error", reasonHas: "NoValidHost: No valid host was found."},
+		{sample: "instance-resize_prep-end", host: "compute", flavor: "test_flavor"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.sample, func(t *testing.T) {
+			b, err := novatest.ResolveFile(filepath.Join("..", "..", "nova", "testdata", "notification_samples", tc.sample+".json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m struct {
+				Payload json.RawMessage `json:"payload"`
+			}
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			got := decodeNovaPayload(m.Payload)
+			if got.host != tc.host || got.flavor != tc.flavor || !strings.Contains(got.reason, tc.reasonHas) {
+				t.Errorf("got host %q flavor %q reason %q; want %q %q, reason with %q", got.host, got.flavor, got.reason, tc.host, tc.flavor, tc.reasonHas)
+			}
+		})
+	}
+	if got := decodeNovaPayload(json.RawMessage(`{"nope": 1}`)); got.host != "" || got.reason != "" {
+		t.Errorf("garbage decoded to %+v", got)
+	}
+}
+
+func TestNovaHostProblem(t *testing.T) {
+	inst := uuid.NewString()
+	tests := []struct {
+		f    InstanceFacts
+		code string
+	}{
+		{InstanceFacts{UUID: inst, Host: "cmp1", Known: true}, ""},
+		{InstanceFacts{UUID: inst}, CodeNoInstance},
+		{InstanceFacts{UUID: inst, Host: "cmp1", Known: true, Deleted: true}, CodeNoInstance},
+		{InstanceFacts{UUID: inst, Known: true}, CodeNoHost},
+	}
+	for _, tc := range tests {
+		if _, code := novaHostProblem(Facts{Instance: tc.f}); code != tc.code {
+			t.Errorf("%+v: code %q, want %q", tc.f, code, tc.code)
+		}
+	}
+	if NovaRequestID(uuid.MustParse("5c1d2a39-4f4e-4d0e-9b8f-2f6d3c8e1a00")) != "req-5c1d2a39-4f4e-4d0e-9b8f-2f6d3c8e1a00" {
+		t.Error("NovaRequestID")
+	}
+}

@@ -1,0 +1,896 @@
+// Command e2e is the end-to-end load harness of the direct path (make
+// bench): signed GPU_REQUEST webhooks → request and inbox row → policy →
+// Placement claim → outbox → RabbitMQ → vgpu-agent on a fake host
+// (create_mdev, attach_vgpu into the libvirt test driver's domain) →
+// results → request succeeded. Everything runs in this process against
+// the local Postgres, RabbitMQ and Placement: the bridge's webhook
+// endpoint, pipeline (default [pipeline] settings), relay and consumers,
+// and 100 simulated compute hosts, each a real vgpu-agent on its own fake
+// host with one T4 (T4-1Q, 16 per GPU) in Placement.
+//
+// Each of 3 runs measures
+//
+//  1. latency: one request at a time, from the webhook POST to the
+//     request's finished_at (the transaction that records the last agent
+//     result), p50 and p99;
+//  2. throughput: requests for instances spread over the 100 hosts sent
+//     at once by 64 clients; completed requests per second from the first
+//     POST to the last success;
+//
+// and two baselines on the same machine in the same run: the raw broker
+// round trip (a persistent, confirmed publish to a queue, consumed and
+// answered on another: what one agent command costs at the least; the
+// direct path needs two) and the rate of a bare handler on the same HTTP
+// stack answering 202 at once. It prints each run and the medians, with
+// the ratios e2e p50 / broker round trip and completed/s over bare 202/s.
+//
+// It makes a database of its own (VGPU_TEST_POSTGRES_URL, default
+// postgres://postgres@127.0.0.1:5432/postgres) and providers, consumers and
+// queues of its own, and removes them at the end (also on Ctrl-C). About
+// 3 minutes on an idle 2-core machine; set-up (100 agents) is most of it.
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocations"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/traits"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+const (
+	typeID  = "nvidia-230" // GRID T4-1Q, 16 per T4
+	trait   = "CUSTOM_NVIDIA_230"
+	profile = "T4-1Q"
+	gpuPCI  = "0000:3b:00.0"
+)
+
+var secret = []byte("bench-e2e-secret-0123456789abcdef")
+
+const benchPolicy = `version: 1
+defaults:
+  attach_mode: direct-live
+  quota: {max_vgpus: 100000, max_vgpus_per_vm: 4}
+rules:
+  - name: attach-on-request
+    on: [webhook.GPU_REQUEST]
+    when: preferred != ""
+    then: ['attach(preferred, 1)']
+`
+
+func main() {
+	hosts := flag.Int("hosts", 100, "simulated compute hosts")
+	runs := flag.Int("runs", 3, "runs (medians are printed)")
+	latN := flag.Int("latency-requests", 20, "sequential requests per run for the latency")
+	burst := flag.Int("burst", 100, "requests per run for the throughput")
+	clients := flag.Int("clients", 64, "concurrent webhook clients in the throughput phase")
+	verbose := flag.Bool("v", false, "log the bridge and agents to stderr")
+	flag.Parse()
+	// Ctrl-C or a timeout's SIGTERM ends the run; what it made is removed.
+	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(sctx, 12*time.Minute)
+	defer cancel()
+	h := &harness{nHosts: *hosts, clients: *clients, log: slog.New(slog.DiscardHandler)}
+	if *verbose {
+		h.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	err := h.run(ctx, *runs, *latN, *burst)
+	h.cleanup()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench e2e:", err)
+		os.Exit(1)
+	}
+}
+
+type host struct {
+	name, node, dir string
+	root, gpu       string
+	instances       []string
+}
+
+type harness struct {
+	nHosts  int
+	clients int
+	log     *slog.Logger
+	id      string
+
+	adminURL, dbName, dbURL string
+	pool                    *pgxpool.Pool
+	sc                      *gophercloud.ServiceClient
+	amqpURL, transportURL   string
+	hosts                   []*host
+	next                    atomic.Int64 // next free instance (across hosts, round robin)
+	results, reports        string
+	mu                      sync.Mutex
+	claimed                 []string // consumers that got a claim
+	perHost                 int      // instances per host
+	cleanups                []func()
+	hc                      *http.Client
+	url                     string
+	seq                     atomic.Int64
+	rs                      *requests.Store
+}
+
+func (h *harness) cleanup() {
+	for i := len(h.cleanups) - 1; i >= 0; i-- {
+		h.cleanups[i]()
+	}
+}
+
+func env(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
+}
+
+func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
+	b := make([]byte, 4)
+	rand.Read(b)
+	h.id = hex.EncodeToString(b)
+	start := time.Now()
+	if err := h.database(ctx); err != nil {
+		return err
+	}
+	h.amqpURL = env("VGPU_TEST_RABBIT_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	h.transportURL = "rabbit://" + strings.TrimPrefix(h.amqpURL, "amqp://")
+	phase := func(what string, t0 time.Time) {
+		fmt.Fprintf(os.Stderr, "  setup: %s in %s\n", what, time.Since(t0).Round(time.Millisecond))
+	}
+	t0 := time.Now()
+	if err := h.placementFleet(ctx); err != nil {
+		return err
+	}
+	phase("Placement providers", t0)
+	t0 = time.Now()
+	h.perHost = perHost(runs, latN, burst, h.nHosts)
+	if err := h.instances(ctx); err != nil {
+		return err
+	}
+	phase("instances and fake hosts", t0)
+	t0 = time.Now()
+	stop, err := h.bridge(ctx)
+	if err != nil {
+		return err
+	}
+	h.cleanups = append(h.cleanups, stop)
+	if err := h.queuesReady(ctx); err != nil {
+		return err
+	}
+	phase("bridge (first full Placement sync)", t0)
+	t0 = time.Now()
+	if err := h.agents(ctx); err != nil {
+		return err
+	}
+	phase("agents' first reports", t0)
+	fmt.Printf("e2e direct path: %d hosts (vgpu-agent on a fake host each, one T4), %d instances, set up in %s\n",
+		h.nHosts, h.nHosts*h.perHost, time.Since(start).Round(time.Second))
+
+	// Warm up: one request per 10 hosts.
+	if _, err := h.burst(ctx, max(h.nHosts/10, 1)); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	type result struct {
+		p50, p99, rtt time.Duration
+		claim         time.Duration
+		rate, bare    float64
+		completed     int
+	}
+	var rs []result
+	for i := 0; i < runs; i++ {
+		var r result
+		lat, err := h.latency(ctx, latN)
+		if err != nil {
+			return err
+		}
+		r.p50, r.p99 = pct(lat, 50), pct(lat, 99)
+		if r.rtt, err = h.brokerRTT(ctx, 100); err != nil {
+			return err
+		}
+		if r.claim, err = h.placementClaim(ctx, 20); err != nil {
+			return err
+		}
+		if r.rate, err = h.burst(ctx, burst); err != nil {
+			return err
+		}
+		r.completed = burst
+		r.bare = h.bare(ctx, 2*time.Second)
+		fmt.Printf("run %d: webhook→attached p50 %.1f ms p99 %.1f ms (%d sequential) | broker round trip p50 %.2f ms | Placement claim PUT p50 %.1f ms | %d requests on %d hosts: %.1f completed/s | bare 202: %.0f req/s\n",
+			i+1, ms(r.p50), ms(r.p99), latN, ms(r.rtt), ms(r.claim), burst, h.nHosts, r.rate, r.bare)
+		rs = append(rs, r)
+	}
+	med := func(f func(result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	p50 := med(func(r result) float64 { return ms(r.p50) })
+	p99 := med(func(r result) float64 { return ms(r.p99) })
+	rtt := med(func(r result) float64 { return ms(r.rtt) })
+	claim := med(func(r result) float64 { return ms(r.claim) })
+	rate := med(func(r result) float64 { return r.rate })
+	bare := med(func(r result) float64 { return r.bare })
+	fmt.Printf("median of %d runs: webhook→vGPU attached p50 %.1f ms, p99 %.1f ms; raw broker round trip p50 %.2f ms; ratio p50/round trip %.0f×\n",
+		len(rs), p50, p99, rtt, p50/rtt)
+	fmt.Printf("median of %d runs: one Placement claim (PUT /allocations) p50 %.1f ms; ratio webhook→attached p50 / claim %.1f×\n", len(rs), claim, p50/claim)
+	fmt.Printf("median of %d runs: %.1f requests completed/s with %d hosts; bare webhook 202 %.0f req/s; ratio completed/bare %.4f\n",
+		len(rs), rate, h.nHosts, bare, rate/bare)
+	return nil
+}
+
+func perHost(runs, latN, burst, hosts int) int {
+	need := max(hosts/10, 1) + runs*(latN+burst)
+	return min((need+hosts-1)/hosts+1, 15)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func pct(v []time.Duration, p int) time.Duration {
+	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+	i := (len(v)*p + 99) / 100
+	return v[min(max(i-1, 0), len(v)-1)]
+}
+
+func (h *harness) database(ctx context.Context) error {
+	h.adminURL = env("VGPU_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	h.dbName = "vgpu_bench_e2e_" + h.id
+	ac, err := pgx.Connect(ctx, h.adminURL)
+	if err != nil {
+		return fmt.Errorf("postgres at %s: %w (start it with `make services`)", h.adminURL, err)
+	}
+	defer ac.Close(ctx)
+	if _, err := ac.Exec(ctx, "CREATE DATABASE "+h.dbName); err != nil {
+		return err
+	}
+	h.cleanups = append(h.cleanups, func() {
+		c, err := pgx.Connect(context.Background(), h.adminURL)
+		if err == nil {
+			c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+h.dbName+" WITH (FORCE)") //nolint:errcheck
+			c.Close(context.Background())
+		}
+	})
+	base, query, _ := strings.Cut(h.adminURL, "?")
+	h.dbURL = base[:strings.LastIndex(base, "/")+1] + h.dbName
+	if query != "" {
+		h.dbURL += "?" + query
+	}
+	h.pool, err = store.Open(ctx, store.Config{URL: h.dbURL, MaxConns: 24})
+	if err != nil {
+		return err
+	}
+	h.cleanups = append(h.cleanups, h.pool.Close)
+	_, err = store.Migrate(ctx, h.pool, nil)
+	return err
+}
+
+// parallel runs fn for 0..n-1 on k goroutines and returns the first error.
+func parallel(n, k int, fn func(i int) error) error {
+	var mu sync.Mutex
+	var first error
+	var wg sync.WaitGroup
+	next := atomic.Int64{}
+	for range k {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := fn(i); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// placementFleet creates what Nova's libvirt driver would for each host:
+// the compute node's root provider and one T4 child with VGPU inventory
+// and the type trait.
+func (h *harness) placementFleet(ctx context.Context) error {
+	url := env("VGPU_TEST_PLACEMENT_URL", "http://127.0.0.1:8778")
+	c, err := placement.NewClient(ctx, placement.ClientConfig{Endpoint: url, Token: "admin"})
+	if err != nil {
+		return err
+	}
+	h.sc = c.ServiceClient()
+	if err := traits.Create(ctx, h.sc, trait).ExtractErr(); err != nil {
+		return fmt.Errorf("placement at %s: %w (start it with `make services`)", url, err)
+	}
+	for i := range h.nHosts {
+		name := fmt.Sprintf("bench-%s-h%03d", h.id, i)
+		h.hosts = append(h.hosts, &host{name: name, node: name + ".nodes.test", root: uuid.NewString(), gpu: uuid.NewString()})
+	}
+	h.cleanups = append(h.cleanups, func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		parallel(len(h.claimed), 8, func(i int) error { //nolint:errcheck
+			allocations.Delete(cctx, h.sc, h.claimed[i]).ExtractErr() //nolint:errcheck
+			return nil
+		})
+		parallel(len(h.hosts), 8, func(i int) error { //nolint:errcheck
+			resourceproviders.Delete(cctx, h.sc, h.hosts[i].gpu).ExtractErr()  //nolint:errcheck
+			resourceproviders.Delete(cctx, h.sc, h.hosts[i].root).ExtractErr() //nolint:errcheck
+			return nil
+		})
+	})
+	return parallel(len(h.hosts), 8, func(i int) error {
+		hs := h.hosts[i]
+		if _, err := resourceproviders.Create(ctx, h.sc, resourceproviders.CreateOpts{Name: hs.node, UUID: hs.root}).Extract(); err != nil {
+			return fmt.Errorf("root provider: %w", err)
+		}
+		name := hs.node + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(gpuPCI)
+		if _, err := resourceproviders.Create(ctx, h.sc, resourceproviders.CreateOpts{Name: name, UUID: hs.gpu, ParentProviderUUID: hs.root}).Extract(); err != nil {
+			return fmt.Errorf("GPU provider: %w", err)
+		}
+		r, err := resourceproviders.UpdateInventories(ctx, h.sc, hs.gpu, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+			"VGPU": {Total: 16, MinUnit: 1, MaxUnit: 16, StepSize: 1, AllocationRatio: 1},
+		}}).Extract()
+		if err != nil {
+			return fmt.Errorf("GPU inventory: %w", err)
+		}
+		_, err = resourceproviders.UpdateTraits(ctx, h.sc, hs.gpu, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: r.ResourceProviderGeneration,
+			Traits: []string{trait}}).Extract()
+		return err
+	})
+}
+
+// instances records the instances the bridge knows (as Nova's
+// notifications would have) and builds each host's fake host with them as
+// running domains.
+func (h *harness) instances(ctx context.Context) error {
+	n := h.perHost
+	dir, err := os.MkdirTemp("", "vgpu-bench-e2e-")
+	if err != nil {
+		return err
+	}
+	h.cleanups = append(h.cleanups, func() { os.RemoveAll(dir) })
+	project, user := strings.ReplaceAll(uuid.NewString(), "-", ""), strings.ReplaceAll(uuid.NewString(), "-", "")
+	for hi, hs := range h.hosts {
+		spec := fakehost.DefaultSpec()
+		spec.Host = hs.name
+		spec.VFIOGPUs = nil
+		spec.MdevGPUs = spec.MdevGPUs[:1]
+		spec.MdevGPUs[0].Addr = pci.MustParse(gpuPCI)
+		spec.MdevGPUs[0].Mdevs = nil
+		spec.Domains = nil
+		for j := range n {
+			id := uuid.NewString()
+			hs.instances = append(hs.instances, id)
+			spec.Domains = append(spec.Domains, fakehost.Domain{Name: fmt.Sprintf("instance-%08x", hi*100+j+1), UUID: id, Running: true})
+		}
+		if _, err := h.pool.Exec(ctx, `INSERT INTO instances (uuid, project_id, user_id, host, node, vm_state, power_state)
+			SELECT u::uuid, $2, $3, $4, $5, 'active', 'running' FROM unnest($1::text[]) AS u`, hs.instances, project, user, hs.name, hs.node); err != nil {
+			return err
+		}
+		hs.dir = filepath.Join(dir, hs.name)
+		if _, err := fakehost.Build(hs.dir, spec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// bridge starts the bridge's parts in this process: placement service
+// (first full sync), pipeline, dispatcher and the webhook endpoint.
+func (h *harness) bridge(ctx context.Context) (func(), error) {
+	dir, err := os.MkdirTemp("", "vgpu-bench-e2e-policy-")
+	if err != nil {
+		return nil, err
+	}
+	h.cleanups = append(h.cleanups, func() { os.RemoveAll(dir) })
+	rules := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(rules, []byte(benchPolicy), 0o644); err != nil {
+		return nil, err
+	}
+	holder, err := policy.NewHolder(policy.Config{RulesFile: rules, ProfilesFile: filepath.Join(repoRoot(), "etc", "vgpu-bridge", "profiles.yaml")}, nil)
+	if err != nil {
+		return nil, err
+	}
+	svc, err := placement.New(ctx, placement.Config{Client: placement.ClientConfig{Endpoint: env("VGPU_TEST_PLACEMENT_URL", "http://127.0.0.1:8778"), Token: "admin"},
+		SyncConcurrency: 8, Replica: "bench"}, h.pool, holder.Catalog(), h.log)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := svc.SyncNow(ctx, true, nil); err != nil && !errors.Is(err, placement.ErrSyncBusy) {
+		return nil, fmt.Errorf("placement sync: %w", err)
+	}
+	pipePool, err := store.Open(ctx, store.Config{URL: h.dbURL, MaxConns: 12})
+	if err != nil {
+		return nil, err
+	}
+	h.cleanups = append(h.cleanups, pipePool.Close)
+	var disp *dispatch.Dispatcher
+	proc, err := pipeline.New(pipeline.Config{Replica: "bench", Workers: 8},
+		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/bench"), Policy: holder,
+			Placement: pipeline.ServiceAdapter{S: svc}, Catalog: holder.Catalog(), Log: h.log, OnOutbox: func() { disp.Kick() }})
+	if err != nil {
+		return nil, err
+	}
+	h.results, h.reports = "vgpu-bench-"+h.id+".results", "vgpu-bench-"+h.id+".reports"
+	dc := dispatch.Config{URLs: []string{h.amqpURL}, ResultsQueue: h.results, ReportsQueue: h.reports, Replica: "bench"}
+	for _, hs := range h.hosts {
+		dc.ResultsBindings = append(dc.ResultsBindings, protocol.ResultRoutingKey(hs.name))
+		dc.ReportsBindings = append(dc.ReportsBindings, protocol.ReportRoutingKey(hs.name))
+	}
+	// No catalog for the reports: under this load an agent's sysfs scan now
+	// and then comes back empty and it reports the NVML type ids ("230"),
+	// which would rename T4-1Q's trait mid-run (see the report). The seed
+	// profiles.yaml names the types.
+	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/bench"), Results: proc,
+		Phase: pipeline.PhaseOf, Log: h.log})
+	if err != nil {
+		return nil, err
+	}
+	h.rs = requests.NewStore(h.pool, "bench")
+	ep, err := webhook.New(webhook.Config{
+		Sources: []webhook.Source{{Name: "bench", Auth: webhook.AuthHMAC, Secrets: [][]byte{secret}, Rate: 1e6, Burst: 1e6, MaxBodyBytes: 65536}},
+		Store:   h.rs, Pool: h.pool, Logger: h.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	srv := api.New(api.Config{Listen: "127.0.0.1:0", Logger: h.log})
+	ep.Register(srv)
+	srv.Handle(http.MethodPost, "/bare", api.Custom, func(c echo.Context) error {
+		io.Copy(io.Discard, c.Request().Body) //nolint:errcheck
+		return c.JSONBlob(http.StatusAccepted, []byte(`{"request_id":"00000000-0000-0000-0000-000000000000","status_url":"/x","skipped":[]}`))
+	})
+	if err := srv.Start(); err != nil {
+		return nil, err
+	}
+	h.url = "http://" + srv.Addr()
+	h.hc = &http.Client{Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}}
+
+	rctx, rcancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, run := range []func(context.Context) error{proc.Run, disp.Run, func(ctx context.Context) error { ep.Run(ctx); return nil }} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(rctx); err != nil && rctx.Err() == nil {
+				fmt.Fprintln(os.Stderr, "bench e2e: bridge part stopped:", err)
+			}
+		}()
+	}
+	return func() {
+		srv.Shutdown() //nolint:errcheck
+		rcancel()
+		wg.Wait()
+		if c, err := amqp.Dial(h.amqpURL); err == nil {
+			if ch, err := c.Channel(); err == nil {
+				ch.QueueDelete(h.results, false, false, false) //nolint:errcheck
+				ch.QueueDelete(h.reports, false, false, false) //nolint:errcheck
+				for _, hs := range h.hosts {
+					ch.QueueDelete(protocol.AgentQueue(hs.name), false, false, false) //nolint:errcheck
+				}
+			}
+			c.Close()
+		}
+	}, nil
+}
+
+// queuesReady waits for the dispatcher's reports queue, so that the
+// agents' first reports are not published before anything is bound.
+func (h *harness) queuesReady(ctx context.Context) error {
+	conn, err := amqp.Dial(h.amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ch, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		_, err = ch.QueueDeclarePassive(h.reports, true, false, false, false, nil)
+		if err == nil {
+			ch.Close()
+			time.Sleep(300 * time.Millisecond) // the bindings follow the declare
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the dispatcher did not declare %s: %w", h.reports, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// agents starts one vgpu-agent per host, on its fake host, and waits for
+// every host's first report.
+func (h *harness) agents(ctx context.Context) error {
+	actx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errc := make(chan error, len(h.hosts))
+	for _, hs := range h.hosts {
+		v, err := agent.LoadConfig(conf.Source{Overrides: []string{"DEFAULT.host=" + hs.name, "DEFAULT.node=" + hs.node,
+			"DEFAULT.transport_url=" + h.transportURL, "DEFAULT.state_path=" + filepath.Join(hs.dir, "state"), "DEFAULT.listen=127.0.0.1:0",
+			"DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}})
+		if err != nil {
+			cancel()
+			return fmt.Errorf("agent config: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := agent.RunWith(actx, v, h.log, agent.RunOptions{FakeHostDir: hs.dir}); err != nil && actx.Err() == nil {
+				errc <- fmt.Errorf("agent %s: %w", hs.name, err)
+			}
+		}()
+	}
+	h.cleanups = append(h.cleanups, func() { cancel(); wg.Wait() })
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var n int
+		if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM hosts WHERE report IS NOT NULL`).Scan(&n); err != nil {
+			return err
+		}
+		if n >= len(h.hosts) {
+			return nil
+		}
+		select {
+		case err := <-errc:
+			return err
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d agents reported within 2 minutes", n, len(h.hosts))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// instance returns the next instance without a vGPU, round robin over
+// the hosts.
+func (h *harness) instance() (string, error) {
+	i := int(h.next.Add(1) - 1)
+	hs := h.hosts[i%len(h.hosts)]
+	j := i / len(h.hosts)
+	if j >= len(hs.instances) {
+		return "", errors.New("out of instances; raise perHost")
+	}
+	return hs.instances[j], nil
+}
+
+// post sends one signed GPU_REQUEST and returns the request id.
+func (h *harness) post(ctx context.Context, instance string) (uuid.UUID, error) {
+	body := []byte(`{"type":"GPU_REQUEST","vm_id":"` + instance + `","workload":"inference","vgpu_profile":"` + profile + `","count":1}`)
+	m := hmac.New(sha256.New, secret)
+	m.Write(body)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.url+"/v1/webhooks/bench", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(m.Sum(nil)))
+	req.Header.Set("Idempotency-Key", fmt.Sprintf("e2e-%s-%d", h.id, h.seq.Add(1)))
+	resp, err := h.hc.Do(req)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusAccepted {
+		return uuid.Nil, fmt.Errorf("webhook answered %d: %s", resp.StatusCode, b)
+	}
+	var ans struct {
+		RequestID uuid.UUID `json:"request_id"`
+	}
+	if err := json.Unmarshal(b, &ans); err != nil {
+		return uuid.Nil, err
+	}
+	h.mu.Lock()
+	h.claimed = append(h.claimed, instance)
+	h.mu.Unlock()
+	return ans.RequestID, nil
+}
+
+// waitAll waits until every request is final; it fails on any that did
+// not succeed, and returns the latest finished_at.
+func (h *harness) waitAll(ctx context.Context, ids []uuid.UUID, within time.Duration) (map[uuid.UUID]time.Time, error) {
+	deadline := time.Now().Add(within)
+	for {
+		rows, err := h.pool.Query(ctx, `SELECT id, state, coalesce(reason,''), finished_at FROM requests WHERE id = ANY($1)`, ids)
+		if err != nil {
+			return nil, err
+		}
+		done := map[uuid.UUID]time.Time{}
+		var failed []string
+		for rows.Next() {
+			var id uuid.UUID
+			var st, reason string
+			var fin *time.Time
+			if err := rows.Scan(&id, &st, &reason, &fin); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			switch requests.State(st) {
+			case requests.Succeeded:
+				done[id] = *fin
+			case requests.Failed, requests.Rejected:
+				failed = append(failed, fmt.Sprintf("%s %s: %s", id, st, reason))
+			}
+		}
+		rows.Close()
+		if len(failed) > 0 {
+			return nil, fmt.Errorf("%d request(s) did not succeed, e.g. %s", len(failed), failed[0])
+		}
+		if len(done) == len(ids) {
+			return done, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%d of %d requests succeeded within %s", len(done), len(ids), within)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// latency sends n requests one at a time and returns webhook POST →
+// request finished (all agent commands answered) for each.
+func (h *harness) latency(ctx context.Context, n int) ([]time.Duration, error) {
+	var out []time.Duration
+	for range n {
+		inst, err := h.instance()
+		if err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		id, err := h.post(ctx, inst)
+		if err != nil {
+			return nil, err
+		}
+		fin, err := h.waitAll(ctx, []uuid.UUID{id}, time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fin[id].Sub(t0))
+	}
+	return out, nil
+}
+
+// burst sends n requests with h.clients clients and returns completed
+// requests per second, first POST to last finished_at.
+func (h *harness) burst(ctx context.Context, n int) (float64, error) {
+	insts := make([]string, n)
+	for i := range insts {
+		var err error
+		if insts[i], err = h.instance(); err != nil {
+			return 0, err
+		}
+	}
+	ids := make([]uuid.UUID, n)
+	var mu sync.Mutex
+	t0 := time.Now()
+	err := parallel(n, h.clients, func(i int) error {
+		id, err := h.post(ctx, insts[i])
+		mu.Lock()
+		ids[i] = id
+		mu.Unlock()
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	fin, err := h.waitAll(ctx, ids, 3*time.Minute)
+	if err != nil {
+		return 0, err
+	}
+	h.breakdown(ctx, ids)
+	var last time.Time
+	for _, t := range fin {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return float64(n) / last.Sub(t0).Seconds(), nil
+}
+
+// breakdown prints where the requests' time went (medians, from the
+// rows' timestamps): webhook commit → decision (inbox poll, policy,
+// Placement claim), then per command the relay and the agent's answer.
+func (h *harness) breakdown(ctx context.Context, ids []uuid.UUID) {
+	row := h.pool.QueryRow(ctx, `WITH x AS (
+			SELECT r.id, r.created_at AS created, d.created_at AS decided,
+				c1.sent_at AS s1, c1.finished_at AS f1, c2.sent_at AS s2, c2.finished_at AS f2
+			FROM requests r JOIN decisions d ON d.request_id = r.id
+			JOIN commands c1 ON c1.request_id = r.id AND c1.seq = 1 JOIN commands c2 ON c2.request_id = r.id AND c2.seq = 2
+			WHERE r.id = ANY($1))
+		SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM decided - created)) * 1000,
+			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM s1 - decided)) * 1000,
+			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM f1 - s1)) * 1000,
+			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM s2 - f1)) * 1000,
+			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM f2 - s2)) * 1000 FROM x`, ids)
+	var a, b, c, d, e *float64
+	if err := row.Scan(&a, &b, &c, &d, &e); err != nil || a == nil {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "  where the time went (medians, ms): to decision %.0f | relay create_mdev %.0f | agent create_mdev %.0f | relay attach_vgpu %.0f | agent attach_vgpu %.0f\n",
+		*a, *b, *c, *d, *e)
+}
+
+// brokerRTT measures n sequential round trips through RabbitMQ: a
+// persistent, confirmed publish to a queue, a consumer that answers on a
+// second queue, the answer received.
+func (h *harness) brokerRTT(ctx context.Context, n int) (time.Duration, error) {
+	conn, err := amqp.Dial(h.amqpURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	pub, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	if err := pub.Confirm(false); err != nil {
+		return 0, err
+	}
+	srv, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	if err := srv.Confirm(false); err != nil {
+		return 0, err
+	}
+	qa, qb := "vgpu-bench-"+h.id+".rtt-a", "vgpu-bench-"+h.id+".rtt-b"
+	for _, q := range []string{qa, qb} {
+		if _, err := pub.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			return 0, err
+		}
+		defer pub.QueueDelete(q, false, false, false) //nolint:errcheck
+	}
+	in, err := srv.Consume(qa, "", false, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	back, err := pub.Consume(qb, "", false, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	go func() {
+		for d := range in {
+			dc, err := srv.PublishWithDeferredConfirmWithContext(ctx, "", qb, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: d.Body})
+			if err == nil {
+				dc.WaitContext(ctx) //nolint:errcheck
+			}
+			d.Ack(false) //nolint:errcheck
+		}
+	}()
+	var lat []time.Duration
+	for range n {
+		t0 := time.Now()
+		dc, err := pub.PublishWithDeferredConfirmWithContext(ctx, "", qa, false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte(`{"v":1}`)})
+		if err != nil {
+			return 0, err
+		}
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			return 0, fmt.Errorf("broker did not confirm: %v", err)
+		}
+		select {
+		case d := <-back:
+			d.Ack(false) //nolint:errcheck
+		case <-time.After(10 * time.Second):
+			return 0, errors.New("no answer through the broker within 10s")
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	return pct(lat, 50), nil
+}
+
+// placementClaim measures n sequential claims of one VGPU unit for a new
+// consumer (PUT /allocations/{consumer}, what the direct path's claim
+// writes at the least), each deleted again.
+func (h *harness) placementClaim(ctx context.Context, n int) (time.Duration, error) {
+	var lat []time.Duration
+	for i := range n {
+		c := uuid.NewString()
+		gpu := h.hosts[i%len(h.hosts)].gpu
+		h.mu.Lock()
+		h.claimed = append(h.claimed, c)
+		h.mu.Unlock()
+		t0 := time.Now()
+		err := allocations.Update(ctx, h.sc, c, allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{gpu: {Resources: map[string]int{"VGPU": 1}}},
+			ProjectID: "bench", UserID: "bench", ConsumerType: "INSTANCE"}).ExtractErr()
+		if err != nil {
+			return 0, fmt.Errorf("placement claim: %w", err)
+		}
+		lat = append(lat, time.Since(t0))
+		if err := allocations.Delete(ctx, h.sc, c).ExtractErr(); err != nil {
+			return 0, err
+		}
+	}
+	return pct(lat, 50), nil
+}
+
+// bare is the closed-loop rate of a handler on the same server stack
+// that answers 202 at once.
+func (h *harness) bare(ctx context.Context, d time.Duration) float64 {
+	var n atomic.Int64
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for range h.clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.url+"/bare", strings.NewReader(`{"type":"GPU_REQUEST"}`))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := h.hc.Do(req)
+				if err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					continue // counted as not answered; the phase is bounded by d
+				}
+				io.Copy(io.Discard, resp.Body) //nolint:errcheck
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusAccepted {
+					n.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(n.Load()) / d.Seconds()
+}

@@ -1,0 +1,432 @@
+// Package drift_test runs the drift reconciler against the real Postgres,
+// RabbitMQ and Placement, with the bridge's pipeline and dispatcher and an
+// in-process vgpu-agent on a fake host: each kind of drift is made for
+// real (an mdev the bridge never asked for, a claim whose instance was
+// deleted, a vGPU detached or unclaimed behind the bridge's back, a
+// consumer the bridge does not know), then found and, where safe,
+// repaired. The harness follows tests/pipeline's.
+package drift_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocations"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/traits"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
+)
+
+const (
+	t4q      = "nvidia-232"
+	t4qTrait = "CUSTOM_NVIDIA_232"
+	gpuA     = "0000:3b:00.0" // holds Nova's T4-4Q mdev of instance-00000001
+	gpuB     = "0000:d8:00.0" // empty
+)
+
+const testPolicy = `version: 1
+defaults:
+  attach_mode: direct-live
+  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
+rules:
+  - name: attach-on-request
+    on: [webhook.GPU_REQUEST]
+    when: preferred != ""
+    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
+  - name: request-without-fit
+    on: [webhook.GPU_REQUEST]
+    when: preferred == ""
+    then: ['reject("no vGPU profile fits this request")']
+  - name: release-on-request
+    on: [webhook.GPU_RELEASE]
+    then: ['release()']
+`
+
+func logger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return nil
+}
+
+// world is what every scenario shares: one database, one fleet host in
+// Placement, its fake host, and the bridge's queues.
+type world struct {
+	t        *testing.T
+	ctx      context.Context
+	pool     *pgxpool.Pool
+	dbURL    string
+	host     string // compute service host = fake host name
+	node     string // Placement root provider name
+	fake     string // fake host directory
+	holder   *policy.Holder
+	sc       *gophercloud.ServiceClient
+	root     string
+	gpus     map[string]string // PCI address → GPU provider uuid
+	project  string
+	user     string
+	results  string
+	reports  string
+	amqpURL  string
+	domains  []fakehost.Domain
+	created  []string // consumers to clean up
+	requests *requests.Store
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w := &world{t: t, ctx: ctx, host: testsvc.Name("drift-host"), project: strings.ReplaceAll(uuid.NewString(), "-", ""),
+		user: strings.ReplaceAll(uuid.NewString(), "-", ""), gpus: map[string]string{}}
+	w.node = w.host + ".nodes.test"
+	w.results, w.reports = testsvc.Name("drift-results"), testsvc.Name("drift-reports")
+	w.amqpURL = testsvc.RabbitURL(t)
+	w.dbURL = testsvc.MigratedPostgres(t)
+	w.pool = testsvc.Pool(t, w.dbURL)
+	w.requests = requests.NewStore(w.pool, "test")
+
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "policy.yaml")
+	testsvc.Must(t, os.WriteFile(rules, []byte(testPolicy), 0o644), "policy file")
+	h, err := policy.NewHolder(policy.Config{RulesFile: rules, ProfilesFile: "../../etc/vgpu-bridge/profiles.yaml"}, nil)
+	testsvc.Must(t, err, "policy")
+	w.holder = h
+
+	// The fake host: the default spec with instance uuids of this test
+	// (Placement's consumers are shared by every test) and two running
+	// domains without a vGPU for the scenarios.
+	spec := fakehost.DefaultSpec()
+	spec.Host = w.host
+	for i := range spec.Domains {
+		spec.Domains[i].UUID = uuid.NewString()
+	}
+	for i := 4; i <= 7; i++ {
+		spec.Domains = append(spec.Domains, fakehost.Domain{Name: fmt.Sprintf("instance-%08d", i), UUID: uuid.NewString(), Running: true})
+	}
+	w.domains = spec.Domains
+	w.fake = filepath.Join(dir, "fake")
+	_, err = fakehost.Build(w.fake, spec)
+	testsvc.Must(t, err, "fake host")
+
+	w.placementFleet()
+	t.Cleanup(func() {
+		c, err := amqp.Dial(w.amqpURL)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		ch, err := c.Channel()
+		if err != nil {
+			return
+		}
+		for _, q := range []string{w.results, w.reports, protocol.AgentQueue(w.host)} {
+			ch.QueueDelete(q, false, false, false)
+		}
+	})
+	return w
+}
+
+// placementFleet creates what Nova's libvirt driver would: the compute
+// node's root provider (VCPU, MEMORY_MB) named like the agent's node, one
+// child per T4 with VGPU inventory and the type trait, Nova's own vGPU
+// consumer (instance-00000001 on GPU A), and every test instance as a
+// consumer holding VCPU and MEMORY_MB.
+func (w *world) placementFleet() {
+	t, ctx := w.t, w.ctx
+	url := testsvc.PlacementURL(t)
+	c, err := placement.NewClient(ctx, placement.ClientConfig{Endpoint: url, Token: "admin"})
+	testsvc.Must(t, err, "placement client")
+	w.sc = c.ServiceClient()
+	testsvc.Must(t, traits.Create(ctx, w.sc, t4qTrait).ExtractErr(), "create trait")
+	w.root = uuid.NewString()
+	_, err = resourceproviders.Create(ctx, w.sc, resourceproviders.CreateOpts{Name: w.node, UUID: w.root}).Extract()
+	testsvc.Must(t, err, "create root provider")
+	t.Cleanup(w.cleanupPlacement)
+	_, err = resourceproviders.UpdateInventories(ctx, w.sc, w.root, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+		"VCPU":      {Total: 64, MinUnit: 1, MaxUnit: 64, StepSize: 1, AllocationRatio: 4},
+		"MEMORY_MB": {Total: 262144, MinUnit: 1, MaxUnit: 262144, StepSize: 1, AllocationRatio: 1},
+	}}).Extract()
+	testsvc.Must(t, err, "root inventory")
+	for _, pci := range []string{gpuA, gpuB} {
+		id := uuid.NewString()
+		name := w.node + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(pci)
+		_, err := resourceproviders.Create(ctx, w.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: w.root}).Extract()
+		testsvc.Must(t, err, "create GPU provider")
+		w.gpus[pci] = id
+		r, err := resourceproviders.UpdateInventories(ctx, w.sc, id, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+			"VGPU": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1},
+		}}).Extract()
+		testsvc.Must(t, err, "GPU inventory")
+		_, err = resourceproviders.UpdateTraits(ctx, w.sc, id, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: r.ResourceProviderGeneration,
+			Traits: []string{t4qTrait}}).Extract()
+		testsvc.Must(t, err, "GPU traits")
+	}
+	for i, d := range w.domains {
+		res := map[string]allocations.ProviderAllocationsOpts{w.root: {Resources: map[string]int{"VCPU": 2, "MEMORY_MB": 2048}}}
+		if i == 0 { // Nova's vGPU instance
+			res[w.gpus[gpuA]] = allocations.ProviderAllocationsOpts{Resources: map[string]int{"VGPU": 1}}
+		}
+		err := allocations.Update(ctx, w.sc, d.UUID, allocations.UpdateOpts{Allocations: res, ProjectID: w.project, UserID: w.user,
+			ConsumerType: "INSTANCE"}).ExtractErr()
+		testsvc.Must(t, err, "instance allocations")
+		w.created = append(w.created, d.UUID)
+		_, err = w.pool.Exec(ctx, `INSERT INTO instances (uuid, project_id, user_id, host, node, vm_state, power_state)
+			VALUES ($1, $2, $3, $4, $5, 'active', 'running')`, d.UUID, w.project, w.user, w.host, w.node)
+		testsvc.Must(t, err, "instance row")
+	}
+}
+
+func (w *world) cleanupPlacement() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range w.created {
+		if err := allocations.Delete(ctx, w.sc, c).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
+			w.t.Logf("cleanup: allocations of %s: %v", c, err)
+		}
+	}
+	for _, id := range w.gpus {
+		if err := resourceproviders.Delete(ctx, w.sc, id).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
+			w.t.Logf("cleanup: provider %s: %v", id, err)
+		}
+	}
+	if err := resourceproviders.Delete(ctx, w.sc, w.root).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
+		w.t.Logf("cleanup: provider %s: %v", w.root, err)
+	}
+}
+
+// bridge is one bridge replica: placement service, pipeline, dispatcher.
+type bridgeReplica struct {
+	svc  *placement.Service
+	proc *pipeline.Processor
+	disp *dispatch.Dispatcher
+}
+
+type replicaOpts struct {
+	name           string
+	requestTimeout time.Duration
+	noRun          bool
+	// dispatch adjusts the dispatcher's config ([security] keys).
+	dispatch func(*dispatch.Config)
+	// registry, when set, takes the dispatcher's metrics.
+	registry prometheus.Registerer
+}
+
+func (w *world) startBridge(o replicaOpts) *bridgeReplica {
+	t := w.t
+	svc, err := placement.New(w.ctx, placement.Config{Client: placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin"},
+		SyncConcurrency: 4, Replica: o.name}, w.pool, w.holder.Catalog(), logger())
+	testsvc.Must(t, err, "placement service")
+	_, err = svc.SyncNow(w.ctx, true, nil)
+	if err != nil && err != placement.ErrSyncBusy {
+		t.Fatalf("placement sync: %v", err)
+	}
+	if err == placement.ErrSyncBusy { // the other replica syncs: load the mirror
+		ps, err := svc.Store().Load(w.ctx)
+		testsvc.Must(t, err, "load mirror")
+		svc.Index().Load(ps)
+	}
+	r := &bridgeReplica{svc: svc}
+	if o.requestTimeout == 0 {
+		o.requestTimeout = 60 * time.Second
+	}
+	// The pipeline's own pool (pipeline.Deps.Pool).
+	pipePool, err := store.Open(w.ctx, store.Config{URL: w.dbURL, MaxConns: 8})
+	testsvc.Must(t, err, "pipeline pool")
+	t.Cleanup(pipePool.Close)
+	var kick func()
+	r.proc, err = pipeline.New(pipeline.Config{Replica: o.name, PollInterval: 50 * time.Millisecond, RequestTimeout: o.requestTimeout,
+		WatchdogInterval: 200 * time.Millisecond, RetryMin: 200 * time.Millisecond, RetryMax: time.Second, HostsRefresh: 500 * time.Millisecond},
+		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
+			Placement: pipeline.ServiceAdapter{S: svc}, Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
+	testsvc.Must(t, err, "pipeline")
+	dc := dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
+		ResultsBindings: []string{protocol.ResultRoutingKey(w.host)}, ReportsBindings: []string{protocol.ReportRoutingKey(w.host)},
+		RelayInterval: 100 * time.Millisecond, ReconnectMax: 2 * time.Second, Replica: o.name}
+	if o.dispatch != nil {
+		o.dispatch(&dc)
+	}
+	r.disp, err = dispatch.New(dc,
+		dispatch.Deps{Pool: w.pool, Requests: requests.NewStore(w.pool, "vgpu-bridge/"+o.name), Results: r.proc,
+			Catalog: w.holder.Catalog(), Phase: pipeline.PhaseOf, Log: logger(), Registry: o.registry})
+	testsvc.Must(t, err, "dispatch")
+	kick = r.disp.Kick
+	if o.noRun {
+		return r
+	}
+	ctx, cancel := context.WithCancel(w.ctx)
+	var wg sync.WaitGroup
+	for _, run := range []func(context.Context) error{r.proc.Run, r.disp.Run} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(ctx); err != nil {
+				t.Errorf("%s: %v", o.name, err)
+			}
+		}()
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return r
+}
+
+// startAgent runs vgpu-agent on the fake host in this process; extra
+// are more option overrides (section.name=value).
+func (w *world) startAgent(extra ...string) {
+	t := w.t
+	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + w.host, "DEFAULT.node=" + w.node,
+		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + t.TempDir(), "DEFAULT.listen=127.0.0.1:0",
+		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}, extra...)})
+	testsvc.Must(t, err, "agent config")
+	ctx, cancel := context.WithCancel(w.ctx)
+	done := make(chan error, 1)
+	go func() { done <- agent.RunWith(ctx, v, logger(), agent.RunOptions{FakeHostDir: w.fake}) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("agent: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("agent did not stop")
+		}
+	})
+}
+
+// submit stores a webhook request and its inbox row the way the webhook
+// endpoint does (one transaction) and returns the request id.
+func (w *world) submit(typ, instance string, extra map[string]any) uuid.UUID {
+	t := w.t
+	id := uuid.New()
+	inst := uuid.MustParse(instance)
+	payload := map[string]any{"request_id": id, "source": "pipetest", "type": typ, "vm_id": instance}
+	for k, v := range extra {
+		payload[k] = v
+	}
+	body, _ := json.Marshal(payload)
+	err := pgx.BeginFunc(w.ctx, w.pool, func(tx pgx.Tx) error {
+		if err := w.requests.Create(w.ctx, tx, requests.Request{ID: id, Source: "webhook:pipetest", Kind: typ, InstanceUUID: &inst, Body: body}); err != nil {
+			return err
+		}
+		_, err := tx.Exec(w.ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id)
+			VALUES ('webhook:pipetest', $1, $2, $3, now(), $4, $1)`, id.String(), typ, instance, body)
+		return err
+	})
+	testsvc.Must(t, err, "submit request")
+	return id
+}
+
+// wait polls the request until it is final or within runs out.
+func (w *world) wait(id uuid.UUID, within time.Duration) requests.Request {
+	w.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		r, err := w.requests.Get(w.ctx, id)
+		testsvc.Must(w.t, err, "get request")
+		if r.State.Final() {
+			return r
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("request %s still %s (phase %q, reason %q) after %s", id, r.State, r.Phase, r.Reason, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// allocations returns a consumer's allocations: provider → class → amount.
+func (w *world) allocations(consumer string) map[string]map[string]int {
+	a, err := allocations.Get(w.ctx, w.sc, consumer).Extract()
+	testsvc.Must(w.t, err, "get allocations")
+	out := map[string]map[string]int{}
+	for rp, pa := range a.Allocations {
+		out[rp] = pa.Resources
+	}
+	return out
+}
+
+// vgpuUnits sums a consumer's VGPU over providers.
+func vgpuUnits(al map[string]map[string]int) int {
+	n := 0
+	for _, res := range al {
+		n += res["VGPU"]
+	}
+	return n
+}
+
+func (w *world) mdevExists(id string) bool {
+	_, err := os.Lstat(filepath.Join(w.fake, "sys", "bus", "mdev", "devices", id))
+	return err == nil
+}
+
+type attachmentRow struct {
+	id, provider, pci, state string
+}
+
+func (w *world) attachments(instance string) []attachmentRow {
+	rows, err := w.pool.Query(w.ctx, `SELECT id::text, coalesce(provider_uuid::text,''), coalesce(pci_address,''), state
+		FROM vgpu_attachments WHERE instance_uuid = $1 ORDER BY created_at`, instance)
+	testsvc.Must(w.t, err, "attachments")
+	defer rows.Close()
+	var out []attachmentRow
+	for rows.Next() {
+		var a attachmentRow
+		testsvc.Must(w.t, rows.Scan(&a.id, &a.provider, &a.pci, &a.state), "scan attachment")
+		out = append(out, a)
+	}
+	return out
+}
+
+// reportedActive waits for the host's kept report to list (or, with
+// want false, not to list) the mdev as attached to the instance.
+func (w *world) reportedActive(mdev, instance string, want bool, within time.Duration) {
+	w.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		var raw []byte
+		err := w.pool.QueryRow(w.ctx, `SELECT report FROM hosts WHERE name = $1`, w.host).Scan(&raw)
+		if err == nil {
+			var r protocol.Report
+			testsvc.Must(w.t, json.Unmarshal(raw, &r), "report")
+			found := false
+			for _, g := range r.GPUs {
+				for _, a := range g.Active {
+					if a.MdevUUID == mdev && a.InstanceUUID == instance && a.Owner == protocol.OwnerAgent {
+						found = true
+					}
+				}
+			}
+			if found == want {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("the agent's report never showed mdev %s attached to %s = %v", mdev, instance, want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

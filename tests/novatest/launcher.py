@@ -1,0 +1,129 @@
+"""Run one Nova service of vgpu-bridge's real-Nova tests (tests/novatest).
+
+    /usr/bin/python3 launcher.py SERVICE --config-file nova.conf [...]
+
+SERVICE is api, conductor, scheduler, compute or manage (then the rest of
+the arguments are nova-manage's). Before handing over to
+nova.cmd.<service>.main() it installs Nova's own GlanceFixture and
+NeutronFixture (nova.tests.fixtures) in this process, so no Glance or
+Neutron is needed.
+
+In nova-compute (compute_driver = fake.FakeDriver) it also wraps the fake
+driver's spawn, destroy, power_off, power_on and finish_revert_migration
+so that each, after doing its own work, POSTs what it did to
+NOVATEST_HOOK_URL and waits for the answer: the Go harness then plays
+Nova's libvirt driver on the host's simulated host (mdevs, domain). A
+failed hook fails the driver call, as a libvirt error would.
+"""
+
+import json
+import os
+import sys
+import urllib.request
+
+SERVICE = sys.argv[1] if len(sys.argv) > 1 else ""
+del sys.argv[1:2]
+sys.argv[0] = "nova-" + SERVICE
+
+if SERVICE == "api":
+    from nova.cmd import api as cmd
+elif SERVICE == "conductor":
+    from nova.cmd import conductor as cmd
+elif SERVICE == "scheduler":
+    from nova.cmd import scheduler as cmd
+elif SERVICE == "compute":
+    from nova.cmd import compute as cmd
+elif SERVICE == "manage":
+    from nova.cmd import manage as cmd
+else:
+    sys.exit("launcher.py: unknown service %r (api, conductor, scheduler, compute, manage)" % SERVICE)
+
+import fixtures  # noqa: E402
+import nova.conf  # noqa: E402
+from nova.tests import fixtures as nova_fixtures  # noqa: E402
+
+CONF = nova.conf.CONF
+
+
+class _Host(object):
+    """The small part of a nova.test.TestCase the fixtures use."""
+
+    def useFixture(self, f):
+        f.setUp()
+        return f
+
+    def stub_out(self, old, new):
+        self.useFixture(fixtures.MonkeyPatch(old, new))
+
+    def flags(self, **kw):
+        group = kw.pop("group", None)
+        for k, v in kw.items():
+            CONF.set_override(k, v, group)
+
+
+def _hook(event, instance, allocations=None):
+    url = os.environ.get("NOVATEST_HOOK_URL")
+    if not url:
+        return
+    body = {
+        "event": event,
+        "host": CONF.host,
+        "instance_uuid": instance.uuid,
+        "instance_name": instance.name,
+        "allocations": allocations,
+    }
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            resp.read()
+    except urllib.error.HTTPError as e:
+        raise RuntimeError("novatest hook %s for %s: %s %s" % (event, instance.uuid, e.code, e.read().decode(errors="replace")))
+
+
+def _wrap_fake_driver():
+    from nova.virt import fake
+
+    d = fake.FakeDriver
+    spawn, destroy = d.spawn, d.destroy
+    power_off, power_on = d.power_off, d.power_on
+    revert = d.finish_revert_migration
+
+    def _spawn(self, context, instance, image_meta, injected_files, admin_password, allocations, *a, **kw):
+        spawn(self, context, instance, image_meta, injected_files, admin_password, allocations, *a, **kw)
+        power = kw.get("power_on", a[2] if len(a) > 2 else True)
+        _hook("spawn" if power else "spawn_stopped", instance, allocations)
+
+    def _destroy(self, context, instance, *a, **kw):
+        destroy(self, context, instance, *a, **kw)
+        _hook("destroy", instance)
+
+    def _power_off(self, instance, *a, **kw):
+        power_off(self, instance, *a, **kw)
+        _hook("power_off", instance)
+
+    def _power_on(self, context, instance, *a, **kw):
+        power_on(self, context, instance, *a, **kw)
+        _hook("power_on", instance)
+
+    def _revert(self, context, instance, *a, **kw):
+        revert(self, context, instance, *a, **kw)
+        _hook("revert", instance)
+
+    d.spawn, d.destroy = _spawn, _destroy
+    d.power_off, d.power_on = _power_off, _power_on
+    d.finish_revert_migration = _revert
+
+
+def main():
+    if SERVICE != "manage":
+        host = _Host()
+        host.useFixture(nova_fixtures.GlanceFixture(host))
+        host.useFixture(nova_fixtures.NeutronFixture(host))
+    if SERVICE == "compute":
+        _wrap_fake_driver()
+    return cmd.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

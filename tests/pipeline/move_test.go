@@ -1,0 +1,496 @@
+package pipeline_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocations"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
+	"github.com/vgpu-bridge/vgpu-bridge/nova/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
+)
+
+// moveWorld adds to a world a second compute host (fake host, agent,
+// Placement root provider with two T4 children) and Nova's notification
+// path: the bridge's ingest consumer on a private exchange, fed with the
+// corpus samples made to name the test's instance and hosts.
+type moveWorld struct {
+	*world
+	hostB, nodeB, fakeB string
+	rootB               string
+	gpusB               map[string]string
+	exchange, queue     string
+	pub                 *amqp.Channel
+}
+
+func newMoveWorld(t *testing.T) *moveWorld {
+	t.Helper()
+	m := &moveWorld{world: newWorld(t), gpusB: map[string]string{}}
+	m.hostB = testsvc.Name("pipe-hostb")
+	m.nodeB = m.hostB + ".nodes.test"
+	m.exchange, m.queue = testsvc.Name("nova-move"), testsvc.Name("vgpu-bridge-move")
+
+	// Host B: the same domains (the instances Nova moves there), no vGPU.
+	spec := fakehost.DefaultSpec()
+	spec.Host = m.hostB
+	spec.VFIOGPUs = nil
+	for i := range spec.MdevGPUs {
+		spec.MdevGPUs[i].Mdevs = nil
+	}
+	spec.Domains = nil
+	for _, d := range m.domains {
+		spec.Domains = append(spec.Domains, fakehost.Domain{Name: d.Name, UUID: d.UUID, Running: true})
+	}
+	m.fakeB = filepath.Join(t.TempDir(), "fakeb")
+	_, err := fakehost.Build(m.fakeB, spec)
+	testsvc.Must(t, err, "fake host B")
+
+	ctx := m.ctx
+	m.rootB = uuid.NewString()
+	_, err = resourceproviders.Create(ctx, m.sc, resourceproviders.CreateOpts{Name: m.nodeB, UUID: m.rootB}).Extract()
+	testsvc.Must(t, err, "create root provider B")
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, c := range m.created { // before the providers: allocations block their deletion
+			allocations.Delete(cctx, m.sc, c).ExtractErr() //nolint:errcheck
+		}
+		for _, id := range m.gpusB {
+			if err := resourceproviders.Delete(cctx, m.sc, id).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
+				t.Logf("cleanup: provider %s: %v", id, err)
+			}
+		}
+		resourceproviders.Delete(cctx, m.sc, m.rootB).ExtractErr() //nolint:errcheck
+	})
+	_, err = resourceproviders.UpdateInventories(ctx, m.sc, m.rootB, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+		"VCPU":      {Total: 64, MinUnit: 1, MaxUnit: 64, StepSize: 1, AllocationRatio: 4},
+		"MEMORY_MB": {Total: 262144, MinUnit: 1, MaxUnit: 262144, StepSize: 1, AllocationRatio: 1},
+	}}).Extract()
+	testsvc.Must(t, err, "root inventory B")
+	for _, pci := range []string{gpuA, gpuB} {
+		id := uuid.NewString()
+		name := m.nodeB + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(pci)
+		_, err := resourceproviders.Create(ctx, m.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: m.rootB}).Extract()
+		testsvc.Must(t, err, "create GPU provider B")
+		m.gpusB[pci] = id
+		r, err := resourceproviders.UpdateInventories(ctx, m.sc, id, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+			"VGPU": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1},
+		}}).Extract()
+		testsvc.Must(t, err, "GPU inventory B")
+		_, err = resourceproviders.UpdateTraits(ctx, m.sc, id, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: r.ResourceProviderGeneration,
+			Traits: []string{t4qTrait}}).Extract()
+		testsvc.Must(t, err, "GPU traits B")
+	}
+
+	conn, err := amqp.Dial(m.amqpURL)
+	testsvc.Must(t, err, "dial broker")
+	ch, err := conn.Channel()
+	testsvc.Must(t, err, "channel")
+	testsvc.Must(t, ch.Confirm(false), "confirm mode")
+	m.pub = ch
+	t.Cleanup(func() {
+		if c, err := conn.Channel(); err == nil {
+			for _, q := range []string{m.queue, protocol.AgentQueue(m.hostB)} {
+				c.QueueDelete(q, false, false, false) //nolint:errcheck
+			}
+			c.ExchangeDelete(m.exchange, false, false) //nolint:errcheck
+		}
+		conn.Close()
+	})
+	return m
+}
+
+// start runs the bridge (one replica, listening to both hosts), both
+// agents and the ingest consumer.
+func (m *moveWorld) start() *bridgeReplica {
+	t := m.t
+	br := m.startBridge(replicaOpts{name: "r1", dispatch: func(c *dispatch.Config) {
+		c.ResultsBindings = append(c.ResultsBindings, protocol.ResultRoutingKey(m.hostB))
+		c.ReportsBindings = append(c.ReportsBindings, protocol.ReportRoutingKey(m.hostB))
+	}})
+	m.startAgent()
+	v, err := agent.LoadConfig(conf.Source{Overrides: []string{"DEFAULT.host=" + m.hostB, "DEFAULT.node=" + m.nodeB,
+		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + t.TempDir(), "DEFAULT.listen=127.0.0.1:0",
+		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}})
+	testsvc.Must(t, err, "agent B config")
+	ctx, cancel := context.WithCancel(m.ctx)
+	done := make(chan error, 1)
+	go func() { done <- agent.RunWith(ctx, v, logger(), agent.RunOptions{FakeHostDir: m.fakeB}) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("agent B: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("agent B did not stop")
+		}
+	})
+
+	cfg := ingest.DefaultConfig()
+	cfg.URLs = []string{m.amqpURL}
+	cfg.Exchange, cfg.Queue = m.exchange, m.queue
+	cfg.SilenceWarning = 0
+	c, err := ingest.New(cfg, m.pool, nil, logger())
+	testsvc.Must(t, err, "ingest consumer")
+	testsvc.Must(t, c.CheckTopology(m.ctx), "declare nova topology")
+	ictx, icancel := context.WithCancel(m.ctx)
+	idone := make(chan error, 1)
+	go func() { idone <- c.Run(ictx) }()
+	t.Cleanup(func() {
+		icancel()
+		if err := <-idone; err != nil && ctx.Err() == nil {
+			t.Errorf("ingest: %v", err)
+		}
+	})
+	// Host B's agent has reported: the bridge maps it to its node.
+	m.waitFor(30*time.Second, "host B's report", func() bool {
+		var n int
+		testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT count(*) FROM hosts WHERE name = $1 AND node = $2`, m.hostB, m.nodeB).Scan(&n), "host B")
+		return n == 1
+	})
+	// The placement mirror knows host B's GPUs.
+	_, err = br.svc.SyncNow(m.ctx, true, nil)
+	testsvc.Must(t, err, "placement sync")
+	return br
+}
+
+func (m *moveWorld) waitFor(within time.Duration, what string, ok func() bool) {
+	m.t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			m.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+var corpus map[string]novatest.Sample
+
+// notify publishes Nova's sample of eventType, made to name instance on
+// host (none when host is ""), as nova-compute of that host would.
+func (m *moveWorld) notify(eventType, instance, host, node, vmState string) {
+	t := m.t
+	t.Helper()
+	if corpus == nil {
+		_, file, _, _ := runtime.Caller(0)
+		all, err := novatest.Samples(filepath.Join(filepath.Dir(file), "..", "..", novatest.SamplesDir))
+		testsvc.Must(t, err, "samples")
+		corpus = map[string]novatest.Sample{}
+		for _, s := range all {
+			corpus[s.Name] = s
+		}
+	}
+	s, ok := corpus["instance-"+strings.ReplaceAll(strings.TrimPrefix(eventType, "instance."), ".", "-")]
+	if !ok {
+		t.Fatalf("no corpus sample for %s", eventType)
+	}
+	var msg map[string]any
+	testsvc.Must(t, json.Unmarshal(s.JSON, &msg), "sample")
+	data := msg["payload"].(map[string]any)["nova_object.data"].(map[string]any)
+	data["uuid"], data["tenant_id"], data["user_id"], data["state"], data["task_state"] = instance, m.project, m.user, vmState, nil
+	data["power_state"] = "running"
+	if host == "" {
+		data["host"], data["node"] = nil, nil
+		data["power_state"] = "pending"
+	} else {
+		data["host"], data["node"] = host, node
+		msg["publisher_id"] = "nova-compute:" + host
+	}
+	b, err := json.Marshal(msg)
+	testsvc.Must(t, err, "marshal")
+	wire, err := nova.WireMessage(b, uuid.NewString(), time.Now().UTC())
+	testsvc.Must(t, err, "wire")
+	dc, err := m.pub.PublishWithDeferredConfirmWithContext(m.ctx, m.exchange, "versioned_notifications.info", false, false,
+		amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: wire})
+	testsvc.Must(t, err, "publish")
+	if ok, err := dc.WaitContext(m.ctx); err != nil || !ok {
+		t.Fatalf("broker did not confirm %s: %v", eventType, err)
+	}
+}
+
+// novaAllocations rewrites the instance's allocations as Nova does at the
+// end of a move: its own resources on root, nothing of the bridge's.
+func (m *moveWorld) novaAllocations(instance, root string) {
+	m.t.Helper()
+	a, err := allocations.Get(m.ctx, m.sc, instance).Extract()
+	testsvc.Must(m.t, err, "get allocations")
+	res := map[string]allocations.ProviderAllocationsOpts{}
+	if root != "" {
+		res[root] = allocations.ProviderAllocationsOpts{Resources: map[string]int{"VCPU": 2, "MEMORY_MB": 2048}}
+	}
+	testsvc.Must(m.t, allocations.Update(m.ctx, m.sc, instance, allocations.UpdateOpts{Allocations: res, ProjectID: m.project, UserID: m.user,
+		ConsumerType: "INSTANCE", ConsumerGeneration: a.ConsumerGeneration}).ExtractErr(), "nova's allocations")
+}
+
+// moveRequests waits until the bridge's requests for the instance's
+// eventType are all final and returns them by their "move" half.
+func (m *moveWorld) moveRequests(instance, eventType string, want int) map[string]requests.Request {
+	m.t.Helper()
+	out := map[string]requests.Request{}
+	m.waitFor(90*time.Second, "move requests of "+eventType, func() bool {
+		rows, err := m.pool.Query(m.ctx, `SELECT id, body->>'move' FROM requests WHERE source = 'nova' AND kind = $1 AND instance_uuid = $2`, eventType, instance)
+		testsvc.Must(m.t, err, "requests")
+		defer rows.Close()
+		clear(out)
+		for rows.Next() {
+			var id uuid.UUID
+			var half string
+			testsvc.Must(m.t, rows.Scan(&id, &half), "scan")
+			r, err := m.requests.Get(m.ctx, id)
+			testsvc.Must(m.t, err, "get")
+			if !r.State.Final() {
+				return false
+			}
+			out[half] = r
+		}
+		return len(out) == want
+	})
+	return out
+}
+
+func (m *moveWorld) mdevOn(dir, id string) bool {
+	_, err := os.Lstat(filepath.Join(dir, "sys", "bus", "mdev", "devices", id))
+	return err == nil
+}
+
+// reportedOn waits for host's report to show mdev attached to instance.
+func (m *moveWorld) reportedOn(host, mdev, instance string) {
+	m.t.Helper()
+	m.waitFor(30*time.Second, "host "+host+" to report mdev "+mdev, func() bool {
+		var raw []byte
+		if err := m.pool.QueryRow(m.ctx, `SELECT report FROM hosts WHERE name = $1`, host).Scan(&raw); err != nil {
+			return false
+		}
+		var r protocol.Report
+		testsvc.Must(m.t, json.Unmarshal(raw, &r), "report")
+		for _, g := range r.GPUs {
+			for _, a := range g.Active {
+				if a.MdevUUID == mdev && a.InstanceUUID == instance && a.Owner == protocol.OwnerAgent {
+					return true
+				}
+			}
+		}
+		return false
+	})
+}
+
+type attFull struct {
+	id, host, provider, state string
+	shelved                   bool
+}
+
+func (m *moveWorld) atts(instance string) []attFull {
+	rows, err := m.pool.Query(m.ctx, `SELECT id::text, host, coalesce(provider_uuid::text,''), state, shelved FROM vgpu_attachments
+		WHERE instance_uuid = $1 ORDER BY created_at, id`, instance)
+	testsvc.Must(m.t, err, "attachments")
+	defer rows.Close()
+	var out []attFull
+	for rows.Next() {
+		var a attFull
+		testsvc.Must(m.t, rows.Scan(&a.id, &a.host, &a.provider, &a.state, &a.shelved), "scan")
+		out = append(out, a)
+	}
+	return out
+}
+
+// attachOnA gives the instance a direct-path vGPU on host A.
+func (m *moveWorld) attachOnA(inst string) attFull {
+	m.t.Helper()
+	id := m.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q"})
+	if r := m.wait(id, 60*time.Second); r.State != requests.Succeeded {
+		m.t.Fatalf("attach: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	a := m.atts(inst)
+	if len(a) != 1 || a[0].host != m.host {
+		m.t.Fatalf("attachments %+v", a)
+	}
+	m.reportedOn(m.host, a[0].id, inst)
+	return a[0]
+}
+
+// checkOnB asserts that the instance's one live vGPU is on host B: claim
+// on a GPU provider of B in its consumer and none on A, the mdev in B's
+// sysfs attached to its domain, the old one gone from A.
+func (m *moveWorld) checkOnB(inst string, old attFull) attFull {
+	m.t.Helper()
+	var live []attFull
+	for _, a := range m.atts(inst) {
+		switch {
+		case a.id == old.id:
+			if a.state != pipeline.AttReleased {
+				m.t.Errorf("old vGPU %s: %s, want released", a.id, a.state)
+			}
+		case a.state == pipeline.AttAttached:
+			live = append(live, a)
+		}
+	}
+	if len(live) != 1 || live[0].host != m.hostB {
+		m.t.Fatalf("live vGPUs %+v, want one on %s", live, m.hostB)
+	}
+	al := m.allocations(inst)
+	onB := 0
+	for _, id := range m.gpusB {
+		onB += al[id]["VGPU"]
+	}
+	if onB != 1 || al[live[0].provider]["VGPU"] != 1 || vgpuUnits(al) != 1 {
+		m.t.Errorf("allocations %v: want 1 VGPU on host B's provider %s and nothing else", al, live[0].provider)
+	}
+	if m.mdevOn(m.fake, old.id) {
+		m.t.Errorf("old mdev %s still on host A", old.id)
+	}
+	if !m.mdevOn(m.fakeB, live[0].id) {
+		m.t.Errorf("no mdev %s on host B", live[0].id)
+	}
+	m.reportedOn(m.hostB, live[0].id, inst)
+	return live[0]
+}
+
+// TestMoveToAnotherHost: an instance with a direct-path vGPU on host A
+// is moved to host B by Nova (Nova rewrites its allocations without the
+// bridge's VGPU) → on the notification that ends the move the bridge
+// claims again on B, creates and attaches the mdev there and removes the
+// one on A, in two requests; Placement and both hosts agree. A later
+// event that finds everything in place (the resize's confirm) does
+// nothing more.
+func TestMoveToAnotherHost(t *testing.T) {
+	m := newMoveWorld(t)
+	m.start()
+	for _, tc := range []struct {
+		name, event, vmState, then string
+		domain                     int
+	}{
+		{"live migration", "instance.live_migration_post.end", "active", "", 3},
+		{"evacuation", "instance.rebuild.end", "active", "", 4},
+		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inst := m.domains[tc.domain].UUID
+			old := m.attachOnA(inst)
+			m.novaAllocations(inst, m.rootB)
+			m.notify(tc.event, inst, m.hostB, m.nodeB, tc.vmState)
+			reqs := m.moveRequests(inst, tc.event, 2)
+			for half, r := range reqs {
+				if r.State != requests.Succeeded {
+					t.Errorf("%s request: %s (%s: %s)", half, r.State, r.Code, r.Reason)
+				}
+			}
+			m.checkOnB(inst, old)
+			var host string
+			testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT host FROM instances WHERE uuid = $1`, inst).Scan(&host), "instance")
+			if host != m.hostB {
+				t.Errorf("instance host %s, want %s", host, m.hostB)
+			}
+			then := tc.then
+			if then == "" {
+				then = tc.event // the same notification again
+			}
+			m.notify(then, inst, m.hostB, m.nodeB, "active")
+			m.waitFor(30*time.Second, "the next event processed", func() bool {
+				var open, all int
+				testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT count(*) FILTER (WHERE processed_at IS NULL), count(*) FROM events WHERE instance_uuid = $1 AND source = 'nova'`,
+					inst).Scan(&open, &all), "events")
+				return open == 0 && all == 2
+			})
+			var n int
+			testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT count(*) FROM requests WHERE source = 'nova' AND instance_uuid = $1`, inst).Scan(&n), "requests")
+			if n != 2 {
+				t.Errorf("%d nova requests after %s, want still 2", n, then)
+			}
+			m.checkOnB(inst, old)
+		})
+	}
+}
+
+// TestMoveShelveOffloadUnshelve: shelve offload (Nova deletes the
+// allocations, the domain leaves host A) → the mdev on A is removed and
+// the vGPU kept as shelved; unshelve on host B → applied again there.
+func TestMoveShelveOffloadUnshelve(t *testing.T) {
+	m := newMoveWorld(t)
+	m.start()
+	inst := m.domains[5].UUID
+	old := m.attachOnA(inst)
+
+	m.novaAllocations(inst, "")
+	m.notify("instance.shelve_offload.end", inst, "", "", "shelved_offloaded")
+	rel := m.moveRequests(inst, "instance.shelve_offload.end", 1)
+	if r := rel["release"]; r.State != requests.Succeeded {
+		t.Fatalf("release at shelve offload: %+v", r)
+	}
+	a := m.atts(inst)
+	if len(a) != 1 || a[0].state != pipeline.AttReleased || !a[0].shelved {
+		t.Fatalf("after the offload: %+v, want one released and shelved", a)
+	}
+	if m.mdevOn(m.fake, old.id) {
+		t.Errorf("mdev %s still on host A after the offload", old.id)
+	}
+
+	m.novaAllocations(inst, m.rootB)
+	m.notify("instance.unshelve.end", inst, m.hostB, m.nodeB, "active")
+	re := m.moveRequests(inst, "instance.unshelve.end", 1)
+	if r := re["reapply"]; r.State != requests.Succeeded {
+		t.Fatalf("re-apply at unshelve: %+v", r)
+	}
+	m.checkOnB(inst, old)
+	for _, x := range m.atts(inst) {
+		if x.shelved {
+			t.Errorf("vGPU %s still shelved after the unshelve", x.id)
+		}
+	}
+}
+
+// TestMoveResizeSameHost: a resize on the same host (Nova's new
+// allocations drop the VGPU; the domain is redefined without the mdev) →
+// claim and device applied again on host A, the old mdev removed.
+func TestMoveResizeSameHost(t *testing.T) {
+	m := newMoveWorld(t)
+	m.start()
+	inst := m.domains[6].UUID
+	old := m.attachOnA(inst)
+
+	m.novaAllocations(inst, m.root)
+	m.notify("instance.resize_finish.end", inst, m.host, m.node, "resized")
+	reqs := m.moveRequests(inst, "instance.resize_finish.end", 2)
+	for half, r := range reqs {
+		if r.State != requests.Succeeded {
+			t.Errorf("%s request: %s (%s: %s)", half, r.State, r.Code, r.Reason)
+		}
+	}
+	var live []attFull
+	for _, a := range m.atts(inst) {
+		if a.state == pipeline.AttAttached {
+			live = append(live, a)
+		}
+	}
+	if len(live) != 1 || live[0].id == old.id || live[0].host != m.host {
+		t.Fatalf("live vGPUs %+v, want one new on %s", live, m.host)
+	}
+	if n := vgpuUnits(m.allocations(inst)); n != 1 {
+		t.Errorf("VGPU units after the resize: %d, want 1", n)
+	}
+	if m.mdevOn(m.fake, old.id) || !m.mdevOn(m.fake, live[0].id) {
+		t.Errorf("mdevs on A: old %v (want gone), new %v (want there)", m.mdevOn(m.fake, old.id), m.mdevOn(m.fake, live[0].id))
+	}
+	m.reportedOn(m.host, live[0].id, inst)
+}

@@ -1,0 +1,408 @@
+package ui
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocations"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/traits"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
+	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
+)
+
+const (
+	t4q4Trait = "CUSTOM_NVIDIA_232" // T4-4Q, 4 per GPU
+	t4q8Trait = "CUSTOM_NVIDIA_233" // T4-8Q, 2 per GPU
+	labSecret = "ui-test-webhook-secret-5e0c1f7a"
+)
+
+// gpuSpec is one GPU provider of a test host.
+type gpuSpec struct {
+	pci   string
+	trait string
+	total int
+	used  int // held by a consumer of its own, as Nova's vGPU instances are
+}
+
+// host is a compute host of the test fleet: its Placement providers and,
+// when agent is set, an in-process vgpu-agent on a fake host.
+type host struct {
+	name, node string
+	agent      bool
+	gpus       []gpuSpec
+	root       string
+	providers  map[string]string // PCI address → provider uuid
+	vm         string            // an instance running on the host
+}
+
+// fleet is a real running bridge with a fleet in Placement, agents,
+// Nova notifications and requests.
+type fleet struct {
+	t        *testing.T
+	ctx      context.Context
+	url      string
+	dbURL    string
+	hosts    []*host
+	sc       *gophercloud.ServiceClient
+	exchange string
+	admin    *apiclient.Client
+	key      []byte
+	requests map[string]string // label → request id
+	overr    []string          // the bridge's option overrides
+	secret   string            // the lab source's secret file
+}
+
+// startFleet creates two compute hosts in Placement (one with an agent on
+// a fake host, one without), runs the bridge on them, publishes Nova's
+// create notifications of an instance on each, and sends two webhook
+// requests, waiting until they are final and the fleet shows the claim.
+func startFleet(t *testing.T) *fleet {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	id := strings.TrimPrefix(testsvc.Name("ui"), "ui-")
+	f := &fleet{t: t, ctx: ctx, exchange: "nova-ui-" + id, requests: map[string]string{}}
+	f.hosts = []*host{
+		{name: "ui-compute-a-" + id, agent: true, gpus: []gpuSpec{
+			{pci: "0000:3b:00.0", trait: t4q4Trait, total: 4},
+			{pci: "0000:3c:00.0", trait: t4q4Trait, total: 4},
+		}},
+		{name: "ui-compute-b-" + id, gpus: []gpuSpec{
+			{pci: "0000:3b:00.0", trait: t4q4Trait, total: 4, used: 3},
+			{pci: "0000:3c:00.0", trait: t4q8Trait, total: 2},
+		}},
+	}
+	for _, h := range f.hosts {
+		h.node = h.name + ".ui.test"
+		h.vm = uuid.NewString()
+	}
+	f.placement()
+
+	dir := t.TempDir()
+	f.secret = filepath.Join(dir, "lab.secret")
+	testsvc.Must(t, os.WriteFile(f.secret, []byte(labSecret+"\n"), 0o600), "secret file")
+	var err error
+	f.key, err = apiclient.WebhookKey(labSecret)
+	testsvc.Must(t, err, "webhook key")
+	f.dbURL = testsvc.Postgres(t)
+	queues := []string{"vgpu-ui-" + id + ".notifications", "vgpu-ui-" + id + ".results", "vgpu-ui-" + id + ".reports"}
+	f.overr = []string{
+		"notifications.exchange=" + f.exchange,
+		"notifications.queue=" + queues[0],
+		"dispatch.results_queue=" + queues[1],
+		"dispatch.reports_queue=" + queues[2],
+		"policy.rules_file=" + abs(t, "testdata/policy.yaml"),
+		"pipeline.poll_interval=100ms",
+		"pipeline.request_timeout=2m",
+		"placement.sync_interval=1s", // the host ↔ node map follows the agent's first report promptly
+	}
+	d := testbridge.Start(t, f.config(dir))
+	f.url = "http://" + d.API.Addr()
+	f.admin = apiclient.New(apiclient.Config{URL: f.url, Token: testbridge.AdminToken, Timeout: 10 * time.Second})
+	t.Cleanup(func() { deleteQueues(t, append(queues, protocol.AgentQueue(f.hosts[0].name))...) })
+
+	f.startAgent(f.hosts[0], dir)
+	f.notifyCreates()
+	f.sendRequests()
+	return f
+}
+
+// config is the bridge configuration: testbridge's, with the lab webhook
+// source (a templated section, which only a file can hold).
+func (f *fleet) config(dir string, extra ...string) *conf.Values {
+	ini := filepath.Join(dir, "bridge.conf")
+	testsvc.Must(f.t, os.WriteFile(ini, []byte("[webhook_source:lab]\nauth = hmac\nsecret_files = "+f.secret+"\nrate = 1000\nburst = 1000\n"), 0o600), "bridge.conf")
+	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: testbridge.Overrides(f.t, f.dbURL, append(f.overr, extra...)...)})
+	testsvc.Must(f.t, err, "bridge configuration")
+	return v
+}
+
+func abs(t *testing.T, p string) string {
+	a, err := filepath.Abs(p)
+	testsvc.Must(t, err, "abs")
+	return a
+}
+
+// placement creates what Nova's libvirt driver would: per host a root
+// provider named like the agent's node, one child per GPU with VGPU
+// inventory and the type trait; a consumer holding a GPU's used units;
+// and each host's instance holding VCPU and MEMORY_MB on the root.
+func (f *fleet) placement() {
+	t, ctx := f.t, f.ctx
+	c, err := placement.NewClient(ctx, placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin"})
+	testsvc.Must(t, err, "placement client")
+	f.sc = c.ServiceClient()
+	for _, tr := range []string{t4q4Trait, t4q8Trait} {
+		testsvc.Must(t, traits.Create(ctx, f.sc, tr).ExtractErr(), "create trait "+tr)
+	}
+	var consumers, providers []string
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, c := range consumers {
+			if err := allocations.Delete(ctx, f.sc, c).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
+				t.Logf("cleanup: allocations of %s: %v", c, err)
+			}
+		}
+		for i := len(providers) - 1; i >= 0; i-- { // children before their root
+			if err := resourceproviders.Delete(ctx, f.sc, providers[i]).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
+				t.Logf("cleanup: provider %s: %v", providers[i], err)
+			}
+		}
+	})
+	project, user := strings.ReplaceAll(uuid.NewString(), "-", ""), strings.ReplaceAll(uuid.NewString(), "-", "")
+	for _, h := range f.hosts {
+		h.root, h.providers = uuid.NewString(), map[string]string{}
+		_, err := resourceproviders.Create(ctx, f.sc, resourceproviders.CreateOpts{Name: h.node, UUID: h.root}).Extract()
+		testsvc.Must(t, err, "create root provider")
+		providers = append(providers, h.root)
+		_, err = resourceproviders.UpdateInventories(ctx, f.sc, h.root, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+			"VCPU":      {Total: 64, MinUnit: 1, MaxUnit: 64, StepSize: 1, AllocationRatio: 4},
+			"MEMORY_MB": {Total: 262144, MinUnit: 1, MaxUnit: 262144, StepSize: 1, AllocationRatio: 1},
+		}}).Extract()
+		testsvc.Must(t, err, "root inventory")
+		for _, g := range h.gpus {
+			id := uuid.NewString()
+			name := h.node + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(g.pci)
+			_, err := resourceproviders.Create(ctx, f.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: h.root}).Extract()
+			testsvc.Must(t, err, "create GPU provider")
+			providers = append(providers, id)
+			h.providers[g.pci] = id
+			r, err := resourceproviders.UpdateInventories(ctx, f.sc, id, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+				"VGPU": {Total: g.total, MinUnit: 1, MaxUnit: g.total, StepSize: 1, AllocationRatio: 1},
+			}}).Extract()
+			testsvc.Must(t, err, "GPU inventory")
+			_, err = resourceproviders.UpdateTraits(ctx, f.sc, id, resourceproviders.UpdateTraitsOpts{
+				ResourceProviderGeneration: r.ResourceProviderGeneration, Traits: []string{g.trait}}).Extract()
+			testsvc.Must(t, err, "GPU traits")
+			if g.used > 0 {
+				c := uuid.NewString()
+				err := allocations.Update(ctx, f.sc, c, allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{
+					h.root: {Resources: map[string]int{"VCPU": 2, "MEMORY_MB": 2048}},
+					id:     {Resources: map[string]int{"VGPU": g.used}},
+				}, ProjectID: project, UserID: user, ConsumerType: "INSTANCE"}).ExtractErr()
+				testsvc.Must(t, err, "GPU consumer")
+				consumers = append(consumers, c)
+			}
+		}
+		err = allocations.Update(ctx, f.sc, h.vm, allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{
+			h.root: {Resources: map[string]int{"VCPU": 2, "MEMORY_MB": 2048}},
+		}, ProjectID: project, UserID: user, ConsumerType: "INSTANCE"}).ExtractErr()
+		testsvc.Must(t, err, "instance allocations")
+		consumers = append(consumers, h.vm)
+	}
+}
+
+// startAgent runs vgpu-agent in this process on a fake host with h's
+// GPUs and a running domain of h's instance.
+func (f *fleet) startAgent(h *host, dir string) {
+	t := f.t
+	spec := fakehost.DefaultSpec()
+	spec.Host = h.name
+	spec.MdevGPUs[0].Addr, spec.MdevGPUs[1].Addr = pci.MustParse(h.gpus[0].pci), pci.MustParse(h.gpus[1].pci)
+	spec.MdevGPUs[0].Mdevs = nil
+	spec.Domains = []fakehost.Domain{{Name: "instance-00000001", UUID: h.vm, Running: true}}
+	fake := filepath.Join(dir, "fake-"+h.name)
+	_, err := fakehost.Build(fake, spec)
+	testsvc.Must(t, err, "fake host")
+	v, err := agent.LoadConfig(conf.Source{Overrides: []string{"DEFAULT.host=" + h.name, "DEFAULT.node=" + h.node,
+		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + filepath.Join(dir, "state-"+h.name),
+		"DEFAULT.listen=127.0.0.1:0", "DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}})
+	testsvc.Must(t, err, "agent config")
+	ctx, cancel := context.WithCancel(f.ctx)
+	done := make(chan error, 1)
+	go func() { done <- agent.RunWith(ctx, v, nil, agent.RunOptions{FakeHostDir: fake}) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("agent: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("agent did not stop")
+		}
+	})
+	f.waitFor(30*time.Second, "the agent of "+h.name+" reports", func() bool {
+		var st struct {
+			Hosts []struct {
+				Name         string     `json:"name"`
+				LastReportAt *time.Time `json:"last_report_at"`
+			} `json:"hosts"`
+		}
+		if f.getJSON("/v1/status", &st) != nil {
+			return false
+		}
+		for _, x := range st.Hosts {
+			if x.Name == h.name && x.LastReportAt != nil {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// notifyCreates publishes Nova's instance.create.end of each host's
+// instance, as nova-compute would, and waits until both are known.
+func (f *fleet) notifyCreates() {
+	t := f.t
+	conn, err := amqp.Dial(testsvc.RabbitURL(t))
+	testsvc.Must(t, err, "dial broker")
+	defer conn.Close()
+	ch, err := conn.Channel()
+	testsvc.Must(t, err, "channel")
+	testsvc.Must(t, ch.Confirm(false), "confirm mode")
+	t.Cleanup(func() {
+		if c, err := amqp.Dial(testsvc.RabbitURL(t)); err == nil {
+			if ch, err := c.Channel(); err == nil {
+				ch.ExchangeDelete(f.exchange, false, false) //nolint:errcheck
+			}
+			c.Close()
+		}
+	})
+	f.waitFor(30*time.Second, "the bridge consumes its notification queue", func() bool {
+		c, err := conn.Channel()
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		q, err := c.QueueDeclarePassive(strings.TrimPrefix(f.overr[1], "notifications.queue="), true, false, false, false, nil)
+		return err == nil && q.Consumers > 0
+	})
+	for i, h := range f.hosts {
+		payload := map[string]any{
+			"event_type": "instance.create.end", "priority": "INFO", "publisher_id": "nova-compute:" + h.name,
+			"payload": map[string]any{"nova_object.name": "InstanceActionPayload", "nova_object.namespace": "nova", "nova_object.version": "1.9",
+				"nova_object.data": map[string]any{"uuid": h.vm, "display_name": fmt.Sprintf("ui-vm-%d", i+1), "tenant_id": "p-ui", "user_id": "u-ui",
+					"host": h.name, "node": h.node, "state": "active", "task_state": nil, "power_state": "running",
+					"flavor": map[string]any{"nova_object.name": "FlavorPayload", "nova_object.namespace": "nova", "nova_object.version": "1.4",
+						"nova_object.data": map[string]any{"flavorid": "f-ui", "name": "m1.large", "vcpus": 2, "memory_mb": 2048, "extra_specs": map[string]string{}}}}},
+		}
+		b, err := json.Marshal(payload)
+		testsvc.Must(t, err, "marshal")
+		w, err := nova.WireMessage(b, uuid.NewString(), time.Now().UTC())
+		testsvc.Must(t, err, "wire")
+		dc, err := ch.PublishWithDeferredConfirmWithContext(f.ctx, f.exchange, "versioned_notifications.info", false, false,
+			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: w})
+		testsvc.Must(t, err, "publish")
+		if ok, err := dc.WaitContext(f.ctx); err != nil || !ok {
+			t.Fatalf("publish not confirmed: %v", err)
+		}
+	}
+	for _, h := range f.hosts {
+		f.waitFor(30*time.Second, "instance "+h.vm+" known", func() bool {
+			var in struct {
+				Host string `json:"host"`
+			}
+			return f.getJSON("/v1/instances/"+h.vm, &in) == nil && in.Host == h.name
+		})
+	}
+}
+
+// sendRequests sends, through the lab webhook source, a GPU request for
+// the instance on the host with an agent (the agent hot-plugs a T4-4Q:
+// succeeded) and a release for the other one (nothing to release), and
+// waits until both are final and the claim shows in GET /v1/hosts.
+func (f *fleet) sendRequests() {
+	t := f.t
+	for _, r := range []struct {
+		label string
+		body  map[string]any
+	}{
+		{"attach", map[string]any{"type": "GPU_REQUEST", "vm_id": f.hosts[0].vm, "workload": "vdi", "vgpu_profile": "T4-4Q", "count": 1}},
+		{"release", map[string]any{"type": "GPU_RELEASE", "vm_id": f.hosts[1].vm}},
+	} {
+		b, _ := json.Marshal(r.body)
+		ctx, cancel := context.WithTimeout(f.ctx, 15*time.Second)
+		ans, err := f.admin.SendWebhook(ctx, "lab", b, apiclient.WebhookAuth{Scheme: apiclient.SchemeHub, Key: f.key})
+		cancel()
+		testsvc.Must(t, err, "webhook "+r.label)
+		f.requests[r.label] = ans.RequestID
+	}
+	for label, id := range f.requests {
+		var last apiclient.Request
+		f.waitFor(90*time.Second, "request "+label+" final", func() bool {
+			var err error
+			last, err = f.admin.Request(f.ctx, id)
+			return err == nil && apiclient.FinalState(last.State)
+		})
+		if label == "attach" && last.State != "succeeded" {
+			t.Fatalf("request attach ended %s (%s: %s), want succeeded", last.State, last.Code, last.Reason)
+		}
+	}
+	f.waitFor(30*time.Second, "GET /v1/hosts shows the claim on "+f.hosts[0].name+", named after its agent's report", func() bool {
+		var hl apiclient.HostList
+		if f.getJSON("/v1/hosts", &hl) != nil {
+			return false
+		}
+		for _, x := range hl.Hosts {
+			if x.Node == f.hosts[0].node {
+				return x.Used == 1 && x.Name == f.hosts[0].name
+			}
+		}
+		return false
+	})
+}
+
+func (f *fleet) getJSON(path string, out any) error {
+	req, err := http.NewRequestWithContext(f.ctx, http.MethodGet, f.url+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("X-Auth-Token", testbridge.ReaderToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func (f *fleet) waitFor(within time.Duration, what string, ok func() bool) {
+	f.t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func deleteQueues(t *testing.T, names ...string) {
+	c, err := amqp.Dial(testsvc.RabbitURL(t))
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	for _, q := range names {
+		if ch, err := c.Channel(); err == nil {
+			ch.QueueDelete(q, false, false, false) //nolint:errcheck
+			ch.Close()
+		}
+	}
+}
