@@ -217,15 +217,21 @@ func (s *Scanner) Scan(ctx context.Context) (*Inventory, error) {
 	}
 
 	// sysfs: mdev parents
+	parentsKnown := true // whether sysfs said which GPUs are mdev parents
 	if s.Sysfs != nil {
-		s.scanMdev(ctx, inv, get, nvmlGPUs, owner, live, fail)
+		parentsKnown = s.scanMdev(ctx, inv, get, nvmlGPUs, owner, live, fail)
 		s.scanVFIO(ctx, inv, get, nvmlGPUs, owner, live, fail)
 	}
 
-	// NVML-only GPUs keep their NVML types.
+	// NVML-only GPUs keep their NVML types. A GPU sysfs lists as an mdev
+	// parent or a vendor-VFIO PF never does, nor does any GPU when the mdev
+	// parents could not be listed: NVML's numeric ids ("230") are not mdev
+	// type ids ("nvidia-230"), and reporting them would re-key the bridge's
+	// profile catalog. A GPU whose types could not be read is reported
+	// without types, with the error in Errors.
 	for _, a := range order {
 		g := byAddr[a]
-		if ng, ok := nvmlGPUs[a]; ok && len(g.Types) == 0 {
+		if ng, ok := nvmlGPUs[a]; ok && parentsKnown && g.Mode == "none" && len(g.Types) == 0 {
 			for _, t := range ng.SupportedTypes {
 				g.Types = append(g.Types, Type{ID: strconv.FormatUint(uint64(t.ID), 10), Name: t.Name, Class: t.Class,
 					FramebufferMB: t.FramebufferMB, MaxInstances: t.MaxInstances})
@@ -247,11 +253,11 @@ func (s *Scanner) Scan(ctx context.Context) (*Inventory, error) {
 }
 
 func (s *Scanner) scanMdev(ctx context.Context, inv *Inventory, get func(pci.Addr) *GPU, nvmlGPUs map[pci.Addr]gpu.GPU,
-	owner map[string]libvirt.Domain, live map[string]bool, fail func(string, error)) {
+	owner map[string]libvirt.Domain, live map[string]bool, fail func(string, error)) (parentsKnown bool) {
 	parents, err := s.Sysfs.MdevParents(ctx)
 	if err != nil {
 		fail("sysfs", err)
-		return
+		return false
 	}
 	mdevs, err := s.Sysfs.Mdevs(ctx)
 	if err != nil {
@@ -269,10 +275,11 @@ func (s *Scanner) scanMdev(ctx context.Context, inv *Inventory, get func(pci.Add
 		for _, v := range ng.Active {
 			nvActive[strings.ToLower(v.MdevUUID)] = v
 		}
-		types, err := s.Sysfs.Types(ctx, p.Addr)
+		types, err := s.types(ctx, p.Addr)
 		if err != nil {
+			// Still report its mdevs: the GPU is not empty because its
+			// types could not be read.
 			fail("sysfs "+p.Addr.String(), err)
-			continue
 		}
 		names := map[string]string{}
 		for _, t := range types {
@@ -309,6 +316,29 @@ func (s *Scanner) scanMdev(ctx context.Context, inv *Inventory, get func(pci.Add
 			g.VGPUs = append(g.VGPUs, v)
 		}
 	}
+	return true
+}
+
+// typeReadAttempts bounds how often types retries a failed read of a
+// parent's mdev types.
+const typeReadAttempts = 3
+
+// types reads a parent's mdev types, retrying a failed read: a type's
+// attributes (available_instances) can be read while they are being
+// rewritten after an mdev was created or removed (an empty read), and a
+// type's devices/ directory can change while it is listed.
+func (s *Scanner) types(ctx context.Context, parent pci.Addr) ([]sysfs.MdevType, error) {
+	var err error
+	for range typeReadAttempts {
+		var types []sysfs.MdevType
+		if types, err = s.Sysfs.Types(ctx, parent); err == nil {
+			return types, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+	}
+	return nil, err
 }
 
 func (s *Scanner) scanVFIO(ctx context.Context, inv *Inventory, get func(pci.Addr) *GPU, nvmlGPUs map[pci.Addr]gpu.GPU,

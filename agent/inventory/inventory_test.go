@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +17,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/inventory"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/libvirt"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
 )
 
 func scanner(t testing.TB, spec fakehost.Spec) (*inventory.Scanner, *fakehost.Host) {
@@ -215,5 +219,109 @@ func BenchmarkScan8x32SysfsOnly(b *testing.B) {
 		if _, err := s.Scan(ctx); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// racySysfs is the fake host's sysfs with a hand-made race: before each of
+// the first `torn` reads of 0000:3b:00.0's types it empties one type's
+// available_instances, as the file reads between the truncate and the write
+// that rewrite it after an mdev is created or removed, and puts it back after
+// the read. listEmpty lists no types; parentErr fails the parents' listing.
+type racySysfs struct {
+	inventory.Sysfs
+	file      string
+	torn      int
+	listEmpty bool
+	parentErr error
+	calls     int
+}
+
+func (r *racySysfs) MdevParents(ctx context.Context) ([]sysfs.Parent, error) {
+	if r.parentErr != nil {
+		return nil, r.parentErr
+	}
+	return r.Sysfs.MdevParents(ctx)
+}
+
+func (r *racySysfs) Types(ctx context.Context, parent pci.Addr) ([]sysfs.MdevType, error) {
+	if parent != pci.MustParse("0000:3b:00.0") {
+		return r.Sysfs.Types(ctx, parent)
+	}
+	r.calls++
+	if r.listEmpty {
+		return []sysfs.MdevType{}, nil
+	}
+	if r.calls > r.torn {
+		return r.Sysfs.Types(ctx, parent)
+	}
+	old, err := os.ReadFile(r.file)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(r.file, nil, 0o644); err != nil {
+		return nil, err
+	}
+	defer os.WriteFile(r.file, old, 0o644) //nolint:errcheck // restored for the next read
+	return r.Sysfs.Types(ctx, parent)
+}
+
+// TestScanMdevTypesUnreadable: an mdev GPU whose types cannot be read (or
+// list empty) is never reported with NVML's numeric type ids ("230"), which
+// would re-key the bridge's profile catalog; a torn read is retried.
+func TestScanMdevTypesUnreadable(t *testing.T) {
+	t4 := pci.MustParse("0000:3b:00.0")
+	tests := []struct {
+		name      string
+		sys       racySysfs
+		wantTypes bool // nvidia-232 reported with its sysfs counts
+		wantErr   string
+	}{
+		{name: "torn read retried", sys: racySysfs{torn: 1}, wantTypes: true},
+		{name: "torn twice retried", sys: racySysfs{torn: 2}, wantTypes: true},
+		{name: "torn on every attempt", sys: racySysfs{torn: 1000}, wantErr: `available_instances: strconv.Atoi: parsing ""`},
+		{name: "empty list", sys: racySysfs{listEmpty: true}},
+		{name: "parents unreadable", sys: racySysfs{parentErr: errors.New("list mdev parents: EIO")}, wantErr: "sysfs: list mdev parents: EIO"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s, h := scanner(t, fakehost.DefaultSpec())
+			r := tc.sys
+			r.Sysfs = s.Sysfs
+			r.file = filepath.Join(h.SysRoot, "class/mdev_bus", t4.String(), "mdev_supported_types/nvidia-232/available_instances")
+			s.Sysfs = &r
+			inv, err := s.Scan(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := slices.IndexFunc(inv.GPUs, func(g inventory.GPU) bool { return g.Addr == t4 })
+			if i < 0 {
+				t.Fatalf("%s not reported: %+v", t4, inv.GPUs)
+			}
+			g := inv.GPUs[i]
+			for _, ty := range g.Types {
+				if !strings.HasPrefix(ty.ID, "nvidia-") {
+					t.Errorf("%s reported type %q (%s); want only mdev type ids", t4, ty.ID, ty.Name)
+				}
+			}
+			got := findType(g, "nvidia-232")
+			if tc.wantTypes {
+				if got.Available != 3 || got.InUse != 1 || got.Name != "GRID T4-4Q" {
+					t.Errorf("nvidia-232 = %+v", got)
+				}
+			} else if len(g.Types) != 0 {
+				t.Errorf("types = %+v, want none", g.Types)
+			}
+			errs := strings.Join(inv.Errors, "\n")
+			if tc.wantErr == "" && errs != "" || !strings.Contains(errs, tc.wantErr) {
+				t.Errorf("errors = %q, want %q", errs, tc.wantErr)
+			}
+			if tc.sys.parentErr == nil && (len(g.VGPUs) != 1 || g.VGPUs[0].Instance == "") {
+				t.Errorf("vgpus = %+v, want its one mdev whatever its types", g.VGPUs)
+			}
+			if _, err := os.ReadFile(r.file); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

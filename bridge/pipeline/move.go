@@ -24,7 +24,7 @@ var MoveEvents = []string{
 	"instance.resize_confirm.end",
 	"instance.resize_revert.end",
 	"instance.live_migration_post.end",
-	"instance.rebuild.end", // evacuate: rebuilt on another host
+	"instance.rebuild.end", // evacuate: rebuilt on another host (on the same host: RebuildEvents)
 	"instance.shelve_offload.end",
 	"instance.unshelve.end",
 }
@@ -55,7 +55,9 @@ const (
 // (the vGPUs are marked shelved); the unshelve applies the shelved ones
 // on the host Nova chose. It reports handled = false when the event needs
 // nothing of this (the vGPUs are where the instance is, with their
-// claims): the ordinary path (re-attach after a rebuild) runs then.
+// claims): the ordinary path runs then, and for RebuildEvents attaches
+// them again to the domain Nova recreated without them (an unshelve on
+// the same host, a rebuild that was not an evacuation).
 func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev policy.Event, hs *hostSet) ([]madeClaim, bool, bool, error) {
 	if row.Webhook() || !moveKind(ev.Kind) || ev.InstanceUUID == "" {
 		return nil, false, false, nil

@@ -236,6 +236,12 @@ func (p *Processor) actNova(ctx context.Context, tx pgx.Tx, row InboxRow, reqID 
 		return fail(CodeUnsupported, fmt.Sprintf("instance %s already has %d vGPU(s) from its flavor; the Nova-native path resizes only from a flavor without vGPU "+
 			"(resize it by hand, or use attach_mode direct-live)", f.Instance.UUID, f.Instance.FlavorVGPUs))
 	}
+	if len(f.Attachments) > 0 {
+		// A resize rewrites the instance's allocations: the bridge's own
+		// claims would have to follow (move.go) while it resizes.
+		return fail(CodeUnsupported, fmt.Sprintf("instance %s holds %d direct-path vGPU(s); release them before a resize through Nova, or use attach_mode direct-live",
+			f.Instance.UUID, len(f.Attachments)))
+	}
 	var busy uuid.UUID
 	err := tx.QueryRow(ctx, `SELECT request_id FROM nova_resizes WHERE instance_uuid = $1 AND step <> 'done'`, f.Instance.UUID).Scan(&busy)
 	switch {

@@ -99,7 +99,13 @@ func (a ServiceAdapter) ReleaseUnits(ctx context.Context, consumer, provider, cl
 		res := con.Providers[provider]
 		held := res[class]
 		if held == 0 || (heldAfter > 0 && held < heldAfter) {
-			return nil // nothing there, or released already
+			// Nothing there (Nova deleted the consumer) or released
+			// already. Placement does not bump a provider's generation
+			// when allocations are deleted, so the incremental sync
+			// would not notice: bring the mirror and the index up to
+			// date here.
+			a.S.Learn(ctx, provider, consumer, class, held)
+			return nil
 		}
 		res = maps.Clone(res)
 		if held <= amount {

@@ -74,8 +74,10 @@ type Facts struct {
 }
 
 // RebuildEvents are the Nova event types after which the bridge attaches
-// its direct-path vGPUs again.
-var RebuildEvents = []string{"instance.reboot.end", "instance.power_on.end", "instance.unshelve.end"}
+// its direct-path vGPUs again. instance.rebuild.end counts when the
+// instance stayed on its host; on another host (an evacuation) it is a
+// move (MoveEvents, move.go).
+var RebuildEvents = []string{"instance.reboot.end", "instance.power_on.end", "instance.unshelve.end", "instance.rebuild.end"}
 
 // StepKind names what a step does.
 type StepKind string

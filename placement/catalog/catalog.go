@@ -89,7 +89,35 @@ func (c *Catalog) Add(p Profile) error {
 	return nil
 }
 
+// IsNumericTypeID reports whether id is a bare number: NVML's vGPU type id
+// ("230"), which is also a vendor-VFIO GPU's type id ("1428"), as opposed to
+// a mediated-device type id ("nvidia-230").
+func IsNumericTypeID(id string) bool {
+	if id == "" {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < '0' || id[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// keepsTypeID reports whether a name known with type id cur keeps it when
+// told next: an mdev type id is never replaced by a numeric one, as Nova
+// derives the trait of an mdev GPU from its mdev type id (an agent that
+// falls back to NVML's ids would otherwise rename the trait).
+func keepsTypeID(cur, next string) bool {
+	return cur != "" && cur != next && !IsNumericTypeID(cur) && IsNumericTypeID(next)
+}
+
 func (c *Catalog) addLocked(p Profile) {
+	if p.TypeID != "" && c.byType[p.TypeID] == p && c.byTrait[p.Trait] == p {
+		if n, ok := c.byName[p.Name]; ok && (n == p || keepsTypeID(n.TypeID, p.TypeID)) {
+			return // nothing new: keep Version, and so what callers derived from it
+		}
+	}
 	c.version++
 	if p.TypeID != "" {
 		if old, ok := c.byType[p.TypeID]; ok && old.Name != p.Name {
@@ -102,6 +130,11 @@ func (c *Catalog) addLocked(p Profile) {
 		}
 		c.byType[p.TypeID] = p
 		c.byTrait[p.Trait] = p
+		if n, ok := c.byName[p.Name]; ok && keepsTypeID(n.TypeID, p.TypeID) {
+			// The numeric id resolves to the profile (ByTypeID,
+			// ByTrait), but the name keeps its mdev type id and trait.
+			return
+		}
 	} else if old, ok := c.byName[p.Name]; ok && old.TypeID != "" {
 		// Keep the known type id of a name we only learn more about.
 		p.TypeID, p.Trait = old.TypeID, old.Trait
@@ -114,7 +147,10 @@ func (c *Catalog) addLocked(p Profile) {
 
 // Observe records what an agent reported for a type id: its sysfs or NVML
 // name ("GRID T4-4Q") and how many instances a GPU holds. A report
-// overrides the seed. It returns the profile as now recorded.
+// overrides the seed, except that a name known with an mdev type id
+// ("nvidia-230") keeps it, and its trait, when a numeric id ("230") is
+// reported for it: the numeric id then only resolves to the profile. It
+// returns the profile as recorded for typeID.
 func (c *Catalog) Observe(typeID, name string, maxInstances int) (Profile, error) {
 	if typeID == "" {
 		return Profile{}, fmt.Errorf("observe %q: empty type id", name)

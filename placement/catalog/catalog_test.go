@@ -287,3 +287,127 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// TestObserveKeepsMdevTypeID: an agent that reports NVML's numeric type ids
+// ("230") for an mdev GPU must not re-key a profile known by its mdev type id
+// ("nvidia-230"): the trait stays CUSTOM_ + the mdev id (DESIGN §6).
+func TestObserveKeepsMdevTypeID(t *testing.T) {
+	type obs struct{ typeID, name string }
+	tests := []struct {
+		name      string
+		seed      string // profiles document
+		observe   []obs
+		profile   string
+		wantType  string
+		wantTrait string
+		// alias, when set, is a type id that must resolve to profile
+		// (ByTypeID and ByTrait) without being its type id.
+		alias string
+	}{
+		{"numeric after seeded mdev id", "profiles: [{name: T4-1Q, type_id: nvidia-230, max_instances: 16}]",
+			[]obs{{"230", "GRID T4-1Q"}}, "T4-1Q", "nvidia-230", "CUSTOM_NVIDIA_230", "230"},
+		{"numeric after reported mdev id", "",
+			[]obs{{"nvidia-230", "GRID T4-1Q"}, {"230", "GRID T4-1Q"}}, "T4-1Q", "nvidia-230", "CUSTOM_NVIDIA_230", "230"},
+		{"mdev, numeric, mdev", "",
+			[]obs{{"nvidia-230", "GRID T4-1Q"}, {"230", "GRID T4-1Q"}, {"nvidia-230", "GRID T4-1Q"}, {"230", "GRID T4-1Q"}},
+			"T4-1Q", "nvidia-230", "CUSTOM_NVIDIA_230", "230"},
+		{"numeric for another name keeps both mdev ids", "profiles: [{name: T4-1Q, type_id: nvidia-230}, {name: T4-2Q, type_id: nvidia-231}]",
+			[]obs{{"230", "GRID T4-2Q"}}, "T4-2Q", "nvidia-231", "CUSTOM_NVIDIA_231", "230"},
+		{"mdev id replaces a numeric one", "",
+			[]obs{{"230", "GRID T4-1Q"}, {"nvidia-230", "GRID T4-1Q"}}, "T4-1Q", "nvidia-230", "CUSTOM_NVIDIA_230", "230"},
+		{"numeric learnt for a name-only seed", "profiles: [{name: H200X-141C}]",
+			[]obs{{"1428", "NVIDIA H200X-141C"}}, "H200X-141C", "1428", "CUSTOM_1428", ""},
+		{"numeric replaces numeric (new driver)", "profiles: [{name: H200X-141C, type_id: \"1428\"}]",
+			[]obs{{"1500", "NVIDIA H200X-141C"}}, "H200X-141C", "1500", "CUSTOM_1500", ""},
+		{"mdev replaces mdev (new driver)", "profiles: [{name: T4-4Q, type_id: nvidia-232}]",
+			[]obs{{"nvidia-222", "GRID T4-4Q"}, {"222", "GRID T4-4Q"}}, "T4-4Q", "nvidia-222", "CUSTOM_NVIDIA_222", "222"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(strings.NewReader(tc.seed))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range tc.observe {
+				if _, err := c.Observe(o.typeID, o.name, 0); err != nil {
+					t.Fatalf("Observe(%s, %s): %v", o.typeID, o.name, err)
+				}
+			}
+			got, ok := c.ByName(tc.profile)
+			if !ok || got.TypeID != tc.wantType || got.Trait != tc.wantTrait {
+				t.Errorf("ByName(%s) = %+v, %v; want type %s trait %s", tc.profile, got, ok, tc.wantType, tc.wantTrait)
+			}
+			if p, ok := c.ByTrait(tc.wantTrait); !ok || p.Name != tc.profile {
+				t.Errorf("ByTrait(%s) = %+v, %v; want %s", tc.wantTrait, p, ok, tc.profile)
+			}
+			if tc.alias != "" {
+				if p, ok := c.ByTypeID(tc.alias); !ok || p.Name != tc.profile || p.Trait != TraitFor(tc.alias) {
+					t.Errorf("ByTypeID(%s) = %+v, %v; want %s", tc.alias, p, ok, tc.profile)
+				}
+			}
+			checkConsistent(t, c)
+		})
+	}
+}
+
+// checkConsistent: every profile's trait is CUSTOM_ + its type id, and its
+// type id and trait lead back to it.
+func checkConsistent(t *testing.T, c *Catalog) {
+	t.Helper()
+	for _, p := range c.Profiles() {
+		if p.TypeID == "" {
+			if p.Trait != "" {
+				t.Errorf("%s: trait %s without a type id", p.Name, p.Trait)
+			}
+			continue
+		}
+		if p.Trait != TraitFor(p.TypeID) {
+			t.Errorf("%s: trait %s for type %s", p.Name, p.Trait, p.TypeID)
+		}
+		if q, _ := c.ByTypeID(p.TypeID); q.Name != p.Name {
+			t.Errorf("%s: ByTypeID(%s) = %s", p.Name, p.TypeID, q.Name)
+		}
+		if q, _ := c.ByTrait(p.Trait); q.Name != p.Name {
+			t.Errorf("%s: ByTrait(%s) = %s", p.Name, p.Trait, q.Name)
+		}
+	}
+}
+
+func TestObserveSameReportKeepsVersion(t *testing.T) {
+	c, err := LoadFile("testdata/profiles.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"nvidia-230", "230"} {
+		if _, err := c.Observe(id, "GRID T4-1Q", 16); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := c.Version()
+	for _, id := range []string{"nvidia-230", "230", "nvidia-230"} {
+		if _, err := c.Observe(id, "GRID T4-1Q", 16); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.Version() != v {
+		t.Errorf("Version %d → %d after reports that changed nothing", v, c.Version())
+	}
+	if _, err := c.Observe("nvidia-230", "GRID T4-1Q", 8); err != nil {
+		t.Fatal(err)
+	}
+	if c.Version() == v {
+		t.Error("Version unchanged after max instances changed")
+	}
+}
+
+func TestIsNumericTypeID(t *testing.T) {
+	tests := []struct {
+		in   string
+		want bool
+	}{{"230", true}, {"1428", true}, {"nvidia-230", false}, {"", false}, {"23a", false}, {"-1", false}}
+	for _, tt := range tests {
+		if got := IsNumericTypeID(tt.in); got != tt.want {
+			t.Errorf("IsNumericTypeID(%q) = %v, want %v", tt.in, got, tt.want)
+		}
+	}
+}

@@ -2,6 +2,10 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
 	"sync"
 	"syscall"
 	"testing"
@@ -105,4 +109,84 @@ func (w *world) runAgent() (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// TestTwoReplicasOnce runs scenario 1 with two bridge replicas on the same
+// database and queues: both see every notification and result and both
+// run the Nova loop, yet Nova is asked to resize and confirm once.
+func TestTwoReplicasOnce(t *testing.T) {
+	w := newWorld(t, worldOpts{typ: typeReplicas})
+	plain := w.flavor("small", 2, 2048, 10, 0)
+	w.flavor("small.vgpu", 2, 2048, 10, 1)
+	w.startBridge()
+	w.startReplica("replica-b")
+	vm := w.n.CreateServer(t, "e2e-replicas", plain, w.host)
+	w.n.WaitServer(t, vm, "ACTIVE")
+	w.waitInstance(vm, w.host, 0)
+	w.waitAgent()
+
+	id := w.gpuRequest(vm, w.typ.profile)
+	r := w.waitFinal(id)
+	if r.State != "succeeded" {
+		t.Fatalf("request %s: %s (%s): %s", id, r.State, r.Code, r.Reason)
+	}
+	w.assertResized(vm, "small.vgpu")
+	if got := w.novaCalls(id); got["resize"] != 1 || got["confirm_resize"] != 1 || got["revert_resize"] != 0 {
+		t.Errorf("the bridges' Nova calls %v, want one resize and one confirm", got)
+	}
+	if got := w.novaActions(vm); got["resize"] != 1 || got["confirmResize"] != 1 {
+		t.Errorf("Nova's instance actions %v, want one resize and one confirmResize", got)
+	}
+	var verifies, successes int
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM commands WHERE request_id = $1 AND kind = 'verify_vgpu'`, id).Scan(&verifies), "commands")
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM audit_log WHERE request_id = $1 AND action = 'transition' AND detail->>'to' = 'succeeded'`,
+		id.String()).Scan(&successes), "audit")
+	if verifies != 1 || successes != 1 {
+		t.Errorf("%d verify_vgpu commands and %d transitions to succeeded, want 1 and 1", verifies, successes)
+	}
+}
+
+// startReplica runs a second bridge process on the world's database and
+// queues, with an API of its own, until the test ends.
+func (w *world) startReplica(name string) {
+	t := w.t
+	t.Helper()
+	port := testsvc.FreePort(t)
+	api := fmt.Sprintf("127.0.0.1:%d", port)
+	f, err := os.OpenFile(w.brLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	testsvc.Must(t, err, "bridge log")
+	cmd := exec.Command(bridgeBinary(t), append(append([]string{}, w.args...), "--set", "api.listen="+api, "--set", "DEFAULT.host="+name)...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	testsvc.Must(t, cmd.Start(), "start the second replica")
+	f.Close()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+	})
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		select {
+		case <-done:
+			t.Fatalf("replica %s exited at start: %v", name, cmd.ProcessState)
+		default:
+		}
+		if resp, err := http.Get("http://" + api + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %s not ready within 2m", name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 func sharedNova(t *testing.T) *novatest.Nova {
 	t.Helper()
 	shared.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 		defer cancel()
 		shared.n, shared.err = novatest.New(ctx, novatest.Options{})
 		if shared.err == nil {

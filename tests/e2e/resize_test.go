@@ -55,11 +55,12 @@ func (v vgpuType) trait() string {
 // The T4 types the Nova-path tests use (etc/vgpu-bridge/profiles.yaml);
 // the direct-path tests use T4-4Q (nvidia-232).
 var (
-	typeResize = vgpuType{"T4-2Q", "nvidia-231", 8}
-	typeVerify = vgpuType{"T4-1Q", "nvidia-230", 16}
-	typeTenant = vgpuType{"T4-8Q", "nvidia-233", 2}
-	typeNoHost = vgpuType{"T4-16Q", "nvidia-234", 1}
-	typeKill   = vgpuType{"T4-4A", "nvidia-227", 4}
+	typeResize   = vgpuType{"T4-2Q", "nvidia-231", 8}
+	typeVerify   = vgpuType{"T4-1Q", "nvidia-230", 16}
+	typeTenant   = vgpuType{"T4-8Q", "nvidia-233", 2}
+	typeNoHost   = vgpuType{"T4-16Q", "nvidia-234", 1}
+	typeKill     = vgpuType{"T4-4A", "nvidia-227", 4}
+	typeReplicas = vgpuType{"T4-2A", "nvidia-226", 8}
 )
 
 // e2ePolicy: the policy's default action path, nova-resize; a GPU_REQUEST
@@ -171,6 +172,9 @@ func newWorld(t *testing.T, o worldOpts) *world {
 		"nova.endpoint_override=" + w.n.ComputeEndpoint(),
 		"nova.token_file=" + tok,
 		"nova.poll_interval=100ms",
+		// Few connections: Nova's services and other packages' tests share the server.
+		"database.max_connections=8",
+		"pipeline.workers=2",
 		// Queues of its own on the shared Nova's vhost.
 		"dispatch.results_queue=" + testsvc.Name("e2e-results"),
 		"dispatch.reports_queue=" + testsvc.Name("e2e-reports"),

@@ -117,7 +117,7 @@ type proc struct {
 // the tail of each service's log when the test failed.
 func Start(t testing.TB, o Options) *Nova {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	n, err := New(ctx, o)
 	if err != nil {
@@ -549,7 +549,7 @@ func (n *Nova) exited() *proc {
 }
 
 func (n *Nova) waitReady(ctx context.Context, hosts []string) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	step := func(what string, ok func() (bool, error)) error {
 		for {
@@ -712,8 +712,9 @@ func (n *Nova) Close() error {
 }
 
 // sweep removes what runs of dead test processes left behind (a test
-// binary killed by -timeout runs no cleanup): databases and vhosts named
-// novatest_nt<pid>x… / novatest-nt<pid>x… whose pid is gone.
+// binary killed by -timeout runs no cleanup): databases, vhosts and
+// Placement providers named novatest_nt<pid>x… / novatest-nt<pid>x… /
+// …-nt<pid>x… whose pid is gone, and log directories older than a day.
 func sweep(ctx context.Context) {
 	dead := func(name, prefix string) bool {
 		rest, ok := strings.CutPrefix(name, prefix)
@@ -726,6 +727,14 @@ func sweep(ctx context.Context) {
 			return false
 		}
 		return syscall.Kill(pid, 0) == syscall.ESRCH
+	}
+	// Log directories kept after failed runs: a day.
+	if old, err := filepath.Glob(filepath.Join(os.TempDir(), "novatest-nt*")); err == nil {
+		for _, d := range old {
+			if fi, err := os.Stat(d); err == nil && time.Since(fi.ModTime()) > 24*time.Hour {
+				os.RemoveAll(d)
+			}
+		}
 	}
 	sweepPlacement(ctx, envOr("VGPU_TEST_PLACEMENT_URL", "http://127.0.0.1:8778"), func(pid int) bool {
 		return pid != os.Getpid() && syscall.Kill(pid, 0) == syscall.ESRCH

@@ -245,12 +245,13 @@ func (m *moveWorld) novaAllocations(instance, root string) {
 }
 
 // moveRequests waits until the bridge's requests for the instance's
-// eventType are all final and returns them by their "move" half.
+// eventType are all final and returns them by their "move" half ("" for
+// one that is not half of a move, such as a re-attach).
 func (m *moveWorld) moveRequests(instance, eventType string, want int) map[string]requests.Request {
 	m.t.Helper()
 	out := map[string]requests.Request{}
 	m.waitFor(90*time.Second, "move requests of "+eventType, func() bool {
-		rows, err := m.pool.Query(m.ctx, `SELECT id, body->>'move' FROM requests WHERE source = 'nova' AND kind = $1 AND instance_uuid = $2`, eventType, instance)
+		rows, err := m.pool.Query(m.ctx, `SELECT id, coalesce(body->>'move', '') FROM requests WHERE source = 'nova' AND kind = $1 AND instance_uuid = $2`, eventType, instance)
 		testsvc.Must(m.t, err, "requests")
 		defer rows.Close()
 		clear(out)
@@ -373,17 +374,19 @@ func (m *moveWorld) checkOnB(inst string, old attFull) attFull {
 // claims again on B, creates and attaches the mdev there and removes the
 // one on A, in two requests; Placement and both hosts agree. A later
 // event that finds everything in place (the resize's confirm) does
-// nothing more.
+// nothing more, except that a rebuild.end on host B is a rebuild there:
+// the vGPU is attached again where it is (one more request), nothing moves.
 func TestMoveToAnotherHost(t *testing.T) {
 	m := newMoveWorld(t)
 	m.start()
 	for _, tc := range []struct {
 		name, event, vmState, then string
 		domain                     int
+		reattach                   int // re-attach requests the then event makes
 	}{
-		{"live migration", "instance.live_migration_post.end", "active", "", 3},
-		{"evacuation", "instance.rebuild.end", "active", "", 4},
-		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6},
+		{"live migration", "instance.live_migration_post.end", "active", "", 3, 0},
+		{"evacuation", "instance.rebuild.end", "active", "", 4, 1},
+		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inst := m.domains[tc.domain].UUID
@@ -415,8 +418,14 @@ func TestMoveToAnotherHost(t *testing.T) {
 			})
 			var n int
 			testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT count(*) FROM requests WHERE source = 'nova' AND instance_uuid = $1`, inst).Scan(&n), "requests")
-			if n != 2 {
-				t.Errorf("%d nova requests after %s, want still 2", n, then)
+			if n != 2+tc.reattach {
+				t.Errorf("%d nova requests after %s, want %d", n, then, 2+tc.reattach)
+			}
+			if tc.reattach > 0 && then == tc.event {
+				reqs := m.moveRequests(inst, then, 2+tc.reattach)
+				if r, ok := reqs[""]; !ok || r.State != requests.Succeeded {
+					t.Errorf("re-attach after %s on the new host: %+v", then, r)
+				}
 			}
 			m.checkOnB(inst, old)
 		})

@@ -473,12 +473,10 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 		dc.ResultsBindings = append(dc.ResultsBindings, protocol.ResultRoutingKey(hs.name))
 		dc.ReportsBindings = append(dc.ReportsBindings, protocol.ReportRoutingKey(hs.name))
 	}
-	// No catalog for the reports: under this load an agent's sysfs scan now
-	// and then comes back empty and it reports the NVML type ids ("230"),
-	// which would rename T4-1Q's trait mid-run (see the report). The seed
-	// profiles.yaml names the types.
+	// The reports feed the catalog the pipeline places with, as in the
+	// bridge: a report must never rename T4-1Q's trait mid-run.
 	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/bench"), Results: proc,
-		Phase: pipeline.PhaseOf, Log: h.log})
+		Phase: pipeline.PhaseOf, Catalog: holder.Catalog(), Log: h.log})
 	if err != nil {
 		return nil, err
 	}
