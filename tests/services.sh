@@ -49,6 +49,7 @@ PL_PROCESSES=${PLACEMENT_PROCESSES:-2}
 PL_THREADS=${PLACEMENT_THREADS:-4}
 PL_DB_URL="postgresql+psycopg2://placement:placement@127.0.0.1:5432/placement"
 PG_PORT=5432
+PG_MIN_CONNECTIONS=${PG_MIN_CONNECTIONS:-400}
 RABBIT_PORT=5672
 
 PACKAGES=(
@@ -190,6 +191,22 @@ start_postgres() {
 		sed -i "1i # vgpu-bridge tests/services.sh: loopback trust for tests\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust" "$hba"
 		psql_admin -c 'select pg_reload_conf()' >/dev/null
 		sleep 0.5
+	fi
+	# make test runs packages in parallel, and the real-Nova and Keystone
+	# tests bring their own connection pools: Debian's default of 100
+	# connections runs out ("too many clients"). Raise it once (a restart;
+	# before Placement and Keystone start, whose pools reconnect anyway).
+	local maxc
+	maxc=$(psql_admin -c 'show max_connections')
+	if [ "${maxc:-0}" -lt "$PG_MIN_CONNECTIONS" ]; then
+		echo "    raising max_connections $maxc -> $PG_MIN_CONNECTIONS (restart)"
+		psql_admin -c "alter system set max_connections = $PG_MIN_CONNECTIONS" >/dev/null
+		if have_systemd; then
+			pg_ctlcluster "$PG_VER" main restart
+		else
+			pg_ctlcluster --skip-systemctl-redirect "$PG_VER" main restart
+		fi
+		wait_port 127.0.0.1 $PG_PORT 30 || die "PostgreSQL did not come back on 127.0.0.1:$PG_PORT; see /var/log/postgresql/postgresql-$PG_VER-main.log"
 	fi
 }
 
