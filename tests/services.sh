@@ -172,9 +172,9 @@ start_postgres() {
 	else
 		[ -d "/etc/postgresql/$PG_VER/main" ] || pg_createcluster "$PG_VER" main
 		if have_systemd; then
-			pg_ctlcluster "$PG_VER" main start
+			pg_ctlcluster "$PG_VER" main start 9>&- # fd 9 is our lock: the daemon must not keep it
 		else
-			pg_ctlcluster --skip-systemctl-redirect "$PG_VER" main start
+			pg_ctlcluster --skip-systemctl-redirect "$PG_VER" main start 9>&- # fd 9 is our lock: the daemon must not keep it
 		fi
 		wait_port 127.0.0.1 $PG_PORT 30 || die "PostgreSQL did not open 127.0.0.1:$PG_PORT; see /var/log/postgresql/postgresql-$PG_VER-main.log"
 		echo "    started cluster $PG_VER/main"
@@ -202,9 +202,9 @@ start_postgres() {
 		echo "    raising max_connections $maxc -> $PG_MIN_CONNECTIONS (restart)"
 		psql_admin -c "alter system set max_connections = $PG_MIN_CONNECTIONS" >/dev/null
 		if have_systemd; then
-			pg_ctlcluster "$PG_VER" main restart
+			pg_ctlcluster "$PG_VER" main restart 9>&- # fd 9 is our lock: the daemon must not keep it
 		else
-			pg_ctlcluster --skip-systemctl-redirect "$PG_VER" main restart
+			pg_ctlcluster --skip-systemctl-redirect "$PG_VER" main restart 9>&- # fd 9 is our lock: the daemon must not keep it
 		fi
 		wait_port 127.0.0.1 $PG_PORT 30 || die "PostgreSQL did not come back on 127.0.0.1:$PG_PORT; see /var/log/postgresql/postgresql-$PG_VER-main.log"
 	fi
@@ -218,7 +218,7 @@ start_rabbitmq() {
 	if have_systemd; then
 		systemctl start rabbitmq-server
 	else
-		rabbitmq-server -detached
+		rabbitmq-server -detached 9>&-
 	fi
 	# await_startup fails while the node is not yet reachable: retry.
 	local i
