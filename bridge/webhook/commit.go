@@ -77,6 +77,8 @@ type result struct {
 // commit hands p to the committers and waits for its outcome.
 func (e *Endpoint) commit(ctx context.Context, p *pending) result {
 	p.req.IdempotencyKey = p.key
+	e.waiting.Add(1)
+	defer e.waiting.Add(-1)
 	t := time.NewTimer(e.cfg.CommitTimeout)
 	defer t.Stop()
 	select {
@@ -94,8 +96,9 @@ func (e *Endpoint) commit(ctx context.Context, p *pending) result {
 
 // commitLoop commits what is queued, in batches: whatever queued up while
 // the previous transaction ran goes into the next one. After ctx ends it
-// goes on until the queue stays empty for a commit timeout, so that
-// requests the HTTP server is still draining get their answer.
+// goes on while handlers still wait for an answer (at most a commit
+// timeout without work), so that requests the HTTP server is still
+// draining get their answer.
 func (e *Endpoint) commitLoop(ctx context.Context) {
 	batch := make([]*pending, 0, e.cfg.BatchSize)
 	bg := context.WithoutCancel(ctx)
@@ -104,9 +107,7 @@ func (e *Endpoint) commitLoop(ctx context.Context) {
 		select {
 		case p = <-e.queue:
 		case <-ctx.Done():
-			select {
-			case p = <-e.queue:
-			case <-time.After(e.cfg.CommitTimeout):
+			if p = e.drainNext(); p == nil {
 				return
 			}
 		}
@@ -121,6 +122,28 @@ func (e *Endpoint) commitLoop(ctx context.Context) {
 			}
 		}
 		e.commitBatch(bg, batch)
+	}
+}
+
+// drainNext is the committers' wait after shutdown began: the next
+// queued request, or nil once no handler waits for a commit and nothing is
+// queued (or after a commit timeout without work).
+func (e *Endpoint) drainNext() *pending {
+	idle := time.NewTimer(e.cfg.CommitTimeout)
+	defer idle.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case p := <-e.queue:
+			return p
+		case <-idle.C:
+			return nil
+		case <-tick.C:
+			if e.waiting.Load() == 0 && len(e.queue) == 0 {
+				return nil
+			}
+		}
 	}
 }
 

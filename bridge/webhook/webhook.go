@@ -181,6 +181,10 @@ type Endpoint struct {
 	client  *http.Client
 
 	bufs sync.Pool
+	// waiting counts handlers between handing a request to the committers
+	// and reading its outcome; after shutdown begins the committers stop
+	// once it is zero and the queue is empty.
+	waiting atomic.Int64
 }
 
 // New checks cfg and builds the endpoint.
