@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -25,6 +26,9 @@ var shared struct {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath)) // the bridge binary bridgeBinary built
+	}
 	if n := shared.n; n != nil {
 		if code != 0 {
 			n.MarkFailed()
