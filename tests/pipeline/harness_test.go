@@ -100,7 +100,10 @@ type world struct {
 	requests *requests.Store
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T) *world { return newWorldWith(t, testPolicy) }
+
+// newWorldWith is newWorld with other policy rules.
+func newWorldWith(t *testing.T, rulesYAML string) *world {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -115,7 +118,7 @@ func newWorld(t *testing.T) *world {
 
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "policy.yaml")
-	testsvc.Must(t, os.WriteFile(rules, []byte(testPolicy), 0o644), "policy file")
+	testsvc.Must(t, os.WriteFile(rules, []byte(rulesYAML), 0o644), "policy file")
 	h, err := policy.NewHolder(policy.Config{RulesFile: rules, ProfilesFile: "../../etc/vgpu-bridge/profiles.yaml"}, nil)
 	testsvc.Must(t, err, "policy")
 	w.holder = h

@@ -1,4 +1,12 @@
-package drift_test
+// The drift tests run the drift reconciler against the real Postgres,
+// RabbitMQ and Placement, with the bridge's pipeline and dispatcher and an
+// in-process vgpu-agent on a fake host: each kind of drift is made for
+// real (an mdev the bridge never asked for, a claim whose instance was
+// deleted, a vGPU detached or unclaimed behind the bridge's back, a
+// consumer the bridge does not know), then found and, where safe,
+// repaired.
+
+package pipeline_test
 
 import (
 	"context"
@@ -21,6 +29,26 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
+
+// driftPolicy has no rule that releases on instance.delete.end, so a
+// deleted instance's claim stays behind as a stale claim.
+const driftPolicy = `version: 1
+defaults:
+  attach_mode: direct-live
+  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
+rules:
+  - name: attach-on-request
+    on: [webhook.GPU_REQUEST]
+    when: preferred != ""
+    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
+  - name: request-without-fit
+    on: [webhook.GPU_REQUEST]
+    when: preferred == ""
+    then: ['reject("no vGPU profile fits this request")']
+  - name: release-on-request
+    on: [webhook.GPU_RELEASE]
+    then: ['release()']
+`
 
 type finding struct {
 	id                                 int64
@@ -149,7 +177,7 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, kind string) float64 {
 // TestDrift makes each kind of drift for real and asserts that the
 // reconciler finds it and repairs what is safe.
 func TestDrift(t *testing.T) {
-	w := newWorld(t)
+	w := newWorldWith(t, driftPolicy)
 	// Nova's own vGPU instance: its flavor carries the unit it holds.
 	_, err := w.pool.Exec(w.ctx, `UPDATE instances SET vgpus = 1 WHERE uuid = $1`, w.domains[0].UUID)
 	testsvc.Must(t, err, "flavor units")
@@ -379,13 +407,6 @@ func (nopPlacement) ProviderAllocations(context.Context, string) (map[string]map
 }
 
 func (nopPlacement) ReleaseUnits(context.Context, string, string, string, int, int) error { return nil }
-
-func mustUUID(t *testing.T, s string) uuid.UUID {
-	t.Helper()
-	u, err := uuid.Parse(s)
-	testsvc.Must(t, err, "uuid")
-	return u
-}
 
 func (w *world) consumerGeneration(consumer string) *int {
 	a, err := allocations.Get(w.ctx, w.sc, consumer).Extract()
