@@ -18,6 +18,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2"
+
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
 // ImageID is the image servers boot from: GlanceFixture's image1, which
@@ -352,7 +354,7 @@ func (n *Nova) AddVGPUChild(t testing.TB, host, pciAddr, trait string, total int
 	}
 	root := n.ComputeNodeProvider(t, host)
 	id := uuid.NewString()
-	name := host + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(pciAddr)
+	name := testsvc.GPUProviderName(host, pciAddr)
 	var p provider
 	if err := n.placementDo(ctx, http.MethodPost, "/resource_providers",
 		map[string]any{"name": name, "uuid": id, "parent_provider_uuid": root}, &p); err != nil {

@@ -180,7 +180,7 @@ func (w *world) placementFleet() {
 	testsvc.Must(t, err, "root inventory")
 	for _, pci := range []string{gpuA, gpuB} {
 		id := uuid.NewString()
-		name := w.node + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(pci)
+		name := testsvc.GPUProviderName(w.node, pci)
 		_, err := resourceproviders.Create(ctx, w.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: w.root}).Extract()
 		testsvc.Must(t, err, "create GPU provider")
 		w.gpus[pci] = id

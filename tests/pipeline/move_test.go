@@ -88,7 +88,7 @@ func newMoveWorld(t *testing.T) *moveWorld {
 	testsvc.Must(t, err, "root inventory B")
 	for _, pci := range []string{gpuA, gpuB} {
 		id := uuid.NewString()
-		name := m.nodeB + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(pci)
+		name := testsvc.GPUProviderName(m.nodeB, pci)
 		_, err := resourceproviders.Create(ctx, m.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: m.rootB}).Extract()
 		testsvc.Must(t, err, "create GPU provider B")
 		m.gpusB[pci] = id

@@ -494,7 +494,7 @@ func (w *world) fleet() {
 	testsvc.Must(t, err, "root inventory")
 	for _, pci := range []string{"0000:3b:00.0", "0000:d8:00.0"} {
 		id := uuid.NewString()
-		name := w.node + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(pci)
+		name := testsvc.GPUProviderName(w.node, pci)
 		_, err := resourceproviders.Create(ctx, sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: root}).Extract()
 		testsvc.Must(t, err, "GPU provider")
 		providers = append(providers, id)

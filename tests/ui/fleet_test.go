@@ -13,9 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2"
-	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocations"
-	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
-	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/traits"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
@@ -149,68 +146,18 @@ func abs(t *testing.T, p string) string {
 // inventory and the type trait; a consumer holding a GPU's used units;
 // and each host's instance holding VCPU and MEMORY_MB on the root.
 func (f *fleet) placement() {
-	t, ctx := f.t, f.ctx
-	c, err := placement.NewClient(ctx, placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin"})
-	testsvc.Must(t, err, "placement client")
+	c, err := placement.NewClient(f.ctx, placement.ClientConfig{Endpoint: testsvc.PlacementURL(f.t), Token: "admin"})
+	testsvc.Must(f.t, err, "placement client")
 	f.sc = c.ServiceClient()
-	for _, tr := range []string{t4q4Trait, t4q8Trait} {
-		testsvc.Must(t, traits.Create(ctx, f.sc, tr).ExtractErr(), "create trait "+tr)
-	}
-	var consumers, providers []string
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		for _, c := range consumers {
-			if err := allocations.Delete(ctx, f.sc, c).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
-				t.Logf("cleanup: allocations of %s: %v", c, err)
-			}
-		}
-		for i := len(providers) - 1; i >= 0; i-- { // children before their root
-			if err := resourceproviders.Delete(ctx, f.sc, providers[i]).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
-				t.Logf("cleanup: provider %s: %v", providers[i], err)
-			}
-		}
-	})
-	project, user := strings.ReplaceAll(uuid.NewString(), "-", ""), strings.ReplaceAll(uuid.NewString(), "-", "")
-	for _, h := range f.hosts {
-		h.root, h.providers = uuid.NewString(), map[string]string{}
-		_, err := resourceproviders.Create(ctx, f.sc, resourceproviders.CreateOpts{Name: h.node, UUID: h.root}).Extract()
-		testsvc.Must(t, err, "create root provider")
-		providers = append(providers, h.root)
-		_, err = resourceproviders.UpdateInventories(ctx, f.sc, h.root, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
-			"VCPU":      {Total: 64, MinUnit: 1, MaxUnit: 64, StepSize: 1, AllocationRatio: 4},
-			"MEMORY_MB": {Total: 262144, MinUnit: 1, MaxUnit: 262144, StepSize: 1, AllocationRatio: 1},
-		}}).Extract()
-		testsvc.Must(t, err, "root inventory")
+	want := make([]testsvc.FleetHost, len(f.hosts))
+	for i, h := range f.hosts {
+		want[i] = testsvc.FleetHost{Node: h.node, VM: h.vm}
 		for _, g := range h.gpus {
-			id := uuid.NewString()
-			name := h.node + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(g.pci)
-			_, err := resourceproviders.Create(ctx, f.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: h.root}).Extract()
-			testsvc.Must(t, err, "create GPU provider")
-			providers = append(providers, id)
-			h.providers[g.pci] = id
-			r, err := resourceproviders.UpdateInventories(ctx, f.sc, id, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
-				"VGPU": {Total: g.total, MinUnit: 1, MaxUnit: g.total, StepSize: 1, AllocationRatio: 1},
-			}}).Extract()
-			testsvc.Must(t, err, "GPU inventory")
-			_, err = resourceproviders.UpdateTraits(ctx, f.sc, id, resourceproviders.UpdateTraitsOpts{
-				ResourceProviderGeneration: r.ResourceProviderGeneration, Traits: []string{g.trait}}).Extract()
-			testsvc.Must(t, err, "GPU traits")
-			if g.used > 0 {
-				c := uuid.NewString()
-				err := allocations.Update(ctx, f.sc, c, allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{
-					h.root: {Resources: map[string]int{"VCPU": 2, "MEMORY_MB": 2048}},
-					id:     {Resources: map[string]int{"VGPU": g.used}},
-				}, ProjectID: project, UserID: user, ConsumerType: "INSTANCE"}).ExtractErr()
-				testsvc.Must(t, err, "GPU consumer")
-				consumers = append(consumers, c)
-			}
+			want[i].GPUs = append(want[i].GPUs, testsvc.FleetGPU{PCI: g.pci, Trait: g.trait, Total: g.total, Used: g.used})
 		}
-		err = allocations.Update(ctx, f.sc, h.vm, allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{
-			h.root: {Resources: map[string]int{"VCPU": 2, "MEMORY_MB": 2048}},
-		}, ProjectID: project, UserID: user, ConsumerType: "INSTANCE"}).ExtractErr()
-		testsvc.Must(t, err, "instance allocations")
-		consumers = append(consumers, h.vm)
+	}
+	for i, p := range testsvc.PlacementFleet(f.ctx, f.t, f.sc, want) {
+		f.hosts[i].root, f.hosts[i].providers = p.Root, p.GPUs
 	}
 }
 
