@@ -8,6 +8,7 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -103,48 +104,22 @@ func DefaultConfig() Config {
 
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
-	if c.Source == "" {
-		c.Source = d.Source
-	}
-	if c.Exchange == "" {
-		c.Exchange = d.Exchange
-	}
-	if c.Queue == "" {
-		c.Queue = d.Queue
-	}
+	c.Source = cmp.Or(c.Source, d.Source)
+	c.Exchange = cmp.Or(c.Exchange, d.Exchange)
+	c.Queue = cmp.Or(c.Queue, d.Queue)
 	if len(c.BindingKeys) == 0 {
 		c.BindingKeys = d.BindingKeys
 	}
-	if c.Prefetch == 0 {
-		c.Prefetch = d.Prefetch
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = d.BatchSize
-	}
-	if c.Committers == 0 {
-		c.Committers = d.Committers
-	}
-	if c.FlushInterval == 0 {
-		c.FlushInterval = d.FlushInterval
-	}
-	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = d.MaxMessageBytes
-	}
-	if c.DeadLetterMaxBytes == 0 {
-		c.DeadLetterMaxBytes = d.DeadLetterMaxBytes
-	}
-	if c.ReconnectMin == 0 {
-		c.ReconnectMin = d.ReconnectMin
-	}
-	if c.ReconnectMax == 0 {
-		c.ReconnectMax = d.ReconnectMax
-	}
-	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = d.ShutdownGrace
-	}
-	if c.ConnectionName == "" {
-		c.ConnectionName = d.ConnectionName
-	}
+	c.Prefetch = cmp.Or(c.Prefetch, d.Prefetch)
+	c.BatchSize = cmp.Or(c.BatchSize, d.BatchSize)
+	c.Committers = cmp.Or(c.Committers, d.Committers)
+	c.FlushInterval = cmp.Or(c.FlushInterval, d.FlushInterval)
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, d.MaxMessageBytes)
+	c.DeadLetterMaxBytes = cmp.Or(c.DeadLetterMaxBytes, d.DeadLetterMaxBytes)
+	c.ReconnectMin = cmp.Or(c.ReconnectMin, d.ReconnectMin)
+	c.ReconnectMax = cmp.Or(c.ReconnectMax, d.ReconnectMax)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, d.ShutdownGrace)
+	c.ConnectionName = cmp.Or(c.ConnectionName, d.ConnectionName)
 }
 
 // Validate reports the first impossible setting.
