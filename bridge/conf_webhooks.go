@@ -52,8 +52,8 @@ var (
 		"How long an Idempotency-Key (or webhook-id) is remembered per source. Example: 24h")
 	optWHBatchSize = Options.Int("webhooks", "commit_batch_size", 256, 1, 10000,
 		"Most webhooks committed in one transaction (group commit; each 202 still waits for its commit). Example: 256")
-	optWHCommitWorkers = Options.Int("webhooks", "commit_workers", 4, 1, 64,
-		"Transactions committing webhooks at once (database connections used). Example: 4")
+	optWHCommitWorkers = Options.Int("webhooks", "commit_workers", 1, 1, 64,
+		"Transactions committing webhooks at once (database connections used). One commits whatever queued during the previous commit, so batches grow with the load; more commit smaller batches side by side, at more CPU per request, which pays only where Postgres has cores and storage to spare. Example: 1")
 	optWHCallbackTimeout = Options.Duration("webhooks", "callback_timeout", 10*time.Second, time.Second, 5*time.Minute,
 		"How long one callback POST may take. Example: 10s")
 	optWHCallbackAttempts = Options.Int("webhooks", "callback_max_attempts", 12, 1, 1000,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -130,7 +131,7 @@ func (s *Store) Create(ctx context.Context, tx pgx.Tx, r Request) error {
 }
 
 // CreateBatch inserts many requests, in state accepted, with their audit
-// rows, in two statements of tx sent together.
+// rows, in one statement of tx.
 func (s *Store) CreateBatch(ctx context.Context, tx pgx.Tx, rs []Request) error {
 	if len(rs) == 0 {
 		return nil
@@ -145,56 +146,48 @@ func (s *Store) CreateBatch(ctx context.Context, tx pgx.Tx, rs []Request) error 
 	return nil
 }
 
-// QueueCreate queues on b the two statements that insert rs, in state
+// QueueCreate queues on b the statement that inserts rs, in state
 // accepted, with their audit rows; the caller sends b in its transaction,
-// with statements of its own (the webhook path adds its inbox rows).
+// with statements of its own (the webhook path adds its inbox rows). The
+// audit detail is built by Postgres from the inserted rows, and every
+// value goes in binary, so a batch costs one parameter encoding per column.
 func (s *Store) QueueCreate(b *pgx.Batch, rs []Request) error {
 	if len(rs) == 0 {
 		return nil
 	}
 	n := len(rs)
-	ids := make([]string, n)
+	ids := make([][16]byte, n)
 	sources := make([]string, n)
 	kinds := make([]string, n)
-	insts := make([]*string, n)
-	bodies := make([]*string, n)
-	cbs := make([]*string, n)
-	keys := make([]*string, n)
-	details := make([]string, n)
+	insts := make([]pgtype.UUID, n)
+	bodies := make([]pgtype.Text, n)
+	cbs := make([]pgtype.Text, n)
+	keys := make([]pgtype.Text, n)
 	for i, r := range rs {
 		if r.ID == uuid.Nil {
 			return fmt.Errorf("create request: no id")
 		}
-		ids[i] = r.ID.String()
+		ids[i] = r.ID
 		sources[i] = r.Source
 		kinds[i] = r.Kind
 		if r.InstanceUUID != nil {
-			s := r.InstanceUUID.String()
-			insts[i] = &s
+			insts[i] = pgtype.UUID{Bytes: *r.InstanceUUID, Valid: true}
 		}
-		if len(r.Body) > 0 {
-			b := string(r.Body)
-			bodies[i] = &b
-		}
-		if r.CallbackURL != "" {
-			c := r.CallbackURL
-			cbs[i] = &c
-		}
-		if r.IdempotencyKey != "" {
-			k := r.IdempotencyKey
-			keys[i] = &k
-		}
-		d, _ := json.Marshal(map[string]any{"to": Accepted, "source": r.Source, "kind": r.Kind})
-		details[i] = string(d)
+		bodies[i] = pgtype.Text{String: string(r.Body), Valid: len(r.Body) > 0}
+		cbs[i] = pgtype.Text{String: r.CallbackURL, Valid: r.CallbackURL != ""}
+		keys[i] = pgtype.Text{String: r.IdempotencyKey, Valid: r.IdempotencyKey != ""}
 	}
-	b.Queue(`INSERT INTO requests (id, source, kind, instance_uuid, state, body, callback_url, idempotency_key)
+	b.Queue(`WITH r AS (
+		INSERT INTO requests (id, source, kind, instance_uuid, state, body, callback_url, idempotency_key)
 		SELECT id, source, kind, inst, 'accepted', body::jsonb, cb, key
-		FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::text[], $7::text[])
-		  AS t(id, source, kind, inst, body, cb, key)`,
-		ids, sources, kinds, insts, bodies, cbs, keys)
-	b.Queue(`INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-		SELECT $1, 'create', 'request', id, id, detail::jsonb
-		FROM unnest($2::text[], $3::text[]) AS t(id, detail)`, s.actor, ids, details)
+		FROM unnest($2::uuid[], $3::text[], $4::text[], $5::uuid[], $6::text[], $7::text[], $8::text[])
+		  AS t(id, source, kind, inst, body, cb, key)
+		RETURNING id, source, kind)
+		INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+		SELECT $1, 'create', 'request', id::text, id::text,
+		       jsonb_build_object('to', 'accepted', 'source', source, 'kind', kind)
+		FROM r`,
+		s.actor, ids, sources, kinds, insts, bodies, cbs, keys)
 	return nil
 }
 

@@ -118,7 +118,11 @@ type Config struct {
 	// IdempotencyTTL is how long keys are kept (24h).
 	IdempotencyTTL time.Duration
 	// BatchSize caps the requests committed in one transaction (256);
-	// CommitWorkers is how many transactions run at once (4).
+	// CommitWorkers is how many transactions run at once (1). One is
+	// best where Postgres shares the host's CPUs: what queues during a
+	// commit goes into the next, so the batches grow with the load and
+	// each fsync and round trip serves more requests; more workers commit
+	// smaller batches concurrently and spend more CPU per request.
 	BatchSize     int
 	CommitWorkers int
 	// CommitTimeout bounds how long a request waits for its commit (10s).
@@ -140,7 +144,7 @@ func (c *Config) setDefaults() {
 		c.BatchSize = 256
 	}
 	if c.CommitWorkers == 0 {
-		c.CommitWorkers = 4
+		c.CommitWorkers = 1
 	}
 	if c.CommitTimeout == 0 {
 		c.CommitTimeout = 10 * time.Second

@@ -5,16 +5,23 @@
 //  1. the real endpoint, each 202 after its group commit to Postgres
 //     (closed loop: as fast as it goes);
 //  2. a bare handler on the same server stack answering 202 at once;
-//  3. the real endpoint again at half the throughput of (1), open loop,
-//     latency counted from each request's scheduled start.
+//  3. the bare handler, then the real endpoint, at half the throughput
+//     of (1), open loop, latency counted from each request's scheduled
+//     start (the bare figures are what the harness itself adds).
+//
+// Before (1) and (3) it asks Postgres for a CHECKPOINT, so that no phase is
+// measured while the kernel writes back what an earlier phase left dirty:
+// that write-back, some thirty seconds after (1), would otherwise land in
+// (3) and hold up its fsyncs for 100 ms and more.
 //
 // It prints req/s, p50 and p99 of each and the ratio of (1) to (2), and the
 // CPU time per request of (1) and (2) in this process and of (1) in the
 // bench database's Postgres backends: on a machine others share, these
-// move far less with the load than req/s do. -cpuprofile FILE profiles
-// phase (1). It creates a database of its own on the test Postgres
-// (VGPU_TEST_POSTGRES_URL, default postgres://postgres@127.0.0.1:5432/postgres)
-// and drops it at the end. Runs in under a minute.
+// move far less with the load than req/s do. It makes -runs runs (3), each
+// on a database of its own on the test Postgres (VGPU_TEST_POSTGRES_URL,
+// default postgres://postgres@127.0.0.1:5432/postgres) dropped at its end,
+// and prints the medians. -cpuprofile FILE profiles phase (1) of the first
+// run. Each run takes about 40 seconds.
 package main
 
 import (
@@ -54,16 +61,47 @@ var secret = []byte("bench-secret-0123456789abcdef")
 func main() {
 	clients := flag.Int("clients", 64, "concurrent clients")
 	phase := flag.Duration("phase", 10*time.Second, "length of each measured phase")
-	workers := flag.Int("workers", 4, "commit workers ([webhooks] commit_workers)")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the durable phase (server and load generator) to this file")
+	workers := flag.Int("workers", 0, "commit workers ([webhooks] commit_workers; 0: its default)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the first run's durable phase (server and load generator) to this file")
+	runs := flag.Int("runs", 3, "runs, each on a fresh database; medians are printed")
 	flag.Parse()
-	if err := run(*clients, *phase, *workers, *cpuprofile); err != nil {
-		fmt.Fprintln(os.Stderr, "bench webhook:", err)
-		os.Exit(1)
+	var all []figures
+	for i := range *runs {
+		fmt.Printf("-- run %d of %d\n", i+1, *runs)
+		f, err := run(*clients, *phase, *workers, *cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench webhook:", err)
+			os.Exit(1)
+		}
+		all = append(all, f)
+		*cpuprofile = ""
 	}
+	med := func(get func(figures) float64) float64 {
+		v := make([]float64, len(all))
+		for i, f := range all {
+			v[i] = get(f)
+		}
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	fmt.Printf("\nmedian of %d run(s):\n", len(all))
+	fmt.Printf("  durable 202            %7.0f req/s (target >= 5000)\n", med(func(f figures) float64 { return f.durable.rps }))
+	fmt.Printf("  bare 202 (baseline)    %7.0f req/s; ratio durable/bare %.2f\n",
+		med(func(f figures) float64 { return f.bare.rps }), med(func(f figures) float64 { return f.durable.rps / f.bare.rps }))
+	fmt.Printf("  p99 at half load       %7.2f ms (target <= 20); p50 %.2f ms; bare at that rate p99 %.2f ms\n",
+		med(func(f figures) float64 { return ms(f.half.p99) }), med(func(f figures) float64 { return ms(f.half.p50) }),
+		med(func(f figures) float64 { return ms(f.bareHalf.p99) }))
+	fmt.Printf("  CPU per durable request %6.0f us in this process, %.0f us in Postgres\n",
+		med(func(f figures) float64 { return f.cpuProc }), med(func(f figures) float64 { return f.cpuPG }))
 }
 
-func run(clients int, phase time.Duration, workers int, cpuprofile string) error {
+// figures are one run's results.
+type figures struct {
+	durable, bare, bareHalf, half stats
+	cpuProc, cpuPG                float64 // µs per durable request
+}
+
+func run(clients int, phase time.Duration, workers int, cpuprofile string) (figures, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
 	admin := os.Getenv("VGPU_TEST_POSTGRES_URL")
@@ -75,10 +113,10 @@ func run(clients int, phase time.Duration, workers int, cpuprofile string) error
 	name := "vgpu_bench_" + hex.EncodeToString(b)
 	ac, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		return fmt.Errorf("postgres at %s: %w (start it with `make services`)", admin, err)
+		return figures{}, fmt.Errorf("postgres at %s: %w (start it with `make services`)", admin, err)
 	}
 	if _, err := ac.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		return err
+		return figures{}, err
 	}
 	defer func() {
 		c, err := pgx.Connect(context.Background(), admin)
@@ -95,11 +133,11 @@ func run(clients int, phase time.Duration, workers int, cpuprofile string) error
 	}
 	pool, err := store.Open(ctx, store.Config{URL: dbURL, MaxConns: 16})
 	if err != nil {
-		return err
+		return figures{}, err
 	}
 	defer pool.Close()
 	if _, err := store.Migrate(ctx, pool, nil); err != nil {
-		return err
+		return figures{}, err
 	}
 
 	log := slog.New(slog.DiscardHandler)
@@ -110,7 +148,7 @@ func run(clients int, phase time.Duration, workers int, cpuprofile string) error
 		Store: rs, Pool: pool, Logger: log, BatchSize: 256, CommitWorkers: workers,
 	})
 	if err != nil {
-		return err
+		return figures{}, err
 	}
 	srv := api.New(api.Config{Listen: "127.0.0.1:0", Logger: log})
 	ep.Register(srv)
@@ -119,7 +157,7 @@ func run(clients int, phase time.Duration, workers int, cpuprofile string) error
 		return c.JSONBlob(http.StatusAccepted, []byte(`{"request_id":"00000000-0000-0000-0000-000000000000","status_url":"/x","skipped":[]}`))
 	})
 	if err := srv.Start(); err != nil {
-		return err
+		return figures{}, err
 	}
 	defer srv.Shutdown()
 	rctx, rcancel := context.WithCancel(context.Background())
@@ -131,17 +169,22 @@ func run(clients int, phase time.Duration, workers int, cpuprofile string) error
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: clients * 2, MaxIdleConnsPerHost: clients * 2, MaxConnsPerHost: clients * 2}}
 	var seq atomic.Int64
 
-	fmt.Printf("webhook load: %d clients, keep-alive, loopback, %s phases, %d commit workers\n", clients, phase, workers)
+	cw := "the default number of"
+	if workers > 0 {
+		cw = strconv.Itoa(workers)
+	}
+	fmt.Printf("webhook load: %d clients, keep-alive, loopback, %s phases, %s commit workers\n", clients, phase, cw)
 	closedLoop(hc, url+"/v1/webhooks/bench", clients, 2*time.Second, &seq) // warm up
 	if cpuprofile != "" {
 		f, err := os.Create(cpuprofile)
 		if err != nil {
-			return err
+			return figures{}, err
 		}
 		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
+			return figures{}, err
 		}
 	}
+	settle(ctx, pool)
 	cpu0, pg0 := processCPU(), backendCPU(ctx, pool)
 	durable := closedLoop(hc, url+"/v1/webhooks/bench", clients, phase, &seq)
 	cpu1, pg1 := processCPU(), backendCPU(ctx, pool)
@@ -151,6 +194,8 @@ func run(clients int, phase time.Duration, workers int, cpuprofile string) error
 	cpu2 := processCPU()
 	bare := closedLoop(hc, url+"/echo", clients, phase*8/10, &seq)
 	cpu3 := processCPU()
+	bareHalf := openLoop(hc, url+"/echo", clients, phase*8/10, durable.rps/2, &seq)
+	settle(ctx, pool)
 	half := openLoop(hc, url+"/v1/webhooks/bench", clients, phase, durable.rps/2, &seq)
 
 	print := func(label string, r stats) {
@@ -159,11 +204,15 @@ func run(clients int, phase time.Duration, workers int, cpuprofile string) error
 	}
 	print("durable 202 (group commit)", durable)
 	print("bare handler 202 (baseline)", bare)
+	print("bare 202 at that rate (baseline)", bareHalf)
 	print(fmt.Sprintf("durable 202 at half load (%.0f/s)", durable.rps/2), half)
 	fmt.Printf("ratio durable/bare throughput: %.2f\n", durable.rps/bare.rps)
+	f := figures{durable: durable, bare: bare, bareHalf: bareHalf, half: half}
 	if durable.ok > 0 {
+		f.cpuProc = float64((cpu1 - cpu0).Microseconds()) / float64(durable.ok)
+		f.cpuPG = float64((pg1 - pg0).Microseconds()) / float64(durable.ok)
 		fmt.Printf("CPU per durable request: %.0f us in this process (server and load generator), %.0f us in its Postgres backends\n",
-			float64((cpu1-cpu0).Microseconds())/float64(durable.ok), float64((pg1-pg0).Microseconds())/float64(durable.ok))
+			f.cpuProc, f.cpuPG)
 	}
 	if bare.ok > 0 {
 		fmt.Printf("CPU per bare request: %.0f us in this process (server and load generator)\n",
@@ -171,8 +220,16 @@ func run(clients int, phase time.Duration, workers int, cpuprofile string) error
 	}
 	var n int
 	pool.QueryRow(context.Background(), "SELECT count(*) FROM requests").Scan(&n)
-	fmt.Printf("requests committed: %d (targets: >= 5000 durable req/s; p99 <= 20 ms at half load)\n", n)
-	return nil
+	fmt.Printf("requests committed: %d\n", n)
+	return f, nil
+}
+
+// settle checkpoints the bench database's cluster, so that the phase
+// that follows starts with no dirty data of earlier phases to write back.
+func settle(ctx context.Context, pool *pgxpool.Pool) {
+	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		fmt.Fprintln(os.Stderr, "bench webhook: CHECKPOINT (needs superuser or pg_checkpoint):", err)
+	}
 }
 
 // processCPU is the CPU time this process used so far.
