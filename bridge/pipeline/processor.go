@@ -557,8 +557,10 @@ func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow,
 	if _, err := uuid.Parse(row.InstanceUUID); err == nil {
 		inst = &row.InstanceUUID
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO decisions (event_id, request_id, instance_uuid, policy, rejected, reason, decision, replica)
-		VALUES ($1, $2, $3::uuid, $4, $5, nullif($6,''), $7, $8) ON CONFLICT (event_id) DO NOTHING`,
+	// created_at is when the decision was made (after its claims), not
+	// when its transaction began, as now() would give.
+	_, err = tx.Exec(ctx, `INSERT INTO decisions (event_id, request_id, instance_uuid, policy, rejected, reason, decision, replica, created_at)
+		VALUES ($1, $2, $3::uuid, $4, $5, nullif($6,''), $7, $8, clock_timestamp()) ON CONFLICT (event_id) DO NOTHING`,
 		row.ID, reqID, inst, d.Policy, plan.Outcome == OutcomeReject, plan.Reason, doc, p.cfg.Replica)
 	if err != nil {
 		return fmt.Errorf("record decision of event %d: %w", row.ID, err)

@@ -746,8 +746,11 @@ func (h *harness) burst(ctx context.Context, n int) (float64, error) {
 }
 
 // breakdown prints where the requests' time went (medians, from the
-// rows' timestamps): webhook commit → decision (inbox poll, policy,
-// Placement claim), then per command the relay and the agent's answer.
+// rows' timestamps): from the webhook's transaction to the decision
+// (inbox poll, policy, Placement claim; decisions.created_at is taken when
+// the decision is written), then per command from the previous step to
+// the relay's publish (for create_mdev this includes the decision's
+// commit), and the agent's answer.
 func (h *harness) breakdown(ctx context.Context, ids []uuid.UUID) {
 	row := h.pool.QueryRow(ctx, `WITH x AS (
 			SELECT r.id, r.created_at AS created, d.created_at AS decided,
