@@ -284,6 +284,11 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	if o.noRun {
 		return r
 	}
+	// The bridge's queues and bindings exist before any agent starts, as
+	// they do in a deployment: an agent's first report is published once,
+	// and one sent before the binding exists is dropped until its next
+	// full report (report_interval, a minute).
+	declareTopology(t, w.amqpURL, dc)
 	ctx, cancel := context.WithCancel(w.ctx)
 	var wg sync.WaitGroup
 	for _, run := range []func(context.Context) error{r.proc.Run, r.disp.Run} {
@@ -297,6 +302,17 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	return r
+}
+
+// declareTopology declares dc's exchange, queues and bindings now.
+func declareTopology(t *testing.T, url string, dc dispatch.Config) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	testsvc.Must(t, err, "dial broker")
+	defer conn.Close()
+	ch, err := conn.Channel()
+	testsvc.Must(t, err, "channel")
+	testsvc.Must(t, dispatch.Declare(ch, dc), "declare the bridge's topology")
 }
 
 // startAgent runs vgpu-agent on the fake host in this process; extra
