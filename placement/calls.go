@@ -2,6 +2,7 @@ package placement
 
 import (
 	"context"
+	"maps"
 	"strings"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocationcandidates"
@@ -132,6 +133,24 @@ type Consumer struct {
 	Type       string                    // consumer_type (1.38+), e.g. INSTANCE
 	Providers  map[string]map[string]int // provider uuid → class → amount
 	ProviderGn map[string]int            // provider generations seen
+}
+
+// clone is a deep copy of c (nil for nil).
+func (c *Consumer) clone() *Consumer {
+	if c == nil {
+		return nil
+	}
+	out := *c
+	out.Providers = make(map[string]map[string]int, len(c.Providers))
+	for rp, res := range c.Providers {
+		out.Providers[rp] = maps.Clone(res)
+	}
+	out.ProviderGn = maps.Clone(c.ProviderGn)
+	if c.Generation != nil {
+		g := *c.Generation
+		out.Generation = &g
+	}
+	return &out
 }
 
 // Allocations reads a consumer's allocations. An unknown consumer comes

@@ -14,6 +14,12 @@ type ClaimRequest struct {
 	ProjectID string // needed when the consumer has no allocations yet
 	UserID    string
 	Request   engine.Request
+	// Read, when set, is the consumer's allocations as the caller has
+	// just read them (ReadVGPU): the first write starts from it instead
+	// of reading them again. The consumer generation guards that write,
+	// so a Read gone stale costs a conflict and a fresh read, never a
+	// lost update. Claim does not modify it.
+	Read *Consumer
 }
 
 // Claim is a granted claim.
@@ -45,6 +51,7 @@ func (s *Service) Claim(ctx context.Context, cr ClaimRequest) (*Claim, error) {
 	q.AllowRetype = false
 	tried := map[string]bool{}
 	attempts := 0
+	read := cr.Read
 	for round := 0; round < maxCandidateRounds; round++ {
 		q.ExcludeGPUs = append(append([]string(nil), cr.Request.ExcludeGPUs...), keys(tried)...)
 		cands, err := s.decide(q)
@@ -56,7 +63,7 @@ func (s *Service) Claim(ctx context.Context, cr ClaimRequest) (*Claim, error) {
 		}
 		for _, c := range cands {
 			tried[c.GPU.UUID] = true
-			cl, err := s.claimOn(ctx, cr, c.GPU, &attempts)
+			cl, err := s.claimOn(ctx, cr, c.GPU, &attempts, &read)
 			switch {
 			case err == nil:
 				return cl, nil
@@ -81,8 +88,9 @@ func keys(m map[string]bool) []string {
 }
 
 // claimOn adds the request to the consumer's allocations on g, retrying
-// generation conflicts until ctx ends.
-func (s *Service) claimOn(ctx context.Context, cr ClaimRequest, g *engine.GPU, attempts *int) (*Claim, error) {
+// generation conflicts until ctx ends. Its first attempt starts from
+// *read when that is set, and uses it up.
+func (s *Service) claimOn(ctx context.Context, cr ClaimRequest, g *engine.GPU, attempts *int, read **Consumer) (*Claim, error) {
 	n := cr.Request.Count
 	if n == 0 {
 		n = 1
@@ -91,9 +99,13 @@ func (s *Service) claimOn(ctx context.Context, cr ClaimRequest, g *engine.GPU, a
 	target, lostWrite := -1, false
 	for {
 		*attempts++
-		con, err := s.client.Allocations(ctx, cr.Consumer)
-		if err != nil {
-			return nil, err
+		con := (*read).clone()
+		*read = nil
+		if con == nil {
+			var err error
+			if con, err = s.client.Allocations(ctx, cr.Consumer); err != nil {
+				return nil, err
+			}
 		}
 		held := con.Providers[g.UUID][g.Class]
 		if target < 0 {
@@ -119,7 +131,7 @@ func (s *Service) claimOn(ctx context.Context, cr ClaimRequest, g *engine.GPU, a
 		}
 		res[g.Class] += n
 		con.Providers[g.UUID] = res
-		err = s.client.PutAllocations(ctx, con)
+		err := s.client.PutAllocations(ctx, con)
 		if err == nil {
 			cl := &Claim{Consumer: cr.Consumer, Provider: g.UUID, Host: g.Host.Name, Class: g.Class, Amount: n, Held: res[g.Class], Attempts: *attempts}
 			cl.Generation = s.learn(ctx, g.UUID, cr.Consumer, g.Class, res[g.Class])
@@ -234,9 +246,16 @@ type Holding struct {
 // units (GET /allocations/{instance}); after Nova creates or resizes a
 // vGPU instance, notifications do not say. Empty when it holds none.
 func (s *Service) LookupVGPU(ctx context.Context, instance string) ([]Holding, error) {
+	out, _, err := s.ReadVGPU(ctx, instance)
+	return out, err
+}
+
+// ReadVGPU is LookupVGPU that also returns the allocations it read, for
+// a Claim that follows (ClaimRequest.Read) to start from.
+func (s *Service) ReadVGPU(ctx context.Context, instance string) ([]Holding, *Consumer, error) {
 	con, err := s.client.Allocations(ctx, instance)
 	if err != nil {
-		return nil, fmt.Errorf("lookup vGPU of %s: %w", instance, err)
+		return nil, nil, fmt.Errorf("lookup vGPU of %s: %w", instance, err)
 	}
 	var out []Holding
 	for rp, res := range con.Providers {
@@ -256,5 +275,5 @@ func (s *Service) LookupVGPU(ctx context.Context, instance string) ([]Holding, e
 			out = append(out, h)
 		}
 	}
-	return out, nil
+	return out, con, nil
 }

@@ -91,7 +91,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 	offload := ev.Kind == NovaKindPrefix+"instance.shelve_offload.end" || f.Instance.Host == ""
 	holds := map[string]int{} // units the consumer holds per GPU provider
 	if !offload {
-		hl, err := p.d.Placement.Holdings(ctx, ev.InstanceUUID)
+		hl, _, err := p.d.Placement.Holdings(ctx, ev.InstanceUUID)
 		if err != nil {
 			return nil, false, false, errRetry{fmt.Errorf("move of %s: %w", ev.InstanceUUID, err)}
 		}

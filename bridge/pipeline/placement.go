@@ -15,8 +15,10 @@ type Placement interface {
 	// Claim adds count units of the type trait on a GPU of node to the
 	// consumer's allocations.
 	Claim(ctx context.Context, c ClaimSpec) (Claimed, error)
-	// Holdings lists the consumer's vGPU units by GPU provider.
-	Holdings(ctx context.Context, consumer string) ([]placement.Holding, error)
+	// Holdings lists the consumer's vGPU units by GPU provider, and
+	// returns the allocations it read, for a Claim that follows
+	// (ClaimSpec.Read).
+	Holdings(ctx context.Context, consumer string) ([]placement.Holding, *placement.Consumer, error)
 	// ReleaseUnits takes amount units of class off the consumer's
 	// allocation on provider, keeping its other allocations. heldAfter is
 	// what the consumer held there right after the claim: when it now
@@ -35,6 +37,10 @@ type ClaimSpec struct {
 	Trait     string
 	Count     int
 	Exclude   []string // GPU providers to skip
+	// Read is the consumer's allocations from Holdings just before: the
+	// claim writes on them first, one Placement read fewer (a stale Read
+	// is caught by the consumer generation and read again).
+	Read *placement.Consumer
 }
 
 // Claimed is a claim made.
@@ -62,7 +68,7 @@ func (a ServiceAdapter) Claim(ctx context.Context, c ClaimSpec) (Claimed, error)
 	if err != nil {
 		return Claimed{}, err
 	}
-	cl, err := a.S.Claim(ctx, placement.ClaimRequest{Consumer: c.Consumer, ProjectID: c.ProjectID, UserID: c.UserID, Request: q})
+	cl, err := a.S.Claim(ctx, placement.ClaimRequest{Consumer: c.Consumer, ProjectID: c.ProjectID, UserID: c.UserID, Request: q, Read: c.Read})
 	if errors.Is(err, placement.ErrNoCapacity) {
 		return Claimed{}, fmt.Errorf("%w: %v", ErrNoCapacity, err)
 	}
@@ -73,8 +79,8 @@ func (a ServiceAdapter) Claim(ctx context.Context, c ClaimSpec) (Claimed, error)
 }
 
 // Holdings implements Placement.
-func (a ServiceAdapter) Holdings(ctx context.Context, consumer string) ([]placement.Holding, error) {
-	return a.S.LookupVGPU(ctx, consumer)
+func (a ServiceAdapter) Holdings(ctx context.Context, consumer string) ([]placement.Holding, *placement.Consumer, error) {
+	return a.S.ReadVGPU(ctx, consumer)
 }
 
 // GPUAddress implements Placement.

@@ -762,7 +762,7 @@ func (p *Processor) claim(ctx context.Context, f Facts, s Step, planned []Attach
 	for _, a := range planned {
 		known[a.Provider] += a.Amount
 	}
-	holdings, err := p.d.Placement.Holdings(ctx, f.Instance.UUID)
+	holdings, read, err := p.d.Placement.Holdings(ctx, f.Instance.UUID)
 	if err != nil {
 		return nil, err
 	}
@@ -781,7 +781,7 @@ func (p *Processor) claim(ctx context.Context, f Facts, s Step, planned []Attach
 		}
 	}
 	cl, err := p.d.Placement.Claim(ctx, ClaimSpec{Consumer: f.Instance.UUID, ProjectID: f.Instance.ProjectID, UserID: f.Instance.UserID,
-		Node: f.Instance.Node, Trait: s.Intent.Trait, Count: n})
+		Node: f.Instance.Node, Trait: s.Intent.Trait, Count: n, Read: read})
 	if err != nil {
 		return nil, err
 	}

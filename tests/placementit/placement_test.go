@@ -424,3 +424,76 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestClaimFromRead: a claim may start from the allocations its caller has
+// just read (ReadVGPU), one GET fewer. A fresh read lands in one attempt
+// and is not modified; a read that went stale (Nova wrote the consumer in
+// between) costs a conflict and a fresh read, and loses nothing of what
+// was written meanwhile.
+func TestClaimFromRead(t *testing.T) {
+	s := newService(t, false)
+	ty := UniqueType()
+	f := load(t, s, []Node{{Name: name("it-read"), GPUs: []GPU{{Trait: ty, Total: 8}}}})
+	ctx := ctxT(t)
+	if _, err := s.SyncNow(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	sc := s.Client().ServiceClient()
+	setRoot := func(inst string, vcpu int) {
+		t.Helper()
+		con, err := s.Client().Allocations(ctx, inst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{},
+			ProjectID: f.Project, UserID: f.User, ConsumerType: "INSTANCE", ConsumerGeneration: con.Generation}
+		for rp, res := range con.Providers {
+			opts.Allocations[rp] = allocations.ProviderAllocationsOpts{Resources: res}
+		}
+		opts.Allocations[f.Roots[0]] = allocations.ProviderAllocationsOpts{Resources: map[string]int{"VCPU": vcpu, "MEMORY_MB": 1024}}
+		if err := allocations.Update(ctx, sc, inst, opts).ExtractErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := engine.Request{Required: []string{ty}, Count: 1}
+
+	fresh := consumer(t)
+	setRoot(fresh, 2)
+	hs, read, err := s.ReadVGPU(ctx, fresh)
+	if err != nil || len(hs) != 0 || read.Generation == nil {
+		t.Fatalf("ReadVGPU = %+v, %+v, %v", hs, read, err)
+	}
+	before := len(read.Providers)
+	cl, err := s.Claim(ctx, placement.ClaimRequest{Consumer: fresh, Request: req, Read: read})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.Attempts != 1 || cl.Held != 1 {
+		t.Errorf("claim from a fresh read: attempts %d, held %d; want 1, 1", cl.Attempts, cl.Held)
+	}
+	if len(read.Providers) != before {
+		t.Errorf("Claim modified the caller's read: %+v", read.Providers)
+	}
+
+	stale := consumer(t)
+	setRoot(stale, 2)
+	_, read, err = s.ReadVGPU(ctx, stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setRoot(stale, 6) // Nova resizes the instance after the read
+	cl, err = s.Claim(ctx, placement.ClaimRequest{Consumer: stale, Request: req, Read: read})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.Attempts != 2 {
+		t.Errorf("claim from a stale read: %d attempts, want 2 (conflict, then a fresh read)", cl.Attempts)
+	}
+	con, err := s.Client().Allocations(ctx, stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if con.Providers[f.Roots[0]]["VCPU"] != 6 || con.Providers[cl.Provider]["VGPU"] != 1 {
+		t.Fatalf("consumer after a claim from a stale read: %+v (want VCPU 6 kept and VGPU 1)", con.Providers)
+	}
+}
