@@ -13,8 +13,8 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack"
-	"github.com/gophercloud/gophercloud/v2/openstack/config"
-	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 )
 
 // DefaultMicroversion is the Placement microversion the client speaks:
@@ -77,33 +77,17 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	var sc *gophercloud.ServiceClient
+	sc, err := osclient.New(ctx, osclient.Config{Endpoint: cfg.Endpoint, Token: token, Cloud: cfg.Cloud, Type: "placement",
+		FromCatalog: openstack.NewPlacementV1, HTTPClient: hc, Microversion: cfg.Microversion})
+	var ae *osclient.AuthError
 	switch {
-	case cfg.Endpoint != "" && token != "":
-		pc := &gophercloud.ProviderClient{HTTPClient: *hc}
-		pc.SetToken(token)
-		sc = &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: gophercloud.NormalizeURL(cfg.Endpoint), Type: "placement"}
-	case cfg.Cloud != "":
-		ao, eo, tlsc, err := clouds.Parse(clouds.WithCloudName(cfg.Cloud))
-		if err != nil {
-			return nil, fmt.Errorf("clouds.yaml cloud %q: %w", cfg.Cloud, err)
-		}
-		ao.AllowReauth = true
-		pc, err := config.NewProviderClient(ctx, ao, config.WithHTTPClient(*hc), config.WithTLSConfig(tlsc))
-		if err != nil {
-			return nil, classify("authenticate", err)
-		}
-		sc, err = openstack.NewPlacementV1(pc, eo)
-		if err != nil {
-			return nil, fmt.Errorf("placement endpoint: %w", err)
-		}
-		if cfg.Endpoint != "" {
-			sc.Endpoint = gophercloud.NormalizeURL(cfg.Endpoint)
-		}
-	default:
+	case errors.As(err, &ae):
+		return nil, classify("authenticate", ae.Err)
+	case errors.Is(err, osclient.ErrUnconfigured):
 		return nil, errors.New("placement: set [openstack] cloud, or [placement] endpoint_override with token_file")
+	case err != nil:
+		return nil, err
 	}
-	sc.Microversion = cfg.Microversion
 	return &Client{sc: sc}, nil
 }
 

@@ -13,8 +13,8 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack"
-	"github.com/gophercloud/gophercloud/v2/openstack/config"
-	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 )
 
 // DefaultMicroversion is the compute microversion the client speaks. 2.61
@@ -87,33 +87,17 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		}
 		hc = &http.Client{Timeout: cfg.Timeout, Transport: tr}
 	}
-	var sc *gophercloud.ServiceClient
+	sc, err := osclient.New(ctx, osclient.Config{Endpoint: cfg.Endpoint, Token: cfg.Token, Cloud: cfg.Cloud, Type: "compute",
+		FromCatalog: openstack.NewComputeV2, HTTPClient: hc, Microversion: cfg.Microversion})
+	var ae *osclient.AuthError
 	switch {
-	case cfg.Endpoint != "" && cfg.Token != "":
-		pc := &gophercloud.ProviderClient{HTTPClient: *hc}
-		pc.SetToken(cfg.Token)
-		sc = &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: gophercloud.NormalizeURL(cfg.Endpoint), Type: "compute"}
-	case cfg.Cloud != "":
-		ao, eo, tlsc, err := clouds.Parse(clouds.WithCloudName(cfg.Cloud))
-		if err != nil {
-			return nil, fmt.Errorf("clouds.yaml cloud %q: %w", cfg.Cloud, err)
-		}
-		ao.AllowReauth = true
-		pc, err := config.NewProviderClient(ctx, ao, config.WithHTTPClient(*hc), config.WithTLSConfig(tlsc))
-		if err != nil {
-			return nil, classify("authenticate", err)
-		}
-		sc, err = openstack.NewComputeV2(pc, eo)
-		if err != nil {
-			return nil, fmt.Errorf("compute endpoint: %w", err)
-		}
-		if cfg.Endpoint != "" {
-			sc.Endpoint = gophercloud.NormalizeURL(cfg.Endpoint)
-		}
-	default:
+	case errors.As(err, &ae):
+		return nil, classify("authenticate", ae.Err)
+	case errors.Is(err, osclient.ErrUnconfigured):
 		return nil, errors.New("nova: set [openstack] cloud, or [nova] endpoint_override with token_file")
+	case err != nil:
+		return nil, err
 	}
-	sc.Microversion = cfg.Microversion
 	return &Client{sc: sc}, nil
 }
 
