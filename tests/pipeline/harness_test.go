@@ -173,25 +173,7 @@ func (w *world) placementFleet() {
 	_, err = resourceproviders.Create(ctx, w.sc, resourceproviders.CreateOpts{Name: w.node, UUID: w.root}).Extract()
 	testsvc.Must(t, err, "create root provider")
 	t.Cleanup(w.cleanupPlacement)
-	_, err = resourceproviders.UpdateInventories(ctx, w.sc, w.root, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
-		"VCPU":      {Total: 64, MinUnit: 1, MaxUnit: 64, StepSize: 1, AllocationRatio: 4},
-		"MEMORY_MB": {Total: 262144, MinUnit: 1, MaxUnit: 262144, StepSize: 1, AllocationRatio: 1},
-	}}).Extract()
-	testsvc.Must(t, err, "root inventory")
-	for _, pci := range []string{gpuA, gpuB} {
-		id := uuid.NewString()
-		name := testsvc.GPUProviderName(w.node, pci)
-		_, err := resourceproviders.Create(ctx, w.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: w.root}).Extract()
-		testsvc.Must(t, err, "create GPU provider")
-		w.gpus[pci] = id
-		r, err := resourceproviders.UpdateInventories(ctx, w.sc, id, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
-			"VGPU": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1},
-		}}).Extract()
-		testsvc.Must(t, err, "GPU inventory")
-		_, err = resourceproviders.UpdateTraits(ctx, w.sc, id, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: r.ResourceProviderGeneration,
-			Traits: []string{t4qTrait}}).Extract()
-		testsvc.Must(t, err, "GPU traits")
-	}
+	w.computeNode(w.root, w.node, w.gpus)
 	for i, d := range w.domains {
 		res := map[string]allocations.ProviderAllocationsOpts{w.root: {Resources: map[string]int{"VCPU": 2, "MEMORY_MB": 2048}}}
 		if i == 0 { // Nova's vGPU instance
@@ -302,6 +284,32 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	return r
+}
+
+// computeNode gives root (the provider of compute node node) what Nova's
+// libvirt driver reports: VCPU and MEMORY_MB, and one child per GPU
+// (gpuA, gpuB) with 4 VGPU and the T4-4Q trait, recorded in gpus.
+func (w *world) computeNode(root, node string, gpus map[string]string) {
+	t, ctx := w.t, w.ctx
+	_, err := resourceproviders.UpdateInventories(ctx, w.sc, root, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+		"VCPU":      {Total: 64, MinUnit: 1, MaxUnit: 64, StepSize: 1, AllocationRatio: 4},
+		"MEMORY_MB": {Total: 262144, MinUnit: 1, MaxUnit: 262144, StepSize: 1, AllocationRatio: 1},
+	}}).Extract()
+	testsvc.Must(t, err, "root inventory of "+node)
+	for _, pci := range []string{gpuA, gpuB} {
+		id := uuid.NewString()
+		name := testsvc.GPUProviderName(node, pci)
+		_, err := resourceproviders.Create(ctx, w.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: root}).Extract()
+		testsvc.Must(t, err, "create GPU provider "+name)
+		gpus[pci] = id
+		r, err := resourceproviders.UpdateInventories(ctx, w.sc, id, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+			"VGPU": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1},
+		}}).Extract()
+		testsvc.Must(t, err, "GPU inventory of "+name)
+		_, err = resourceproviders.UpdateTraits(ctx, w.sc, id, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: r.ResourceProviderGeneration,
+			Traits: []string{t4qTrait}}).Extract()
+		testsvc.Must(t, err, "GPU traits of "+name)
+	}
 }
 
 // declareTopology declares dc's exchange, queues and bindings now.

@@ -81,25 +81,7 @@ func newMoveWorld(t *testing.T) *moveWorld {
 		}
 		resourceproviders.Delete(cctx, m.sc, m.rootB).ExtractErr() //nolint:errcheck
 	})
-	_, err = resourceproviders.UpdateInventories(ctx, m.sc, m.rootB, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
-		"VCPU":      {Total: 64, MinUnit: 1, MaxUnit: 64, StepSize: 1, AllocationRatio: 4},
-		"MEMORY_MB": {Total: 262144, MinUnit: 1, MaxUnit: 262144, StepSize: 1, AllocationRatio: 1},
-	}}).Extract()
-	testsvc.Must(t, err, "root inventory B")
-	for _, pci := range []string{gpuA, gpuB} {
-		id := uuid.NewString()
-		name := testsvc.GPUProviderName(m.nodeB, pci)
-		_, err := resourceproviders.Create(ctx, m.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: m.rootB}).Extract()
-		testsvc.Must(t, err, "create GPU provider B")
-		m.gpusB[pci] = id
-		r, err := resourceproviders.UpdateInventories(ctx, m.sc, id, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
-			"VGPU": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1},
-		}}).Extract()
-		testsvc.Must(t, err, "GPU inventory B")
-		_, err = resourceproviders.UpdateTraits(ctx, m.sc, id, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: r.ResourceProviderGeneration,
-			Traits: []string{t4qTrait}}).Extract()
-		testsvc.Must(t, err, "GPU traits B")
-	}
+	m.computeNode(m.rootB, m.nodeB, m.gpusB)
 
 	conn, err := amqp.Dial(m.amqpURL)
 	testsvc.Must(t, err, "dial broker")
