@@ -34,24 +34,7 @@ const (
 
 // directPolicy: every request goes the direct-live path; a deleted
 // instance's vGPUs are released.
-const directPolicy = `version: 1
-defaults:
-  attach_mode: direct-live
-  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
-rules:
-  - name: attach-on-request
-    on: [webhook.GPU_REQUEST]
-    when: preferred != ""
-    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
-  - name: request-without-fit
-    on: [webhook.GPU_REQUEST]
-    when: preferred == ""
-    then: ['reject("no vGPU profile fits this request")']
-  - name: release-on-delete
-    on: [nova.instance.delete.end]
-    when: instance.vgpu_count > 0
-    then: ['release()']
-`
+var directPolicy = testsvc.DirectPolicy(testsvc.RuleReleaseOnDelete)
 
 // directWorld is one direct-path scenario: a compute host of its own in
 // the shared Nova with a T4 child provider, the host's agent, and an

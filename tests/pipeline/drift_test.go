@@ -32,23 +32,7 @@ import (
 
 // driftPolicy has no rule that releases on instance.delete.end, so a
 // deleted instance's claim stays behind as a stale claim.
-const driftPolicy = `version: 1
-defaults:
-  attach_mode: direct-live
-  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
-rules:
-  - name: attach-on-request
-    on: [webhook.GPU_REQUEST]
-    when: preferred != ""
-    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
-  - name: request-without-fit
-    on: [webhook.GPU_REQUEST]
-    when: preferred == ""
-    then: ['reject("no vGPU profile fits this request")']
-  - name: release-on-request
-    on: [webhook.GPU_RELEASE]
-    then: ['release()']
-`
+var driftPolicy = testsvc.DirectPolicy(testsvc.RuleReleaseOnRequest)
 
 type finding struct {
 	id                                 int64

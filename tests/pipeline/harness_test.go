@@ -47,27 +47,7 @@ const (
 	gpuB     = "0000:d8:00.0" // empty
 )
 
-const testPolicy = `version: 1
-defaults:
-  attach_mode: direct-live
-  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
-rules:
-  - name: attach-on-request
-    on: [webhook.GPU_REQUEST]
-    when: preferred != ""
-    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
-  - name: request-without-fit
-    on: [webhook.GPU_REQUEST]
-    when: preferred == ""
-    then: ['reject("no vGPU profile fits this request")']
-  - name: release-on-request
-    on: [webhook.GPU_RELEASE]
-    then: ['release()']
-  - name: release-on-delete
-    on: [nova.instance.delete.end]
-    when: instance.vgpu_count > 0
-    then: ['release()']
-`
+var testPolicy = testsvc.DirectPolicy(testsvc.RuleReleaseOnRequest, testsvc.RuleReleaseOnDelete)
 
 func logger() *slog.Logger {
 	if testing.Verbose() {

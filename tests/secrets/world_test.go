@@ -53,23 +53,7 @@ import (
 const t4qTrait = "CUSTOM_NVIDIA_232"
 
 // The policy: direct attach on a GPU_REQUEST, release on GPU_RELEASE.
-const testPolicy = `version: 1
-defaults:
-  attach_mode: direct-live
-  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
-rules:
-  - name: attach-on-request
-    on: [webhook.GPU_REQUEST]
-    when: preferred != ""
-    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
-  - name: request-without-fit
-    on: [webhook.GPU_REQUEST]
-    when: preferred == ""
-    then: ['reject("no vGPU profile fits this request")']
-  - name: release-on-request
-    on: [webhook.GPU_RELEASE]
-    then: ['release()']
-`
+var testPolicy = testsvc.DirectPolicy(testsvc.RuleReleaseOnRequest)
 
 // logBuffer collects a daemon's log lines; safe for concurrent writes.
 type logBuffer struct {

@@ -1,0 +1,38 @@
+package testsvc
+
+import "strings"
+
+// Rules of DirectPolicy, to add to its base.
+const (
+	// RuleReleaseOnRequest releases on a GPU_RELEASE webhook.
+	RuleReleaseOnRequest = `  - name: release-on-request
+    on: [webhook.GPU_RELEASE]
+    then: ['release()']
+`
+	// RuleReleaseOnDelete releases a deleted instance's vGPUs.
+	RuleReleaseOnDelete = `  - name: release-on-delete
+    on: [nova.instance.delete.end]
+    when: instance.vgpu_count > 0
+    then: ['release()']
+`
+)
+
+// DirectPolicy is the tests' policy for the direct path: a GPU_REQUEST
+// attaches its preferred profile (direct-live), or is rejected when no
+// profile fits; rules (RuleReleaseOnRequest, RuleReleaseOnDelete) follow.
+func DirectPolicy(rules ...string) string {
+	return `version: 1
+defaults:
+  attach_mode: direct-live
+  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
+rules:
+  - name: attach-on-request
+    on: [webhook.GPU_REQUEST]
+    when: preferred != ""
+    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
+  - name: request-without-fit
+    on: [webhook.GPU_REQUEST]
+    when: preferred == ""
+    then: ['reject("no vGPU profile fits this request")']
+` + strings.Join(rules, "")
+}
