@@ -60,7 +60,6 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocations"
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/traits"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -78,6 +77,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/bench/benchkit"
 )
 
 const (
@@ -137,21 +137,21 @@ type harness struct {
 	log     *slog.Logger
 	id      string
 
-	adminURL, dbName, dbURL string
-	pool                    *pgxpool.Pool
-	sc                      *gophercloud.ServiceClient
-	amqpURL, transportURL   string
-	hosts                   []*host
-	next                    atomic.Int64 // next free instance (across hosts, round robin)
-	results, reports        string
-	mu                      sync.Mutex
-	claimed                 []string // consumers that got a claim
-	perHost                 int      // instances per host
-	cleanups                []func()
-	hc                      *http.Client
-	url                     string
-	seq                     atomic.Int64
-	rs                      *requests.Store
+	dbURL                 string
+	pool                  *pgxpool.Pool
+	sc                    *gophercloud.ServiceClient
+	amqpURL, transportURL string
+	hosts                 []*host
+	next                  atomic.Int64 // next free instance (across hosts, round robin)
+	results, reports      string
+	mu                    sync.Mutex
+	claimed               []string // consumers that got a claim
+	perHost               int      // instances per host
+	cleanups              []func()
+	hc                    *http.Client
+	url                   string
+	seq                   atomic.Int64
+	rs                    *requests.Store
 }
 
 func (h *harness) cleanup() {
@@ -283,28 +283,12 @@ func pct(v []time.Duration, p int) time.Duration {
 }
 
 func (h *harness) database(ctx context.Context) error {
-	h.adminURL = env("VGPU_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	h.dbName = "vgpu_bench_e2e_" + h.id
-	ac, err := pgx.Connect(ctx, h.adminURL)
+	url, drop, err := benchkit.ScratchDB(ctx, benchkit.AdminURL(), "e2e_")
 	if err != nil {
-		return fmt.Errorf("postgres at %s: %w (start it with `make services`)", h.adminURL, err)
-	}
-	defer ac.Close(ctx)
-	if _, err := ac.Exec(ctx, "CREATE DATABASE "+h.dbName); err != nil {
 		return err
 	}
-	h.cleanups = append(h.cleanups, func() {
-		c, err := pgx.Connect(context.Background(), h.adminURL)
-		if err == nil {
-			c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+h.dbName+" WITH (FORCE)") //nolint:errcheck
-			c.Close(context.Background())
-		}
-	})
-	base, query, _ := strings.Cut(h.adminURL, "?")
-	h.dbURL = base[:strings.LastIndex(base, "/")+1] + h.dbName
-	if query != "" {
-		h.dbURL += "?" + query
-	}
+	h.dbURL = url
+	h.cleanups = append(h.cleanups, drop)
 	h.pool, err = store.Open(ctx, store.Config{URL: h.dbURL, MaxConns: 24})
 	if err != nil {
 		return err

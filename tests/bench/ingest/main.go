@@ -18,7 +18,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -32,19 +31,17 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/bench/benchkit"
 )
 
 var (
@@ -151,7 +148,7 @@ func child() error {
 			if os.Getenv("BENCH_DEBUG") != "" {
 				fmt.Fprintf(os.Stderr, "child: %.2fs total, %.2fs in batch commits\n", el.Seconds(), histSum(reg, "vgpu_bridge_notifications_batch_commit_seconds"))
 			}
-			return json.NewEncoder(os.Stdout).Encode(childResult{Seconds: el.Seconds(), Applied: int(n), PGCPU: backendCPU(ctx, pool).Seconds()})
+			return json.NewEncoder(os.Stdout).Encode(childResult{Seconds: el.Seconds(), Applied: int(n), PGCPU: benchkit.BackendCPU(ctx, pool).Seconds()})
 		}
 		select {
 		case err := <-done:
@@ -161,35 +158,6 @@ func child() error {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-}
-
-// backendCPU is the CPU time the Postgres backends of pool's database
-// used so far.
-func backendCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {
-	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
-	if err != nil {
-		return 0
-	}
-	defer rows.Close()
-	var ticks int64
-	for rows.Next() {
-		var pid int
-		if rows.Scan(&pid) != nil {
-			return 0
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// Fields after "(comm)": utime and stime are the 12th and 13th.
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) > 12 {
-			ut, _ := strconv.ParseInt(f[11], 10, 64)
-			st, _ := strconv.ParseInt(f[12], 10, 64)
-			ticks += ut + st
-		}
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }
 
 func counter(reg *prometheus.Registry, name string) float64 {
@@ -440,28 +408,9 @@ func cleanup(conn *amqp.Connection, ex, q string) {
 }
 
 func scratchDB(ctx context.Context) (string, func(), error) {
-	admin := *flagPostgres
-	c, err := pgx.Connect(ctx, admin)
+	u, drop, err := benchkit.ScratchDB(ctx, *flagPostgres, "")
 	if err != nil {
-		return "", nil, fmt.Errorf("connect to Postgres: %w (start it with `make services`)", err)
-	}
-	defer c.Close(ctx)
-	name := fmt.Sprintf("vgpu_bench_%08x", rand.Uint32())
-	if _, err := c.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		return "", nil, err
-	}
-	drop := func() {
-		c, err := pgx.Connect(ctx, admin)
-		if err != nil {
-			return
-		}
-		defer c.Close(ctx)
-		c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") //nolint:errcheck
-	}
-	base, query, _ := strings.Cut(admin, "?")
-	u := base[:strings.LastIndex(base, "/")+1] + name
-	if query != "" {
-		u += "?" + query
 	}
 	pool, err := store.Open(ctx, store.Config{URL: u})
 	if err != nil {

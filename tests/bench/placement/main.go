@@ -25,11 +25,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/bench/benchkit"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/placementit"
 )
 
@@ -51,7 +51,7 @@ func run() int {
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
-	dbURL, drop, err := scratchDB(ctx, *admin)
+	dbURL, drop, err := benchkit.ScratchDB(ctx, *admin, "")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "postgres:", err)
 		return 1
@@ -215,29 +215,4 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
-}
-
-func scratchDB(ctx context.Context, admin string) (string, func(), error) {
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		return "", nil, err
-	}
-	defer conn.Close(ctx)
-	name := "vgpu_bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		return "", nil, err
-	}
-	cfg, err := pgx.ParseConfig(admin)
-	if err != nil {
-		return "", nil, err
-	}
-	u := fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)
-	return u, func() {
-		c, err := pgx.Connect(context.Background(), admin)
-		if err != nil {
-			return
-		}
-		defer c.Close(context.Background())
-		c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") //nolint:errcheck
-	}, nil
 }

@@ -28,7 +28,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"flag"
@@ -40,13 +39,10 @@ import (
 	"runtime/pprof"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
@@ -54,6 +50,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/bench/benchkit"
 )
 
 var secret = []byte("bench-secret-0123456789abcdef")
@@ -104,33 +101,12 @@ type figures struct {
 func run(clients int, phase time.Duration, workers int, cpuprofile string) (figures, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
-	admin := os.Getenv("VGPU_TEST_POSTGRES_URL")
-	if admin == "" {
-		admin = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	}
-	b := make([]byte, 6)
-	rand.Read(b)
-	name := "vgpu_bench_" + hex.EncodeToString(b)
-	ac, err := pgx.Connect(ctx, admin)
+	admin := benchkit.AdminURL()
+	dbURL, drop, err := benchkit.ScratchDB(ctx, admin, "")
 	if err != nil {
-		return figures{}, fmt.Errorf("postgres at %s: %w (start it with `make services`)", admin, err)
-	}
-	if _, err := ac.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		return figures{}, err
 	}
-	defer func() {
-		c, err := pgx.Connect(context.Background(), admin)
-		if err == nil {
-			c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-			c.Close(context.Background())
-		}
-	}()
-	ac.Close(ctx)
-	base, query, _ := strings.Cut(admin, "?")
-	dbURL := base[:strings.LastIndex(base, "/")+1] + name
-	if query != "" {
-		dbURL += "?" + query
-	}
+	defer drop()
 	pool, err := store.Open(ctx, store.Config{URL: dbURL, MaxConns: 16})
 	if err != nil {
 		return figures{}, err
@@ -185,15 +161,15 @@ func run(clients int, phase time.Duration, workers int, cpuprofile string) (figu
 		}
 	}
 	settle(ctx, pool)
-	cpu0, pg0 := processCPU(), backendCPU(ctx, pool)
+	cpu0, pg0 := benchkit.ProcessCPU(), benchkit.BackendCPU(ctx, pool)
 	durable := closedLoop(hc, url+"/v1/webhooks/bench", clients, phase, &seq)
-	cpu1, pg1 := processCPU(), backendCPU(ctx, pool)
+	cpu1, pg1 := benchkit.ProcessCPU(), benchkit.BackendCPU(ctx, pool)
 	if cpuprofile != "" {
 		pprof.StopCPUProfile()
 	}
-	cpu2 := processCPU()
+	cpu2 := benchkit.ProcessCPU()
 	bare := closedLoop(hc, url+"/echo", clients, phase*8/10, &seq)
-	cpu3 := processCPU()
+	cpu3 := benchkit.ProcessCPU()
 	bareHalf := openLoop(hc, url+"/echo", clients, phase*8/10, durable.rps/2, &seq)
 	settle(ctx, pool)
 	half := openLoop(hc, url+"/v1/webhooks/bench", clients, phase, durable.rps/2, &seq)
@@ -230,44 +206,6 @@ func settle(ctx context.Context, pool *pgxpool.Pool) {
 	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
 		fmt.Fprintln(os.Stderr, "bench webhook: CHECKPOINT (needs superuser or pg_checkpoint):", err)
 	}
-}
-
-// processCPU is the CPU time this process used so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// backendCPU is the CPU time the Postgres backends serving the bench
-// database used so far (read from /proc: Postgres runs on this machine).
-func backendCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {
-	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
-	if err != nil {
-		return 0
-	}
-	defer rows.Close()
-	var ticks int64
-	for rows.Next() {
-		var pid int
-		if rows.Scan(&pid) != nil {
-			return 0
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// Fields after "(comm)": utime and stime are the 12th and 13th.
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) > 12 {
-			ut, _ := strconv.ParseInt(f[11], 10, 64)
-			st, _ := strconv.ParseInt(f[12], 10, 64)
-			ticks += ut + st
-		}
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,98 @@
+// Package benchkit holds what the load harnesses under tests/bench share:
+// a scratch database on the test Postgres, and the CPU time of this
+// process and of a database's Postgres backends.
+package benchkit
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// AdminURL is the test Postgres to make scratch databases on:
+// VGPU_TEST_POSTGRES_URL, or the local one.
+func AdminURL() string {
+	if u := os.Getenv("VGPU_TEST_POSTGRES_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+}
+
+// ScratchDB creates an empty database named vgpu_bench_<prefix><random>
+// on admin's server and returns its URL (admin's, with the database
+// name replaced) and a func that drops it.
+func ScratchDB(ctx context.Context, admin, prefix string) (string, func(), error) {
+	c, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		return "", nil, fmt.Errorf("postgres at %s: %w (start it with `make services`)", admin, err)
+	}
+	defer c.Close(ctx)
+	b := make([]byte, 6)
+	rand.Read(b)
+	name := "vgpu_bench_" + prefix + hex.EncodeToString(b)
+	if _, err := c.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return "", nil, err
+	}
+	drop := func() {
+		c, err := pgx.Connect(context.Background(), admin)
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") //nolint:errcheck
+	}
+	base, query, _ := strings.Cut(admin, "?")
+	u := base[:strings.LastIndex(base, "/")+1] + name
+	if query != "" {
+		u += "?" + query
+	}
+	return u, drop, nil
+}
+
+// ProcessCPU is the CPU time this process used so far.
+func ProcessCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BackendCPU is the CPU time the Postgres backends serving pool's
+// database used so far (read from /proc: Postgres runs on this machine).
+func BackendCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {
+	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+	if err != nil {
+		return 0
+	}
+	defer rows.Close()
+	var ticks int64
+	for rows.Next() {
+		var pid int
+		if rows.Scan(&pid) != nil {
+			return 0
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after "(comm)": utime and stime are the 12th and 13th.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 12 {
+			ut, _ := strconv.ParseInt(f[11], 10, 64)
+			st, _ := strconv.ParseInt(f[12], 10, 64)
+			ticks += ut + st
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
