@@ -26,21 +26,9 @@
 # throwaway on loopback, and tests running as any user log in with it.
 set -euo pipefail
 
-if [ "$(id -u)" -ne 0 ]; then
-	if command -v sudo >/dev/null 2>&1; then
-		exec sudo --preserve-env=VGPU_TEST_STATE_DIR,VGPU_TEST_LOG_DIR,KEYSTONE_HOST,KEYSTONE_PORT,KEYSTONE_PROCESSES,KEYSTONE_THREADS \
-			bash "$(readlink -f "$0")" "$@"
-	fi
-	echo "keystone.sh: must run as root (and sudo is not installed)" >&2
-	exit 1
-fi
-
-# Debian's tools first (see services.sh): uwsgi's embedded interpreter and
-# keystone-manage must see the python3-* packages, nothing else.
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin
-unset PYTHONPATH PYTHONHOME PYTHONSTARTUP VIRTUAL_ENV PYENV_VERSION CONDA_PREFIX
-export LC_ALL=C.UTF-8 LANG=C.UTF-8
-PY=/usr/bin/python3
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+as_root VGPU_TEST_STATE_DIR,VGPU_TEST_LOG_DIR,KEYSTONE_HOST,KEYSTONE_PORT,KEYSTONE_PROCESSES,KEYSTONE_THREADS "$@"
+debian_python_env # uwsgi's embedded interpreter and keystone-manage see the python3-* packages only
 
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 STATE_DIR=${VGPU_TEST_STATE_DIR:-/var/lib/vgpu-bridge-test}
@@ -74,46 +62,8 @@ UWSGI_ARGS=(
 )
 
 # ---------------------------------------------------------------- helpers
-T_SCRIPT=$EPOCHREALTIME
-TIMINGS=()
-step_start() { T_STEP=$EPOCHREALTIME; echo "==> $1"; }
-step_end() { # name
-	local line
-	printf -v line '%-22s %7ss' "$1" "$(elapsed "$T_STEP")"
-	TIMINGS+=("$line")
-}
-elapsed() { # start-time (an $EPOCHREALTIME) -> seconds since, 2 decimals; no forks
-	local now=$EPOCHREALTIME a b
-	a=${1/./}
-	b=${now/./}
-	local cs=$(((10#$b - 10#$a) / 10000))
-	printf '%d.%02d' $((cs / 100)) $((cs % 100))
-}
-die() { echo "keystone.sh: error: $*" >&2; exit 1; }
-
-port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; } # loopback answers or refuses at once
-wait_port_closed() { # host port seconds
-	local i
-	for ((i = 0; i < $3 * 10; i++)); do
-		port_open "$1" "$2" || return 0
-		sleep 0.1
-	done
-	return 1
-}
-
-psql_admin() { runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
-
 keystone_ok() { # the version document answers: the app is loaded and serving
 	[ "$(curl -s -o /dev/null -w '%{http_code}' -m 3 "$KS_URL" 2>/dev/null)" = 200 ]
-}
-
-our_uwsgi_pid() { # prints the pid of the uwsgi master this script started, if alive
-	local pid
-	[ -s "$KS_PID" ] || return 1
-	pid=$(tr -dc 0-9 <"$KS_PID")
-	[ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-	tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$KS_PID" || return 1
-	echo "$pid"
 }
 
 rss_mib() { # total RSS of uwsgi master + workers, MiB
@@ -125,41 +75,8 @@ rss_mib() { # total RSS of uwsgi master + workers, MiB
 	echo $((kb / 1024))
 }
 
-install_if_changed() { # src dst mode -> returns 0 when dst changed
-	if [ -f "$2" ] && cmp -s "$1" "$2"; then
-		return 1
-	fi
-	local tmp
-	tmp=$(mktemp "$(dirname "$2")/.$(basename "$2").XXXXXX")
-	cat "$1" >"$tmp"
-	chmod "$3" "$tmp"
-	mv -f "$tmp" "$2"
-}
-
 # ---------------------------------------------------------------- stop
-stop_keystone() {
-	local pid i
-	if ! pid=$(our_uwsgi_pid); then
-		rm -f "$KS_PID"
-		echo "Keystone: not running"
-		return 0
-	fi
-	kill -TERM "$pid"
-	for ((i = 0; i < 100; i++)); do
-		[ -d "/proc/$pid" ] || break
-		sleep 0.1
-	done
-	if [ -d "/proc/$pid" ]; then
-		echo "Keystone: uwsgi $pid still alive after 10 s, sending SIGKILL to its group"
-		if [ "$(ps -o pgid= -p "$pid" | tr -d ' ')" = "$pid" ]; then
-			kill -KILL -- "-$pid" # --daemonize made the master a group leader: take its workers too
-		else
-			kill -KILL "$pid"
-		fi
-	fi
-	rm -f "$KS_PID"
-	echo "Keystone: stopped (uwsgi pid $pid)"
-}
+stop_keystone() { stop_uwsgi Keystone "$KS_PID"; }
 
 # ---------------------------------------------------------------- start
 write_files() { # returns 0 when the config or the WSGI file changed
@@ -254,7 +171,7 @@ start_keystone() {
 	port_open 127.0.0.1 $PG_PORT || die "PostgreSQL does not answer on 127.0.0.1:$PG_PORT (make services)"
 	write_files && changed=1
 	write_clouds_yaml
-	if pid=$(our_uwsgi_pid); then
+	if pid=$(uwsgi_pid "$KS_PID"); then
 		if [ $changed = 0 ]; then
 			local i
 			for ((i = 0; i < 30; i++)); do # a busy or starting one gets 30 s
@@ -304,7 +221,7 @@ start_keystone() {
 			ok=1
 			break
 		fi
-		[ -s "$KS_PID" ] && ! our_uwsgi_pid >/dev/null && break # uwsgi died
+		[ -s "$KS_PID" ] && ! uwsgi_pid "$KS_PID" >/dev/null && break # uwsgi died
 		sleep 0.2
 	done
 	if [ $ok = 0 ]; then
@@ -312,7 +229,7 @@ start_keystone() {
 		tail -n 40 "$KS_LOG" >&2 || true
 		die "Keystone did not answer on $KS_URL within 120 s"
 	fi
-	pid=$(our_uwsgi_pid)
+	pid=$(uwsgi_pid "$KS_PID")
 	echo "    started (uwsgi pid $pid, ${KS_PROCESSES}x${KS_THREADS}) in $(elapsed "$t")s after setup"
 	# --lazy-apps: a worker loads the app when it starts; the first answer came
 	# from one of them. A token request warms the other code paths too.
@@ -337,7 +254,7 @@ stop)
 	exit 0
 	;;
 status)
-	if pid=$(our_uwsgi_pid) && keystone_ok; then
+	if pid=$(uwsgi_pid "$KS_PID") && keystone_ok; then
 		echo "Keystone: running at $KS_URL (uwsgi pid $pid, RSS $(rss_mib "$pid") MiB)"
 		exit 0
 	fi

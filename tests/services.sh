@@ -19,22 +19,9 @@
 #   SERVICES_NO_APT=1     skip the package step
 set -euo pipefail
 
-if [ "$(id -u)" -ne 0 ]; then
-	if command -v sudo >/dev/null 2>&1; then
-		exec sudo --preserve-env=VGPU_TEST_STATE_DIR,VGPU_TEST_LOG_DIR,PLACEMENT_HOST,PLACEMENT_PORT,PLACEMENT_PROCESSES,PLACEMENT_THREADS,SERVICES_NO_APT \
-			bash "$(readlink -f "$0")" "$@"
-	fi
-	echo "services.sh: must run as root (and sudo is not installed)" >&2
-	exit 1
-fi
-
-# Debian's tools first: a pyenv/virtualenv python3 earlier on PATH cannot see the
-# python3-* packages, and uwsgi's embedded interpreter must not pick up foreign
-# prefixes either.
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/sbin:/usr/local/bin
-unset PYTHONPATH PYTHONHOME PYTHONSTARTUP VIRTUAL_ENV PYENV_VERSION CONDA_PREFIX
-export LC_ALL=C.UTF-8 LANG=C.UTF-8
-PY=/usr/bin/python3
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+as_root VGPU_TEST_STATE_DIR,VGPU_TEST_LOG_DIR,PLACEMENT_HOST,PLACEMENT_PORT,PLACEMENT_PROCESSES,PLACEMENT_THREADS,SERVICES_NO_APT "$@"
+debian_python_env
 
 HERE=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
 STATE_DIR=${VGPU_TEST_STATE_DIR:-/var/lib/vgpu-bridge-test}
@@ -65,48 +52,6 @@ PACKAGES=(
 )
 
 have_systemd() { [ -d /run/systemd/system ]; }
-
-# ---------------------------------------------------------------- helpers
-T_SCRIPT=$EPOCHREALTIME
-TIMINGS=()
-step_start() { T_STEP=$EPOCHREALTIME; echo "==> $1"; }
-step_end() { # name
-	local line
-	printf -v line '%-22s %7ss' "$1" "$(elapsed "$T_STEP")"
-	TIMINGS+=("$line")
-}
-elapsed() { # start-time (an $EPOCHREALTIME) -> seconds since, 2 decimals; no forks
-	local now=$EPOCHREALTIME a b
-	a=${1/./}
-	b=${now/./}
-	local cs=$(((10#$b - 10#$a) / 10000))
-	printf '%d.%02d' $((cs / 100)) $((cs % 100))
-}
-die() { echo "services.sh: error: $*" >&2; exit 1; }
-
-port_open() { # host port
-	case $1 in
-	127.*) (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null ;; # loopback answers or refuses at once
-	*) timeout 1 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null ;;
-	esac
-}
-wait_port() { # host port seconds
-	local i
-	for ((i = 0; i < $3 * 10; i++)); do
-		port_open "$1" "$2" && return 0
-		sleep 0.1
-	done
-	return 1
-}
-
-wait_port_closed() { # host port seconds
-	local i
-	for ((i = 0; i < $3 * 10; i++)); do
-		port_open "$1" "$2" || return 0
-		sleep 0.1
-	done
-	return 1
-}
 
 # ---------------------------------------------------------------- 1. packages
 POLICY_RC=/usr/sbin/policy-rc.d
@@ -159,10 +104,6 @@ pg_version() { # the newest major version with a config dir
 	done
 	[ -n "$v" ] || die "no PostgreSQL cluster under /etc/postgresql (is postgresql installed?)"
 	echo "$v"
-}
-
-psql_admin() { # psql as the postgres superuser over the local socket
-	runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -At "$@"
 }
 
 start_postgres() {
@@ -237,26 +178,6 @@ placement_ok() { # answers as a noauth2 Placement (a keystone one gives 401)
 		"http://$PL_HOST:$PL_PORT/resource_providers?name=vgpu-bridge-services-probe" 2>/dev/null)" = 200 ]
 }
 
-our_uwsgi_pid() { # prints the pid of the uwsgi master this script started, if alive
-	local pid
-	[ -s "$PL_PID" ] || return 1
-	pid=$(tr -dc 0-9 <"$PL_PID")
-	[ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-	tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$PL_PID" || return 1
-	echo "$pid"
-}
-
-install_if_changed() { # src dst mode -> returns 0 when dst changed
-	if [ -f "$2" ] && cmp -s "$1" "$2"; then
-		return 1
-	fi
-	local tmp
-	tmp=$(mktemp "$(dirname "$2")/.$(basename "$2").XXXXXX")
-	cat "$1" >"$tmp"
-	chmod "$3" "$tmp"
-	mv -f "$tmp" "$2"
-}
-
 write_placement_files() { # returns 0 when the config or the WSGI file changed
 	local changed=1 conf
 	install -d -m 0750 "$PL_DIR" "$PL_DIR/policy.d"
@@ -281,7 +202,7 @@ start_placement() {
 	local changed=0 pid="" t
 	[ -f /usr/bin/placement-api ] || die "no /usr/bin/placement-api (is placement-api installed?)"
 	write_placement_files && changed=1
-	if pid=$(our_uwsgi_pid); then
+	if pid=$(uwsgi_pid "$PL_PID"); then
 		if [ $changed = 0 ]; then
 			# Others' tests may be using it: give a busy or starting one 30 s.
 			local i
@@ -349,7 +270,7 @@ start_placement() {
 			ok=1
 			break
 		fi
-		[ -s "$PL_PID" ] && ! our_uwsgi_pid >/dev/null && break # uwsgi died
+		[ -s "$PL_PID" ] && ! uwsgi_pid "$PL_PID" >/dev/null && break # uwsgi died
 		sleep 0.2
 	done
 	if [ $ok = 0 ]; then
@@ -357,7 +278,7 @@ start_placement() {
 		tail -n 40 "$PL_LOG" >&2 || true
 		die "Placement did not answer on http://$PL_HOST:$PL_PORT/ within 120 s"
 	fi
-	echo "    started (uwsgi pid $(our_uwsgi_pid), ${PL_PROCESSES}x${PL_THREADS}) in $(elapsed "$t")s after db sync"
+	echo "    started (uwsgi pid $(uwsgi_pid "$PL_PID"), ${PL_PROCESSES}x${PL_THREADS}) in $(elapsed "$t")s after db sync"
 }
 
 # ---------------------------------------------------------------- main
