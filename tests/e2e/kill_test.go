@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
@@ -28,17 +30,7 @@ import (
 // the bridge dies (its verify_vgpu waits in the agent's queue).
 func TestKillDuringResize(t *testing.T) {
 	w := newWorld(t, worldOpts{typ: typeKill, noAgent: true, extra: []string{"nova.verify_timeout=10m"}})
-	plain := w.flavor("small", 2, 2048, 10, 0)
-	w.flavor("small.vgpu", 2, 2048, 10, 1)
-	stopAgent := w.runAgent()
-	w.startBridge()
-	vm := w.n.CreateServer(t, "e2e-kill", plain, w.host)
-	w.n.WaitServer(t, vm, "ACTIVE")
-	w.waitInstance(vm, w.host, 0)
-	w.waitAgent()
-	stopAgent()
-
-	id := w.gpuRequest(vm, w.typ.profile)
+	vm, id := w.requestWhileAgentStopped("e2e-kill")
 	deadline := time.Now().Add(3 * time.Minute)
 	var at request
 	for {
@@ -78,6 +70,25 @@ func TestKillDuringResize(t *testing.T) {
 	if verifies != 1 || successes != 1 {
 		t.Errorf("%d verify_vgpu commands and %d transitions to succeeded, want 1 and 1", verifies, successes)
 	}
+}
+
+// requestWhileAgentStopped creates a server of a plain flavor (a vGPU
+// twin of it exists), lets the host's agent report once and stops it,
+// starts the bridge and asks for the type's profile for the server: the
+// request's verify_vgpu will wait in the agent's queue until the agent
+// runs again.
+func (w *world) requestWhileAgentStopped(name string) (vm string, id uuid.UUID) {
+	t := w.t
+	plain := w.flavor("small", 2, 2048, 10, 0)
+	w.flavor("small.vgpu", 2, 2048, 10, 1)
+	stopAgent := w.runAgent()
+	w.startBridge()
+	vm = w.n.CreateServer(t, name, plain, w.host)
+	w.n.WaitServer(t, vm, "ACTIVE")
+	w.waitInstance(vm, w.host, 0)
+	w.waitAgent()
+	stopAgent()
+	return vm, w.gpuRequest(vm, w.typ.profile)
 }
 
 // runAgent runs the host's agent in this process on the harness's drivers

@@ -542,17 +542,7 @@ func TestResizeThroughNova(t *testing.T) {
 // gives the VGPU back.
 func TestVerifyFailureReverts(t *testing.T) {
 	w := newWorld(t, worldOpts{typ: typeVerify, noAgent: true, extra: []string{"nova.verify_timeout=10m"}})
-	plain := w.flavor("small", 2, 2048, 10, 0)
-	w.flavor("small.vgpu", 2, 2048, 10, 1)
-	stopAgent := w.runAgent()
-	w.startBridge()
-	vm := w.n.CreateServer(t, "e2e-verify", plain, w.host)
-	w.n.WaitServer(t, vm, "ACTIVE")
-	w.waitInstance(vm, w.host, 0)
-	w.waitAgent()
-	stopAgent()
-
-	id := w.gpuRequest(vm, w.typ.profile)
+	vm, id := w.requestWhileAgentStopped("e2e-verify")
 	deadline := time.Now().Add(3 * time.Minute)
 	for r := w.request(id); r.Phase != "verifying"; r = w.request(id) {
 		if r.State == "succeeded" || r.State == "failed" || r.State == "rejected" || time.Now().After(deadline) {
