@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -95,4 +96,14 @@ func BackendCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {
 		}
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+// Median is the median of get over runs (the upper one of an even count).
+func Median[T any](runs []T, get func(T) float64) float64 {
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = get(r)
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
 }

@@ -247,14 +247,7 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 			i+1, ms(r.p50), ms(r.p99), latN, ms(r.rtt), ms(r.claim), burst, h.nHosts, r.rate, r.bare)
 		rs = append(rs, r)
 	}
-	med := func(f func(result) float64) float64 {
-		v := make([]float64, len(rs))
-		for i, r := range rs {
-			v[i] = f(r)
-		}
-		sort.Float64s(v)
-		return v[len(v)/2]
-	}
+	med := func(f func(result) float64) float64 { return benchkit.Median(rs, f) }
 	p50 := med(func(r result) float64 { return ms(r.p50) })
 	p99 := med(func(r result) float64 { return ms(r.p99) })
 	rtt := med(func(r result) float64 { return ms(r.rtt) })

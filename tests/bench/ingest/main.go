@@ -30,7 +30,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -255,14 +254,7 @@ func parent() error {
 			r+1, res.baseline, res.bridge, res.bridge/res.baseline, res.rssMB, res.cpuUS, res.pgUS)
 		runs = append(runs, res)
 	}
-	med := func(f func(run) float64) float64 {
-		v := make([]float64, len(runs))
-		for i, r := range runs {
-			v[i] = f(r)
-		}
-		sort.Float64s(v)
-		return v[len(v)/2]
-	}
+	med := func(f func(run) float64) float64 { return benchkit.Median(runs, f) }
 	base, br, rss := med(func(r run) float64 { return r.baseline }), med(func(r run) float64 { return r.bridge }), med(func(r run) float64 { return r.rssMB })
 	ratio := br / base
 	mark := func(ok bool) string {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/bench/benchkit"
 )
 
 func main() {
@@ -89,14 +90,7 @@ func run() int {
 
 // medianOf takes, figure by figure, the median over rounds.
 func medianOf(rs []result) result {
-	pick := func(f func(result) float64) float64 {
-		xs := make([]float64, len(rs))
-		for i, r := range rs {
-			xs[i] = f(r)
-		}
-		slices.Sort(xs)
-		return xs[len(xs)/2]
-	}
+	pick := func(f func(result) float64) float64 { return benchkit.Median(rs, f) }
 	return result{
 		perCPU:       pick(func(r result) float64 { return r.perCPU }),
 		perWall:      pick(func(r result) float64 { return r.perWall }),

@@ -73,14 +73,7 @@ func main() {
 		all = append(all, f)
 		*cpuprofile = ""
 	}
-	med := func(get func(figures) float64) float64 {
-		v := make([]float64, len(all))
-		for i, f := range all {
-			v[i] = get(f)
-		}
-		sort.Float64s(v)
-		return v[len(v)/2]
-	}
+	med := func(get func(figures) float64) float64 { return benchkit.Median(all, get) }
 	fmt.Printf("\nmedian of %d run(s):\n", len(all))
 	fmt.Printf("  durable 202            %7.0f req/s (target >= 5000)\n", med(func(f figures) float64 { return f.durable.rps }))
 	fmt.Printf("  bare 202 (baseline)    %7.0f req/s; ratio durable/bare %.2f\n",
