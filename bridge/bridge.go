@@ -145,6 +145,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 		return err
 	}
 	notif.Register(srv)
+	srv.AddCheck("notifications", notif.Ready) // commits to Postgres failing for [notifications] stall_after
 	comps = append(comps, component{"notifications", notif.Run})
 	// Pipeline and dispatch (issue 8): inbox → policy → Placement claim → outbox → agents; results, reports, deadlines.
 	pipeComps, err := setupPipeline(ctx, v, replica, tu, notifCfg.TLS, pol, pl, reg, log, rl, ctl)

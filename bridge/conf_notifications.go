@@ -52,6 +52,9 @@ var (
 		"First wait before reconnecting to RabbitMQ; it doubles (with jitter) up to reconnect_max. Example: 1s")
 	optNotifReconnectMax = Options.Duration("notifications", "reconnect_max", 30*time.Second, 100*time.Millisecond, 10*time.Minute,
 		"Longest wait between reconnect attempts. Example: 1m")
+	optNotifStallAfter = Options.Duration("notifications", "stall_after", 30*time.Second, time.Second, time.Hour,
+		"When commits of notifications to Postgres have failed for this long with none succeeding, /readyz fails "+
+			"naming the error (the messages wait unacknowledged on the broker). Example: 1m")
 	optNotifSSLCA = Options.String("notifications", "ssl_ca_file", "",
 		"PEM CA bundle to verify RabbitMQ's certificate with (TLS transport URLs: rabbit+ssl:// or ?ssl=1); empty uses "+
 			"the system's. Example: /etc/ssl/certs/rabbitmq-ca.pem")
@@ -124,6 +127,7 @@ func NotificationsConfig(v *conf.Values, tu *conf.TransportURL) (ingest.Config, 
 	c.SilenceWarning = optNotifSilence.Get(v)
 	c.ReconnectMin = optNotifReconnectMin.Get(v)
 	c.ReconnectMax = optNotifReconnectMax.Get(v)
+	c.StallAfter = optNotifStallAfter.Get(v)
 	if tu.TLS {
 		tc, err := conf.ClientTLS(conf.TLSFiles{CAFile: optNotifSSLCA.Get(v),
 			CertFile: optNotifSSLCert.Get(v), KeyFile: optNotifSSLKey.Get(v)})

@@ -70,6 +70,9 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// ConnectionName is shown in RabbitMQ's management UI.
 	ConnectionName string
+	// StallAfter: when commits to Postgres have failed for this long with
+	// none succeeding, Ready fails (messages wait unacked on the broker).
+	StallAfter time.Duration
 
 	// OnApplied, when set, is called for each new (non-duplicate) event
 	// inside the batch's transaction, after the instance state is updated.
@@ -99,6 +102,7 @@ func DefaultConfig() Config {
 		ReconnectMax:       30 * time.Second,
 		ConnectionName:     "vgpu-bridge notifications",
 		ShutdownGrace:      10 * time.Second,
+		StallAfter:         30 * time.Second,
 	}
 }
 
@@ -120,6 +124,7 @@ func (c *Config) setDefaults() {
 	c.ReconnectMax = cmp.Or(c.ReconnectMax, d.ReconnectMax)
 	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, d.ShutdownGrace)
 	c.ConnectionName = cmp.Or(c.ConnectionName, d.ConnectionName)
+	c.StallAfter = cmp.Or(c.StallAfter, d.StallAfter)
 }
 
 // Validate reports the first impossible setting.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,9 @@ type Consumer struct {
 	lastMsg   atomic.Int64 // unix nanoseconds of the last delivery; 0: none yet
 	connected atomic.Bool
 	sessions  atomic.Int64
+
+	failingSince atomic.Int64 // unix nanoseconds of the first failed commit since the last success; 0: none
+	lastErr      atomic.Value // string: the last commit error
 }
 
 // New returns a Consumer. reg may be nil (no metrics exported).
@@ -349,71 +353,138 @@ func amqpErr(e *amqp.Error) error {
 }
 
 // commit applies a batch, retrying database errors with backoff until ctx
-// ends. A batch Postgres refuses as data is applied one by one, and the
-// messages it refuses become dead letters.
+// ends. A batch Postgres refuses as data is applied one by one (see
+// commitOne), so a message Postgres refuses can never hold up the others.
 func (c *Consumer) commit(ctx context.Context, batch []*item) error {
 	for attempt := 0; ; attempt++ {
 		start := time.Now()
 		res, err := c.applyBatch(ctx, batch)
 		if err == nil {
+			c.committed()
 			c.m.observe(res, time.Since(start))
 			return nil
 		}
+		c.failed(err)
 		if isDataError(err) {
-			return c.commitOneByOne(ctx, batch)
+			for _, it := range batch {
+				if err := c.commitOne(ctx, it); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
-		if isConflict(err) && attempt < 10 {
-			c.m.commitErrors.Inc()
-			continue // a deadlock with a concurrent batch: retry at once
-		}
-		if ctx.Err() != nil {
+		if err := c.retryWait(ctx, err, attempt, len(batch)); err != nil {
 			return err
-		}
-		d := backoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax, attempt)
-		c.m.commitErrors.Inc()
-		c.log.Error("batch commit failed; retrying", LogKeyErr, err, LogKeyBatch, len(batch), LogKeyBackoff, d)
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(d):
 		}
 	}
 }
 
-func (c *Consumer) commitOneByOne(ctx context.Context, batch []*item) error {
-	for _, it := range batch {
+// commitOne applies one message. Each data error Postgres answers moves the
+// message one step down a ladder that always ends: the event, then a dead
+// letter with its body and delivery headers, then a minimal dead letter
+// (reason and cleaned detail only), then dropped and counted. Other errors
+// are retried with backoff until ctx ends.
+func (c *Consumer) commitOne(ctx context.Context, it *item) error {
+	for attempt := 0; ; attempt++ {
 		start := time.Now()
 		res, err := c.applyBatch(ctx, []*item{it})
-		if err != nil && isDataError(err) && it.ev != nil {
-			c.log.Warn("message refused by the database; dead-lettered", LogKeyMessageID, it.ev.Message.MessageID, LogKeyErr, err)
-			raw, _ := json.Marshal(map[string]any{"message_id": it.ev.Message.MessageID, "event_type": it.ev.Message.EventType})
-			*it = item{tag: it.tag, reason: ReasonSchema, detail: "database refused it: " + err.Error(), raw: raw, msgID: it.ev.Message.MessageID}
-			res, err = c.applyBatch(ctx, []*item{it})
+		if err == nil {
+			c.committed()
+			c.m.observe(res, time.Since(start))
+			return nil
 		}
-		if err != nil {
-			return c.commit(ctx, []*item{it})
+		c.failed(err)
+		if isDataError(err) {
+			next := c.demote(it, err)
+			if next == nil {
+				c.m.dropped.Inc()
+				c.log.Error("message refused by the database even as a minimal dead letter; dropped",
+					LogKeyMessageID, it.msgID, LogKeyReason, it.reason, LogKeyErr, err)
+				return nil
+			}
+			it = next
+			attempt = -1
+			continue
 		}
-		c.m.observe(res, time.Since(start))
+		if err := c.retryWait(ctx, err, attempt, 1); err != nil {
+			return err
+		}
+	}
+}
+
+// demote returns the next, simpler form of a message Postgres refused, or
+// nil when it has none left.
+func (c *Consumer) demote(it *item, err error) *item {
+	detail := "database refused it: " + err.Error()
+	switch {
+	case it.ev != nil:
+		c.log.Warn("message refused by the database; dead-lettered", LogKeyMessageID, it.msgID, LogKeyErr, err)
+		return c.deadLetter(it.src, it.tag, ReasonSchema, detail, it.msgID)
+	case !it.minimal:
+		c.log.Warn("dead letter refused by the database; keeping a minimal one", LogKeyMessageID, it.msgID, LogKeyErr, err)
+		return &item{tag: it.tag, reason: it.reason, minimal: true,
+			detail:  cleanText("dead letter refused by the database (" + err.Error() + "); first refusal: " + it.detail),
+			headers: []byte("{}")}
 	}
 	return nil
 }
 
+// cleanText makes s storable as Postgres text: valid UTF-8, no NUL.
+func cleanText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\ufffd"), "\x00", "\\0")
+}
+
+// retryWait waits before the next attempt: at
+// once for a deadlock between concurrent batches (the first ten times),
+// else with backoff. It returns err when ctx ends first.
+func (c *Consumer) retryWait(ctx context.Context, err error, attempt, n int) error {
+	if isConflict(err) && attempt < 10 {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return err
+	}
+	d := backoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax, attempt)
+	c.log.Error("commit failed; retrying", LogKeyErr, err, LogKeyBatch, n, LogKeyBackoff, d)
+	select {
+	case <-ctx.Done():
+		return err
+	case <-time.After(d):
+		return nil
+	}
+}
+
+// committed and failed keep the state Ready reports: since when commits
+// have failed without one succeeding, and the last error.
+func (c *Consumer) committed() { c.failingSince.Store(0) }
+
+func (c *Consumer) failed(err error) {
+	c.m.commitErrors.Inc()
+	c.failingSince.CompareAndSwap(0, time.Now().UnixNano())
+	c.lastErr.Store(err.Error())
+}
+
+// Ready fails while commits to Postgres have failed, none succeeding, for
+// longer than StallAfter: messages are then held on the broker, unacked.
+func (c *Consumer) Ready(context.Context) error {
+	since := c.failingSince.Load()
+	if since == 0 {
+		return nil
+	}
+	d := time.Since(time.Unix(0, since))
+	if d < c.cfg.StallAfter {
+		return nil
+	}
+	msg, _ := c.lastErr.Load().(string)
+	return fmt.Errorf("notification commits failing for %s: %s", d.Round(time.Second), msg)
+}
+
 // decode turns a delivery into an event or a dead letter.
 func (c *Consumer) decode(d *amqp.Delivery) *item {
-	it := &item{tag: d.DeliveryTag}
+	it := &item{tag: d.DeliveryTag, src: d}
 	dead := func(reason, detail string) *item {
-		it.reason, it.detail = reason, detail
-		it.raw = d.Body
-		if len(it.raw) > c.cfg.DeadLetterMaxBytes {
-			it.raw, it.truncated = it.raw[:c.cfg.DeadLetterMaxBytes], true
-		}
-		it.raw = redactTokens(append([]byte(nil), it.raw...))
-		it.headers, _ = json.Marshal(map[string]any{
-			"exchange": d.Exchange, "routing_key": d.RoutingKey, "redelivered": d.Redelivered,
-			"content_type": d.ContentType, "size": len(d.Body),
-		})
 		c.log.Warn("dead letter", LogKeyReason, reason, "detail", detail, "routing_key", d.RoutingKey)
-		return it
+		return c.deadLetter(d, d.DeliveryTag, reason, detail, it.msgID)
 	}
 	if len(d.Body) > c.cfg.MaxMessageBytes {
 		return dead(ReasonOversize, fmt.Sprintf("%d bytes, more than max_message_bytes %d", len(d.Body), c.cfg.MaxMessageBytes))
@@ -450,6 +521,22 @@ func (c *Consumer) decode(d *amqp.Delivery) *item {
 		ev.InstanceUUID = p.InstanceUUID
 	}
 	it.ev = ev
+	return it
+}
+
+// deadLetter makes the dead letter of delivery d: its body (capped at
+// DeadLetterMaxBytes, tokens redacted) and delivery headers.
+func (c *Consumer) deadLetter(d *amqp.Delivery, tag uint64, reason, detail, msgID string) *item {
+	it := &item{tag: tag, reason: reason, detail: cleanText(detail), msgID: msgID, src: d}
+	it.raw = d.Body
+	if len(it.raw) > c.cfg.DeadLetterMaxBytes {
+		it.raw, it.truncated = it.raw[:c.cfg.DeadLetterMaxBytes], true
+	}
+	it.raw = redactTokens(append([]byte(nil), it.raw...))
+	it.headers, _ = json.Marshal(map[string]any{
+		"exchange": d.Exchange, "routing_key": d.RoutingKey, "redelivered": d.Redelivered,
+		"content_type": d.ContentType, "size": len(d.Body),
+	})
 	return it
 }
 

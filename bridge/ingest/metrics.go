@@ -10,7 +10,7 @@ type metrics struct {
 	received, applied, duplicates, stale, unrecognized prometheus.Counter
 	dead                                               *prometheus.CounterVec
 	commitSeconds                                      prometheus.Histogram
-	commitErrors, reconnects                           prometheus.Counter
+	commitErrors, reconnects, dropped                  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, sinceLast, connected func() float64) *metrics {
@@ -25,15 +25,17 @@ func newMetrics(reg prometheus.Registerer, sinceLast, connected func() float64) 
 			Help: "Notifications stored as dead letters, by reason (not_json, broken_envelope, oversize, no_message_id, schema)."}, []string{"reason"}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: ns + "batch_commit_seconds",
 			Help: "Time to commit one batch to Postgres.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
-		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "commit_errors_total", Help: "Batch commits that failed and were retried."}),
-		reconnects:   prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "reconnects_total", Help: "Consumer sessions that ended and were restarted."}),
+		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "commit_errors_total", Help: "Commits (of a batch or of one message) that failed; each is retried or its message dead-lettered."}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "dropped_total",
+			Help: "Notifications Postgres refused even as a minimal dead letter: acknowledged and dropped (logged with their message_id)."}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "reconnects_total", Help: "Consumer sessions that ended and were restarted."}),
 	}
 	for _, r := range []string{ReasonNotJSON, ReasonBrokenEnvelope, ReasonOversize, ReasonNoMessageID, ReasonSchema} {
 		m.dead.WithLabelValues(r)
 	}
 	if reg != nil {
 		reg.MustRegister(m.received, m.applied, m.duplicates, m.stale, m.unrecognized, m.dead, m.commitSeconds,
-			m.commitErrors, m.reconnects,
+			m.commitErrors, m.reconnects, m.dropped,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: ns + "seconds_since_last",
 				Help: "Seconds since the last notification arrived (since start when none has)."}, sinceLast),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: ns + "connected",

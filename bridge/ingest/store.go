@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
@@ -44,6 +45,7 @@ const (
 // item is one delivery of a batch: an event to keep or a dead letter.
 type item struct {
 	tag uint64
+	src *amqp.Delivery // what was delivered (its body and headers make the dead letter)
 	ev  *Event
 	// dead letter
 	reason, detail string
@@ -51,6 +53,7 @@ type item struct {
 	raw            []byte
 	truncated      bool
 	headers        []byte
+	minimal        bool // the last resort: no body, no delivery headers
 }
 
 type batchResult struct {

@@ -289,3 +289,119 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// poisoned returns an instance notification whose payload carries extra,
+// a JSON member Go's decoder accepts and Postgres's jsonb refuses.
+func poisoned(t *testing.T, id, uuid, extra string, ts time.Time) []byte {
+	t.Helper()
+	w := string(instanceMsg(t, id, "instance.update", uuid, "active", "h1", nil, ts))
+	const anchor = `\"tenant_id\":\"p1\"`
+	if !strings.Contains(w, anchor) {
+		t.Fatal("test bug: no tenant_id in the wire form")
+	}
+	return []byte(strings.Replace(w, anchor, anchor+`,`+extra, 1))
+}
+
+// TestPoisonValues: notifications holding values Go accepts and Postgres
+// refuses (a number beyond numeric's range, a lone UTF-16 surrogate) become
+// dead letters and never hold up what follows them; when Postgres refuses
+// even the dead letter, a minimal one is kept, and when it refuses that
+// too the message is dropped and counted. Nothing is retried forever.
+func TestPoisonValues(t *testing.T) {
+	r := newRig(t)
+	cfg := r.config(r.amqpURL)
+	r.declare(cfg)
+	ts := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	const uuid = "5b1e5a6c-0b43-4bd8-9a2f-2a3cbd7e6f10"
+	ok := func(id string, i int) []byte {
+		return instanceMsg(t, id, "instance.update", uuid, "active", "h1", nil, ts.Add(time.Duration(i)*time.Second))
+	}
+	r.publish(infoKey,
+		ok("ok-1", 1),
+		poisoned(t, "huge-number", uuid, `\"huge\":1e200000`, ts.Add(2*time.Second)),
+		poisoned(t, "lone-surrogate", uuid, `\"bad\":\"\\ud800\"`, ts.Add(3*time.Second)),
+		ok("ok-2", 4),
+	)
+	run := r.start(cfg)
+	r.waitCount(2, 30*time.Second, `SELECT count(*) FROM events WHERE message_id IN ('ok-1', 'ok-2')`)
+	r.waitCount(2, 10*time.Second, `SELECT count(*) FROM dead_letters WHERE reason = 'schema'
+		AND message_id IN ('huge-number', 'lone-surrogate') AND raw IS NOT NULL AND headers ? 'routing_key'
+		AND detail LIKE 'database refused it: %'`)
+	if n := r.count(`SELECT count(*) FROM events WHERE message_id IN ('huge-number', 'lone-surrogate')`); n != 0 {
+		t.Errorf("%d poisoned messages stored as events", n)
+	}
+	testsvc.Must(t, run.c.Ready(context.Background()), "ready after dead-lettering")
+
+	// Postgres now refuses every schema dead letter: the next poisoned
+	// message is kept as a minimal dead letter only when that passes, so
+	// refuse both forms (the minimal one by its detail) and it is dropped.
+	_, err := r.pool.Exec(context.Background(), `ALTER TABLE dead_letters ADD CONSTRAINT refuse_poison
+		CHECK (message_id IS DISTINCT FROM 'drop-me' AND detail NOT LIKE 'dead letter refused%') NOT VALID`)
+	testsvc.Must(t, err, "add constraint")
+	r.publish(infoKey, poisoned(t, "drop-me", uuid, `\"huge\":-1e200000`, ts.Add(5*time.Second)), ok("ok-3", 6))
+	r.waitCount(1, 30*time.Second, `SELECT count(*) FROM events WHERE message_id = 'ok-3'`)
+	if got := run.metric("vgpu_bridge_notifications_dropped_total"); got != 1 {
+		t.Errorf("dropped metric %v, want 1", got)
+	}
+	if got := run.metric("vgpu_bridge_notifications_dead_letters_total"); got != 2 {
+		t.Errorf("dead letters metric %v, want 2", got)
+	}
+	if got := run.metric("vgpu_bridge_notifications_commit_errors_total"); got < 3 {
+		t.Errorf("commit errors metric %v, want at least one per refusal (3)", got)
+	}
+
+	// Only the minimal form is refused now: it is what is kept.
+	_, err = r.pool.Exec(context.Background(), `ALTER TABLE dead_letters DROP CONSTRAINT refuse_poison;
+		ALTER TABLE dead_letters ADD CONSTRAINT refuse_full CHECK (message_id IS DISTINCT FROM 'minimal') NOT VALID`)
+	testsvc.Must(t, err, "swap constraint")
+	r.publish(infoKey, poisoned(t, "minimal", uuid, `\"huge\":1e200000`, ts.Add(7*time.Second)), ok("ok-4", 8))
+	r.waitCount(1, 30*time.Second, `SELECT count(*) FROM events WHERE message_id = 'ok-4'`)
+	if n := r.count(`SELECT count(*) FROM dead_letters WHERE message_id IS NULL AND raw IS NULL
+		AND detail LIKE 'dead letter refused by the database%first refusal: database refused it:%'`); n != 1 {
+		t.Errorf("minimal dead letters: %d, want 1", n)
+	}
+	run.stop()
+	// Everything was acknowledged: nothing comes back to a new consumer.
+	q, err := r.pub.QueueDeclarePassive(r.queue, true, false, false, false, nil)
+	testsvc.Must(t, err, "inspect queue")
+	if q.Messages != 0 {
+		t.Errorf("%d messages left on the queue after the consumer stopped; want 0 (all acknowledged)", q.Messages)
+	}
+}
+
+// TestCommitStallNotReady: while every commit fails for a reason that is
+// not the data's (here a trigger raising an insufficient-resources error),
+// the messages wait unacked, the error is counted, and Ready fails naming
+// it after StallAfter; once commits pass again, the messages are stored
+// and Ready passes.
+func TestCommitStallNotReady(t *testing.T) {
+	r := newRig(t)
+	cfg := r.config(r.amqpURL)
+	cfg.StallAfter = time.Second
+	r.declare(cfg)
+	_, err := r.pool.Exec(context.Background(), `
+		CREATE FUNCTION refuse_events() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN RAISE EXCEPTION 'disk full (test)' USING ERRCODE = '53100'; END $$;
+		CREATE TRIGGER refuse_events BEFORE INSERT ON events FOR EACH STATEMENT EXECUTE FUNCTION refuse_events()`)
+	testsvc.Must(t, err, "create trigger")
+	r.publish(infoKey, instanceMsg(t, "stalled", "instance.update", "7d8c0f4e-4a55-4a0c-8f0f-3f8a6d2b9c11", "active", "h1", nil, time.Now()))
+	run := r.start(cfg)
+	deadline := time.Now().Add(20 * time.Second)
+	var readyErr error
+	for time.Now().Before(deadline) {
+		if readyErr = run.c.Ready(context.Background()); readyErr != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if readyErr == nil || !strings.Contains(readyErr.Error(), "disk full (test)") {
+		t.Fatalf("Ready = %v while commits fail; want an error naming the database's", readyErr)
+	}
+	if got := run.metric("vgpu_bridge_notifications_commit_errors_total"); got < 1 {
+		t.Errorf("commit errors metric %v, want ≥ 1", got)
+	}
+	_, err = r.pool.Exec(context.Background(), `DROP TRIGGER refuse_events ON events`)
+	testsvc.Must(t, err, "drop trigger")
+	r.waitCount(1, 30*time.Second, `SELECT count(*) FROM events WHERE message_id = 'stalled'`)
+	testsvc.Must(t, run.c.Ready(context.Background()), "ready after recovery")
+}
