@@ -26,7 +26,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/metrics"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 // Build information, set by the linker through cmd/vgpu-agent.

@@ -3,7 +3,7 @@ package agent
 import (
 	"crypto/tls"
 
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 // [amqp]: TLS to RabbitMQ, used when transport_url is rabbit+ssl://,

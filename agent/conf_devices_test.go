@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 func TestAllowListFromNovaSections(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 func TestSecurityOptions(t *testing.T) {

@@ -1,6 +1,6 @@
 package agent
 
-import "github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+import "github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 
 var (
 	optSysfsRoot = Options.String("sysfs", "root", "/sys",

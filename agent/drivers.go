@@ -13,7 +13,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/libvirt"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 // Drivers are the host drivers the agent runs on: the real ones from the

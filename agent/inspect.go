@@ -3,7 +3,7 @@ package agent
 import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/diagnose"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/inventory"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 // Scanner returns an inventory scanner over the drivers.

@@ -3,7 +3,7 @@ package agent
 import (
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 // Options declares every option of vgpu-agent. Each section's options are

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 // TestReloadFrom: a reload from a new configuration switches the signing

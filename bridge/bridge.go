@@ -24,7 +24,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ui"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 // Build information, set by the linker through cmd/vgpu-bridge.

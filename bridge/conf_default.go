@@ -3,7 +3,7 @@ package bridge
 import (
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 var (

@@ -12,7 +12,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 

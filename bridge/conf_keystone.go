@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/keystoneauth"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 var (

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 func TestNovaConfig(t *testing.T) {

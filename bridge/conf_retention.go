@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 const day = 24 * time.Hour

@@ -6,7 +6,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 // [security]: the bridge signs its commands and verifies its agents'

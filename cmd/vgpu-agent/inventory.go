@@ -10,7 +10,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/diagnose"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/inventory"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 func init() {

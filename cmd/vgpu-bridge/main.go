@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 // Exit codes scripts can rely on.

@@ -26,7 +26,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testpki"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"

@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 

@@ -16,7 +16,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/migrations"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"

@@ -23,7 +23,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/hosterr"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/libvirt"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 // FakeHost is the simulated host of one compute host: agent/fakehost's

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
-	"github.com/vgpu-bridge/vgpu-bridge/etc/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
