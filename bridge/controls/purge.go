@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 )
 
 // purgeLock is the session advisory lock that makes one replica purge at
@@ -69,7 +71,10 @@ func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, er
 	}{
 		{"events", r.Events, `SELECT count(*) FROM events WHERE processed_at IS NOT NULL AND received_at < $1`, purgeEvents},
 		{"dead_letters", r.DeadLetters, `SELECT count(*) FROM dead_letters WHERE received_at < $1`, simplePurge("dead_letters", "id", "received_at")},
-		{"requests", r.Requests, `SELECT count(*) FROM requests r WHERE ` + finalOld, purgeRequests},
+		{"requests", r.Requests, `SELECT count(*) FROM requests r WHERE ` + requests.FinalOld,
+			func(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
+				return requests.PurgeFinal(ctx, tx, cutoff, n)
+			}},
 		{"audit_log", r.Audit, `SELECT count(*) FROM audit_log WHERE at < $1`, simplePurge("audit_log", "id", "at")},
 	}
 	for _, st := range steps {
@@ -160,75 +165,15 @@ func purgeEvents(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purge
 		return Purged{"events": 0}, err
 	}
 	out := Purged{}
-	tag, err := tx.Exec(ctx, `DELETE FROM decisions WHERE event_id = ANY($1) AND request_id IS NULL`, ids)
+	d, err := requests.DeleteEventDecisions(ctx, tx, ids)
 	if err != nil {
 		return nil, err
 	}
-	out["decisions"] = tag.RowsAffected()
-	tag, err = tx.Exec(ctx, `DELETE FROM events WHERE id = ANY($1)`, ids)
+	out["decisions"] = d
+	tag, err := tx.Exec(ctx, `DELETE FROM events WHERE id = ANY($1)`, ids)
 	if err != nil {
 		return nil, err
 	}
 	out["events"] = tag.RowsAffected()
-	return out, nil
-}
-
-// finalOld selects requests (alias r) final before $1 with nothing still
-// in flight: no callback to deliver, no command unanswered.
-const finalOld = `r.state IN ('succeeded','failed','rejected') AND r.finished_at < $1
-	AND NOT EXISTS (SELECT 1 FROM request_callbacks cb WHERE cb.request_id = r.id AND cb.state = 'pending')
-	AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.request_id = r.id AND c.finished_at IS NULL)`
-
-func purgeRequests(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
-	rows, err := tx.Query(ctx, `SELECT r.id FROM requests r WHERE `+finalOld+` ORDER BY r.finished_at LIMIT $2 FOR UPDATE SKIP LOCKED`, cutoff, n)
-	if err != nil {
-		return nil, err
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
-	if err != nil || len(ids) == 0 {
-		return Purged{"requests": 0}, err
-	}
-	out := Purged{}
-	del := func(name, q string) error {
-		tag, err := tx.Exec(ctx, q, ids)
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		out[name] += tag.RowsAffected()
-		return nil
-	}
-	if err := del("request_callback_attempts", `DELETE FROM request_callback_attempts WHERE callback_id IN
-			(SELECT id FROM request_callbacks WHERE request_id = ANY($1))`); err != nil {
-		return nil, err
-	}
-	if err := del("decisions", `DELETE FROM decisions WHERE request_id = ANY($1)`); err != nil {
-		return nil, err
-	}
-	// Every table with a foreign key to requests (request_callbacks,
-	// commands, webhook_idempotency, and those of later migrations).
-	refs, err := tx.Query(ctx, `SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c
-		JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
-		WHERE c.contype = 'f' AND c.confrelid = 'requests'::regclass AND array_length(c.conkey, 1) = 1
-		ORDER BY 1`)
-	if err != nil {
-		return nil, err
-	}
-	type ref struct{ table, col string }
-	rs, err := pgx.CollectRows(refs, func(r pgx.CollectableRow) (ref, error) {
-		var x ref
-		return x, r.Scan(&x.table, &x.col)
-	})
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range rs {
-		// r.table is regclass text: quoted as needed already.
-		if err := del(r.table, fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1)`, r.table, pgx.Identifier{r.col}.Sanitize())); err != nil {
-			return nil, err
-		}
-	}
-	if err := del("requests", `DELETE FROM requests WHERE id = ANY($1)`); err != nil {
-		return nil, err
-	}
 	return out, nil
 }

@@ -71,11 +71,10 @@ type outRow struct {
 // another replica takes other rows). It returns how many it sent.
 func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared map[string]bool) (int, error) {
 	// Expired before they could go out: the request's deadline handles it.
-	if tag, err := x.d.Pool.Exec(ctx, `UPDATE commands SET result_status = 'expired', finished_at = now(), last_error = 'expired before it was published'
-		WHERE sent_at IS NULL AND finished_at IS NULL AND expires_at < now()`); err != nil {
+	if n, err := requests.ExpireUnsent(ctx, x.d.Pool); err != nil {
 		return 0, err
-	} else if tag.RowsAffected() > 0 {
-		x.m.expired.Add(float64(tag.RowsAffected()))
+	} else if n > 0 {
+		x.m.expired.Add(float64(n))
 	}
 	sent := 0
 	err := pgx.BeginFunc(ctx, x.d.Pool, func(tx pgx.Tx) error {
@@ -142,8 +141,7 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 			}
 			if r.err != nil {
 				x.m.published.WithLabelValues("failed").Inc()
-				if _, err := tx.Exec(ctx, `UPDATE commands SET publish_attempts = publish_attempts + 1, last_error = $2 WHERE id = $1`,
-					r.id, r.err.Error()); err != nil {
+				if err := requests.PublishFailed(ctx, tx, r.id, r.err.Error()); err != nil {
 					return err
 				}
 				continue
@@ -151,14 +149,13 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 			ok = append(ok, r)
 		}
 		for _, r := range ok {
+			// A signed row keeps what went out (key_id and sig included): a
+			// refusal's body_sha256 is checked against it (ownRefusal).
+			var signed []byte
 			if r.signed {
-				// The row keeps what went out (key_id and sig included): a
-				// refusal's body_sha256 is checked against it (ownRefusal).
-				if _, err := tx.Exec(ctx, `UPDATE commands SET sent_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL, body = $2::jsonb WHERE id = $1`,
-					r.id, string(r.body)); err != nil {
-					return err
-				}
-			} else if _, err := tx.Exec(ctx, `UPDATE commands SET sent_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL WHERE id = $1`, r.id); err != nil {
+				signed = r.body
+			}
+			if err := requests.Sent(ctx, tx, r.id, signed); err != nil {
 				return err
 			}
 			x.m.published.WithLabelValues("sent").Inc()

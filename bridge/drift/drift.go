@@ -602,11 +602,11 @@ func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open) 
 		if err != nil {
 			return false, err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose)
-			VALUES ($1, $2, $3, $4, $5, $6, 1, 'action')`, cmd.ID, reqID, cmd.Host, string(cmd.Kind), cb, cmd.ExpiresAt); err != nil {
-			return false, fmt.Errorf("queue remove_mdev: %w", err)
+		if err := requests.QueueCommands(ctx, tx, reqID, requests.PurposeAction, []requests.Command{{ID: cmd.ID, Host: cmd.Host,
+			Kind: string(cmd.Kind), Body: cb, ExpiresAt: cmd.ExpiresAt, Seq: 1}}); err != nil {
+			return false, err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE requests SET deadline_at = $2 WHERE id = $1`, reqID, cmd.ExpiresAt); err != nil {
+		if err := requests.SetDeadline(ctx, tx, reqID, cmd.ExpiresAt); err != nil {
 			return false, err
 		}
 		what := fmt.Sprintf("remove_mdev %s queued on host %s (command %s)", f.Mdev, f.Host, cmd.ID)
@@ -631,9 +631,7 @@ func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open) 
 			parts = append(parts, fmt.Sprintf("released %d %s unit(s) of consumer %s on provider %s", rp.Amount, rp.Class, rp.Consumer, f.Provider))
 		}
 		if len(rp.Attachments) > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'released', released_at = now(), updated_at = now(),
-					reason = 'drift reconciler: the instance is gone or the claim is stale'
-				WHERE id = ANY($1::uuid[]) AND state IN ('pending','attached','releasing')`, rp.Attachments); err != nil {
+			if err := requests.ReleaseStale(ctx, tx, rp.Attachments, "drift reconciler: the instance is gone or the claim is stale"); err != nil {
 				return false, err
 			}
 			parts = append(parts, fmt.Sprintf("%d vGPU record(s) marked released (their mdevs are removed as orphans)", len(rp.Attachments)))

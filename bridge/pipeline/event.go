@@ -10,12 +10,13 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
 // WebhookSourcePrefix starts the inbox source of webhook events
 // ("webhook:<name>"); other sources ("nova") are notifications.
-const WebhookSourcePrefix = "webhook:"
+const WebhookSourcePrefix = requests.WebhookSourcePrefix
 
 // InboxRow is one events row as the pipeline reads it.
 type InboxRow struct {
@@ -47,22 +48,6 @@ func (r InboxRow) BridgeRequest() (uuid.UUID, bool) {
 	return id, err == nil
 }
 
-// webhookPayload is the inbox payload the webhook endpoint writes
-// (webhook.EventPayload); only what the policy reads.
-type webhookPayload struct {
-	Source      string         `json:"source"`
-	Type        string         `json:"type"`
-	VMID        string         `json:"vm_id"`
-	Workload    string         `json:"workload"`
-	VGPUProfile string         `json:"vgpu_profile"`
-	Count       int            `json:"count"`
-	Metrics     map[string]any `json:"metrics"`
-	Alert       *struct {
-		Status string            `json:"status"`
-		Labels map[string]string `json:"labels"`
-	} `json:"alert"`
-}
-
 // NovaKindPrefix starts the policy kind of a Nova notification
 // ("nova.instance.delete.end").
 const NovaKindPrefix = "nova."
@@ -75,7 +60,7 @@ func MapEvent(r InboxRow) (policy.Event, error) {
 		ev.Source = r.Source
 		return ev, nil
 	}
-	var p webhookPayload
+	var p requests.WebhookEvent
 	if err := json.Unmarshal(r.Payload, &p); err != nil {
 		return ev, fmt.Errorf("event %d: webhook payload: %w", r.ID, err)
 	}

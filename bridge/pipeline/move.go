@@ -134,8 +134,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 		}
 		for i, a := range moved {
 			if holds[a.Provider] == 0 || offload {
-				if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET provider_uuid = NULL, shelved = $2, reason = $3, updated_at = now() WHERE id = $1`,
-					a.ID, offload, fmt.Sprintf("claim dropped by Nova (%s)", why)); err != nil {
+				if err := requests.ForgetClaim(ctx, tx, a.ID, offload, fmt.Sprintf("claim dropped by Nova (%s)", why)); err != nil {
 					return nil, false, false, err
 				}
 				moved[i].Provider = ""
@@ -180,7 +179,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 			for i, a := range shelved {
 				ids[i] = a.ID
 			}
-			if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET shelved = false, updated_at = now() WHERE id = ANY($1)`, ids); err != nil {
+			if err := requests.Unshelve(ctx, tx, ids); err != nil {
 				return claims, false, false, err
 			}
 		}
@@ -231,10 +230,10 @@ func (p *Processor) moveRequest(ctx context.Context, tx pgx.Tx, row InboxRow, id
 // shelvedAttachments are the instance's vGPUs released by a shelve
 // offload, to apply again at the unshelve.
 func shelvedAttachments(ctx context.Context, q querier, instance string) ([]Attachment, error) {
-	rows, err := q.Query(ctx, `SELECT `+attachmentColumns+` FROM vgpu_attachments
+	rows, err := q.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments
 		WHERE instance_uuid = $1 AND shelved AND state IN ('releasing','released') ORDER BY created_at, id`, instance)
 	if err != nil {
 		return nil, fmt.Errorf("read shelved vGPUs of %s: %w", instance, err)
 	}
-	return scanAttachments(rows)
+	return requests.ScanAttachments(rows)
 }

@@ -955,8 +955,7 @@ func (p *Processor) novaDeadline(ctx context.Context) (bool, error) {
 			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not finish the resize to %s within %s (server: %s)",
 				orDefault(r.FlavorName, "?"), p.nova.ResizeTimeout, state))
 		case stepVerifying:
-			if _, err := tx.Exec(ctx, `UPDATE commands SET result_status = 'cancelled', finished_at = now()
-				WHERE request_id = $1 AND sent_at IS NULL AND finished_at IS NULL`, r.RequestID); err != nil {
+			if err := requests.CancelUnsent(ctx, tx, r.RequestID); err != nil {
 				return err
 			}
 			return p.startRevert(ctx, tx, r, CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer verify_vgpu within %s; is vgpu-agent running there and consuming %s?",

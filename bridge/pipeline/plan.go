@@ -9,37 +9,21 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
-// Attachment states (vgpu_attachments.state).
+// Attachment states (vgpu_attachments.state), kept by package requests.
 const (
-	AttPending   = "pending"   // claimed in Placement, commands queued
-	AttAttached  = "attached"  // the agent created and attached the mdev
-	AttReleasing = "releasing" // detach and remove queued
-	AttReleased  = "released"  // removed and the claim released
-	AttFailed    = "failed"    // the attach failed and was compensated
+	AttPending   = requests.AttPending
+	AttAttached  = requests.AttAttached
+	AttReleasing = requests.AttReleasing
+	AttReleased  = requests.AttReleased
+	AttFailed    = requests.AttFailed
 )
 
-// Attachment is a direct-path vGPU: a Placement claim in the instance's
-// consumer and the mdev (ID) the agent creates for it.
-type Attachment struct {
-	ID           uuid.UUID
-	InstanceUUID string
-	RequestID    uuid.UUID
-	Host         string // compute service host
-	Node         string // root provider name
-	Provider     string // GPU provider uuid
-	Class        string
-	Amount       int
-	HeldAfter    int
-	PCIAddress   string
-	TypeID       string
-	Profile      string
-	Trait        string
-	Mode         string // protocol.ModeLive | ModeConfig | ModeCold
-	State        string
-}
+// Attachment is a direct-path vGPU (requests.Attachment).
+type Attachment = requests.Attachment
 
 // InstanceFacts is what the bridge knows of the event's instance.
 type InstanceFacts struct {

@@ -356,9 +356,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 	if ctx.Err() != nil {
 		return cause
 	}
-	var attempts int
-	err := p.d.Pool.QueryRow(ctx, `UPDATE events SET attempts = attempts + 1, last_error = $2
-		WHERE id = $1 AND processed_at IS NULL RETURNING attempts`, id, cause.Error()).Scan(&attempts)
+	attempts, err := requests.EventAttempt(ctx, p.d.Pool, id, cause.Error())
 	if err != nil {
 		return errors.Join(cause, err)
 	}
@@ -368,8 +366,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 			wait = p.cfg.RetryMax
 		}
 		wait = wait/2 + rand.N(wait/2+1)
-		_, err := p.d.Pool.Exec(ctx, `UPDATE events SET not_before = now() + make_interval(secs => $2) WHERE id = $1`, id, wait.Seconds())
-		return errors.Join(cause, err)
+		return errors.Join(cause, requests.EventNotBefore(ctx, p.d.Pool, id, wait))
 	}
 	// Give up: close the event; its request fails with the last error.
 	return errors.Join(cause, pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
@@ -377,7 +374,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 		if err != nil || !ok {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE events SET processed_at = now(), status = 'failed', detail = $2 WHERE id = $1`, id, cause.Error()); err != nil {
+		if err := requests.MarkEventFailed(ctx, tx, id, cause.Error()); err != nil {
 			return err
 		}
 		if reqID, ok := row.BridgeRequest(); ok {
@@ -390,10 +387,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 
 // handle decides about one locked event and writes everything in tx.
 func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hostSet) ([]madeClaim, bool, error) {
-	markProcessed := func() error {
-		_, err := tx.Exec(ctx, `UPDATE events SET processed_at = now() WHERE id = $1`, row.ID)
-		return err
-	}
+	markProcessed := func() error { return requests.MarkProcessed(ctx, tx, row.ID) }
 	if handled, outbox, err := p.novaEvent(ctx, tx, row); err != nil || handled {
 		if err != nil {
 			return nil, false, err
@@ -426,8 +420,7 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 				return nil, false, err
 			}
 		}
-		_, err2 := tx.Exec(ctx, `UPDATE events SET processed_at = now(), status = 'failed', detail = $2 WHERE id = $1`, row.ID, err.Error())
-		return nil, false, err2
+		return nil, false, requests.MarkEventFailed(ctx, tx, row.ID, err.Error())
 	}
 	if claims, outbox, handled, err := p.handleMove(ctx, tx, row, ev, hs); err != nil || handled {
 		if err != nil {
@@ -557,15 +550,8 @@ func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow,
 	if _, err := uuid.Parse(row.InstanceUUID); err == nil {
 		inst = &row.InstanceUUID
 	}
-	// created_at is when the decision was made (after its claims), not
-	// when its transaction began, as now() would give.
-	_, err = tx.Exec(ctx, `INSERT INTO decisions (event_id, request_id, instance_uuid, policy, rejected, reason, decision, replica, created_at)
-		VALUES ($1, $2, $3::uuid, $4, $5, nullif($6,''), $7, $8, clock_timestamp()) ON CONFLICT (event_id) DO NOTHING`,
-		row.ID, reqID, inst, d.Policy, plan.Outcome == OutcomeReject, plan.Reason, doc, p.cfg.Replica)
-	if err != nil {
-		return fmt.Errorf("record decision of event %d: %w", row.ID, err)
-	}
-	return nil
+	return requests.RecordDecision(ctx, tx, requests.Decision{EventID: row.ID, RequestID: reqID, InstanceUUID: inst,
+		Policy: d.Policy, Rejected: plan.Outcome == OutcomeReject, Reason: plan.Reason, Doc: doc, Replica: p.cfg.Replica})
 }
 
 // act runs an OutcomeAct plan: claims, attachment rows, commands and the
@@ -674,17 +660,11 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 			}
 		}
 	}
-	for _, a := range atts {
-		if _, err := tx.Exec(ctx, `INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
-				amount, held_after, pci_address, type_id, profile, trait, mode, state)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 'pending')`,
-			a.ID, a.InstanceUUID, reqID, a.Host, a.Node, a.Provider, a.Class, a.Amount, a.HeldAfter, a.PCIAddress, a.TypeID, a.Profile, a.Trait, a.Mode); err != nil {
-			return claims, fmt.Errorf("record attachment: %w", err)
-		}
+	if err := requests.AddAttachments(ctx, tx, reqID, atts); err != nil {
+		return claims, err
 	}
 	for _, a := range release {
-		if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'releasing', release_request_id = $2, updated_at = now() WHERE id = $1`,
-			a.ID, reqID); err != nil {
+		if err := requests.BeginRelease(ctx, tx, a.ID, reqID); err != nil {
 			return claims, err
 		}
 	}
@@ -702,7 +682,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 		}
 		return claims, p.closeWithout(ctx, tx, row, reqID, state, *plan)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE requests SET deadline_at = $2 WHERE id = $1`, reqID, deadline); err != nil {
+	if err := requests.SetDeadline(ctx, tx, reqID, deadline); err != nil {
 		return claims, err
 	}
 	reason := joinNonEmpty("; ", summary...)
@@ -822,8 +802,8 @@ func (p *Processor) actor() string { return "vgpu-bridge/" + p.cfg.Replica }
 
 // Purposes of commands.
 const (
-	PurposeAction       = "action"
-	PurposeCompensation = "compensation"
+	PurposeAction       = requests.PurposeAction
+	PurposeCompensation = requests.PurposeCompensation
 )
 
 type outCmd struct {
@@ -833,20 +813,14 @@ type outCmd struct {
 }
 
 func insertCommands(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, purpose string, cmds []outCmd) error {
-	for _, oc := range cmds {
+	rows := make([]requests.Command, len(cmds))
+	for i, oc := range cmds {
 		body, err := json.Marshal(oc.c)
 		if err != nil {
-			return err
+			return fmt.Errorf("request %s: encode command %s: %w", reqID, oc.c.Kind, err)
 		}
-		var inst *string
-		if oc.c.InstanceUUID != "" {
-			inst = &oc.c.InstanceUUID
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, attachment_id, instance_uuid)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::uuid)`,
-			oc.c.ID, reqID, oc.c.Host, string(oc.c.Kind), body, oc.c.ExpiresAt, oc.seq, purpose, oc.attachment, inst); err != nil {
-			return fmt.Errorf("queue command %s: %w", oc.c.Kind, err)
-		}
+		rows[i] = requests.Command{ID: oc.c.ID, Host: oc.c.Host, Kind: string(oc.c.Kind), Body: body, ExpiresAt: oc.c.ExpiresAt,
+			Seq: oc.seq, AttachmentID: oc.attachment, InstanceUUID: oc.c.InstanceUUID}
 	}
-	return nil
+	return requests.QueueCommands(ctx, tx, reqID, purpose, rows)
 }

@@ -69,8 +69,7 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) error {
 			return nil
 		}
 		body, _ := json.Marshal(r)
-		if _, err := tx.Exec(ctx, `UPDATE commands SET result_status = $2, result = $3, finished_at = now() WHERE id::text = $1`,
-			r.CommandID, string(r.Status), body); err != nil {
+		if err := requests.FinishCommand(ctx, tx, r.CommandID, string(r.Status), body); err != nil {
 			return err
 		}
 		p.m.results.WithLabelValues(kind, string(r.Status)).Inc()
@@ -163,16 +162,15 @@ func describeResult(host, kind string, r protocol.Result) string {
 // complete ends a request whose commands all succeeded: new attachments
 // are attached; released ones give their claim back.
 func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID) error {
-	tag, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'attached', updated_at = now() WHERE request_id = $1 AND state = 'pending'`, reqID)
+	attached, err := requests.MarkAttached(ctx, tx, reqID)
 	if err != nil {
 		return err
 	}
-	attached := tag.RowsAffected()
-	rows, err := tx.Query(ctx, `SELECT `+attachmentColumns+` FROM vgpu_attachments WHERE release_request_id = $1 AND state = 'releasing' FOR UPDATE`, reqID)
+	rows, err := tx.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments WHERE release_request_id = $1 AND state = 'releasing' FOR UPDATE`, reqID)
 	if err != nil {
 		return err
 	}
-	rel, err := scanAttachments(rows)
+	rel, err := requests.ScanAttachments(rows)
 	if err != nil {
 		return err
 	}
@@ -182,7 +180,7 @@ func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID) er
 				return errRetry{err}
 			}
 		}
-		if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'released', released_at = now(), updated_at = now() WHERE id = $1`, a.ID); err != nil {
+		if err := requests.MarkReleased(ctx, tx, a.ID); err != nil {
 			return err
 		}
 	}
@@ -239,15 +237,14 @@ func (p *Processor) failRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID,
 // failRequest. The request's state is the caller's.
 func (p *Processor) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string, cause *uuid.UUID) error {
 	// Unsent commands never go out.
-	if _, err := tx.Exec(ctx, `UPDATE commands SET result_status = 'cancelled', finished_at = now()
-		WHERE request_id = $1 AND sent_at IS NULL AND finished_at IS NULL`, reqID); err != nil {
+	if err := requests.CancelUnsent(ctx, tx, reqID); err != nil {
 		return err
 	}
-	rows, err := tx.Query(ctx, `SELECT `+attachmentColumns+` FROM vgpu_attachments WHERE request_id = $1 AND state = 'pending' FOR UPDATE`, reqID)
+	rows, err := tx.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments WHERE request_id = $1 AND state = 'pending' FOR UPDATE`, reqID)
 	if err != nil {
 		return err
 	}
-	atts, err := scanAttachments(rows)
+	atts, err := requests.ScanAttachments(rows)
 	if err != nil {
 		return err
 	}
@@ -281,7 +278,7 @@ func (p *Processor) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, 
 		if cause != nil && *cause != a.ID {
 			why = "another vGPU of the request failed: " + reason
 		}
-		if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'failed', reason = $2, updated_at = now() WHERE id = $1`, a.ID, why); err != nil {
+		if err := requests.MarkFailed(ctx, tx, a.ID, why); err != nil {
 			return err
 		}
 		d, _ := json.Marshal(detail)
@@ -291,11 +288,7 @@ func (p *Processor) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, 
 		}
 	}
 	// Releases that did not finish: the vGPU stays where it is.
-	if _, err := tx.Exec(ctx, `UPDATE vgpu_attachments SET state = 'attached', release_request_id = NULL, reason = $2, updated_at = now()
-		WHERE release_request_id = $1 AND state = 'releasing'`, reqID, "release failed: "+reason); err != nil {
-		return err
-	}
-	return nil
+	return requests.AbandonReleases(ctx, tx, reqID, "release failed: "+reason)
 }
 
 // compensateEnded compensates requests that ended while their vGPUs were
@@ -372,11 +365,11 @@ func (p *Processor) queueUndo(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, a
 // undoLate compensates a create or attach that succeeded after its
 // request had already ended.
 func (p *Processor) undoLate(ctx context.Context, tx pgx.Tx, reqID, attID uuid.UUID, attached bool) error {
-	rows, err := tx.Query(ctx, `SELECT `+attachmentColumns+` FROM vgpu_attachments WHERE id = $1 FOR UPDATE`, attID)
+	rows, err := tx.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments WHERE id = $1 FOR UPDATE`, attID)
 	if err != nil {
 		return err
 	}
-	atts, err := scanAttachments(rows)
+	atts, err := requests.ScanAttachments(rows)
 	if err != nil || len(atts) == 0 {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -220,31 +221,13 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	return f, st, nil
 }
 
-const attachmentColumns = `id, instance_uuid::text, coalesce(request_id, '00000000-0000-0000-0000-000000000000'::uuid), host, coalesce(node,''),
-	coalesce(provider_uuid::text,''), coalesce(resource_class,''), amount, coalesce(held_after,0), coalesce(pci_address,''),
-	coalesce(type_id,''), coalesce(profile,''), coalesce(trait,''), coalesce(mode,''), state`
-
-func scanAttachments(rows pgx.Rows) ([]Attachment, error) {
-	defer rows.Close()
-	var out []Attachment
-	for rows.Next() {
-		var a Attachment
-		if err := rows.Scan(&a.ID, &a.InstanceUUID, &a.RequestID, &a.Host, &a.Node, &a.Provider, &a.Class, &a.Amount, &a.HeldAfter,
-			&a.PCIAddress, &a.TypeID, &a.Profile, &a.Trait, &a.Mode, &a.State); err != nil {
-			return nil, err
-		}
-		out = append(out, a)
-	}
-	return out, rows.Err()
-}
-
 func activeAttachments(ctx context.Context, q querier, instance string) ([]Attachment, error) {
-	rows, err := q.Query(ctx, `SELECT `+attachmentColumns+` FROM vgpu_attachments
+	rows, err := q.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments
 		WHERE instance_uuid = $1 AND state IN ('pending','attached','releasing') ORDER BY created_at, id`, instance)
 	if err != nil {
 		return nil, fmt.Errorf("read attachments of %s: %w", instance, err)
 	}
-	out, err := scanAttachments(rows)
+	out, err := requests.ScanAttachments(rows)
 	if err != nil {
 		return nil, fmt.Errorf("read attachments of %s: %w", instance, err)
 	}

@@ -8,11 +8,11 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 )
 
 // Event types of the native body (DESIGN.md §4.2).
@@ -321,15 +321,7 @@ type amMessage struct {
 }
 
 // Alert is one Alertmanager alert as an event carries it.
-type Alert struct {
-	Status       string            `json:"status"`
-	Labels       map[string]string `json:"labels"`
-	Annotations  map[string]string `json:"annotations,omitempty"`
-	StartsAt     time.Time         `json:"startsAt"`
-	EndsAt       time.Time         `json:"endsAt"`
-	GeneratorURL string            `json:"generatorURL,omitempty"`
-	Fingerprint  string            `json:"fingerprint,omitempty"`
-}
+type Alert = requests.WebhookAlert
 
 // Skipped names an alert that was not turned into an event.
 type Skipped struct {

@@ -484,18 +484,7 @@ func workloadLabel(l map[string]string) string {
 
 // EventPayload is the payload of an inbox row (events, source
 // "webhook:<name>") written for an accepted webhook.
-type EventPayload struct {
-	RequestID   uuid.UUID      `json:"request_id"`
-	Source      string         `json:"source"`
-	Type        string         `json:"type"`
-	VMID        string         `json:"vm_id"`
-	Workload    string         `json:"workload,omitempty"`
-	VGPUProfile string         `json:"vgpu_profile,omitempty"`
-	Count       int            `json:"count,omitempty"`
-	Metrics     map[string]any `json:"metrics,omitempty"`
-	CallbackURL string         `json:"callback_url,omitempty"`
-	Alert       *Alert         `json:"alert,omitempty"`
-}
+type EventPayload = requests.WebhookEvent
 
 // AuthenticateSource implements requests.SourceAuthenticator: a source
 // reads its requests with its own credentials. HMAC sources sign the text

@@ -1,0 +1,326 @@
+package requests
+
+// The lifecycle verbs. This package alone writes the request lifecycle:
+// requests (with their audit rows, Transition), the decisions taken for
+// inbox events, the outbox of commands, the vGPU attachments and the
+// processed state of inbox events. Everyone else calls these verbs, in
+// their own transaction; TestOneOwner fails when a production package
+// writes those tables itself.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Execer is what a verb writes through: a transaction, or the pool for a
+// change of one statement.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// SetDeadline sets when the request's deadline loop looks at it again.
+func SetDeadline(ctx context.Context, q Execer, id uuid.UUID, at time.Time) error {
+	if _, err := q.Exec(ctx, `UPDATE requests SET deadline_at = $2 WHERE id = $1`, id, at); err != nil {
+		return fmt.Errorf("set deadline of request %s: %w", id, err)
+	}
+	return nil
+}
+
+// Decision is the record of what the policy decided for one inbox event.
+type Decision struct {
+	EventID      int64
+	RequestID    *uuid.UUID // nil for an event no request is about
+	InstanceUUID *string
+	Policy       string
+	Rejected     bool
+	Reason       string
+	Doc          []byte // the decision and plan, as JSON
+	Replica      string
+}
+
+// RecordDecision records d once per event (a replay of the event keeps the
+// first record). created_at is when the decision was made (after its
+// claims), not when its transaction began.
+func RecordDecision(ctx context.Context, q Execer, d Decision) error {
+	_, err := q.Exec(ctx, `INSERT INTO decisions (event_id, request_id, instance_uuid, policy, rejected, reason, decision, replica, created_at)
+		VALUES ($1, $2, $3::uuid, $4, $5, nullif($6,''), $7, $8, clock_timestamp()) ON CONFLICT (event_id) DO NOTHING`,
+		d.EventID, d.RequestID, d.InstanceUUID, d.Policy, d.Rejected, d.Reason, d.Doc, d.Replica)
+	if err != nil {
+		return fmt.Errorf("record decision of event %d: %w", d.EventID, err)
+	}
+	return nil
+}
+
+// Command purposes (commands.purpose).
+const (
+	PurposeAction       = "action"
+	PurposeCompensation = "compensation"
+)
+
+// Command is one row of the outbox: a signed-at-send command for a host's
+// agent, sent in seq order within its request and purpose.
+type Command struct {
+	ID           string
+	Host         string
+	Kind         string
+	Body         []byte // the protocol.Command as JSON
+	ExpiresAt    time.Time
+	Seq          int
+	AttachmentID *uuid.UUID
+	InstanceUUID string // "" when the command is not about an instance
+}
+
+// QueueCommands puts cmds of request reqID in the outbox; the relay sends
+// them after the caller commits.
+func QueueCommands(ctx context.Context, q Execer, reqID uuid.UUID, purpose string, cmds []Command) error {
+	for _, c := range cmds {
+		var inst *string
+		if c.InstanceUUID != "" {
+			inst = &c.InstanceUUID
+		}
+		if _, err := q.Exec(ctx, `INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, attachment_id, instance_uuid)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::uuid)`,
+			c.ID, reqID, c.Host, c.Kind, c.Body, c.ExpiresAt, c.Seq, purpose, c.AttachmentID, inst); err != nil {
+			return fmt.Errorf("request %s: queue command %s %s: %w", reqID, c.Kind, c.ID, err)
+		}
+	}
+	return nil
+}
+
+// FinishCommand records an agent's result of command id.
+func FinishCommand(ctx context.Context, q Execer, id, status string, result []byte) error {
+	if _, err := q.Exec(ctx, `UPDATE commands SET result_status = $2, result = $3, finished_at = now() WHERE id::text = $1`,
+		id, status, result); err != nil {
+		return fmt.Errorf("record result of command %s: %w", id, err)
+	}
+	return nil
+}
+
+// CancelUnsent makes sure the request's commands not yet sent never go out.
+func CancelUnsent(ctx context.Context, q Execer, reqID uuid.UUID) error {
+	if _, err := q.Exec(ctx, `UPDATE commands SET result_status = 'cancelled', finished_at = now()
+		WHERE request_id = $1 AND sent_at IS NULL AND finished_at IS NULL`, reqID); err != nil {
+		return fmt.Errorf("cancel unsent commands of request %s: %w", reqID, err)
+	}
+	return nil
+}
+
+// ExpireUnsent finishes the commands that expired before they could be
+// sent (their request's deadline handles the request); it returns how many.
+func ExpireUnsent(ctx context.Context, q Execer) (int64, error) {
+	tag, err := q.Exec(ctx, `UPDATE commands SET result_status = 'expired', finished_at = now(), last_error = 'expired before it was published'
+		WHERE sent_at IS NULL AND finished_at IS NULL AND expires_at < now()`)
+	if err != nil {
+		return 0, fmt.Errorf("expire unsent commands: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// PublishFailed counts a failed attempt to send command id.
+func PublishFailed(ctx context.Context, q Execer, id uuid.UUID, cause string) error {
+	if _, err := q.Exec(ctx, `UPDATE commands SET publish_attempts = publish_attempts + 1, last_error = $2 WHERE id = $1`,
+		id, cause); err != nil {
+		return fmt.Errorf("record failed publish of command %s: %w", id, err)
+	}
+	return nil
+}
+
+// Sent records that the broker confirmed command id. signed, when not
+// nil, is the body as it went out (key id and signature included): a
+// refusal's body digest is checked against it.
+func Sent(ctx context.Context, q Execer, id uuid.UUID, signed []byte) error {
+	var err error
+	if signed != nil {
+		_, err = q.Exec(ctx, `UPDATE commands SET sent_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL, body = $2::jsonb WHERE id = $1`,
+			id, string(signed))
+	} else {
+		_, err = q.Exec(ctx, `UPDATE commands SET sent_at = now(), publish_attempts = publish_attempts + 1, last_error = NULL WHERE id = $1`, id)
+	}
+	if err != nil {
+		return fmt.Errorf("record sent command %s: %w", id, err)
+	}
+	return nil
+}
+
+// Attachment states (vgpu_attachments.state).
+const (
+	AttPending   = "pending"   // claimed in Placement, commands queued
+	AttAttached  = "attached"  // the agent created and attached the mdev
+	AttReleasing = "releasing" // detach and remove queued
+	AttReleased  = "released"  // removed and the claim released
+	AttFailed    = "failed"    // the attach failed and was compensated
+)
+
+// Attachment is a direct-path vGPU: a Placement claim in the instance's
+// consumer and the mdev (ID) the agent creates for it.
+type Attachment struct {
+	ID           uuid.UUID
+	InstanceUUID string
+	RequestID    uuid.UUID
+	Host         string // compute service host
+	Node         string // root provider name
+	Provider     string // GPU provider uuid
+	Class        string
+	Amount       int
+	HeldAfter    int
+	PCIAddress   string
+	TypeID       string
+	Profile      string
+	Trait        string
+	Mode         string // protocol.ModeLive | ModeConfig | ModeCold
+	State        string
+}
+
+// AttachmentColumns are the columns ScanAttachments reads, in order.
+const AttachmentColumns = `id, instance_uuid::text, coalesce(request_id, '00000000-0000-0000-0000-000000000000'::uuid), host, coalesce(node,''),
+	coalesce(provider_uuid::text,''), coalesce(resource_class,''), amount, coalesce(held_after,0), coalesce(pci_address,''),
+	coalesce(type_id,''), coalesce(profile,''), coalesce(trait,''), coalesce(mode,''), state`
+
+// ScanAttachments reads rows of AttachmentColumns and closes rows.
+func ScanAttachments(rows pgx.Rows) ([]Attachment, error) {
+	defer rows.Close()
+	var out []Attachment
+	for rows.Next() {
+		var a Attachment
+		if err := rows.Scan(&a.ID, &a.InstanceUUID, &a.RequestID, &a.Host, &a.Node, &a.Provider, &a.Class, &a.Amount, &a.HeldAfter,
+			&a.PCIAddress, &a.TypeID, &a.Profile, &a.Trait, &a.Mode, &a.State); err != nil {
+			return nil, fmt.Errorf("read attachments: %w", err)
+		}
+		out = append(out, a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read attachments: %w", err)
+	}
+	return out, nil
+}
+
+// AddAttachments records the vGPUs request reqID claimed, as pending.
+func AddAttachments(ctx context.Context, q Execer, reqID uuid.UUID, atts []Attachment) error {
+	for _, a := range atts {
+		if _, err := q.Exec(ctx, `INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
+				amount, held_after, pci_address, type_id, profile, trait, mode, state)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 'pending')`,
+			a.ID, a.InstanceUUID, reqID, a.Host, a.Node, a.Provider, a.Class, a.Amount, a.HeldAfter, a.PCIAddress, a.TypeID, a.Profile, a.Trait, a.Mode); err != nil {
+			return fmt.Errorf("request %s: record attachment %s: %w", reqID, a.ID, err)
+		}
+	}
+	return nil
+}
+
+// BeginRelease marks attachment id as being released by request reqID.
+func BeginRelease(ctx context.Context, q Execer, id, reqID uuid.UUID) error {
+	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'releasing', release_request_id = $2, updated_at = now() WHERE id = $1`,
+		id, reqID); err != nil {
+		return fmt.Errorf("request %s: release attachment %s: %w", reqID, id, err)
+	}
+	return nil
+}
+
+// MarkAttached marks the pending attachments of request reqID attached; it
+// returns how many.
+func MarkAttached(ctx context.Context, q Execer, reqID uuid.UUID) (int64, error) {
+	tag, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'attached', updated_at = now() WHERE request_id = $1 AND state = 'pending'`, reqID)
+	if err != nil {
+		return 0, fmt.Errorf("request %s: mark attachments attached: %w", reqID, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// MarkReleased marks attachment id released (mdev removed, claim given back).
+func MarkReleased(ctx context.Context, q Execer, id uuid.UUID) error {
+	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'released', released_at = now(), updated_at = now() WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("mark attachment %s released: %w", id, err)
+	}
+	return nil
+}
+
+// ReleaseStale marks attachments released that the drift reconciler found
+// without an instance or claim; it touches only active ones.
+func ReleaseStale(ctx context.Context, q Execer, ids []string, why string) error {
+	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'released', released_at = now(), updated_at = now(), reason = $2
+		WHERE id = ANY($1::uuid[]) AND state IN ('pending','attached','releasing')`, ids, why); err != nil {
+		return fmt.Errorf("mark stale attachments released: %w", err)
+	}
+	return nil
+}
+
+// MarkFailed marks attachment id failed (compensated) with why.
+func MarkFailed(ctx context.Context, q Execer, id uuid.UUID, why string) error {
+	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'failed', reason = $2, updated_at = now() WHERE id = $1`, id, why); err != nil {
+		return fmt.Errorf("mark attachment %s failed: %w", id, err)
+	}
+	return nil
+}
+
+// AbandonReleases puts back the attachments request reqID was releasing:
+// the vGPU stays where it is, with why.
+func AbandonReleases(ctx context.Context, q Execer, reqID uuid.UUID, why string) error {
+	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'attached', release_request_id = NULL, reason = $2, updated_at = now()
+		WHERE release_request_id = $1 AND state = 'releasing'`, reqID, why); err != nil {
+		return fmt.Errorf("request %s: abandon releases: %w", reqID, err)
+	}
+	return nil
+}
+
+// ForgetClaim records that Nova dropped attachment id's claim when it moved
+// the instance (shelved: by a shelve-offload).
+func ForgetClaim(ctx context.Context, q Execer, id uuid.UUID, shelved bool, why string) error {
+	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET provider_uuid = NULL, shelved = $2, reason = $3, updated_at = now() WHERE id = $1`,
+		id, shelved, why); err != nil {
+		return fmt.Errorf("forget claim of attachment %s: %w", id, err)
+	}
+	return nil
+}
+
+// Unshelve clears the shelved mark of attachments ids.
+func Unshelve(ctx context.Context, q Execer, ids []uuid.UUID) error {
+	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET shelved = false, updated_at = now() WHERE id = ANY($1)`, ids); err != nil {
+		return fmt.Errorf("unshelve attachments: %w", err)
+	}
+	return nil
+}
+
+// MarkProcessed closes inbox event id: the pipeline is done with it.
+func MarkProcessed(ctx context.Context, q Execer, id int64) error {
+	if _, err := q.Exec(ctx, `UPDATE events SET processed_at = now() WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("mark event %d processed: %w", id, err)
+	}
+	return nil
+}
+
+// MarkEventFailed closes inbox event id as failed, with detail.
+func MarkEventFailed(ctx context.Context, q Execer, id int64, detail string) error {
+	if _, err := q.Exec(ctx, `UPDATE events SET processed_at = now(), status = 'failed', detail = $2 WHERE id = $1`, id, detail); err != nil {
+		return fmt.Errorf("mark event %d failed: %w", id, err)
+	}
+	return nil
+}
+
+// Querier reads one row; pgx.Tx and the pool are both.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// EventAttempt counts a failed attempt at inbox event id; it returns the
+// attempts so far, or pgx.ErrNoRows when the event is already closed.
+func EventAttempt(ctx context.Context, q Querier, id int64, cause string) (int, error) {
+	var n int
+	if err := q.QueryRow(ctx, `UPDATE events SET attempts = attempts + 1, last_error = $2
+		WHERE id = $1 AND processed_at IS NULL RETURNING attempts`, id, cause).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count attempt at event %d: %w", id, err)
+	}
+	return n, nil
+}
+
+// EventNotBefore backs inbox event id off for wait.
+func EventNotBefore(ctx context.Context, q Execer, id int64, wait time.Duration) error {
+	if _, err := q.Exec(ctx, `UPDATE events SET not_before = now() + make_interval(secs => $2) WHERE id = $1`, id, wait.Seconds()); err != nil {
+		return fmt.Errorf("back event %d off: %w", id, err)
+	}
+	return nil
+}
