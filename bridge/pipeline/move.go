@@ -41,7 +41,7 @@ func moveKind(kind string) bool {
 // Move request kinds' body "move" values.
 const (
 	moveRelease = "release" // remove_mdev on the host the instance left; its claim is gone with Nova's rewrite
-	moveReapply = "reapply" // claim on a GPU of the new host, create_mdev + attach_vgpu there
+	moveReapply = "reapply" // claim on a GPU of the new host, attach_vgpu (creating the mdev) there
 )
 
 // handleMove keeps the instance's direct-path vGPUs where the instance is
@@ -49,8 +49,8 @@ const (
 // Nova's rewrite of the allocations dropped, is released (remove_mdev on
 // its old host, where Nova has undefined or redefined the domain; its
 // claim is no longer in the consumer) by one request, and applied again
-// on the instance's current host (claim in the consumer, create_mdev +
-// attach_vgpu through that host's agent) by another, so that a failure of
+// on the instance's current host (claim in the consumer, attach_vgpu,
+// which creates the mdev, through that host's agent) by another, so that a failure of
 // one never leaves the other half-done. A shelve offload only releases
 // (the vGPUs are marked shelved); the unshelve applies the shelved ones
 // on the host Nova chose. It reports handled = false when the event needs

@@ -68,7 +68,7 @@ type StepKind string
 
 // Step kinds.
 const (
-	StepAttach   StepKind = "attach"   // claim in Placement, create_mdev, attach_vgpu
+	StepAttach   StepKind = "attach"   // claim in Placement, attach_vgpu (which creates the mdev)
 	StepRelease  StepKind = "release"  // detach_vgpu, remove_mdev, then the claim is released
 	StepCommand  StepKind = "command"  // one agent command (set_vm_limits, set_vgpu_scheduler)
 	StepReattach StepKind = "reattach" // attach_vgpu again after Nova rebuilt the domain
@@ -365,22 +365,18 @@ func NewCommand(kind protocol.Kind, host, requestID, instance string, params any
 	return c, c.Validate()
 }
 
-// AttachCommands are the commands of a new attachment, in order:
-// create_mdev, then attach_vgpu (which names the parent and type too, so
-// it also works should the mdev be missing).
+// AttachCommands are the commands of a new attachment: one attach_vgpu
+// naming the parent GPU and the type, so the agent creates the mdev, then
+// attaches it, and removes it again should the attach fail (create_mdev
+// remains for pre-creating devices). One command is one broker and one
+// Postgres round trip fewer than create_mdev followed by attach_vgpu.
 func AttachCommands(a Attachment, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
-	mdev := a.ID.String()
-	c1, err := NewCommand(protocol.CreateMdev, a.Host, requestID, a.InstanceUUID,
-		protocol.MdevParams{MdevUUID: mdev, ParentPCI: a.PCIAddress, TypeID: a.TypeID}, issued, expires)
+	c, err := NewCommand(protocol.AttachVGPU, a.Host, requestID, a.InstanceUUID,
+		protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: a.Mode}, issued, expires)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("attach command for %s: %w", a.ID, err)
 	}
-	c2, err := NewCommand(protocol.AttachVGPU, a.Host, requestID, a.InstanceUUID,
-		protocol.AttachParams{MdevUUID: mdev, ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: a.Mode}, issued, expires)
-	if err != nil {
-		return nil, err
-	}
-	return []protocol.Command{c1, c2}, nil
+	return []protocol.Command{c}, nil
 }
 
 // ReleaseCommands take an attachment back: detach_vgpu (unless the domain

@@ -150,15 +150,13 @@ func TestCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cs) != 2 || cs[0].Kind != protocol.CreateMdev || cs[1].Kind != protocol.AttachVGPU {
-		t.Fatalf("attach commands %+v", cs)
+	if len(cs) != 1 || cs[0].Kind != protocol.AttachVGPU {
+		t.Fatalf("attach commands %+v, want one attach_vgpu", cs)
 	}
-	var mp protocol.MdevParams
-	if err := cs[0].DecodeParams(&mp); err != nil || mp.MdevUUID != a.ID.String() || mp.ParentPCI != "0000:3b:00.0" || mp.TypeID != "nvidia-232" {
-		t.Errorf("create_mdev params %+v (%v)", mp, err)
-	}
+	// attach_vgpu names the parent and the type: the agent creates the mdev.
 	var ap protocol.AttachParams
-	if err := cs[1].DecodeParams(&ap); err != nil || ap.Mode != protocol.ModeLive || ap.MdevUUID != a.ID.String() {
+	if err := cs[0].DecodeParams(&ap); err != nil || ap.Mode != protocol.ModeLive || ap.MdevUUID != a.ID.String() ||
+		ap.ParentPCI != "0000:3b:00.0" || ap.TypeID != "nvidia-232" {
 		t.Errorf("attach params %+v (%v)", ap, err)
 	}
 	for _, c := range cs {

@@ -828,7 +828,7 @@ func (d *demo) webhooks() error {
 	d.rows = append(d.rows, summaryRow{label: "#4", id: "-", vm: vm2.label, kind: "GPU_REQUEST", state: "refused", code: fmt.Sprint(code), reason: "bad X-Hub-Signature-256"})
 
 	// A request for an instance whose host runs no agent: the claim is
-	// made, create_mdev is never answered, the request fails at its
+	// made, attach_vgpu is never answered, the request fails at its
 	// deadline and the claim is released (compensation).
 	ans, err := d.send("#5", vm4, request(vm4), d.secret)
 	if err != nil {

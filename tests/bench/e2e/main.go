@@ -1,7 +1,7 @@
 // Command e2e is the end-to-end load harness of the direct path (make
 // bench): signed GPU_REQUEST webhooks → request and inbox row → policy →
 // Placement claim → outbox → RabbitMQ → vgpu-agent on a fake host
-// (create_mdev, attach_vgpu into the libvirt test driver's domain) →
+// (attach_vgpu: create the mdev, attach it to the libvirt test driver's domain) →
 // results → request succeeded. Everything runs in this process against
 // the local Postgres, RabbitMQ and Placement: the bridge's webhook
 // endpoint, pipeline (default [pipeline] settings), relay and consumers,
@@ -20,7 +20,7 @@
 // and two baselines on the same machine in the same run: the raw broker
 // round trip (a persistent, confirmed publish to a queue, consumed and
 // answered on another: what one agent command costs at the least; the
-// direct path needs two) and the rate of a bare handler on the same HTTP
+// direct path needs one) and the rate of a bare handler on the same HTTP
 // stack answering 202 at once. It prints each run and the medians, with
 // the ratios e2e p50 / broker round trip and completed/s over bare 202/s.
 //
@@ -725,27 +725,38 @@ func (h *harness) burst(ctx context.Context, n int) (float64, error) {
 // breakdown prints where the requests' time went (medians, from the
 // rows' timestamps): from the webhook's transaction to the decision
 // (inbox poll, policy, Placement claim; decisions.created_at is taken when
-// the decision is written), then per command from the previous step to
-// the relay's publish (for create_mdev this includes the decision's
-// commit), and the agent's answer.
+// the decision is written), then for each action command, in order, from
+// the previous step to the relay's publish (for the first command this
+// includes the decision's commit) and on to the agent's answer.
 func (h *harness) breakdown(ctx context.Context, ids []uuid.UUID) {
-	row := h.pool.QueryRow(ctx, `WITH x AS (
-			SELECT r.id, r.created_at AS created, d.created_at AS decided,
-				c1.sent_at AS s1, c1.finished_at AS f1, c2.sent_at AS s2, c2.finished_at AS f2
-			FROM requests r JOIN decisions d ON d.request_id = r.id
-			JOIN commands c1 ON c1.request_id = r.id AND c1.seq = 1 JOIN commands c2 ON c2.request_id = r.id AND c2.seq = 2
-			WHERE r.id = ANY($1))
-		SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM decided - created)) * 1000,
-			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM s1 - decided)) * 1000,
-			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM f1 - s1)) * 1000,
-			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM s2 - f1)) * 1000,
-			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM f2 - s2)) * 1000 FROM x`, ids)
-	var a, b, c, d, e *float64
-	if err := row.Scan(&a, &b, &c, &d, &e); err != nil || a == nil {
+	var decide *float64
+	if err := h.pool.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM d.created_at - r.created_at)) * 1000
+		FROM requests r JOIN decisions d ON d.request_id = r.id WHERE r.id = ANY($1)`, ids).Scan(&decide); err != nil || decide == nil {
 		return
 	}
-	fmt.Fprintf(os.Stderr, "  where the time went (medians, ms): to decision %.0f | relay create_mdev %.0f | agent create_mdev %.0f | relay attach_vgpu %.0f | agent attach_vgpu %.0f\n",
-		*a, *b, *c, *d, *e)
+	rows, err := h.pool.Query(ctx, `WITH c AS (
+			SELECT c.seq, c.kind, c.sent_at - coalesce(lag(c.finished_at) OVER w, d.created_at) AS relay, c.finished_at - c.sent_at AS agent
+			FROM commands c JOIN decisions d ON d.request_id = c.request_id
+			WHERE c.request_id = ANY($1) AND c.purpose = 'action'
+			WINDOW w AS (PARTITION BY c.request_id ORDER BY c.seq))
+		SELECT seq, min(kind), percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM relay)) * 1000,
+			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM agent)) * 1000
+		FROM c GROUP BY seq ORDER BY seq`, ids)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	line := fmt.Sprintf("to decision %.0f", *decide)
+	for rows.Next() {
+		var seq int
+		var kind string
+		var relay, agent *float64
+		if rows.Scan(&seq, &kind, &relay, &agent) != nil || relay == nil || agent == nil {
+			return
+		}
+		line += fmt.Sprintf(" | relay %s %.0f | agent %s %.0f", kind, *relay, kind, *agent)
+	}
+	fmt.Fprintf(os.Stderr, "  where the time went (medians, ms): %s\n", line)
 }
 
 // brokerRTT measures n sequential round trips through RabbitMQ: a
