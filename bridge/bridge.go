@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,6 +44,36 @@ type Daemon struct {
 	Pool *pgxpool.Pool
 
 	reload *reloader // secrets swapped on SIGHUP (reload.go)
+}
+
+// wiring is what every part of the bridge is built from: made once in Run
+// and handed to each setup function (conf_*.go), which adds what is its
+// own.
+type wiring struct {
+	v       *conf.Values
+	replica string
+	pool    *pgxpool.Pool
+	srv     *api.Server
+	reg     *prometheus.Registry
+	log     *slog.Logger
+	rl      *reloader // secrets swapped on SIGHUP
+	tu      *conf.TransportURL
+	ctl     *controls.Store // operators' pause, observe-only and drains
+	wake    waker
+}
+
+// waker wakes the pipeline when events are stored. The pipeline is built
+// after the parts that store events, so its Wake is set last; until then
+// Wake does nothing (the pipeline's poll is the safety net).
+type waker struct{ fn atomic.Pointer[func()] }
+
+func (w *waker) set(fn func()) { w.fn.Store(&fn) }
+
+// Wake wakes the pipeline, if there is one yet.
+func (w *waker) Wake() {
+	if fn := w.fn.Load(); fn != nil {
+		(*fn)()
+	}
 }
 
 // component is a part with a loop of its own; Run blocks until ctx ends.
@@ -115,22 +146,23 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	// Features register here: routes with srv, loops in comps.
 	// (wiring: features)
 	// Policy (issue 6): the rules, their reload loop, POST /v1/policy/explain.
-	pol, polComp, err := setupPolicy(v, nil, srv, nil, nil, log.With("component", "policy"))
+	w := &wiring{v: v, replica: replica, pool: pool, srv: srv, reg: reg, log: log, rl: rl, tu: tu,
+		ctl: controls.NewStore(pool, reg, log.With("component", "controls"))}
+	pol, polComp, err := setupPolicy(w, nil, nil, nil)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, polComp)
 	// Operator controls (issue 9): pause, observe-only, drains; read by placement and the pipeline.
-	ctl := controls.NewStore(pool, reg, log.With("component", "controls"))
 	// Placement (issue 4): mirror, sync loop, engine, claims, /v1/placements, /v1/gpus, /v1/hosts.
-	pl, plComp, err := setupPlacement(ctx, v, replica, pool, pol.Catalog(), srv, log, ctl)
+	pl, plComp, err := setupPlacement(ctx, w, pol.Catalog(), w.ctl)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, plComp)
 	srv.AddCheck("placement", pl.Ready) // not ready before the first full inventory sync
 	// Webhooks and the request store (issue 5): /v1/webhooks/{source}, /v1/requests, callbacks.
-	whComps, err := setupWebhooks(v, pool, srv, ac, reg, log, rl)
+	whComps, err := setupWebhooks(w, ac)
 	if err != nil {
 		return err
 	}
@@ -140,6 +172,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	if err != nil {
 		return err
 	}
+	notifCfg.OnCommitted = w.wake.Wake // new events are decided at once, not at the next poll
 	notif, err := ingest.New(notifCfg, pool, reg, log.With("component", "notifications"))
 	if err != nil {
 		return err
@@ -148,15 +181,15 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	srv.AddCheck("notifications", notif.Ready) // commits to Postgres failing for [notifications] stall_after
 	comps = append(comps, component{"notifications", notif.Run})
 	// Pipeline and dispatch (issue 8): inbox → policy → Placement claim → outbox → agents; results, reports, deadlines.
-	pipeComps, err := setupPipeline(ctx, v, replica, tu, notifCfg.TLS, pol, pl, reg, log, rl, ctl)
+	pipeComps, err := setupPipeline(ctx, w, notifCfg.TLS, pol, pl)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, pipeComps...)
 	// Operator controls (issue 9): /v1/controls, drains, /v1/audit, /v1/profiles, dead-letter replay; retention purge.
-	comps = append(comps, setupControls(v, ctl, pl, pol, notif, srv, log.With("component", "controls"))...)
+	comps = append(comps, setupControls(w, pl, pol, notif)...)
 	// Drift reconciler (issue 8): Placement ↔ agents' reports ↔ bridge records; GET /v1/drift, repairs.
-	driftComp, err := setupDrift(v, replica, pool, pl, srv, reg, log)
+	driftComp, err := setupDrift(w, pl)
 	if err != nil {
 		return err
 	}

@@ -2,12 +2,9 @@ package bridge
 
 import (
 	"context"
-	"log/slog"
 
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
-	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -18,9 +15,9 @@ import (
 // retention purge. ctl is built in Run before placement and the pipeline,
 // which read it:
 //
-//	ctlComps := setupControls(v, ctl, pl, pol, notif, srv, log)
-func setupControls(v *conf.Values, ctl *controls.Store, pl *placement.Service, pol *policy.Holder, notif *ingest.Consumer,
-	srv *api.Server, log *slog.Logger) []component {
+//	comps = append(comps, setupControls(w, pl, pol, notif)...)
+func setupControls(w *wiring, pl *placement.Service, pol *policy.Holder, notif *ingest.Consumer) []component {
+	v, ctl, srv, log := w.v, w.ctl, w.srv, w.log.With("component", "controls")
 	a := &controls.API{
 		Store:   ctl,
 		Catalog: pol.Catalog(),

@@ -2,13 +2,8 @@ package bridge
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -57,9 +52,9 @@ func DriftConfig(v *conf.Values, replica string) drift.Config {
 // GET /v1/drift and POST /v1/drift/run, and returns its loop. bridge.Run
 // calls it next to setupPipeline:
 //
-//	driftComp, err := setupDrift(v, replica, pool, pl, srv, reg, log)
-func setupDrift(v *conf.Values, replica string, pool *pgxpool.Pool, pl *placement.Service, srv *api.Server,
-	reg prometheus.Registerer, log *slog.Logger) (component, error) {
+//	driftComp, err := setupDrift(w, pl)
+func setupDrift(w *wiring, pl *placement.Service) (component, error) {
+	v, replica, pool, srv, reg, log := w.v, w.replica, w.pool, w.srv, w.reg, w.log
 	// Repairs wait while operators hold the bridge (pause, observe-only).
 	ctl := controls.NewStore(pool, nil, nil)
 	hold := func(ctx context.Context) bool {

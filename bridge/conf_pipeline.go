@@ -5,12 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -22,7 +18,9 @@ import (
 
 var (
 	optPipelinePoll = Options.Duration("pipeline", "poll_interval", 200*time.Millisecond, 10*time.Millisecond, time.Minute,
-		"How often each replica looks at the inbox (events not processed yet) when nothing woke it. Example: 100ms")
+		"How often each replica looks at the inbox (events not processed yet) when nothing woke it. The webhooks and "+
+			"notifications a replica stores wake its own pipeline at once; the poll finds those stored by other replicas "+
+			"and events backed off for a retry. Example: 100ms")
 	optPipelineBatch = Options.Int("pipeline", "batch_size", 100, 1, 10000,
 		"Most inbox events one poll takes; each is decided in its own transaction. Example: 200")
 	optPipelineWorkers = Options.Int("pipeline", "workers", 4, 1, 64,
@@ -79,9 +77,9 @@ func PipelineConfig(v *conf.Values, replica string) pipeline.Config {
 // their loops as one component. bridge.Run calls it at the features mark,
 // after placement, policy and notifications:
 //
-//	pipeComps, err := setupPipeline(ctx, v, replica, tu, notifCfg.TLS, pol, pl, reg, log, rl, ctl)
-func setupPipeline(ctx context.Context, v *conf.Values, replica string, tu *conf.TransportURL, tlsCfg *tls.Config,
-	pol *policy.Holder, pl *placement.Service, reg prometheus.Registerer, log *slog.Logger, rl *reloader, ctl *controls.Store) ([]component, error) {
+//	pipeComps, err := setupPipeline(ctx, w, notifCfg.TLS, pol, pl)
+func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *policy.Holder, pl *placement.Service) ([]component, error) {
+	v, replica, tu, reg, log, rl, ctl := w.v, w.replica, w.tu, w.reg, w.log, w.rl, w.ctl
 	sc, err := StoreConfig(v)
 	if err != nil {
 		return nil, err
@@ -120,6 +118,7 @@ func setupPipeline(ctx context.Context, v *conf.Values, replica string, tu *conf
 		return nil, err
 	}
 	rl.setDispatcher(disp) // SIGHUP: [security] keys (reload.go)
+	w.wake.set(proc.Wake)
 	run := func(ctx context.Context) error {
 		defer pipePool.Close()
 		errc := make(chan error, 2)

@@ -2,13 +2,9 @@ package bridge
 
 import (
 	"context"
-	"log/slog"
 	"regexp"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/placementapi"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
@@ -103,13 +99,13 @@ func PlacementConfig(v *conf.Values, replica string) (placement.Config, error) {
 // srv and returns its sync loop; bridge.Run calls it at the features
 // mark:
 //
-//	pl, plComp, err := setupPlacement(ctx, v, replica, pool, cat, srv, log)
+//	pl, plComp, err := setupPlacement(ctx, w, pol.Catalog(), w.ctl)
 //	if err != nil { return err }
 //	comps = append(comps, plComp)
 //
 // pl is what the pipeline uses: DryRun, Claim, Release, LookupVGPU.
-func setupPlacement(ctx context.Context, v *conf.Values, replica string, pool *pgxpool.Pool, cat *catalog.Catalog, srv *api.Server, log *slog.Logger,
-	marks placementapi.Marks) (*placement.Service, component, error) {
+func setupPlacement(ctx context.Context, w *wiring, cat *catalog.Catalog, marks placementapi.Marks) (*placement.Service, component, error) {
+	v, replica, pool, srv, log := w.v, w.replica, w.pool, w.srv, w.log
 	pc, err := PlacementConfig(v, replica)
 	if err != nil {
 		return nil, component{}, err

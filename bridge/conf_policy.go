@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/policyapi"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
@@ -68,14 +66,15 @@ func PolicyConfig(v *conf.Values) policy.Config {
 // not nil, gives the explain API the live state. bridge.Run calls it at the
 // features mark, before placement so that both share one catalog:
 //
-//	pol, polComp, err := setupPolicy(v, nil, srv, nil, nil, log.With("component", "policy"))
+//	pol, polComp, err := setupPolicy(w, nil, nil, nil)
 //	if err != nil { return err }
 //	comps = append(comps, polComp)
 //	cat := pol.Catalog() // for setupPlacement; agents' reports go to cat.Observe
 //
 // The pipeline's decide stage calls pol.Policy().Evaluate(event, state,
 // tracker) and, once it acts on the decision, tracker.Apply(d.LoadUpdates).
-func setupPolicy(v *conf.Values, cat *catalog.Catalog, srv *api.Server, state func() policy.State, load policy.LoadState, log *slog.Logger) (*policy.Holder, component, error) {
+func setupPolicy(w *wiring, cat *catalog.Catalog, state func() policy.State, load policy.LoadState) (*policy.Holder, component, error) {
+	v, srv, log := w.v, w.srv, w.log.With("component", "policy")
 	cfg := PolicyConfig(v)
 	h, err := policy.NewHolder(cfg, cat)
 	if err != nil {

@@ -5,13 +5,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
@@ -274,13 +272,15 @@ func loadClientCAs(path string) (*x509.CertPool, error) {
 // when [webhooks] listen names another address. apiTLS is the API's TLS
 // configuration (nil without TLS); with a shared listener the webhook
 // client CA is added to it before the API starts.
-func setupWebhooks(v *conf.Values, pool *pgxpool.Pool, srv *api.Server, ac api.Config, reg *prometheus.Registry, log *slog.Logger, rl *reloader) ([]component, error) {
+func setupWebhooks(w *wiring, ac api.Config) ([]component, error) {
+	v, pool, srv, reg, log, rl := w.v, w.pool, w.srv, w.reg, w.log, w.rl
 	store := requests.NewStore(pool, "vgpu-bridge")
 	wc, err := WebhookConfig(v)
 	if err != nil {
 		return nil, err
 	}
 	wc.Store, wc.Pool, wc.Registerer, wc.Logger = store, pool, reg, log.With("component", "webhooks")
+	wc.OnCommitted = w.wake.Wake // accepted events are decided at once, not at the next poll
 	ep, err := webhook.New(wc)
 	if err != nil {
 		return nil, fmt.Errorf("webhooks: %w", err)

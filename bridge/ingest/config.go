@@ -81,6 +81,9 @@ type Config struct {
 	// batches may reach OnApplied out of delivery order (events.id and the
 	// notification timestamp order them).
 	OnApplied func(ctx context.Context, tx pgx.Tx, ev Event) error
+	// OnCommitted, when set, is called after a commit that stored new
+	// events, so the pipeline decides at once instead of at its next poll.
+	OnCommitted func()
 }
 
 // DefaultConfig returns the defaults (which the [notifications] options

@@ -362,6 +362,7 @@ func (c *Consumer) commit(ctx context.Context, batch []*item) error {
 		if err == nil {
 			c.committed()
 			c.m.observe(res, time.Since(start))
+			c.wake(res)
 			return nil
 		}
 		c.failed(err)
@@ -391,6 +392,7 @@ func (c *Consumer) commitOne(ctx context.Context, it *item) error {
 		if err == nil {
 			c.committed()
 			c.m.observe(res, time.Since(start))
+			c.wake(res)
 			return nil
 		}
 		c.failed(err)
@@ -451,6 +453,13 @@ func (c *Consumer) retryWait(ctx context.Context, err error, attempt, n int) err
 		return err
 	case <-time.After(d):
 		return nil
+	}
+}
+
+// wake calls OnCommitted when a commit stored new events.
+func (c *Consumer) wake(res batchResult) {
+	if res.applied > 0 && c.cfg.OnCommitted != nil {
+		c.cfg.OnCommitted()
 	}
 }
 

@@ -164,9 +164,15 @@ func (e *Endpoint) commitBatch(ctx context.Context, batch []*pending) {
 				p.done <- result{err: err}
 				continue
 			}
+			if e.cfg.OnCommitted != nil {
+				e.cfg.OnCommitted()
+			}
 			p.done <- r[0]
 		}
 		return
+	}
+	if err == nil && e.cfg.OnCommitted != nil {
+		e.cfg.OnCommitted()
 	}
 	for i, p := range batch {
 		if err != nil {

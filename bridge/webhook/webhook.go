@@ -132,6 +132,9 @@ type Config struct {
 	Callbacks  CallbackConfig
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// OnCommitted, when set, is called after a commit that stored new
+	// events, so the pipeline decides at once instead of at its next poll.
+	OnCommitted func()
 	// Now is the clock (time.Now).
 	Now func() time.Time
 }
