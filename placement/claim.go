@@ -194,6 +194,59 @@ func (s *Service) Release(ctx context.Context, consumer, provider string) error 
 	}
 }
 
+// ReleaseUnits takes amount units of class off the consumer's allocation
+// on provider, keeping the rest of its allocations (other units there
+// included: a direct-path release gives back one vGPU, where Release drops
+// them all). heldAfter is what the consumer held there right after the
+// claim being undone: when it now holds less, the release is taken as
+// done already (a retry after a crash). A consumer-generation conflict is
+// read again and retried with backoff; the mirror and index learn the
+// result.
+func (s *Service) ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error {
+	var b Backoff
+	for {
+		con, err := s.client.Allocations(ctx, consumer)
+		if err != nil {
+			return fmt.Errorf("release %d %s of %s on %s: %w", amount, class, consumer, provider, err)
+		}
+		res := con.Providers[provider]
+		held := res[class]
+		if held == 0 || (heldAfter > 0 && held < heldAfter) {
+			// Nothing there (Nova deleted the consumer) or released
+			// already. Placement does not bump a provider's generation
+			// when allocations are deleted, so the incremental sync would
+			// not notice: bring the mirror and the index up to date here.
+			s.learn(ctx, provider, consumer, class, held)
+			return nil
+		}
+		res = maps.Clone(res)
+		if held <= amount {
+			delete(res, class)
+		} else {
+			res[class] = held - amount
+		}
+		if len(res) == 0 {
+			delete(con.Providers, provider)
+		} else {
+			con.Providers[provider] = res
+		}
+		if con.Type == "" {
+			con.Type = s.cfg.ConsumerType
+		}
+		err = s.client.PutAllocations(ctx, con)
+		if err == nil {
+			s.learn(ctx, provider, consumer, class, res[class])
+			return nil
+		}
+		if !IsConflict(err) && !IsRetryable(err) {
+			return fmt.Errorf("release %d %s of %s on %s: %w", amount, class, consumer, provider, err)
+		}
+		if werr := b.Wait(ctx); werr != nil {
+			return fmt.Errorf("release %d %s of %s on %s: %w", amount, class, consumer, provider, err)
+		}
+	}
+}
+
 // Learn records, in the index and the mirror, a change a caller made to
 // consumer's allocation on rp outside Claim and Release; held is what the
 // consumer holds of class there now.

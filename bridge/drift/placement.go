@@ -3,12 +3,11 @@ package drift
 import (
 	"context"
 
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 // ServiceAdapter implements Placement over *placement.Service: reads go
-// to the Placement API, releases decrement as the pipeline's do.
+// to the Placement API, releases are placement.Service.ReleaseUnits.
 type ServiceAdapter struct {
 	S *placement.Service
 }
@@ -23,5 +22,5 @@ func (a ServiceAdapter) ProviderAllocations(ctx context.Context, provider string
 
 // ReleaseUnits implements Placement.
 func (a ServiceAdapter) ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error {
-	return pipeline.ServiceAdapter{S: a.S}.ReleaseUnits(ctx, consumer, provider, class, amount, heldAfter)
+	return a.S.ReleaseUnits(ctx, consumer, provider, class, amount, heldAfter)
 }

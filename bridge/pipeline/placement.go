@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
@@ -91,52 +90,7 @@ func (a ServiceAdapter) GPUAddress(provider string) string {
 	return ""
 }
 
-// ReleaseUnits implements Placement. placement.Service.Release drops all
-// of the consumer's vGPU units on a provider; a direct-path release must
-// keep the others, so this decrements.
+// ReleaseUnits implements Placement.
 func (a ServiceAdapter) ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error {
-	c := a.S.Client()
-	var b placement.Backoff
-	for {
-		con, err := c.Allocations(ctx, consumer)
-		if err != nil {
-			return fmt.Errorf("release %s on %s: %w", consumer, provider, err)
-		}
-		res := con.Providers[provider]
-		held := res[class]
-		if held == 0 || (heldAfter > 0 && held < heldAfter) {
-			// Nothing there (Nova deleted the consumer) or released
-			// already. Placement does not bump a provider's generation
-			// when allocations are deleted, so the incremental sync
-			// would not notice: bring the mirror and the index up to
-			// date here.
-			a.S.Learn(ctx, provider, consumer, class, held)
-			return nil
-		}
-		res = maps.Clone(res)
-		if held <= amount {
-			delete(res, class)
-		} else {
-			res[class] = held - amount
-		}
-		if len(res) == 0 {
-			delete(con.Providers, provider)
-		} else {
-			con.Providers[provider] = res
-		}
-		if con.Type == "" {
-			con.Type = "INSTANCE"
-		}
-		err = c.PutAllocations(ctx, con)
-		if err == nil {
-			a.S.Learn(ctx, provider, consumer, class, res[class])
-			return nil
-		}
-		if !placement.IsConflict(err) && !placement.IsRetryable(err) {
-			return fmt.Errorf("release %s on %s: %w", consumer, provider, err)
-		}
-		if werr := b.Wait(ctx); werr != nil {
-			return fmt.Errorf("release %s on %s: %w", consumer, provider, err)
-		}
-	}
+	return a.S.ReleaseUnits(ctx, consumer, provider, class, amount, heldAfter)
 }

@@ -497,3 +497,66 @@ func TestClaimFromRead(t *testing.T) {
 		t.Fatalf("consumer after a claim from a stale read: %+v (want VCPU 6 kept and VGPU 1)", con.Providers)
 	}
 }
+
+// TestReleaseUnits: a direct-path release takes units off one provider and
+// keeps the rest of the consumer's allocations; a retry after the release
+// already happened (the consumer holds less than heldAfter) changes
+// nothing, and a release of what is not there is a no-op.
+func TestReleaseUnits(t *testing.T) {
+	s := newService(t, false)
+	ty := UniqueType()
+	f := load(t, s, []Node{{Name: name("it-rel"), GPUs: []GPU{{Trait: ty, Total: 8}}}})
+	ctx := ctxT(t)
+	if _, err := s.SyncNow(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	inst := consumer(t)
+	req := engine.Request{Required: []string{ty}, Count: 1}
+	var last *placement.Claim
+	for range 3 {
+		cl, err := s.Claim(ctx, placement.ClaimRequest{Consumer: inst, ProjectID: f.Project, UserID: f.User, Request: req})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = cl
+	}
+	if last.Held != 3 {
+		t.Fatalf("held after three claims: %d, want 3", last.Held)
+	}
+	held := func() int {
+		t.Helper()
+		con, err := s.Client().Allocations(ctx, inst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return con.Providers[last.Provider][last.Class]
+	}
+	// Undo the third claim (heldAfter 3): 3 → 2.
+	if err := s.ReleaseUnits(ctx, inst, last.Provider, last.Class, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	if n := held(); n != 2 {
+		t.Fatalf("held after releasing one: %d, want 2", n)
+	}
+	// The same release again, as after a crash before it was recorded:
+	// the consumer holds less than heldAfter, so it is done already.
+	if err := s.ReleaseUnits(ctx, inst, last.Provider, last.Class, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	if n := held(); n != 2 {
+		t.Fatalf("held after a repeated release: %d, want 2 (unchanged)", n)
+	}
+	// Release both that remain: the provider leaves the consumer.
+	if err := s.ReleaseUnits(ctx, inst, last.Provider, last.Class, 2, 2); err != nil {
+		t.Fatal(err)
+	}
+	if n := held(); n != 0 {
+		t.Fatalf("held after releasing all: %d, want 0", n)
+	}
+	if err := s.ReleaseUnits(ctx, inst, last.Provider, last.Class, 1, 0); err != nil {
+		t.Fatalf("release of nothing: %v, want a no-op", err)
+	}
+	if g, ok := s.Index().Lookup(last.Provider); !ok || g.Used != 0 {
+		t.Errorf("index after the releases: %+v (found %v), want 0 used", g, ok)
+	}
+}
