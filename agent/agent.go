@@ -27,6 +27,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Build information, set by the linker through cmd/vgpu-agent.
@@ -69,12 +70,6 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger) error {
 	return RunWith(ctx, v, log, RunOptions{})
 }
 
-// Log attribute keys.
-const (
-	logHost = "host"
-	logErr  = "err"
-)
-
 // RunWith runs the agent until ctx ends: it opens the host drivers and the
 // journal, finishes or rolls back the commands a previous run left in the
 // middle, recreates the devices the journal owns that are missing (reboot
@@ -85,7 +80,7 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 		log = slog.New(slog.DiscardHandler)
 	}
 	host := Host(v)
-	log = log.With(logHost, host)
+	log = log.With(logkey.Host, host)
 	for _, w := range v.Warnings {
 		log.Warn("configuration", "warning", w)
 	}
@@ -176,7 +171,7 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 		WriteTimeout: 30 * time.Second, MaxHeaderBytes: 32 << 10}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("http server stopped", logErr, err)
+			log.Error("http server stopped", logkey.Err, err)
 		}
 	}()
 	defer func() {
@@ -191,7 +186,7 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	results := ex.Recover(ctx)
 	rec, err := ex.Reconcile(ctx)
 	if err != nil {
-		log.Error("reboot recovery: cannot read the host", logErr, err)
+		log.Error("reboot recovery: cannot read the host", logkey.Err, err)
 	} else if len(rec.Recreated)+len(rec.Failed)+len(rec.Skipped) > 0 {
 		log.Info("reboot recovery", "recreated", rec.Recreated, "failed", rec.Failed, "skipped", rec.Skipped)
 	}

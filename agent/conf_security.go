@@ -13,6 +13,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // [security]: signed commands, results and reports (agent/protocol/sign.go).
@@ -150,7 +151,7 @@ func (s *security) Reload() error {
 	defer s.mu.Unlock()
 	if err := s.load(); err != nil {
 		s.reloads.WithLabelValues("failed").Inc()
-		s.log.Error("key reload failed; keeping the keys in use", logErr, err)
+		s.log.Error("key reload failed; keeping the keys in use", logkey.Err, err)
 		return err
 	}
 	s.reloads.WithLabelValues("ok").Inc()

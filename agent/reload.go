@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // reloadOnSignal reloads the agent's keys on every SIGHUP until ctx ends.
@@ -36,7 +37,7 @@ func reloadOnSignal(ctx context.Context, sec *security, start *conf.Values, load
 			v, err := load()
 			if err != nil {
 				sec.reloads.WithLabelValues("failed").Inc()
-				log.Error("SIGHUP: the configuration does not load; keeping the keys in use", logErr, err.Error())
+				log.Error("SIGHUP: the configuration does not load; keeping the keys in use", logkey.Err, err.Error())
 				continue
 			}
 			_ = sec.ReloadFrom(v, start)
@@ -60,7 +61,7 @@ func (s *security) ReloadFrom(v, start *conf.Values) error {
 	if s.required && optBridgeKeysFile.Get(v) == "" {
 		err := errors.New("[security] bridge_keys_file is now empty, but signed commands are required")
 		s.reloads.WithLabelValues("failed").Inc()
-		s.log.Error("key reload failed; keeping the keys in use", logErr, err)
+		s.log.Error("key reload failed; keeping the keys in use", logkey.Err, err)
 		return err
 	}
 	s.mu.Lock()

@@ -5,6 +5,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -38,7 +39,7 @@ func setupControls(w *wiring, pl *placement.Service, pol *policy.Holder, notif *
 				pl.RefreshHosts(ctx)
 			case "bridge_controls":
 				if _, err := ctl.Get(ctx); err != nil {
-					log.Warn("controls: cannot read the mode", controls.LogError, err)
+					log.Warn("controls: cannot read the mode", logkey.Err, err)
 				}
 			default: // (re)connected: changes may have been missed
 				pl.RefreshHosts(ctx)

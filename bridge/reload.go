@@ -20,6 +20,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Reload (SIGHUP) swaps the secrets of a running bridge without closing a
@@ -39,13 +40,6 @@ import (
 // transport_url, [database] connection) is logged as needing a restart
 // and keeps its start value; replicas are restarted one at a time for
 // those (see README, "Rotating secrets").
-
-// Log attribute keys of reloads.
-const (
-	logKeyOutcome = "outcome"
-	logKeyChanged = "changed"
-	logKeyRestart = "needs_restart"
-)
 
 // reloader holds the swappable parts of one Run.
 type reloader struct {
@@ -68,7 +62,7 @@ func newReloader(v *conf.Values, reg prometheus.Registerer, log *slog.Logger) *r
 	r := &reloader{log: log.With("component", "reload"), start: v,
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_reloads_total",
 			Help: "Reloads of secrets and keys (SIGHUP), by outcome: ok, or failed (every secret in use stays)."},
-			[]string{logKeyOutcome})}
+			[]string{logkey.Outcome})}
 	if reg != nil {
 		reg.MustRegister(r.reloads)
 	}
@@ -188,12 +182,12 @@ func (r *reloader) reload(v *conf.Values) error {
 		}
 	}
 	r.reloads.WithLabelValues("ok").Inc()
-	attrs := []any{logKeyChanged, s.changed}
+	attrs := []any{logkey.Changed, s.changed}
 	if s.keys != nil && s.keys.Signer != nil {
 		attrs = append(attrs, "key_id", s.keys.Signer.KeyID())
 	}
 	if len(s.restarts) > 0 {
-		attrs = append(attrs, logKeyRestart, s.restarts)
+		attrs = append(attrs, logkey.NeedsRestart, s.restarts)
 		r.log.Warn("secrets reloaded; some changed options take effect only after a restart", attrs...)
 	} else {
 		r.log.Info("secrets reloaded", attrs...)

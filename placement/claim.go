@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 )
 
@@ -68,7 +69,7 @@ func (s *Service) Claim(ctx context.Context, cr ClaimRequest) (*Claim, error) {
 			case err == nil:
 				return cl, nil
 			case IsCapacity(err):
-				s.log.Debug("claim: candidate full, next", LogConsumer, cr.Consumer, LogProvider, c.GPU.UUID)
+				s.log.Debug("claim: candidate full, next", logkey.Consumer, cr.Consumer, logkey.Provider, c.GPU.UUID)
 				s.refreshProvider(ctx, c.GPU.UUID)
 				continue
 			default:
@@ -141,7 +142,7 @@ func (s *Service) claimOn(ctx context.Context, cr ClaimRequest, g *engine.GPU, a
 			return nil, err
 		}
 		lostWrite = lostWrite || IsRetryable(err)
-		s.log.Debug("claim: retry", LogConsumer, cr.Consumer, LogProvider, g.UUID, LogAttempt, *attempts, LogError, err)
+		s.log.Debug("claim: retry", logkey.Consumer, cr.Consumer, logkey.Provider, g.UUID, logkey.Attempt, *attempts, logkey.Err, err)
 		if werr := b.Wait(ctx); werr != nil {
 			return nil, fmt.Errorf("%w (gave up: %v)", err, werr)
 		}
@@ -259,13 +260,13 @@ func (s *Service) Learn(ctx context.Context, rp, consumer, class string, held in
 func (s *Service) learn(ctx context.Context, rp, consumer, class string, held int) int {
 	u, gen, err := s.client.Usages(ctx, rp)
 	if err != nil {
-		s.log.Warn("claim: cannot read usage back; the next sync corrects the mirror", LogProvider, rp, LogError, err)
+		s.log.Warn("claim: cannot read usage back; the next sync corrects the mirror", logkey.Provider, rp, logkey.Err, err)
 		return 0
 	}
 	s.index.SetUsage(rp, u[class], gen)
 	if s.store != nil {
 		if err := s.store.SetAllocation(ctx, rp, consumer, class, held, u[class], gen); err != nil {
-			s.log.Warn("claim: mirror update failed; the next sync corrects it", LogProvider, rp, LogError, err)
+			s.log.Warn("claim: mirror update failed; the next sync corrects it", logkey.Provider, rp, logkey.Err, err)
 		}
 	}
 	return gen

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/index"
@@ -194,8 +195,8 @@ func (s *Service) syncLocked(ctx context.Context, full bool, progress Progress) 
 	if err := s.store.MarkSynced(ctx, full, st.Providers, s.cfg.Replica); err != nil {
 		return st, err
 	}
-	s.log.Info("placement sync done", LogFull, full, LogProviders, st.Providers, LogChanged, st.Fetched,
-		LogRemoved, st.Removed, LogDuration, st.Duration)
+	s.log.Info("placement sync done", logkey.Full, full, logkey.Providers, st.Providers, logkey.Changed, st.Fetched,
+		logkey.Removed, st.Removed, logkey.Duration, st.Duration)
 	return st, nil
 }
 
@@ -227,7 +228,7 @@ func (s *Service) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		release, ok, err := s.store.Lock(ctx)
 		if err != nil {
-			s.log.Warn("placement: sync lock", LogError, err)
+			s.log.Warn("placement: sync lock", logkey.Err, err)
 		}
 		if ok {
 			s.leading.Store(true)
@@ -235,7 +236,7 @@ func (s *Service) Run(ctx context.Context) error {
 			s.leading.Store(false)
 			release()
 			if err != nil && ctx.Err() == nil {
-				s.log.Warn("placement: sync loop stopped", LogError, err)
+				s.log.Warn("placement: sync loop stopped", logkey.Err, err)
 			}
 		}
 		s.refreshHosts(ctx)
@@ -262,7 +263,7 @@ func (s *Service) lead(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			s.log.Warn("placement sync failed", LogFull, full, LogError, err)
+			s.log.Warn("placement sync failed", logkey.Full, full, logkey.Err, err)
 			wait = b.Next()
 		} else if full {
 			lastFull = time.Now()
@@ -306,7 +307,7 @@ func (s *Service) follow(ctx context.Context) {
 			}
 		})
 		if err != nil && ctx.Err() == nil {
-			s.log.Warn("placement: mirror notifications", LogError, err)
+			s.log.Warn("placement: mirror notifications", logkey.Err, err)
 			b.Wait(ctx) //nolint:errcheck
 		}
 	}
@@ -315,7 +316,7 @@ func (s *Service) follow(ctx context.Context) {
 func (s *Service) runDirect(ctx context.Context) error {
 	for {
 		if _, err := s.syncDirect(ctx, nil); err != nil && ctx.Err() == nil {
-			s.log.Warn("placement sync failed", LogError, err)
+			s.log.Warn("placement sync failed", logkey.Err, err)
 		} else if err == nil {
 			s.synced.Store(true)
 		}
@@ -333,7 +334,7 @@ func (s *Service) loadMirror(ctx context.Context) {
 	st, stErr := s.store.State(ctx)
 	all, err := s.store.Load(ctx)
 	if err != nil {
-		s.log.Warn("placement: cannot load mirror", LogError, err)
+		s.log.Warn("placement: cannot load mirror", logkey.Err, err)
 		return
 	}
 	s.index.Load(all)
@@ -368,7 +369,7 @@ func (s *Service) refreshHosts(ctx context.Context) {
 	rows, err := pool.Query(ctx, `SELECT name, coalesce(node, name), (drained OR disabled OR (last_report_at IS NOT NULL AND last_report_at < now() - $1::interval)) FROM hosts`,
 		fmt.Sprintf("%d seconds", int(s.cfg.StaleReportAge.Seconds())))
 	if err != nil {
-		s.log.Debug("placement: hosts table", LogError, err)
+		s.log.Debug("placement: hosts table", logkey.Err, err)
 		return
 	}
 	nodeOf, hostOf := map[string]string{}, map[string]string{}

@@ -13,19 +13,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement/mirror"
 )
 
-// Log attribute keys.
-const (
-	LogProvider  = "provider_uuid"
-	LogConsumer  = "consumer_uuid"
-	LogProviders = "providers"
-	LogChanged   = "changed"
-	LogRemoved   = "removed"
-	LogDuration  = "duration"
-	LogFull      = "full"
-	LogAttempt   = "attempt"
-	LogError     = "error"
-)
-
 // SyncStats tells what one sync did.
 type SyncStats struct {
 	Full      bool

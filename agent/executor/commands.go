@@ -10,6 +10,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Step names (they appear in journals and in result details).
@@ -393,9 +394,9 @@ func (e *Executor) attachVGPU(ctx context.Context, r *run, p protocol.AttachPara
 	}
 	err = e.attach(ctx, r, r.c.InstanceUUID, dev, p.Mode, timeout)
 	if err != nil && created == dataCreated && ctx.Err() == nil {
-		e.log.Warn("attach failed; removing the device this command created", logCommand, r.c.ID, logDevice, dev.String(), logErr, err)
+		e.log.Warn("attach failed; removing the device this command created", logkey.Command, r.c.ID, logkey.Device, dev.String(), logkey.Err, err)
 		if rerr := e.undoCreate(ctx, dev); rerr != nil {
-			e.log.Error("rollback failed", logCommand, r.c.ID, logErr, rerr)
+			e.log.Error("rollback failed", logkey.Command, r.c.ID, logkey.Err, rerr)
 		}
 	}
 	return err
@@ -494,7 +495,7 @@ func (e *Executor) cold(ctx context.Context, r *run, dom string, timeout time.Du
 	if _, err := r.step(name, func() (string, error) { return "", change() }); err != nil {
 		if was == dataRunning && ctx.Err() == nil {
 			if serr := d.Start(ctx, dom); serr != nil {
-				e.log.Error("cold change failed and the domain did not start again", logCommand, r.c.ID, logErr, serr)
+				e.log.Error("cold change failed and the domain did not start again", logkey.Command, r.c.ID, logkey.Err, serr)
 			}
 		}
 		return err

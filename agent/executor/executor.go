@@ -31,17 +31,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/hosterr"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/journal"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
-)
-
-// Log attribute keys.
-const (
-	logCommand = "command_id"
-	logKind    = "kind"
-	logStep    = "step"
-	logErr     = "err"
-	logCode    = "code"
-	logDevice  = "device"
-	logReason  = "reason"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Config builds an Executor. Journal, Sysfs and Domains are required;
@@ -191,13 +181,13 @@ func (e *Executor) Refuse(c protocol.Command, code, msg string) protocol.Result 
 func (e *Executor) Execute(ctx context.Context, c protocol.Command) protocol.Result {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	log := e.log.With(logCommand, c.ID, logKind, string(c.Kind))
+	log := e.log.With(logkey.Command, c.ID, logkey.Kind, string(c.Kind))
 	if c.ID == "" {
 		return e.Refuse(c, protocol.CodeInvalidCommand, "command has no id")
 	}
 	if ent, ok := e.j.Lookup(c.ID); ok {
 		if !sameCommand(ent.Command, c) {
-			log.Warn("refused: command id already used for another command", logReason, protocol.CodeIDReused)
+			log.Warn("refused: command id already used for another command", logkey.Reason, protocol.CodeIDReused)
 			return e.Refuse(c, protocol.CodeIDReused, fmt.Sprintf("command id %q was already used for another command", c.ID))
 		}
 		if ent.Finished() {
@@ -210,11 +200,11 @@ func (e *Executor) Execute(ctx context.Context, c protocol.Command) protocol.Res
 		return e.resume(ctx, ent)
 	}
 	if c.Host != e.cfg.Host {
-		log.Warn("refused: command for another host", logReason, protocol.CodeWrongHost, "command_host", c.Host)
+		log.Warn("refused: command for another host", logkey.Reason, protocol.CodeWrongHost, "command_host", c.Host)
 		return e.Refuse(c, protocol.CodeWrongHost, fmt.Sprintf("command is for host %q, this agent is %q", c.Host, e.cfg.Host))
 	}
 	if c.ExpiresAt.IsZero() || c.Expired(e.cfg.Now(), e.cfg.ClockSkew) {
-		log.Warn("refused: command expired", logReason, protocol.CodeExpired, "expires_at", c.ExpiresAt)
+		log.Warn("refused: command expired", logkey.Reason, protocol.CodeExpired, "expires_at", c.ExpiresAt)
 		return e.Refuse(c, protocol.CodeExpired, fmt.Sprintf("command expired at %s", c.ExpiresAt.UTC().Format(time.RFC3339)))
 	}
 	if err := c.Validate(); err != nil {
@@ -222,11 +212,11 @@ func (e *Executor) Execute(ctx context.Context, c protocol.Command) protocol.Res
 	}
 	h, err := e.prepare(c)
 	if err != nil {
-		log.Warn("refused", logErr, err)
+		log.Warn("refused", logkey.Err, err)
 		return e.refusal(c, err)
 	}
 	if err := e.j.Begin(c); err != nil {
-		log.Error("journal", logErr, err)
+		log.Error("journal", logkey.Err, err)
 		return e.fail(c, hosterr.New(hosterr.Internal, "journal", err))
 	}
 	ent, _ := e.j.Lookup(c.ID)
@@ -298,11 +288,11 @@ func (e *Executor) run(ctx context.Context, ent journal.Entry, h handler) protoc
 	var res protocol.Result
 	if err != nil {
 		res = e.failure(c, err)
-		e.log.Warn("command failed", logCommand, c.ID, logKind, string(c.Kind), logCode, res.Code, logErr, err)
+		e.log.Warn("command failed", logkey.Command, c.ID, logkey.Kind, string(c.Kind), logkey.Code, res.Code, logkey.Err, err)
 	} else {
 		res = protocol.NewResult(&c, e.cfg.Host, protocol.Succeeded)
 		res.Message = "done"
-		e.log.Info("command succeeded", logCommand, c.ID, logKind, string(c.Kind), "steps", r.names())
+		e.log.Info("command succeeded", logkey.Command, c.ID, logkey.Kind, string(c.Kind), "steps", r.names())
 	}
 	if details == nil {
 		details = map[string]any{}
@@ -322,7 +312,7 @@ func (e *Executor) run(ctx context.Context, ent journal.Entry, h handler) protoc
 func (e *Executor) finish(c protocol.Command, res protocol.Result) protocol.Result {
 	rec, err := e.j.Finish(c.ID, res)
 	if err != nil {
-		e.log.Error("journal: cannot record result", logCommand, c.ID, logErr, err)
+		e.log.Error("journal: cannot record result", logkey.Command, c.ID, logkey.Err, err)
 		return protocol.Result{}
 	}
 	e.outcomes.WithLabelValues(string(c.Kind), string(rec.Status), rec.Code).Inc()
@@ -391,7 +381,7 @@ func (r *run) step(name string, fn func() (string, error)) (string, error) {
 		return "", hosterr.New(hosterr.Internal, "journal step "+name, err)
 	}
 	r.ent.Steps = append(r.ent.Steps, journal.Step{Name: name, Data: data})
-	r.e.log.Debug("step done", logCommand, r.c.ID, logStep, name)
+	r.e.log.Debug("step done", logkey.Command, r.c.ID, logkey.Step, name)
 	if r.e.cfg.AfterStep != nil {
 		r.e.cfg.AfterStep(r.c, name)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/journal"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Recover finishes the commands a previous run of the agent left in the
@@ -24,7 +25,7 @@ func (e *Executor) Recover(ctx context.Context) []protocol.Result {
 	var out []protocol.Result
 	for _, ent := range e.j.Pending() {
 		c := ent.Command
-		log := e.log.With(logCommand, c.ID, logKind, string(c.Kind))
+		log := e.log.With(logkey.Command, c.ID, logkey.Kind, string(c.Kind))
 		var res protocol.Result
 		if c.Kind == protocol.RemoveMdev || c.Kind == protocol.DetachVGPU || !c.Expired(e.cfg.Now(), e.cfg.ClockSkew) {
 			log.Info("recovery: resuming an interrupted command", "steps_done", len(ent.Steps))
@@ -147,7 +148,7 @@ func (e *Executor) Reconcile(ctx context.Context) (Reconciled, error) {
 	var vfType map[pci.Addr]string
 	for _, d := range devs {
 		parent, perr := pci.Parse(d.Parent)
-		log := e.log.With(logDevice, d.Key())
+		log := e.log.With(logkey.Device, d.Key())
 		switch {
 		case perr != nil:
 			out.Skipped = append(out.Skipped, d.Key())
@@ -164,7 +165,7 @@ func (e *Executor) Reconcile(ctx context.Context) (Reconciled, error) {
 				continue
 			}
 			if err := e.cfg.Sysfs.CreateMdev(ctx, parent, d.Type, d.UUID); err != nil {
-				log.Error("reconcile: cannot recreate mdev", logErr, err)
+				log.Error("reconcile: cannot recreate mdev", logkey.Err, err)
 				out.Failed = append(out.Failed, d.Key())
 				continue
 			}
@@ -193,7 +194,7 @@ func (e *Executor) Reconcile(ctx context.Context) (Reconciled, error) {
 				out.Skipped = append(out.Skipped, d.Key())
 			default:
 				if err := e.cfg.Sysfs.SetVFType(ctx, parent, d.Type); err != nil {
-					log.Error("reconcile: cannot set VF type", logErr, err)
+					log.Error("reconcile: cannot set VF type", logkey.Err, err)
 					out.Failed = append(out.Failed, d.Key())
 					continue
 				}

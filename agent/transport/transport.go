@@ -27,13 +27,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
-)
-
-// Log attribute keys.
-const (
-	logCommand = "command_id"
-	logErr     = "err"
-	logBroker  = "broker"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Executor answers commands (agent/executor.Executor implements it).
@@ -224,7 +218,7 @@ func (l *Loop) Run(ctx context.Context) error {
 			attempt = 0 // it had worked for a while
 		}
 		d := Backoff(attempt, l.cfg.MinBackoff, l.cfg.MaxBackoff)
-		l.log.Warn("rabbitmq connection lost; reconnecting", logErr, err, "in", d.Round(time.Millisecond), "attempt", attempt+1)
+		l.log.Warn("rabbitmq connection lost; reconnecting", logkey.Err, err, "in", d.Round(time.Millisecond), "attempt", attempt+1)
 		attempt++
 		select {
 		case <-ctx.Done():
@@ -345,7 +339,7 @@ func (l *Loop) session(ctx, hard context.Context, attempt int) error {
 	}
 	l.ready.Store(true)
 	l.connected.Set(1)
-	l.log.Info("connected to rabbitmq; consuming commands", logBroker, l.cfg.Redacted, "queue", protocol.AgentQueue(l.cfg.Host))
+	l.log.Info("connected to rabbitmq; consuming commands", logkey.Broker, l.cfg.Redacted, "queue", protocol.AgentQueue(l.cfg.Host))
 
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -412,7 +406,7 @@ func (l *Loop) handle(ctx context.Context, d amqp.Delivery) error {
 	}
 	switch {
 	case err != nil && c.ID == "":
-		l.log.Error("dropping a message that is not a command", logErr, err, "message_id", d.MessageId)
+		l.log.Error("dropping a message that is not a command", logkey.Err, err, "message_id", d.MessageId)
 		l.deliveries.WithLabelValues("dropped").Inc()
 		return d.Nack(false, false)
 	case verr != nil:
@@ -420,7 +414,7 @@ func (l *Loop) handle(ctx context.Context, d amqp.Delivery) error {
 		if code == "" {
 			code = protocol.CodeBadSignature
 		}
-		l.log.Warn("refused: command signature", logCommand, c.ID, "reason", code, logErr, verr)
+		l.log.Warn("refused: command signature", logkey.Command, c.ID, "reason", code, logkey.Err, verr)
 		res = l.exec.Refuse(c, code, verr.Error())
 		// The digest lets the bridge tell a refusal of its own command from
 		// one of a forgery that borrowed the id.
@@ -498,7 +492,7 @@ func (l *Loop) reportLoop(ctx context.Context) {
 	send := func(force bool) {
 		r, err := l.rep.Report(ctx)
 		if err != nil {
-			l.log.Warn("cannot build report", logErr, err)
+			l.log.Warn("cannot build report", logkey.Err, err)
 			return
 		}
 		fp := fingerprint(r)
@@ -511,7 +505,7 @@ func (l *Loop) reportLoop(ctx context.Context) {
 		r.SentAt = time.Now().UTC()
 		if err := l.publish(ctx, protocol.ReportRoutingKey(l.cfg.Host), "report", fmt.Sprintf("%s-%d", l.cfg.Host, r.Seq), r); err != nil {
 			if ctx.Err() == nil {
-				l.log.Warn("cannot publish report", logErr, err)
+				l.log.Warn("cannot publish report", logkey.Err, err)
 			}
 			return
 		}

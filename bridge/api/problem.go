@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/labstack/echo/v4"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // ProblemContentType is RFC 9457's media type for error answers.
@@ -84,7 +85,7 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		}
 		p = &ProblemDetails{Status: he.Code, Title: http.StatusText(he.Code), Detail: detail}
 	default:
-		s.log.ErrorContext(c.Request().Context(), "request failed", slog.String(LogKeyRequestID, RequestID(c)),
+		s.log.ErrorContext(c.Request().Context(), "request failed", slog.String(logkey.RequestID, RequestID(c)),
 			slog.String("path", c.Request().URL.Path), slog.Any("err", err))
 		p = &ProblemDetails{Status: http.StatusInternalServerError, Title: "Internal Server Error",
 			Detail: "the server failed; the log holds the details under this request_id"}

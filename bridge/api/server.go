@@ -25,17 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
-)
-
-// Log attribute keys.
-const (
-	LogKeyRequestID = "request_id"
-	LogKeyStatus    = "status"
-	LogKeyMethod    = "method"
-	LogKeyPath      = "path"
-	LogKeyRemote    = "remote"
-	LogKeyDuration  = "duration"
-	LogKeyPrincipal = "principal"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Config configures a Server.
@@ -264,7 +254,7 @@ const requestIDHeader = "X-OpenStack-Request-ID"
 
 // RequestID returns the request's id ("req-<uuid>", OpenStack style).
 func RequestID(c echo.Context) string {
-	id, _ := c.Get(LogKeyRequestID).(string)
+	id, _ := c.Get(logkey.RequestID).(string)
 	return id
 }
 
@@ -274,7 +264,7 @@ func (s *Server) requestIDMW(next echo.HandlerFunc) echo.HandlerFunc {
 		if !validRequestID(id) {
 			id = "req-" + uuid.NewString()
 		}
-		c.Set(LogKeyRequestID, id)
+		c.Set(logkey.RequestID, id)
 		c.Response().Header().Set(requestIDHeader, id)
 		// Outgoing OpenStack calls and context logs of the handler carry it.
 		c.SetRequest(c.Request().WithContext(requestid.With(c.Request().Context(), id)))
@@ -309,15 +299,15 @@ func (s *Server) accessLogMW(next echo.HandlerFunc) echo.HandlerFunc {
 			level = slog.LevelDebug
 		}
 		attrs := []slog.Attr{
-			slog.String(LogKeyRequestID, RequestID(c)),
-			slog.String(LogKeyMethod, c.Request().Method),
-			slog.String(LogKeyPath, c.Request().URL.Path),
-			slog.Int(LogKeyStatus, status),
-			slog.String(LogKeyRemote, c.RealIP()),
-			slog.Duration(LogKeyDuration, d),
+			slog.String(logkey.RequestID, RequestID(c)),
+			slog.String(logkey.Method, c.Request().Method),
+			slog.String(logkey.Path, c.Request().URL.Path),
+			slog.Int(logkey.Status, status),
+			slog.String(logkey.Remote, c.RealIP()),
+			slog.Duration(logkey.Duration, d),
 		}
 		if p := PrincipalFrom(c); p != nil {
-			attrs = append(attrs, slog.String(LogKeyPrincipal, p.Name))
+			attrs = append(attrs, slog.String(logkey.Principal, p.Name))
 		}
 		s.log.LogAttrs(c.Request().Context(), level, "http request", attrs...)
 		return nil
@@ -331,7 +321,7 @@ func (s *Server) recoverMW(next echo.HandlerFunc) echo.HandlerFunc {
 				if r == http.ErrAbortHandler {
 					panic(r)
 				}
-				s.log.Error("handler panic", slog.String(LogKeyRequestID, RequestID(c)), slog.Any("panic", r))
+				s.log.Error("handler panic", slog.String(logkey.RequestID, RequestID(c)), slog.Any("panic", r))
 				err = fmt.Errorf("panic: %v", r)
 			}
 		}()

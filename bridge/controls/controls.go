@@ -20,19 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-)
-
-// Log attribute keys.
-const (
-	LogActor    = "actor"
-	LogReason   = "reason"
-	LogError    = "err"
-	LogRequest  = "global_request_id"
-	LogObject   = "object"
-	LogAction   = "action"
-	LogDeleted  = "deleted"
-	LogTable    = "table"
-	LogDuration = "duration"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // gateLock is the advisory lock key of the mode: shared by readers that act
@@ -195,7 +183,7 @@ func (s *Store) Set(ctx context.Context, who Actor, c Change) (Mode, Mode, error
 		return before, after, fmt.Errorf("set controls: %w", err)
 	}
 	s.m.set(after)
-	s.log.Info("controls changed", LogActor, who.Name, LogRequest, who.RequestID, LogReason, c.Reason,
+	s.log.Info("controls changed", logkey.Actor, who.Name, logkey.GlobalRequestID, who.RequestID, logkey.Reason, c.Reason,
 		"paused", after.Paused, "observe_only", after.ObserveOnly)
 	return before, after, nil
 }
@@ -215,7 +203,7 @@ func (s *Store) Listen(ctx context.Context, fn func(ctx context.Context, table s
 		if ctx.Err() != nil {
 			return nil
 		}
-		s.log.Warn("controls: change notifications interrupted", LogError, err)
+		s.log.Warn("controls: change notifications interrupted", logkey.Err, err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/placementapi"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // ErrNotFound says no host or GPU has that name or id.
@@ -95,7 +96,7 @@ func (s *Store) DrainHost(ctx context.Context, who Actor, name, reason string, d
 		return out, err
 	}
 	if out.Changed {
-		s.log.Info("host drain changed", LogObject, out.Name, "drained", out.Drained, LogActor, who.Name, LogRequest, who.RequestID, LogReason, reason)
+		s.log.Info("host drain changed", logkey.Object, out.Name, "drained", out.Drained, logkey.Actor, who.Name, logkey.GlobalRequestID, who.RequestID, logkey.Reason, reason)
 	}
 	return out, nil
 }
@@ -146,7 +147,7 @@ func (s *Store) DrainGPU(ctx context.Context, who Actor, id, reason string, drai
 		return out, err
 	}
 	if out.Changed {
-		s.log.Info("GPU drain changed", LogObject, id, "drained", out.Drained, LogActor, who.Name, LogRequest, who.RequestID, LogReason, reason)
+		s.log.Info("GPU drain changed", logkey.Object, id, "drained", out.Drained, logkey.Actor, who.Name, logkey.GlobalRequestID, who.RequestID, logkey.Reason, reason)
 	}
 	return out, nil
 }

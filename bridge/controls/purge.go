@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // purgeLock is the session advisory lock that makes one replica purge at
@@ -110,8 +111,8 @@ func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, er
 		}
 	}
 	if !dryRun {
-		s.log.Info("retention purge done", LogDeleted, out.Total(), "events", out["events"], "dead_letters", out["dead_letters"],
-			"requests", out["requests"], "audit_log", out["audit_log"], LogDuration, time.Since(start))
+		s.log.Info("retention purge done", logkey.Deleted, out.Total(), "events", out["events"], "dead_letters", out["dead_letters"],
+			"requests", out["requests"], "audit_log", out["audit_log"], logkey.Duration, time.Since(start))
 	}
 	return out, nil
 }
@@ -135,7 +136,7 @@ func (s *Store) RunPurge(ctx context.Context, r Retention) error {
 			s.m.purgeRuns.WithLabelValues("skipped").Inc()
 		case err != nil && ctx.Err() == nil:
 			s.m.purgeRuns.WithLabelValues("failed").Inc()
-			s.log.Warn("retention purge failed; next round retries", LogError, err)
+			s.log.Warn("retention purge failed; next round retries", logkey.Err, err)
 		case err == nil:
 			s.m.purgeRuns.WithLabelValues("done").Inc()
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // ReplayAnswer is the answer of POST /v1/dead-letters/{id}/replay.
@@ -93,6 +94,6 @@ func (a *API) replay(c echo.Context) error {
 		return err
 	}
 	a.Store.m.replays.WithLabelValues(out.Outcome).Inc()
-	a.Store.log.Info("dead letter replayed", LogObject, id, "outcome", out.Outcome, "event_id", out.EventID, LogActor, who.Name, LogRequest, who.RequestID)
+	a.Store.log.Info("dead letter replayed", logkey.Object, id, "outcome", out.Outcome, "event_id", out.EventID, logkey.Actor, who.Name, logkey.GlobalRequestID, who.RequestID)
 	return c.JSON(http.StatusOK, out)
 }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 )
 
@@ -192,14 +193,6 @@ type Deps struct {
 	Hold func(ctx context.Context, tx pgx.Tx) (bool, error)
 }
 
-// Log attribute keys.
-const (
-	LogCommand = "command_id"
-	LogHost    = "host"
-	LogQueue   = "queue"
-	LogError   = "err"
-)
-
 // Dispatcher is the relay and the consumers.
 type Dispatcher struct {
 	cfg  Config
@@ -257,7 +250,7 @@ func (x *Dispatcher) Run(ctx context.Context) error {
 			wait, attempt = x.cfg.ReconnectMin, 0
 		}
 		x.m.reconnects.Inc()
-		x.log.Warn("dispatch: broker session ended; reconnecting", LogError, err, "in", wait)
+		x.log.Warn("dispatch: broker session ended; reconnecting", logkey.Err, err, "in", wait)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -343,7 +336,7 @@ func (x *Dispatcher) session(ctx context.Context, attempt int) error {
 	if err != nil {
 		return err
 	}
-	x.log.Info("dispatch: connected", LogQueue, x.cfg.ResultsQueue+","+x.cfg.ReportsQueue)
+	x.log.Info("dispatch: connected", logkey.Queue, x.cfg.ResultsQueue+","+x.cfg.ReportsQueue)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)
@@ -391,7 +384,7 @@ func (x *Dispatcher) consumeLoop(ctx context.Context, ds <-chan amqp.Delivery, h
 			}
 			retry, err := h(ctx, d)
 			if err != nil && retry {
-				x.log.Warn("dispatch: message not handled; requeued", LogError, err, "routing_key", d.RoutingKey)
+				x.log.Warn("dispatch: message not handled; requeued", logkey.Err, err, "routing_key", d.RoutingKey)
 				select {
 				case <-ctx.Done():
 				case <-time.After(pause):
@@ -404,7 +397,7 @@ func (x *Dispatcher) consumeLoop(ctx context.Context, ds <-chan amqp.Delivery, h
 			}
 			pause = 100 * time.Millisecond
 			if err != nil {
-				x.log.Warn("dispatch: broken message dropped", LogError, err, "routing_key", d.RoutingKey)
+				x.log.Warn("dispatch: broken message dropped", logkey.Err, err, "routing_key", d.RoutingKey)
 			}
 			if err := d.Ack(false); err != nil {
 				return err
@@ -460,6 +453,6 @@ func (x *Dispatcher) deadLetter(ctx context.Context, source string, why error, d
 	}
 	if _, err := x.d.Pool.Exec(ctx, `INSERT INTO dead_letters (source, reason, detail, raw, raw_truncated) VALUES ($1, 'invalid', $2, $3, $4)`,
 		source, why.Error(), raw, trunc); err != nil {
-		x.log.Warn("dispatch: cannot keep a dead letter", LogError, err)
+		x.log.Warn("dispatch: cannot keep a dead letter", logkey.Err, err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // queueGrace keeps a command in its agent's queue a little past its
@@ -36,7 +37,7 @@ func (x *Dispatcher) relayLoop(ctx context.Context, ch *amqp.Channel) error {
 				return err
 			}
 			if ctx.Err() == nil {
-				x.log.Warn("dispatch: relay round failed", LogError, err)
+				x.log.Warn("dispatch: relay round failed", logkey.Err, err)
 			}
 		}
 		next := x.cfg.RelayInterval

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // HandleReport keeps an agent's report: the hosts row (node name = the
@@ -66,7 +67,7 @@ func (x *Dispatcher) HandleReport(ctx context.Context, r protocol.Report) error 
 					continue
 				}
 				if _, err := x.d.Catalog.Observe(t.ID, t.Name, t.MaxInstances); err != nil {
-					x.log.Debug("dispatch: reported vGPU type not in the catalog", LogHost, r.Host, "type", t.ID, "name", t.Name, LogError, err)
+					x.log.Debug("dispatch: reported vGPU type not in the catalog", logkey.Host, r.Host, "type", t.ID, "name", t.Name, logkey.Err, err)
 				}
 			}
 		}

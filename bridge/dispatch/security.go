@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Reasons a result or report is dropped (label reason of
@@ -116,7 +117,7 @@ func (x *Dispatcher) verified(t protocol.MessageType, d amqp.Delivery) bool {
 	}
 	x.m.broken.WithLabelValues(string(t), code).Inc()
 	x.log.Warn("dispatch: message with a bad signature dropped", "type", string(t), "reason", code, "key_id", keyID,
-		"routing_key", d.RoutingKey, "message_id", d.MessageId, LogError, err)
+		"routing_key", d.RoutingKey, "message_id", d.MessageId, logkey.Err, err)
 	return false
 }
 
@@ -162,6 +163,6 @@ func (x *Dispatcher) ownRefusal(ctx context.Context, r protocol.Result) (bool, e
 	}
 	x.m.broken.WithLabelValues(string(protocol.TypeResult), ReasonForeignRefusal).Inc()
 	x.log.Warn("dispatch: refusal of a command body the bridge did not send dropped; the command stays in flight",
-		LogCommand, r.CommandID, LogHost, r.Host, "reason", ReasonForeignRefusal, "code", r.Code, "body_sha256", det.BodySHA256)
+		logkey.Command, r.CommandID, logkey.Host, r.Host, "reason", ReasonForeignRefusal, "code", r.Code, "body_sha256", det.BodySHA256)
 	return false, nil
 }

@@ -37,18 +37,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
-)
-
-// Log attribute keys.
-const (
-	LogKind     = "kind"
-	LogHost     = "host"
-	LogProvider = "provider"
-	LogInstance = "instance_uuid"
-	LogMdev     = "mdev_uuid"
-	LogDetail   = "detail"
-	LogError    = "err"
-	LogRequest  = "request_id"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Source is the requests.source of the reconciler's repair requests.
@@ -174,7 +163,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		if _, err := r.RunOnce(ctx); err != nil && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
-			r.log.Warn("drift: run failed", LogError, err)
+			r.log.Warn("drift: run failed", logkey.Err, err)
 		}
 	}
 }
@@ -245,7 +234,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (RunResult, error) {
 		r.d.OnOutbox()
 	}
 	if err := r.refreshGauge(ctx); err != nil {
-		r.log.Debug("drift: cannot count open findings", LogError, err)
+		r.log.Debug("drift: cannot count open findings", logkey.Err, err)
 	}
 	return res, nil
 }
@@ -441,7 +430,7 @@ func (r *Reconciler) readAllocations(ctx context.Context, s *Snapshot) error {
 		if failed == len(s.GPUs) {
 			return fmt.Errorf("placement: no GPU provider's allocations could be read: %w", firstErr)
 		}
-		r.log.Warn("drift: some GPU providers' allocations could not be read; they are not judged this run", "providers", failed, LogError, firstErr)
+		r.log.Warn("drift: some GPU providers' allocations could not be read; they are not judged this run", "providers", failed, logkey.Err, firstErr)
 	}
 	return nil
 }
@@ -529,8 +518,8 @@ func (r *Reconciler) persist(ctx context.Context, tx pgx.Tx, found []Finding, sk
 			}
 			res.New++
 			r.m.found.WithLabelValues(string(f.Kind)).Inc()
-			r.log.Warn("drift: new finding", LogKind, f.Kind, LogHost, f.Host, LogProvider, f.Provider, LogInstance, f.Instance,
-				LogMdev, f.Mdev, "repairable", f.Repairable, LogDetail, f.Detail)
+			r.log.Warn("drift: new finding", logkey.Kind, f.Kind, logkey.Host, f.Host, logkey.Provider, f.Provider, logkey.Instance, f.Instance,
+				logkey.Mdev, f.Mdev, "repairable", f.Repairable, logkey.Detail, f.Detail)
 		}
 		res.Findings++
 		if !r.cfg.Repair || !f.Repairable || f.Repair == nil || o.repaired || now.Sub(o.firstSeen) < r.cfg.RepairGrace || held {
@@ -560,7 +549,7 @@ func (r *Reconciler) persist(ctx context.Context, tx pgx.Tx, found []Finding, sk
 			return false, err
 		}
 		res.Resolved++
-		r.log.Info("drift: finding resolved", LogKind, o.kind, LogHost, o.host, "finding", o.id, "repaired", o.repaired)
+		r.log.Info("drift: finding resolved", logkey.Kind, o.kind, logkey.Host, o.host, "finding", o.id, "repaired", o.repaired)
 	}
 	return kick, nil
 }
@@ -618,14 +607,14 @@ func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open) 
 		}
 		o.request = &reqID
 		r.m.repairs.WithLabelValues(string(f.Kind), "queued").Inc()
-		r.log.Info("drift: repair queued", LogKind, f.Kind, LogHost, f.Host, LogMdev, f.Mdev, LogRequest, reqID)
+		r.log.Info("drift: repair queued", logkey.Kind, f.Kind, logkey.Host, f.Host, logkey.Mdev, f.Mdev, logkey.RequestID, reqID)
 		return true, r.audit(ctx, tx, "drift_repair", o.id, reqID.String(), map[string]any{"kind": f.Kind, "repair": what, "command_id": cmd.ID})
 	case rp.Release:
 		var parts []string
 		if rp.Amount > 0 {
 			if err := r.d.Placement.ReleaseUnits(ctx, rp.Consumer, f.Provider, rp.Class, rp.Amount, 0); err != nil {
 				r.m.repairs.WithLabelValues(string(f.Kind), "failed").Inc()
-				r.log.Warn("drift: cannot release a stale claim; tried again next run", LogInstance, rp.Consumer, LogProvider, f.Provider, LogError, err)
+				r.log.Warn("drift: cannot release a stale claim; tried again next run", logkey.Instance, rp.Consumer, logkey.Provider, f.Provider, logkey.Err, err)
 				return false, nil
 			}
 			parts = append(parts, fmt.Sprintf("released %d %s unit(s) of consumer %s on provider %s", rp.Amount, rp.Class, rp.Consumer, f.Provider))
@@ -645,7 +634,7 @@ func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open) 
 		}
 		o.repaired = true
 		r.m.repairs.WithLabelValues(string(f.Kind), "succeeded").Inc()
-		r.log.Info("drift: repaired", LogKind, f.Kind, LogInstance, rp.Consumer, LogProvider, f.Provider, "repair", what)
+		r.log.Info("drift: repaired", logkey.Kind, f.Kind, logkey.Instance, rp.Consumer, logkey.Provider, f.Provider, "repair", what)
 		return true, r.audit(ctx, tx, "drift_repair", o.id, "", map[string]any{"kind": f.Kind, "repair": what})
 	}
 	return false, nil

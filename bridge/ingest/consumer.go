@@ -20,19 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
-)
-
-// Log attribute keys.
-const (
-	LogKeyBroker    = "broker"
-	LogKeyQueue     = "queue"
-	LogKeyErr       = "err"
-	LogKeyBackoff   = "backoff"
-	LogKeyReason    = "reason"
-	LogKeyMessageID = "message_id"
-	LogKeySilence   = "silent_for"
-	LogKeyBatch     = "batch"
 )
 
 // Consumer consumes Nova's notifications into Postgres.
@@ -113,7 +102,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			lvl = slog.LevelError
 		}
 		c.log.Log(ctx, lvl, "notification consumer stopped; reconnecting",
-			LogKeyBroker, redactURL(c.cfg.URLs[broker]), LogKeyErr, err, LogKeyBackoff, d)
+			logkey.Broker, redactURL(c.cfg.URLs[broker]), logkey.Err, err, logkey.Backoff, d)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -160,7 +149,7 @@ func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
 	cancelled := ch.NotifyCancel(make(chan string, 1))
 	c.connected.Store(true)
 	c.sessions.Add(1)
-	c.log.Info("consuming Nova notifications", LogKeyBroker, redactURL(u), LogKeyQueue, c.cfg.Queue,
+	c.log.Info("consuming Nova notifications", logkey.Broker, redactURL(u), logkey.Queue, c.cfg.Queue,
 		"exchange", c.cfg.Exchange, "binding_keys", c.cfg.BindingKeys)
 
 	// Stages: this loop gathers deliveries into batches; Committers
@@ -280,7 +269,7 @@ func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
 			finish(0)
 		}
 		if err != nil {
-			c.log.Warn("in-flight batch not committed on shutdown; the broker requeues it", LogKeyErr, err)
+			c.log.Warn("in-flight batch not committed on shutdown; the broker requeues it", logkey.Err, err)
 		}
 		_ = ch.Cancel(tag, false)
 		return committed.Load(), ctx.Err()
@@ -401,7 +390,7 @@ func (c *Consumer) commitOne(ctx context.Context, it *item) error {
 			if next == nil {
 				c.m.dropped.Inc()
 				c.log.Error("message refused by the database even as a minimal dead letter; dropped",
-					LogKeyMessageID, it.msgID, LogKeyReason, it.reason, LogKeyErr, err)
+					logkey.MessageID, it.msgID, logkey.Reason, it.reason, logkey.Err, err)
 				return nil
 			}
 			it = next
@@ -420,10 +409,10 @@ func (c *Consumer) demote(it *item, err error) *item {
 	detail := "database refused it: " + err.Error()
 	switch {
 	case it.ev != nil:
-		c.log.Warn("message refused by the database; dead-lettered", LogKeyMessageID, it.msgID, LogKeyErr, err)
+		c.log.Warn("message refused by the database; dead-lettered", logkey.MessageID, it.msgID, logkey.Err, err)
 		return c.deadLetter(it.src, it.tag, ReasonSchema, detail, it.msgID)
 	case !it.minimal:
-		c.log.Warn("dead letter refused by the database; keeping a minimal one", LogKeyMessageID, it.msgID, LogKeyErr, err)
+		c.log.Warn("dead letter refused by the database; keeping a minimal one", logkey.MessageID, it.msgID, logkey.Err, err)
 		return &item{tag: it.tag, reason: it.reason, minimal: true,
 			detail:  cleanText("dead letter refused by the database (" + err.Error() + "); first refusal: " + it.detail),
 			headers: []byte("{}")}
@@ -447,7 +436,7 @@ func (c *Consumer) retryWait(ctx context.Context, err error, attempt, n int) err
 		return err
 	}
 	d := backoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax, attempt)
-	c.log.Error("commit failed; retrying", LogKeyErr, err, LogKeyBatch, n, LogKeyBackoff, d)
+	c.log.Error("commit failed; retrying", logkey.Err, err, logkey.Batch, n, logkey.Backoff, d)
 	select {
 	case <-ctx.Done():
 		return err
@@ -492,7 +481,7 @@ func (c *Consumer) Ready(context.Context) error {
 func (c *Consumer) decode(d *amqp.Delivery) *item {
 	it := &item{tag: d.DeliveryTag, src: d}
 	dead := func(reason, detail string) *item {
-		c.log.Warn("dead letter", LogKeyReason, reason, "detail", detail, "routing_key", d.RoutingKey)
+		c.log.Warn("dead letter", logkey.Reason, reason, "detail", detail, "routing_key", d.RoutingKey)
 		return c.deadLetter(d, d.DeliveryTag, reason, detail, it.msgID)
 	}
 	if len(d.Body) > c.cfg.MaxMessageBytes {
@@ -576,7 +565,7 @@ func (c *Consumer) watchSilence(ctx context.Context) {
 				"nova.conf [notifications] notification_format = versioned (or both) and "+
 				"[oslo_messaging_notifications] driver = messagingv2, with the same transport_url and "+
 				"topics "+fmt.Sprint(c.cfg.BindingKeys),
-				LogKeySilence, silent.Round(time.Second), LogKeyQueue, c.cfg.Queue)
+				logkey.SilentFor, silent.Round(time.Second), logkey.Queue, c.cfg.Queue)
 		}
 	}
 }

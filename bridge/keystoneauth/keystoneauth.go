@@ -24,14 +24,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
-)
-
-// Log attribute keys.
-const (
-	LogKeyUser    = "user_id"
-	LogKeyProject = "project_id"
-	LogKeyRole    = "role"
-	LogKeyErr     = "err"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // TokenInfo is what Keystone says about a valid token.
@@ -235,7 +228,7 @@ func (a *Authenticator) validate(ctx context.Context, tok string, key [32]byte) 
 	}
 	if err != nil {
 		a.validations.WithLabelValues("error").Inc()
-		a.log.Warn("keystone token validation failed", LogKeyErr, err.Error())
+		a.log.Warn("keystone token validation failed", logkey.Err, err.Error())
 		return nil, &api.ProblemDetails{Status: http.StatusServiceUnavailable, Title: "Service Unavailable",
 			Code: "identity_unavailable", Detail: "Keystone could not validate the token; try again",
 			Headers: map[string]string{"Retry-After": "5"}}
@@ -250,7 +243,7 @@ func (a *Authenticator) validate(ctx context.Context, tok string, key [32]byte) 
 		a.validations.WithLabelValues("forbidden").Inc()
 	} else {
 		a.validations.WithLabelValues("valid").Inc()
-		a.log.Debug("keystone token validated", LogKeyUser, info.UserID, LogKeyProject, info.ProjectID, LogKeyRole, string(o.principal.Role))
+		a.log.Debug("keystone token validated", logkey.User, info.UserID, logkey.Project, info.ProjectID, logkey.Role, string(o.principal.Role))
 	}
 	return o, nil
 }

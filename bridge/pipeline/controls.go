@@ -10,6 +10,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Controls are the operators' global switches (bridge/controls.Store).
@@ -35,7 +36,7 @@ func (p *Processor) paused(ctx context.Context, part string) bool {
 	}
 	held, err := p.d.Controls.Paused(ctx, part)
 	if err != nil {
-		p.log.Warn("pipeline: cannot read the operator controls", LogError, err)
+		p.log.Warn("pipeline: cannot read the operator controls", logkey.Err, err)
 		return false
 	}
 	return held
@@ -58,7 +59,7 @@ func (p *Processor) gate(ctx context.Context, tx pgx.Tx, row *InboxRow) (context
 	row.observeOnly = g.ObserveOnly
 	ctx = requestid.With(ctx, g.GlobalRequestID)
 	// Ties the event to its global_request_id in the logs.
-	p.log.LogAttrs(ctx, slog.LevelDebug, "pipeline: deciding event", slog.Int64(LogEvent, row.ID), slog.Bool("observe_only", g.ObserveOnly))
+	p.log.LogAttrs(ctx, slog.LevelDebug, "pipeline: deciding event", slog.Int64(logkey.Event, row.ID), slog.Bool("observe_only", g.ObserveOnly))
 	return ctx, true, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
@@ -191,7 +192,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 		return claims, false, false, err
 	}
 	p.m.events.WithLabelValues("move").Inc()
-	p.log.Info("pipeline: vGPUs follow a Nova move", LogInstance, ev.InstanceUUID, LogHost, f.Instance.Host, "event", why,
+	p.log.Info("pipeline: vGPUs follow a Nova move", logkey.Instance, ev.InstanceUUID, logkey.Host, f.Instance.Host, "event", why,
 		"released", len(moved), "reapplied", len(reapply))
 	return claims, true, true, nil
 }

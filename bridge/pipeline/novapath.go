@@ -13,6 +13,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
@@ -388,7 +389,7 @@ func (p *Processor) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow,
 		return err
 	}
 	p.m.requests.WithLabelValues(string(requests.Succeeded)).Inc()
-	p.log.Info("pipeline: resize through Nova succeeded", LogRequest, r.RequestID, LogInstance, r.Instance, "flavor", r.FlavorName, LogHost, r.TargetHost)
+	p.log.Info("pipeline: resize through Nova succeeded", logkey.RequestID, r.RequestID, logkey.Instance, r.Instance, "flavor", r.FlavorName, logkey.Host, r.TargetHost)
 	return nil
 }
 
@@ -624,7 +625,7 @@ func (p *Processor) reportedVGPU(ctx context.Context, q querier, instance, host 
 func (p *Processor) flavorVGPU(ctx context.Context, q querier, instance, host string, n int) policy.VGPU {
 	v, _, err := p.reportedVGPU(ctx, q, instance, host)
 	if err != nil {
-		p.log.Debug("pipeline: cannot read the host's report", LogHost, host, LogError, err)
+		p.log.Debug("pipeline: cannot read the host's report", logkey.Host, host, logkey.Err, err)
 	}
 	return policy.VGPU{Count: n, GPU: v.GPU}
 }
@@ -669,7 +670,7 @@ func (p *Processor) runNova(ctx context.Context) {
 		for ctx.Err() == nil && !p.paused(ctx, "nova") {
 			did, err := p.NovaOnce(ctx)
 			if err != nil && ctx.Err() == nil {
-				p.log.Warn("pipeline: Nova step failed", LogError, err)
+				p.log.Warn("pipeline: Nova step failed", logkey.Err, err)
 				break
 			}
 			if !did {

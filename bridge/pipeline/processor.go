@@ -20,19 +20,8 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
-)
-
-// Log attribute keys.
-const (
-	LogEvent    = "event_id"
-	LogRequest  = "request_id"
-	LogInstance = "instance_uuid"
-	LogCommand  = "command_id"
-	LogHost     = "host"
-	LogError    = "err"
-	LogCode     = "code"
-	LogReason   = "reason"
 )
 
 // PolicySource gives the active policy (policy.Holder).
@@ -134,7 +123,7 @@ func (p *Processor) Run(ctx context.Context) error {
 				continue // paused: no decisions, failing requests included
 			}
 			if _, err := p.CheckDeadlines(ctx); err != nil && ctx.Err() == nil {
-				p.log.Warn("pipeline: deadline check failed", LogError, err)
+				p.log.Warn("pipeline: deadline check failed", logkey.Err, err)
 			}
 		}
 	}()
@@ -154,7 +143,7 @@ func (p *Processor) Run(ctx context.Context) error {
 		}
 		n, err := p.ProcessOnce(ctx)
 		if err != nil && ctx.Err() == nil {
-			p.log.Warn("pipeline: inbox poll failed", LogError, err)
+			p.log.Warn("pipeline: inbox poll failed", logkey.Err, err)
 		}
 		next := p.cfg.PollInterval
 		if n > 0 {
@@ -178,7 +167,7 @@ func (p *Processor) hostView(ctx context.Context) *hostSet {
 	}
 	nh, err := loadHosts(ctx, p.d.Pool, p.d.Catalog)
 	if err != nil {
-		p.log.Warn("pipeline: cannot read hosts; using the last view", LogError, err)
+		p.log.Warn("pipeline: cannot read hosts; using the last view", logkey.Err, err)
 		return hs
 	}
 	p.hosts.Store(nh)
@@ -239,7 +228,7 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 				for _, id := range ids {
 					ok, err := p.processOne(ctx, id)
 					if err != nil {
-						p.log.Warn("pipeline: event not processed", LogEvent, id, LogError, err)
+						p.log.Warn("pipeline: event not processed", logkey.Event, id, logkey.Err, err)
 						break // keep the instance's order: the rest waits
 					}
 					if !ok {
@@ -403,7 +392,7 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 		case errors.Is(err, pgx.ErrNoRows):
 			hasReq = false
 		case err != nil:
-			return nil, false, err
+			return nil, false, fmt.Errorf("event %d: read request %s: %w", row.ID, reqID, err)
 		default:
 			reqState = requests.State(st)
 		}
@@ -417,14 +406,14 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 	if err != nil {
 		if hasReq {
 			if err := p.failRequest(ctx, tx, reqID, CodeEventFailed, err.Error(), nil); err != nil {
-				return nil, false, err
+				return nil, false, fmt.Errorf("event %d: fail request %s: %w", row.ID, reqID, err)
 			}
 		}
 		return nil, false, requests.MarkEventFailed(ctx, tx, row.ID, err.Error())
 	}
 	if claims, outbox, handled, err := p.handleMove(ctx, tx, row, ev, hs); err != nil || handled {
 		if err != nil {
-			return claims, false, err
+			return claims, false, fmt.Errorf("event %d: follow the move of %s: %w", row.ID, row.InstanceUUID, err)
 		}
 		return claims, outbox, markProcessed() // direct-path vGPUs follow a Nova move (move.go)
 	}
@@ -438,11 +427,11 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 	}
 	facts, st, err := p.loadFacts(ctx, tx, ev, hs)
 	if err != nil {
-		return nil, false, err
+		return nil, false, fmt.Errorf("event %d: load facts: %w", row.ID, err)
 	}
 	ls, err := policystate.Snapshot(ctx, tx, ev.InstanceUUID)
 	if err != nil {
-		return nil, false, err
+		return nil, false, fmt.Errorf("event %d: load policy state: %w", row.ID, err)
 	}
 	d := pol.Evaluate(ev, st, ls)
 	plan := PlanDecision(d, facts)
@@ -459,7 +448,7 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 				return nil, false, err
 			}
 			if err := policystate.Apply(ctx, tx, d.LoadUpdates); err != nil {
-				return nil, false, err
+				return nil, false, fmt.Errorf("event %d: apply policy state: %w", row.ID, err)
 			}
 		}
 		return nil, false, markProcessed()
@@ -472,7 +461,7 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 		}
 		body, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "message_id": row.MessageID})
 		if err := p.d.Requests.Create(ctx, tx, requests.Request{ID: reqID, Source: row.Source, Kind: row.EventType, InstanceUUID: inst, Body: body}); err != nil {
-			return nil, false, err
+			return nil, false, fmt.Errorf("event %d: create request %s: %w", row.ID, reqID, err)
 		}
 		hasReq, reqState = true, requests.Accepted
 	}
@@ -483,15 +472,15 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 		var err error
 		claims, err = p.act(ctx, tx, row, reqID, reqState, d, &plan, facts)
 		if err != nil {
-			return claims, false, err
+			return claims, false, fmt.Errorf("decide request %s: %w", reqID, err)
 		}
 		outbox = plan.Outcome == OutcomeAct
 	default:
 		if err := p.notify(ctx, tx, reqID, ev.InstanceUUID, plan.Steps); err != nil {
-			return nil, false, err
+			return nil, false, fmt.Errorf("request %s: notify: %w", reqID, err)
 		}
 		if err := p.closeWithout(ctx, tx, row, reqID, reqState, plan); err != nil {
-			return nil, false, err
+			return nil, false, fmt.Errorf("request %s: close %s: %w", reqID, plan.Outcome, err)
 		}
 	}
 	p.m.events.WithLabelValues(string(plan.Outcome)).Inc()
@@ -499,7 +488,7 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 		return claims, false, err
 	}
 	if err := policystate.Apply(ctx, tx, d.LoadUpdates); err != nil {
-		return claims, false, err
+		return claims, false, fmt.Errorf("request %s: apply policy state: %w", reqID, err)
 	}
 	return claims, outbox, markProcessed()
 }
@@ -594,7 +583,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 					plan.Outcome, plan.Code, plan.Reason, plan.Steps = OutcomeFail, code, reason, nil
 					return nil, p.closeWithout(ctx, tx, row, reqID, state, *plan)
 				}
-				return claims, errRetry{err}
+				return claims, errRetry{fmt.Errorf("claim %d × %s on node %s: %w", max(s.Intent.Count, 1), s.Intent.Profile, f.Instance.Node, err)}
 			}
 			for _, mc := range made {
 				a := Attachment{ID: uuid.New(), InstanceUUID: f.Instance.UUID, RequestID: reqID, Host: f.Instance.Host, Node: f.Instance.Node,
@@ -755,7 +744,7 @@ func (p *Processor) claim(ctx context.Context, f Facts, s Step, planned []Attach
 				if p.d.Placement.GPUAddress(h.Provider) == "" {
 					continue
 				}
-				p.log.Info("pipeline: adopting a claim an interrupted attempt made", LogInstance, f.Instance.UUID, "provider", h.Provider, "units", n)
+				p.log.Info("pipeline: adopting a claim an interrupted attempt made", logkey.Instance, f.Instance.UUID, "provider", h.Provider, "units", n)
 				return []madeClaim{{consumer: f.Instance.UUID, provider: h.Provider, class: h.Class, amount: n, held: h.Amount}}, nil
 			}
 		}
@@ -779,7 +768,7 @@ func (p *Processor) releaseClaims(ctx context.Context, claims []madeClaim, why s
 	for _, c := range claims {
 		if err := p.d.Placement.ReleaseUnits(ctx, c.consumer, c.provider, c.class, c.amount, c.held); err != nil {
 			p.log.Error("pipeline: cannot release a claim; Placement keeps it until the reconciler repairs it",
-				LogInstance, c.consumer, "provider", c.provider, LogError, err, LogReason, why)
+				logkey.Instance, c.consumer, "provider", c.provider, logkey.Err, err, logkey.Reason, why)
 			continue
 		}
 		p.m.compensations.WithLabelValues("claim_released").Inc()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Phases of a request in flight (requests.phase).
@@ -55,7 +56,7 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) error {
 		err := tx.QueryRow(ctx, `SELECT request_id, purpose, kind, host, attachment_id, finished_at FROM commands WHERE id::text = $1 FOR UPDATE`,
 			r.CommandID).Scan(&reqID, &purpose, &kind, &host, &attID, &finished)
 		if errors.Is(err, pgx.ErrNoRows) {
-			p.log.Debug("pipeline: result of an unknown command", LogCommand, r.CommandID, LogHost, r.Host)
+			p.log.Debug("pipeline: result of an unknown command", logkey.Command, r.CommandID, logkey.Host, r.Host)
 			return nil
 		}
 		if err != nil {
@@ -65,7 +66,7 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) error {
 			return nil // a duplicate delivery
 		}
 		if r.Host != "" && r.Host != host {
-			p.log.Warn("pipeline: result from another host than the command's; ignored", LogCommand, r.CommandID, LogHost, r.Host, "want", host)
+			p.log.Warn("pipeline: result from another host than the command's; ignored", logkey.Command, r.CommandID, logkey.Host, r.Host, "want", host)
 			return nil
 		}
 		body, _ := json.Marshal(r)
@@ -229,7 +230,7 @@ func (p *Processor) failRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID,
 		return err
 	}
 	p.m.requests.WithLabelValues(string(requests.Failed)).Inc()
-	p.log.Info("pipeline: request failed", LogRequest, reqID, LogCode, code, LogReason, reason)
+	p.log.Info("pipeline: request failed", logkey.RequestID, reqID, logkey.Code, code, logkey.Reason, reason)
 	return nil
 }
 

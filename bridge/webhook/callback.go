@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // CallbackConfig configures callback delivery.
@@ -182,7 +183,7 @@ func (e *Endpoint) deliver(ctx context.Context, d dueCallback) error {
 	if refusal != "" {
 		// Never contacted: recorded as an attempt without an answer.
 		e.m.callbacks.WithLabelValues(d.source, "refused").Inc()
-		e.log.Warn("callback refused", LogKeySource, d.source, "request", d.requestID, LogKeyReason, refusal)
+		e.log.Warn("callback refused", logkey.Source, d.source, "request", d.requestID, logkey.Reason, refusal)
 		return e.recordAttempt(ctx, d, attempt, 0, refusal, 0, "refused", 0)
 	}
 	start := time.Now()
@@ -200,7 +201,7 @@ func (e *Endpoint) deliver(ctx context.Context, d dueCallback) error {
 	}
 	if attempt >= e.cfg.Callbacks.MaxAttempts {
 		e.m.callbacks.WithLabelValues(d.source, "failed").Inc()
-		e.log.Warn("callback failed for good", LogKeySource, d.source, "request", d.requestID, "attempts", attempt, "err", msg)
+		e.log.Warn("callback failed for good", logkey.Source, d.source, "request", d.requestID, "attempts", attempt, "err", msg)
 		return e.recordAttempt(ctx, d, attempt, code, msg, dur, "failed", 0)
 	}
 	e.m.callbacks.WithLabelValues(d.source, "retry").Inc()

@@ -37,6 +37,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 //go:embed openapi.json
@@ -62,14 +63,6 @@ type Format string
 const (
 	FormatNative       Format = "native"
 	FormatAlertmanager Format = "alertmanager"
-)
-
-// Log attribute keys.
-const (
-	LogKeySource = "source"
-	LogKeyRemote = "remote"
-	LogKeyReason = "reason"
-	LogKeyStatus = "status"
 )
 
 // Source is one [webhook_source:NAME].
@@ -321,8 +314,8 @@ func (e *Endpoint) refuse(c echo.Context, src, remote, reason string, p *api.Pro
 		level = slog.LevelWarn
 	}
 	e.log.LogAttrs(c.Request().Context(), level, "webhook refused",
-		slog.String(LogKeySource, src), slog.String(LogKeyRemote, remote), slog.String(LogKeyReason, reason),
-		slog.Int(LogKeyStatus, p.Status), slog.String(api.LogKeyRequestID, api.RequestID(c)))
+		slog.String(logkey.Source, src), slog.String(logkey.Remote, remote), slog.String(logkey.Reason, reason),
+		slog.Int(logkey.Status, p.Status), slog.String(logkey.RequestID, api.RequestID(c)))
 	return p
 }
 
@@ -414,7 +407,7 @@ func (e *Endpoint) handle(c echo.Context) error {
 	res := e.commit(r.Context(), p)
 	switch {
 	case res.err != nil:
-		e.log.Error("webhook commit failed", LogKeySource, name, "err", res.err)
+		e.log.Error("webhook commit failed", logkey.Source, name, "err", res.err)
 		return e.refuse(c, name, remote, "store_unavailable", &api.ProblemDetails{Status: http.StatusServiceUnavailable,
 			Detail: "the request could not be stored; retry", Headers: map[string]string{"Retry-After": "1"}})
 	case res.conflict:
