@@ -1,15 +1,20 @@
 package placement
 
 import (
+	"cmp"
+
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
 	"os"
 	"strings"
 	"time"
+
+	goretry "github.com/sethvargo/go-retry"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack"
@@ -95,27 +100,21 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 // not make itself (tests and the bench harness create providers with it).
 func (c *Client) ServiceClient() *gophercloud.ServiceClient { return c.sc }
 
-// Backoff is capped exponential backoff with full jitter.
+// Backoff paces the retries of one Placement call (conflicts, 5xx): from
+// Base (20ms) doubling to Max (2s), by internal/backoff's policy. The zero
+// value is ready to use.
 type Backoff struct {
 	Base, Max time.Duration
-	n         int
+	b         goretry.Backoff
 }
 
 // Next returns the next wait.
 func (b *Backoff) Next() time.Duration {
-	base, max := b.Base, b.Max
-	if base <= 0 {
-		base = 20 * time.Millisecond
+	if b.b == nil {
+		b.b = backoff.Policy{Min: cmp.Or(b.Base, 20*time.Millisecond), Max: cmp.Or(b.Max, 2*time.Second)}.New()
 	}
-	if max <= 0 {
-		max = 2 * time.Second
-	}
-	d := base << min(b.n, 16)
-	if d > max || d <= 0 {
-		d = max
-	}
-	b.n++
-	return time.Duration(rand.Int64N(int64(d))) + base/2
+	d, _ := b.b.Next()
+	return d
 }
 
 // Wait sleeps for Next or until ctx ends.

@@ -18,10 +18,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -180,18 +181,6 @@ func (l *Loop) Enqueue(rs ...protocol.Result) {
 	l.pending = append(l.pending, rs...)
 }
 
-// Backoff returns the delay before reconnection attempt n (0-based):
-// min·2ⁿ capped at max, with "equal jitter" (half fixed, half random).
-func Backoff(n int, minD, maxD time.Duration) time.Duration {
-	d := minD
-	for i := 0; i < n && d < maxD; i++ {
-		d *= 2
-	}
-	d = min(d, maxD)
-	half := d / 2
-	return half + time.Duration(rand.Int64N(int64(half)+1))
-}
-
 // Run connects and serves until ctx ends; it returns nil then. A command
 // in progress when ctx ends gets StopGrace to finish.
 func (l *Loop) Run(ctx context.Context) error {
@@ -217,7 +206,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		if time.Since(start) > l.cfg.MaxBackoff {
 			attempt = 0 // it had worked for a while
 		}
-		d := Backoff(attempt, l.cfg.MinBackoff, l.cfg.MaxBackoff)
+		d := backoff.Policy{Min: l.cfg.MinBackoff, Max: l.cfg.MaxBackoff}.Delay(attempt)
 		l.log.Warn("rabbitmq connection lost; reconnecting", logkey.Err, err, "in", d.Round(time.Millisecond), "attempt", attempt+1)
 		attempt++
 		select {

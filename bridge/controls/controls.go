@@ -17,6 +17,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -197,18 +199,14 @@ func modeBrief(m Mode) map[string]bool {
 // also called once after each (re)connect with "" (changes may have been
 // missed).
 func (s *Store) Listen(ctx context.Context, fn func(ctx context.Context, table string)) error {
-	wait := time.Second
+	b := backoff.Policy{Min: time.Second, Max: 30 * time.Second}.New()
 	for ctx.Err() == nil {
 		err := s.listenOnce(ctx, fn)
 		if ctx.Err() != nil {
 			return nil
 		}
 		s.log.Warn("controls: change notifications interrupted", logkey.Err, err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
-		wait = min(wait*2, 30*time.Second)
+		_ = backoff.Wait(ctx, b) // ends early only with ctx
 	}
 	return nil
 }

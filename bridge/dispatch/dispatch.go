@@ -19,10 +19,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"sync/atomic"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -238,7 +239,7 @@ func (x *Dispatcher) Kick() {
 // Run connects, declares the topology, relays and consumes until ctx
 // ends, reconnecting with capped exponential backoff.
 func (x *Dispatcher) Run(ctx context.Context) error {
-	wait := x.cfg.ReconnectMin
+	policy := backoff.Policy{Min: x.cfg.ReconnectMin, Max: x.cfg.ReconnectMax}
 	attempt := 0
 	for ctx.Err() == nil {
 		start := time.Now()
@@ -247,16 +248,16 @@ func (x *Dispatcher) Run(ctx context.Context) error {
 			return nil
 		}
 		if time.Since(start) > time.Minute {
-			wait, attempt = x.cfg.ReconnectMin, 0
+			attempt = 0 // it had worked for a while
 		}
+		wait := policy.Delay(attempt)
 		x.m.reconnects.Inc()
 		x.log.Warn("dispatch: broker session ended; reconnecting", logkey.Err, err, "in", wait)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(wait/2 + rand.N(wait/2+1)):
+		case <-time.After(wait):
 		}
-		wait = min(wait*2, x.cfg.ReconnectMax)
 		attempt++
 	}
 	return nil
@@ -373,7 +374,8 @@ func consume(ch *amqp.Channel, queue string, prefetch int, tag string) (<-chan a
 // consumeLoop hands each delivery to h: acked when h succeeds or the
 // message is broken for good, requeued after a pause when h fails.
 func (x *Dispatcher) consumeLoop(ctx context.Context, ds <-chan amqp.Delivery, h func(context.Context, amqp.Delivery) (retry bool, err error)) error {
-	pause := 100 * time.Millisecond
+	policy := backoff.Policy{Min: 100 * time.Millisecond, Max: 10 * time.Second}
+	pause := policy.New()
 	for {
 		select {
 		case <-ctx.Done():
@@ -385,17 +387,13 @@ func (x *Dispatcher) consumeLoop(ctx context.Context, ds <-chan amqp.Delivery, h
 			retry, err := h(ctx, d)
 			if err != nil && retry {
 				x.log.Warn("dispatch: message not handled; requeued", logkey.Err, err, "routing_key", d.RoutingKey)
-				select {
-				case <-ctx.Done():
-				case <-time.After(pause):
-				}
-				pause = min(pause*2, 10*time.Second)
+				_ = backoff.Wait(ctx, pause) // ends early only with ctx
 				if err := d.Nack(false, true); err != nil {
 					return err
 				}
 				continue
 			}
-			pause = 100 * time.Millisecond
+			pause = policy.New()
 			if err != nil {
 				x.log.Warn("dispatch: broken message dropped", logkey.Err, err, "routing_key", d.RoutingKey)
 			}

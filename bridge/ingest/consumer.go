@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -93,7 +95,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if delivered || time.Since(start) > c.cfg.ReconnectMax {
 			attempt = 0
 		}
-		d := backoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax, attempt)
+		d := backoff.Policy{Min: c.cfg.ReconnectMin, Max: c.cfg.ReconnectMax}.Delay(attempt)
 		attempt++
 		c.m.reconnects.Inc()
 		lvl := slog.LevelWarn
@@ -109,19 +111,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 		case <-time.After(d):
 		}
 	}
-}
-
-// backoff is min·2^attempt capped at max, with full jitter over its upper half.
-func backoff(min, max time.Duration, attempt int) time.Duration {
-	d := min
-	for i := 0; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	half := d / 2
-	return half + time.Duration(rand.Int64N(int64(half)+1))
 }
 
 // session runs one connection: dial, declare, consume, commit, ack.
@@ -435,7 +424,7 @@ func (c *Consumer) retryWait(ctx context.Context, err error, attempt, n int) err
 	if ctx.Err() != nil {
 		return err
 	}
-	d := backoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax, attempt)
+	d := backoff.Policy{Min: c.cfg.ReconnectMin, Max: c.cfg.ReconnectMax}.Delay(attempt)
 	c.log.Error("commit failed; retrying", logkey.Err, err, logkey.Batch, n, logkey.Backoff, d)
 	select {
 	case <-ctx.Done():

@@ -13,22 +13,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
 
-func TestBackoff(t *testing.T) {
-	min, max := 100*time.Millisecond, 2*time.Second
-	for attempt := 0; attempt < 20; attempt++ {
-		want := min << attempt
-		if want > max || attempt > 10 {
-			want = max
-		}
-		for i := 0; i < 50; i++ {
-			d := backoff(min, max, attempt)
-			if d < want/2 || d > want {
-				t.Fatalf("attempt %d: %v outside [%v, %v]", attempt, d, want/2, want)
-			}
-		}
-	}
-}
-
 func TestRedactTokens(t *testing.T) {
 	for _, in := range []string{
 		`{"_context_auth_token": "gAAAAABsecret", "x": 1}`,

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
@@ -750,10 +752,7 @@ type callOutcome struct {
 func (p *Processor) retryOrFail(op string, err error, failCode string) callOutcome {
 	return callOutcome{audit: map[string]any{"call": op, "error": err.Error()}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
 		if computeapi.IsRetryable(err) && r.Attempts < p.cfg.MaxAttempts {
-			wait := p.cfg.RetryMin << min(r.Attempts-1, 20)
-			if wait > p.cfg.RetryMax || wait <= 0 {
-				wait = p.cfg.RetryMax
-			}
+			wait := backoff.Policy{Min: p.cfg.RetryMin, Max: p.cfg.RetryMax}.Delay(r.Attempts - 1)
 			_, e := tx.Exec(ctx, `UPDATE nova_resizes SET due_at = now() + make_interval(secs => $2), last_error = $3, updated_at = now() WHERE request_id = $1`,
 				r.RequestID, wait.Seconds(), err.Error())
 			return e

@@ -6,11 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -350,11 +351,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 		return errors.Join(cause, err)
 	}
 	if attempts < p.cfg.MaxAttempts {
-		wait := p.cfg.RetryMin << min(attempts-1, 20)
-		if wait > p.cfg.RetryMax || wait <= 0 {
-			wait = p.cfg.RetryMax
-		}
-		wait = wait/2 + rand.N(wait/2+1)
+		wait := backoff.Policy{Min: p.cfg.RetryMin, Max: p.cfg.RetryMax}.Delay(attempts - 1)
 		return errors.Join(cause, requests.EventNotBefore(ctx, p.d.Pool, id, wait))
 	}
 	// Give up: close the event; its request fails with the last error.

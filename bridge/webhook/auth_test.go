@@ -256,12 +256,3 @@ func TestLimiters(t *testing.T) {
 		t.Error("retryAfter")
 	}
 }
-
-func TestBackoff(t *testing.T) {
-	for n, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 10: 10 * time.Second} {
-		got := Backoff(n, time.Second, 10*time.Second)
-		if got < want*8/10 || got > want*12/10 {
-			t.Errorf("Backoff(%d) = %v, want %v ± 20%%", n, got, want)
-		}
-	}
-}

@@ -5,13 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 
 	"github.com/google/uuid"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
@@ -80,20 +81,6 @@ func (c *CallbackConfig) client() *http.Client {
 		Timeout:       c.Timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-}
-
-// Backoff returns the wait after the n-th failed attempt (n ≥ 1): min·2^(n-1),
-// capped at max, with up to 20% jitter either way.
-func Backoff(n int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	j := time.Duration(float64(d) * 0.2 * (2*rand.Float64() - 1))
-	return d + j
 }
 
 type dueCallback struct {
@@ -205,7 +192,8 @@ func (e *Endpoint) deliver(ctx context.Context, d dueCallback) error {
 		return e.recordAttempt(ctx, d, attempt, code, msg, dur, "failed", 0)
 	}
 	e.m.callbacks.WithLabelValues(d.source, "retry").Inc()
-	wait := Backoff(attempt, e.cfg.Callbacks.BackoffMin, e.cfg.Callbacks.BackoffMax)
+	// attempt ≥ 1 attempts failed: the first retry waits BackoffMin.
+	wait := backoff.Policy{Min: e.cfg.Callbacks.BackoffMin, Max: e.cfg.Callbacks.BackoffMax}.Delay(attempt - 1)
 	return e.recordAttempt(ctx, d, attempt, code, msg, dur, "pending", wait)
 }
 
