@@ -92,7 +92,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 	offload := ev.Kind == NovaKindPrefix+"instance.shelve_offload.end" || f.Instance.Host == ""
 	holds := map[string]int{} // units the consumer holds per GPU provider
 	if !offload {
-		hl, _, err := p.d.Placement.Holdings(ctx, ev.InstanceUUID)
+		hl, err := p.holdingsOnce(ctx, ev.InstanceUUID)
 		if err != nil {
 			return nil, false, false, errRetry{fmt.Errorf("move of %s: %w", ev.InstanceUUID, err)}
 		}

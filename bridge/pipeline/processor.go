@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -261,45 +264,25 @@ type errRetry struct{ err error }
 func (e errRetry) Error() string { return e.err.Error() }
 func (e errRetry) Unwrap() error { return e.err }
 
-// processOne handles one inbox row in one transaction. It returns false
-// when the row was not processed now (another replica holds it, or an
-// earlier event of the same instance is still open).
+// processOne handles one inbox row. It returns false when the row was not
+// processed now (another replica holds it or its instance, or an earlier
+// event of the same instance is still open).
+//
+// No Placement call runs inside a transaction. The decision runs in a
+// transaction that, when it needs a claim, stops and rolls back
+// (errNeedClaims); the claim is made with no transaction open, and the
+// decision runs again in a new transaction that takes it (claimFor) and
+// records it with its attachments, commands and the request's move. A
+// session advisory lock on the instance, held on the same connection
+// across the rounds, keeps other replicas off the instance meanwhile.
+// Claims the decision did not take, or that a failed round made, are given
+// back after the transaction, outside it. A crash between a claim and the
+// commit that records it leaves the units in the consumer, where the next
+// attempt finds and adopts them (claim), so nothing is leaked or doubled.
 func (p *Processor) processOne(ctx context.Context, id int64) (bool, error) {
 	start := time.Now()
-	var claims []madeClaim
-	var outbox bool
-	var closed bool
-	hs := p.hostView(ctx)
-	err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
-		claims, outbox, closed = nil, false, false
-		row, ok, err := lockEvent(ctx, tx, id)
-		if err != nil || !ok {
-			return err
-		}
-		ctx, ok, err := p.gate(ctx, tx, &row) // operator pause / observe-only (bridge/controls)
-		if err != nil || !ok {
-			return err
-		}
-		if row.InstanceUUID != "" {
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
-				return fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
-			}
-			var earlier bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL)`,
-				row.InstanceUUID, row.ID).Scan(&earlier); err != nil {
-				return err
-			}
-			if earlier {
-				return nil // an earlier event of the instance goes first
-			}
-		}
-		closed = true
-		var err2 error
-		claims, outbox, err2 = p.handle(ctx, tx, row, hs)
-		return err2
-	})
+	outbox, closed, err := p.decideLocked(ctx, id)
 	if err != nil {
-		p.releaseClaims(ctx, claims, "the decision's transaction did not commit")
 		p.m.events.WithLabelValues("error").Inc()
 		return false, p.retryLater(ctx, id, err)
 	}
@@ -310,6 +293,218 @@ func (p *Processor) processOne(ctx context.Context, id int64) (bool, error) {
 		p.d.OnOutbox()
 	}
 	return closed, nil
+}
+
+// decideLocked runs the rounds of processOne on one connection, holding
+// the instance's session lock from the first round until the claims no
+// decision took are given back.
+func (p *Processor) decideLocked(ctx context.Context, id int64) (outbox, closed bool, err error) {
+	hs := p.hostView(ctx)
+	conn, err := p.d.Pool.Acquire(ctx)
+	if err != nil {
+		return false, false, fmt.Errorf("event %d: %w", id, err)
+	}
+	defer conn.Release()
+	var inst string
+	if err := conn.QueryRow(ctx, `SELECT coalesce(instance_uuid::text, '') FROM events WHERE id = $1`, id).Scan(&inst); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, false, nil // purged meanwhile
+		}
+		return false, false, fmt.Errorf("event %d: %w", id, err)
+	}
+	if inst != "" {
+		var locked bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended('vgpu-instance:' || $1, 0))`, inst).Scan(&locked); err != nil {
+			return false, false, fmt.Errorf("event %d: lock instance %s: %w", id, inst, err)
+		}
+		if !locked {
+			return false, false, nil // another replica decides for the instance now
+		}
+		defer func() {
+			var ok bool
+			err := conn.QueryRow(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtextextended('vgpu-instance:' || $1, 0))`, inst).Scan(&ok)
+			if err != nil || !ok {
+				// Never hand a connection that may still hold the lock back
+				// to the pool.
+				conn.Hijack().Close(context.WithoutCancel(ctx)) //nolint:errcheck
+			}
+		}()
+	}
+	pc := &preclaims{}
+	ctx = context.WithValue(ctx, preclaimsKey{}, pc)
+	for round := 1; ; round++ {
+		pc.need = nil
+		for _, e := range pc.entries {
+			e.used = false
+		}
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			outbox, closed = false, false
+			row, ok, err := lockEvent(ctx, tx, id)
+			if err != nil || !ok {
+				return err
+			}
+			ctx, ok, err := p.gate(ctx, tx, &row) // operator pause / observe-only (bridge/controls)
+			if err != nil || !ok {
+				return err
+			}
+			if row.InstanceUUID != "" {
+				if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
+					return fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
+				}
+				var earlier bool
+				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL)`,
+					row.InstanceUUID, row.ID).Scan(&earlier); err != nil {
+					return err
+				}
+				if earlier {
+					return nil // an earlier event of the instance goes first
+				}
+			}
+			closed = true
+			var err2 error
+			_, outbox, err2 = p.handle(ctx, tx, row, hs)
+			return err2
+		})
+		if !errors.Is(err, errNeedClaims) || round >= maxClaimRounds || inst == "" {
+			break
+		}
+		failpoint.Hit(FailBeforeClaim)
+		for _, n := range pc.need { // no transaction is open here
+			made, cerr := p.claim(n.ctx, n.f, n.s, n.planned)
+			pc.entries = append(pc.entries, &preclaim{key: n.key, made: made, err: cerr})
+		}
+		failpoint.Hit(FailAfterClaim)
+	}
+	// Still under the instance's lock: no other decision can adopt these
+	// units before they are given back.
+	if err != nil {
+		p.releaseClaims(ctx, pc.all(), "the decision's transaction did not commit")
+		return false, false, err
+	}
+	if len(pc.entries) > 0 {
+		failpoint.Hit(FailAfterRecord)
+	}
+	if unused := pc.unused(); len(unused) > 0 {
+		p.releaseClaims(ctx, unused, "the decision did not take the claim")
+	}
+	return outbox, closed, nil
+}
+
+// Failpoints of the decide → claim → record rounds (internal/failpoint):
+// crash tests kill the bridge at each.
+const (
+	FailBeforeClaim = "pipeline.before_claim" // a round stopped for a claim; none made yet
+	FailAfterClaim  = "pipeline.after_claim"  // the claim is in Placement, not recorded
+	FailAfterRecord = "pipeline.after_record" // recorded and committed; outbox not kicked
+)
+
+// maxClaimRounds bounds the decide → claim → decide rounds of one event
+// (one per attach step of its plan, and one to record).
+const maxClaimRounds = 8
+
+// errNeedClaims stops a decision's transaction that needs a Placement
+// claim it does not hold yet (processOne makes it, then decides again).
+var errNeedClaims = errors.New("the decision needs Placement claims")
+
+// preclaims are the claims made for one event's decision between its
+// transactions.
+type preclaims struct {
+	entries []*preclaim
+	need    []claimNeed // what the last round stopped for
+	// holdings are the consumer's vGPU units as the first round read them:
+	// later rounds decide on the same view, not on one that shows the
+	// claims made for this very decision.
+	holdings map[string][]placement.Holding
+}
+
+type preclaim struct {
+	key  string
+	made []madeClaim
+	err  error
+	used bool // taken by the current round's decision
+}
+
+type claimNeed struct {
+	ctx     context.Context // the decision's, with its request ids for Placement's logs
+	key     string
+	f       Facts
+	s       Step
+	planned []Attachment
+}
+
+type preclaimsKey struct{}
+
+func (pc *preclaims) all() []madeClaim {
+	var out []madeClaim
+	for _, e := range pc.entries {
+		out = append(out, e.made...)
+	}
+	return out
+}
+
+func (pc *preclaims) unused() []madeClaim {
+	var out []madeClaim
+	for _, e := range pc.entries {
+		if !e.used {
+			out = append(out, e.made...)
+		}
+	}
+	return out
+}
+
+// claimFor returns the claim of attach step s made before this round, or
+// records it as needed and returns errNeedClaims; with no preclaims in ctx
+// (tests calling act directly) it claims at once.
+func (p *Processor) claimFor(ctx context.Context, f Facts, s Step, planned []Attachment) ([]madeClaim, error) {
+	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
+	if pc == nil {
+		return p.claim(ctx, f, s, planned)
+	}
+	key := fmt.Sprintf("%s|%s|%s|%d|%d", f.Instance.UUID, f.Instance.Node, s.Intent.Trait, max(s.Intent.Count, 1), len(planned))
+	for _, e := range pc.entries {
+		if !e.used && e.key == key {
+			e.used = true
+			return e.made, e.err
+		}
+	}
+	pc.need = append(pc.need, claimNeed{ctx: ctx, key: key, f: f, s: s, planned: slices.Clone(planned)})
+	return nil, errNeedClaims
+}
+
+// holdingsOnce reads the consumer's vGPU holdings once per event
+// (preclaims.holdings).
+func (p *Processor) holdingsOnce(ctx context.Context, consumer string) ([]placement.Holding, error) {
+	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
+	if pc != nil {
+		if hl, ok := pc.holdings[consumer]; ok {
+			return hl, nil
+		}
+	}
+	hl, _, err := p.d.Placement.Holdings(ctx, consumer)
+	if err != nil {
+		return nil, err
+	}
+	if pc != nil {
+		if pc.holdings == nil {
+			pc.holdings = map[string][]placement.Holding{}
+		}
+		pc.holdings[consumer] = hl
+	}
+	return hl, nil
+}
+
+// giveBack makes the claims this round's decision took be released after
+// its transaction (the decision failed for want of capacity); with no
+// preclaims in ctx it releases them at once.
+func (p *Processor) giveBack(ctx context.Context, claims []madeClaim, why string) {
+	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
+	if pc == nil {
+		p.releaseClaims(ctx, claims, why)
+		return
+	}
+	for _, e := range pc.entries {
+		e.used = false
+	}
 }
 
 func lockEvent(ctx context.Context, tx pgx.Tx, id int64) (InboxRow, bool, error) {
@@ -563,8 +758,11 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 	for _, s := range plan.Steps {
 		switch s.Kind {
 		case StepAttach:
-			made, err := p.claim(ctx, f, s, atts)
+			made, err := p.claimFor(ctx, f, s, atts)
 			claims = append(claims, made...)
+			if errors.Is(err, errNeedClaims) {
+				return claims, err
+			}
 			if err != nil {
 				if errors.Is(err, ErrNoCapacity) || errors.Is(err, errNoAddress) {
 					code := CodeNoCapacity
@@ -573,7 +771,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 					}
 					reason := fmt.Sprintf("no GPU of host %s (node %s) can take %d × %s (%s): %v", f.Instance.Host, f.Instance.Node,
 						max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, err)
-					p.releaseClaims(ctx, claims, reason)
+					p.giveBack(ctx, claims, reason) // released after the transaction
 					if err := p.auditReleased(ctx, tx, reqID, claims, reason); err != nil {
 						return nil, err
 					}

@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -70,6 +71,10 @@ type fleet struct {
 	key      []byte
 	secret   string
 	stop     func() // stops the bridge
+	// proc and procDone are the bridge subprocess of crash tests
+	// (startProcess); procDone closes when it has ended.
+	proc     *exec.Cmd
+	procDone chan struct{}
 }
 
 // newFleet creates two compute hosts in Placement (A with an agent on a

@@ -1,0 +1,196 @@
+package controls_test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocations"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
+)
+
+// TestCrashAtEachClaimStep kills the bridge (SIGKILL, as a power loss) at
+// each step of a direct-path decision — stopped for a claim and none made,
+// the claim made in Placement and not recorded, recorded and committed but
+// the outbox not kicked — and starts it again on the same database and
+// queues. Each time the request finishes once, and Placement holds exactly
+// the vGPU the bridge records: none leaked, none doubled.
+func TestCrashAtEachClaimStep(t *testing.T) {
+	for _, fp := range []string{pipeline.FailBeforeClaim, pipeline.FailAfterClaim, pipeline.FailAfterRecord} {
+		t.Run(fp, func(t *testing.T) {
+			f := newFleet(t)
+			a := f.hosts[0]
+			f.startProcess(fp)
+			f.startAgent(a)
+			f.notifyCreates()
+			id := f.request(a)
+			f.waitKilled(fp)
+			f.startProcess("")
+
+			r := f.final(id)
+			if r.State != "succeeded" {
+				t.Fatalf("request %s after the restart: %s (%s: %s), want succeeded", id, r.State, r.Code, r.Reason)
+			}
+			// Placement holds exactly what the bridge records.
+			al, err := allocations.Get(f.ctx, f.sc, a.vm).Extract()
+			testsvc.Must(t, err, "allocations")
+			held := map[string]int{}
+			for rp, pa := range al.Allocations {
+				if n := pa.Resources["VGPU"]; n > 0 {
+					held[rp] = n
+				}
+			}
+			rows, err := f.pool.Query(f.ctx, `SELECT provider_uuid::text, amount, state FROM vgpu_attachments WHERE instance_uuid = $1`, a.vm)
+			testsvc.Must(t, err, "attachments")
+			recorded := map[string]int{}
+			var states []string
+			for rows.Next() {
+				var rp, st string
+				var n int
+				testsvc.Must(t, rows.Scan(&rp, &n, &st), "scan")
+				states = append(states, st)
+				if st == "attached" {
+					recorded[rp] += n
+				}
+			}
+			rows.Close()
+			if len(states) != 1 || states[0] != "attached" || fmt.Sprint(held) != fmt.Sprint(recorded) {
+				t.Errorf("Placement holds %v VGPU by provider; the bridge records %v (attachments %v); want one and the same", held, recorded, states)
+			}
+			var attaches, transitions int
+			testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM commands WHERE request_id = $1 AND kind = 'attach_vgpu'`, id).Scan(&attaches), "commands")
+			testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM audit_log WHERE request_id = $1 AND action = 'transition' AND detail->>'to' = 'succeeded'`, id).Scan(&transitions), "audit")
+			if attaches != 1 || transitions != 1 {
+				t.Errorf("attach_vgpu commands %d, transitions to succeeded %d; want 1 and 1", attaches, transitions)
+			}
+		})
+	}
+}
+
+var (
+	bridgeBin      string
+	bridgeBinErr   error
+	bridgeBinBuild sync.Once
+)
+
+// bridgeBinary builds cmd/vgpu-bridge once per test run.
+func bridgeBinary(t *testing.T) string {
+	t.Helper()
+	bridgeBinBuild.Do(func() {
+		dir, err := os.MkdirTemp("", "vgpu-crash-bin-")
+		if err != nil {
+			bridgeBinErr = err
+			return
+		}
+		bridgeBin = filepath.Join(dir, "vgpu-bridge")
+		cmd := exec.Command("go", "build", "-o", bridgeBin, "./cmd/vgpu-bridge")
+		cmd.Dir = filepath.Join("..", "..")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			bridgeBinErr = fmt.Errorf("go build ./cmd/vgpu-bridge: %v\n%s", err, out)
+		}
+	})
+	if bridgeBinErr != nil {
+		t.Fatal(bridgeBinErr)
+	}
+	return bridgeBin
+}
+
+// startProcess runs the bridge as a subprocess on the fleet's database and
+// queues, with failpoint armed when not "", and waits until it is ready.
+func (f *fleet) startProcess(fp string) {
+	t := f.t
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	testsvc.Must(t, err, "free port")
+	addr := ln.Addr().String()
+	ln.Close()
+	ini := filepath.Join(f.dir, "bridge.conf")
+	testsvc.Must(t, os.WriteFile(ini, []byte("[webhook_source:lab]\nauth = hmac\nsecret_files = "+f.secret+"\nrate = 1000\nburst = 1000\n"), 0o600), "bridge.conf")
+	args := []string{"serve", "--config", ini}
+	for _, s := range testbridge.Overrides(t, f.dbURL,
+		"notifications.exchange="+f.exchange,
+		"notifications.queue="+f.queues[0],
+		"dispatch.results_queue="+f.queues[1],
+		"dispatch.reports_queue="+f.queues[2],
+		"policy.rules_file="+abs(t, "testdata/policy.yaml"),
+		"pipeline.request_timeout=2m",
+		"api.listen="+addr) {
+		args = append(args, "--set", s)
+	}
+	logf, err := os.OpenFile(filepath.Join(f.dir, "bridge.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	testsvc.Must(t, err, "bridge log")
+	fmt.Fprintf(logf, "----- bridge, failpoint %q -----\n", fp)
+	cmd := exec.Command(bridgeBinary(t), args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), failpoint.Env+"="+fp)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	testsvc.Must(t, cmd.Start(), "start vgpu-bridge")
+	logf.Close()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }() //nolint:errcheck
+	f.proc, f.procDone = cmd, done
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck
+		<-done
+	})
+	f.url = "http://" + addr
+	f.admin = apiclient.New(apiclient.Config{URL: f.url, Token: testbridge.AdminToken, Timeout: 30 * time.Second})
+	if f.pool == nil {
+		f.pool = testsvc.Pool(t, f.dbURL)
+	}
+	f.waitFor(2*time.Minute, "the bridge subprocess is ready", func() bool {
+		select {
+		case <-done:
+			b, _ := os.ReadFile(filepath.Join(f.dir, "bridge.log"))
+			t.Fatalf("vgpu-bridge exited at start: %v\n%s", cmd.ProcessState, tail(string(b), 30))
+		default:
+		}
+		resp, err := http.Get(f.url + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// waitKilled waits until the subprocess killed itself at failpoint fp.
+func (f *fleet) waitKilled(fp string) {
+	t := f.t
+	t.Helper()
+	select {
+	case <-f.procDone:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the bridge did not reach failpoint %s within 90s", fp)
+	}
+	ws, ok := f.proc.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		b, _ := os.ReadFile(filepath.Join(f.dir, "bridge.log"))
+		t.Fatalf("the bridge ended with %v, want SIGKILL at failpoint %s\n%s", f.proc.ProcessState, fp, tail(string(b), 30))
+	}
+	b, _ := os.ReadFile(filepath.Join(f.dir, "bridge.log"))
+	if !strings.Contains(string(b), "failpoint "+fp+": SIGKILL") {
+		t.Fatalf("the bridge was killed, but not at failpoint %s", fp)
+	}
+}
+
+func tail(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
