@@ -332,49 +332,34 @@ func (p *Processor) decideLocked(ctx context.Context, id int64) (outbox, closed 
 	}
 	pc := &preclaims{}
 	ctx = context.WithValue(ctx, preclaimsKey{}, pc)
-	for round := 1; ; round++ {
-		pc.need = nil
-		for _, e := range pc.entries {
-			e.used = false
+	err = p.rounds(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
+		outbox, closed = false, false
+		row, ok, err := lockEvent(ctx, tx, id)
+		if err != nil || !ok {
+			return err
 		}
-		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			outbox, closed = false, false
-			row, ok, err := lockEvent(ctx, tx, id)
-			if err != nil || !ok {
+		ctx, ok, err = p.gate(ctx, tx, &row) // operator pause / observe-only (bridge/controls)
+		if err != nil || !ok {
+			return err
+		}
+		if row.InstanceUUID != "" {
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
+				return fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
+			}
+			var earlier bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL)`,
+				row.InstanceUUID, row.ID).Scan(&earlier); err != nil {
 				return err
 			}
-			ctx, ok, err := p.gate(ctx, tx, &row) // operator pause / observe-only (bridge/controls)
-			if err != nil || !ok {
-				return err
+			if earlier {
+				return nil // an earlier event of the instance goes first
 			}
-			if row.InstanceUUID != "" {
-				if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
-					return fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
-				}
-				var earlier bool
-				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL)`,
-					row.InstanceUUID, row.ID).Scan(&earlier); err != nil {
-					return err
-				}
-				if earlier {
-					return nil // an earlier event of the instance goes first
-				}
-			}
-			closed = true
-			var err2 error
-			_, outbox, err2 = p.handle(ctx, tx, row, hs)
-			return err2
-		})
-		if !errors.Is(err, errNeedClaims) || round >= maxClaimRounds || inst == "" {
-			break
 		}
-		failpoint.Hit(FailBeforeClaim)
-		for _, n := range pc.need { // no transaction is open here
-			made, cerr := p.claim(n.ctx, n.f, n.s, n.planned)
-			pc.entries = append(pc.entries, &preclaim{key: n.key, made: made, err: cerr})
-		}
-		failpoint.Hit(FailAfterClaim)
-	}
+		closed = true
+		var err2 error
+		_, outbox, err2 = p.handle(ctx, tx, row, hs)
+		return err2
+	})
 	// Still under the instance's lock: no other decision can adopt these
 	// units before they are given back.
 	if err != nil {
@@ -390,11 +375,11 @@ func (p *Processor) decideLocked(ctx context.Context, id int64) (outbox, closed 
 	return outbox, closed, nil
 }
 
-// Failpoints of the decide → claim → record rounds (internal/failpoint):
-// crash tests kill the bridge at each.
+// Failpoints of the rounds of a transaction that needs Placement calls
+// (internal/failpoint): crash tests kill the bridge at each.
 const (
-	FailBeforeClaim = "pipeline.before_claim" // a round stopped for a claim; none made yet
-	FailAfterClaim  = "pipeline.after_claim"  // the claim is in Placement, not recorded
+	FailBeforeClaim = "pipeline.before_placement" // a round stopped for a claim or release; none made yet
+	FailAfterClaim  = "pipeline.after_placement"  // the claim or release is made in Placement, not recorded
 	FailAfterRecord = "pipeline.after_record" // recorded and committed; outbox not kicked
 )
 
@@ -402,15 +387,78 @@ const (
 // (one per attach step of its plan, and one to record).
 const maxClaimRounds = 8
 
-// errNeedClaims stops a decision's transaction that needs a Placement
-// claim it does not hold yet (processOne makes it, then decides again).
-var errNeedClaims = errors.New("the decision needs Placement claims")
+// errNeedClaims stops a transaction that needs a Placement claim or
+// release it has not made yet (rounds makes it, then runs the
+// transaction again).
+var errNeedClaims = errors.New("the transaction needs Placement calls made first")
+
+// txBeginner is a pool or a connection.
+type txBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// rounds runs fn in a transaction of db until it no longer stops for a
+// Placement call (errNeedClaims): between two rounds, with no transaction
+// open, it makes the claims and releases the last round asked for
+// (claimFor, releaseFor). The preclaims in ctx, or new ones, carry what
+// was made from round to round; the caller gives back the claims no round
+// took (preclaims.unused) or, on error, all of them.
+func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
+	if pc == nil {
+		pc = &preclaims{}
+		ctx = context.WithValue(ctx, preclaimsKey{}, pc)
+	}
+	for round := 1; ; round++ {
+		pc.need, pc.needRelease = nil, nil
+		for _, e := range pc.entries {
+			e.used = false
+		}
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return fn(ctx, tx) })
+		if !errors.Is(err, errNeedClaims) || round >= maxClaimRounds {
+			return err
+		}
+		failpoint.Hit(FailBeforeClaim)
+		for _, n := range pc.need { // no transaction is open here
+			made, cerr := p.claim(n.ctx, n.f, n.s, n.planned)
+			pc.entries = append(pc.entries, &preclaim{key: n.key, made: made, err: cerr})
+		}
+		for _, a := range pc.needRelease {
+			if err := p.d.Placement.ReleaseUnits(ctx, a.InstanceUUID, a.Provider, a.Class, a.Amount, a.HeldAfter); err != nil {
+				return errRetry{fmt.Errorf("release attachment %s (%d %s on %s): %w", a.ID, a.Amount, a.Class, a.Provider, err)}
+			}
+			if pc.released == nil {
+				pc.released = map[uuid.UUID]bool{}
+			}
+			pc.released[a.ID] = true
+		}
+		failpoint.Hit(FailAfterClaim)
+	}
+}
+
+// releaseFor gives back attachment a's claim in Placement: a release made
+// before this round counts as done; else it is recorded as needed and
+// errNeedClaims stops the round. With no preclaims in ctx it releases at
+// once.
+func (p *Processor) releaseFor(ctx context.Context, a Attachment) error {
+	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
+	if pc == nil {
+		return p.d.Placement.ReleaseUnits(ctx, a.InstanceUUID, a.Provider, a.Class, a.Amount, a.HeldAfter)
+	}
+	if pc.released[a.ID] {
+		return nil
+	}
+	pc.needRelease = append(pc.needRelease, a)
+	return errNeedClaims
+}
 
 // preclaims are the claims made for one event's decision between its
 // transactions.
 type preclaims struct {
-	entries []*preclaim
-	need    []claimNeed // what the last round stopped for
+	entries     []*preclaim
+	need        []claimNeed        // what the last round stopped for
+	needRelease []Attachment       // releases the last round stopped for
+	released    map[uuid.UUID]bool // attachments whose claim was given back
 	// holdings are the consumer's vGPU units as the first round read them:
 	// later rounds decide on the same view, not on one that shows the
 	// claims made for this very decision.
@@ -550,7 +598,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 		return errors.Join(cause, requests.EventNotBefore(ctx, p.d.Pool, id, wait))
 	}
 	// Give up: close the event; its request fails with the last error.
-	return errors.Join(cause, pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+	return errors.Join(cause, p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		row, ok, err := lockEvent(ctx, tx, id)
 		if err != nil || !ok {
 			return err

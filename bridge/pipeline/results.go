@@ -47,7 +47,7 @@ func PhaseOf(k protocol.Kind) string {
 // failure and compensation. Duplicate and unknown results are ignored.
 func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) error {
 	outbox := false
-	err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+	err := p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		outbox = false
 		var reqID *uuid.UUID
 		var purpose, kind, host string
@@ -177,8 +177,8 @@ func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID) er
 	}
 	for _, a := range rel {
 		if a.Provider != "" {
-			if err := p.d.Placement.ReleaseUnits(ctx, a.InstanceUUID, a.Provider, a.Class, a.Amount, a.HeldAfter); err != nil {
-				return errRetry{err}
+			if err := p.releaseFor(ctx, a); err != nil {
+				return err
 			}
 		}
 		if err := requests.MarkReleased(ctx, tx, a.ID); err != nil {
@@ -257,8 +257,8 @@ func (p *Processor) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, 
 	for _, a := range atts {
 		detail := map[string]any{"reason": reason, "code": code}
 		if a.Provider != "" {
-			if err := p.d.Placement.ReleaseUnits(ctx, a.InstanceUUID, a.Provider, a.Class, a.Amount, a.HeldAfter); err != nil {
-				return errRetry{fmt.Errorf("compensate attachment %s: %w", a.ID, err)}
+			if err := p.releaseFor(ctx, a); err != nil {
+				return err
 			}
 			detail["claim_released"] = map[string]any{"provider": a.Provider, "class": a.Class, "amount": a.Amount}
 			p.m.compensations.WithLabelValues("claim_released").Inc()
@@ -298,7 +298,7 @@ func (p *Processor) compensateEnded(ctx context.Context) (int, error) {
 	n := 0
 	for {
 		done := false
-		err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+		err := p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			var id uuid.UUID
 			var st, reason, code string
 			err := tx.QueryRow(ctx, `SELECT r.id, r.state, coalesce(r.reason,''), coalesce(r.code,'') FROM requests r
@@ -402,7 +402,7 @@ func (p *Processor) CheckDeadlines(ctx context.Context) (int, error) {
 	n := 0
 	for {
 		done := false
-		err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+		err := p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			var id uuid.UUID
 			err := tx.QueryRow(ctx, `SELECT id FROM requests WHERE state IN ('accepted','decided','dispatched')
 				AND deadline_at IS NOT NULL AND deadline_at < now() ORDER BY deadline_at LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&id)

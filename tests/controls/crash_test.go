@@ -80,6 +80,44 @@ func TestCrashAtEachClaimStep(t *testing.T) {
 	}
 }
 
+// TestCrashAfterRelease kills the bridge after it gave a released vGPU's
+// claim back to Placement and before it recorded that: after a restart
+// the release finishes once, the claim stays given back (the repeated
+// release finds it done) and the vGPU is recorded released.
+func TestCrashAfterRelease(t *testing.T) {
+	f := newFleet(t)
+	a := f.hosts[0]
+	f.startProcess("")
+	f.startAgent(a)
+	f.notifyCreates()
+	if r := f.final(f.request(a)); r.State != "succeeded" {
+		t.Fatalf("attach: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	if n := f.vgpuUnits(a.vm); n != 1 {
+		t.Fatalf("VGPU after the attach: %d, want 1", n)
+	}
+	syscall.Kill(-f.proc.Process.Pid, syscall.SIGTERM) //nolint:errcheck
+	<-f.procDone
+	f.startProcess(pipeline.FailAfterClaim)
+	id := f.send(a, map[string]any{"type": "GPU_RELEASE", "vm_id": a.vm})
+	f.waitKilled(pipeline.FailAfterClaim)
+	if n := f.vgpuUnits(a.vm); n != 0 {
+		t.Errorf("VGPU at the crash: %d, want 0 (given back before the record)", n)
+	}
+	f.startProcess("")
+	if r := f.final(id); r.State != "succeeded" {
+		t.Fatalf("release after the restart: %s (%s: %s), want succeeded", r.State, r.Code, r.Reason)
+	}
+	if n := f.vgpuUnits(a.vm); n != 0 {
+		t.Errorf("VGPU after the release: %d, want 0", n)
+	}
+	var states string
+	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT string_agg(state, ',') FROM vgpu_attachments WHERE instance_uuid = $1`, a.vm).Scan(&states), "attachments")
+	if states != "released" {
+		t.Errorf("attachments %q, want one released", states)
+	}
+}
+
 var (
 	bridgeBin      string
 	bridgeBinErr   error
