@@ -378,9 +378,9 @@ func (p *Processor) decideLocked(ctx context.Context, id int64) (outbox, closed 
 // Failpoints of the rounds of a transaction that needs Placement calls
 // (internal/failpoint): crash tests kill the bridge at each.
 const (
-	FailBeforeClaim = "pipeline.before_placement" // a round stopped for a claim or release; none made yet
-	FailAfterClaim  = "pipeline.after_placement"  // the claim or release is made in Placement, not recorded
-	FailAfterRecord = "pipeline.after_record" // recorded and committed; outbox not kicked
+	FailBeforePlacement = "pipeline.before_placement" // a round stopped for a claim or release; none made yet
+	FailAfterPlacement  = "pipeline.after_placement"  // the claim or release is made in Placement, not recorded
+	FailAfterRecord     = "pipeline.after_record"     // recorded and committed; outbox not kicked
 )
 
 // maxClaimRounds bounds the decide → claim → decide rounds of one event
@@ -418,7 +418,7 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 		if !errors.Is(err, errNeedClaims) || round >= maxClaimRounds {
 			return err
 		}
-		failpoint.Hit(FailBeforeClaim)
+		failpoint.Hit(FailBeforePlacement)
 		for _, n := range pc.need { // no transaction is open here
 			made, cerr := p.claim(n.ctx, n.f, n.s, n.planned)
 			pc.entries = append(pc.entries, &preclaim{key: n.key, made: made, err: cerr})
@@ -432,7 +432,7 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 			}
 			pc.released[a.ID] = true
 		}
-		failpoint.Hit(FailAfterClaim)
+		failpoint.Hit(FailAfterPlacement)
 	}
 }
 

@@ -21,6 +21,6 @@ func Hit(name string) {
 		return
 	}
 	os.Stderr.WriteString("failpoint " + name + ": SIGKILL\n") //nolint:errcheck
-	syscall.Kill(os.Getpid(), syscall.SIGKILL)                  //nolint:errcheck
-	select {}                                                   // the signal is on its way
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)                 //nolint:errcheck
+	select {}                                                  // the signal is on its way
 }

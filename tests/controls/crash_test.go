@@ -29,7 +29,7 @@ import (
 // queues. Each time the request finishes once, and Placement holds exactly
 // the vGPU the bridge records: none leaked, none doubled.
 func TestCrashAtEachClaimStep(t *testing.T) {
-	for _, fp := range []string{pipeline.FailBeforeClaim, pipeline.FailAfterClaim, pipeline.FailAfterRecord} {
+	for _, fp := range []string{pipeline.FailBeforePlacement, pipeline.FailAfterPlacement, pipeline.FailAfterRecord} {
 		t.Run(fp, func(t *testing.T) {
 			f := newFleet(t)
 			a := f.hosts[0]
@@ -98,9 +98,9 @@ func TestCrashAfterRelease(t *testing.T) {
 	}
 	syscall.Kill(-f.proc.Process.Pid, syscall.SIGTERM) //nolint:errcheck
 	<-f.procDone
-	f.startProcess(pipeline.FailAfterClaim)
+	f.startProcess(pipeline.FailAfterPlacement)
 	id := f.send(a, map[string]any{"type": "GPU_RELEASE", "vm_id": a.vm})
-	f.waitKilled(pipeline.FailAfterClaim)
+	f.waitKilled(pipeline.FailAfterPlacement)
 	if n := f.vgpuUnits(a.vm); n != 0 {
 		t.Errorf("VGPU at the crash: %d, want 0 (given back before the record)", n)
 	}
