@@ -110,22 +110,20 @@ type Backoff struct {
 
 // Next returns the next wait.
 func (b *Backoff) Next() time.Duration {
-	if b.b == nil {
-		b.b = backoff.Policy{Min: cmp.Or(b.Base, 20*time.Millisecond), Max: cmp.Or(b.Max, 2*time.Second)}.New()
-	}
+	b.init()
 	d, _ := b.b.Next()
 	return d
 }
 
 // Wait sleeps for Next or until ctx ends.
 func (b *Backoff) Wait(ctx context.Context) error {
-	t := time.NewTimer(b.Next())
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
+	b.init()
+	return backoff.Wait(ctx, b.b)
+}
+
+func (b *Backoff) init() {
+	if b.b == nil {
+		b.b = backoff.Policy{Min: cmp.Or(b.Base, 20*time.Millisecond), Max: cmp.Or(b.Max, 2*time.Second)}.New()
 	}
 }
 

@@ -335,15 +335,10 @@ func amqpErr(e *amqp.Error) error {
 // commitOne), so a message Postgres refuses can never hold up the others.
 func (c *Consumer) commit(ctx context.Context, batch []*item) error {
 	for attempt := 0; ; attempt++ {
-		start := time.Now()
-		res, err := c.applyBatch(ctx, batch)
+		err := c.apply(ctx, batch)
 		if err == nil {
-			c.committed()
-			c.m.observe(res, time.Since(start))
-			c.wake(res)
 			return nil
 		}
-		c.failed(err)
 		if isDataError(err) {
 			for _, it := range batch {
 				if err := c.commitOne(ctx, it); err != nil {
@@ -365,15 +360,10 @@ func (c *Consumer) commit(ctx context.Context, batch []*item) error {
 // are retried with backoff until ctx ends.
 func (c *Consumer) commitOne(ctx context.Context, it *item) error {
 	for attempt := 0; ; attempt++ {
-		start := time.Now()
-		res, err := c.applyBatch(ctx, []*item{it})
+		err := c.apply(ctx, []*item{it})
 		if err == nil {
-			c.committed()
-			c.m.observe(res, time.Since(start))
-			c.wake(res)
 			return nil
 		}
-		c.failed(err)
 		if isDataError(err) {
 			next := c.demote(it, err)
 			if next == nil {
@@ -432,6 +422,21 @@ func (c *Consumer) retryWait(ctx context.Context, err error, attempt, n int) err
 	case <-time.After(d):
 		return nil
 	}
+}
+
+// apply commits items once and keeps the books: metrics, readiness and
+// the pipeline's wake on success, the failure count and error otherwise.
+func (c *Consumer) apply(ctx context.Context, items []*item) error {
+	start := time.Now()
+	res, err := c.applyBatch(ctx, items)
+	if err != nil {
+		c.failed(err)
+		return err
+	}
+	c.committed()
+	c.m.observe(res, time.Since(start))
+	c.wake(res)
+	return nil
 }
 
 // wake calls OnCommitted when a commit stored new events.

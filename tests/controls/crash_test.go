@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -118,34 +117,6 @@ func TestCrashAfterRelease(t *testing.T) {
 	}
 }
 
-var (
-	bridgeBin      string
-	bridgeBinErr   error
-	bridgeBinBuild sync.Once
-)
-
-// bridgeBinary builds cmd/vgpu-bridge once per test run.
-func bridgeBinary(t *testing.T) string {
-	t.Helper()
-	bridgeBinBuild.Do(func() {
-		dir, err := os.MkdirTemp("", "vgpu-crash-bin-")
-		if err != nil {
-			bridgeBinErr = err
-			return
-		}
-		bridgeBin = filepath.Join(dir, "vgpu-bridge")
-		cmd := exec.Command("go", "build", "-o", bridgeBin, "./cmd/vgpu-bridge")
-		cmd.Dir = filepath.Join("..", "..")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			bridgeBinErr = fmt.Errorf("go build ./cmd/vgpu-bridge: %v\n%s", err, out)
-		}
-	})
-	if bridgeBinErr != nil {
-		t.Fatal(bridgeBinErr)
-	}
-	return bridgeBin
-}
-
 // startProcess runs the bridge as a subprocess on the fleet's database and
 // queues, with failpoint armed when not "", and waits until it is ready.
 func (f *fleet) startProcess(fp string) {
@@ -155,23 +126,15 @@ func (f *fleet) startProcess(fp string) {
 	testsvc.Must(t, err, "free port")
 	addr := ln.Addr().String()
 	ln.Close()
-	ini := filepath.Join(f.dir, "bridge.conf")
-	testsvc.Must(t, os.WriteFile(ini, []byte("[webhook_source:lab]\nauth = hmac\nsecret_files = "+f.secret+"\nrate = 1000\nburst = 1000\n"), 0o600), "bridge.conf")
+	ini, over := f.config("api.listen=" + addr)
 	args := []string{"serve", "--config", ini}
-	for _, s := range testbridge.Overrides(t, f.dbURL,
-		"notifications.exchange="+f.exchange,
-		"notifications.queue="+f.queues[0],
-		"dispatch.results_queue="+f.queues[1],
-		"dispatch.reports_queue="+f.queues[2],
-		"policy.rules_file="+abs(t, "testdata/policy.yaml"),
-		"pipeline.request_timeout=2m",
-		"api.listen="+addr) {
+	for _, s := range over {
 		args = append(args, "--set", s)
 	}
 	logf, err := os.OpenFile(filepath.Join(f.dir, "bridge.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	testsvc.Must(t, err, "bridge log")
 	fmt.Fprintf(logf, "----- bridge, failpoint %q -----\n", fp)
-	cmd := exec.Command(bridgeBinary(t), args...)
+	cmd := exec.Command(testsvc.Binary(t, "vgpu-bridge"), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), failpoint.Env+"="+fp)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -193,7 +156,7 @@ func (f *fleet) startProcess(fp string) {
 		select {
 		case <-done:
 			b, _ := os.ReadFile(filepath.Join(f.dir, "bridge.log"))
-			t.Fatalf("vgpu-bridge exited at start: %v\n%s", cmd.ProcessState, tail(string(b), 30))
+			t.Fatalf("vgpu-bridge exited at start: %v\n%s", cmd.ProcessState, testsvc.LastLines(string(b), 30))
 		default:
 		}
 		resp, err := http.Get(f.url + "/readyz")
@@ -217,18 +180,10 @@ func (f *fleet) waitKilled(fp string) {
 	ws, ok := f.proc.ProcessState.Sys().(syscall.WaitStatus)
 	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
 		b, _ := os.ReadFile(filepath.Join(f.dir, "bridge.log"))
-		t.Fatalf("the bridge ended with %v, want SIGKILL at failpoint %s\n%s", f.proc.ProcessState, fp, tail(string(b), 30))
+		t.Fatalf("the bridge ended with %v, want SIGKILL at failpoint %s\n%s", f.proc.ProcessState, fp, testsvc.LastLines(string(b), 30))
 	}
 	b, _ := os.ReadFile(filepath.Join(f.dir, "bridge.log"))
 	if !strings.Contains(string(b), "failpoint "+fp+": SIGKILL") {
 		t.Fatalf("the bridge was killed, but not at failpoint %s", fp)
 	}
-}
-
-func tail(s string, n int) string {
-	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(l) > n {
-		l = l[len(l)-n:]
-	}
-	return strings.Join(l, "\n")
 }

@@ -77,6 +77,13 @@ type fleet struct {
 	procDone chan struct{}
 }
 
+// TestMain removes the binaries the tests built (crash tests, vgpuctl).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testsvc.RemoveBinaries()
+	os.Exit(code)
+}
+
 // newFleet creates two compute hosts in Placement (A with an agent on a
 // fake host, B without), each with two T4 GPUs typed T4-4Q and one
 // instance, and the bridge's queues; the bridge is started by start.
@@ -127,13 +134,14 @@ func (f *fleet) start(extra ...string) {
 	f.admin = apiclient.New(apiclient.Config{URL: f.url, Token: testbridge.AdminToken, Timeout: 30 * time.Second})
 }
 
-// launch runs one more bridge replica on the fleet's database and queues
-// and waits until it is ready and consumes notifications.
-func (f *fleet) launch(extra ...string) (*bridge.Daemon, func()) {
+// config writes the fleet's bridge.conf and returns its path and the
+// option overrides of a bridge on the fleet's database and queues; extra
+// ones win.
+func (f *fleet) config(extra ...string) (string, []string) {
 	t := f.t
 	ini := filepath.Join(f.dir, "bridge.conf")
 	testsvc.Must(t, os.WriteFile(ini, []byte("[webhook_source:lab]\nauth = hmac\nsecret_files = "+f.secret+"\nrate = 1000\nburst = 1000\n"), 0o600), "bridge.conf")
-	over := append([]string{
+	return ini, testbridge.Overrides(t, f.dbURL, append([]string{
 		"notifications.exchange=" + f.exchange,
 		"notifications.queue=" + f.queues[0],
 		"dispatch.results_queue=" + f.queues[1],
@@ -142,8 +150,15 @@ func (f *fleet) launch(extra ...string) (*bridge.Daemon, func()) {
 		"pipeline.poll_interval=100ms",
 		"pipeline.request_timeout=2m",
 		"placement.sync_interval=1h", // exclusions must follow NOTIFY, not the sync rounds
-	}, extra...)
-	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: testbridge.Overrides(t, f.dbURL, over...)})
+	}, extra...)...)
+}
+
+// launch runs one more bridge replica on the fleet's database and queues
+// and waits until it is ready and consumes notifications.
+func (f *fleet) launch(extra ...string) (*bridge.Daemon, func()) {
+	t := f.t
+	ini, over := f.config(extra...)
+	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: over})
 	testsvc.Must(t, err, "bridge configuration")
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan *bridge.Daemon, 1)

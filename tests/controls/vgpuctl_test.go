@@ -7,46 +7,17 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
-var (
-	buildOnce sync.Once
-	ctlBin    string
-	buildErr  error
-)
-
-// vgpuctl builds the binary once per test process.
-func vgpuctlBin(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "vgpuctl-controls-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		ctlBin = filepath.Join(dir, "vgpuctl")
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			goTool = "/usr/local/go/bin/go"
-		}
-		out, err := exec.Command(goTool, "build", "-o", ctlBin, "github.com/vgpu-bridge/vgpu-bridge/cmd/vgpuctl").CombinedOutput()
-		if err != nil {
-			buildErr = errors.New(string(out))
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("build vgpuctl: %v", buildErr)
-	}
-	return ctlBin
-}
+// vgpuctlBin is the vgpuctl binary, built once per test process.
+func vgpuctlBin(t *testing.T) string { return testsvc.Binary(t, "vgpuctl") }
 
 type ctlResult struct {
 	code           int

@@ -166,7 +166,7 @@ func (w *world) startReplica(name string) {
 	api := fmt.Sprintf("127.0.0.1:%d", port)
 	f, err := os.OpenFile(w.brLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	testsvc.Must(t, err, "bridge log")
-	cmd := exec.Command(bridgeBinary(t), append(append([]string{}, w.args...), "--set", "api.listen="+api, "--set", "DEFAULT.host="+name)...)
+	cmd := exec.Command(testsvc.Binary(t, "vgpu-bridge"), append(append([]string{}, w.args...), "--set", "api.listen="+api, "--set", "DEFAULT.host="+name)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	testsvc.Must(t, cmd.Start(), "start the second replica")

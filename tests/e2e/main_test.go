@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/tests/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
 // The package's shared Nova: started by the first test that asks for it
@@ -26,9 +26,7 @@ var shared struct {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath)) // the bridge binary bridgeBinary built
-	}
+	testsvc.RemoveBinaries()
 	if n := shared.n; n != nil {
 		if code != 0 {
 			n.MarkFailed()

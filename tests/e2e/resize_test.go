@@ -19,7 +19,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -82,34 +81,6 @@ rules:
     when: instance.vgpu_count > 0
     then: ['set_limits("800000 100000", "64G")']
 `
-
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-// bridgeBinary builds cmd/vgpu-bridge once per test run.
-func bridgeBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "vgpu-e2e-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "vgpu-bridge")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/vgpu-bridge")
-		cmd.Dir = filepath.Join("..", "..")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/vgpu-bridge: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
 
 // world is one scenario's cloud: the package's Nova with a compute host
 // of the test's own whose node has a T4 child provider set to the test's
@@ -192,18 +163,10 @@ func newWorld(t *testing.T, o worldOpts) *world {
 		w.stopBridge(syscall.SIGTERM)
 		if t.Failed() {
 			b, _ := os.ReadFile(w.brLog)
-			t.Logf("bridge log (last 60 lines):\n%s", lastLines(string(b), 60))
+			t.Logf("bridge log (last 60 lines):\n%s", testsvc.LastLines(string(b), 60))
 		}
 	})
 	return w
-}
-
-func lastLines(s string, n int) string {
-	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(l) > n {
-		l = l[len(l)-n:]
-	}
-	return strings.Join(l, "\n")
 }
 
 // startBridge runs the bridge binary and waits until /readyz answers 200.
@@ -214,7 +177,7 @@ func (w *world) startBridge() {
 	testsvc.Must(t, err, "bridge log")
 	w.runs++
 	fmt.Fprintf(f, "----- bridge run %d -----\n", w.runs)
-	cmd := exec.Command(bridgeBinary(t), w.args...)
+	cmd := exec.Command(testsvc.Binary(t, "vgpu-bridge"), w.args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	testsvc.Must(t, cmd.Start(), "start vgpu-bridge")
@@ -228,7 +191,7 @@ func (w *world) startBridge() {
 		case <-done:
 			b, _ := os.ReadFile(w.brLog)
 			w.br = nil
-			t.Fatalf("vgpu-bridge exited at start: %v\n%s", cmd.ProcessState, lastLines(string(b), 40))
+			t.Fatalf("vgpu-bridge exited at start: %v\n%s", cmd.ProcessState, testsvc.LastLines(string(b), 40))
 		default:
 		}
 		resp, err := http.Get(w.api + "/readyz")
