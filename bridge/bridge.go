@@ -127,7 +127,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	}
 	ac.Logger, ac.Registry, ac.Version = log.With("component", "api"), reg, Version
 	ac.ShutdownGrace = optShutdownTimeout.Get(v)
-	// Keystone auth (issue 9, bridge/keystoneauth) logs Keystone outages with the API's logger
+	// Keystone auth (bridge/keystoneauth) logs Keystone outages with the API's logger
 	// and exports its validation metrics.
 	if la, ok := ac.Auth.(interface{ SetLogger(*slog.Logger) }); ok {
 		la.SetLogger(ac.Logger)
@@ -135,7 +135,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	if mc, ok := ac.Auth.(interface{ Collectors() []prometheus.Collector }); ok {
 		reg.MustRegister(mc.Collectors()...)
 	}
-	// Secrets rotation (issue 10): SIGHUP swaps tokens, certificates, webhook secrets and keys.
+	// Secrets rotation: SIGHUP swaps tokens, certificates, webhook secrets and keys.
 	rl := newReloader(v, reg, log)
 	rl.api(v, &ac)
 	srv := api.New(ac)
@@ -145,29 +145,29 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	var comps []component
 	// Features register here: routes with srv, loops in comps.
 	// (wiring: features)
-	// Policy (issue 6): the rules, their reload loop, POST /v1/policy/explain.
 	w := &wiring{v: v, replica: replica, pool: pool, srv: srv, reg: reg, log: log, rl: rl, tu: tu,
 		ctl: controls.NewStore(pool, reg, log.With("component", "controls"))}
+	// Policy: the rules, their reload loop, POST /v1/policy/explain.
 	pol, polComp, err := setupPolicy(w, nil, nil, nil)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, polComp)
-	// Operator controls (issue 9): pause, observe-only, drains; read by placement and the pipeline.
-	// Placement (issue 4): mirror, sync loop, engine, claims, /v1/placements, /v1/gpus, /v1/hosts.
+	// Operator controls: pause, observe-only, drains; read by placement and the pipeline.
+	// Placement: mirror, sync loop, engine, claims, /v1/placements, /v1/gpus, /v1/hosts.
 	pl, plComp, err := setupPlacement(ctx, w, pol.Catalog(), w.ctl)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, plComp)
 	srv.AddCheck("placement", pl.Ready) // not ready before the first full inventory sync
-	// Webhooks and the request store (issue 5): /v1/webhooks/{source}, /v1/requests, callbacks.
+	// Webhooks and the request store: /v1/webhooks/{source}, /v1/requests, callbacks.
 	whComps, err := setupWebhooks(w, ac)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, whComps...)
-	// Nova notifications (issue 3): consumer loop + /v1/instances, /v1/events, /v1/dead-letters.
+	// Nova notifications: consumer loop + /v1/instances, /v1/events, /v1/dead-letters.
 	notifCfg, err := NotificationsConfig(v, tu)
 	if err != nil {
 		return err
@@ -180,21 +180,21 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	notif.Register(srv)
 	srv.AddCheck("notifications", notif.Ready) // commits to Postgres failing for [notifications] stall_after
 	comps = append(comps, component{"notifications", notif.Run})
-	// Pipeline and dispatch (issue 8): inbox → policy → Placement claim → outbox → agents; results, reports, deadlines.
+	// Pipeline and dispatch: inbox → policy → Placement claim → outbox → agents; results, reports, deadlines.
 	pipeComps, err := setupPipeline(ctx, w, notifCfg.TLS, pol, pl)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, pipeComps...)
-	// Operator controls (issue 9): /v1/controls, drains, /v1/audit, /v1/profiles, dead-letter replay; retention purge.
+	// Operator controls: /v1/controls, drains, /v1/audit, /v1/profiles, dead-letter replay; retention purge.
 	comps = append(comps, setupControls(w, pl, pol, notif)...)
-	// Drift reconciler (issue 8): Placement ↔ agents' reports ↔ bridge records; GET /v1/drift, repairs.
+	// Drift reconciler: Placement ↔ agents' reports ↔ bridge records; GET /v1/drift, repairs.
 	driftComp, err := setupDrift(w, pl)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, driftComp)
-	// Dashboard (issue 9): /ui (embedded page over /v1) and GET /v1/status (ingest lag, agent reports).
+	// Dashboard: /ui (embedded page over /v1) and GET /v1/status (ingest lag, agent reports).
 	ui.New(ui.Config{Pool: pool, StaleReportAge: optPlacementStaleReportAge.Get(v), Version: Version}).Register(srv)
 
 	if err := srv.Start(); err != nil {

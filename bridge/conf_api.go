@@ -64,7 +64,7 @@ func serverTLS(certFile, keyFile string) (*tls.Config, error) {
 }
 
 func init() {
-	Options.SectionHelp("api", "The operator API (DESIGN.md §4.3), /metrics, /healthz and /readyz.")
+	Options.SectionHelp("api", "The operator API (described at GET /v1/openapi.json), /metrics, /healthz and /readyz.")
 	validators = append(validators, func(v *conf.Values) conf.Errors {
 		var errs conf.Errors
 		if l := optAPIListen.Get(v); l != "" {
@@ -104,7 +104,7 @@ func APIConfig(v *conf.Values) (api.Config, error) {
 			return c, err
 		}
 		c.Auth = st
-	case "keystone": // issue 9: bridge/keystoneauth, options in conf_keystone.go
+	case "keystone": // bridge/keystoneauth, options in conf_keystone.go
 		kc, err := KeystoneAuthConfig(v, nil)
 		if err != nil {
 			return c, err

@@ -10,7 +10,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
-// setupControls registers the operator controls' routes (issue 9) and
+// setupControls registers the operator controls' routes and
 // returns their loops: change notifications (placement exclusions and
 // the mode gauges of this replica follow every replica's changes) and the
 // retention purge. ctl is built in Run before placement and the pipeline,

@@ -36,7 +36,7 @@ var (
 )
 
 func init() {
-	Options.SectionHelp("dispatch", "Commands to the agents and their results and reports over RabbitMQ (DESIGN.md §4.4): "+
+	Options.SectionHelp("dispatch", "Commands to the agents and their results and reports over RabbitMQ (package agent/protocol): "+
 		"exchange vgpu, routing keys agent.<host>, result.<host>, report.<host>. TLS settings are those of [notifications].")
 	validators = append(validators, func(v *conf.Values) conf.Errors {
 		var errs conf.Errors

@@ -65,7 +65,7 @@ var (
 )
 
 func init() {
-	Options.SectionHelp("notifications", "Consuming Nova's versioned notifications from RabbitMQ (DESIGN.md §4.1). "+
+	Options.SectionHelp("notifications", "Consuming Nova's versioned notifications from RabbitMQ. "+
 		"Nova must send them: nova.conf [notifications] notification_format = versioned (or both) and "+
 		"[oslo_messaging_notifications] driver = messagingv2.")
 	validators = append(validators, func(v *conf.Values) conf.Errors {

@@ -112,7 +112,7 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 	}
 	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
 		Results: proc, Catalog: pol.Catalog(), Phase: pipeline.PhaseOf, Log: log.With("component", "dispatch"), Registry: reg,
-		Hold: ctl.Hold}) // operators' pause / observe-only hold the outbox (issue 9)
+		Hold: ctl.Hold}) // operators' pause / observe-only hold the outbox
 	if err != nil {
 		pipePool.Close()
 		return nil, err

@@ -115,7 +115,7 @@ func setupPlacement(ctx context.Context, w *wiring, cat *catalog.Catalog, marks 
 		return nil, component{}, err
 	}
 	ph := placementapi.New(svc)
-	ph.Marks = marks // drains and disabled services in /v1/hosts and /v1/gpus (issue 9)
+	ph.Marks = marks // drains and disabled services in /v1/hosts and /v1/gpus
 	ph.Register(srv)
 	return svc, component{name: "placement", run: svc.Run}, nil
 }

@@ -65,14 +65,14 @@ var (
 )
 
 func init() {
-	Options.SectionHelp("webhooks", "The webhook endpoint POST /v1/webhooks/{source} (DESIGN.md §4.2): its listener, group commit, idempotency and callbacks. Sources are [webhook_source:NAME] sections.")
+	Options.SectionHelp("webhooks", "The webhook endpoint POST /v1/webhooks/{source}: its listener, group commit, idempotency and callbacks. Sources are [webhook_source:NAME] sections.")
 	Options.Template(webhookSourcePrefix,
 		"One webhook source per section, e.g. [webhook_source:batch-scheduler]; senders POST to /v1/webhooks/batch-scheduler.",
 		conf.Option{Name: "auth", Kind: conf.KindChoice, Default: "hmac", Choices: []string{"hmac", "bearer", "mtls"},
 			Help: "How the source authenticates: hmac (X-Hub-Signature-256 with Idempotency-Key, or Standard Webhooks " +
 				"headers), bearer (Authorization: Bearer), mtls (a client certificate signed by [webhooks] client_ca_file). Example: hmac"},
 		conf.Option{Name: "format", Kind: conf.KindChoice, Default: "native", Choices: []string{"native", "alertmanager"},
-			Help: "Payload format: native (DESIGN.md §4.2) or alertmanager (Alertmanager's webhook_config; needs auth = bearer or mtls). Example: alertmanager"},
+			Help: "Payload format: native or alertmanager (Alertmanager's webhook_config; needs auth = bearer or mtls). Example: alertmanager"},
 		conf.Option{Name: "secret_files", Kind: conf.KindList,
 			Help: "Files each holding one HMAC secret (not world-readable). List two during a rotation: either verifies, " +
 				"and callbacks carry a signature of each. A secret of the form whsec_<base64> is used as its decoded bytes. Re-read on SIGHUP. " +

@@ -1,7 +1,7 @@
--- Foundation schema: what DESIGN.md already fixes. Later migrations extend it.
+-- Foundation schema. Later migrations extend it.
 -- +goose Up
 
--- Nova compute service hosts, as agents report them (DESIGN.md §4.4).
+-- Nova compute service hosts, as agents report them (package agent/protocol).
 CREATE TABLE hosts (
     name            text PRIMARY KEY,          -- Nova's compute service host
     node            text,                      -- hypervisor node = Placement root provider name
@@ -65,7 +65,7 @@ CREATE TABLE events (
 CREATE INDEX events_instance_idx ON events (instance_uuid, id);
 CREATE INDEX events_unprocessed_idx ON events (id) WHERE processed_at IS NULL;
 
--- Requests: what a source asked for, and where it stands (DESIGN.md §4.3).
+-- Requests: what a source asked for, and where it stands (GET /v1/openapi.json).
 CREATE TABLE requests (
     id              uuid PRIMARY KEY,
     source          text NOT NULL,

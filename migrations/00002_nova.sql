@@ -1,4 +1,4 @@
--- Nova ingest (issue 3): what the notification consumer keeps beyond the
+-- Nova ingest: what the notification consumer keeps beyond the
 -- foundation's instances / events / dead_letters.
 -- +goose Up
 

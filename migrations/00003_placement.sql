@@ -1,4 +1,4 @@
--- Placement mirror (issue 4): resource providers with their generations and
+-- Placement mirror: resource providers with their generations and
 -- trees, inventories, traits, usages, aggregates, and the allocations held on
 -- vGPU providers. Written by the placement syncer (one replica at a time,
 -- under an advisory lock); read to rebuild the in-memory index and to answer

@@ -1,4 +1,4 @@
--- Webhooks and the request store (issue 5): idempotency keys, callbacks on
+-- Webhooks and the request store: idempotency keys, callbacks on
 -- a request's final state with every delivery attempt, and the request
 -- columns the status API shows.
 -- +goose Up

@@ -1,4 +1,4 @@
--- Policy engine state (issue 6): what load rules remember across events,
+-- Policy engine state: what load rules remember across events,
 -- shared by every bridge replica so hysteresis and cooldown hold whichever
 -- replica handles an instance's next GPU_LOAD event or alert.
 -- +goose Up

@@ -1,4 +1,4 @@
--- Pipeline and dispatch (issue 8): decisions, direct-path vGPU attachments,
+-- Pipeline and dispatch: decisions, direct-path vGPU attachments,
 -- outbox sequencing, request deadlines and the inbox's retry bookkeeping.
 -- +goose Up
 

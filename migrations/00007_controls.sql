@@ -1,4 +1,4 @@
--- Operator controls (issue 9): global pause and observe-only mode, host and
+-- Operator controls: global pause and observe-only mode, host and
 -- GPU drains, Nova compute services marked disabled, the request ids of
 -- audit rows, and what retention purges by.
 -- +goose Up

@@ -1,4 +1,4 @@
--- Drift reconciler and Nova moves (issue 8): what the reconciler found when it compared Placement's
+-- Drift reconciler and Nova moves: what the reconciler found when it compared Placement's
 -- allocations, the agents' reports and the bridge's own records, and its
 -- runs.
 -- +goose Up

@@ -1,4 +1,4 @@
--- Nova-native path (issue 8): the bridge's resizes of servers to flavors
+-- Nova-native path: the bridge's resizes of servers to flavors
 -- carrying a vGPU, followed through Nova's notifications, verified on the
 -- target host by its agent, then confirmed or reverted.
 -- +goose Up

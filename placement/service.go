@@ -432,7 +432,7 @@ func (s *Service) hostName(node string) string {
 	return node
 }
 
-// DryRunRequest is the body of POST /v1/placements/dry-run (DESIGN §4.3).
+// DryRunRequest is the body of POST /v1/placements/dry-run.
 type DryRunRequest struct {
 	Profile string `json:"profile,omitempty"`
 	Traits  struct {

@@ -120,7 +120,7 @@ start_postgres() {
 		wait_port 127.0.0.1 $PG_PORT 30 || die "PostgreSQL did not open 127.0.0.1:$PG_PORT; see /var/log/postgresql/postgresql-$PG_VER-main.log"
 		echo "    started cluster $PG_VER/main"
 	fi
-	# Tests connect as postgres over TCP without a password (DESIGN §5). A
+	# Tests connect as postgres over TCP without a password. A
 	# fresh Debian cluster asks for one: add trust for loopback, once.
 	if grep -qE '^host[[:space:]]+all[[:space:]]+(all|postgres)[[:space:]]+127\.0\.0\.1/32[[:space:]]+trust' \
 		"/etc/postgresql/$PG_VER/main/pg_hba.conf" 2>/dev/null; then
@@ -182,10 +182,10 @@ write_placement_files() { # returns 0 when the config or the WSGI file changed
 	local changed=1 conf
 	install -d -m 0750 "$PL_DIR" "$PL_DIR/policy.d"
 	conf=$(mktemp)
-	sed -e "s|@DB_URL@|$PL_DB_URL|" -e "s|@LOG_FILE@|$PL_LOG|" "$HERE/placement/placement.conf.in" >"$conf"
+	sed -e "s|@DB_URL@|$PL_DB_URL|" -e "s|@LOG_FILE@|$PL_LOG|" "$HERE/placement-service/placement.conf.in" >"$conf"
 	install_if_changed "$conf" "$PL_CONF" 0640 && changed=0
 	rm -f "$conf"
-	install_if_changed "$HERE/placement/wsgi.py" "$PL_WSGI" 0644 && changed=0
+	install_if_changed "$HERE/placement-service/wsgi.py" "$PL_WSGI" 0644 && changed=0
 	return $changed
 }
 
@@ -241,7 +241,7 @@ start_placement() {
 	fi
 	rm -f "$PL_PID"
 	t=$EPOCHREALTIME
-	# wsgi.py (from tests/placement/) loads /usr/bin/placement-api, fixing
+	# wsgi.py (from tests/placement-service/) loads /usr/bin/placement-api, fixing
 	# oslo.log's eventlet lock swap that hangs threaded workers.
 	# --lazy-apps: each worker loads the app itself, so no DB connection made
 	# while loading is shared across fork. --die-on-term: SIGTERM stops

@@ -5,7 +5,7 @@
 // NVIDIA codes in results are labels, not NVIDIA API values: 43 is the
 // Windows device-manager code a guest shows on a host/guest driver branch
 // mismatch; 48 (framebuffer or instances exhausted), 62 (hot-add failure)
-// and 74 (licence failure) are this project's seed labels (DESIGN §6).
+// and 74 (licence failure) are this project's own labels.
 package diagnose
 
 import (

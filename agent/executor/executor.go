@@ -1,5 +1,5 @@
 // Package executor carries out the bridge's commands on the host
-// (DESIGN §4.4): create and remove mdevs and vendor-VFIO VF types, attach
+// (package agent/protocol): create and remove mdevs and vendor-VFIO VF types, attach
 // and detach vGPUs live, in the config or cold, tune GPUs, set VM limits,
 // verify vGPUs and collect diagnostics.
 //

@@ -1,6 +1,6 @@
 // Package hosterr gives every host driver of the agent (sysfs, libvirt,
 // NVML, cgroups) one vocabulary of error codes. Codes are stable strings: they
-// travel in command results (DESIGN §4.4 "code") and operators grep for them.
+// travel in command results (the "code" of a result) and operators grep for them.
 //
 // A driver returns an *Error wrapping the cause; callers switch on
 // CodeOf(err) or test with errors.Is against the package's sentinels:

@@ -1,5 +1,5 @@
 // Package inventory combines what sysfs, libvirt and NVML say about a host
-// into one Inventory snapshot: the agent's report body (DESIGN §4.4) and the
+// into one Inventory snapshot: the agent's report body (package agent/protocol) and the
 // output of `vgpu-agent inventory`. Each source is optional; a source that
 // fails is named in Inventory.Errors and the rest is still reported.
 package inventory

@@ -1,5 +1,5 @@
 // Package protocol holds the messages exchanged by the bridge and the
-// agents over RabbitMQ (DESIGN.md §4.4): commands, results and reports,
+// agents over RabbitMQ (package agent/protocol): commands, results and reports,
 // and the names of the exchange, queues and routing keys. Both sides
 // import it; it imports nothing of the project.
 package protocol

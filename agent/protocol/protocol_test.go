@@ -100,7 +100,7 @@ func TestGolden(t *testing.T) {
 				t.Fatalf("%v (run go test -update)", err)
 			}
 			if !bytes.Equal(got, want) {
-				t.Errorf("%s changed; the wire format is a contract (DESIGN §4.4).\ngot:\n%s\nwant:\n%s", path, got, want)
+				t.Errorf("%s changed; the wire format is a contract (package agent/protocol).\ngot:\n%s\nwant:\n%s", path, got, want)
 			}
 			back := reflect.New(reflect.TypeOf(m))
 			switch strings.SplitN(name, "_", 2)[0] {
@@ -132,7 +132,7 @@ func TestGolden(t *testing.T) {
 }
 
 // TestCommandFieldsAlwaysPresent: the signature fields are in every command,
-// empty or not (DESIGN §4.4).
+// empty or not (package agent/protocol).
 func TestCommandFieldsAlwaysPresent(t *testing.T) {
 	b, _ := json.Marshal(Command{V: 1})
 	for _, f := range []string{`"v"`, `"id"`, `"kind"`, `"host"`, `"issued_at"`, `"expires_at"`, `"key_id"`, `"sig"`} {

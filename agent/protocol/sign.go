@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// Signing (contract, DESIGN §4.4 "key_id" and "sig").
+// Signing (the "key_id" and "sig" members of every message).
 //
 // Every command is signed by the bridge, every result and report by the
 // agent of its host, with Ed25519. The signature is over

@@ -1,4 +1,4 @@
-// Package transport is the agent's RabbitMQ side (DESIGN §4.4): it
+// Package transport is the agent's RabbitMQ side (package agent/protocol): it
 // declares the topic exchange "vgpu" and the durable queue
 // vgpu.agent.<host> bound to agent.<host>, consumes commands with manual
 // acknowledgement, hands each to the executor, publishes the result on

@@ -29,7 +29,7 @@ const (
 // Role is an operator API role.
 type Role string
 
-// Roles of DESIGN.md §4.3.
+// Roles of the operator API.
 const (
 	RoleReader Role = "reader"
 	RoleAdmin  Role = "admin"

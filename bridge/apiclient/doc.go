@@ -1,5 +1,5 @@
 // Package apiclient is a Go client of the vgpu-bridge operator API
-// (DESIGN.md §4.3) and a signing sender for its webhook endpoint (§4.2).
+// (GET /v1/openapi.json) and a signing sender for its webhook endpoint.
 // vgpuctl and the integration tests share it.
 //
 // It depends on nothing of the bridge daemon: its types mirror the JSON the

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Request states (DESIGN.md §4.3).
+// Request states (GET /v1/openapi.json).
 const (
 	StateAccepted   = "accepted"
 	StateDecided    = "decided"

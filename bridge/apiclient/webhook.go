@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// Webhook authentication schemes a sender can use (DESIGN.md §4.2).
+// Webhook authentication schemes a sender can use.
 const (
 	// SchemeHub is X-Hub-Signature-256 = sha256=hex(HMAC-SHA256(key, body))
 	// with a required Idempotency-Key.

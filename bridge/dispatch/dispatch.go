@@ -1,5 +1,5 @@
 // Package dispatch connects the bridge to its agents over RabbitMQ
-// (DESIGN.md §4.4). The outbox relay publishes the commands rows the
+// (package agent/protocol). The outbox relay publishes the commands rows the
 // pipeline wrote, with publisher confirms, to exchange "vgpu" with routing
 // key agent.<host>, and marks them sent; the commands of one request go
 // out in order, each once its predecessor succeeded. Results (queue

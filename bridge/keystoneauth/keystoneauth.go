@@ -1,5 +1,5 @@
 // Package keystoneauth authenticates operator API callers with Keystone
-// tokens ([api] auth_strategy = keystone, DESIGN.md §4.3).
+// tokens ([api] auth_strategy = keystone).
 //
 // An Authenticator validates the X-Auth-Token (or Authorization: Bearer)
 // of a request with Keystone's identity v3 API, keeps the answer in a

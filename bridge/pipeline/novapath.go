@@ -23,7 +23,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
-// The Nova-native path (DESIGN.md §6, "Who claims"): the bridge resizes the
+// The Nova-native path (Nova claims the vGPU, not the bridge): the bridge resizes the
 // server to a flavor carrying the wanted vGPU and lets Nova's scheduler
 // claim; it only dry-runs Placement to fail fast. A request moves
 //

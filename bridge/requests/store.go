@@ -1,5 +1,5 @@
 // Package requests is the request store: what a source asked for and where
-// it stands. Requests move through the states of DESIGN.md §4.3,
+// it stands. Requests move through the states of the operator API,
 //
 //	accepted → decided → dispatched → succeeded | failed | rejected
 //
@@ -27,7 +27,7 @@ import (
 // State is where a request stands.
 type State string
 
-// States of DESIGN.md §4.3.
+// States of the operator API.
 const (
 	Accepted   State = "accepted"
 	Decided    State = "decided"

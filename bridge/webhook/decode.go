@@ -15,7 +15,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 )
 
-// Event types of the native body (DESIGN.md §4.2).
+// Event types of the native body.
 const (
 	TypeRequest = "GPU_REQUEST"
 	TypeRelease = "GPU_RELEASE"

@@ -1,5 +1,5 @@
 // Package webhook is the bridge's webhook endpoint, POST /v1/webhooks/{source}
-// (DESIGN.md §4.2): external schedulers and monitoring ask for or give back
+// : external schedulers and monitoring ask for or give back
 // vGPU. It sits on the network edge, so it refuses precisely, in a fixed
 // order (unknown source 404, address 403, rate 429, content type 415, size
 // 413, auth 401, not JSON 400, schema 422, idempotency conflict 409), and

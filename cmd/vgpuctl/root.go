@@ -42,7 +42,7 @@ const exitCodesHelp = `Exit codes:
   5  a watched request ended failed or rejected (requests show --watch, webhook send --watch)
   6  --wait-timeout passed before the watched request reached a final state`
 
-const rootLong = `vgpuctl operates vgpu-bridge through its operator API (DESIGN.md §4.3).
+const rootLong = `vgpuctl operates vgpu-bridge through its operator API (GET /v1/openapi.json).
 
 Output is a table by default; -o json prints the API's answer as sent, -o yaml
 the same as YAML.
@@ -124,7 +124,7 @@ func newRoot(g *globals) *cobra.Command {
 	} {
 		root.AddCommand(f(g))
 	}
-	// Operator controls (issue 9): pause, resume, observe-only, drain, undrain, controls, audit, profiles.
+	// Operator controls: pause, resume, observe-only, drain, undrain, controls, audit, profiles.
 	root.AddCommand(append(controlsCmds(g), auditCmd(g), profilesCmd(g))...)
 	for _, c := range root.Commands() {
 		if c.Name() == "dead-letters" {

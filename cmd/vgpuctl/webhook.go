@@ -26,7 +26,7 @@ func webhookCmd(g *globals) *cobra.Command {
 		Use:   "send SOURCE --secret-file F --body FILE",
 		Short: "Sign a body as source SOURCE would and POST it to /v1/webhooks/SOURCE",
 		Long: `Sign a body exactly as a [webhook_source:SOURCE] with auth = hmac expects
-(DESIGN.md §4.2) and POST it to /v1/webhooks/SOURCE; print the 202 answer.
+and POST it to /v1/webhooks/SOURCE; print the 202 answer.
 
   --scheme hub       X-Hub-Signature-256: sha256=<hex HMAC-SHA256(secret, body)>
                      with Idempotency-Key (the default)

@@ -185,7 +185,7 @@ func TestObserveOverridesSeed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Another driver calls T4-4Q nvidia-222 (PROVENANCE.md §5).
+	// Another driver branch calls T4-4Q nvidia-222 (type ids vary by driver).
 	p, err := c.Observe("nvidia-222", "GRID T4-4Q", 4)
 	if err != nil {
 		t.Fatal(err)
@@ -290,7 +290,7 @@ func FuzzLoad(f *testing.F) {
 
 // TestObserveKeepsMdevTypeID: an agent that reports NVML's numeric type ids
 // ("230") for an mdev GPU must not re-key a profile known by its mdev type id
-// ("nvidia-230"): the trait stays CUSTOM_ + the mdev id (DESIGN §6).
+// ("nvidia-230"): the trait stays CUSTOM_ + the mdev id.
 func TestObserveKeepsMdevTypeID(t *testing.T) {
 	type obs struct{ typeID, name string }
 	tests := []struct {

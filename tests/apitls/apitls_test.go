@@ -3,7 +3,7 @@
 // shows what they accept: HTTPS with TLS 1.2 (forward-secret AEAD suites
 // only) or 1.3; not plain HTTP, not TLS 1.0 or 1.1, not CBC suites; and,
 // on the webhook listener, client certificates for auth = mtls sources
-// (DESIGN.md §4.2), and on the API with [api] tls_client_ca_file.
+// , and on the API with [api] tls_client_ca_file.
 package apitls
 
 import (

@@ -20,7 +20,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
-	"github.com/vgpu-bridge/vgpu-bridge/tests/placementit"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/placementfleet"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -302,10 +302,10 @@ func testPlacement(t *testing.T, e *bridgeEnv) {
 	defer cancel()
 	pc, err := placement.NewClient(ctx, placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin"})
 	testsvc.Must(t, err, "placement client")
-	ty := placementit.UniqueType()
+	ty := placementfleet.UniqueType()
 	node := testsvc.Name("cli-node")
-	f, err := placementit.Load(ctx, pc.ServiceClient(), []placementit.Node{{Name: node,
-		GPUs: []placementit.GPU{{Trait: ty, Total: 4, Used: 1}, {Trait: ty, Total: 2}}}}, 2)
+	f, err := placementfleet.Load(ctx, pc.ServiceClient(), []placementfleet.Node{{Name: node,
+		GPUs: []placementfleet.GPU{{Trait: ty, Total: 4, Used: 1}, {Trait: ty, Total: 2}}}}, 2)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

@@ -15,7 +15,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
-	"github.com/vgpu-bridge/vgpu-bridge/tests/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -42,7 +42,7 @@ var directPolicy = testsvc.DirectPolicy(testsvc.RuleReleaseOnDelete)
 type directWorld struct {
 	t      *testing.T
 	ctx    context.Context
-	n      *novatest.Nova
+	n      *novaharness.Nova
 	host   string
 	root   string // compute node provider
 	gpu    string // T4 child provider

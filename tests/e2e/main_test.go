@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/tests/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -20,7 +20,7 @@ import (
 // Placement providers.
 var shared struct {
 	once sync.Once
-	n    *novatest.Nova
+	n    *novaharness.Nova
 	err  error
 }
 
@@ -42,12 +42,12 @@ func TestMain(m *testing.M) {
 
 // sharedNova returns the package's Nova, starting it on first use. It
 // has no compute host of its own: tests add theirs with AddHost.
-func sharedNova(t *testing.T) *novatest.Nova {
+func sharedNova(t *testing.T) *novaharness.Nova {
 	t.Helper()
 	shared.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 		defer cancel()
-		shared.n, shared.err = novatest.New(ctx, novatest.Options{})
+		shared.n, shared.err = novaharness.New(ctx, novaharness.Options{})
 		if shared.err == nil {
 			t.Logf("shared Nova started in %s (%s)", shared.n.StartupTime().Round(100*time.Millisecond), shared.n.StartupPhases())
 		}

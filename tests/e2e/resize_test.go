@@ -1,5 +1,5 @@
 // Package e2e proves the bridge's main job against a real Nova (Debian's
-// python3-nova, run by tests/novatest), the shared Placement, Postgres
+// python3-nova, run by tests/novaharness), the shared Placement, Postgres
 // and RabbitMQ, and in-process vgpu-agents on simulated hosts: requests
 // through the Nova-native path end with Nova's server, Placement's
 // allocations and the bridge's request in agreement.
@@ -26,7 +26,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/vgpu-bridge/vgpu-bridge/tests/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -89,7 +89,7 @@ rules:
 type world struct {
 	t      *testing.T
 	ctx    context.Context
-	n      *novatest.Nova
+	n      *novaharness.Nova
 	typ    vgpuType
 	host   string
 	gpu    string // GPU child provider

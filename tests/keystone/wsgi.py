@@ -1,7 +1,7 @@
 """WSGI entry point for the test Keystone (loaded by uwsgi, see tests/keystone.sh).
 
 It builds Keystone's public application as Debian's /usr/bin/keystone-wsgi-public
-does, after the same oslo.log fix as tests/placement/wsgi.py:
+does, after the same oslo.log fix as tests/placement-service/wsgi.py:
 
 oslo.log 5.0.1 (Debian 12) swaps the stdlib logging locks for eventlet green
 locks whenever the module ``eventlet`` is merely *imported*. Under uwsgi with

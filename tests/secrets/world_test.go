@@ -1,6 +1,6 @@
 // Package secrets runs a whole bridge (bridge.Run) and a vgpu-agent on a
 // fake host, against the real Postgres, RabbitMQ and Placement, with
-// every secret configured, and checks two things of issue 10: that no
+// every secret configured, and checks two things of secret handling: that no
 // secret ever reaches either daemon's log (debug level, JSON), and that
 // secrets rotate on SIGHUP without a restart: webhook secrets, API
 // tokens, the bridge's signing key and the keys the agent trusts.

@@ -1,6 +1,6 @@
 // Package webhook tests the webhook endpoint and the request store against
 // the real HTTP server (bridge/api) and the real Postgres: every refusal of
-// DESIGN.md §4.2 in its order, every acceptance path, idempotency,
+// the endpoint in its order of checks, every acceptance path, idempotency,
 // durability, callbacks, mTLS and slow clients.
 package webhook
 

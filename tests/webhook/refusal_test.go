@@ -17,7 +17,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
-// Each refusal of DESIGN.md §4.2, one test each, against the real server.
+// Each refusal of the webhook endpoint, one test each, against the real server.
 
 func TestRefuseUnknownSource404(t *testing.T) {
 	e := newEnv(t, []webhook.Source{batchSource()})
@@ -327,7 +327,7 @@ func TestIdempotencyConcurrent(t *testing.T) {
 }
 
 // TestCheckOrder sends requests that fail several checks: the first check
-// of DESIGN.md §4.2's order answers.
+// of the endpoint's order of checks answers.
 func TestCheckOrder(t *testing.T) {
 	s := batchSource()
 	s.Rate, s.Burst = 0.001, 1

@@ -30,7 +30,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/bench/benchkit"
-	"github.com/vgpu-bridge/vgpu-bridge/tests/placementit"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/placementfleet"
 )
 
 func main() { os.Exit(run()) }
@@ -83,16 +83,16 @@ func run() int {
 		types[i] = fmt.Sprintf("CUSTOM_NVIDIA_B%s_%d", run, i)
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	spec := make([]placementit.Node, *nodes)
+	spec := make([]placementfleet.Node, *nodes)
 	for n := range spec {
 		spec[n].Name = fmt.Sprintf("bench-%s-%05d", strings.ToLower(run), n)
 		for g := 0; g < *gpus; g++ {
-			spec[n].GPUs = append(spec[n].GPUs, placementit.GPU{Trait: types[r.IntN(len(types))], Total: 16})
+			spec[n].GPUs = append(spec[n].GPUs, placementfleet.GPU{Trait: types[r.IntN(len(types))], Total: 16})
 		}
 	}
 	fmt.Printf("placement bench: %d nodes × %d GPUs (%d providers)\n", *nodes, *gpus, *nodes*(*gpus+1))
 	t0 := time.Now()
-	fleet, err := placementit.Load(ctx, svc.Client().ServiceClient(), spec, *workers)
+	fleet, err := placementfleet.Load(ctx, svc.Client().ServiceClient(), spec, *workers)
 	var consumers []string
 	defer func() {
 		if *keepData {

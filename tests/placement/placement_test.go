@@ -1,4 +1,6 @@
-package placementit
+// Package placement_test runs package placement (sync, mirror, index,
+// claims, releases) against the real Placement service and Postgres.
+package placement_test
 
 import (
 	"context"
@@ -13,6 +15,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/placementfleet"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -37,11 +40,11 @@ func newService(t *testing.T, withDB bool) *placement.Service {
 	return s
 }
 
-func load(t *testing.T, s *placement.Service, nodes []Node) *Fleet {
+func load(t *testing.T, s *placement.Service, nodes []placementfleet.Node) *placementfleet.Fleet {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	f, err := Load(ctx, s.Client().ServiceClient(), nodes, 4)
+	f, err := placementfleet.Load(ctx, s.Client().ServiceClient(), nodes, 4)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -88,11 +91,11 @@ func name(prefix string) string { return testsvc.Name(prefix) }
 // picks up a change by generation and a removal.
 func TestSyncNestedTrees(t *testing.T) {
 	s := newService(t, true)
-	ty1, ty2 := UniqueType(), UniqueType()
+	ty1, ty2 := placementfleet.UniqueType(), placementfleet.UniqueType()
 	n1, n2 := name("it-sync-a"), name("it-sync-b")
-	f := load(t, s, []Node{
-		{Name: n1, GPUs: []GPU{{Trait: ty1, Total: 4, Reserved: 1, Used: 2}, {Trait: ty2, Total: 8}}},
-		{Name: n2, Traits: []string{"COMPUTE_STATUS_DISABLED"}, GPUs: []GPU{{Trait: ty1, Total: 4, Used: 4}, {Trait: ty1, Total: 4, Used: 1}, {Trait: ty2, Total: 8, Reserved: 8}}},
+	f := load(t, s, []placementfleet.Node{
+		{Name: n1, GPUs: []placementfleet.GPU{{Trait: ty1, Total: 4, Reserved: 1, Used: 2}, {Trait: ty2, Total: 8}}},
+		{Name: n2, Traits: []string{"COMPUTE_STATUS_DISABLED"}, GPUs: []placementfleet.GPU{{Trait: ty1, Total: 4, Used: 4}, {Trait: ty1, Total: 4, Used: 1}, {Trait: ty2, Total: 8, Reserved: 8}}},
 	})
 	ctx := ctxT(t)
 	st, err := s.SyncNow(ctx, true, nil)
@@ -169,8 +172,8 @@ func TestSyncNestedTrees(t *testing.T) {
 // a release removes only the VGPU.
 func TestClaimKeepsExistingAllocations(t *testing.T) {
 	s := newService(t, true)
-	ty := UniqueType()
-	f := load(t, s, []Node{{Name: name("it-claim"), GPUs: []GPU{{Trait: ty, Total: 4, Used: 1}, {Trait: ty, Total: 4}}}})
+	ty := placementfleet.UniqueType()
+	f := load(t, s, []placementfleet.Node{{Name: name("it-claim"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 4, Used: 1}, {Trait: ty, Total: 4}}}})
 	ctx := ctxT(t)
 	if _, err := s.SyncNow(ctx, true, nil); err != nil {
 		t.Fatal(err)
@@ -227,8 +230,8 @@ func TestClaimKeepsExistingAllocations(t *testing.T) {
 // claims for one consumer all land through refresh and retry.
 func TestGenerationConflicts(t *testing.T) {
 	s := newService(t, false)
-	ty := UniqueType()
-	f := load(t, s, []Node{{Name: name("it-conflict"), GPUs: []GPU{{Trait: ty, Total: 16}}}})
+	ty := placementfleet.UniqueType()
+	f := load(t, s, []placementfleet.Node{{Name: name("it-conflict"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 16}}}})
 	ctx := ctxT(t)
 	if _, err := s.SyncNow(ctx, true, nil); err != nil {
 		t.Fatal(err)
@@ -301,12 +304,12 @@ func TestGenerationConflicts(t *testing.T) {
 // the fleet; exactly 20 win, and Placement's usages agree.
 func TestRaceLastUnits(t *testing.T) {
 	s := newService(t, true)
-	ty := UniqueType()
+	ty := placementfleet.UniqueType()
 	// Free: 3 + 2 + 4 + 1 + 6 + 4 = 20.
-	f := load(t, s, []Node{
-		{Name: name("it-race-a"), GPUs: []GPU{{Trait: ty, Total: 4, Used: 1}, {Trait: ty, Total: 4, Reserved: 1, Used: 1}}},
-		{Name: name("it-race-b"), GPUs: []GPU{{Trait: ty, Total: 4}, {Trait: ty, Total: 4, Used: 3}}},
-		{Name: name("it-race-c"), GPUs: []GPU{{Trait: ty, Total: 8, Reserved: 2}, {Trait: ty, Total: 4, Ratio: 1}}},
+	f := load(t, s, []placementfleet.Node{
+		{Name: name("it-race-a"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 4, Used: 1}, {Trait: ty, Total: 4, Reserved: 1, Used: 1}}},
+		{Name: name("it-race-b"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 4}, {Trait: ty, Total: 4, Used: 3}}},
+		{Name: name("it-race-c"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 8, Reserved: 2}, {Trait: ty, Total: 4, Ratio: 1}}},
 	})
 	ctx := ctxT(t)
 	if _, err := s.SyncNow(ctx, true, nil); err != nil {
@@ -381,8 +384,8 @@ func TestOneSyncerAndFollowers(t *testing.T) {
 		return s
 	}
 	a, b, c := mk(), mk(), mk()
-	ty := UniqueType()
-	f := load(t, a, []Node{{Name: name("it-follow"), GPUs: []GPU{{Trait: ty, Total: 4}}}})
+	ty := placementfleet.UniqueType()
+	f := load(t, a, []placementfleet.Node{{Name: name("it-follow"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 4}}}})
 	ctx := ctxT(t)
 	if _, err := a.SyncNow(ctx, true, nil); err != nil {
 		t.Fatal(err)
@@ -432,8 +435,8 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 // was written meanwhile.
 func TestClaimFromRead(t *testing.T) {
 	s := newService(t, false)
-	ty := UniqueType()
-	f := load(t, s, []Node{{Name: name("it-read"), GPUs: []GPU{{Trait: ty, Total: 8}}}})
+	ty := placementfleet.UniqueType()
+	f := load(t, s, []placementfleet.Node{{Name: name("it-read"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 8}}}})
 	ctx := ctxT(t)
 	if _, err := s.SyncNow(ctx, true, nil); err != nil {
 		t.Fatal(err)
@@ -504,8 +507,8 @@ func TestClaimFromRead(t *testing.T) {
 // nothing, and a release of what is not there is a no-op.
 func TestReleaseUnits(t *testing.T) {
 	s := newService(t, false)
-	ty := UniqueType()
-	f := load(t, s, []Node{{Name: name("it-rel"), GPUs: []GPU{{Trait: ty, Total: 8}}}})
+	ty := placementfleet.UniqueType()
+	f := load(t, s, []placementfleet.Node{{Name: name("it-rel"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 8}}}})
 	ctx := ctxT(t)
 	if _, err := s.SyncNow(ctx, true, nil); err != nil {
 		t.Fatal(err)

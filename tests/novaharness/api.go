@@ -1,4 +1,4 @@
-package novatest
+package novaharness
 
 import (
 	"bytes"

@@ -1,9 +1,9 @@
-package novatest_test
+package novaharness_test
 
 import (
 	"testing"
 
-	"github.com/vgpu-bridge/vgpu-bridge/tests/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
 )
 
 // TestBootAndDeleteVGPUServer is the harness's own proof: a real Nova
@@ -12,7 +12,7 @@ import (
 // the domain on the fake host, and deleting the server removes both and
 // the allocations.
 func TestBootAndDeleteVGPUServer(t *testing.T) {
-	n := novatest.Start(t, novatest.Options{Hosts: []string{"nt-compute"}})
+	n := novaharness.Start(t, novaharness.Options{Hosts: []string{"nt-compute"}})
 	t.Logf("Nova started in %s (%s)", n.StartupTime(), n.StartupPhases())
 	host := n.Hosts()[0]
 	root := n.ComputeNodeProvider(t, host)

@@ -1,7 +1,8 @@
-// Package placementit holds the integration tests of the placement feature
-// against the real Placement service and Postgres, and the fleet loader
-// they share with the bench harness (tests/bench/placement).
-package placementit
+// Package placementfleet loads a fleet of compute nodes with GPU child
+// providers (VGPU inventory, type traits, used units) into the real
+// Placement service, for the placement integration tests (tests/placement),
+// the CLI tests and the bench harness (tests/bench/placement).
+package placementfleet
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-"""Run one Nova service of vgpu-bridge's real-Nova tests (tests/novatest).
+"""Run one Nova service of vgpu-bridge's real-Nova tests (tests/novaharness).
 
     /usr/bin/python3 launcher.py SERVICE --config-file nova.conf [...]
 
