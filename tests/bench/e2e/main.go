@@ -461,6 +461,7 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 	ep, err := webhook.New(webhook.Config{
 		Sources: []webhook.Source{{Name: "bench", Auth: webhook.AuthHMAC, Secrets: [][]byte{secret}, Rate: 1e6, Burst: 1e6, MaxBodyBytes: 65536}},
 		Store:   h.rs, Pool: h.pool, Logger: h.log,
+		OnCommitted: proc.Wake, // as bridge.Run wires it
 	})
 	if err != nil {
 		return nil, err
