@@ -45,9 +45,10 @@ func PhaseOf(k protocol.Kind) string {
 // HandleResult records an agent's result and moves its request on: the
 // next phase, success once every command of the request succeeded, or
 // failure and compensation. Duplicate and unknown results are ignored.
-func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) error {
+func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err error) {
+	defer wrapErr(&err, "result of command %s", r.CommandID)
 	outbox := false
-	err := p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
+	err = p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		outbox = false
 		var reqID *uuid.UUID
 		var purpose, kind, host string
@@ -162,7 +163,8 @@ func describeResult(host, kind string, r protocol.Result) string {
 
 // complete ends a request whose commands all succeeded: new attachments
 // are attached; released ones give their claim back.
-func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID) error {
+func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID) (err error) {
+	defer wrapErr(&err, "complete request %s", reqID)
 	attached, err := requests.MarkAttached(ctx, tx, reqID)
 	if err != nil {
 		return err
@@ -209,7 +211,8 @@ func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID) er
 // queued; attachments it was releasing stay attached. Unsent commands are
 // cancelled. Everything is recorded in audit_log. cause, when set, is the
 // attachment whose command failed.
-func (p *Processor) failRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string, cause *uuid.UUID) error {
+func (p *Processor) failRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string, cause *uuid.UUID) (err error) {
+	defer wrapErr(&err, "fail request %s", reqID)
 	var st string
 	if err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, reqID).Scan(&st); err != nil {
 		return err
@@ -236,7 +239,8 @@ func (p *Processor) failRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID,
 
 // compensate undoes what a request did that is not finished: see
 // failRequest. The request's state is the caller's.
-func (p *Processor) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string, cause *uuid.UUID) error {
+func (p *Processor) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string, cause *uuid.UUID) (err error) {
+	defer wrapErr(&err, "compensate request %s", reqID)
 	// Unsent commands never go out.
 	if err := requests.CancelUnsent(ctx, tx, reqID); err != nil {
 		return err
@@ -365,7 +369,8 @@ func (p *Processor) queueUndo(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, a
 
 // undoLate compensates a create or attach that succeeded after its
 // request had already ended.
-func (p *Processor) undoLate(ctx context.Context, tx pgx.Tx, reqID, attID uuid.UUID, attached bool) error {
+func (p *Processor) undoLate(ctx context.Context, tx pgx.Tx, reqID, attID uuid.UUID, attached bool) (err error) {
+	defer wrapErr(&err, "request %s: undo the late success of attachment %s", reqID, attID)
 	rows, err := tx.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments WHERE id = $1 FOR UPDATE`, attID)
 	if err != nil {
 		return err
@@ -452,4 +457,12 @@ func (p *Processor) timeoutReason(ctx context.Context, tx pgx.Tx, id uuid.UUID) 
 	}
 	return CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer %s (command %s, sent %s) by the deadline %s; is vgpu-agent running there and consuming %s?",
 		host, kind, cmdID, sentAt.UTC().Format(time.RFC3339), deadline.UTC().Format(time.RFC3339), protocol.AgentQueue(host)), nil
+}
+
+// wrapErr prefixes *errp, when set, with what failed and its ids; the
+// cause stays reachable (errors.Is, errors.As).
+func wrapErr(errp *error, format string, args ...any) {
+	if *errp != nil {
+		*errp = fmt.Errorf(format+": %w", append(args, *errp)...)
+	}
 }
