@@ -199,7 +199,7 @@ func writeString(b *bytes.Buffer, s string) {
 	b.WriteByte('"')
 }
 
-// compareUTF16 orders strings by their UTF-16 code units (RFC 8785 §3.2.3).
+// compareUTF16 orders strings by their UTF-16 code units (RFC 8785, section 3.2.3).
 func compareUTF16(a, b string) int {
 	return slices.Compare(utf16.Encode([]rune(a)), utf16.Encode([]rune(b)))
 }

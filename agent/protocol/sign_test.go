@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Fixed keys of the golden vectors: the seeds of RFC 8032 §7.1 tests 1 and 2.
+// Fixed keys of the golden vectors: the seeds of RFC 8032, section 7.1, tests 1 and 2.
 func testKey(t testing.TB, seedHex string) ed25519.PrivateKey {
 	t.Helper()
 	seed, err := hex.DecodeString(seedHex)
@@ -135,7 +135,7 @@ func TestSignGolden(t *testing.T) {
 	}
 }
 
-// TestCanonicalRFC8785 uses the example of RFC 8785 §3.2.2 (sig removed).
+// TestCanonicalRFC8785 uses the example of RFC 8785, section 3.2.2 (sig removed).
 func TestCanonicalRFC8785(t *testing.T) {
 	in := `{
   "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
