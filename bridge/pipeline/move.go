@@ -59,26 +59,26 @@ const (
 // claims): the ordinary path runs then, and for RebuildEvents attaches
 // them again to the domain Nova recreated without them (an unshelve on
 // the same host, a rebuild that was not an evacuation).
-func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev policy.Event, hs *hostSet) ([]madeClaim, bool, bool, error) {
+func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev policy.Event, hs *hostSet) (bool, bool, error) {
 	if row.Webhook() || !moveKind(ev.Kind) || ev.InstanceUUID == "" {
-		return nil, false, false, nil
+		return false, false, nil
 	}
 	if row.observeOnly {
-		return nil, false, false, nil // observe-only mode acts on nothing (controls.go)
+		return false, false, nil // observe-only mode acts on nothing (controls.go)
 	}
 	if _, err := uuid.Parse(ev.InstanceUUID); err != nil {
-		return nil, false, false, nil
+		return false, false, nil
 	}
 	f, _, err := p.loadFacts(ctx, tx, ev, hs)
 	if err != nil {
-		return nil, false, false, err
+		return false, false, err
 	}
 	if !f.Instance.Known || f.Instance.Deleted {
-		return nil, false, false, nil
+		return false, false, nil
 	}
 	shelved, err := shelvedAttachments(ctx, tx, ev.InstanceUUID)
 	if err != nil {
-		return nil, false, false, err
+		return false, false, err
 	}
 	var attached []Attachment
 	for _, a := range f.Attachments {
@@ -87,14 +87,14 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 		}
 	}
 	if len(attached) == 0 && len(shelved) == 0 {
-		return nil, false, false, nil
+		return false, false, nil
 	}
 	offload := ev.Kind == NovaKindPrefix+"instance.shelve_offload.end" || f.Instance.Host == ""
 	holds := map[string]int{} // units the consumer holds per GPU provider
 	if !offload {
 		hl, err := p.holdingsOnce(ctx, ev.InstanceUUID)
 		if err != nil {
-			return nil, false, false, errRetry{fmt.Errorf("move of %s: %w", ev.InstanceUUID, err)}
+			return false, false, errRetry{fmt.Errorf("move of %s: %w", ev.InstanceUUID, err)}
 		}
 		for _, h := range hl {
 			holds[h.Provider] += h.Amount
@@ -119,7 +119,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 		}
 	}
 	if len(moved) == 0 && len(reapply) == 0 {
-		return nil, false, false, nil
+		return false, false, nil
 	}
 	why := strings.TrimPrefix(ev.Kind, NovaKindPrefix)
 
@@ -131,31 +131,30 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 		id := uuid.New()
 		relID = &id
 		if err := p.moveRequest(ctx, tx, row, id, moveRelease); err != nil {
-			return nil, false, false, err
+			return false, false, err
 		}
 		for i, a := range moved {
 			if holds[a.Provider] == 0 || offload {
 				if err := requests.ForgetClaim(ctx, tx, a.ID, offload, fmt.Sprintf("claim dropped by Nova (%s)", why)); err != nil {
-					return nil, false, false, err
+					return false, false, err
 				}
 				moved[i].Provider = ""
 			}
 		}
 		plan := Plan{Outcome: OutcomeAct, Steps: []Step{{Kind: StepRelease, Release: moved, RemoveOnly: true, Host: moved[0].Host}}}
-		if _, err := p.act(ctx, tx, row, id, requests.Accepted, &policy.Decision{Kind: ev.Kind}, &plan, f); err != nil {
-			return nil, false, false, err
+		if err := p.act(ctx, tx, row, id, requests.Accepted, &policy.Decision{Kind: ev.Kind}, &plan, f); err != nil {
+			return false, false, err
 		}
 	}
 
 	// The re-apply on the instance's current host.
-	var claims []madeClaim
 	var reqID *uuid.UUID
 	plan := Plan{Outcome: OutcomeAct}
 	if len(reapply) > 0 {
 		id := uuid.New()
 		reqID = &id
 		if err := p.moveRequest(ctx, tx, row, id, moveReapply); err != nil {
-			return nil, false, false, err
+			return false, false, err
 		}
 		mode := moveMode(f.Instance.VMState)
 		for _, a := range reapply {
@@ -167,12 +166,11 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 		if problem, code := hostProblem(f); problem != "" {
 			plan = Plan{Outcome: OutcomeFail, Code: code, Reason: "the vGPUs cannot follow the instance: " + problem}
 			if err := p.closeWithout(ctx, tx, row, id, requests.Accepted, plan); err != nil {
-				return nil, false, false, err
+				return false, false, err
 			}
 		} else {
-			claims, err = p.act(ctx, tx, row, id, requests.Accepted, &policy.Decision{Kind: ev.Kind}, &plan, f)
-			if err != nil {
-				return claims, false, false, err
+			if err := p.act(ctx, tx, row, id, requests.Accepted, &policy.Decision{Kind: ev.Kind}, &plan, f); err != nil {
+				return false, false, err
 			}
 		}
 		if len(shelved) > 0 && ev.Kind == NovaKindPrefix+"instance.unshelve.end" {
@@ -181,7 +179,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 				ids[i] = a.ID
 			}
 			if err := requests.Unshelve(ctx, tx, ids); err != nil {
-				return claims, false, false, err
+				return false, false, err
 			}
 		}
 	}
@@ -189,12 +187,12 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 		plan.Notes = append(plan.Notes, fmt.Sprintf("release on the old host: request %s", relID))
 	}
 	if err := p.recordDecision(ctx, tx, row, firstID(reqID, relID), &policy.Decision{Kind: ev.Kind, Reason: "the instance moved (" + why + ")"}, plan); err != nil {
-		return claims, false, false, err
+		return false, false, err
 	}
 	p.m.events.WithLabelValues("move").Inc()
 	p.log.Info("pipeline: vGPUs follow a Nova move", logkey.Instance, ev.InstanceUUID, logkey.Host, f.Instance.Host, "event", why,
 		"released", len(moved), "reapplied", len(reapply))
-	return claims, true, true, nil
+	return true, true, nil
 }
 
 func firstID(ids ...*uuid.UUID) *uuid.UUID {

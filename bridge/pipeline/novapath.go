@@ -707,7 +707,7 @@ func (p *Processor) NovaOnce(ctx context.Context) (bool, error) {
 func (p *Processor) novaDue(ctx context.Context) (bool, error) {
 	var r resizeRow
 	found := false
-	err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+	err := p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		var ok bool
 		var err error
 		r, ok, err = lockResize(ctx, tx, `r.step IN ('resize','confirm','revert') AND r.due_at <= now() ORDER BY r.due_at`, true)
@@ -724,7 +724,7 @@ func (p *Processor) novaDue(ctx context.Context) (bool, error) {
 		return found, err
 	}
 	out := p.callNova(ctx, r)
-	return true, pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+	return true, p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		cur, ok, err := lockResize(ctx, tx, `r.request_id = $1`, false, r.RequestID)
 		if err != nil || !ok {
 			return err
@@ -926,7 +926,7 @@ func faultSuffix(f string) string {
 // fails.
 func (p *Processor) novaDeadline(ctx context.Context) (bool, error) {
 	found := false
-	err := pgx.BeginFunc(ctx, p.d.Pool, func(tx pgx.Tx) error {
+	err := p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		r, ok, err := lockResize(ctx, tx, `r.step IN ('resizing','verifying','confirming','reverting') AND r.deadline_at < now() ORDER BY r.deadline_at`, true)
 		if err != nil || !ok {
 			return err

@@ -12,10 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
-	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
-	"github.com/vgpu-bridge/vgpu-bridge/placement"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,7 +20,10 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
@@ -209,28 +208,36 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 	if err := rows.Err(); err != nil || len(cands) == 0 {
 		return 0, err
 	}
-	groups := map[string][]int64{}
-	var order []string
+	// One group per instance (its events in order), one per event without.
+	type group struct {
+		inst string
+		ids  []int64
+	}
+	groups := map[string]*group{}
+	var order []*group
 	for _, c := range cands {
 		k := c.instance
 		if k == "" {
 			k = fmt.Sprintf("#%d", c.id)
 		}
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
+		g, ok := groups[k]
+		if !ok {
+			g = &group{inst: c.instance}
+			groups[k] = g
+			order = append(order, g)
 		}
-		groups[k] = append(groups[k], c.id)
+		g.ids = append(g.ids, c.id)
 	}
-	work := make(chan []int64)
+	work := make(chan *group)
 	var done atomic.Int64
 	var wg sync.WaitGroup
 	for range min(p.cfg.Workers, len(order)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for ids := range work {
-				for _, id := range ids {
-					ok, err := p.processOne(ctx, id)
+			for g := range work {
+				for _, id := range g.ids {
+					ok, err := p.processOne(ctx, id, g.inst)
 					if err != nil {
 						p.log.Warn("pipeline: event not processed", logkey.Event, id, logkey.Err, err)
 						break // keep the instance's order: the rest waits
@@ -243,8 +250,8 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 			}
 		}()
 	}
-	for _, k := range order {
-		work <- groups[k]
+	for _, g := range order {
+		work <- g
 	}
 	close(work)
 	wg.Wait()
@@ -279,9 +286,9 @@ func (e errRetry) Unwrap() error { return e.err }
 // back after the transaction, outside it. A crash between a claim and the
 // commit that records it leaves the units in the consumer, where the next
 // attempt finds and adopts them (claim), so nothing is leaked or doubled.
-func (p *Processor) processOne(ctx context.Context, id int64) (bool, error) {
+func (p *Processor) processOne(ctx context.Context, id int64, inst string) (bool, error) {
 	start := time.Now()
-	outbox, closed, err := p.decideLocked(ctx, id)
+	outbox, closed, err := p.decideLocked(ctx, id, inst)
 	if err != nil {
 		p.m.events.WithLabelValues("error").Inc()
 		return false, p.retryLater(ctx, id, err)
@@ -296,22 +303,15 @@ func (p *Processor) processOne(ctx context.Context, id int64) (bool, error) {
 }
 
 // decideLocked runs the rounds of processOne on one connection, holding
-// the instance's session lock from the first round until the claims no
-// decision took are given back.
-func (p *Processor) decideLocked(ctx context.Context, id int64) (outbox, closed bool, err error) {
+// the session lock of inst (the event's instance, "" for none) from the
+// first round until the claims no decision took are given back.
+func (p *Processor) decideLocked(ctx context.Context, id int64, inst string) (outbox, closed bool, err error) {
 	hs := p.hostView(ctx)
 	conn, err := p.d.Pool.Acquire(ctx)
 	if err != nil {
 		return false, false, fmt.Errorf("event %d: %w", id, err)
 	}
 	defer conn.Release()
-	var inst string
-	if err := conn.QueryRow(ctx, `SELECT coalesce(instance_uuid::text, '') FROM events WHERE id = $1`, id).Scan(&inst); err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
-			return false, false, nil // purged meanwhile
-		}
-		return false, false, fmt.Errorf("event %d: %w", id, err)
-	}
 	if inst != "" {
 		var locked bool
 		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended('vgpu-instance:' || $1, 0))`, inst).Scan(&locked); err != nil {
@@ -357,7 +357,7 @@ func (p *Processor) decideLocked(ctx context.Context, id int64) (outbox, closed 
 		}
 		closed = true
 		var err2 error
-		_, outbox, err2 = p.handle(ctx, tx, row, hs)
+		outbox, err2 = p.handle(ctx, tx, row, hs)
 		return err2
 	})
 	// Still under the instance's lock: no other decision can adopt these
@@ -438,13 +438,9 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 
 // releaseFor gives back attachment a's claim in Placement: a release made
 // before this round counts as done; else it is recorded as needed and
-// errNeedClaims stops the round. With no preclaims in ctx it releases at
-// once.
+// errNeedClaims stops the round.
 func (p *Processor) releaseFor(ctx context.Context, a Attachment) error {
-	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
-	if pc == nil {
-		return p.d.Placement.ReleaseUnits(ctx, a.InstanceUUID, a.Provider, a.Class, a.Amount, a.HeldAfter)
-	}
+	pc := preclaimsIn(ctx)
 	if pc.released[a.ID] {
 		return nil
 	}
@@ -482,6 +478,16 @@ type claimNeed struct {
 
 type preclaimsKey struct{}
 
+// preclaimsIn returns the preclaims of the rounds ctx runs in. A Placement
+// call is only ever asked for inside rounds: anything else is a bug.
+func preclaimsIn(ctx context.Context) *preclaims {
+	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
+	if pc == nil {
+		panic("pipeline: a Placement claim or release asked for outside rounds")
+	}
+	return pc
+}
+
 func (pc *preclaims) all() []madeClaim {
 	var out []madeClaim
 	for _, e := range pc.entries {
@@ -501,13 +507,9 @@ func (pc *preclaims) unused() []madeClaim {
 }
 
 // claimFor returns the claim of attach step s made before this round, or
-// records it as needed and returns errNeedClaims; with no preclaims in ctx
-// (tests calling act directly) it claims at once.
+// records it as needed and returns errNeedClaims.
 func (p *Processor) claimFor(ctx context.Context, f Facts, s Step, planned []Attachment) ([]madeClaim, error) {
-	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
-	if pc == nil {
-		return p.claim(ctx, f, s, planned)
-	}
+	pc := preclaimsIn(ctx)
 	key := fmt.Sprintf("%s|%s|%s|%d|%d", f.Instance.UUID, f.Instance.Node, s.Intent.Trait, max(s.Intent.Count, 1), len(planned))
 	for _, e := range pc.entries {
 		if !e.used && e.key == key {
@@ -522,35 +524,25 @@ func (p *Processor) claimFor(ctx context.Context, f Facts, s Step, planned []Att
 // holdingsOnce reads the consumer's vGPU holdings once per event
 // (preclaims.holdings).
 func (p *Processor) holdingsOnce(ctx context.Context, consumer string) ([]placement.Holding, error) {
-	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
-	if pc != nil {
-		if hl, ok := pc.holdings[consumer]; ok {
-			return hl, nil
-		}
+	pc := preclaimsIn(ctx)
+	if hl, ok := pc.holdings[consumer]; ok {
+		return hl, nil
 	}
 	hl, _, err := p.d.Placement.Holdings(ctx, consumer)
 	if err != nil {
 		return nil, err
 	}
-	if pc != nil {
-		if pc.holdings == nil {
-			pc.holdings = map[string][]placement.Holding{}
-		}
-		pc.holdings[consumer] = hl
+	if pc.holdings == nil {
+		pc.holdings = map[string][]placement.Holding{}
 	}
+	pc.holdings[consumer] = hl
 	return hl, nil
 }
 
 // giveBack makes the claims this round's decision took be released after
-// its transaction (the decision failed for want of capacity); with no
-// preclaims in ctx it releases them at once.
-func (p *Processor) giveBack(ctx context.Context, claims []madeClaim, why string) {
-	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
-	if pc == nil {
-		p.releaseClaims(ctx, claims, why)
-		return
-	}
-	for _, e := range pc.entries {
+// its transaction (the decision failed for want of capacity).
+func giveBack(ctx context.Context) {
+	for _, e := range preclaimsIn(ctx).entries {
 		e.used = false
 	}
 }
@@ -615,13 +607,13 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 }
 
 // handle decides about one locked event and writes everything in tx.
-func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hostSet) ([]madeClaim, bool, error) {
+func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hostSet) (bool, error) {
 	markProcessed := func() error { return requests.MarkProcessed(ctx, tx, row.ID) }
 	if handled, outbox, err := p.novaEvent(ctx, tx, row); err != nil || handled {
 		if err != nil {
-			return nil, false, err
+			return false, err
 		}
-		return nil, outbox, markProcessed() // a step of a resize through Nova (novapath.go)
+		return outbox, markProcessed() // a step of a resize through Nova (novapath.go)
 	}
 	reqID, hasReq := row.BridgeRequest()
 	var reqState requests.State
@@ -632,7 +624,7 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 		case errors.Is(err, pgx.ErrNoRows):
 			hasReq = false
 		case err != nil:
-			return nil, false, fmt.Errorf("event %d: read request %s: %w", row.ID, reqID, err)
+			return false, fmt.Errorf("event %d: read request %s: %w", row.ID, reqID, err)
 		default:
 			reqState = requests.State(st)
 		}
@@ -640,38 +632,38 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 	if hasReq && reqState.Final() {
 		// Cancelled (or otherwise finished) before the pipeline got to it.
 		p.m.events.WithLabelValues("skipped").Inc()
-		return nil, false, markProcessed()
+		return false, markProcessed()
 	}
 	ev, err := MapEvent(row)
 	if err != nil {
 		if hasReq {
 			if err := p.failRequest(ctx, tx, reqID, CodeEventFailed, err.Error(), nil); err != nil {
-				return nil, false, fmt.Errorf("event %d: fail request %s: %w", row.ID, reqID, err)
+				return false, fmt.Errorf("event %d: fail request %s: %w", row.ID, reqID, err)
 			}
 		}
-		return nil, false, requests.MarkEventFailed(ctx, tx, row.ID, err.Error())
+		return false, requests.MarkEventFailed(ctx, tx, row.ID, err.Error())
 	}
-	if claims, outbox, handled, err := p.handleMove(ctx, tx, row, ev, hs); err != nil || handled {
+	if outbox, handled, err := p.handleMove(ctx, tx, row, ev, hs); err != nil || handled {
 		if err != nil {
-			return claims, false, fmt.Errorf("event %d: follow the move of %s: %w", row.ID, row.InstanceUUID, err)
+			return false, fmt.Errorf("event %d: follow the move of %s: %w", row.ID, row.InstanceUUID, err)
 		}
-		return claims, outbox, markProcessed() // direct-path vGPUs follow a Nova move (move.go)
+		return outbox, markProcessed() // direct-path vGPUs follow a Nova move (move.go)
 	}
 	pol := p.d.Policy.Policy()
 	if !hasReq && !rebuildKind(ev.Kind) && ev.Kind != NovaKindPrefix+"instance.delete.end" {
 		// Most notifications: no rule listens, nothing to re-apply.
 		if d0 := pol.Evaluate(ev, nil, nil); len(d0.Rules) == 0 {
 			p.m.events.WithLabelValues(string(OutcomeNothing)).Inc()
-			return nil, false, markProcessed()
+			return false, markProcessed()
 		}
 	}
 	facts, st, err := p.loadFacts(ctx, tx, ev, hs)
 	if err != nil {
-		return nil, false, fmt.Errorf("event %d: load facts: %w", row.ID, err)
+		return false, fmt.Errorf("event %d: load facts: %w", row.ID, err)
 	}
 	ls, err := policystate.Snapshot(ctx, tx, ev.InstanceUUID)
 	if err != nil {
-		return nil, false, fmt.Errorf("event %d: load policy state: %w", row.ID, err)
+		return false, fmt.Errorf("event %d: load policy state: %w", row.ID, err)
 	}
 	d := pol.Evaluate(ev, st, ls)
 	plan := PlanDecision(d, facts)
@@ -685,13 +677,13 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 		p.m.events.WithLabelValues(string(plan.Outcome)).Inc()
 		if len(d.Rules) > 0 {
 			if err := p.recordDecision(ctx, tx, row, nil, d, plan); err != nil {
-				return nil, false, err
+				return false, err
 			}
 			if err := policystate.Apply(ctx, tx, d.LoadUpdates); err != nil {
-				return nil, false, fmt.Errorf("event %d: apply policy state: %w", row.ID, err)
+				return false, fmt.Errorf("event %d: apply policy state: %w", row.ID, err)
 			}
 		}
-		return nil, false, markProcessed()
+		return false, markProcessed()
 	}
 	if !hasReq {
 		reqID = uuid.New()
@@ -701,36 +693,33 @@ func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hos
 		}
 		body, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "message_id": row.MessageID})
 		if err := p.d.Requests.Create(ctx, tx, requests.Request{ID: reqID, Source: row.Source, Kind: row.EventType, InstanceUUID: inst, Body: body}); err != nil {
-			return nil, false, fmt.Errorf("event %d: create request %s: %w", row.ID, reqID, err)
+			return false, fmt.Errorf("event %d: create request %s: %w", row.ID, reqID, err)
 		}
 		hasReq, reqState = true, requests.Accepted
 	}
-	var claims []madeClaim
 	outbox := false
 	switch plan.Outcome {
 	case OutcomeAct:
-		var err error
-		claims, err = p.act(ctx, tx, row, reqID, reqState, d, &plan, facts)
-		if err != nil {
-			return claims, false, fmt.Errorf("decide request %s: %w", reqID, err)
+		if err := p.act(ctx, tx, row, reqID, reqState, d, &plan, facts); err != nil {
+			return false, fmt.Errorf("decide request %s: %w", reqID, err)
 		}
 		outbox = plan.Outcome == OutcomeAct
 	default:
 		if err := p.notify(ctx, tx, reqID, ev.InstanceUUID, plan.Steps); err != nil {
-			return nil, false, fmt.Errorf("request %s: notify: %w", reqID, err)
+			return false, fmt.Errorf("request %s: notify: %w", reqID, err)
 		}
 		if err := p.closeWithout(ctx, tx, row, reqID, reqState, plan); err != nil {
-			return nil, false, fmt.Errorf("request %s: close %s: %w", reqID, plan.Outcome, err)
+			return false, fmt.Errorf("request %s: close %s: %w", reqID, plan.Outcome, err)
 		}
 	}
 	p.m.events.WithLabelValues(string(plan.Outcome)).Inc()
 	if err := p.recordDecision(ctx, tx, row, &reqID, d, plan); err != nil {
-		return claims, false, err
+		return false, err
 	}
 	if err := policystate.Apply(ctx, tx, d.LoadUpdates); err != nil {
-		return claims, false, fmt.Errorf("request %s: apply policy state: %w", reqID, err)
+		return false, fmt.Errorf("request %s: apply policy state: %w", reqID, err)
 	}
-	return claims, outbox, markProcessed()
+	return outbox, markProcessed()
 }
 
 // closeWithout ends a request whose decision does nothing: rejected, or
@@ -788,15 +777,15 @@ func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow,
 // plan into a failure (plan.Outcome is set to OutcomeFail) after the claims
 // already made are released.
 func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State,
-	d *policy.Decision, plan *Plan, f Facts) ([]madeClaim, error) {
+	d *policy.Decision, plan *Plan, f Facts) error {
 	if s, ok := novaStep(plan.Steps); ok {
-		return nil, p.actNova(ctx, tx, row, reqID, state, plan, f, s) // novapath.go
+		return p.actNova(ctx, tx, row, reqID, state, plan, f, s) // novapath.go
 	}
 	now := time.Now()
 	deadline := now.Add(p.cfg.RequestTimeout)
 	var seq int
 	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, reqID).Scan(&seq); err != nil {
-		return nil, err
+		return err
 	}
 	var claims []madeClaim
 	var cmds []outCmd
@@ -809,7 +798,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 			made, err := p.claimFor(ctx, f, s, atts)
 			claims = append(claims, made...)
 			if errors.Is(err, errNeedClaims) {
-				return claims, err
+				return err
 			}
 			if err != nil {
 				if errors.Is(err, ErrNoCapacity) || errors.Is(err, errNoAddress) {
@@ -819,14 +808,14 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 					}
 					reason := fmt.Sprintf("no GPU of host %s (node %s) can take %d × %s (%s): %v", f.Instance.Host, f.Instance.Node,
 						max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, err)
-					p.giveBack(ctx, claims, reason) // released after the transaction
+					giveBack(ctx) // released after the transaction
 					if err := p.auditReleased(ctx, tx, reqID, claims, reason); err != nil {
-						return nil, err
+						return err
 					}
 					plan.Outcome, plan.Code, plan.Reason, plan.Steps = OutcomeFail, code, reason, nil
-					return nil, p.closeWithout(ctx, tx, row, reqID, state, *plan)
+					return p.closeWithout(ctx, tx, row, reqID, state, *plan)
 				}
-				return claims, errRetry{fmt.Errorf("claim %d × %s on node %s: %w", max(s.Intent.Count, 1), s.Intent.Profile, f.Instance.Node, err)}
+				return errRetry{fmt.Errorf("claim %d × %s on node %s: %w", max(s.Intent.Count, 1), s.Intent.Profile, f.Instance.Node, err)}
 			}
 			for _, mc := range made {
 				a := Attachment{ID: uuid.New(), InstanceUUID: f.Instance.UUID, RequestID: reqID, Host: f.Instance.Host, Node: f.Instance.Node,
@@ -840,7 +829,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 					b.HeldAfter = mc.held - (mc.amount - 1 - u)
 					cs, err := AttachCommands(b, reqID.String(), now, deadline)
 					if err != nil {
-						return claims, err
+						return err
 					}
 					atts = append(atts, b)
 					for _, c := range cs {
@@ -854,7 +843,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 			for _, a := range s.Release {
 				cs, err := ReleaseCommands(a, s.RemoveOnly, reqID.String(), now, deadline)
 				if err != nil {
-					return claims, err
+					return err
 				}
 				release = append(release, a)
 				id := a.ID
@@ -870,7 +859,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 					protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: agentMode(policy.ModeDirectLive, f.Instance.VMState)},
 					now, deadline)
 				if err != nil {
-					return claims, err
+					return err
 				}
 				id := a.ID
 				seq++
@@ -888,20 +877,20 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 			summary = append(summary, string(s.Command))
 		case StepNotify:
 			if err := p.notify(ctx, tx, reqID, f.Instance.UUID, []Step{s}); err != nil {
-				return claims, err
+				return err
 			}
 		}
 	}
 	if err := requests.AddAttachments(ctx, tx, reqID, atts); err != nil {
-		return claims, err
+		return err
 	}
 	for _, a := range release {
 		if err := requests.BeginRelease(ctx, tx, a.ID, reqID); err != nil {
-			return claims, err
+			return err
 		}
 	}
 	if err := insertCommands(ctx, tx, reqID, PurposeAction, cmds); err != nil {
-		return claims, err
+		return err
 	}
 	if len(cmds) == 0 {
 		// Only notes and notifications: nothing for the agents.
@@ -912,17 +901,17 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 		if plan.Reason == "" {
 			plan.Reason = "nothing to send to an agent"
 		}
-		return claims, p.closeWithout(ctx, tx, row, reqID, state, *plan)
+		return p.closeWithout(ctx, tx, row, reqID, state, *plan)
 	}
 	if err := requests.SetDeadline(ctx, tx, reqID, deadline); err != nil {
-		return claims, err
+		return err
 	}
 	reason := joinNonEmpty("; ", summary...)
 	if _, err := p.d.Requests.Transition(ctx, tx, reqID, nextState(state, requests.Decided), "queued", reason, ""); err != nil {
-		return claims, err
+		return err
 	}
 	p.m.claims.Add(float64(len(atts)))
-	return claims, nil
+	return nil
 }
 
 func rebuildKind(kind string) bool {
