@@ -2,7 +2,6 @@ package placement
 
 import (
 	"cmp"
-
 	"context"
 	"errors"
 	"fmt"
@@ -12,13 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack"
 	goretry "github.com/sethvargo/go-retry"
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
-
-	"github.com/gophercloud/gophercloud/v2"
-	"github.com/gophercloud/gophercloud/v2/openstack"
-
 	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 )
 

@@ -22,12 +22,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
-
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 

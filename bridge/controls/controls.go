@@ -17,11 +17,11 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 

@@ -8,13 +8,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"

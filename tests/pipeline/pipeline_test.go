@@ -1,13 +1,13 @@
 package pipeline_test
 
 import (
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
