@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
@@ -56,9 +55,8 @@ func DriftConfig(v *conf.Values, replica string) drift.Config {
 func setupDrift(w *wiring, pl *placement.Service) (component, error) {
 	v, replica, pool, srv, reg, log := w.v, w.replica, w.pool, w.srv, w.reg, w.log
 	// Repairs wait while operators hold the bridge (pause, observe-only).
-	ctl := controls.NewStore(pool, nil, nil)
 	hold := func(ctx context.Context) bool {
-		m, err := ctl.Get(ctx)
+		m, err := w.ctl.Get(ctx)
 		if err != nil {
 			log.Warn("drift: cannot read the operator controls; repairs held", "err", err)
 			return true

@@ -99,12 +99,12 @@ func PlacementConfig(v *conf.Values, replica string) (placement.Config, error) {
 // srv and returns its sync loop; bridge.Run calls it at the features
 // mark:
 //
-//	pl, plComp, err := setupPlacement(ctx, w, pol.Catalog(), w.ctl)
+//	pl, plComp, err := setupPlacement(ctx, w, pol.Catalog())
 //	if err != nil { return err }
 //	comps = append(comps, plComp)
 //
 // pl is what the pipeline uses: DryRun, Claim, Release, LookupVGPU.
-func setupPlacement(ctx context.Context, w *wiring, cat *catalog.Catalog, marks placementapi.Marks) (*placement.Service, component, error) {
+func setupPlacement(ctx context.Context, w *wiring, cat *catalog.Catalog) (*placement.Service, component, error) {
 	v, replica, pool, srv, log := w.v, w.replica, w.pool, w.srv, w.log
 	pc, err := PlacementConfig(v, replica)
 	if err != nil {
@@ -115,7 +115,7 @@ func setupPlacement(ctx context.Context, w *wiring, cat *catalog.Catalog, marks 
 		return nil, component{}, err
 	}
 	ph := placementapi.New(svc)
-	ph.Marks = marks // drains and disabled services in /v1/hosts and /v1/gpus
+	ph.Marks = w.ctl // drains and disabled services in /v1/hosts and /v1/gpus
 	ph.Register(srv)
 	return svc, component{name: "placement", run: svc.Run}, nil
 }

@@ -98,7 +98,7 @@ func TestCrashAfterRelease(t *testing.T) {
 	syscall.Kill(-f.proc.Process.Pid, syscall.SIGTERM) //nolint:errcheck
 	<-f.procDone
 	f.startProcess(pipeline.FailAfterPlacement)
-	id := f.send(a, map[string]any{"type": "GPU_RELEASE", "vm_id": a.vm})
+	id := f.send(map[string]any{"type": "GPU_RELEASE", "vm_id": a.vm})
 	f.waitKilled(pipeline.FailAfterPlacement)
 	if n := f.vgpuUnits(a.vm); n != 0 {
 		t.Errorf("VGPU at the crash: %d, want 0 (given back before the record)", n)

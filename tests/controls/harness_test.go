@@ -344,11 +344,12 @@ func serviceUpdate(t *testing.T, h *host, disabled bool, reason string) []byte {
 // request sends a GPU request for h's instance through the lab webhook
 // source and returns the request id.
 func (f *fleet) request(h *host) string {
-	return f.send(h, map[string]any{"type": "GPU_REQUEST", "vm_id": h.vm, "workload": "vdi", "vgpu_profile": "T4-4Q", "count": 1})
+	return f.send(map[string]any{"type": "GPU_REQUEST", "vm_id": h.vm, "workload": "vdi", "vgpu_profile": "T4-4Q", "count": 1})
 }
 
-// send posts a signed webhook with body for h and returns the request id.
-func (f *fleet) send(h *host, body map[string]any) string {
+// send posts body as a signed webhook of source lab and returns the
+// request id.
+func (f *fleet) send(body map[string]any) string {
 	b, _ := json.Marshal(body)
 	ctx, cancel := context.WithTimeout(f.ctx, 15*time.Second)
 	defer cancel()
