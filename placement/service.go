@@ -258,6 +258,7 @@ func (s *Service) lead(ctx context.Context) error {
 		s.syncMu.Lock()
 		_, err := s.syncLocked(ctx, full, nil)
 		s.syncMu.Unlock()
+		s.refreshHosts(ctx)
 		wait := s.cfg.SyncInterval
 		if err != nil {
 			if ctx.Err() != nil {
@@ -269,7 +270,6 @@ func (s *Service) lead(ctx context.Context) error {
 			lastFull = time.Now()
 			s.synced.Store(true)
 		}
-		s.refreshHosts(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -338,6 +338,9 @@ func (s *Service) loadMirror(ctx context.Context) {
 		return
 	}
 	s.index.Load(all)
+	// The host ↔ node map before readiness: a decision for a named host
+	// made before it would find no GPU there.
+	s.refreshHosts(ctx)
 	if stErr == nil && st.LastFullAt != nil {
 		s.synced.Store(true)
 	}

@@ -5,6 +5,7 @@ package placement_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -561,5 +562,56 @@ func TestReleaseUnits(t *testing.T) {
 	}
 	if g, ok := s.Index().Lookup(last.Provider); !ok || g.Used != 0 {
 		t.Errorf("index after the releases: %+v (found %v), want 0 used", g, ok)
+	}
+}
+
+// TestReadyKnowsHosts: a bridge restarted on a synced mirror is ready at
+// once, and from that moment a decision for a compute host by its name
+// (which differs from its node's) finds the host's GPUs — the host ↔
+// node map is read before readiness, not after the first sync round.
+func TestReadyKnowsHosts(t *testing.T) {
+	url := testsvc.PlacementURL(t)
+	pool := testsvc.Pool(t, testsvc.MigratedPostgres(t))
+	mk := func() *placement.Service {
+		s, err := placement.New(context.Background(), placement.Config{Client: placement.ClientConfig{Endpoint: url, Token: "admin"},
+			SyncConcurrency: 4, SyncInterval: time.Hour}, pool, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a := mk()
+	ty := placementfleet.UniqueType()
+	node := name("it-ready") + ".example"
+	host := strings.TrimSuffix(node, ".example")
+	load(t, a, []placementfleet.Node{{Name: node, GPUs: []placementfleet.GPU{{Trait: ty, Total: 4}}}})
+	ctx := ctxT(t)
+	if _, err := a.SyncNow(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO hosts (name, node) VALUES ($1, $2)`, host, node); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		b := mk()
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- b.Run(rctx) }()
+		for b.Ready(ctx) != nil {
+			if ctx.Err() != nil {
+				t.Fatal("never ready")
+			}
+		}
+		res, err := b.DryRun(placement.DryRunRequest{Host: host, Traits: struct {
+			Required  []string `json:"required,omitempty"`
+			Forbidden []string `json:"forbidden,omitempty"`
+		}{Required: []string{ty}}, Count: 1})
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if err != nil || len(res.Candidates) != 1 || res.Candidates[0].Host != host {
+			t.Fatalf("start %d: dry run for host %s as soon as ready: %+v, %v; want its one GPU", i, host, res.Candidates, err)
+		}
 	}
 }
