@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
@@ -71,9 +71,9 @@ func NovaConfig(v *conf.Values) (computeapi.Config, bool, error) {
 	return c, (c.Endpoint != "" && c.Token != "") || c.Cloud != "", nil
 }
 
-// NovaPathConfig maps the [nova] timings to the pipeline's.
-func NovaPathConfig(v *conf.Values) pipeline.NovaConfig {
-	return pipeline.NovaConfig{
+// NovaPathConfig maps the [nova] timings to the Nova-native path's.
+func NovaPathConfig(v *conf.Values) novaresize.Config {
+	return novaresize.Config{
 		ResizeTimeout:  optNovaResizeTimeout.Get(v),
 		VerifyTimeout:  optNovaVerifyTimeout.Get(v),
 		ConfirmTimeout: optNovaConfirmTimeout.Get(v),
@@ -83,8 +83,8 @@ func NovaPathConfig(v *conf.Values) pipeline.NovaConfig {
 }
 
 // setupNova builds Nova's client for the pipeline; nil (no error) when
-// Nova is not configured. setupPipeline sets pipeline.Deps.Nova from it.
-func setupNova(ctx context.Context, v *conf.Values) (pipeline.Nova, error) {
+// Nova is not configured. setupPipeline gives it to the Nova-native path.
+func setupNova(ctx context.Context, v *conf.Values) (novaresize.Nova, error) {
 	c, ok, err := NovaConfig(v)
 	if err != nil || !ok {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
@@ -98,12 +99,32 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 	}
 	proc, err := pipeline.New(pc, pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
 		Policy: pol, Placement: pipeline.ServiceAdapter{S: pl}, Catalog: pol.Catalog(), Log: log.With("component", "pipeline"),
-		Nova: novaAPI, NovaConfig: NovaPathConfig(v),
 		Registry: reg, OnOutbox: func() { disp.Kick() }, Controls: ctl})
 	if err != nil {
 		pipePool.Close()
 		return nil, err
 	}
+	nc := NovaPathConfig(v)
+	nc.Replica, nc.RetryMin, nc.RetryMax, nc.MaxAttempts, nc.StaleReportAge = replica, pc.RetryMin, pc.RetryMax, pc.MaxAttempts, pc.StaleReportAge
+	resizes := novaresize.New(nc, novaresize.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
+		Pipeline: proc, Catalog: pol.Catalog(), Nova: novaAPI, Capacity: novaresize.DryRun{S: pl}, Controls: ctl,
+		Log: log.With("component", "nova-resize")})
+	act := pipeline.Act{}
+	if novaAPI != nil {
+		act.NovaResize = resizes
+	}
+	// What happens to each inbox event, in order; the first stage that
+	// finishes it ends its way (pipeline.Stage).
+	proc.Use([]pipeline.Stage{
+		resizes.Events(),       // a Nova notification of a resize the bridge runs moves that resize on
+		pipeline.ReadRequest{}, // a webhook's request, locked; an ended one is skipped
+		pipeline.ReadEvent{},   // the inbox row as the policy's event
+		pipeline.FollowMove{},  // direct-path vGPUs follow a Nova move of their instance
+		pipeline.Evaluate{},    // facts, the policy, the plan
+		pipeline.OpenRequest{}, // a request for a notification the policy acts on
+		act,                    // claims, attachments, commands; or a resize through Nova
+		pipeline.Record{},      // the decision, and the policy's load state
+	}, resizes) // verify_vgpu results of resizes go to the resize first
 	dc := DispatchConfig(v, tu, replica)
 	dc.TLS = tlsCfg
 	if err := SecurityConfig(v, &dc, log.With("component", "dispatch")); err != nil {
@@ -121,10 +142,11 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 	w.wake.set(proc.Wake)
 	run := func(ctx context.Context) error {
 		defer pipePool.Close()
-		errc := make(chan error, 2)
+		errc := make(chan error, 3)
 		go func() { errc <- proc.Run(ctx) }()
 		go func() { errc <- disp.Run(ctx) }()
-		return errors.Join(<-errc, <-errc)
+		go func() { errc <- resizes.Run(ctx) }() // Nova calls and deadlines of resizes through Nova
+		return errors.Join(<-errc, <-errc, <-errc)
 	}
 	return []component{{name: "pipeline", run: run}}, nil
 }

@@ -188,33 +188,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (RunResult, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	res := RunResult{Replica: r.cfg.Replica, StartedAt: time.Now().UTC(), SkippedHosts: []string{}}
-	kick := false
-	err := pgx.BeginFunc(ctx, r.d.Pool, func(tx pgx.Tx) error {
-		res.Findings, res.New, res.Resolved, res.Repairs, res.SkippedHosts, kick = 0, 0, 0, 0, []string{}, false
-		var got bool
-		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, lockKey).Scan(&got); err != nil {
-			return fmt.Errorf("drift lock: %w", err)
-		}
-		if !got {
-			return ErrBusy
-		}
-		snap, skipped, err := r.load(ctx, tx)
-		if err != nil {
-			return err
-		}
-		res.SkippedHosts = skipped
-		found := Detect(snap)
-		var k bool
-		k, err = r.persist(ctx, tx, found, skipped, &res)
-		kick = k
-		if err != nil {
-			return err
-		}
-		res.FinishedAt = time.Now().UTC()
-		return tx.QueryRow(ctx, `INSERT INTO drift_runs (replica, started_at, finished_at, findings, new_findings, resolved, repairs, skipped_hosts)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`, res.Replica, res.StartedAt, res.FinishedAt, res.Findings, res.New,
-			res.Resolved, res.Repairs, res.SkippedHosts).Scan(&res.ID)
-	})
+	kick, err := r.runLocked(ctx, &res)
 	switch {
 	case errors.Is(err, ErrBusy):
 		r.m.runs.WithLabelValues("busy").Inc()
@@ -239,7 +213,101 @@ func (r *Reconciler) RunOnce(ctx context.Context) (RunResult, error) {
 	return res, nil
 }
 
-// load reads the three views.
+// runLocked runs the reconciler on one connection holding the session
+// lock that keeps other replicas' runs out (ErrBusy). No Placement call
+// runs inside a transaction: the bridge's views are read in one, Placement's
+// with none open, the findings are recorded in a third, and the claims a
+// repair gives back are released after it commits, each recorded in a
+// transaction of its own once made. It reports whether commands were
+// queued.
+func (r *Reconciler) runLocked(ctx context.Context, res *RunResult) (kick bool, err error) {
+	conn, err := r.d.Pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("drift: %w", err)
+	}
+	defer conn.Release()
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, lockKey).Scan(&got); err != nil {
+		return false, fmt.Errorf("drift lock: %w", err)
+	}
+	if !got {
+		return false, ErrBusy
+	}
+	defer func() {
+		var ok bool
+		if err := conn.QueryRow(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, lockKey).Scan(&ok); err != nil || !ok {
+			conn.Hijack().Close(context.WithoutCancel(ctx)) //nolint:errcheck // never pool a connection that may hold the lock
+		}
+	}()
+	var snap *Snapshot
+	var skipped []string
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+		snap, skipped, err = r.load(ctx, tx)
+		return err
+	}); err != nil {
+		return false, err
+	}
+	res.SkippedHosts = skipped
+	if err := r.readAllocations(ctx, snap); err != nil {
+		return false, err
+	}
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return r.loadNamed(ctx, tx, snap) }); err != nil {
+		return false, err
+	}
+	found := Detect(snap)
+	var releases []release
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		res.Findings, res.New, res.Resolved, res.Repairs, releases = 0, 0, 0, 0, nil
+		var err error
+		if kick, err = r.persist(ctx, tx, found, skipped, res, &releases); err != nil {
+			return err
+		}
+		res.FinishedAt = time.Now().UTC()
+		return tx.QueryRow(ctx, `INSERT INTO drift_runs (replica, started_at, finished_at, findings, new_findings, resolved, repairs, skipped_hosts)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`, res.Replica, res.StartedAt, res.FinishedAt, res.Findings, res.New,
+			res.Resolved, res.Repairs, res.SkippedHosts).Scan(&res.ID)
+	})
+	if err != nil {
+		return false, err
+	}
+	done := 0
+	for _, rl := range releases {
+		rp := rl.f.Repair
+		if err := r.d.Placement.ReleaseUnits(ctx, rp.Consumer, rl.f.Provider, rp.Class, rp.Amount, 0); err != nil {
+			r.m.repairs.WithLabelValues(string(rl.f.Kind), "failed").Inc()
+			r.log.Warn("drift: cannot release a stale claim; tried again next run", logkey.Instance, rp.Consumer, logkey.Provider, rl.f.Provider, logkey.Err, err)
+			continue
+		}
+		released := fmt.Sprintf("released %d %s unit(s) of consumer %s on provider %s", rp.Amount, rp.Class, rp.Consumer, rl.f.Provider)
+		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			_, err := r.recordRelease(ctx, tx, rl.f, rl.o, released)
+			return err
+		}); err != nil {
+			// Given back and not recorded: the next run finds the claim
+			// gone and resolves the finding.
+			r.log.Warn("drift: a stale claim was released but the repair could not be recorded", "finding", rl.o.id, logkey.Err, err)
+			continue
+		}
+		done++
+	}
+	if done > 0 {
+		res.Repairs += done
+		if _, err := conn.Exec(ctx, `UPDATE drift_runs SET repairs = $2 WHERE id = $1`, res.ID, res.Repairs); err != nil {
+			r.log.Warn("drift: cannot count the run's repairs", "run", res.ID, logkey.Err, err)
+		}
+	}
+	return kick, nil
+}
+
+// release is a stale claim a repair gives back after the findings are
+// recorded.
+type release struct {
+	f Finding
+	o *open
+}
+
+// load reads the bridge's views of hosts, GPUs and vGPUs (loadNamed
+// reads the rest once Placement's view is in).
 func (r *Reconciler) load(ctx context.Context, tx pgx.Tx) (*Snapshot, []string, error) {
 	s := &Snapshot{Now: time.Now(), Hosts: map[string]HostView{}, Allocations: map[string]map[string]int{}, Unread: map[string]bool{},
 		Made: map[string]bool{}, Instances: map[string]InstanceView{}}
@@ -324,11 +392,12 @@ func (r *Reconciler) load(ctx context.Context, tx pgx.Tx) (*Snapshot, []string, 
 		return nil, nil, err
 	}
 
-	if err := r.readAllocations(ctx, s); err != nil {
-		return nil, nil, err
-	}
+	return s, skipped, nil
+}
 
-	// The instances and claims the three views name.
+// loadNamed reads the instances and the bridge's claims that the three
+// views name.
+func (r *Reconciler) loadNamed(ctx context.Context, tx pgx.Tx, s *Snapshot) error {
 	ids := map[string]bool{}
 	for _, a := range s.Attachments {
 		ids[a.Instance] = true
@@ -355,41 +424,41 @@ func (r *Reconciler) load(ctx context.Context, tx pgx.Tx) (*Snapshot, []string, 
 	}
 	sort.Strings(list)
 	if len(list) == 0 {
-		return s, skipped, nil
+		return nil
 	}
-	rows, err = tx.Query(ctx, `SELECT uuid::text, coalesce(host,''), deleted_at IS NOT NULL OR coalesce(vm_state,'') = 'deleted', vgpus
+	rows, err := tx.Query(ctx, `SELECT uuid::text, coalesce(host,''), deleted_at IS NOT NULL OR coalesce(vm_state,'') = 'deleted', vgpus
 		FROM instances WHERE uuid = ANY($1::uuid[])`, list)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read instances: %w", err)
+		return fmt.Errorf("read instances: %w", err)
 	}
 	for rows.Next() {
 		var id string
 		in := InstanceView{Known: true}
 		if err := rows.Scan(&id, &in.Host, &in.Deleted, &in.VGPUs); err != nil {
 			rows.Close()
-			return nil, nil, err
+			return err
 		}
 		s.Instances[id] = in
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, nil, err
+		return err
 	}
 	rows, err = tx.Query(ctx, `SELECT DISTINCT instance_uuid::text, provider_uuid::text FROM vgpu_attachments
 		WHERE provider_uuid IS NOT NULL AND instance_uuid = ANY($1::uuid[])`, list)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read the bridge's claims: %w", err)
+		return fmt.Errorf("read the bridge's claims: %w", err)
 	}
 	for rows.Next() {
 		var c, p string
 		if err := rows.Scan(&c, &p); err != nil {
 			rows.Close()
-			return nil, nil, err
+			return err
 		}
 		s.Made[c+"|"+p] = true
 	}
 	rows.Close()
-	return s, skipped, rows.Err()
+	return rows.Err()
 }
 
 // readAllocations asks Placement who holds what on every GPU provider.
@@ -447,7 +516,7 @@ type open struct {
 
 // persist writes the run's findings, resolves the ones gone, and repairs.
 // It reports whether repair commands were queued.
-func (r *Reconciler) persist(ctx context.Context, tx pgx.Tx, found []Finding, skipped []string, res *RunResult) (bool, error) {
+func (r *Reconciler) persist(ctx context.Context, tx pgx.Tx, found []Finding, skipped []string, res *RunResult, releases *[]release) (bool, error) {
 	now := time.Now()
 	prev := map[string]*open{}
 	rows, err := tx.Query(ctx, `SELECT id, fingerprint, kind, coalesce(host,''), first_seen, repaired, repair_request_id
@@ -525,7 +594,7 @@ func (r *Reconciler) persist(ctx context.Context, tx pgx.Tx, found []Finding, sk
 		if !r.cfg.Repair || !f.Repairable || f.Repair == nil || o.repaired || now.Sub(o.firstSeen) < r.cfg.RepairGrace || held {
 			continue
 		}
-		queued, err := r.repair(ctx, tx, f, o)
+		queued, err := r.repair(ctx, tx, f, o, releases)
 		if err != nil {
 			return false, err
 		}
@@ -554,8 +623,10 @@ func (r *Reconciler) persist(ctx context.Context, tx pgx.Tx, found []Finding, sk
 	return kick, nil
 }
 
-// repair fixes one finding; it reports whether something was done.
-func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open) (bool, error) {
+// repair fixes one finding; it reports whether something was done. A
+// claim to give back in Placement goes to releases instead: it is
+// released, then recorded, after the transaction (runLocked).
+func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open, releases *[]release) (bool, error) {
 	rp := f.Repair
 	switch {
 	case rp.RemoveMdev:
@@ -610,34 +681,41 @@ func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open) 
 		r.log.Info("drift: repair queued", logkey.Kind, f.Kind, logkey.Host, f.Host, logkey.Mdev, f.Mdev, logkey.RequestID, reqID)
 		return true, r.audit(ctx, tx, "drift_repair", o.id, reqID.String(), map[string]any{"kind": f.Kind, "repair": what, "command_id": cmd.ID})
 	case rp.Release:
-		var parts []string
 		if rp.Amount > 0 {
-			if err := r.d.Placement.ReleaseUnits(ctx, rp.Consumer, f.Provider, rp.Class, rp.Amount, 0); err != nil {
-				r.m.repairs.WithLabelValues(string(f.Kind), "failed").Inc()
-				r.log.Warn("drift: cannot release a stale claim; tried again next run", logkey.Instance, rp.Consumer, logkey.Provider, f.Provider, logkey.Err, err)
-				return false, nil
-			}
-			parts = append(parts, fmt.Sprintf("released %d %s unit(s) of consumer %s on provider %s", rp.Amount, rp.Class, rp.Consumer, f.Provider))
-		}
-		if len(rp.Attachments) > 0 {
-			if err := requests.ReleaseStale(ctx, tx, rp.Attachments, "drift reconciler: the instance is gone or the claim is stale"); err != nil {
-				return false, err
-			}
-			parts = append(parts, fmt.Sprintf("%d vGPU record(s) marked released (their mdevs are removed as orphans)", len(rp.Attachments)))
-		}
-		what := joinSemi(parts)
-		if what == "" {
+			*releases = append(*releases, release{f: f, o: o})
 			return false, nil
 		}
-		if _, err := tx.Exec(ctx, `UPDATE drift_findings SET repair = $2, repaired = true, repaired_at = now() WHERE id = $1`, o.id, what); err != nil {
-			return false, err
-		}
-		o.repaired = true
-		r.m.repairs.WithLabelValues(string(f.Kind), "succeeded").Inc()
-		r.log.Info("drift: repaired", logkey.Kind, f.Kind, logkey.Instance, rp.Consumer, logkey.Provider, f.Provider, "repair", what)
-		return true, r.audit(ctx, tx, "drift_repair", o.id, "", map[string]any{"kind": f.Kind, "repair": what})
+		return r.recordRelease(ctx, tx, f, o, "")
 	}
 	return false, nil
+}
+
+// recordRelease records the repair of a stale claim: released says what
+// was given back in Placement ("" when nothing was held), and the
+// finding's vGPU records are marked released.
+func (r *Reconciler) recordRelease(ctx context.Context, tx pgx.Tx, f Finding, o *open, released string) (bool, error) {
+	rp := f.Repair
+	var parts []string
+	if released != "" {
+		parts = append(parts, released)
+	}
+	if len(rp.Attachments) > 0 {
+		if err := requests.ReleaseStale(ctx, tx, rp.Attachments, "drift reconciler: the instance is gone or the claim is stale"); err != nil {
+			return false, err
+		}
+		parts = append(parts, fmt.Sprintf("%d vGPU record(s) marked released (their mdevs are removed as orphans)", len(rp.Attachments)))
+	}
+	what := joinSemi(parts)
+	if what == "" {
+		return false, nil
+	}
+	if _, err := tx.Exec(ctx, `UPDATE drift_findings SET repair = $2, repaired = true, repaired_at = now() WHERE id = $1`, o.id, what); err != nil {
+		return false, err
+	}
+	o.repaired = true
+	r.m.repairs.WithLabelValues(string(f.Kind), "succeeded").Inc()
+	r.log.Info("drift: repaired", logkey.Kind, f.Kind, logkey.Instance, rp.Consumer, logkey.Provider, f.Provider, "repair", what)
+	return true, r.audit(ctx, tx, "drift_repair", o.id, "", map[string]any{"kind": f.Kind, "repair": what})
 }
 
 func (r *Reconciler) audit(ctx context.Context, tx pgx.Tx, action string, id int64, req string, detail map[string]any) error {

@@ -92,9 +92,9 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 	offload := ev.Kind == NovaKindPrefix+"instance.shelve_offload.end" || f.Instance.Host == ""
 	holds := map[string]int{} // units the consumer holds per GPU provider
 	if !offload {
-		hl, err := p.holdingsOnce(ctx, ev.InstanceUUID)
+		hl, err := p.holdingsOnce(ctx, ev.InstanceUUID) // read between rounds, outside the transaction
 		if err != nil {
-			return false, false, errRetry{fmt.Errorf("move of %s: %w", ev.InstanceUUID, err)}
+			return false, false, err
 		}
 		for _, h := range hl {
 			holds[h.Provider] += h.Amount
@@ -228,7 +228,7 @@ func (p *Processor) moveRequest(ctx context.Context, tx pgx.Tx, row InboxRow, id
 
 // shelvedAttachments are the instance's vGPUs released by a shelve
 // offload, to apply again at the unshelve.
-func shelvedAttachments(ctx context.Context, q querier, instance string) ([]Attachment, error) {
+func shelvedAttachments(ctx context.Context, q Querier, instance string) ([]Attachment, error) {
 	rows, err := q.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments
 		WHERE instance_uuid = $1 AND shelved AND state IN ('releasing','released') ORDER BY created_at, id`, instance)
 	if err != nil {

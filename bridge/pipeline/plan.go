@@ -156,7 +156,7 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 		switch in.Kind {
 		case policy.IntentAttach:
 			if in.Mode != policy.ModeDirectLive && in.Mode != policy.ModeDirectCold {
-				// The Nova-native path (novapath.go): Nova chooses the host.
+				// The Nova-native path (package novaresize): Nova chooses the host.
 				if why, code := novaHostProblem(f); why != "" {
 					return fail(code, why)
 				}
@@ -402,4 +402,32 @@ func ReleaseCommands(a Attachment, removeOnly bool, requestID string, issued, ex
 		return nil, err
 	}
 	return append(out, c), nil
+}
+
+// StepNovaResize resizes the server through Nova to a flavor with the
+// intent's vGPU.
+const StepNovaResize StepKind = "nova_resize"
+
+// novaHostProblem is hostProblem for the Nova path: Nova chooses the
+// host, so the current host's agent may be stale.
+func novaHostProblem(f Facts) (string, string) {
+	in := f.Instance
+	switch {
+	case !in.Known:
+		return fmt.Sprintf("instance %s is not known to the bridge (no Nova notification about it yet)", in.UUID), CodeNoInstance
+	case in.Deleted:
+		return fmt.Sprintf("instance %s is deleted", in.UUID), CodeNoInstance
+	case in.Host == "":
+		return fmt.Sprintf("instance %s has no compute host (not scheduled yet, or shelved)", in.UUID), CodeNoHost
+	}
+	return "", ""
+}
+
+func novaStep(steps []Step) (Step, bool) {
+	for _, s := range steps {
+		if s.Kind == StepNovaResize {
+			return s, true
+		}
+	}
+	return Step{}, false
 }

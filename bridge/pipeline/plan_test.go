@@ -265,3 +265,21 @@ func TestHostFromReport(t *testing.T) {
 		t.Errorf("empty gpu %+v", h.GPUs[1])
 	}
 }
+
+func TestNovaHostProblem(t *testing.T) {
+	inst := uuid.NewString()
+	tests := []struct {
+		f    InstanceFacts
+		code string
+	}{
+		{InstanceFacts{UUID: inst, Host: "cmp1", Known: true}, ""},
+		{InstanceFacts{UUID: inst}, CodeNoInstance},
+		{InstanceFacts{UUID: inst, Host: "cmp1", Known: true, Deleted: true}, CodeNoInstance},
+		{InstanceFacts{UUID: inst, Known: true}, CodeNoHost},
+	}
+	for _, tc := range tests {
+		if _, code := novaHostProblem(Facts{Instance: tc.f}); code != tc.code {
+			t.Errorf("%+v: code %q, want %q", tc.f, code, tc.code)
+		}
+	}
+}

@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
@@ -51,11 +50,6 @@ type Deps struct {
 	// Controls are the operators' pause and observe-only switches; nil:
 	// always running.
 	Controls Controls
-	// Nova is Nova's compute API for the Nova-native path (novapath.go);
-	// nil: requests for it fail with code nova_path_unavailable.
-	Nova Nova
-	// NovaConfig times the Nova-native path; zero fields take defaults.
-	NovaConfig NovaConfig
 }
 
 // Processor runs the pipeline. It is safe for concurrent use.
@@ -66,9 +60,10 @@ type Processor struct {
 	wake  chan struct{}
 	hosts atomic.Pointer[hostSet]
 	m     *metrics
-	// nova: the Nova-native path's timing; novaWake wakes its loop.
-	nova     NovaConfig
-	novaWake chan struct{}
+	// stages decide about each event, results take agent results of
+	// requests other packages run (Use).
+	stages  []Stage
+	results []ResultTaker
 }
 
 // New builds a processor.
@@ -93,11 +88,17 @@ func New(cfg Config, d Deps) (*Processor, error) {
 		d.Log.Warn("pipeline: fewer workers than configured, to leave the pool room", "workers", max(mc-2, 1), "configured", cfg.Workers, "pool", mc)
 		cfg.Workers = max(mc-2, 1)
 	}
-	d.NovaConfig.setDefaults()
-	p := &Processor{cfg: cfg, d: d, log: d.Log, wake: make(chan struct{}, 1), m: newMetrics(d.Registry),
-		nova: d.NovaConfig, novaWake: make(chan struct{}, 1)}
+	p := &Processor{cfg: cfg, d: d, log: d.Log, wake: make(chan struct{}, 1), m: newMetrics(d.Registry), stages: DefaultStages()}
 	p.hosts.Store(&hostSet{byName: map[string]int{}})
 	return p, nil
+}
+
+// Use sets the stages that decide about each inbox event, in order
+// (stage.go), and the takers that see each agent result before the
+// direct path does (ResultTaker). Call it before Run; without it a
+// processor runs DefaultStages.
+func (p *Processor) Use(stages []Stage, results ...ResultTaker) {
+	p.stages, p.results = stages, results
 }
 
 // Wake makes the inbox loop look at the inbox now.
@@ -130,10 +131,6 @@ func (p *Processor) Run(ctx context.Context) error {
 			}
 		}
 	}()
-	if p.d.Nova != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); p.runNova(ctx) }() // Nova calls and deadlines of the Nova path
-	}
 	defer wg.Wait()
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -357,7 +354,7 @@ func (p *Processor) decideLocked(ctx context.Context, id int64, inst string) (ou
 		}
 		closed = true
 		var err2 error
-		outbox, err2 = p.handle(ctx, tx, row, hs)
+		outbox, err2 = p.run(ctx, tx, row, hs)
 		return err2
 	})
 	// Still under the instance's lock: no other decision can adopt these
@@ -410,7 +407,7 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 		ctx = context.WithValue(ctx, preclaimsKey{}, pc)
 	}
 	for round := 1; ; round++ {
-		pc.need, pc.needRelease = nil, nil
+		pc.need, pc.needRelease, pc.needHoldings = nil, nil, nil
 		for _, e := range pc.entries {
 			e.used = false
 		}
@@ -419,7 +416,17 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 			return err
 		}
 		failpoint.Hit(FailBeforePlacement)
-		for _, n := range pc.need { // no transaction is open here
+		for _, consumer := range pc.needHoldings { // no transaction is open here
+			hl, _, err := p.d.Placement.Holdings(ctx, consumer)
+			if err != nil {
+				return errRetry{fmt.Errorf("read the vGPU allocations of %s: %w", consumer, err)}
+			}
+			if pc.holdings == nil {
+				pc.holdings = map[string][]placement.Holding{}
+			}
+			pc.holdings[consumer] = hl
+		}
+		for _, n := range pc.need {
 			made, cerr := p.claim(n.ctx, n.f, n.s, n.planned)
 			pc.entries = append(pc.entries, &preclaim{key: n.key, made: made, err: cerr})
 		}
@@ -451,10 +458,11 @@ func (p *Processor) releaseFor(ctx context.Context, a Attachment) error {
 // preclaims are the claims made for one event's decision between its
 // transactions.
 type preclaims struct {
-	entries     []*preclaim
-	need        []claimNeed        // what the last round stopped for
-	needRelease []Attachment       // releases the last round stopped for
-	released    map[uuid.UUID]bool // attachments whose claim was given back
+	entries      []*preclaim
+	need         []claimNeed        // what the last round stopped for
+	needRelease  []Attachment       // releases the last round stopped for
+	needHoldings []string           // consumers whose holdings it stopped to read
+	released     map[uuid.UUID]bool // attachments whose claim was given back
 	// holdings are the consumer's vGPU units as the first round read them:
 	// later rounds decide on the same view, not on one that shows the
 	// claims made for this very decision.
@@ -521,22 +529,16 @@ func (p *Processor) claimFor(ctx context.Context, f Facts, s Step, planned []Att
 	return nil, errNeedClaims
 }
 
-// holdingsOnce reads the consumer's vGPU holdings once per event
-// (preclaims.holdings).
+// holdingsOnce returns the consumer's vGPU holdings as read once per
+// event (preclaims.holdings), between rounds: the first round asks for
+// them and stops (errNeedClaims).
 func (p *Processor) holdingsOnce(ctx context.Context, consumer string) ([]placement.Holding, error) {
 	pc := preclaimsIn(ctx)
 	if hl, ok := pc.holdings[consumer]; ok {
 		return hl, nil
 	}
-	hl, _, err := p.d.Placement.Holdings(ctx, consumer)
-	if err != nil {
-		return nil, err
-	}
-	if pc.holdings == nil {
-		pc.holdings = map[string][]placement.Holding{}
-	}
-	pc.holdings[consumer] = hl
-	return hl, nil
+	pc.needHoldings = append(pc.needHoldings, consumer)
+	return nil, errNeedClaims
 }
 
 // giveBack makes the claims this round's decision took be released after
@@ -606,122 +608,6 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 	}))
 }
 
-// handle decides about one locked event and writes everything in tx.
-func (p *Processor) handle(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hostSet) (bool, error) {
-	markProcessed := func() error { return requests.MarkProcessed(ctx, tx, row.ID) }
-	if handled, outbox, err := p.novaEvent(ctx, tx, row); err != nil || handled {
-		if err != nil {
-			return false, err
-		}
-		return outbox, markProcessed() // a step of a resize through Nova (novapath.go)
-	}
-	reqID, hasReq := row.BridgeRequest()
-	var reqState requests.State
-	if hasReq {
-		var st string
-		err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, reqID).Scan(&st)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			hasReq = false
-		case err != nil:
-			return false, fmt.Errorf("event %d: read request %s: %w", row.ID, reqID, err)
-		default:
-			reqState = requests.State(st)
-		}
-	}
-	if hasReq && reqState.Final() {
-		// Cancelled (or otherwise finished) before the pipeline got to it.
-		p.m.events.WithLabelValues("skipped").Inc()
-		return false, markProcessed()
-	}
-	ev, err := MapEvent(row)
-	if err != nil {
-		if hasReq {
-			if err := p.failRequest(ctx, tx, reqID, CodeEventFailed, err.Error(), nil); err != nil {
-				return false, fmt.Errorf("event %d: fail request %s: %w", row.ID, reqID, err)
-			}
-		}
-		return false, requests.MarkEventFailed(ctx, tx, row.ID, err.Error())
-	}
-	if outbox, handled, err := p.handleMove(ctx, tx, row, ev, hs); err != nil || handled {
-		if err != nil {
-			return false, fmt.Errorf("event %d: follow the move of %s: %w", row.ID, row.InstanceUUID, err)
-		}
-		return outbox, markProcessed() // direct-path vGPUs follow a Nova move (move.go)
-	}
-	pol := p.d.Policy.Policy()
-	if !hasReq && !rebuildKind(ev.Kind) && ev.Kind != NovaKindPrefix+"instance.delete.end" {
-		// Most notifications: no rule listens, nothing to re-apply.
-		if d0 := pol.Evaluate(ev, nil, nil); len(d0.Rules) == 0 {
-			p.m.events.WithLabelValues(string(OutcomeNothing)).Inc()
-			return false, markProcessed()
-		}
-	}
-	facts, st, err := p.loadFacts(ctx, tx, ev, hs)
-	if err != nil {
-		return false, fmt.Errorf("event %d: load facts: %w", row.ID, err)
-	}
-	ls, err := policystate.Snapshot(ctx, tx, ev.InstanceUUID)
-	if err != nil {
-		return false, fmt.Errorf("event %d: load policy state: %w", row.ID, err)
-	}
-	d := pol.Evaluate(ev, st, ls)
-	plan := PlanDecision(d, facts)
-	if row.observeOnly && plan.Outcome == OutcomeAct {
-		plan = observe(plan, facts) // decide and explain, act on nothing
-	}
-
-	if !hasReq && plan.Outcome != OutcomeAct {
-		// A notification nobody asked about: record the decision only when
-		// a rule listened.
-		p.m.events.WithLabelValues(string(plan.Outcome)).Inc()
-		if len(d.Rules) > 0 {
-			if err := p.recordDecision(ctx, tx, row, nil, d, plan); err != nil {
-				return false, err
-			}
-			if err := policystate.Apply(ctx, tx, d.LoadUpdates); err != nil {
-				return false, fmt.Errorf("event %d: apply policy state: %w", row.ID, err)
-			}
-		}
-		return false, markProcessed()
-	}
-	if !hasReq {
-		reqID = uuid.New()
-		var inst *uuid.UUID
-		if u, err := uuid.Parse(ev.InstanceUUID); err == nil {
-			inst = &u
-		}
-		body, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "message_id": row.MessageID})
-		if err := p.d.Requests.Create(ctx, tx, requests.Request{ID: reqID, Source: row.Source, Kind: row.EventType, InstanceUUID: inst, Body: body}); err != nil {
-			return false, fmt.Errorf("event %d: create request %s: %w", row.ID, reqID, err)
-		}
-		hasReq, reqState = true, requests.Accepted
-	}
-	outbox := false
-	switch plan.Outcome {
-	case OutcomeAct:
-		if err := p.act(ctx, tx, row, reqID, reqState, d, &plan, facts); err != nil {
-			return false, fmt.Errorf("decide request %s: %w", reqID, err)
-		}
-		outbox = plan.Outcome == OutcomeAct
-	default:
-		if err := p.notify(ctx, tx, reqID, ev.InstanceUUID, plan.Steps); err != nil {
-			return false, fmt.Errorf("request %s: notify: %w", reqID, err)
-		}
-		if err := p.closeWithout(ctx, tx, row, reqID, reqState, plan); err != nil {
-			return false, fmt.Errorf("request %s: close %s: %w", reqID, plan.Outcome, err)
-		}
-	}
-	p.m.events.WithLabelValues(string(plan.Outcome)).Inc()
-	if err := p.recordDecision(ctx, tx, row, &reqID, d, plan); err != nil {
-		return false, err
-	}
-	if err := policystate.Apply(ctx, tx, d.LoadUpdates); err != nil {
-		return false, fmt.Errorf("request %s: apply policy state: %w", reqID, err)
-	}
-	return outbox, markProcessed()
-}
-
 // closeWithout ends a request whose decision does nothing: rejected, or
 // failed when the bridge cannot act. A request with several events (an
 // Alertmanager group) waits for its last one.
@@ -778,9 +664,6 @@ func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow,
 // already made are released.
 func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State,
 	d *policy.Decision, plan *Plan, f Facts) error {
-	if s, ok := novaStep(plan.Steps); ok {
-		return p.actNova(ctx, tx, row, reqID, state, plan, f, s) // novapath.go
-	}
 	now := time.Now()
 	deadline := now.Add(p.cfg.RequestTimeout)
 	var seq int

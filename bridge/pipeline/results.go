@@ -42,6 +42,13 @@ func PhaseOf(k protocol.Kind) string {
 	return PhaseApplying
 }
 
+// ResultTaker takes the agent results of requests another package runs
+// (the Nova-native resize's verify_vgpu), in HandleResult's transaction
+// after the command is recorded finished.
+type ResultTaker interface {
+	TakeResult(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kind string, r protocol.Result) (taken bool, err error)
+}
+
 // HandleResult records an agent's result and moves its request on: the
 // next phase, success once every command of the request succeeded, or
 // failure and compensation. Duplicate and unknown results are ignored.
@@ -84,9 +91,8 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 				VALUES ($1, 'compensation_result', 'command', $2, $3, $4)`, p.actor(), r.CommandID, reqID.String(), detail)
 			return err
 		}
-		if kind == string(protocol.VerifyVGPU) {
-			// The Nova-native path's verification (novapath.go).
-			if handled, err := p.novaResult(ctx, tx, *reqID, host, kind, r); err != nil || handled {
+		for _, rt := range p.results { // the Nova-native resize's verification
+			if taken, err := rt.TakeResult(ctx, tx, *reqID, host, kind, r); err != nil || taken {
 				return err
 			}
 		}
@@ -110,7 +116,7 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 				code = CodeAgentRefused
 			}
 			outbox = true
-			return p.failRequest(ctx, tx, *reqID, code, describeResult(host, kind, r), attID)
+			return p.failRequest(ctx, tx, *reqID, code, DescribeResult(host, kind, r), attID)
 		}
 		// What is still open?
 		var nextKind *string
@@ -142,7 +148,9 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 	return err
 }
 
-func describeResult(host, kind string, r protocol.Result) string {
+// DescribeResult says what an agent answered to a command, for a
+// request's reason.
+func DescribeResult(host, kind string, r protocol.Result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "agent of host %s: %s %s", host, kind, r.Status)
 	if r.Code != "" {
@@ -465,4 +473,39 @@ func wrapErr(errp *error, format string, args ...any) {
 	if *errp != nil {
 		*errp = fmt.Errorf(format+": %w", append(args, *errp)...)
 	}
+}
+
+// InTx runs fn in a transaction of the pipeline's pool, as the pipeline
+// runs its own: FailRequest inside it may give claims back to Placement
+// between rounds, never inside the transaction.
+func (p *Processor) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return p.rounds(ctx, p.d.Pool, fn)
+}
+
+// FailRequest fails a request and compensates what it did (see
+// failRequest); it must run inside InTx.
+func (p *Processor) FailRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string) error {
+	return p.failRequest(ctx, tx, reqID, code, reason, nil)
+}
+
+// SucceedRequest ends a request that another package ran (a resize
+// through Nova) as succeeded with reason.
+func (p *Processor) SucceedRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, reason string) error {
+	if _, err := p.d.Requests.Transition(ctx, tx, reqID, requests.Succeeded, "", reason, ""); err != nil {
+		return fmt.Errorf("request %s succeeded: %w", reqID, err)
+	}
+	p.m.requests.WithLabelValues(string(requests.Succeeded)).Inc()
+	return nil
+}
+
+// Compensated counts a compensation step another package took.
+func (p *Processor) Compensated(step string) { p.m.compensations.WithLabelValues(step).Inc() }
+
+// QueueAction queues command c as the next action of request reqID.
+func QueueAction(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, c protocol.Command) error {
+	var seq int
+	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, reqID).Scan(&seq); err != nil {
+		return fmt.Errorf("request %s: next command: %w", reqID, err)
+	}
+	return insertCommands(ctx, tx, reqID, PurposeAction, []outCmd{{c: c, seq: seq + 1}})
 }

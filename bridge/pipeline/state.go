@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -99,7 +101,7 @@ func HostFromReport(r protocol.Report, cat Catalog) policy.Host {
 	return h
 }
 
-func loadHosts(ctx context.Context, q querier, cat Catalog) (*hostSet, error) {
+func loadHosts(ctx context.Context, q Querier, cat Catalog) (*hostSet, error) {
 	rows, err := q.Query(ctx, `SELECT name, report FROM hosts WHERE report IS NOT NULL ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("read hosts: %w", err)
@@ -123,8 +125,8 @@ func loadHosts(ctx context.Context, q querier, cat Catalog) (*hostSet, error) {
 	return hs, rows.Err()
 }
 
-// querier is what reads need of a transaction or pool.
-type querier interface {
+// Querier is what reads need of a transaction or pool.
+type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
@@ -201,7 +203,7 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 		in.VGPUs = append(in.VGPUs, policy.VGPU{Profile: prof, Count: counts[prof], GPU: gpu})
 	}
 	if vgpus > 0 {
-		// The flavor's (Nova's) vGPUs, with the GPU the host's agent reports (novapath.go).
+		// The flavor's (Nova's) vGPUs, with the GPU the host's agent reports (package novaresize).
 		in.VGPUs = append(in.VGPUs, p.flavorVGPU(ctx, tx, ev.InstanceUUID, f.Instance.Host, vgpus))
 	}
 	if f.Instance.Known {
@@ -221,7 +223,7 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	return f, st, nil
 }
 
-func activeAttachments(ctx context.Context, q querier, instance string) ([]Attachment, error) {
+func activeAttachments(ctx context.Context, q Querier, instance string) ([]Attachment, error) {
 	rows, err := q.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments
 		WHERE instance_uuid = $1 AND state IN ('pending','attached','releasing') ORDER BY created_at, id`, instance)
 	if err != nil {
@@ -234,7 +236,7 @@ func activeAttachments(ctx context.Context, q querier, instance string) ([]Attac
 	return out, nil
 }
 
-func (p *Processor) projectUsage(ctx context.Context, q querier, project string) (policy.Usage, error) {
+func (p *Processor) projectUsage(ctx context.Context, q Querier, project string) (policy.Usage, error) {
 	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int FROM vgpu_attachments a JOIN instances i ON i.uuid = a.instance_uuid
 			WHERE i.project_id = $1 AND a.state IN ('pending','attached') GROUP BY 1
 		UNION ALL
@@ -268,4 +270,58 @@ func joinNonEmpty(sep string, parts ...string) string {
 		}
 	}
 	return strings.Join(out, sep)
+}
+
+// ReportedVGPU is the instance's Nova-owned vGPU as its host's agent last
+// reported it (GPU address and profile); reported is false when no agent
+// of host ever reported.
+func ReportedVGPU(ctx context.Context, q Querier, cat Catalog, instance, host string) (policy.VGPU, bool, error) {
+	var v policy.VGPU
+	if host == "" {
+		return v, false, nil
+	}
+	var raw []byte
+	err := q.QueryRow(ctx, `SELECT report FROM hosts WHERE name = $1 AND report IS NOT NULL`, host).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return v, false, nil
+	}
+	if err != nil {
+		return v, false, fmt.Errorf("read report of %s: %w", host, err)
+	}
+	var r protocol.Report
+	if json.Unmarshal(raw, &r) != nil {
+		return v, false, nil
+	}
+	for _, g := range r.GPUs {
+		for _, a := range g.Active {
+			if !strings.EqualFold(a.InstanceUUID, instance) {
+				continue
+			}
+			v.GPU = g.PCI
+			v.Count++
+			for _, t := range g.Types {
+				if t.ID == a.TypeID && v.Profile == "" {
+					v.Profile = strings.TrimPrefix(t.Name, "GRID ")
+				}
+			}
+			if v.Profile == "" && cat != nil {
+				if cp, ok := cat.ByTypeID(a.TypeID); ok {
+					v.Profile = cp.Name
+				}
+			}
+		}
+	}
+	return v, true, nil
+}
+
+// flavorVGPU is the policy's view of the vGPUs of an instance's flavor:
+// n units on the GPU its host's agent reports, when known (tune intents
+// need it). The profile stays empty: the policy's resize rules act on
+// direct-path vGPUs only.
+func (p *Processor) flavorVGPU(ctx context.Context, q Querier, instance, host string, n int) policy.VGPU {
+	v, _, err := ReportedVGPU(ctx, q, p.d.Catalog, instance, host)
+	if err != nil {
+		p.log.Debug("pipeline: cannot read the host's report", logkey.Host, host, logkey.Err, err)
+	}
+	return policy.VGPU{Count: n, GPU: v.GPU}
 }

@@ -230,7 +230,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	r.proc, err = pipeline.New(pipeline.Config{Replica: o.name, PollInterval: 50 * time.Millisecond, RequestTimeout: o.requestTimeout,
 		WatchdogInterval: 200 * time.Millisecond, RetryMin: 200 * time.Millisecond, RetryMax: time.Second, HostsRefresh: 500 * time.Millisecond},
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
-			Placement: pipeline.ServiceAdapter{S: svc}, Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
+			Placement: newOutsideTx(t, w.pool, svc), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
 	testsvc.Must(t, err, "pipeline")
 	dc := dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
 		ResultsBindings: []string{protocol.ResultRoutingKey(w.host)}, ReportsBindings: []string{protocol.ReportRoutingKey(w.host)},

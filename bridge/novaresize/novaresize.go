@@ -1,29 +1,5 @@
-package pipeline
-
-import (
-	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"strings"
-	"time"
-
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-
-	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
-	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
-	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
-	"github.com/vgpu-bridge/vgpu-bridge/nova"
-	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
-	"github.com/vgpu-bridge/vgpu-bridge/placement"
-	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
-	"github.com/vgpu-bridge/vgpu-bridge/policy"
-)
-
-// The Nova-native path (Nova claims the vGPU, not the bridge): the bridge resizes the
-// server to a flavor carrying the wanted vGPU and lets Nova's scheduler
+// Package novaresize is the Nova-native path of the bridge: Nova claims
+// the vGPU, not the bridge. The bridge resizes the server to a flavor carrying the wanted vGPU and lets Nova's scheduler
 // claim; it only dry-runs Placement to fail fast. A request moves
 //
 //	decided/queued → dispatched/resizing   the resize call (nova_resizes.step resize → resizing)
@@ -37,6 +13,33 @@ import (
 // has a deadline. The state lives in nova_resizes; Nova calls are made by
 // one replica at a time under a lease, and a call is preceded by a read of
 // the server, so a call a crash interrupted is not made twice.
+package novaresize
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
+	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
 
 // Nova is what the Nova-native path needs of Nova's compute API.
 type Nova interface {
@@ -49,8 +52,8 @@ type Nova interface {
 
 var _ Nova = (*computeapi.Client)(nil)
 
-// NovaConfig times the Nova-native path.
-type NovaConfig struct {
+// Config times the Nova-native path.
+type Config struct {
 	// ResizeTimeout: from the resize call to instance.resize_finish.end.
 	ResizeTimeout time.Duration
 	// VerifyTimeout: the target host's agent must answer verify_vgpu.
@@ -63,16 +66,26 @@ type NovaConfig struct {
 	// CallLease: how long a replica holds a row while it calls Nova; past
 	// it another replica may take the row over (it reads the server first).
 	CallLease time.Duration
+
+	// Of the pipeline ([pipeline] options): Nova calls that fail are
+	// retried with backoff between RetryMin and RetryMax, MaxAttempts times
+	// in all; hosts whose agents have not reported for StaleReportAge
+	// cannot verify a vGPU.
+	RetryMin, RetryMax time.Duration
+	MaxAttempts        int
+	StaleReportAge     time.Duration
+	// Replica names this bridge in the audit log.
+	Replica string
 }
 
-// DefaultNovaConfig returns the defaults of the [nova] options.
-func DefaultNovaConfig() NovaConfig {
-	return NovaConfig{ResizeTimeout: 10 * time.Minute, VerifyTimeout: 2 * time.Minute, ConfirmTimeout: 5 * time.Minute,
+// DefaultConfig returns the defaults of the [nova] options.
+func DefaultConfig() Config {
+	return Config{ResizeTimeout: 10 * time.Minute, VerifyTimeout: 2 * time.Minute, ConfirmTimeout: 5 * time.Minute,
 		PollInterval: 500 * time.Millisecond, CallLease: 2 * time.Minute}
 }
 
-func (c *NovaConfig) setDefaults() {
-	d := DefaultNovaConfig()
+func (c *Config) setDefaults() {
+	d := DefaultConfig()
 	if c.ResizeTimeout <= 0 {
 		c.ResizeTimeout = d.ResizeTimeout
 	}
@@ -88,11 +101,119 @@ func (c *NovaConfig) setDefaults() {
 	if c.CallLease <= 0 {
 		c.CallLease = d.CallLease
 	}
+	pd := pipeline.DefaultConfig()
+	if c.RetryMin <= 0 {
+		c.RetryMin = pd.RetryMin
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = pd.RetryMax
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = pd.MaxAttempts
+	}
+	if c.StaleReportAge <= 0 {
+		c.StaleReportAge = pd.StaleReportAge
+	}
 }
 
-// StepNovaResize resizes the server through Nova to a flavor with the
-// intent's vGPU.
-const StepNovaResize StepKind = "nova_resize"
+// Pipeline is what the resize flow needs of the pipeline that hands it
+// its requests (pipeline.Processor).
+type Pipeline interface {
+	// InTx runs fn in a transaction in which FailRequest may run.
+	InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error
+	FailRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string) error
+	SucceedRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, reason string) error
+	Compensated(step string)
+}
+
+// Capacity is the dry run that fails a resize fast (CanFit).
+type Capacity interface {
+	// CanFit reports whether a GPU of one of the hosts (compute host or
+	// node names) has count free units of the type trait, from the mirror.
+	CanFit(trait string, count int, hosts []string) (bool, error)
+}
+
+// Controls are the operators' switches: "nova" paused stops the calls.
+type Controls interface {
+	Paused(ctx context.Context, part string) (bool, error)
+}
+
+// Deps are a Path's collaborators.
+type Deps struct {
+	Pool     *pgxpool.Pool
+	Requests *requests.Store
+	Pipeline Pipeline
+	Catalog  pipeline.Catalog // may be nil
+	// Nova is Nova's compute API; nil: the path only records tenants'
+	// resizes (Events) and acts on nothing.
+	Nova     Nova
+	Capacity Capacity // may be nil: no dry run
+	Controls Controls // may be nil
+	Log      *slog.Logger
+}
+
+// Path runs resizes through Nova: a pipeline stage (Events) and actor
+// (Act), a result taker (TakeResult) and its own loop (Run) for the Nova
+// calls and the deadlines of its steps.
+type Path struct {
+	cfg      Config
+	nova     Nova
+	pool     *pgxpool.Pool
+	reqs     *requests.Store
+	pipe     Pipeline
+	catalog  pipeline.Catalog
+	capacity Capacity
+	controls Controls
+	log      *slog.Logger
+	wake     chan struct{}
+}
+
+// New builds a Path.
+func New(cfg Config, d Deps) *Path {
+	cfg.setDefaults()
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Requests == nil {
+		d.Requests = requests.NewStore(d.Pool, "vgpu-bridge")
+	}
+	return &Path{cfg: cfg, nova: d.Nova, pool: d.Pool, reqs: d.Requests, pipe: d.Pipeline, catalog: d.Catalog,
+		capacity: d.Capacity, controls: d.Controls, log: d.Log, wake: make(chan struct{}, 1)}
+}
+
+func (p *Path) actor() string { return "vgpu-bridge/" + p.cfg.Replica }
+
+// paused reports whether operators paused the Nova calls; errors count as
+// not paused.
+func (p *Path) paused(ctx context.Context) bool {
+	if p.controls == nil {
+		return false
+	}
+	held, err := p.controls.Paused(ctx, "nova")
+	if err != nil {
+		p.log.Warn("nova resize: cannot read the operator controls", logkey.Err, err)
+		return false
+	}
+	return held
+}
+
+// Events is the stage that follows Nova's notifications into the resize
+// of their instance; it goes before the policy sees them.
+func (p *Path) Events() pipeline.Stage {
+	return pipeline.StageFunc(func(ctx context.Context, w *pipeline.Work) (bool, error) {
+		handled, outbox, err := p.event(ctx, w)
+		w.Outbox = w.Outbox || outbox
+		return handled, err
+	})
+}
+
+// TakeResult takes the agent's answer to a verify_vgpu of a resize.
+func (p *Path) TakeResult(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kind string, res protocol.Result) (bool, error) {
+	if kind != string(protocol.VerifyVGPU) {
+		return false, nil
+	}
+	return p.result(ctx, tx, reqID, host, kind, res)
+}
 
 // Phases of a Nova-path request.
 const (
@@ -126,52 +247,9 @@ const (
 // for a request: Nova's notifications carry it as global_request_id.
 func NovaRequestID(reqID uuid.UUID) string { return "req-" + reqID.String() }
 
-// novaHostProblem is hostProblem for the Nova path: Nova chooses the
-// host, so the current host's agent may be stale.
-func novaHostProblem(f Facts) (string, string) {
-	in := f.Instance
-	switch {
-	case !in.Known:
-		return fmt.Sprintf("instance %s is not known to the bridge (no Nova notification about it yet)", in.UUID), CodeNoInstance
-	case in.Deleted:
-		return fmt.Sprintf("instance %s is deleted", in.UUID), CodeNoInstance
-	case in.Host == "":
-		return fmt.Sprintf("instance %s has no compute host (not scheduled yet, or shelved)", in.UUID), CodeNoHost
-	}
-	return "", ""
-}
-
-// capacityChecker is the dry run of the Nova path (ServiceAdapter).
-type capacityChecker interface {
-	// CanFit reports whether a GPU of one of the hosts (compute host or
-	// node names) has count free units of the type trait, from the mirror.
-	CanFit(trait string, count int, hosts []string) (bool, error)
-}
-
-// CanFit implements capacityChecker with the placement engine's dry run.
-func (a ServiceAdapter) CanFit(trait string, count int, hosts []string) (bool, error) {
-	var req placement.DryRunRequest
-	req.Traits.Required = []string{trait}
-	req.Count, req.Limit = max(count, 1), engine.MaxLimit
-	out, err := a.S.DryRun(req)
-	if err != nil {
-		return false, err
-	}
-	ok := map[string]bool{}
-	for _, h := range hosts {
-		ok[h] = true
-	}
-	for _, c := range out.Candidates {
-		if !c.NeedsRetype && (ok[c.Host] || ok[c.Node]) {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
 // verifiableHosts are the compute hosts (and their nodes) whose agents
 // report, less excluded ones: where a vGPU Nova gives can be verified.
-func (p *Processor) verifiableHosts(ctx context.Context, q querier, exclude []policy.Exclusion) ([]string, error) {
+func (p *Path) verifiableHosts(ctx context.Context, q pipeline.Querier, exclude []policy.Exclusion) ([]string, error) {
 	rows, err := q.Query(ctx, `SELECT name, coalesce(node, '') FROM hosts WHERE report IS NOT NULL
 		AND (last_report_at IS NULL OR last_report_at > now() - make_interval(secs => $1))`, p.cfg.StaleReportAge.Seconds())
 	if err != nil {
@@ -199,90 +277,77 @@ func (p *Processor) verifiableHosts(ctx context.Context, q querier, exclude []po
 	return out, rows.Err()
 }
 
-func novaStep(steps []Step) (Step, bool) {
-	for _, s := range steps {
-		if s.Kind == StepNovaResize {
-			return s, true
-		}
+// Act runs a plan with a Nova resize step in the decision's transaction
+// (pipeline.Actor): checks, the dry run, and the nova_resizes row whose
+// resize call the loop makes. Failures end the request (Work.Fail).
+func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) error {
+	tx, reqID, f := w.Tx, w.Request, w.Facts
+	fail := func(code, reason string) error { return w.Fail(ctx, code, reason) }
+	if p.nova == nil {
+		return fail(pipeline.CodeNovaPath, "the Nova-native path needs Nova's API: set [nova] endpoint_override and token_file, or [openstack] cloud")
 	}
-	return Step{}, false
-}
-
-// actNova runs a plan with a Nova resize step in the decision's
-// transaction: checks, the dry run, and the nova_resizes row whose resize
-// call the Nova loop makes. Failures set plan.Outcome to OutcomeFail and
-// close the request.
-func (p *Processor) actNova(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State, plan *Plan, f Facts, s Step) error {
-	fail := func(code, reason string) error {
-		plan.Outcome, plan.Code, plan.Reason, plan.Steps = OutcomeFail, code, reason, nil
-		return p.closeWithout(ctx, tx, row, reqID, state, *plan)
-	}
-	if p.d.Nova == nil {
-		return fail(CodeNovaPath, fmt.Sprintf("attach mode %s (the Nova-native path) needs Nova's API: set [nova] endpoint_override and token_file, "+
-			"or [openstack] cloud; or set attach_mode: direct-live or direct-cold for this project or profile in the policy", orDefault(string(s.Intent.Mode), "nova-resize")))
-	}
-	for _, o := range plan.Steps {
+	for _, o := range w.Plan.Steps {
 		switch o.Kind {
-		case StepNotify:
-			if err := p.notify(ctx, tx, reqID, f.Instance.UUID, []Step{o}); err != nil {
+		case pipeline.StepNotify:
+			if err := w.Notify(ctx, []pipeline.Step{o}); err != nil {
 				return err
 			}
-		case StepNovaResize:
+		case pipeline.StepNovaResize:
 		default:
-			plan.Notes = append(plan.Notes, fmt.Sprintf("%s: not applied with a Nova resize in the same decision", o.Kind))
+			w.Plan.Notes = append(w.Plan.Notes, fmt.Sprintf("%s: not applied with a Nova resize in the same decision", o.Kind))
 		}
 	}
 	in := s.Intent
 	n := max(in.Count, 1)
 	if f.Instance.FlavorVGPUs > 0 {
-		return fail(CodeUnsupported, fmt.Sprintf("instance %s already has %d vGPU(s) from its flavor; the Nova-native path resizes only from a flavor without vGPU "+
+		return fail(pipeline.CodeUnsupported, fmt.Sprintf("instance %s already has %d vGPU(s) from its flavor; the Nova-native path resizes only from a flavor without vGPU "+
 			"(resize it by hand, or use attach_mode direct-live)", f.Instance.UUID, f.Instance.FlavorVGPUs))
 	}
 	if len(f.Attachments) > 0 {
 		// A resize rewrites the instance's allocations: the bridge's own
 		// claims would have to follow (move.go) while it resizes.
-		return fail(CodeUnsupported, fmt.Sprintf("instance %s holds %d direct-path vGPU(s); release them before a resize through Nova, or use attach_mode direct-live",
+		return fail(pipeline.CodeUnsupported, fmt.Sprintf("instance %s holds %d direct-path vGPU(s); release them before a resize through Nova, or use attach_mode direct-live",
 			f.Instance.UUID, len(f.Attachments)))
 	}
 	var busy uuid.UUID
 	err := tx.QueryRow(ctx, `SELECT request_id FROM nova_resizes WHERE instance_uuid = $1 AND step <> 'done'`, f.Instance.UUID).Scan(&busy)
 	switch {
 	case err == nil:
-		return fail(CodeBusy, fmt.Sprintf("request %s is resizing this instance through Nova; retry when it is finished", busy))
+		return fail(pipeline.CodeBusy, fmt.Sprintf("request %s is resizing this instance through Nova; retry when it is finished", busy))
 	case !errors.Is(err, pgx.ErrNoRows):
 		return err
 	}
-	if cc, ok := p.d.Placement.(capacityChecker); ok {
+	if p.capacity != nil {
 		hosts, err := p.verifiableHosts(ctx, tx, in.ExcludedHosts)
 		if err != nil {
 			return err
 		}
-		fits, err := cc.CanFit(in.Trait, n, hosts)
+		fits, err := p.capacity.CanFit(in.Trait, n, hosts)
 		if err != nil {
-			return errRetry{fmt.Errorf("dry run: %w", err)}
+			return pipeline.Retry(fmt.Errorf("dry run: %w", err))
 		}
 		if !fits {
-			return fail(CodeNoCapacity, fmt.Sprintf("no GPU of a host whose agent reports has %d free unit(s) of %s (%s) in Placement; "+
+			return fail(pipeline.CodeNoCapacity, fmt.Sprintf("no GPU of a host whose agent reports has %d free unit(s) of %s (%s) in Placement; "+
 				"Nova's scheduler would answer NoValidHost (or pick a host the bridge cannot verify), so Nova was not called", n, in.Profile, in.Trait))
 		}
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO nova_resizes (request_id, instance_uuid, step, profile, type_id, trait, count, source_host,
 			nova_request_id, due_at, deadline_at)
 		VALUES ($1, $2, 'resize', $3, $4, $5, $6, $7, $8, now(), now() + make_interval(secs => $9))`,
-		reqID, f.Instance.UUID, in.Profile, in.TypeID, in.Trait, n, f.Instance.Host, NovaRequestID(reqID), (p.nova.ResizeTimeout + p.nova.CallLease).Seconds()); err != nil {
+		reqID, f.Instance.UUID, in.Profile, in.TypeID, in.Trait, n, f.Instance.Host, NovaRequestID(reqID), (p.cfg.ResizeTimeout + p.cfg.CallLease).Seconds()); err != nil {
 		return fmt.Errorf("record the resize: %w", err)
 	}
 	reason := fmt.Sprintf("resize through Nova to a flavor with %d × %s", n, in.Profile)
-	if _, err := p.d.Requests.Transition(ctx, tx, reqID, nextState(state, requests.Decided), PhaseQueued, reason, ""); err != nil {
+	if err := w.Decided(ctx, pipeline.PhaseQueued, reason); err != nil {
 		return err
 	}
-	p.kickNova()
+	p.kick()
 	return nil
 }
 
-func (p *Processor) kickNova() {
+func (p *Path) kick() {
 	select {
-	case p.novaWake <- struct{}{}:
+	case p.wake <- struct{}{}:
 	default:
 	}
 }
@@ -357,7 +422,7 @@ func setStep(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, step string, deadl
 	return nil
 }
 
-func (p *Processor) auditNova(ctx context.Context, tx pgx.Tx, r resizeRow, action string, detail map[string]any) error {
+func (p *Path) auditNova(ctx context.Context, tx pgx.Tx, r resizeRow, action string, detail map[string]any) error {
 	detail["nova_request_id"] = r.NovaRequestID
 	d, _ := json.Marshal(detail)
 	_, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
@@ -366,7 +431,7 @@ func (p *Processor) auditNova(ctx context.Context, tx pgx.Tx, r resizeRow, actio
 }
 
 // finishFailed ends a resize and fails its request (unless it already ended).
-func (p *Processor) finishFailed(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) error {
+func (p *Path) finishFailed(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) error {
 	if err := setStep(ctx, tx, r.RequestID, stepDone, 0, false, ""); err != nil {
 		return err
 	}
@@ -374,57 +439,52 @@ func (p *Processor) finishFailed(ctx context.Context, tx pgx.Tx, r resizeRow, co
 		return p.auditNova(ctx, tx, r, "nova_resize_end", map[string]any{"outcome": "failed", "code": code, "reason": reason,
 			"note": "the request had ended already"})
 	}
-	return p.failRequest(ctx, tx, r.RequestID, code, reason, nil)
+	return p.pipe.FailRequest(ctx, tx, r.RequestID, code, reason)
 }
 
-func (p *Processor) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how string) error {
+func (p *Path) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how string) error {
 	if err := setStep(ctx, tx, r.RequestID, stepDone, 0, false, ""); err != nil {
 		return err
 	}
 	reason := fmt.Sprintf("resized through Nova to flavor %s (%d × %s) on host %s; the agent verified the vGPU; %s",
-		r.FlavorName, r.Count, r.Profile, orDefault(r.TargetHost, "?"), how)
+		r.FlavorName, r.Count, r.Profile, cmp.Or(r.TargetHost, "?"), how)
 	if r.RequestState.Final() {
 		return p.auditNova(ctx, tx, r, "nova_resize_end", map[string]any{"outcome": "succeeded", "reason": reason, "note": "the request had ended already"})
 	}
-	if _, err := p.d.Requests.Transition(ctx, tx, r.RequestID, requests.Succeeded, "", reason, ""); err != nil {
+	if err := p.pipe.SucceedRequest(ctx, tx, r.RequestID, reason); err != nil {
 		return err
 	}
-	p.m.requests.WithLabelValues(string(requests.Succeeded)).Inc()
-	p.log.Info("pipeline: resize through Nova succeeded", logkey.RequestID, r.RequestID, logkey.Instance, r.Instance, "flavor", r.FlavorName, logkey.Host, r.TargetHost)
+	p.log.Info("nova resize: succeeded", logkey.RequestID, r.RequestID, logkey.Instance, r.Instance, "flavor", r.FlavorName, logkey.Host, r.TargetHost)
 	return nil
 }
 
 // startRevert makes revertResize due; the request fails with code and
 // reason once Nova reverted.
-func (p *Processor) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) error {
+func (p *Path) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) error {
 	if err := setStep(ctx, tx, r.RequestID, stepRevert, 0, true, ", fail_code = $5, fail_reason = $6, attempts = 0", code, reason); err != nil {
 		return err
 	}
 	if !r.RequestState.Final() {
-		if _, err := p.d.Requests.Transition(ctx, tx, r.RequestID, r.RequestState, PhaseCompensating, "reverting the resize: "+reason, code); err != nil {
+		if _, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, pipeline.PhaseCompensating, "reverting the resize: "+reason, code); err != nil {
 			return err
 		}
 	}
-	p.m.compensations.WithLabelValues("resize_reverted").Inc()
+	p.pipe.Compensated("resize_reverted")
 	return p.auditNova(ctx, tx, r, "compensate", map[string]any{"revert_resize": true, "code": code, "reason": reason})
 }
 
 // queueVerify sends verify_vgpu to the target host's agent.
-func (p *Processor) queueVerify(ctx context.Context, tx pgx.Tx, r resizeRow, host string) error {
+func (p *Path) queueVerify(ctx context.Context, tx pgx.Tx, r resizeRow, host string) error {
 	now := time.Now()
-	c, err := NewCommand(protocol.VerifyVGPU, host, r.RequestID.String(), r.Instance,
-		protocol.VerifyParams{TypeID: r.TypeID, Count: r.Count}, now, now.Add(p.nova.VerifyTimeout))
+	c, err := pipeline.NewCommand(protocol.VerifyVGPU, host, r.RequestID.String(), r.Instance,
+		protocol.VerifyParams{TypeID: r.TypeID, Count: r.Count}, now, now.Add(p.cfg.VerifyTimeout))
 	if err != nil {
 		return err
 	}
-	var seq int
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, r.RequestID).Scan(&seq); err != nil {
+	if err := pipeline.QueueAction(ctx, tx, r.RequestID, c); err != nil {
 		return err
 	}
-	if err := insertCommands(ctx, tx, r.RequestID, PurposeAction, []outCmd{{c: c, seq: seq + 1}}); err != nil {
-		return err
-	}
-	if err := setStep(ctx, tx, r.RequestID, stepVerifying, p.nova.VerifyTimeout, false, ", target_host = $5, verify_command_id = $6", host, c.ID); err != nil {
+	if err := setStep(ctx, tx, r.RequestID, stepVerifying, p.cfg.VerifyTimeout, false, ", target_host = $5, verify_command_id = $6", host, c.ID); err != nil {
 		return err
 	}
 	if !r.RequestState.Final() {
@@ -432,18 +492,19 @@ func (p *Processor) queueVerify(ctx context.Context, tx pgx.Tx, r resizeRow, hos
 		if to == requests.Decided {
 			to = requests.Dispatched
 		}
-		if _, err := p.d.Requests.Transition(ctx, tx, r.RequestID, to, PhaseVerifying,
-			fmt.Sprintf("Nova finished the resize to %s on host %s; the agent verifies the vGPU", orDefault(r.FlavorName, "the new flavor"), host), ""); err != nil {
+		if _, err := p.reqs.Transition(ctx, tx, r.RequestID, to, PhaseVerifying,
+			fmt.Sprintf("Nova finished the resize to %s on host %s; the agent verifies the vGPU", cmp.Or(r.FlavorName, "the new flavor"), host), ""); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// novaEvent follows a Nova notification into the resize of its instance.
+// event follows a Nova notification into the resize of its instance.
 // handled is true when the event belonged to a bridge resize (the policy
 // does not see it); outbox when a command was queued.
-func (p *Processor) novaEvent(ctx context.Context, tx pgx.Tx, row InboxRow) (handled, outbox bool, err error) {
+func (p *Path) event(ctx context.Context, w *pipeline.Work) (handled, outbox bool, err error) {
+	tx, row := w.Tx, w.Row
 	if row.Webhook() || row.InstanceUUID == "" {
 		return false, false, nil
 	}
@@ -455,15 +516,15 @@ func (p *Processor) novaEvent(ctx context.Context, tx pgx.Tx, row InboxRow) (han
 	if !finish && !novaErr && !confirmed && !reverted {
 		return false, false, nil
 	}
-	if p.d.Nova == nil {
-		return false, false, p.tenantResize(ctx, tx, row, finish)
+	if p.nova == nil {
+		return false, false, p.tenantResize(ctx, w, finish)
 	}
 	r, ok, err := lockResize(ctx, tx, `r.instance_uuid = $1 AND r.step <> 'done'`, false, row.InstanceUUID)
 	if err != nil {
 		return false, false, err
 	}
 	if !ok {
-		return false, false, p.tenantResize(ctx, tx, row, finish)
+		return false, false, p.tenantResize(ctx, w, finish)
 	}
 	pl := decodeNovaPayload(row.Payload)
 	if err := p.auditNova(ctx, tx, r, "nova_event", map[string]any{"event_type": et, "event_id": row.ID, "step": r.Step}); err != nil {
@@ -492,15 +553,15 @@ func (p *Processor) novaEvent(ctx context.Context, tx pgx.Tx, row InboxRow) (han
 			why = "no reason given"
 		}
 		return true, false, p.finishFailed(ctx, tx, r, CodeNovaFailed,
-			fmt.Sprintf("Nova could not resize instance %s to flavor %s (%s): %s", r.Instance, orDefault(r.FlavorName, "?"), et, why))
+			fmt.Sprintf("Nova could not resize instance %s to flavor %s (%s): %s", r.Instance, cmp.Or(r.FlavorName, "?"), et, why))
 	case confirmed && (r.Step == stepConfirm || r.Step == stepConfirming):
 		return true, false, p.finishSucceeded(ctx, tx, r, "Nova confirmed the resize")
 	case reverted && (r.Step == stepRevert || r.Step == stepReverting):
-		return true, false, p.finishFailed(ctx, tx, r, orDefault(r.FailCode, CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
+		return true, false, p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
 	case novaErr && (r.Step == stepConfirm || r.Step == stepConfirming || r.Step == stepRevert || r.Step == stepReverting):
 		return true, false, p.finishFailed(ctx, tx, r, CodeNovaFailed,
 			fmt.Sprintf("Nova failed while %s the resize of instance %s (%s): %s", map[bool]string{true: "confirming", false: "reverting"}[r.Step == stepConfirm || r.Step == stepConfirming],
-				r.Instance, et, orDefault(pl.reason, "no reason given")))
+				r.Instance, et, cmp.Or(pl.reason, "no reason given")))
 	}
 	return true, false, nil // a late or repeated notification of this resize
 }
@@ -527,7 +588,10 @@ func decodeNovaPayload(raw json.RawMessage) novaPayload {
 		}
 		// Remote exceptions carry the traceback after the message.
 		msg, _, _ := strings.Cut(strings.TrimSpace(e.ExceptionMessage), "\n")
-		return joinNonEmpty(": ", e.Exception, strings.TrimSpace(msg))
+		if msg = strings.TrimSpace(msg); msg != "" && e.Exception != "" {
+			return e.Exception + ": " + msg
+		}
+		return e.Exception + msg
 	}
 	switch x := pl.(type) {
 	case *nova.InstanceAction:
@@ -553,9 +617,10 @@ func decodeNovaPayload(raw json.RawMessage) novaPayload {
 // tenantResize records a resize to a vGPU flavor the bridge did not ask
 // for (a tenant's): the instance's vGPU demand is in instances (ingest);
 // this records it in the audit log and, before the policy sees the event,
-// waits (errRetry) until the host's agent reports the vGPU, so the
+// waits (pipeline.Retry) until the host's agent reports the vGPU, so the
 // policy's tuning intents know its physical GPU.
-func (p *Processor) tenantResize(ctx context.Context, tx pgx.Tx, row InboxRow, finish bool) error {
+func (p *Path) tenantResize(ctx context.Context, w *pipeline.Work, finish bool) error {
+	tx, row := w.Tx, w.Row
 	if !finish {
 		return nil
 	}
@@ -563,12 +628,12 @@ func (p *Processor) tenantResize(ctx context.Context, tx pgx.Tx, row InboxRow, f
 	if pl.vgpus == 0 {
 		return nil
 	}
-	v, reported, err := p.reportedVGPU(ctx, tx, row.InstanceUUID, pl.host)
+	v, reported, err := pipeline.ReportedVGPU(ctx, tx, p.catalog, row.InstanceUUID, pl.host)
 	if err != nil {
 		return err
 	}
-	if reported && v.GPU == "" && row.Attempts+1 < p.cfg.MaxAttempts {
-		return errRetry{fmt.Errorf("instance %s was resized to vGPU flavor %s on host %s: waiting for its agent to report the vGPU", row.InstanceUUID, pl.flavor, pl.host)}
+	if reported && v.GPU == "" && !w.LastAttempt() {
+		return pipeline.Retry(fmt.Errorf("instance %s was resized to vGPU flavor %s on host %s: waiting for its agent to report the vGPU", row.InstanceUUID, pl.flavor, pl.host))
 	}
 	d, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "flavor": pl.flavor, "vgpus": pl.vgpus,
 		"traits": pl.traits, "host": pl.host, "gpu": v.GPU, "profile": v.Profile, "nova_request_id": row.RequestID})
@@ -577,63 +642,9 @@ func (p *Processor) tenantResize(ctx context.Context, tx pgx.Tx, row InboxRow, f
 	return err
 }
 
-// reportedVGPU is the instance's Nova-owned vGPU as its host's agent last
-// reported it (GPU address and profile); reported is false when no agent
-// of host ever reported.
-func (p *Processor) reportedVGPU(ctx context.Context, q querier, instance, host string) (policy.VGPU, bool, error) {
-	var v policy.VGPU
-	if host == "" {
-		return v, false, nil
-	}
-	var raw []byte
-	err := q.QueryRow(ctx, `SELECT report FROM hosts WHERE name = $1 AND report IS NOT NULL`, host).Scan(&raw)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return v, false, nil
-	}
-	if err != nil {
-		return v, false, fmt.Errorf("read report of %s: %w", host, err)
-	}
-	var r protocol.Report
-	if json.Unmarshal(raw, &r) != nil {
-		return v, false, nil
-	}
-	for _, g := range r.GPUs {
-		for _, a := range g.Active {
-			if !strings.EqualFold(a.InstanceUUID, instance) {
-				continue
-			}
-			v.GPU = g.PCI
-			v.Count++
-			for _, t := range g.Types {
-				if t.ID == a.TypeID && v.Profile == "" {
-					v.Profile = strings.TrimPrefix(t.Name, "GRID ")
-				}
-			}
-			if v.Profile == "" && p.d.Catalog != nil {
-				if cp, ok := p.d.Catalog.ByTypeID(a.TypeID); ok {
-					v.Profile = cp.Name
-				}
-			}
-		}
-	}
-	return v, true, nil
-}
-
-// flavorVGPU is the policy's view of the vGPUs of an instance's flavor:
-// n units on the GPU its host's agent reports, when known (tune intents
-// need it). The profile stays empty: the policy's resize rules act on
-// direct-path vGPUs only.
-func (p *Processor) flavorVGPU(ctx context.Context, q querier, instance, host string, n int) policy.VGPU {
-	v, _, err := p.reportedVGPU(ctx, q, instance, host)
-	if err != nil {
-		p.log.Debug("pipeline: cannot read the host's report", logkey.Host, host, logkey.Err, err)
-	}
-	return policy.VGPU{Count: n, GPU: v.GPU}
-}
-
-// novaResult takes the agent's answer to a verify_vgpu of the Nova path.
+// result takes the agent's answer to a verify_vgpu of the Nova path.
 // handled is false for results of other requests.
-func (p *Processor) novaResult(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kind string, res protocol.Result) (bool, error) {
+func (p *Path) result(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kind string, res protocol.Result) (bool, error) {
 	r, ok, err := lockResize(ctx, tx, `r.request_id = $1`, false, reqID)
 	if err != nil || !ok {
 		return false, err
@@ -646,7 +657,7 @@ func (p *Processor) novaResult(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, 
 		return true, err
 	}
 	if res.Status != protocol.Succeeded {
-		return true, p.startRevert(ctx, tx, r, CodeVerifyFailed, describeResult(host, kind, res))
+		return true, p.startRevert(ctx, tx, r, CodeVerifyFailed, pipeline.DescribeResult(host, kind, res))
 	}
 	if r.RequestState.Final() {
 		return true, p.startRevert(ctx, tx, r, CodeVerifyFailed, "the request ended while the agent verified the vGPU")
@@ -654,24 +665,27 @@ func (p *Processor) novaResult(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, 
 	if err := setStep(ctx, tx, r.RequestID, stepConfirm, 0, true, ", attempts = 0"); err != nil {
 		return true, err
 	}
-	if _, err := p.d.Requests.Transition(ctx, tx, r.RequestID, r.RequestState, PhaseConfirming,
+	if _, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, PhaseConfirming,
 		fmt.Sprintf("the agent of host %s verified %d × %s; confirming the resize", host, r.Count, r.Profile), ""); err != nil {
 		return true, err
 	}
-	p.kickNova()
+	p.kick()
 	return true, nil
 }
 
-// runNova makes the due Nova calls and handles passed deadlines until ctx
-// ends.
-func (p *Processor) runNova(ctx context.Context) {
-	t := time.NewTicker(p.nova.PollInterval)
+// Run makes the due Nova calls and handles passed deadlines until ctx
+// ends; without Nova's API it returns at once.
+func (p *Path) Run(ctx context.Context) error {
+	if p.nova == nil {
+		return nil
+	}
+	t := time.NewTicker(p.cfg.PollInterval)
 	defer t.Stop()
 	for {
-		for ctx.Err() == nil && !p.paused(ctx, "nova") {
-			did, err := p.NovaOnce(ctx)
+		for ctx.Err() == nil && !p.paused(ctx) {
+			did, err := p.Once(ctx)
 			if err != nil && ctx.Err() == nil {
-				p.log.Warn("pipeline: Nova step failed", logkey.Err, err)
+				p.log.Warn("nova resize: step failed", logkey.Err, err)
 				break
 			}
 			if !did {
@@ -680,33 +694,33 @@ func (p *Processor) runNova(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
-		case <-p.novaWake:
+		case <-p.wake:
 		}
 	}
 }
 
-// NovaOnce makes one due Nova call or handles one passed deadline; it
-// reports whether it found one.
-func (p *Processor) NovaOnce(ctx context.Context) (bool, error) {
-	if p.d.Nova == nil {
+// Once makes one due Nova call or handles one passed deadline; it reports
+// whether it found one.
+func (p *Path) Once(ctx context.Context) (bool, error) {
+	if p.nova == nil {
 		return false, nil
 	}
-	did, err := p.novaDue(ctx)
+	did, err := p.due(ctx)
 	if did || err != nil {
 		return did, err
 	}
-	return p.novaDeadline(ctx)
+	return p.deadline(ctx)
 }
 
-// novaDue leases one row whose call is due (its due_at moves past the
+// due leases one row whose call is due (its due_at moves past the
 // lease, its attempts count up, committed), makes the call outside any
 // transaction, then records the outcome under the row's lock.
-func (p *Processor) novaDue(ctx context.Context) (bool, error) {
+func (p *Path) due(ctx context.Context) (bool, error) {
 	var r resizeRow
 	found := false
-	err := p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
+	err := p.pipe.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var ok bool
 		var err error
 		r, ok, err = lockResize(ctx, tx, `r.step IN ('resize','confirm','revert') AND r.due_at <= now() ORDER BY r.due_at`, true)
@@ -716,14 +730,14 @@ func (p *Processor) novaDue(ctx context.Context) (bool, error) {
 		found = true
 		r.Attempts++
 		_, err = tx.Exec(ctx, `UPDATE nova_resizes SET due_at = now() + make_interval(secs => $2), attempts = $3, updated_at = now() WHERE request_id = $1`,
-			r.RequestID, p.nova.CallLease.Seconds(), r.Attempts)
+			r.RequestID, p.cfg.CallLease.Seconds(), r.Attempts)
 		return err
 	})
 	if err != nil || !found {
 		return found, err
 	}
 	out := p.callNova(ctx, r)
-	return true, p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
+	return true, p.pipe.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		cur, ok, err := lockResize(ctx, tx, `r.request_id = $1`, false, r.RequestID)
 		if err != nil || !ok {
 			return err
@@ -748,7 +762,7 @@ type callOutcome struct {
 
 // retryOrFail reschedules a call after a retryable error, or fails the
 // request after MaxAttempts or a final error.
-func (p *Processor) retryOrFail(op string, err error, failCode string) callOutcome {
+func (p *Path) retryOrFail(op string, err error, failCode string) callOutcome {
 	return callOutcome{audit: map[string]any{"call": op, "error": err.Error()}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
 		if computeapi.IsRetryable(err) && r.Attempts < p.cfg.MaxAttempts {
 			wait := backoff.Policy{Min: p.cfg.RetryMin, Max: p.cfg.RetryMax}.Delay(r.Attempts - 1)
@@ -759,20 +773,20 @@ func (p *Processor) retryOrFail(op string, err error, failCode string) callOutco
 		reason := fmt.Sprintf("%s: %v", op, err)
 		if r.Step == stepRevert {
 			reason = r.FailReason + "; and the revert failed: " + reason
-			failCode = orDefault(r.FailCode, failCode)
+			failCode = cmp.Or(r.FailCode, failCode)
 		}
 		return p.finishFailed(ctx, tx, r, failCode, reason)
 	}}
 }
 
-func (p *Processor) callNova(ctx context.Context, r resizeRow) callOutcome {
-	cctx, cancel := context.WithTimeout(ctx, p.nova.CallLease/2)
+func (p *Path) callNova(ctx context.Context, r resizeRow) callOutcome {
+	cctx, cancel := context.WithTimeout(ctx, p.cfg.CallLease/2)
 	defer cancel()
-	nc, id := p.d.Nova, r.NovaRequestID
+	nc, id := p.nova, r.NovaRequestID
 	srv, err := nc.Server(cctx, r.Instance, id)
 	if computeapi.IsNotFound(err) {
 		return callOutcome{audit: map[string]any{"call": "get server", "error": err.Error()}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return p.finishFailed(ctx, tx, r, CodeNoInstance, fmt.Sprintf("Nova has no server %s", r.Instance))
+			return p.finishFailed(ctx, tx, r, pipeline.CodeNoInstance, fmt.Sprintf("Nova has no server %s", r.Instance))
 		}}
 	}
 	if err != nil {
@@ -789,7 +803,7 @@ func (p *Processor) callNova(ctx context.Context, r resizeRow) callOutcome {
 	}
 }
 
-func (p *Processor) callResize(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
+func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
 	if r.RequestState.Final() {
 		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "the request ended before the resize"},
 			apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
@@ -817,11 +831,11 @@ func (p *Processor) callResize(ctx context.Context, r resizeRow, srv computeapi.
 				}}
 		}
 		return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return p.finishFailed(ctx, tx, r, CodeBusy, fmt.Sprintf("server %s is being resized already (status %s, task state %s); retry when it is finished",
-				r.Instance, srv.Status, orDefault(srv.TaskState, "none")))
+			return p.finishFailed(ctx, tx, r, pipeline.CodeBusy, fmt.Sprintf("server %s is being resized already (status %s, task state %s); retry when it is finished",
+				r.Instance, srv.Status, cmp.Or(srv.TaskState, "none")))
 		}}
 	}
-	flavors, err := p.d.Nova.Flavors(ctx, r.NovaRequestID)
+	flavors, err := p.nova.Flavors(ctx, r.NovaRequestID)
 	if err != nil {
 		return p.retryOrFail("list flavors", err, CodeNovaError)
 	}
@@ -834,10 +848,10 @@ func (p *Processor) callResize(ctx context.Context, r resizeRow, srv computeapi.
 	// Committed before the call: should the bridge die before recording
 	// the outcome, the next attempt follows the resize under way instead
 	// of calling again.
-	if _, err := p.d.Pool.Exec(ctx, `UPDATE nova_resizes SET resize_sent_at = now() WHERE request_id = $1`, r.RequestID); err != nil {
+	if _, err := p.pool.Exec(ctx, `UPDATE nova_resizes SET resize_sent_at = now() WHERE request_id = $1`, r.RequestID); err != nil {
 		return p.retryOrFail("record the resize call", &computeapi.Error{Op: "record", Kind: computeapi.KindRetryable, Err: err}, CodeNovaError)
 	}
-	if err := p.d.Nova.Resize(ctx, srv.ID, fl.ID, r.NovaRequestID); err != nil {
+	if err := p.nova.Resize(ctx, srv.ID, fl.ID, r.NovaRequestID); err != nil {
 		code := CodeNovaError
 		return p.retryOrFail(fmt.Sprintf("resize to flavor %s (%s)", fl.Name, fl.ID), err, code)
 	}
@@ -847,8 +861,8 @@ func (p *Processor) callResize(ctx context.Context, r resizeRow, srv computeapi.
 		}}
 }
 
-func (p *Processor) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, flavorID, flavorName, oldFlavor string) error {
-	if err := setStep(ctx, tx, r.RequestID, stepResizing, p.nova.ResizeTimeout, false,
+func (p *Path) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, flavorID, flavorName, oldFlavor string) error {
+	if err := setStep(ctx, tx, r.RequestID, stepResizing, p.cfg.ResizeTimeout, false,
 		", flavor_id = nullif($5,''), flavor_name = $6, old_flavor = $7, last_error = NULL", flavorID, flavorName, oldFlavor); err != nil {
 		return err
 	}
@@ -856,12 +870,12 @@ func (p *Processor) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, fl
 	if to == requests.Decided {
 		to = requests.Dispatched
 	}
-	_, err := p.d.Requests.Transition(ctx, tx, r.RequestID, to, PhaseResizing,
-		fmt.Sprintf("Nova resizes the server from flavor %s to %s (%d × %s)", orDefault(oldFlavor, "?"), flavorName, r.Count, r.Profile), "")
+	_, err := p.reqs.Transition(ctx, tx, r.RequestID, to, PhaseResizing,
+		fmt.Sprintf("Nova resizes the server from flavor %s to %s (%d × %s)", cmp.Or(oldFlavor, "?"), flavorName, r.Count, r.Profile), "")
 	return err
 }
 
-func (p *Processor) callConfirm(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
+func (p *Path) callConfirm(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
 	if r.RequestState.Final() && srv.Status == "VERIFY_RESIZE" {
 		// Cancelled after the verification: undo rather than confirm.
 		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "the request ended before the confirm"},
@@ -871,11 +885,11 @@ func (p *Processor) callConfirm(ctx context.Context, r resizeRow, srv computeapi
 	}
 	switch {
 	case srv.Status == "VERIFY_RESIZE":
-		if err := p.d.Nova.ConfirmResize(ctx, srv.ID, r.NovaRequestID); err != nil {
+		if err := p.nova.ConfirmResize(ctx, srv.ID, r.NovaRequestID); err != nil {
 			return p.retryOrFail("confirm resize", err, CodeNovaError)
 		}
 		return callOutcome{audit: map[string]any{"call": "confirm_resize", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return setStep(ctx, tx, r.RequestID, stepConfirming, p.nova.ConfirmTimeout, false, "")
+			return setStep(ctx, tx, r.RequestID, stepConfirming, p.cfg.ConfirmTimeout, false, "")
 		}}
 	case !srv.Resizing() && computeapi.CarriesVGPU(srv.Flavor, r.want()):
 		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "confirmed already"}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
@@ -884,31 +898,31 @@ func (p *Processor) callConfirm(ctx context.Context, r resizeRow, srv computeapi
 	case srv.Resizing():
 		// resize_confirming: an earlier attempt's call is running.
 		return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return setStep(ctx, tx, r.RequestID, stepConfirming, p.nova.ConfirmTimeout, false, "")
+			return setStep(ctx, tx, r.RequestID, stepConfirming, p.cfg.ConfirmTimeout, false, "")
 		}}
 	}
 	return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
 		return p.finishFailed(ctx, tx, r, CodeNovaFailed, fmt.Sprintf("cannot confirm the resize: server %s is %s (task state %s) on flavor %s%s",
-			r.Instance, srv.Status, orDefault(srv.TaskState, "none"), srv.Flavor.Name, faultSuffix(srv.Fault)))
+			r.Instance, srv.Status, cmp.Or(srv.TaskState, "none"), srv.Flavor.Name, faultSuffix(srv.Fault)))
 	}}
 }
 
-func (p *Processor) callRevert(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
+func (p *Path) callRevert(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
 	switch {
 	case srv.Status == "VERIFY_RESIZE":
-		if err := p.d.Nova.RevertResize(ctx, srv.ID, r.NovaRequestID); err != nil {
+		if err := p.nova.RevertResize(ctx, srv.ID, r.NovaRequestID); err != nil {
 			return p.retryOrFail("revert resize", err, CodeNovaError)
 		}
 		return callOutcome{audit: map[string]any{"call": "revert_resize", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return setStep(ctx, tx, r.RequestID, stepReverting, p.nova.ConfirmTimeout, false, "")
+			return setStep(ctx, tx, r.RequestID, stepReverting, p.cfg.ConfirmTimeout, false, "")
 		}}
 	case srv.Resizing():
 		return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return setStep(ctx, tx, r.RequestID, stepReverting, p.nova.ConfirmTimeout, false, "")
+			return setStep(ctx, tx, r.RequestID, stepReverting, p.cfg.ConfirmTimeout, false, "")
 		}}
 	}
 	return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "nothing to revert"}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-		return p.finishFailed(ctx, tx, r, orDefault(r.FailCode, CodeVerifyFailed),
+		return p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, CodeVerifyFailed),
 			fmt.Sprintf("%s; the server is %s on flavor %s", r.FailReason, srv.Status, srv.Flavor.Name))
 	}}
 }
@@ -920,57 +934,98 @@ func faultSuffix(f string) string {
 	return "; fault: " + f
 }
 
-// novaDeadline handles one row whose step passed its deadline: it reads
-// the server (a notification may have been lost) and moves on, reverts or
-// fails.
-func (p *Processor) novaDeadline(ctx context.Context) (bool, error) {
+// deadline handles one row whose step passed its deadline: it reads the
+// server (a notification may have been lost) and moves on, reverts or
+// fails. As for a call, the row is leased first (its deadline moves past
+// the lease, committed) and the server is read with no transaction open.
+func (p *Path) deadline(ctx context.Context) (bool, error) {
+	var lease resizeRow
 	found := false
-	err := p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		r, ok, err := lockResize(ctx, tx, `r.step IN ('resizing','verifying','confirming','reverting') AND r.deadline_at < now() ORDER BY r.deadline_at`, true)
+	err := p.pipe.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		var ok bool
+		var err error
+		lease, ok, err = lockResize(ctx, tx, `r.step IN ('resizing','verifying','confirming','reverting') AND r.deadline_at < now() ORDER BY r.deadline_at`, true)
 		if err != nil || !ok {
 			return err
 		}
 		found = true
-		srv, err := p.d.Nova.Server(ctx, r.Instance, r.NovaRequestID)
-		if err != nil && !computeapi.IsNotFound(err) {
+		_, err = tx.Exec(ctx, `UPDATE nova_resizes SET deadline_at = now() + make_interval(secs => $2), updated_at = now() WHERE request_id = $1`,
+			lease.RequestID, p.cfg.CallLease.Seconds())
+		return err
+	})
+	if err != nil || !found {
+		return found, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, p.cfg.CallLease/2)
+	srv, srvErr := p.nova.Server(cctx, lease.Instance, lease.NovaRequestID)
+	cancel()
+	return true, p.pipe.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		r, ok, err := lockResize(ctx, tx, `r.request_id = $1`, false, lease.RequestID)
+		if err != nil || !ok || r.Step != lease.Step {
+			return err // a notification moved the row on meanwhile
+		}
+		if err := srvErr; err != nil && !computeapi.IsNotFound(err) {
 			// Try again at the next look, a little later.
 			_, e := tx.Exec(ctx, `UPDATE nova_resizes SET deadline_at = now() + make_interval(secs => $2), last_error = $3 WHERE request_id = $1`,
 				r.RequestID, p.cfg.RetryMax.Seconds(), err.Error())
 			return e
 		}
-		if computeapi.IsNotFound(err) {
-			return p.finishFailed(ctx, tx, r, CodeNoInstance, fmt.Sprintf("Nova has no server %s any more", r.Instance))
+		if computeapi.IsNotFound(srvErr) {
+			return p.finishFailed(ctx, tx, r, pipeline.CodeNoInstance, fmt.Sprintf("Nova has no server %s any more", r.Instance))
 		}
-		state := fmt.Sprintf("status %s, task state %s, flavor %s%s", srv.Status, orDefault(srv.TaskState, "none"), srv.Flavor.Name, faultSuffix(srv.Fault))
+		state := fmt.Sprintf("status %s, task state %s, flavor %s%s", srv.Status, cmp.Or(srv.TaskState, "none"), srv.Flavor.Name, faultSuffix(srv.Fault))
 		if err := p.auditNova(ctx, tx, r, "nova_deadline", map[string]any{"step": r.Step, "server": state}); err != nil {
 			return err
 		}
 		switch r.Step {
 		case stepResizing:
 			if srv.Status == "VERIFY_RESIZE" { // the notification was lost
-				r.FlavorName = orDefault(r.FlavorName, srv.Flavor.Name)
+				r.FlavorName = cmp.Or(r.FlavorName, srv.Flavor.Name)
 				return p.queueVerify(ctx, tx, r, srv.Host)
 			}
 			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not finish the resize to %s within %s (server: %s)",
-				orDefault(r.FlavorName, "?"), p.nova.ResizeTimeout, state))
+				cmp.Or(r.FlavorName, "?"), p.cfg.ResizeTimeout, state))
 		case stepVerifying:
 			if err := requests.CancelUnsent(ctx, tx, r.RequestID); err != nil {
 				return err
 			}
-			return p.startRevert(ctx, tx, r, CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer verify_vgpu within %s; is vgpu-agent running there and consuming %s?",
-				r.TargetHost, p.nova.VerifyTimeout, protocol.AgentQueue(r.TargetHost)))
+			return p.startRevert(ctx, tx, r, pipeline.CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer verify_vgpu within %s; is vgpu-agent running there and consuming %s?",
+				r.TargetHost, p.cfg.VerifyTimeout, protocol.AgentQueue(r.TargetHost)))
 		case stepConfirming:
 			if !srv.Resizing() && computeapi.CarriesVGPU(srv.Flavor, r.want()) {
 				return p.finishSucceeded(ctx, tx, r, "the server is on the new flavor (no confirm notification seen)")
 			}
-			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not confirm the resize within %s (server: %s)", p.nova.ConfirmTimeout, state))
+			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not confirm the resize within %s (server: %s)", p.cfg.ConfirmTimeout, state))
 		default: // reverting
 			if !srv.Resizing() {
-				return p.finishFailed(ctx, tx, r, orDefault(r.FailCode, CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
+				return p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
 			}
-			return p.finishFailed(ctx, tx, r, orDefault(r.FailCode, CodeVerifyFailed),
-				fmt.Sprintf("%s; and Nova did not revert the resize within %s (server: %s)", r.FailReason, p.nova.ConfirmTimeout, state))
+			return p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, CodeVerifyFailed),
+				fmt.Sprintf("%s; and Nova did not revert the resize within %s (server: %s)", r.FailReason, p.cfg.ConfirmTimeout, state))
 		}
 	})
-	return found, err
+}
+
+// DryRun is Capacity from the placement feature's dry run on its mirror.
+type DryRun struct{ S *placement.Service }
+
+// CanFit implements Capacity.
+func (d DryRun) CanFit(trait string, count int, hosts []string) (bool, error) {
+	var req placement.DryRunRequest
+	req.Traits.Required = []string{trait}
+	req.Count, req.Limit = max(count, 1), engine.MaxLimit
+	out, err := d.S.DryRun(req)
+	if err != nil {
+		return false, err
+	}
+	ok := map[string]bool{}
+	for _, h := range hosts {
+		ok[h] = true
+	}
+	for _, c := range out.Candidates {
+		if !c.NeedsRetype && (ok[c.Host] || ok[c.Node]) {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -1,4 +1,4 @@
-package pipeline
+package novaresize
 
 import (
 	"encoding/json"
@@ -46,22 +46,7 @@ func TestDecodeNovaPayload(t *testing.T) {
 	}
 }
 
-func TestNovaHostProblem(t *testing.T) {
-	inst := uuid.NewString()
-	tests := []struct {
-		f    InstanceFacts
-		code string
-	}{
-		{InstanceFacts{UUID: inst, Host: "cmp1", Known: true}, ""},
-		{InstanceFacts{UUID: inst}, CodeNoInstance},
-		{InstanceFacts{UUID: inst, Host: "cmp1", Known: true, Deleted: true}, CodeNoInstance},
-		{InstanceFacts{UUID: inst, Known: true}, CodeNoHost},
-	}
-	for _, tc := range tests {
-		if _, code := novaHostProblem(Facts{Instance: tc.f}); code != tc.code {
-			t.Errorf("%+v: code %q, want %q", tc.f, code, tc.code)
-		}
-	}
+func TestNovaRequestID(t *testing.T) {
 	if NovaRequestID(uuid.MustParse("5c1d2a39-4f4e-4d0e-9b8f-2f6d3c8e1a00")) != "req-5c1d2a39-4f4e-4d0e-9b8f-2f6d3c8e1a00" {
 		t.Error("NovaRequestID")
 	}

@@ -1,0 +1,307 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// Stage is one step of deciding about an inbox event, inside the event's
+// transaction. A stage that finishes the event returns true and the
+// stages after it do not run; the event is then marked processed (unless
+// a stage closed it otherwise). An error rolls the whole transaction back
+// and the event is tried again later.
+type Stage interface {
+	Exec(ctx context.Context, w *Work) (done bool, err error)
+}
+
+// StageFunc is a function that is a Stage.
+type StageFunc func(ctx context.Context, w *Work) (bool, error)
+
+// Exec implements Stage.
+func (f StageFunc) Exec(ctx context.Context, w *Work) (bool, error) { return f(ctx, w) }
+
+// Stages runs its stages in order until one finishes the event.
+type Stages []Stage
+
+// Exec implements Stage.
+func (ss Stages) Exec(ctx context.Context, w *Work) (bool, error) {
+	for _, s := range ss {
+		if done, err := s.Exec(ctx, w); err != nil || done {
+			return done, err
+		}
+	}
+	return true, nil
+}
+
+// Actor carries out a plan's step of a kind the pipeline hands to another
+// package (the Nova-native resize), in the decision's transaction. It
+// either records what it will do and moves the request to decided, or
+// ends the request with Work.Fail.
+type Actor interface {
+	Act(ctx context.Context, w *Work, s Step) error
+}
+
+// DefaultStages are the stages of the direct path alone: what a
+// processor runs unless told otherwise (Use). The bridge lists its own
+// where it wires the pipeline (setupPipeline).
+func DefaultStages() []Stage {
+	return []Stage{ReadRequest{}, ReadEvent{}, FollowMove{}, Evaluate{}, OpenRequest{}, Act{}, Record{}}
+}
+
+// Work is one event on its way through the stages.
+type Work struct {
+	Tx  pgx.Tx
+	Row InboxRow
+
+	// Request is the bridge request the event belongs to, once known
+	// (HasRequest), and State its state as read.
+	Request    uuid.UUID
+	HasRequest bool
+	State      requests.State
+
+	Event    policy.Event
+	Decision *policy.Decision
+	Plan     Plan
+	Facts    Facts
+
+	// Outbox is set by a stage that queued commands for the agents.
+	Outbox bool
+
+	p      *Processor
+	hosts  *hostSet
+	snap   *snapshot
+	closed bool // marked processed (or failed) by a stage already
+}
+
+// Fail ends the request without acting: the plan becomes a failure with
+// code and reason (a request with further events waits for its last).
+func (w *Work) Fail(ctx context.Context, code, reason string) error {
+	w.Plan.Outcome, w.Plan.Code, w.Plan.Reason, w.Plan.Steps = OutcomeFail, code, reason, nil
+	return w.p.closeWithout(ctx, w.Tx, w.Row, w.Request, w.State, w.Plan)
+}
+
+// Notify records the notify steps among steps in the audit log.
+func (w *Work) Notify(ctx context.Context, steps []Step) error {
+	return w.p.notify(ctx, w.Tx, w.Request, w.Facts.Instance.UUID, steps)
+}
+
+// Decided moves the request to decided (or keeps it past that) in phase
+// with reason.
+func (w *Work) Decided(ctx context.Context, phase, reason string) error {
+	_, err := w.p.d.Requests.Transition(ctx, w.Tx, w.Request, nextState(w.State, requests.Decided), phase, reason, "")
+	return err
+}
+
+// LastAttempt reports whether the event is on its last attempt: a stage
+// that would wait (Retry) should go on instead.
+func (w *Work) LastAttempt() bool { return w.Row.Attempts+1 >= w.p.cfg.MaxAttempts }
+
+// Retry wraps err so that the event is tried again later (with backoff)
+// instead of counting as a failure of the stage's code.
+func Retry(err error) error { return errRetry{err} }
+
+// ReadRequest reads the state of the bridge request a webhook event
+// belongs to, locked; an event whose request ended (cancelled before the
+// pipeline got to it) is done.
+type ReadRequest struct{}
+
+// Exec implements Stage.
+func (ReadRequest) Exec(ctx context.Context, w *Work) (bool, error) {
+	id, ok := w.Row.BridgeRequest()
+	if !ok {
+		return false, nil
+	}
+	var st string
+	err := w.Tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, id).Scan(&st)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("read request %s: %w", id, err)
+	}
+	w.Request, w.HasRequest, w.State = id, true, requests.State(st)
+	if w.State.Final() {
+		w.p.m.events.WithLabelValues("skipped").Inc()
+		return true, nil
+	}
+	return false, nil
+}
+
+// ReadEvent maps the inbox row to the policy's event. A row that does not
+// map closes as failed, and so does its request.
+type ReadEvent struct{}
+
+// Exec implements Stage.
+func (ReadEvent) Exec(ctx context.Context, w *Work) (bool, error) {
+	ev, err := MapEvent(w.Row)
+	if err == nil {
+		w.Event = ev
+		return false, nil
+	}
+	if w.HasRequest {
+		if err := w.p.failRequest(ctx, w.Tx, w.Request, CodeEventFailed, err.Error(), nil); err != nil {
+			return false, err
+		}
+	}
+	w.closed = true
+	return true, requests.MarkEventFailed(ctx, w.Tx, w.Row.ID, err.Error())
+}
+
+// FollowMove makes direct-path vGPUs follow a Nova move of their instance
+// (move.go).
+type FollowMove struct{}
+
+// Exec implements Stage.
+func (FollowMove) Exec(ctx context.Context, w *Work) (bool, error) {
+	outbox, handled, err := w.p.handleMove(ctx, w.Tx, w.Row, w.Event, w.hosts)
+	if err != nil {
+		return false, fmt.Errorf("follow the move of %s: %w", w.Row.InstanceUUID, err)
+	}
+	w.Outbox = w.Outbox || outbox
+	return handled, nil
+}
+
+// Evaluate runs the policy on the event with the facts it needs and plans
+// the decision. A notification nobody asked about ends here unless the
+// plan acts: its decision is recorded only when a rule listened.
+type Evaluate struct{}
+
+// Exec implements Stage.
+func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
+	p, ev := w.p, w.Event
+	pol := p.d.Policy.Policy()
+	if !w.HasRequest && !rebuildKind(ev.Kind) && ev.Kind != NovaKindPrefix+"instance.delete.end" {
+		// Most notifications: no rule listens, nothing to re-apply.
+		if d0 := pol.Evaluate(ev, nil, nil); len(d0.Rules) == 0 {
+			p.m.events.WithLabelValues(string(OutcomeNothing)).Inc()
+			return true, nil
+		}
+	}
+	facts, st, err := p.loadFacts(ctx, w.Tx, ev, w.hosts)
+	if err != nil {
+		return false, fmt.Errorf("load facts: %w", err)
+	}
+	ls, err := policystate.Snapshot(ctx, w.Tx, ev.InstanceUUID)
+	if err != nil {
+		return false, fmt.Errorf("load policy state: %w", err)
+	}
+	w.Facts, w.snap = facts, st
+	w.Decision = pol.Evaluate(ev, st, ls)
+	w.Plan = PlanDecision(w.Decision, facts)
+	if w.Row.observeOnly && w.Plan.Outcome == OutcomeAct {
+		w.Plan = observe(w.Plan, facts) // decide and explain, act on nothing
+	}
+	if w.HasRequest || w.Plan.Outcome == OutcomeAct {
+		return false, nil
+	}
+	p.m.events.WithLabelValues(string(w.Plan.Outcome)).Inc()
+	if len(w.Decision.Rules) == 0 {
+		return true, nil
+	}
+	if err := p.recordDecision(ctx, w.Tx, w.Row, nil, w.Decision, w.Plan); err != nil {
+		return false, err
+	}
+	if err := policystate.Apply(ctx, w.Tx, w.Decision.LoadUpdates); err != nil {
+		return false, fmt.Errorf("apply policy state: %w", err)
+	}
+	return true, nil
+}
+
+// OpenRequest makes a request for an event that acts without one (a
+// notification a rule acts on).
+type OpenRequest struct{}
+
+// Exec implements Stage.
+func (OpenRequest) Exec(ctx context.Context, w *Work) (bool, error) {
+	if w.HasRequest {
+		return false, nil
+	}
+	id := uuid.New()
+	var inst *uuid.UUID
+	if u, err := uuid.Parse(w.Event.InstanceUUID); err == nil {
+		inst = &u
+	}
+	body, _ := json.Marshal(map[string]any{"event_id": w.Row.ID, "event_type": w.Row.EventType, "message_id": w.Row.MessageID})
+	if err := w.p.d.Requests.Create(ctx, w.Tx, requests.Request{ID: id, Source: w.Row.Source, Kind: w.Row.EventType, InstanceUUID: inst, Body: body}); err != nil {
+		return false, fmt.Errorf("create request %s: %w", id, err)
+	}
+	w.Request, w.HasRequest, w.State = id, true, requests.Accepted
+	return false, nil
+}
+
+// Act carries the plan out: claims, attachments and commands on the
+// direct path; a Nova resize step goes to NovaResize. A plan that does not
+// act closes its request (rejected, or failed).
+type Act struct {
+	// NovaResize runs plans with a Nova resize step; nil: they fail with
+	// code nova_path_unavailable (Nova's API is not configured).
+	NovaResize Actor
+}
+
+// Exec implements Stage.
+func (a Act) Exec(ctx context.Context, w *Work) (bool, error) {
+	p := w.p
+	if w.Plan.Outcome != OutcomeAct {
+		if err := w.Notify(ctx, w.Plan.Steps); err != nil {
+			return false, fmt.Errorf("request %s: notify: %w", w.Request, err)
+		}
+		if err := p.closeWithout(ctx, w.Tx, w.Row, w.Request, w.State, w.Plan); err != nil {
+			return false, fmt.Errorf("request %s: close %s: %w", w.Request, w.Plan.Outcome, err)
+		}
+		return false, nil
+	}
+	var err error
+	if s, ok := novaStep(w.Plan.Steps); ok {
+		if a.NovaResize == nil {
+			err = w.Fail(ctx, CodeNovaPath, fmt.Sprintf("attach mode %s (the Nova-native path) needs Nova's API: set [nova] endpoint_override and token_file, "+
+				"or [openstack] cloud; or set attach_mode: direct-live or direct-cold for this project or profile in the policy", orDefault(string(s.Intent.Mode), "nova-resize")))
+		} else {
+			err = a.NovaResize.Act(ctx, w, s)
+		}
+	} else {
+		err = p.act(ctx, w.Tx, w.Row, w.Request, w.State, w.Decision, &w.Plan, w.Facts)
+	}
+	if err != nil {
+		return false, fmt.Errorf("decide request %s: %w", w.Request, err)
+	}
+	w.Outbox = w.Outbox || w.Plan.Outcome == OutcomeAct
+	return false, nil
+}
+
+// Record records the decision with the plan's outcome and applies the
+// policy's load-state updates.
+type Record struct{}
+
+// Exec implements Stage.
+func (Record) Exec(ctx context.Context, w *Work) (bool, error) {
+	w.p.m.events.WithLabelValues(string(w.Plan.Outcome)).Inc()
+	id := w.Request
+	if err := w.p.recordDecision(ctx, w.Tx, w.Row, &id, w.Decision, w.Plan); err != nil {
+		return false, err
+	}
+	if err := policystate.Apply(ctx, w.Tx, w.Decision.LoadUpdates); err != nil {
+		return false, fmt.Errorf("request %s: apply policy state: %w", w.Request, err)
+	}
+	return true, nil
+}
+
+// run passes one locked event through the stages and marks it processed.
+func (p *Processor) run(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hostSet) (outbox bool, err error) {
+	w := &Work{Tx: tx, Row: row, p: p, hosts: hs}
+	if _, err := Stages(p.stages).Exec(ctx, w); err != nil {
+		return false, fmt.Errorf("event %d: %w", row.ID, err)
+	}
+	if w.closed {
+		return false, nil
+	}
+	return w.Outbox, requests.MarkProcessed(ctx, tx, row.ID)
+}
