@@ -25,6 +25,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ui"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
@@ -273,12 +274,7 @@ func dialAny(ctx context.Context, tu *conf.TransportURL) error {
 		if !ok {
 			deadline = time.Now().Add(2 * time.Second)
 		}
-		conn, err := amqp.DialConfig(u, amqp.Config{
-			Dial: func(network, addr string) (net.Conn, error) {
-				return net.DialTimeout(network, addr, time.Until(deadline))
-			},
-			Properties: amqp.Table{"connection_name": "vgpu-bridge readiness"},
-		})
+		conn, _, err := amqpconn.Dial(amqpconn.Config{URLs: []string{u}, Name: "vgpu-bridge readiness", Timeout: max(time.Until(deadline), time.Millisecond)}, 0)
 		if err == nil {
 			conn.Close()
 			return nil

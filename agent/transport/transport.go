@@ -26,6 +26,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
@@ -192,43 +193,29 @@ func (l *Loop) Run(ctx context.Context) error {
 	})
 	defer stop()
 
-	attempt := 0
-	for {
-		start := time.Now()
-		err := l.session(ctx, hard, attempt)
-		l.ready.Store(false)
-		l.connected.Set(0)
-		if ctx.Err() != nil {
-			return nil
-		}
-		l.reconnects.Inc()
-		if time.Since(start) > l.cfg.MaxBackoff {
-			attempt = 0 // it had worked for a while
-		}
-		d := backoff.Policy{Min: l.cfg.MinBackoff, Max: l.cfg.MaxBackoff}.Delay(attempt)
-		l.log.Warn("rabbitmq connection lost; reconnecting", logkey.Err, err, "in", d.Round(time.Millisecond), "attempt", attempt+1)
-		attempt++
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(d):
-		}
-	}
+	amqpconn.Loop{
+		Backoff: backoff.Policy{Min: l.cfg.MinBackoff, Max: l.cfg.MaxBackoff},
+		Ended: func(err error, wait time.Duration) {
+			l.reconnects.Inc()
+			l.log.Warn("rabbitmq connection lost; reconnecting", logkey.Err, err, "in", wait.Round(time.Millisecond))
+		},
+	}.Run(ctx, func(ctx context.Context, n int) (bool, error) {
+		defer func() {
+			l.ready.Store(false)
+			l.connected.Set(0)
+		}()
+		return false, l.session(ctx, hard, n)
+	})
+	return nil
 }
 
 func (l *Loop) dial(attempt int) (*amqp.Connection, error) {
-	url := l.cfg.URLs[attempt%len(l.cfg.URLs)]
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName("vgpu-agent " + l.cfg.Host)
-	tc := l.cfg.TLSConfig
+	tlsFor := amqpconn.StaticTLS(l.cfg.TLSConfig)
 	if l.cfg.TLS != nil {
-		var err error
-		if tc, err = l.cfg.TLS(); err != nil {
-			return nil, fmt.Errorf("tls: %w", err)
-		}
+		tlsFor = l.cfg.TLS
 	}
-	return amqp.DialConfig(url, amqp.Config{Heartbeat: 10 * time.Second, TLSClientConfig: tc,
-		Properties: props, Dial: amqp.DefaultDial(10 * time.Second)})
+	conn, _, err := amqpconn.Dial(amqpconn.Config{URLs: l.cfg.URLs, Name: "vgpu-agent " + l.cfg.Host, Product: "vgpu-agent", TLS: tlsFor}, attempt)
+	return conn, err
 }
 
 // Declare declares the exchange and the host's command queue and binding
@@ -285,7 +272,7 @@ func DeclareQueue(ch *amqp.Channel, host string) error {
 func (l *Loop) session(ctx, hard context.Context, attempt int) error {
 	conn, err := l.dial(attempt)
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", l.cfg.Redacted, err)
+		return err
 	}
 	defer conn.Close()
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))

@@ -30,6 +30,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
@@ -238,43 +239,21 @@ func (x *Dispatcher) Kick() {
 // Run connects, declares the topology, relays and consumes until ctx
 // ends, reconnecting with capped exponential backoff.
 func (x *Dispatcher) Run(ctx context.Context) error {
-	policy := backoff.Policy{Min: x.cfg.ReconnectMin, Max: x.cfg.ReconnectMax}
-	attempt := 0
-	for ctx.Err() == nil {
-		start := time.Now()
-		err := x.session(ctx, attempt)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if time.Since(start) > time.Minute {
-			attempt = 0 // it had worked for a while
-		}
-		wait := policy.Delay(attempt)
-		x.m.reconnects.Inc()
-		x.log.Warn("dispatch: broker session ended; reconnecting", logkey.Err, err, "in", wait)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
-		}
-		attempt++
-	}
+	amqpconn.Loop{
+		Backoff: backoff.Policy{Min: x.cfg.ReconnectMin, Max: x.cfg.ReconnectMax},
+		Healthy: time.Minute,
+		Ended: func(err error, wait time.Duration) {
+			x.m.reconnects.Inc()
+			x.log.Warn("dispatch: broker session ended; reconnecting", logkey.Err, err, "in", wait)
+		},
+	}.Run(ctx, func(ctx context.Context, n int) (bool, error) { return false, x.session(ctx, n) })
 	return nil
 }
 
 func (x *Dispatcher) dial(attempt int) (*amqp.Connection, error) {
-	var errs []error
-	n := len(x.cfg.URLs)
-	for i := range n {
-		u := x.cfg.URLs[(attempt+i)%n]
-		conn, err := amqp.DialConfig(u, amqp.Config{TLSClientConfig: x.cfg.TLS, Heartbeat: 10 * time.Second,
-			Properties: amqp.Table{"connection_name": x.cfg.ConnectionName + " " + x.cfg.Replica}})
-		if err == nil {
-			return conn, nil
-		}
-		errs = append(errs, err)
-	}
-	return nil, errors.Join(errs...)
+	conn, _, err := amqpconn.Dial(amqpconn.Config{URLs: x.cfg.URLs, Name: x.cfg.ConnectionName + " " + x.cfg.Replica,
+		TLS: amqpconn.StaticTLS(x.cfg.TLS)}, attempt)
+	return conn, err
 }
 
 // Declare declares the exchange and the bridge's two queues with their

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -20,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
@@ -82,43 +81,34 @@ func (c *Consumer) sinceLast() float64 {
 // when ctx ends.
 func (c *Consumer) Run(ctx context.Context) error {
 	go c.watchSilence(ctx)
-	attempt := 0
 	var lastErr string
-	for broker := 0; ; broker = (broker + 1) % len(c.cfg.URLs) {
-		start := time.Now()
-		delivered, err := c.session(ctx, c.cfg.URLs[broker])
-		c.connected.Store(false)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if delivered || time.Since(start) > c.cfg.ReconnectMax {
-			attempt = 0
-		}
-		d := backoff.Policy{Min: c.cfg.ReconnectMin, Max: c.cfg.ReconnectMax}.Delay(attempt)
-		attempt++
-		c.m.reconnects.Inc()
-		lvl := slog.LevelWarn
-		if es := err.Error(); es != lastErr {
-			lastErr = es
-			lvl = slog.LevelError
-		}
-		c.log.Log(ctx, lvl, "notification consumer stopped; reconnecting",
-			logkey.Broker, redactURL(c.cfg.URLs[broker]), logkey.Err, err, logkey.Backoff, d)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(d):
-		}
-	}
+	amqpconn.Loop{
+		Backoff: backoff.Policy{Min: c.cfg.ReconnectMin, Max: c.cfg.ReconnectMax},
+		Healthy: c.cfg.ReconnectMax,
+		Ended: func(err error, wait time.Duration) {
+			c.m.reconnects.Inc()
+			lvl := slog.LevelWarn
+			if es := err.Error(); es != lastErr {
+				lastErr = es
+				lvl = slog.LevelError
+			}
+			c.log.Log(ctx, lvl, "notification consumer stopped; reconnecting", logkey.Err, err, logkey.Backoff, wait)
+		},
+	}.Run(ctx, func(ctx context.Context, n int) (bool, error) {
+		defer c.connected.Store(false)
+		return c.session(ctx, n)
+	})
+	return nil
 }
 
-// session runs one connection: dial, declare, consume, commit, ack.
-// delivered tells whether any batch was committed.
-func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
-	conn, err := c.dial(u)
+// session runs one connection: dial (broker n first), declare, consume,
+// commit, ack. delivered tells whether any batch was committed.
+func (c *Consumer) session(ctx context.Context, n int) (bool, error) {
+	conn, k, err := amqpconn.Dial(c.amqp(), n)
 	if err != nil {
 		return false, err
 	}
+	u := c.cfg.URLs[k]
 	defer conn.Close()
 	ch, err := c.declare(conn)
 	if err != nil {
@@ -137,7 +127,7 @@ func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
 	cancelled := ch.NotifyCancel(make(chan string, 1))
 	c.connected.Store(true)
 	c.sessions.Add(1)
-	c.log.Info("consuming Nova notifications", logkey.Broker, redactURL(u), logkey.Queue, c.cfg.Queue,
+	c.log.Info("consuming Nova notifications", logkey.Broker, amqpconn.Redact(u), logkey.Queue, c.cfg.Queue,
 		"exchange", c.cfg.Exchange, "binding_keys", c.cfg.BindingKeys)
 
 	// Stages: this loop gathers deliveries into batches; Committers
@@ -307,20 +297,6 @@ func (c *Consumer) session(ctx context.Context, u string) (bool, error) {
 }
 
 var errStopped = errors.New("stopped")
-
-func (c *Consumer) dial(u string) (*amqp.Connection, error) {
-	conn, err := amqp.DialConfig(u, amqp.Config{
-		TLSClientConfig: c.cfg.TLS,
-		Heartbeat:       10 * time.Second,
-		Locale:          "en_US",
-		Properties:      amqp.Table{"connection_name": c.cfg.ConnectionName, "product": "vgpu-bridge"},
-		Dial:            amqp.DefaultDial(10 * time.Second),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", redactURL(u), err)
-	}
-	return conn, nil
-}
 
 func amqpErr(e *amqp.Error) error {
 	if e == nil {
@@ -561,21 +537,6 @@ func (c *Consumer) watchSilence(ctx context.Context) {
 				logkey.SilentFor, silent.Round(time.Second), logkey.Queue, c.cfg.Queue)
 		}
 	}
-}
-
-// redactURL drops the password of an AMQP URL.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "<unparsable URL>"
-	}
-	if u.User != nil {
-		u.User = url.User(u.User.Username())
-	}
-	if _, _, err := net.SplitHostPort(u.Host); err != nil {
-		return u.Redacted()
-	}
-	return u.String()
 }
 
 // tokenRE finds the value of oslo's flattened _context_auth_token (also

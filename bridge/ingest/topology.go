@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 )
 
 // ErrTopologyMismatch wraps a 406 PRECONDITION_FAILED from the broker: the
@@ -20,21 +21,21 @@ func IsTopologyMismatch(err error) bool { return errors.Is(err, ErrTopologyMisma
 // with what the broker holds gives an error for which IsTopologyMismatch is
 // true, naming the setting to change.
 func (c *Consumer) CheckTopology(ctx context.Context) error {
-	var errs []error
-	for _, u := range c.cfg.URLs {
-		conn, err := c.dial(u)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		defer conn.Close()
-		ch, err := c.declare(conn)
-		if err != nil {
-			return err
-		}
-		return ch.Close()
+	conn, _, err := amqpconn.Dial(c.amqp(), 0)
+	if err != nil {
+		return err
 	}
-	return errors.Join(errs...)
+	defer conn.Close()
+	ch, err := c.declare(conn)
+	if err != nil {
+		return err
+	}
+	return ch.Close()
+}
+
+// amqp is how the consumer connects.
+func (c *Consumer) amqp() amqpconn.Config {
+	return amqpconn.Config{URLs: c.cfg.URLs, Name: c.cfg.ConnectionName, TLS: amqpconn.StaticTLS(c.cfg.TLS)}
 }
 
 // declare declares the exchange the way oslo.messaging does (or passively),

@@ -280,7 +280,8 @@ func (p *Path) verifiableHosts(ctx context.Context, q pipeline.Querier, exclude 
 // Act runs a plan with a Nova resize step in the decision's transaction
 // (pipeline.Actor): checks, the dry run, and the nova_resizes row whose
 // resize call the loop makes. Failures end the request (Work.Fail).
-func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) error {
+func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err error) {
+	defer wrapErr(&err, "resize through Nova")
 	tx, reqID, f := w.Tx, w.Request, w.Facts
 	fail := func(code, reason string) error { return w.Fail(ctx, code, reason) }
 	if p.nova == nil {
@@ -310,7 +311,7 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) error
 			f.Instance.UUID, len(f.Attachments)))
 	}
 	var busy uuid.UUID
-	err := tx.QueryRow(ctx, `SELECT request_id FROM nova_resizes WHERE instance_uuid = $1 AND step <> 'done'`, f.Instance.UUID).Scan(&busy)
+	err = tx.QueryRow(ctx, `SELECT request_id FROM nova_resizes WHERE instance_uuid = $1 AND step <> 'done'`, f.Instance.UUID).Scan(&busy)
 	switch {
 	case err == nil:
 		return fail(pipeline.CodeBusy, fmt.Sprintf("request %s is resizing this instance through Nova; retry when it is finished", busy))
@@ -431,7 +432,8 @@ func (p *Path) auditNova(ctx context.Context, tx pgx.Tx, r resizeRow, action str
 }
 
 // finishFailed ends a resize and fails its request (unless it already ended).
-func (p *Path) finishFailed(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) error {
+func (p *Path) finishFailed(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) (err error) {
+	defer wrapErr(&err, "end resize %s as failed", r.RequestID)
 	if err := setStep(ctx, tx, r.RequestID, stepDone, 0, false, ""); err != nil {
 		return err
 	}
@@ -442,7 +444,8 @@ func (p *Path) finishFailed(ctx context.Context, tx pgx.Tx, r resizeRow, code, r
 	return p.pipe.FailRequest(ctx, tx, r.RequestID, code, reason)
 }
 
-func (p *Path) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how string) error {
+func (p *Path) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how string) (err error) {
+	defer wrapErr(&err, "end resize %s as succeeded", r.RequestID)
 	if err := setStep(ctx, tx, r.RequestID, stepDone, 0, false, ""); err != nil {
 		return err
 	}
@@ -460,7 +463,8 @@ func (p *Path) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how 
 
 // startRevert makes revertResize due; the request fails with code and
 // reason once Nova reverted.
-func (p *Path) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) error {
+func (p *Path) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) (err error) {
+	defer wrapErr(&err, "revert resize %s", r.RequestID)
 	if err := setStep(ctx, tx, r.RequestID, stepRevert, 0, true, ", fail_code = $5, fail_reason = $6, attempts = 0", code, reason); err != nil {
 		return err
 	}
@@ -474,7 +478,8 @@ func (p *Path) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, re
 }
 
 // queueVerify sends verify_vgpu to the target host's agent.
-func (p *Path) queueVerify(ctx context.Context, tx pgx.Tx, r resizeRow, host string) error {
+func (p *Path) queueVerify(ctx context.Context, tx pgx.Tx, r resizeRow, host string) (err error) {
+	defer wrapErr(&err, "verify resize %s on host %s", r.RequestID, host)
 	now := time.Now()
 	c, err := pipeline.NewCommand(protocol.VerifyVGPU, host, r.RequestID.String(), r.Instance,
 		protocol.VerifyParams{TypeID: r.TypeID, Count: r.Count}, now, now.Add(p.cfg.VerifyTimeout))
@@ -504,6 +509,7 @@ func (p *Path) queueVerify(ctx context.Context, tx pgx.Tx, r resizeRow, host str
 // handled is true when the event belonged to a bridge resize (the policy
 // does not see it); outbox when a command was queued.
 func (p *Path) event(ctx context.Context, w *pipeline.Work) (handled, outbox bool, err error) {
+	defer wrapErr(&err, "event %d of instance %s", w.Row.ID, w.Row.InstanceUUID)
 	tx, row := w.Tx, w.Row
 	if row.Webhook() || row.InstanceUUID == "" {
 		return false, false, nil
@@ -619,7 +625,8 @@ func decodeNovaPayload(raw json.RawMessage) novaPayload {
 // this records it in the audit log and, before the policy sees the event,
 // waits (pipeline.Retry) until the host's agent reports the vGPU, so the
 // policy's tuning intents know its physical GPU.
-func (p *Path) tenantResize(ctx context.Context, w *pipeline.Work, finish bool) error {
+func (p *Path) tenantResize(ctx context.Context, w *pipeline.Work, finish bool) (err error) {
+	defer wrapErr(&err, "record the resize of instance %s", w.Row.InstanceUUID)
 	tx, row := w.Tx, w.Row
 	if !finish {
 		return nil
@@ -644,7 +651,8 @@ func (p *Path) tenantResize(ctx context.Context, w *pipeline.Work, finish bool) 
 
 // result takes the agent's answer to a verify_vgpu of the Nova path.
 // handled is false for results of other requests.
-func (p *Path) result(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kind string, res protocol.Result) (bool, error) {
+func (p *Path) result(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kind string, res protocol.Result) (_ bool, err error) {
+	defer wrapErr(&err, "verification of resize %s", reqID)
 	r, ok, err := lockResize(ctx, tx, `r.request_id = $1`, false, reqID)
 	if err != nil || !ok {
 		return false, err
@@ -717,10 +725,11 @@ func (p *Path) Once(ctx context.Context) (bool, error) {
 // due leases one row whose call is due (its due_at moves past the
 // lease, its attempts count up, committed), makes the call outside any
 // transaction, then records the outcome under the row's lock.
-func (p *Path) due(ctx context.Context) (bool, error) {
+func (p *Path) due(ctx context.Context) (_ bool, err error) {
+	defer wrapErr(&err, "due Nova call")
 	var r resizeRow
 	found := false
-	err := p.pipe.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	err = p.pipe.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var ok bool
 		var err error
 		r, ok, err = lockResize(ctx, tx, `r.step IN ('resize','confirm','revert') AND r.due_at <= now() ORDER BY r.due_at`, true)
@@ -861,7 +870,8 @@ func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Serve
 		}}
 }
 
-func (p *Path) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, flavorID, flavorName, oldFlavor string) error {
+func (p *Path) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, flavorID, flavorName, oldFlavor string) (err error) {
+	defer wrapErr(&err, "resize %s called", r.RequestID)
 	if err := setStep(ctx, tx, r.RequestID, stepResizing, p.cfg.ResizeTimeout, false,
 		", flavor_id = nullif($5,''), flavor_name = $6, old_flavor = $7, last_error = NULL", flavorID, flavorName, oldFlavor); err != nil {
 		return err
@@ -870,7 +880,7 @@ func (p *Path) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, flavorI
 	if to == requests.Decided {
 		to = requests.Dispatched
 	}
-	_, err := p.reqs.Transition(ctx, tx, r.RequestID, to, PhaseResizing,
+	_, err = p.reqs.Transition(ctx, tx, r.RequestID, to, PhaseResizing,
 		fmt.Sprintf("Nova resizes the server from flavor %s to %s (%d × %s)", cmp.Or(oldFlavor, "?"), flavorName, r.Count, r.Profile), "")
 	return err
 }
@@ -938,10 +948,11 @@ func faultSuffix(f string) string {
 // server (a notification may have been lost) and moves on, reverts or
 // fails. As for a call, the row is leased first (its deadline moves past
 // the lease, committed) and the server is read with no transaction open.
-func (p *Path) deadline(ctx context.Context) (bool, error) {
+func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
+	defer wrapErr(&err, "resize deadline")
 	var lease resizeRow
 	found := false
-	err := p.pipe.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	err = p.pipe.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var ok bool
 		var err error
 		lease, ok, err = lockResize(ctx, tx, `r.step IN ('resizing','verifying','confirming','reverting') AND r.deadline_at < now() ORDER BY r.deadline_at`, true)
@@ -1028,4 +1039,11 @@ func (d DryRun) CanFit(trait string, count int, hosts []string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// wrapErr prefixes a function's error with what it was doing.
+func wrapErr(errp *error, format string, args ...any) {
+	if *errp != nil {
+		*errp = fmt.Errorf(format+": %w", append(args, *errp)...)
+	}
 }

@@ -59,7 +59,8 @@ const (
 // claims): the ordinary path runs then, and for RebuildEvents attaches
 // them again to the domain Nova recreated without them (an unshelve on
 // the same host, a rebuild that was not an evacuation).
-func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev policy.Event, hs *hostSet) (bool, bool, error) {
+func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev policy.Event, hs *hostSet) (_, _ bool, err error) {
+	defer wrapErr(&err, "instance %s moved (%s)", ev.InstanceUUID, ev.Kind)
 	if row.Webhook() || !moveKind(ev.Kind) || ev.InstanceUUID == "" {
 		return false, false, nil
 	}
@@ -217,7 +218,8 @@ func moveMode(vmState string) string {
 
 // moveRequest records a request of the bridge's own for one half of a
 // move.
-func (p *Processor) moveRequest(ctx context.Context, tx pgx.Tx, row InboxRow, id uuid.UUID, half string) error {
+func (p *Processor) moveRequest(ctx context.Context, tx pgx.Tx, row InboxRow, id uuid.UUID, half string) (err error) {
+	defer wrapErr(&err, "open move request %s", id)
 	var inst *uuid.UUID
 	if u, err := uuid.Parse(row.InstanceUUID); err == nil {
 		inst = &u
