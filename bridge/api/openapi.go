@@ -37,6 +37,9 @@ func (s *Server) Describe(fragment []byte) {
 	if err := json.Unmarshal(fragment, &frag); err != nil {
 		panic(fmt.Sprintf("api: bad OpenAPI fragment: %v", err))
 	}
+	s.qpMu.Lock()
+	s.qp = nil // read again with this fragment (input.go)
+	s.qpMu.Unlock()
 	s.docMu.Lock()
 	defer s.docMu.Unlock()
 	paths := s.doc["paths"].(map[string]any)

@@ -67,6 +67,11 @@ type Server struct {
 	doc   map[string]any
 
 	reqs *prometheus.HistogramVec
+
+	// qp: each described route's query parameters (input.go), read from
+	// the document at the first request that has a query.
+	qpMu sync.Mutex
+	qp   map[string]map[string]bool
 }
 
 type namedCheck struct {
@@ -97,7 +102,7 @@ func New(cfg Config) *Server {
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	}, []string{"route", "method", "code"})
 	s.reg.MustRegister(s.reqs)
-	s.e.Use(s.recoverMW, s.requestIDMW, s.accessLogMW)
+	s.e.Use(s.recoverMW, s.requestIDMW, s.accessLogMW, s.inputMW)
 	s.doc = baseDocument(cfg.Version)
 
 	s.Handle(http.MethodGet, "/healthz", Public, s.healthz)
@@ -119,7 +124,7 @@ func (s *Server) Registry() *prometheus.Registry { return s.reg }
 func (s *Server) Handle(method, path string, access Access, h echo.HandlerFunc, mw ...echo.MiddlewareFunc) {
 	mws := append([]echo.MiddlewareFunc{s.requireAccess(access)}, mw...)
 	if access != Custom {
-		mws = append([]echo.MiddlewareFunc{s.bodyLimitMW(s.cfg.MaxBodyBytes)}, mws...)
+		mws = append([]echo.MiddlewareFunc{s.bodyLimitMW(s.cfg.MaxBodyBytes), bodyMW}, mws...)
 	}
 	s.e.Add(method, path, h, mws...)
 }
@@ -190,8 +195,10 @@ func (s *Server) Start() error {
 		ReadTimeout:       orDefault(s.cfg.ReadTimeout, 30*time.Second),
 		WriteTimeout:      orDefault(s.cfg.WriteTimeout, 30*time.Second),
 		IdleTimeout:       orDefault(s.cfg.IdleTimeout, 120*time.Second),
-		MaxHeaderBytes:    orDefaultInt(s.cfg.MaxHeaderBytes, 64<<10),
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		// Go's own limit answers text/plain: it stays well above the
+		// configured one, which inputMW enforces with problem+json.
+		MaxHeaderBytes: max(1<<20, 4*s.headerLimit()),
+		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 	go func() {
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -242,6 +249,10 @@ func orDefault(d, def time.Duration) time.Duration {
 	}
 	return d
 }
+
+// headerLimit is the most a request's header may hold ([api]
+// max_header_bytes, 64 KiB).
+func (s *Server) headerLimit() int { return orDefaultInt(s.cfg.MaxHeaderBytes, 64<<10) }
 
 func orDefaultInt(n, def int) int {
 	if n == 0 {

@@ -24,6 +24,9 @@ const (
 	HeaderWebhookTimestamp = "Webhook-Timestamp"
 	HeaderWebhookSignature = "Webhook-Signature"
 	HeaderIdempotencyKey   = "Idempotency-Key"
+	// HeaderGitHubDelivery is GitHub's delivery id: the key of a delivery
+	// signed with X-Hub-Signature-256 that carries no Idempotency-Key.
+	HeaderGitHubDelivery = "X-GitHub-Delivery"
 )
 
 // SecretPrefix marks a Standard Webhooks secret: the base64 text after it
@@ -180,28 +183,31 @@ func anyEqual(wants, candidates [][]byte) bool {
 }
 
 // verifyHMAC checks r's signature over payload with the source's keys. It
-// returns the replay key: webhook-id (Standard Webhooks) or
-// Idempotency-Key (X-Hub-Signature-256, where it is required).
-func (s *source) verifyHMAC(h http.Header, payload []byte, now time.Time) (string, *authError) {
+// returns the replay key: webhook-id (Standard Webhooks), or the
+// Idempotency-Key or X-GitHub-Delivery of X-Hub-Signature-256 ("" when it
+// has none). bodyOnly is true for X-Hub-Signature-256: its MAC covers the
+// body alone, so the body itself must act at most once (commit keeps its
+// digest).
+func (s *source) verifyHMAC(h http.Header, payload []byte, now time.Time) (key string, bodyOnly bool, _ *authError) {
 	if sig := h.Get(HeaderWebhookSignature); sig != "" || h.Get(HeaderWebhookID) != "" || h.Get(HeaderWebhookTimestamp) != "" {
 		id, ts := h.Get(HeaderWebhookID), h.Get(HeaderWebhookTimestamp)
 		if id == "" || ts == "" || sig == "" {
-			return "", authFail("missing_signature", "Standard Webhooks needs webhook-id, webhook-timestamp and webhook-signature together")
+			return "", false, authFail("missing_signature", "Standard Webhooks needs webhook-id, webhook-timestamp and webhook-signature together")
 		}
 		if !validKey(id) {
-			return "", authFail("bad_signature", "webhook-id must be 1 to 255 printable ASCII characters")
+			return "", false, authFail("bad_signature", "webhook-id must be 1 to 255 printable ASCII characters")
 		}
 		t, err := ParseTimestamp(ts)
 		if err != nil {
-			return "", authFail("bad_timestamp", "webhook-timestamp: %v", err)
+			return "", false, authFail("bad_timestamp", "webhook-timestamp: %v", err)
 		}
 		if d := now.Sub(t); d > s.cfg.TimestampTolerance || -d > s.cfg.TimestampTolerance {
-			return "", authFail("timestamp_skew", "webhook-timestamp is %s away from the server's clock; at most %s is allowed",
+			return "", false, authFail("timestamp_skew", "webhook-timestamp is %s away from the server's clock; at most %s is allowed",
 				d.Round(time.Second).Abs(), s.cfg.TimestampTolerance)
 		}
 		sigs, err := ParseStandardSignatures(sig)
 		if err != nil {
-			return "", authFail("bad_signature", "webhook-signature: %v", err)
+			return "", false, authFail("bad_signature", "webhook-signature: %v", err)
 		}
 		secrets := s.credentials().secrets
 		wants := make([][]byte, len(secrets))
@@ -209,17 +215,17 @@ func (s *source) verifyHMAC(h http.Header, payload []byte, now time.Time) (strin
 			wants[i] = standardMAC(k, id, ts, payload)
 		}
 		if !anyEqual(wants, sigs) {
-			return "", authFail("bad_signature", "no webhook-signature matches a secret of this source")
+			return "", false, authFail("bad_signature", "no webhook-signature matches a secret of this source")
 		}
-		return id, nil
+		return id, false, nil
 	}
 	hub := h.Get(HeaderHubSignature)
 	if hub == "" {
-		return "", authFail("missing_signature", "send X-Hub-Signature-256 with Idempotency-Key, or the Standard Webhooks headers")
+		return "", false, authFail("missing_signature", "send X-Hub-Signature-256 with Idempotency-Key, or the Standard Webhooks headers")
 	}
 	mac, err := ParseHubSignature(hub)
 	if err != nil {
-		return "", authFail("bad_signature", "X-Hub-Signature-256: %v", err)
+		return "", false, authFail("bad_signature", "X-Hub-Signature-256: %v", err)
 	}
 	secrets := s.credentials().secrets
 	wants := make([][]byte, len(secrets))
@@ -229,13 +235,13 @@ func (s *source) verifyHMAC(h http.Header, payload []byte, now time.Time) (strin
 		wants[i] = m.Sum(nil)
 	}
 	if !anyEqual(wants, [][]byte{mac}) {
-		return "", authFail("bad_signature", "X-Hub-Signature-256 matches no secret of this source")
+		return "", false, authFail("bad_signature", "X-Hub-Signature-256 matches no secret of this source")
 	}
-	key := h.Get(HeaderIdempotencyKey)
+	key = h.Get(HeaderIdempotencyKey)
 	if key == "" {
-		return "", authFail("missing_idempotency_key", "X-Hub-Signature-256 carries no timestamp: an Idempotency-Key header is required to stop replays")
+		key = h.Get(HeaderGitHubDelivery)
 	}
-	return key, nil
+	return key, true, nil
 }
 
 func (s *source) verifyBearer(r *http.Request) *authError {
@@ -299,21 +305,22 @@ func (s *source) certAllowed(c *x509.Certificate) bool {
 }
 
 // authenticate checks r's credentials over payload (the body for POST)
-// and returns the replay key the scheme carries, if any.
-func (s *source) authenticate(r *http.Request, payload []byte, now time.Time) (string, *authError) {
+// and returns the replay key the scheme carries, if any, and whether the
+// signature covers the body alone (verifyHMAC).
+func (s *source) authenticate(r *http.Request, payload []byte, now time.Time) (key string, bodyOnly bool, _ *authError) {
 	switch s.cfg.Auth {
 	case AuthHMAC:
 		return s.verifyHMAC(r.Header, payload, now)
 	case AuthBearer:
 		if err := s.verifyBearer(r); err != nil {
-			return "", err
+			return "", false, err
 		}
 	case AuthMTLS:
 		if err := s.verifyMTLS(r); err != nil {
-			return "", err
+			return "", false, err
 		}
 	default:
-		return "", authFail("misconfigured", "source has no usable auth")
+		return "", false, authFail("misconfigured", "source has no usable auth")
 	}
-	return r.Header.Get(HeaderIdempotencyKey), nil
+	return r.Header.Get(HeaderIdempotencyKey), false, nil
 }

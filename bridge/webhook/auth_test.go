@@ -62,7 +62,7 @@ func TestStandardWebhooksReferenceVector(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h.Set(HeaderWebhookSignature, c.sig)
-			key, err := s.verifyHMAC(h, []byte(c.body), c.now)
+			key, _, err := s.verifyHMAC(h, []byte(c.body), c.now)
 			switch {
 			case c.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -94,15 +94,20 @@ func TestHubSignatureVector(t *testing.T) {
 	s := &source{cfg: Source{Auth: AuthHMAC, Secrets: [][]byte{[]byte("other-secret-0123456789"), key}}}
 	h := http.Header{}
 	h.Set(HeaderHubSignature, github)
-	if _, err := s.verifyHMAC(h, body, time.Now()); err == nil || err.reason != "missing_idempotency_key" {
-		t.Errorf("without Idempotency-Key: %v", err)
+	// Without a key the body itself is the replay guard (bodyOnly).
+	if k, bodyOnly, err := s.verifyHMAC(h, body, time.Now()); err != nil || k != "" || !bodyOnly {
+		t.Errorf("without a key: %q %v %v", k, bodyOnly, err)
+	}
+	h.Set(HeaderGitHubDelivery, "72d3162e-cc78-11e3-81ab-4c9367dc0958")
+	if k, _, err := s.verifyHMAC(h, body, time.Now()); err != nil || k != "72d3162e-cc78-11e3-81ab-4c9367dc0958" {
+		t.Errorf("GitHub's delivery id as the key: %q %v", k, err)
 	}
 	h.Set(HeaderIdempotencyKey, "k")
-	if k, err := s.verifyHMAC(h, body, time.Now()); err != nil || k != "k" {
-		t.Errorf("second secret of a rotation: %v", err)
+	if k, _, err := s.verifyHMAC(h, body, time.Now()); err != nil || k != "k" {
+		t.Errorf("second secret of a rotation, Idempotency-Key first: %q %v", k, err)
 	}
 	h.Set(HeaderHubSignature, strings.ToUpper(github[:7])+github[7:])
-	if _, err := s.verifyHMAC(h, body, time.Now()); err == nil {
+	if _, _, err := s.verifyHMAC(h, body, time.Now()); err == nil {
 		t.Error("SHA256= prefix accepted")
 	}
 }
@@ -234,16 +239,22 @@ func TestLimiters(t *testing.T) {
 	l := newLimiters(1, 2, 1, 1, 4)
 	now := time.Unix(1000, 0)
 	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
-	if r, _ := l.allow(a, now); r != "" {
+	allow := func(c netip.Addr) (string, time.Duration) {
+		if r, d := l.allowClient(c, now); r != "" {
+			return r, d
+		}
+		return l.allowSource(now)
+	}
+	if r, _ := allow(a); r != "" {
 		t.Fatal(r)
 	}
-	if r, d := l.allow(a, now); r != "rate_limited_client" || d <= 0 {
+	if r, d := allow(a); r != "rate_limited_client" || d <= 0 {
 		t.Fatalf("second from a: %s %v", r, d)
 	}
-	if r, _ := l.allow(b, now); r != "" {
+	if r, _ := allow(b); r != "" {
 		t.Fatal("b refused: the client refusal took a source token")
 	}
-	if r, _ := l.allow(netip.MustParseAddr("192.0.2.3"), now); r != "rate_limited_source" {
+	if r, _ := allow(netip.MustParseAddr("192.0.2.3")); r != "rate_limited_source" {
 		t.Fatalf("third client: %s", r)
 	}
 	for i := range 100 {

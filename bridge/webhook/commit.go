@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"mime"
 	"net/http"
 	"strconv"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 )
@@ -63,7 +61,11 @@ type pending struct {
 	answer       []byte
 	key          string
 	hash         [32]byte
-	done         chan result
+	// bodyOnly: the signature covers the body alone (X-Hub-Signature-256);
+	// its digest is claimed so that the body acts at most once.
+	bodyOnly bool
+	signedAt time.Time // the body's own timestamp, if it has one
+	done     chan result
 }
 
 type result struct {
@@ -71,6 +73,7 @@ type result struct {
 	body     []byte
 	replay   bool
 	conflict bool
+	replayed bool // a body-signed request's body was accepted before under another key
 	err      error
 }
 
@@ -208,6 +211,10 @@ func (e *Endpoint) tryCommit(ctx context.Context, batch []*pending) ([]result, e
 // tryCommitTx decides it.
 func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []result, ok bool, err error) {
 	seen := make(map[keyRef]bool, len(batch))
+	bodies := map[bodyRef]bool{}
+	var bSrcs, bKeys []string
+	var bIDs [][16]byte
+	var bHashes [][]byte
 	var srcs, keys []string
 	// [16]byte: pgx sends it as binary uuid (uuid.UUID goes through its
 	// driver.Valuer, as text).
@@ -216,6 +223,14 @@ func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []re
 	for _, p := range batch {
 		if p.rejectReason != "" {
 			return nil, false, nil
+		}
+		if p.bodyOnly {
+			b := bodyRef{p.src.cfg.Name, p.hash}
+			if bodies[b] {
+				return nil, false, nil
+			}
+			bodies[b] = true
+			bSrcs, bKeys, bIDs, bHashes = append(bSrcs, b.source), append(bKeys, p.key), append(bIDs, [16]byte(p.req.ID)), append(bHashes, p.hash[:])
 		}
 		if p.key == "" {
 			continue
@@ -235,6 +250,12 @@ func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []re
 			FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[], $5::bytea[]) AS t(s, k, h, id, resp)`,
 			srcs, keys, hashes, ids, resps, e.cfg.IdempotencyTTL.Seconds())
 	}
+	if len(bSrcs) > 0 {
+		b.Queue(`INSERT INTO webhook_signed_bodies (source, body_sha256, key, request_id, expires_at)
+			SELECT s, h, k, id, now() + make_interval(secs => $5)
+			FROM unnest($1::text[], $2::bytea[], $3::text[], $4::uuid[]) AS t(s, h, k, id)`,
+			bSrcs, bHashes, bKeys, bIDs, e.cfg.IdempotencyTTL.Seconds())
+	}
 	if err := e.queueCreate(b, batch); err != nil {
 		return nil, false, err
 	}
@@ -248,8 +269,8 @@ func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []re
 		err = cerr
 	}
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "23505" /* unique_violation */ && pe.TableName == "webhook_idempotency" {
-		return nil, false, nil // a key was used before: the full path tells replay from conflict
+	if errors.As(err, &pe) && pe.Code == "23505" /* unique_violation */ && (pe.TableName == "webhook_idempotency" || pe.TableName == "webhook_signed_bodies") {
+		return nil, false, nil // a key or a body was seen before: the full path tells replay from conflict
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("store requests: %w", err)
@@ -428,10 +449,46 @@ func (e *Endpoint) tryCommitTx(ctx context.Context, batch []*pending) ([]result,
 		}
 		res[i] = answerFrom(p, s)
 	}
+	// Bodies signed alone act once: a body accepted before (or earlier in
+	// this batch) under another key, or none, is refused.
+	replayed, err := e.claimBodies(ctx, tx, create)
+	if err != nil {
+		return nil, err
+	}
+	if len(replayed) > 0 {
+		var freeSrcs, freeKeys []string
+		kept := create[:0]
+		for _, p := range create {
+			if !replayed[p] {
+				kept = append(kept, p)
+				continue
+			}
+			if k := (keyRef{p.src.cfg.Name, p.key}); p.key != "" && inserted[k] {
+				freeSrcs, freeKeys = append(freeSrcs, k.source), append(freeKeys, k.key)
+			}
+		}
+		create = kept
+		for i, p := range batch {
+			if replayed[p] {
+				res[i] = result{replayed: true}
+			}
+		}
+		if len(freeSrcs) > 0 {
+			// The key's first request is not made: the key stays free.
+			if _, err := tx.Exec(ctx, `DELETE FROM webhook_idempotency w USING unnest($1::text[], $2::text[]) AS t(s, k)
+				WHERE w.source = t.s AND w.key = t.k`, freeSrcs, freeKeys); err != nil {
+				return nil, fmt.Errorf("idempotency keys: %w", err)
+			}
+		}
+	}
 	for _, i := range followers {
 		p := batch[i]
 		k := keyRef{p.src.cfg.Name, p.key}
 		l := batch[leaders[k]]
+		if replayed[l] {
+			res[i] = result{replayed: p.hash == l.hash, conflict: p.hash != l.hash}
+			continue
+		}
 		if inserted[k] {
 			res[i] = answerFrom(p, storedKey{hash: l.hash[:], status: http.StatusAccepted, body: l.answer})
 		} else {
@@ -462,7 +519,72 @@ func (e *Endpoint) tryCommitTx(ctx context.Context, batch []*pending) ([]result,
 	return res, nil
 }
 
-// janitor forgets expired idempotency keys.
+type bodyRef struct {
+	source string
+	hash   [32]byte
+}
+
+// claimBodies claims the digests of the bodies signed alone among create
+// (pending.bodyOnly) for the idempotency TTL, taking over expired claims.
+// It returns those whose body was claimed before, by another transaction
+// or by an earlier request of create.
+func (e *Endpoint) claimBodies(ctx context.Context, tx pgx.Tx, create []*pending) (map[*pending]bool, error) {
+	replayed := map[*pending]bool{}
+	first := map[bodyRef]*pending{}
+	var srcs, keys []string
+	var ids [][16]byte
+	var hashes [][]byte
+	for _, p := range create {
+		if !p.bodyOnly {
+			continue
+		}
+		b := bodyRef{p.src.cfg.Name, p.hash}
+		if _, ok := first[b]; ok {
+			replayed[p] = true
+			continue
+		}
+		first[b] = p
+		srcs, keys, ids, hashes = append(srcs, b.source), append(keys, p.key), append(ids, [16]byte(p.req.ID)), append(hashes, p.hash[:])
+	}
+	if len(srcs) == 0 {
+		return replayed, nil
+	}
+	// ON CONFLICT waits for a concurrent transaction claiming the same
+	// body; a live claim is left alone and not returned.
+	rows, err := tx.Query(ctx, `INSERT INTO webhook_signed_bodies (source, body_sha256, key, request_id, expires_at)
+		SELECT s, h, k, id, now() + make_interval(secs => $5)
+		FROM unnest($1::text[], $2::bytea[], $3::text[], $4::uuid[]) AS t(s, h, k, id)
+		ON CONFLICT (source, body_sha256) DO UPDATE SET key = EXCLUDED.key, request_id = EXCLUDED.request_id,
+			expires_at = EXCLUDED.expires_at, created_at = now()
+		WHERE webhook_signed_bodies.expires_at < now()
+		RETURNING source, body_sha256`, srcs, hashes, keys, ids, e.cfg.IdempotencyTTL.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("signed bodies: %w", err)
+	}
+	claimed := map[bodyRef]bool{}
+	for rows.Next() {
+		var b bodyRef
+		var h []byte
+		if err := rows.Scan(&b.source, &h); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		copy(b.hash[:], h)
+		claimed[b] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("signed bodies: %w", err)
+	}
+	for b, p := range first {
+		if !claimed[b] {
+			replayed[p] = true
+		}
+	}
+	return replayed, nil
+}
+
+// janitor forgets expired idempotency keys and body digests.
 func (e *Endpoint) janitor(ctx context.Context) {
 	t := time.NewTicker(10 * time.Minute)
 	defer t.Stop()
@@ -474,13 +596,9 @@ func (e *Endpoint) janitor(ctx context.Context) {
 			if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_idempotency WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
 				e.log.Warn("forget expired idempotency keys", "err", err)
 			}
+			if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_signed_bodies WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
+				e.log.Warn("forget expired signed bodies", "err", err)
+			}
 		}
 	}
-}
-
-// isJSONMediaType reports whether a Content-Type value is application/json
-// (with parameters, in any case).
-func isJSONMediaType(ct string) bool {
-	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && mt == echo.MIMEApplicationJSON
 }

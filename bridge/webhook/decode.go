@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/url"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -36,6 +39,7 @@ const (
 	maxMetricKey  = 128
 	maxMetricText = 1024
 	maxURL        = 2048
+	maxNonce      = 128
 )
 
 var profileRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
@@ -49,6 +53,12 @@ type Native struct {
 	Count       int            `json:"count"`
 	Metrics     map[string]any `json:"metrics,omitempty"`
 	CallbackURL string         `json:"callback_url,omitempty"`
+	// Timestamp, when the sender sets it, is when it signed the body: a
+	// body older than the source's timestamp tolerance is refused.
+	Timestamp time.Time `json:"timestamp,omitzero"`
+	// Nonce is anything the sender puts in to make an identical request
+	// a new body (a signed body acts at most once).
+	Nonce string `json:"nonce,omitempty"`
 }
 
 func oneOf(v string, set []string) bool {
@@ -164,7 +174,7 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 	sort.Strings(names)
 	for _, k := range names {
 		switch k {
-		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url":
+		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce":
 		default:
 			add(k, "unknown field")
 		}
@@ -238,7 +248,17 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 					continue
 				}
 				switch x := scalar(m[k]).(type) {
-				case json.Number, bool:
+				case json.Number:
+					// Finite in float64 (what the policy computes with) and
+					// so in Postgres's numeric too.
+					f, err := strconv.ParseFloat(string(x), 64)
+					mant, _, _ := strings.Cut(strings.ToLower(string(x)), "e")
+					if err != nil || math.IsInf(f, 0) || (f == 0 && strings.ContainsAny(mant, "123456789")) { // over, or under to 0
+						add(name, "must be a number a double can hold (0, or a magnitude from about 4.9e-324 to 1.8e308)")
+						continue
+					}
+					n.Metrics[k] = x
+				case bool:
 					n.Metrics[k] = x
 				case string:
 					if len(x) > maxMetricText {
@@ -259,7 +279,40 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 		}
 		n.CallbackURL = s
 	}
+
+	if raw, ok := fields["timestamp"]; ok {
+		if t, ok := parseBodyTime(raw); ok {
+			n.Timestamp = t
+		} else {
+			add("timestamp", "must be an RFC 3339 time (2026-12-03T10:00:00Z) or whole seconds since the epoch, not %s", jsonKind(raw))
+		}
+	}
+
+	if s, ok := str("nonce"); ok {
+		if s == "" || len(s) > maxNonce {
+			add("nonce", "must be 1 to %d bytes", maxNonce)
+		}
+		n.Nonce = s
+	}
 	return n, bad
+}
+
+// parseBodyTime reads a body's timestamp: an RFC 3339 string, or a JSON
+// integer of seconds since the epoch.
+func parseBodyTime(raw json.RawMessage) (time.Time, bool) {
+	switch jsonKind(raw) {
+	case "a string":
+		s, _ := jsonString(raw)
+		t, err := time.Parse(time.RFC3339Nano, s)
+		return t.UTC(), err == nil && t.Year() >= 1970 && t.Year() < 10000
+	case "a number":
+		i, err := json.Number(bytes.TrimSpace(raw)).Int64()
+		if err != nil || i < 0 || i > 253402300799 { // 9999-12-31T23:59:59Z
+			return time.Time{}, false
+		}
+		return time.Unix(i, 0).UTC(), true
+	}
+	return time.Time{}, false
 }
 
 // checkCallbackURL returns why u may not be called back, or "".
@@ -433,7 +486,3 @@ func DecodeAlertmanager(body []byte, label string) (AlertBatch, []api.InvalidPar
 	sort.Slice(bad, func(i, j int) bool { return bad[i].Name < bad[j].Name })
 	return b, bad
 }
-
-// hasNUL reports whether a JSON text holds an escaped NUL, which
-// Postgres's jsonb refuses.
-func hasNUL(body []byte) bool { return bytes.Contains(body, []byte(`\u0000`)) }

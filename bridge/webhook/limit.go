@@ -140,20 +140,25 @@ func median(ts []time.Time) time.Time {
 	return lo.Add(hi.Sub(lo) / 2)
 }
 
-// allow takes a token from the source's bucket and the client's. It
-// returns "" when both had one, else which bucket was empty and how long
-// to wait.
-func (l *limiters) allow(a netip.Addr, now time.Time) (string, time.Duration) {
+// allowClient takes a token from the client's bucket, before the request
+// is authenticated. It returns "" when there was one, else the reason and
+// how long to wait.
+func (l *limiters) allowClient(a netip.Addr, now time.Time) (string, time.Duration) {
+	rc := l.client(a, now).ReserveN(now, 1)
+	if d := rc.DelayFrom(now); !rc.OK() || d > 0 {
+		rc.CancelAt(now)
+		return "rate_limited_client", d
+	}
+	return "", 0
+}
+
+// allowSource takes a token from the source's bucket, once the request is
+// authenticated: unauthenticated requests never use up its budget.
+func (l *limiters) allowSource(now time.Time) (string, time.Duration) {
 	rs := l.source.ReserveN(now, 1)
 	if d := rs.DelayFrom(now); !rs.OK() || d > 0 {
 		rs.CancelAt(now)
 		return "rate_limited_source", d
-	}
-	rc := l.client(a, now).ReserveN(now, 1)
-	if d := rc.DelayFrom(now); !rc.OK() || d > 0 {
-		rc.CancelAt(now)
-		rs.CancelAt(now)
-		return "rate_limited_client", d
 	}
 	return "", 0
 }

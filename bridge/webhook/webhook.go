@@ -337,15 +337,20 @@ func (e *Endpoint) handle(c echo.Context) error {
 		return e.refuse(c, name, remote, "address_not_allowed",
 			&api.ProblemDetails{Status: http.StatusForbidden, Detail: "this address may not send to this source"})
 	}
-	// 429: rate.
-	if reason, wait := src.lim.allow(addr, now); reason != "" {
+	// 429: rate. The client's own bucket now; the source's only once the
+	// request is authenticated, so that unauthenticated traffic never
+	// uses up the source's budget.
+	tooMany := func(reason string, wait time.Duration) error {
 		ra := min(retryAfter(wait), 3600)
 		return e.refuse(c, name, remote, reason, &api.ProblemDetails{Status: http.StatusTooManyRequests,
 			Detail:  fmt.Sprintf("too many requests; retry in %d s", ra),
 			Headers: map[string]string{"Retry-After": strconv.Itoa(ra)}})
 	}
+	if reason, wait := src.lim.allowClient(addr, now); reason != "" {
+		return tooMany(reason, wait)
+	}
 	// 415: content type.
-	if ct := r.Header.Get(echo.HeaderContentType); ct != echo.MIMEApplicationJSON && !isJSONMediaType(ct) {
+	if ct := r.Header.Get(echo.HeaderContentType); !api.IsJSONMediaType(ct) {
 		return e.refuse(c, name, remote, "unsupported_media_type", &api.ProblemDetails{Status: http.StatusUnsupportedMediaType,
 			Detail: "send Content-Type: application/json"})
 	}
@@ -376,7 +381,7 @@ func (e *Endpoint) handle(c echo.Context) error {
 	}
 	body := buf.Bytes()
 	// 401: authentication.
-	key, aerr := src.authenticate(r, body, now)
+	key, bodyOnly, aerr := src.authenticate(r, body, now)
 	if aerr != nil {
 		p := &api.ProblemDetails{Status: http.StatusUnauthorized, Detail: aerr.detail}
 		if src.cfg.Auth == AuthBearer {
@@ -384,24 +389,39 @@ func (e *Endpoint) handle(c echo.Context) error {
 		}
 		return e.refuse(c, name, remote, aerr.reason, p)
 	}
-	// 400: not JSON.
+	if reason, wait := src.lim.allowSource(now); reason != "" {
+		return tooMany(reason, wait)
+	}
+	// 400: not JSON (or not UTF-8).
 	if !json.Valid(body) {
 		return e.refuse(c, name, remote, "not_json", &api.ProblemDetails{Status: http.StatusBadRequest,
 			Detail: "the body is not valid JSON"})
+	}
+	textProblem := api.CheckJSONText(body)
+	if textProblem != nil && textProblem.Status == http.StatusBadRequest {
+		return e.refuse(c, name, remote, textProblem.Code, textProblem)
 	}
 	// 422: schema.
 	p, bad := e.build(src, body, now)
 	if key != "" && !validKey(key) {
 		bad = append(bad, api.InvalidParam{Name: HeaderIdempotencyKey, Reason: "must be 1 to 255 printable ASCII characters"})
 	}
-	if hasNUL(body) {
-		bad = append(bad, api.InvalidParam{Name: "(body)", Reason: `must not contain \u0000`})
+	if textProblem != nil {
+		bad = append(bad, textProblem.InvalidParams...)
 	}
 	if len(bad) > 0 {
 		vp := api.ValidationProblem(bad)
 		return e.refuse(c, name, remote, "invalid_params", vp)
 	}
-	p.key = key
+	// 401: a signed timestamp in the body past the tolerance.
+	if !p.signedAt.IsZero() {
+		if d := now.Sub(p.signedAt); d > src.cfg.TimestampTolerance || -d > src.cfg.TimestampTolerance {
+			return e.refuse(c, name, remote, "timestamp_skew", &api.ProblemDetails{Status: http.StatusUnauthorized,
+				Detail: fmt.Sprintf("the body's timestamp is %s away from the server's clock; at most %s is allowed",
+					d.Round(time.Second).Abs(), src.cfg.TimestampTolerance)})
+		}
+	}
+	p.key, p.bodyOnly = key, bodyOnly
 	p.hash = sha256.Sum256(body)
 	// Commit, then 202; or 409 for a key reused with another body.
 	res := e.commit(r.Context(), p)
@@ -413,6 +433,10 @@ func (e *Endpoint) handle(c echo.Context) error {
 	case res.conflict:
 		return e.refuse(c, name, remote, "idempotency_conflict", &api.ProblemDetails{Status: http.StatusConflict,
 			Detail: "this Idempotency-Key (or webhook-id) was used with another body within the last day"})
+	case res.replayed:
+		return e.refuse(c, name, remote, "replayed", &api.ProblemDetails{Status: http.StatusConflict,
+			Detail: "this signed body was accepted within the last day under another idempotency key (or none): " +
+				"a signed body acts once; to repeat a request, vary its body (a timestamp or a nonce)"})
 	case res.replay:
 		e.m.replayed.WithLabelValues(name).Inc()
 		c.Response().Header().Set("Idempotent-Replayed", "true")
@@ -461,6 +485,7 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 		}
 		u := uuid.MustParse(n.VMID)
 		p.req.Kind, p.req.InstanceUUID, p.req.CallbackURL = n.Type, &u, n.CallbackURL
+		p.signedAt = n.Timestamp
 		p.req.Body, _ = json.Marshal(n)
 		p.events = []eventRow{{vm: n.VMID, at: now, payload: EventPayload{RequestID: id, Source: src.cfg.Name,
 			Type: n.Type, VMID: n.VMID, Workload: n.Workload, VGPUProfile: n.VGPUProfile, Count: n.Count,
@@ -495,8 +520,7 @@ func (e *Endpoint) AuthenticateSource(r *http.Request, name string) error {
 		return errors.New("address_not_allowed")
 	}
 	payload := []byte(r.Method + " " + r.URL.Path)
-	// X-Hub-Signature-256 needs no Idempotency-Key for reads.
-	if _, aerr := src.authenticate(r, payload, e.cfg.Now()); aerr != nil && aerr.reason != "missing_idempotency_key" {
+	if _, _, aerr := src.authenticate(r, payload, e.cfg.Now()); aerr != nil {
 		return aerr
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -421,8 +422,10 @@ func testWebhooks(t *testing.T, e *bridgeEnv) {
 		t.Errorf("watch of a failed request: %s", r)
 	}
 
-	// Watch a request to success while it moves through its states.
-	r = e.anon.must(t, 0, "webhook", "send", "lab", "--secret-file", e.secret, "--body", body, "-o", "json")
+	// Watch a request to success while it moves through its states. The
+	// same request again is a new body (a nonce): a signed body acts once.
+	again := writeFile(t, dir, "request-again.json", `{"type":"GPU_REQUEST","vm_id":"`+vmTrain+`","workload":"training","vgpu_profile":"T4-4Q","count":1,"nonce":"2"}`)
+	r = e.anon.must(t, 0, "webhook", "send", "lab", "--secret-file", e.secret, "--body", again, "-o", "json")
 	testsvc.Must(t, json.Unmarshal([]byte(r.stdout), &ans), "answer")
 	id2, err := uuid.Parse(ans.RequestID)
 	testsvc.Must(t, err, "request id")
@@ -477,7 +480,8 @@ func testWebhooks(t *testing.T, e *bridgeEnv) {
 		}
 	}
 	// webhook send --watch follows with the operator token.
-	r = ctl{url: e.url, token: readToken}.run(t, "webhook", "send", "lab", "--secret-file", e.secret, "--body", other,
+	third := writeFile(t, dir, "request-third.json", strings.Replace(readFileT(t, other), `{`, `{"nonce":"3",`, 1))
+	r = ctl{url: e.url, token: readToken}.run(t, "webhook", "send", "lab", "--secret-file", e.secret, "--body", third,
 		"--watch", "--interval", "50ms", "--wait-timeout", "300ms")
 	if r.code != 6 && r.code != 5 && r.code != 0 {
 		t.Errorf("webhook send --watch: %s", r)
@@ -485,4 +489,11 @@ func testWebhooks(t *testing.T, e *bridgeEnv) {
 	if !strings.Contains(r.stderr, " accepted\n") {
 		t.Errorf("webhook send --watch progress: %s", r)
 	}
+}
+
+func readFileT(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	testsvc.Must(t, err, "read "+path)
+	return string(b)
 }

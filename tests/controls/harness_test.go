@@ -348,8 +348,12 @@ func (f *fleet) request(h *host) string {
 }
 
 // send posts body as a signed webhook of source lab and returns the
-// request id.
+// request id. Each body gets a nonce: the same request sent twice is two
+// bodies (a signed body acts once).
 func (f *fleet) send(body map[string]any) string {
+	if _, ok := body["nonce"]; !ok {
+		body["nonce"] = uuid.NewString()
+	}
 	b, _ := json.Marshal(body)
 	ctx, cancel := context.WithTimeout(f.ctx, 15*time.Second)
 	defer cancel()

@@ -724,6 +724,8 @@ func (d *demo) deleteQueues() {
 }
 
 func (d *demo) send(label string, vm *instance, body map[string]any, key []byte) (apiclient.WebhookAnswer, error) {
+	// A signed body acts once: the nonce makes each request its own.
+	body["nonce"] = label + "-" + uuid.NewString()[:8]
 	b, _ := json.Marshal(body)
 	d.say("%s: POST /v1/webhooks/demo %s", label, b)
 	ctx, cancel := context.WithTimeout(d.ctx, 15*time.Second)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/libvirt"
@@ -102,7 +103,8 @@ func (w *directWorld) bootServer(name string) string {
 // gpuRequest sends a signed GPU_REQUEST webhook and returns the request id.
 func (w *directWorld) gpuRequest(vm, profile string) string {
 	w.t.Helper()
-	body, _ := json.Marshal(map[string]any{"type": "GPU_REQUEST", "vm_id": vm, "workload": "training", "vgpu_profile": profile, "count": 1})
+	body, _ := json.Marshal(map[string]any{"type": "GPU_REQUEST", "vm_id": vm, "workload": "training", "vgpu_profile": profile, "count": 1,
+		"nonce": uuid.NewString()}) // a signed body acts once
 	a, err := w.api.SendWebhook(w.ctx, "e2e", body, apiclient.WebhookAuth{Scheme: apiclient.SchemeHub, Key: []byte(directSecret),
 		IdempotencyKey: apiclient.NewIdempotencyKey()})
 	testsvc.Must(w.t, err, "GPU_REQUEST webhook")

@@ -306,7 +306,9 @@ func (w *world) waitInstance(id, host string, vgpus int) {
 // request id.
 func (w *world) gpuRequest(vm, profile string) uuid.UUID {
 	w.t.Helper()
-	body, _ := json.Marshal(map[string]any{"type": "GPU_REQUEST", "vm_id": vm, "workload": "training", "vgpu_profile": profile, "count": 1})
+	// A nonce: a signed body acts once, and a test may ask twice.
+	body, _ := json.Marshal(map[string]any{"type": "GPU_REQUEST", "vm_id": vm, "workload": "training", "vgpu_profile": profile, "count": 1,
+		"nonce": uuid.NewString(), "timestamp": time.Now().UTC().Format(time.RFC3339)})
 	req, err := http.NewRequestWithContext(w.ctx, http.MethodPost, w.api+"/v1/webhooks/e2e", bytes.NewReader(body))
 	testsvc.Must(w.t, err, "webhook")
 	m := hmac.New(sha256.New, []byte(secret))

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,13 +158,23 @@ func stdSign(key []byte, id, ts string, body []byte) string {
 	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
 }
 
+// nativeBody is a GPU_REQUEST with extra fields (count 1 unless extra
+// sets it). Each call's body is new (a nonce): a body signed with
+// X-Hub-Signature-256 acts once, so tests that mean the same body again
+// reuse the bytes.
 func nativeBody(extra string) []byte {
-	b := `{"type":"GPU_REQUEST","vm_id":"` + vmID + `","workload":"training","vgpu_profile":"T4-4Q","count":1`
+	b := `{"type":"GPU_REQUEST","vm_id":"` + vmID + `","workload":"training","vgpu_profile":"T4-4Q","nonce":"n` +
+		strconv.FormatInt(nonces.Add(1), 10) + `"`
+	if !strings.Contains(extra, `"count":`) {
+		b += `,"count":1`
+	}
 	if extra != "" {
 		b += "," + extra
 	}
 	return []byte(b + "}")
 }
+
+var nonces atomic.Int64
 
 type answer struct {
 	status int

@@ -68,6 +68,7 @@ func TestAllowedAddressAndTrustedProxy(t *testing.T) {
 func TestRefuseRate429(t *testing.T) {
 	s := batchSource()
 	s.Rate, s.Burst = 0.01, 2 // two at once, then one per 100 s
+	s.ClientRate, s.ClientBurst = 1000, 1000
 	e := newEnv(t, []webhook.Source{s})
 	for i := range 2 {
 		e.want202(e.postHub("batch", secretNew, nativeBody(""), fmt.Sprintf("r%d", i)))
@@ -168,7 +169,6 @@ func TestRefuseUnauthorized401(t *testing.T) {
 		{"hub wrong secret", map[string]string{"X-Hub-Signature-256": hubSign(secretOther, body), "Idempotency-Key": "a2"}, "bad_signature"},
 		{"hub malformed", map[string]string{"X-Hub-Signature-256": "sha1=abcd", "Idempotency-Key": "a3"}, "bad_signature"},
 		{"hub over another body", map[string]string{"X-Hub-Signature-256": hubSign(secretNew, append(body, ' ')), "Idempotency-Key": "a4"}, "bad_signature"},
-		{"hub without idempotency key", map[string]string{"X-Hub-Signature-256": hubSign(secretNew, body)}, "missing_idempotency_key"},
 		{"std wrong secret", map[string]string{"webhook-id": "m1", "webhook-timestamp": ts, "webhook-signature": stdSign(secretOther, "m1", ts, body)}, "bad_signature"},
 		{"std id not signed", map[string]string{"webhook-id": "m2", "webhook-timestamp": ts, "webhook-signature": stdSign(secretNew, "m1", ts, body)}, "bad_signature"},
 		{"std missing timestamp", map[string]string{"webhook-id": "m3", "webhook-signature": stdSign(secretNew, "m3", ts, body)}, "missing_signature"},
@@ -253,10 +253,11 @@ func TestRefuseSchema422(t *testing.T) {
 
 func TestIdempotencyConflict409AndReplay(t *testing.T) {
 	e := newEnv(t, []webhook.Source{batchSource()})
-	first := e.postHub("batch", secretNew, nativeBody(""), "job-42")
+	body := nativeBody("")
+	first := e.postHub("batch", secretNew, body, "job-42")
 	id := e.want202(first)
 	// Same key, same body: the first answer again, nothing new stored.
-	again := e.postHub("batch", secretNew, nativeBody(""), "job-42")
+	again := e.postHub("batch", secretNew, body, "job-42")
 	if again.status != http.StatusAccepted || string(again.body) != string(first.body) {
 		t.Fatalf("retry answered %d %s, want the first answer %s", again.status, again.body, first.body)
 	}
@@ -291,11 +292,12 @@ func TestIdempotencyConcurrent(t *testing.T) {
 	e := newEnv(t, []webhook.Source{batchSource()})
 	const n = 24
 	out := make(chan answer, n)
+	same, other := nativeBody(""), nativeBody(`"count":2`)
 	for i := range n {
 		go func() {
-			body := nativeBody("")
+			body := same
 			if i%3 == 2 {
-				body = nativeBody(`"count":2`)
+				body = other
 			}
 			out <- e.postHub("batch", secretNew, body, "same-key")
 		}()
@@ -330,13 +332,18 @@ func TestIdempotencyConcurrent(t *testing.T) {
 // of the endpoint's order of checks answers.
 func TestCheckOrder(t *testing.T) {
 	s := batchSource()
-	s.Rate, s.Burst = 0.001, 1
+	s.Rate, s.Burst, s.ClientRate, s.ClientBurst = 0.001, 1, 1000, 1000
 	limited := s
 	limited.Name = "limited"
+	climited := batchSource()
+	climited.Name, climited.ClientRate, climited.ClientBurst = "climited", 0.001, 1
 	open := batchSource()
-	e := newEnv(t, []webhook.Source{limited, open})
-	// Use up "limited"'s only token.
+	e := newEnv(t, []webhook.Source{limited, climited, open})
+	// Use up "limited"'s only token, and this client's only one at
+	// "climited".
 	e.want202(e.postHub("limited", secretNew, nativeBody(""), "o0"))
+	e.want202(e.postHub("climited", secretNew, nativeBody(""), "o0"))
+	garbage := []byte(`{"type":`)
 	big := []byte(strings.Repeat(" ", 5000) + "{}")
 	cases := []struct {
 		name, source, ct string
@@ -346,11 +353,14 @@ func TestCheckOrder(t *testing.T) {
 		code             string
 	}{
 		{"unknown source beats everything", "nope", "text/plain", big, nil, 404, "unknown_source"},
-		{"rate beats content type", "limited", "text/plain", big, nil, 429, "rate_limited_source"},
+		{"client rate beats content type", "climited", "text/plain", big, nil, 429, "rate_limited_client"},
 		{"content type beats size", "batch", "text/plain", big, nil, 415, "unsupported_media_type"},
 		{"size beats auth", "batch", "application/json", big, nil, 413, "body_too_large"},
+		// The source's budget is spent only by authenticated requests.
+		{"auth beats source rate", "limited", "application/json", []byte("nope"), nil, 401, "missing_signature"},
+		{"source rate beats JSON", "limited", "application/json", garbage, map[string]string{"X-Hub-Signature-256": hubSign(secretNew, garbage), "Idempotency-Key": "o1"}, 429, "rate_limited_source"},
 		{"auth beats JSON", "batch", "application/json", []byte("nope"), nil, 401, "missing_signature"},
-		{"JSON beats schema", "batch", "application/json", []byte(`{"type":`), map[string]string{"X-Hub-Signature-256": hubSign(secretNew, []byte(`{"type":`)), "Idempotency-Key": "o1"}, 400, "not_json"},
+		{"JSON beats schema", "batch", "application/json", garbage, map[string]string{"X-Hub-Signature-256": hubSign(secretNew, garbage), "Idempotency-Key": "o1"}, 400, "not_json"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
