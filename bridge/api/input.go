@@ -296,73 +296,112 @@ func HasNULEscape(body []byte) bool {
 
 // DuplicateKey returns the path of the first object member whose name
 // came before in the same object ("metrics.util", "alerts[2].labels.x");
-// false when there is none or the text is not JSON.
+// false when there is none or the text is not JSON. It scans the bytes
+// once, allocating only for names with escapes and for large objects.
 func DuplicateKey(body []byte) (string, bool) {
-	if bytes.IndexByte(body, '{') < 0 {
+	if bytes.IndexByte(body, '{') < 0 || !json.Valid(body) {
 		return "", false
 	}
-	type frame struct {
-		obj     bool
-		seen    map[string]bool
-		wantKey bool
-		key     string
-		index   int
-		path    string
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var stack []*frame
-	child := func() string {
-		if len(stack) == 0 {
-			return ""
-		}
-		f := stack[len(stack)-1]
-		if f.obj {
-			if f.path == "" {
-				return f.key
-			}
-			return f.path + "." + f.key
-		}
-		return fmt.Sprintf("%s[%d]", f.path, f.index)
-	}
-	valueDone := func() {
-		if len(stack) == 0 {
-			return
-		}
-		if f := stack[len(stack)-1]; f.obj {
-			f.wantKey = true
-		} else {
-			f.index++
-		}
-	}
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return "", false // io.EOF, or not JSON: the decoder says so later
-		}
-		if len(stack) > 0 {
-			if f := stack[len(stack)-1]; f.obj && f.wantKey {
-				if k, ok := tok.(string); ok {
-					if f.seen[k] {
-						f.key = k
-						return child(), true
-					}
-					f.seen[k] = true
-					f.key, f.wantKey = k, false
-					continue
-				}
-			}
-		}
-		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, &frame{obj: true, seen: map[string]bool{}, wantKey: true, path: child()})
-		case json.Delim('['):
-			stack = append(stack, &frame{path: child()})
-		case json.Delim('}'), json.Delim(']'):
+	var stack []*jsonFrame
+	wantName := false
+	for i := 0; i < len(body); {
+		switch body[i] {
+		case '{':
+			stack = append(stack, &jsonFrame{obj: true})
+			wantName = true
+			i++
+		case '[':
+			stack = append(stack, &jsonFrame{})
+			wantName = false
+			i++
+		case '}', ']':
 			stack = stack[:len(stack)-1]
-			valueDone()
+			wantName = false
+			i++
+		case ',':
+			if f := stack[len(stack)-1]; f.obj {
+				wantName = true
+			} else {
+				f.index++
+			}
+			i++
+		case '"':
+			j := i + 1
+			escaped := false
+			for body[j] != '"' {
+				if body[j] == '\\' {
+					escaped = true
+					j++
+				}
+				j++
+			}
+			if len(stack) > 0 && wantName && stack[len(stack)-1].obj {
+				f := stack[len(stack)-1]
+				name := body[i+1 : j]
+				if escaped {
+					var s string
+					_ = json.Unmarshal(body[i:j+1], &s)
+					name = []byte(s)
+				}
+				f.name = name
+				if f.seen(name) {
+					return namePath(stack), true
+				}
+				wantName = false
+			}
+			i = j + 1
 		default:
-			valueDone()
+			i++
 		}
 	}
+	return "", false
+}
+
+// jsonFrame is an array or object DuplicateKey is inside.
+type jsonFrame struct {
+	obj   bool
+	names [][]byte            // the object's names so far, while few
+	set   map[string]struct{} // all of them, once there are many
+	name  []byte              // the current member's name
+	index int                 // the current element of an array
+}
+
+// seen reports whether the object had name already, and adds it.
+func (f *jsonFrame) seen(name []byte) bool {
+	if f.set != nil {
+		if _, ok := f.set[string(name)]; ok {
+			return true
+		}
+		f.set[string(name)] = struct{}{}
+		return false
+	}
+	for _, n := range f.names {
+		if bytes.Equal(n, name) {
+			return true
+		}
+	}
+	if f.names = append(f.names, name); len(f.names) > 32 {
+		f.set = make(map[string]struct{}, 64)
+		for _, n := range f.names {
+			f.set[string(n)] = struct{}{}
+		}
+		f.names = nil
+	}
+	return false
+}
+
+// namePath names the current member of the innermost object of stack.
+func namePath(stack []*jsonFrame) string {
+	var b strings.Builder
+	for _, f := range stack {
+		if f.obj {
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.Write(f.name)
+		} else {
+			fmt.Fprintf(&b, "[%d]", f.index)
+		}
+	}
+	return b.String()
 }

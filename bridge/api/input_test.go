@@ -131,7 +131,7 @@ func countMembers(t *testing.T, b []byte) (written, kept int) {
 // panics on anything.
 func FuzzJSONText(f *testing.F) {
 	for _, s := range []string{`{"a":1}`, `{"a":1,"a":2}`, `{"a":"\u0000"}`, `{"a":"\\u0000"}`, `[{"x":[{"y":1,"y":1}]}]`,
-		`{"\u0061":1,"a":1}`, "{\"a\":\"\xff\"}", `{"a":{"b":{"c":{}}},"d":[]}`, `{`} {
+		`{"\u0061":1,"a":1}`, "{\"a\":\"\xff\"}", `{"a":{"b":{"c":{}}},"d":[]}`, `{`, `"{\"a\":1}"`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -153,4 +153,15 @@ func FuzzJSONText(f *testing.F) {
 			t.Errorf("DuplicateKey(%q) = %q %v; members written %d, kept %d", b, path, dup, written, kept)
 		}
 	})
+}
+
+func BenchmarkCheckJSONText(b *testing.B) {
+	body := []byte(`{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","workload":"training","metrics":{"util":0.93,"seq":12345},"nonce":"n-123"}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if CheckJSONText(body) != nil {
+			b.Fatal("refused")
+		}
+	}
 }
