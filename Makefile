@@ -11,6 +11,8 @@ LDFLAGS      := -X github.com/vgpu-bridge/vgpu-bridge/bridge.Version=$(VERSION) 
                 -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 BINARIES     := vgpu-bridge vgpu-agent vgpuctl
 TEST_TIMEOUT ?= 25m
+TEST_FUZZTIME ?= 2s
+FUZZTIME     ?= 1m
 export PATH  := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
@@ -29,8 +31,13 @@ services: ## Install (apt) and start Postgres, RabbitMQ, Placement and Keystone 
 	bash tests/services.sh
 
 .PHONY: test
-test: services ## Start the services, then run unit and integration tests with the race detector
+test: services ## Start the services, run unit and integration tests with the race detector, then each fuzz target briefly
 	CI=$${CI:-} $(GO) test -race -timeout $(TEST_TIMEOUT) -count=1 ./...
+	bash tests/fuzz.sh $(TEST_FUZZTIME)
+
+.PHONY: fuzz
+fuzz: ## Run every Go fuzz target for FUZZTIME each (default 1m)
+	bash tests/fuzz.sh $(FUZZTIME)
 
 .PHONY: bench
 bench: services ## Run Go benchmarks and the load harnesses under tests/bench (prints figures and ratios)

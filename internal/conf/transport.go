@@ -60,8 +60,13 @@ func ParseTransportURL(s string) (*TransportURL, error) {
 	t.VHost = vhost
 	for i, h := range strings.Split(hosts, ",") {
 		var b Broker
-		if cred, hp, ok := strings.Cut(h, "@"); ok {
+		// The last '@' ends the credentials: a password may hold one.
+		if at := strings.LastIndexByte(h, '@'); at >= 0 {
+			cred, hp := h[:at], h[at+1:]
 			u, p, _ := strings.Cut(cred, ":")
+			if u == "" && p != "" {
+				return nil, fmt.Errorf("transport URL host %d: a password needs a user name", i+1)
+			}
 			if b.User, err = url.PathUnescape(u); err != nil {
 				return nil, fmt.Errorf("transport URL host %d: bad user name escape", i+1)
 			}

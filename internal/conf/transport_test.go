@@ -21,6 +21,9 @@ func TestParseTransportURL(t *testing.T) {
 		{in: "kafka://h:9092/", wantErr: `scheme "kafka" is not supported`},
 		{in: "h:5672", wantErr: "must look like"},
 		{in: "rabbit://u:p@,h/", wantErr: "host 1 is empty"},
+		{in: "rabbit://u:p@ss@h/", wantAMQP: []string{"amqp://u:p%40ss@h:5672/%2F"}}, // an unescaped '@' in the password
+		{in: "rabbit://:guest@:guest@", wantErr: "a password needs a user name"},     // found by FuzzParseTransportURL
+		{in: "rabbit://:secret@h/", wantErr: "a password needs a user name"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
