@@ -12,7 +12,8 @@ var (
 	optStatePath = Options.String(conf.DefaultSection, "state_path", "/var/lib/vgpu-bridge/agent",
 		"Directory of the agent's local state: the journal of commands and of the mdevs and VF types the agent "+
 			"created (state_path/journal). Keep it on a local, persistent file system: after a reboot the agent "+
-			"recreates what the journal lists. Example: /var/lib/vgpu-bridge/agent")
+			"recreates what the journal lists. One agent per directory: a second one started on it stops at once "+
+			"(state_path/journal.lock). Example: /var/lib/vgpu-bridge/agent")
 	optNode = Options.String(conf.DefaultSection, "node", "",
 		"The hypervisor node name reported to the bridge: what Placement names this host's root resource provider "+
 			"(nova-compute's hypervisor_hostname, often the FQDN). Empty means the machine's host name. "+

@@ -29,6 +29,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
@@ -148,7 +149,12 @@ type Journal struct {
 	devs     map[string]Device
 	appended int
 	closed   bool
+	lock     *os.File // path.lock, flock'ed while open
 }
+
+// ErrLocked says another process has the journal open: two agents must
+// not share one state_path.
+var ErrLocked = errors.New("journal: in use by another process")
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
@@ -167,14 +173,42 @@ func Open(path string, opts Options) (*Journal, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
-	j := &Journal{path: path, opts: opts, cmds: map[string]*Entry{}, devs: map[string]Device{}}
+	lock, err := lockFile(path + ".lock")
+	if err != nil {
+		return nil, err
+	}
+	j := &Journal{path: path, opts: opts, cmds: map[string]*Entry{}, devs: map[string]Device{}, lock: lock}
 	if err := j.replay(); err != nil {
+		lock.Close()
 		return nil, err
 	}
 	if err := j.compactLocked(); err != nil {
+		lock.Close()
 		return nil, err
 	}
 	return j, nil
+}
+
+// lockFile takes an exclusive flock on path (created 0600), holding the
+// process id in it for the message of the next one that tries. The lock
+// goes with the process, whatever way it ends.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := io.ReadAll(io.LimitReader(f, 32))
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s (pid %s); give each agent its own state_path", ErrLocked, path, bytes.TrimSpace(holder))
+		}
+		return nil, fmt.Errorf("journal: lock %s: %w", path, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		fmt.Fprintf(f, "%d\n", os.Getpid())
+	}
+	return f, nil
 }
 
 // Path is the journal file's path.
@@ -407,7 +441,11 @@ func (j *Journal) Close() error {
 		return nil
 	}
 	j.closed = true
-	return j.f.Close()
+	err := j.f.Close()
+	if j.lock != nil {
+		j.lock.Close() // releases the flock
+	}
+	return err
 }
 
 // Compact rewrites the file with the live state now.

@@ -2,6 +2,7 @@ package journal
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -127,6 +128,7 @@ func TestCompactionRetention(t *testing.T) {
 	if _, ok := j.Lookup("new"); !ok {
 		t.Error("new result dropped within retention")
 	}
+	j.Close() // as the agent that restarts
 	j2, err := Open(path, Options{Now: c.now, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -150,4 +152,27 @@ func BenchmarkStepDone(b *testing.B) {
 	for b.Loop() {
 		j.StepDone("a", "s", "")
 	}
+}
+
+// TestOneProcessPerJournal: a second open of the same journal (another
+// agent given the same state_path) fails naming the holder, until the
+// first closes it.
+func TestOneProcessPerJournal(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "journal")
+	j, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(path, Options{})
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
+		t.Fatalf("second open: %v, want ErrLocked naming pid %d", err, os.Getpid())
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j2, err := Open(path, Options{})
+	if err != nil {
+		t.Fatalf("open after close: %v", err)
+	}
+	j2.Close()
 }
