@@ -103,11 +103,15 @@ type Loop struct {
 	log     *slog.Logger
 
 	ready   atomic.Bool
-	mu      sync.Mutex // guards pending and pub
+	mu      sync.Mutex // guards pending, pub and returns
 	pending []protocol.Result
 	pub     *amqp.Channel
+	returns <-chan amqp.Return // pub's returned (unroutable) messages
 	seq     atomic.Uint64
 	lastFP  string
+
+	retMu    sync.Mutex
+	returned map[string]string // message id → why the broker returned it
 
 	connected  prometheus.Gauge
 	reconnects prometheus.Counter
@@ -296,12 +300,16 @@ func (l *Loop) session(ctx, hard context.Context, attempt int) error {
 	if err := pub.Confirm(false); err != nil {
 		return fmt.Errorf("publisher confirms: %w", err)
 	}
+	// Results and reports are mandatory: one no queue is bound for (the
+	// bridge has not declared its queues yet) comes back, and is sent
+	// again, instead of being dropped by the exchange.
+	returns := pub.NotifyReturn(make(chan amqp.Return, 64))
 	l.mu.Lock()
-	l.pub = pub
+	l.pub, l.returns = pub, returns
 	l.mu.Unlock()
 	defer func() {
 		l.mu.Lock()
-		l.pub = nil
+		l.pub, l.returns = nil, nil
 		l.mu.Unlock()
 	}()
 	if err := l.flushPending(hard); err != nil {
@@ -441,9 +449,10 @@ func (l *Loop) publish(ctx context.Context, key, typ, id string, v any) error {
 		l.mu.Unlock()
 		return errors.New("not connected")
 	}
+	returns := l.returns
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.ConfirmTimeout)
 	defer cancel()
-	dc, err := pub.PublishWithDeferredConfirmWithContext(cctx, protocol.Exchange, key, false, false, amqp.Publishing{
+	dc, err := pub.PublishWithDeferredConfirmWithContext(cctx, protocol.Exchange, key, true, false, amqp.Publishing{
 		ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: id, Type: typ,
 		AppId: "vgpu-agent", Timestamp: time.Now().UTC(), Body: body,
 	})
@@ -458,12 +467,52 @@ func (l *Loop) publish(ctx context.Context, key, typ, id string, v any) error {
 	if !ok {
 		return errors.New("broker refused the message (nack)")
 	}
+	if why, back := l.wasReturned(returns, id); back {
+		return fmt.Errorf("%w: %s %s (routing key %s): %s", ErrUnroutable, typ, id, key, why)
+	}
 	l.published.WithLabelValues(typ).Inc()
 	return nil
 }
 
+// ErrUnroutable says the broker had no queue for a message: the bridge's
+// queues are not declared yet.
+var ErrUnroutable = errors.New("no queue is bound for the message yet")
+
+// wasReturned reports whether the broker returned message id. The broker
+// sends basic.return before the confirm, and the library queues it on
+// returns before it resolves the confirm: once confirmed, a return is
+// already waiting there.
+func (l *Loop) wasReturned(returns <-chan amqp.Return, id string) (string, bool) {
+	l.retMu.Lock()
+	defer l.retMu.Unlock()
+	if l.returned == nil {
+		l.returned = map[string]string{}
+	}
+	for drained := false; !drained && returns != nil; {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				drained = true
+				break
+			}
+			l.returned[r.MessageId] = fmt.Sprintf("%d %s", r.ReplyCode, r.ReplyText)
+		default:
+			drained = true
+		}
+	}
+	why, ok := l.returned[id]
+	delete(l.returned, id)
+	return why, ok
+}
+
 // reportLoop publishes a report now, when the host changed, and every period.
 func (l *Loop) reportLoop(ctx context.Context) {
+	// A report that did not go out (no queue bound yet, a nack) is sent
+	// again after a backoff, not at the next period.
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	failures := 0
 	send := func(force bool) {
 		r, err := l.rep.Report(ctx)
 		if err != nil {
@@ -471,8 +520,8 @@ func (l *Loop) reportLoop(ctx context.Context) {
 			return
 		}
 		fp := fingerprint(r)
-		if !force && fp == l.lastFP {
-			return
+		if !force && (fp == l.lastFP || failures > 0) {
+			return // unchanged, or a retry is due that sends it anyway
 		}
 		r.V = protocol.Version
 		r.Host = l.cfg.Host
@@ -480,10 +529,14 @@ func (l *Loop) reportLoop(ctx context.Context) {
 		r.SentAt = time.Now().UTC()
 		if err := l.publish(ctx, protocol.ReportRoutingKey(l.cfg.Host), "report", fmt.Sprintf("%s-%d", l.cfg.Host, r.Seq), r); err != nil {
 			if ctx.Err() == nil {
-				l.log.Warn("cannot publish report", logkey.Err, err)
+				wait := backoff.Policy{Min: time.Second, Max: l.cfg.ReportInterval}.Delay(failures)
+				failures++
+				l.log.Warn("cannot publish report; sending it again", logkey.Err, err, "in", wait.Round(time.Millisecond))
+				retry.Reset(wait)
 			}
 			return
 		}
+		failures = 0
 		l.lastFP = fp
 	}
 	send(true)
@@ -500,6 +553,8 @@ func (l *Loop) reportLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-period.C:
+			send(true)
+		case <-retry.C:
 			send(true)
 		case <-check:
 			send(false)

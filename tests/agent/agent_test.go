@@ -169,9 +169,9 @@ func settings(t *testing.T, host, state string) []string {
 }
 
 // startInProcess runs the agent in this process until the returned stop.
-func startInProcess(t *testing.T, host, fake, state string) (stop func()) {
+func startInProcess(t *testing.T, host, fake, state string, extra ...string) (stop func()) {
 	t.Helper()
-	v, err := agent.LoadConfig(conf.Source{Overrides: settings(t, host, state)})
+	v, err := agent.LoadConfig(conf.Source{Overrides: append(settings(t, host, state), extra...)})
 	testsvc.Must(t, err, "config")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -445,5 +445,45 @@ func TestRebootRecovery(t *testing.T) {
 	}
 	if mdevExists(fake, novaMdev) {
 		t.Error("the agent recreated Nova's mdev")
+	}
+}
+
+// TestFirstReportBeforeBinding: an agent that starts before the bridge
+// has bound its reports queue publishes into the void; the broker
+// returns the report (mandatory) and the agent sends it again, so the
+// bridge has it within seconds of binding, not at the next report period
+// (a minute). Before, the first report was dropped until then.
+func TestFirstReportBeforeBinding(t *testing.T) {
+	host := testsvc.Name("agent-first-report")
+	// A vhost of its own: on the shared one, queues of other tests and
+	// runs are bound to report.# and would take the report.
+	vh := testsvc.PrivateVHost(t)
+	conn, err := amqp.Dial(vh)
+	testsvc.Must(t, err, "dial")
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	testsvc.Must(t, err, "channel")
+	testsvc.Must(t, transport.Declare(ch, host), "declare")
+	t.Cleanup(func() {
+		if c, err := conn.Channel(); err == nil {
+			c.QueueDelete(protocol.AgentQueue(host), false, false, false)
+		}
+	})
+	startInProcess(t, host, newFakeHost(t), t.TempDir(), "DEFAULT.transport_url=rabbit://"+strings.TrimPrefix(vh, "amqp://"))
+	time.Sleep(3 * time.Second) // the first report went out with no queue bound
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	testsvc.Must(t, err, "declare reports queue")
+	testsvc.Must(t, ch.QueueBind(q.Name, protocol.ReportRoutingKey(host), protocol.Exchange, false, nil), "bind")
+	d, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	testsvc.Must(t, err, "consume")
+	select {
+	case m := <-d:
+		r, err := protocol.DecodeReport(m.Body)
+		testsvc.Must(t, err, "decode report")
+		if r.Host != host || len(r.GPUs) == 0 {
+			t.Errorf("report %+v", r)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no report within 15 s of binding the reports queue (the report period is a minute)")
 	}
 }

@@ -26,12 +26,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
-func rabbitmqctl() []string {
-	if s := os.Getenv("VGPU_TEST_RABBITMQCTL"); s != "" {
-		return strings.Fields(s)
-	}
-	return []string{"rabbitmqctl"}
-}
+func rabbitmqctl() []string { return testsvc.Rabbitmqctl() }
 
 func ctl(t *testing.T, args ...string) {
 	t.Helper()

@@ -7,9 +7,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"os/exec"
 
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -175,4 +177,39 @@ func Must(t testing.TB, err error, what string) {
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
+}
+
+// Rabbitmqctl is the command that runs rabbitmqctl next to the test
+// broker (VGPU_TEST_RABBITMQCTL, e.g. "sudo rabbitmqctl"; default
+// rabbitmqctl).
+func Rabbitmqctl() []string {
+	if s := os.Getenv("VGPU_TEST_RABBITMQCTL"); s != "" {
+		return strings.Fields(s)
+	}
+	return []string{"rabbitmqctl"}
+}
+
+// PrivateVHost makes a virtual host of its own on the test broker, where
+// the test broker's account may do everything, deleted at the end of the
+// test: for tests that need exchange vgpu without the bindings other tests
+// and earlier runs left on it. It returns the vhost's amqp:// URL.
+func PrivateVHost(t testing.TB) string {
+	t.Helper()
+	base := RabbitURL(t)
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatalf("rabbit url: %v", err)
+	}
+	vhost := Name("vgpu-test")
+	c := Rabbitmqctl()
+	run := func(args ...string) {
+		if out, err := exec.Command(c[0], append(c[1:], args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("%s %s: %v\n%s (run the tests as root, or set VGPU_TEST_RABBITMQCTL)", strings.Join(c, " "), strings.Join(args, " "), err, out)
+		}
+	}
+	run("add_vhost", vhost)
+	t.Cleanup(func() { _ = exec.Command(c[0], append(c[1:], "delete_vhost", vhost)...).Run() })
+	run("set_permissions", "-p", vhost, u.User.Username(), ".*", ".*", ".*")
+	u.Path, u.RawPath = "/"+vhost, "/"+url.PathEscape(vhost)
+	return u.String()
 }
