@@ -82,6 +82,10 @@ func init() {
 				"Example: /etc/vgpu-bridge/secrets/alertmanager.token"},
 		conf.Option{Name: "allowed_cidrs", Kind: conf.KindList,
 			Help: "Client addresses allowed to send; empty allows any. Example: 10.20.0.0/16,2001:db8::/32"},
+		conf.Option{Name: "allowed_projects", Kind: conf.KindList,
+			Help: "Keystone project ids whose instances the source may act on; empty allows any. A request for an instance of " +
+				"another project, or one the bridge has no Nova notification about yet, is refused 403 (project_not_allowed); " +
+				"Alertmanager alerts naming one are skipped. Example: 3f2b0c9e8d7a4b6c9e1f0a2b3c4d5e6f"},
 		conf.Option{Name: "trusted_proxies", Kind: conf.KindList,
 			Help: "Proxies whose X-Forwarded-For is believed when finding the client's address; empty believes none. Example: 10.0.0.5/32"},
 		conf.Option{Name: "rate", Kind: conf.KindFloat, Default: "50", Min: 0.001, Max: 1e6, HasRange: true,
@@ -189,7 +193,7 @@ func WebhookSources(v *conf.Values) ([]webhook.Source, error) {
 			Rate: in.Float("rate"), Burst: in.Int("burst"), ClientRate: in.Float("client_rate"), ClientBurst: in.Int("client_burst"),
 			MaxBodyBytes: int64(in.Int("max_body_bytes")), CallbackHosts: in.List("callback_hosts"),
 			InstanceLabel: in.String("instance_label"), MTLSSubjects: in.List("mtls_subjects"), MTLSSANs: in.List("mtls_sans"),
-			TimestampTolerance: in.Duration("timestamp_tolerance"),
+			TimestampTolerance: in.Duration("timestamp_tolerance"), AllowedProjects: in.List("allowed_projects"),
 		}
 		for _, f := range in.List("secret_files") {
 			text, err := conf.ReadSecretFile(f)

@@ -25,6 +25,7 @@ type eventRow struct {
 	vm      string
 	at      time.Time
 	payload EventPayload
+	alert   int // Alertmanager: the alert's index in the message
 	// Set by encodeEvents, in the request's goroutine, so that the commit
 	// workers (the serial part) only copy them.
 	msgID  string

@@ -388,6 +388,7 @@ type Skipped struct {
 type AlertEvent struct {
 	VMID  string
 	Alert Alert
+	Index int // in the message's alerts
 }
 
 // AlertBatch is a decoded Alertmanager notification.
@@ -481,7 +482,7 @@ func DecodeAlertmanager(body []byte, label string) (AlertBatch, []api.InvalidPar
 				Reason: fmt.Sprintf("label %s is not an instance UUID", label)})
 			continue
 		}
-		b.Events = append(b.Events, AlertEvent{VMID: u.String(), Alert: a})
+		b.Events = append(b.Events, AlertEvent{VMID: u.String(), Alert: a, Index: i})
 	}
 	sort.Slice(bad, func(i, j int) bool { return bad[i].Name < bad[j].Name })
 	return b, bad

@@ -25,6 +25,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"slices"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -77,6 +79,10 @@ type Source struct {
 	Tokens []string
 	// AllowedCIDRs limit client addresses; empty allows any.
 	AllowedCIDRs []netip.Prefix
+	// AllowedProjects are the projects whose instances the source may act
+	// on; empty allows any. An instance the bridge does not know (no Nova
+	// notification yet) is in none.
+	AllowedProjects []string
 	// TrustedProxies may set X-Forwarded-For; empty trusts none.
 	TrustedProxies []netip.Prefix
 	// Rate (requests/s) and Burst of the source's bucket; ClientRate and
@@ -421,6 +427,16 @@ func (e *Endpoint) handle(c echo.Context) error {
 					d.Round(time.Second).Abs(), src.cfg.TimestampTolerance)})
 		}
 	}
+	// 403: instances of projects the source may not act on.
+	if len(src.cfg.AllowedProjects) > 0 {
+		if refusal, err := e.scopeProjects(r.Context(), src, p); err != nil {
+			e.log.Error("webhook: cannot read the instances' projects", logkey.Source, name, logkey.Err, err)
+			return e.refuse(c, name, remote, "store_unavailable", &api.ProblemDetails{Status: http.StatusServiceUnavailable,
+				Detail: "the request could not be checked; retry", Headers: map[string]string{"Retry-After": "1"}})
+		} else if refusal != "" {
+			return e.refuse(c, name, remote, "project_not_allowed", &api.ProblemDetails{Status: http.StatusForbidden, Detail: refusal})
+		}
+	}
 	p.key, p.bodyOnly = key, bodyOnly
 	p.hash = sha256.Sum256(body)
 	// Commit, then 202; or 409 for a key reused with another body.
@@ -466,7 +482,7 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 			if a.Status == "resolved" && !a.EndsAt.IsZero() {
 				at = a.EndsAt
 			}
-			p.events = append(p.events, eventRow{vm: ev.VMID, at: at, payload: EventPayload{
+			p.events = append(p.events, eventRow{vm: ev.VMID, at: at, alert: ev.Index, payload: EventPayload{
 				RequestID: id, Source: src.cfg.Name, Type: TypeLoad, VMID: ev.VMID,
 				Workload: workloadLabel(a.Labels), Alert: &a}})
 		}
@@ -532,4 +548,77 @@ var _ requests.SourceAuthenticator = (*Endpoint)(nil)
 func readAll(r io.Reader, n int64) []byte {
 	b, _ := io.ReadAll(io.LimitReader(r, n))
 	return b
+}
+
+// scopeProjects keeps p to the instances of the source's allowed projects.
+// A native request for another project's instance, or for one the bridge
+// does not know, is refused (the returned text); an Alertmanager message
+// loses the alerts that name one, each listed as skipped. The refusal
+// does not say which project the instance is in.
+func (e *Endpoint) scopeProjects(ctx context.Context, src *source, p *pending) (string, error) {
+	ids := make([]string, 0, len(p.events))
+	for _, ev := range p.events {
+		ids = append(ids, ev.vm)
+	}
+	rows, err := e.pool.Query(ctx, `SELECT uuid::text, coalesce(project_id, '') FROM instances WHERE uuid = ANY($1::uuid[])`, ids)
+	if err != nil {
+		return "", err
+	}
+	project := map[string]string{}
+	for rows.Next() {
+		var id, proj string
+		if err := rows.Scan(&id, &proj); err != nil {
+			rows.Close()
+			return "", err
+		}
+		project[id] = proj
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	allowed := func(vm string) bool {
+		proj, ok := project[vm]
+		return ok && slices.Contains(src.cfg.AllowedProjects, proj)
+	}
+	if src.cfg.Format != FormatAlertmanager {
+		if !allowed(p.events[0].vm) {
+			return fmt.Sprintf("instance %s is not in a project this source may act on (or the bridge does not know it yet)", p.events[0].vm), nil
+		}
+		return "", nil
+	}
+	var ans Answer
+	if err := json.Unmarshal(p.answer, &ans); err != nil {
+		return "", err
+	}
+	kept := p.events[:0]
+	for _, ev := range p.events {
+		if allowed(ev.vm) {
+			kept = append(kept, ev)
+			continue
+		}
+		ans.Skipped = append(ans.Skipped, Skipped{Index: ev.alert, Fingerprint: ev.payload.Alert.Fingerprint,
+			AlertName: ev.payload.Alert.Labels["alertname"], Reason: "instance not in a project this source may act on"})
+	}
+	if len(kept) == len(p.events) {
+		return "", nil
+	}
+	p.events = kept
+	sort.Slice(ans.Skipped, func(i, j int) bool { return ans.Skipped[i].Index < ans.Skipped[j].Index })
+	if p.answer, err = json.Marshal(ans); err != nil {
+		return "", err
+	}
+	switch len(kept) {
+	case 0:
+		p.req.InstanceUUID = nil
+		if p.rejectReason == "" {
+			p.rejectReason = "none of the alerts names an instance of a project this source may act on"
+		}
+	case 1:
+		u := uuid.MustParse(kept[0].vm)
+		p.req.InstanceUUID = &u
+	default:
+		p.req.InstanceUUID = nil
+	}
+	return "", nil
 }
