@@ -76,3 +76,10 @@ func TransportURL(v *conf.Values) (*conf.TransportURL, error) {
 	}
 	return conf.ParseTransportURL(raw)
 }
+
+// Renamed and removed options are listed here, each still read with a
+// warning for one release (conf.Set.Deprecated), in an init function:
+//
+//	Options.Deprecated("old_section", "old_name", "new_section", "new_name")
+//
+// (new_name "" for an option that was removed). None so far.

@@ -81,6 +81,7 @@ type Set struct {
 	order     []string
 	templates map[string][]*Option
 	secHelp   map[string]string
+	renamed   map[string]string // old section.name → new section.name ("" removed)
 }
 
 // NewSet returns an empty option set whose environment variables start with
@@ -90,6 +91,7 @@ func NewSet(envPrefix string) *Set {
 		envPrefix: envPrefix,
 		opts:      make(map[string]*Option),
 		templates: make(map[string][]*Option),
+		renamed:   make(map[string]string),
 		secHelp:   make(map[string]string),
 	}
 }
@@ -169,8 +171,9 @@ type Values struct {
 	source    map[string]string
 	instances map[string][]*Instance
 	// Warnings lists things worth logging that did not stop the load:
-	// unknown options or sections in the file.
+	// options that were renamed or removed (Set.Deprecated).
 	Warnings []string
+	viaOld   map[string]bool // options last set through a deprecated name
 }
 
 // Instance is one templated section, e.g. [webhook_source:batch].
@@ -254,8 +257,14 @@ func (s *Set) Load(src Source) (*Values, error) {
 		}
 		o := s.envOption(strings.TrimPrefix(name, prefix))
 		if o == nil {
-			v.Warnings = append(v.Warnings, fmt.Sprintf("environment variable %s names no option", name))
-			continue
+			if old := s.envRenamed(strings.TrimPrefix(name, prefix)); old != "" {
+				if o = s.deprecated(v, old, "environment "+name); o == nil {
+					continue
+				}
+			} else {
+				errs = append(errs, &Error{Section: "environment", Option: name, Problem: "names no option" + s.nearestEnv(strings.TrimPrefix(name, prefix))})
+				continue
+			}
 		}
 		v.raw[o.key()] = val
 		v.source[o.key()] = "environment " + name
@@ -269,8 +278,14 @@ func (s *Set) Load(src Source) (*Values, error) {
 		}
 		o := s.Lookup(sec, name)
 		if o == nil {
-			errs = append(errs, &Error{Section: sec, Option: name, Value: val, Problem: "no such option"})
-			continue
+			if _, old := s.renamed[sec+"."+name]; old {
+				if o = s.deprecated(v, sec+"."+name, "flag --set "+k); o == nil {
+					continue
+				}
+			} else {
+				errs = append(errs, &Error{Section: sec, Option: name, Value: val, Problem: "no such option" + s.nearestOption(sec, name)})
+				continue
+			}
 		}
 		v.raw[o.key()] = val
 		v.source[o.key()] = "flag"
@@ -342,7 +357,7 @@ func (s *Set) loadFile(v *Values, path string) Errors {
 		if prefix, inst, ok := s.templateOf(name); ok {
 			tmpl, known := s.templates[prefix]
 			if !known {
-				v.Warnings = append(v.Warnings, fmt.Sprintf("%s: unknown section [%s]", path, name))
+				errs = append(errs, &Error{Section: name, Problem: "no such section" + s.nearestSection(name)})
 				continue
 			}
 			in, es := loadInstance(prefix, inst, tmpl, sec)
@@ -353,8 +368,17 @@ func (s *Set) loadFile(v *Values, path string) Errors {
 		for _, key := range sec.Keys() {
 			o := s.Lookup(name, key.Name())
 			if o == nil {
-				v.Warnings = append(v.Warnings, fmt.Sprintf("%s: [%s] %s is not an option of this program", path, name, key.Name()))
-				continue
+				if _, old := s.renamed[name+"."+key.Name()]; old {
+					if o = s.deprecated(v, name+"."+key.Name(), "file "+path); o == nil {
+						continue
+					}
+				} else if !s.hasSection(name) {
+					errs = append(errs, &Error{Section: name, Problem: "no such section" + s.nearestSection(name)})
+					break
+				} else {
+					errs = append(errs, &Error{Section: name, Option: key.Name(), Value: key.Value(), Problem: "no such option" + s.nearestOption(name, key.Name())})
+					continue
+				}
 			}
 			v.raw[o.key()] = strings.TrimSpace(key.Value())
 			v.source[o.key()] = "file " + path

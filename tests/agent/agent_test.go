@@ -30,10 +30,10 @@ import (
 
 // Environment of a child agent process (this test binary re-executed).
 const (
-	envChild    = "VGPU_AGENT_TEST_CHILD"
-	envFakeHost = "VGPU_AGENT_TEST_FAKE_HOST"
-	envCrashAt  = "VGPU_AGENT_TEST_CRASH_AT" // "kind/step"
-	envMarker   = "VGPU_AGENT_TEST_MARKER"
+	envChild    = "VGPU_TEST_AGENT_CHILD"
+	envFakeHost = "VGPU_TEST_AGENT_FAKE_HOST"
+	envCrashAt  = "VGPU_TEST_AGENT_CRASH_AT" // "kind/step"
+	envMarker   = "VGPU_TEST_AGENT_MARKER"
 )
 
 func TestMain(m *testing.M) {
