@@ -129,5 +129,7 @@ func (t *TransportURL) Redacted() string {
 	if t.TLS {
 		scheme = "rabbit+ssl"
 	}
-	return scheme + "://" + strings.Join(hosts, ",") + "/" + url.PathEscape(strings.TrimPrefix(t.VHost, "/"))
+	// ':' and '@' escaped too: nothing after the hosts reads as credentials.
+	vhost := strings.NewReplacer(":", "%3A", "@", "%40").Replace(url.PathEscape(strings.TrimPrefix(t.VHost, "/")))
+	return scheme + "://" + strings.Join(hosts, ",") + "/" + vhost
 }

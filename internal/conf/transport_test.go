@@ -65,9 +65,13 @@ func FuzzParseTransportURL(f *testing.F) {
 		if len(u.AMQPURLs()) != len(u.Brokers) || len(u.Brokers) == 0 {
 			t.Fatalf("brokers %d, urls %d", len(u.Brokers), len(u.AMQPURLs()))
 		}
+		// The credentials are in the authority; the vhost after it may hold
+		// any text, ":0@" included.
+		red := u.Redacted()
+		authority, _, _ := strings.Cut(strings.SplitN(red, "://", 2)[1], "/")
 		for _, b := range u.Brokers {
-			if b.Password != "" && b.Password != "***" && strings.Contains(u.Redacted(), ":"+b.Password+"@") {
-				t.Fatalf("Redacted leaks the password: %s", u.Redacted())
+			if b.Password != "" && b.Password != "***" && strings.Contains(authority, ":"+b.Password+"@") {
+				t.Fatalf("Redacted leaks the password: %s", red)
 			}
 		}
 	})
