@@ -271,16 +271,13 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 	return p
 }
 
+// hostProblem says why the direct path cannot act on the instance's host:
+// novaHostProblem's reasons, or an agent that stopped reporting.
 func hostProblem(f Facts) (string, string) {
-	in := f.Instance
-	switch {
-	case !in.Known:
-		return fmt.Sprintf("instance %s is not known to the bridge (no Nova notification about it yet)", in.UUID), CodeNoInstance
-	case in.Deleted:
-		return fmt.Sprintf("instance %s is deleted", in.UUID), CodeNoInstance
-	case in.Host == "":
-		return fmt.Sprintf("instance %s has no compute host (not scheduled yet, or shelved)", in.UUID), CodeNoHost
-	case !f.LastReport.IsZero() && f.StaleAge > 0 && f.Now.Sub(f.LastReport) > f.StaleAge:
+	if why, code := novaHostProblem(f); why != "" {
+		return why, code
+	}
+	if in := f.Instance; !f.LastReport.IsZero() && f.StaleAge > 0 && f.Now.Sub(f.LastReport) > f.StaleAge {
 		return fmt.Sprintf("host %s last reported at %s, more than %s ago: its agent looks down", in.Host,
 			f.LastReport.UTC().Format(time.RFC3339), f.StaleAge), CodeHostStale
 	}

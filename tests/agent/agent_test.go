@@ -87,18 +87,7 @@ type bridge struct {
 
 func newBridge(t *testing.T, host string) *bridge {
 	t.Helper()
-	conn, err := amqp.Dial(testsvc.RabbitURL(t))
-	testsvc.Must(t, err, "dial")
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	testsvc.Must(t, err, "channel")
-	// The agent's queue exists before the agent so no command is lost.
-	testsvc.Must(t, transport.Declare(ch, host), "declare")
-	t.Cleanup(func() {
-		if c, err := conn.Channel(); err == nil {
-			c.QueueDelete(protocol.AgentQueue(host), false, false, false)
-		}
-	})
+	ch := agentQueue(t, testsvc.RabbitURL(t), host)
 	b := &bridge{t: t, host: host, ch: ch}
 	for key, dst := range map[string]*<-chan amqp.Delivery{protocol.ResultRoutingKey(host): &b.results, protocol.ReportRoutingKey(host): &b.reports} {
 		q, err := ch.QueueDeclare("", false, true, true, false, nil)
@@ -109,6 +98,25 @@ func newBridge(t *testing.T, host string) *bridge {
 		*dst = d
 	}
 	return b
+}
+
+// agentQueue declares host's command queue on the broker at url (deleted
+// at the end), before the agent starts so that no command is lost, and
+// returns a channel for the test's side.
+func agentQueue(t *testing.T, url, host string) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	testsvc.Must(t, err, "dial")
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	testsvc.Must(t, err, "channel")
+	testsvc.Must(t, transport.Declare(ch, host), "declare")
+	t.Cleanup(func() {
+		if c, err := conn.Channel(); err == nil {
+			c.QueueDelete(protocol.AgentQueue(host), false, false, false)
+		}
+	})
+	return ch
 }
 
 func (b *bridge) command(id string, k protocol.Kind, instance string, params any) protocol.Command {
@@ -458,17 +466,7 @@ func TestFirstReportBeforeBinding(t *testing.T) {
 	// A vhost of its own: on the shared one, queues of other tests and
 	// runs are bound to report.# and would take the report.
 	vh := testsvc.PrivateVHost(t)
-	conn, err := amqp.Dial(vh)
-	testsvc.Must(t, err, "dial")
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	testsvc.Must(t, err, "channel")
-	testsvc.Must(t, transport.Declare(ch, host), "declare")
-	t.Cleanup(func() {
-		if c, err := conn.Channel(); err == nil {
-			c.QueueDelete(protocol.AgentQueue(host), false, false, false)
-		}
-	})
+	ch := agentQueue(t, vh, host)
 	startInProcess(t, host, newFakeHost(t), t.TempDir(), "DEFAULT.transport_url=rabbit://"+strings.TrimPrefix(vh, "amqp://"))
 	time.Sleep(3 * time.Second) // the first report went out with no queue bound
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)

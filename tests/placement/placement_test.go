@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocations"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
@@ -373,18 +374,21 @@ func TestRaceLastUnits(t *testing.T) {
 // TestOneSyncerAndFollowers: the advisory lock lets one replica sync; a
 // replica that does not hold it follows the mirror's notifications, so a
 // claim made by another replica reaches its index without a sync.
-func TestOneSyncerAndFollowers(t *testing.T) {
-	url := testsvc.PlacementURL(t)
-	pool := testsvc.Pool(t, testsvc.MigratedPostgres(t))
-	mk := func() *placement.Service {
-		s, err := placement.New(context.Background(), placement.Config{Client: placement.ClientConfig{Endpoint: url, Token: "admin"},
-			SyncConcurrency: 4, SyncInterval: time.Hour}, pool, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
+// replica makes one bridge replica's placement service on pool, syncing
+// only when told to (SyncInterval an hour).
+func replica(t *testing.T, pool *pgxpool.Pool) *placement.Service {
+	t.Helper()
+	s, err := placement.New(context.Background(), placement.Config{Client: placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin"},
+		SyncConcurrency: 4, SyncInterval: time.Hour}, pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	a, b, c := mk(), mk(), mk()
+	return s
+}
+
+func TestOneSyncerAndFollowers(t *testing.T) {
+	pool := testsvc.Pool(t, testsvc.MigratedPostgres(t))
+	a, b, c := replica(t, pool), replica(t, pool), replica(t, pool)
 	ty := placementfleet.UniqueType()
 	f := load(t, a, []placementfleet.Node{{Name: name("it-follow"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 4}}}})
 	ctx := ctxT(t)
@@ -570,17 +574,8 @@ func TestReleaseUnits(t *testing.T) {
 // (which differs from its node's) finds the host's GPUs — the host ↔
 // node map is read before readiness, not after the first sync round.
 func TestReadyKnowsHosts(t *testing.T) {
-	url := testsvc.PlacementURL(t)
 	pool := testsvc.Pool(t, testsvc.MigratedPostgres(t))
-	mk := func() *placement.Service {
-		s, err := placement.New(context.Background(), placement.Config{Client: placement.ClientConfig{Endpoint: url, Token: "admin"},
-			SyncConcurrency: 4, SyncInterval: time.Hour}, pool, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	a := mk()
+	a := replica(t, pool)
 	ty := placementfleet.UniqueType()
 	node := name("it-ready") + ".example"
 	host := strings.TrimSuffix(node, ".example")
@@ -593,7 +588,7 @@ func TestReadyKnowsHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		b := mk()
+		b := replica(t, pool)
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- b.Run(rctx) }()
