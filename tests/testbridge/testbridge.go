@@ -5,11 +5,17 @@ package testbridge
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -117,4 +123,101 @@ func Start(t testing.TB, v *conf.Values) *bridge.Daemon {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// Proc is vgpu-bridge run as a subprocess (the binary testsvc.Binary
+// builds), for tests that kill it with SIGKILL and start it again on the
+// same database and queues.
+type Proc struct {
+	t       testing.TB
+	args    []string
+	addr    string
+	logPath string
+	cmd     *exec.Cmd
+	// Peaks are the peak resident sets (VmHWM) of the processes killed.
+	Peaks []string
+}
+
+// NewProc prepares a bridge subprocess on dbURL with Overrides and extra
+// settings, and file as its configuration file ("" for none). Start runs
+// it.
+func NewProc(t testing.TB, dbURL, file string, extra ...string) *Proc {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	p := &Proc{t: t, addr: addr, logPath: filepath.Join(t.TempDir(), "bridge.log"), args: []string{"serve", "--config", file}}
+	for _, s := range Overrides(t, dbURL, append(extra, "api.listen="+addr)...) {
+		p.args = append(p.args, "--set", s)
+	}
+	return p
+}
+
+// URL is the base URL of the process's API.
+func (p *Proc) URL() string { return "http://" + p.addr }
+
+// Start runs the process and waits until it is ready (2 minutes at most).
+func (p *Proc) Start() {
+	t := p.t
+	t.Helper()
+	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(testsvc.Binary(t, "vgpu-bridge"), p.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start vgpu-bridge: %v", err)
+	}
+	logf.Close()
+	p.cmd = cmd
+	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }) //nolint:errcheck
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if resp, err := http.Get(p.URL() + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("vgpu-bridge not ready within 2m:\n%s", p.Log(30))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Kill9 kills the process with SIGKILL, as a power loss, after noting its
+// peak resident set.
+func (p *Proc) Kill9() {
+	p.Peaks = append(p.Peaks, peakRSS(p.cmd.Process.Pid))
+	if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		p.t.Fatalf("kill -9: %v", err)
+	}
+	p.cmd.Wait() //nolint:errcheck
+}
+
+// Log returns the last n lines the processes wrote.
+func (p *Proc) Log(n int) string {
+	b, _ := os.ReadFile(p.logPath)
+	return testsvc.LastLines(string(b), n)
+}
+
+// peakRSS is a process's peak resident set (VmHWM), as "123 MiB".
+func peakRSS(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return "?"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return fmt.Sprintf("%d MiB", kb/1024)
+		}
+	}
+	return "?"
 }
