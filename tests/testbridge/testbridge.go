@@ -221,3 +221,6 @@ func peakRSS(pid int) string {
 	}
 	return "?"
 }
+
+// PeakNow is the running process's peak resident set so far.
+func (p *Proc) PeakNow() string { return peakRSS(p.cmd.Process.Pid) }
