@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
@@ -26,15 +27,7 @@ func TestKill9DuringNotifications(t *testing.T) {
 	}
 	const n = 50_000
 	vh := testsvc.PrivateVHost(t)
-	dbURL := testsvc.MigratedPostgres(t)
-	pool := testsvc.Pool(t, dbURL)
-	proc := testbridge.NewProc(t, dbURL, "", "DEFAULT.transport_url=rabbit://"+strings.TrimPrefix(vh, "amqp://"),
-		"notifications.queue=vgpu-bridge-kill9")
-	count := func() int {
-		var c int
-		testsvc.Must(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM events WHERE source = 'nova'`).Scan(&c), "count")
-		return c
-	}
+	proc, pool, count := bridgeOn(t, vh)
 
 	proc.Start() // declares exchange nova and binds its queue
 
@@ -100,4 +93,22 @@ func TestKill9DuringNotifications(t *testing.T) {
 		t.Errorf("sent %d, recorded %d distinct of %d rows, %d dead letters; want %d, each once\n%s", sent.Load(), distinct, total, dead, n,
 			proc.Log(30))
 	}
+}
+
+// bridgeOn prepares a whole vgpu-bridge (a subprocess, not started) on a
+// fresh database, taking Nova's notifications from the broker at amqpURL,
+// and returns it with its database and a count of the notifications in
+// its inbox.
+func bridgeOn(t *testing.T, amqpURL string) (*testbridge.Proc, *pgxpool.Pool, func() int) {
+	t.Helper()
+	dbURL := testsvc.MigratedPostgres(t)
+	pool := testsvc.Pool(t, dbURL)
+	proc := testbridge.NewProc(t, dbURL, "", "DEFAULT.transport_url=rabbit://"+strings.TrimPrefix(amqpURL, "amqp://"),
+		"notifications.queue="+testsvc.Name("vgpu-bridge-fault"))
+	count := func() int {
+		var c int
+		testsvc.Must(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM events WHERE source = 'nova'`).Scan(&c), "count")
+		return c
+	}
+	return proc, pool, count
 }

@@ -12,12 +12,11 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
 // TestRabbitRestartDuringNotifications stops a private RabbitMQ node
-// (rabbitmqctl stop, not a cut connection) under a whole vgpu-bridge while
+// (a clean SIGTERM stop, not a cut connection) under a whole vgpu-bridge while
 // 20,000 Nova notifications arrive, and starts it again. The bridge
 // reconnects by itself (readiness names the broker meanwhile, and is back
 // after), and exactly the sent set ends in the inbox: the publisher
@@ -29,16 +28,8 @@ func TestRabbitRestartDuringNotifications(t *testing.T) {
 	}
 	const n = 20_000
 	rb := testsvc.NewPrivateRabbit(t)
-	dbURL := testsvc.MigratedPostgres(t)
-	pool := testsvc.Pool(t, dbURL)
-	proc := testbridge.NewProc(t, dbURL, "", "DEFAULT.transport_url=rabbit://"+strings.TrimPrefix(rb.URL, "amqp://"),
-		"notifications.queue=vgpu-bridge-restart")
+	proc, pool, count := bridgeOn(t, rb.URL)
 	proc.Start()
-	count := func() int {
-		var c int
-		testsvc.Must(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM events WHERE source = 'nova'`).Scan(&c), "count")
-		return c
-	}
 	base := time.Now().UTC()
 	var sent, resent atomic.Int64
 	done := make(chan error, 1)
