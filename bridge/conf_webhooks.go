@@ -69,7 +69,7 @@ func init() {
 	Options.Template(webhookSourcePrefix,
 		"One webhook source per section, e.g. [webhook_source:batch-scheduler]; senders POST to /v1/webhooks/batch-scheduler.",
 		conf.Option{Name: "auth", Kind: conf.KindChoice, Default: "hmac", Choices: []string{"hmac", "bearer", "mtls"},
-			Help: "How the source authenticates: hmac (X-Hub-Signature-256 with Idempotency-Key, or Standard Webhooks " +
+			Help: "How the source authenticates: hmac (X-Hub-Signature-256, a signed body acting once, or Standard Webhooks " +
 				"headers), bearer (Authorization: Bearer), mtls (a client certificate signed by [webhooks] client_ca_file). Example: hmac"},
 		conf.Option{Name: "format", Kind: conf.KindChoice, Default: "native", Choices: []string{"native", "alertmanager"},
 			Help: "Payload format: native or alertmanager (Alertmanager's webhook_config; needs auth = bearer or mtls). Example: alertmanager"},

@@ -19,7 +19,9 @@ import (
 // Webhook authentication schemes a sender can use.
 const (
 	// SchemeHub is X-Hub-Signature-256 = sha256=hex(HMAC-SHA256(key, body))
-	// with a required Idempotency-Key.
+	// with an Idempotency-Key. The MAC covers the body alone: the bridge
+	// acts on a body once, so a repeated request needs a new body (a
+	// nonce or timestamp field).
 	SchemeHub = "hub"
 	// SchemeStandard is Standard Webhooks: webhook-id, webhook-timestamp and
 	// webhook-signature = v1,base64(HMAC-SHA256(key, id.timestamp.body)).
