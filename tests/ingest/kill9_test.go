@@ -22,9 +22,6 @@ import (
 // doubled, none dead-lettered. It logs the figures, with the peak RSS of
 // each process.
 func TestKill9DuringNotifications(t *testing.T) {
-	if testing.Short() {
-		t.Skip("50,000 notifications")
-	}
 	const n = 50_000
 	vh := testsvc.PrivateVHost(t)
 	proc, pool, count := bridgeOn(t, vh)

@@ -23,9 +23,6 @@ import (
 // resends what the broker had not confirmed, the inbox keeps each
 // message_id once.
 func TestRabbitRestartDuringNotifications(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a private RabbitMQ node")
-	}
 	const n = 20_000
 	rb := testsvc.NewPrivateRabbit(t)
 	proc, pool, count := bridgeOn(t, rb.URL)

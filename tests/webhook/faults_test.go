@@ -28,9 +28,6 @@ import (
 // stored exactly once: none lost across the kills, none doubled by the
 // retries.
 func TestKill9DuringWebhookBurst(t *testing.T) {
-	if testing.Short() {
-		t.Skip("3,000 webhooks")
-	}
 	const n, senders = 3000, 32
 	dbURL := testsvc.MigratedPostgres(t)
 	pool := testsvc.Pool(t, dbURL)
@@ -145,9 +142,6 @@ func burstConfig(t *testing.T) string {
 // request answered 202 is stored once (the senders retry what got 503
 // or no answer).
 func TestPostgresRestartDuringWebhookBurst(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a private Postgres")
-	}
 	const n, senders = 1500, 16
 	pg := testsvc.NewPrivatePostgres(t)
 	proc := testbridge.NewProc(t, pg.URL, burstConfig(t), "database.connect_timeout=1s")
