@@ -2,7 +2,6 @@ package ingest_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -85,9 +84,9 @@ func TestRabbitRestartDuringNotifications(t *testing.T) {
 	}
 	rb.Stop()
 	stopped := time.Now()
-	detail := readyz(t, proc.URL(), http.StatusServiceUnavailable, 30*time.Second)
+	detail := proc.WaitReadyz(http.StatusServiceUnavailable, 30*time.Second)
 	rb.Start()
-	readyz(t, proc.URL(), http.StatusOK, 2*time.Minute)
+	proc.WaitReadyz(http.StatusOK, 2*time.Minute)
 	back := time.Since(stopped)
 	testsvc.Must(t, <-done, "publish")
 	deadline = time.Now().Add(3 * time.Minute)
@@ -103,27 +102,5 @@ func TestRabbitRestartDuringNotifications(t *testing.T) {
 	}
 	if sent.Load() != n || distinct != n || total != n {
 		t.Errorf("sent %d, recorded %d distinct of %d rows; want %d each once\n%s", sent.Load(), distinct, total, n, proc.Log(30))
-	}
-}
-
-// readyz polls /readyz until it answers status and returns its detail.
-func readyz(t *testing.T, base string, status int, within time.Duration) string {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		if resp, err := http.Get(base + "/readyz"); err == nil {
-			var p struct {
-				Detail string `json:"detail"`
-			}
-			json.NewDecoder(resp.Body).Decode(&p) //nolint:errcheck
-			resp.Body.Close()
-			if resp.StatusCode == status {
-				return p.Detail
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz did not answer %d within %s", status, within)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }

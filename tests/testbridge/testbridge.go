@@ -5,6 +5,7 @@ package testbridge
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -176,16 +177,27 @@ func (p *Proc) Start() {
 	logf.Close()
 	p.cmd = cmd
 	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }) //nolint:errcheck
-	deadline := time.Now().Add(2 * time.Minute)
+	p.WaitReadyz(http.StatusOK, 2*time.Minute)
+}
+
+// WaitReadyz polls /readyz until it answers status, and returns the
+// problem's detail (which dependency is unreachable).
+func (p *Proc) WaitReadyz(status int, within time.Duration) string {
+	p.t.Helper()
+	deadline := time.Now().Add(within)
 	for {
 		if resp, err := http.Get(p.URL() + "/readyz"); err == nil {
+			var pd struct {
+				Detail string `json:"detail"`
+			}
+			json.NewDecoder(resp.Body).Decode(&pd) //nolint:errcheck
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
+			if resp.StatusCode == status {
+				return pd.Detail
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("vgpu-bridge not ready within 2m:\n%s", p.Log(30))
+			p.t.Fatalf("/readyz did not answer %d within %s:\n%s", status, within, p.Log(30))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -152,7 +152,7 @@ func TestPostgresRestartDuringWebhookBurst(t *testing.T) {
 	pool.Close()
 	pg.Stop()
 	down := time.Now()
-	detail := waitReadyz(t, proc.URL(), http.StatusServiceUnavailable, 20*time.Second)
+	detail := proc.WaitReadyz(http.StatusServiceUnavailable, 20*time.Second)
 	if !strings.Contains(detail, "database") {
 		t.Errorf("/readyz while Postgres is down: %q, want it to name the database", detail)
 	}
@@ -162,7 +162,7 @@ func TestPostgresRestartDuringWebhookBurst(t *testing.T) {
 		t.Errorf("%d requests answered 202 while Postgres was down", got-accepted)
 	}
 	pg.Start()
-	waitReadyz(t, proc.URL(), http.StatusOK, time.Minute)
+	proc.WaitReadyz(http.StatusOK, time.Minute)
 	recovered := time.Since(down)
 	b.wg.Wait()
 	pool = testsvc.Pool(t, pg.URL)
@@ -171,29 +171,5 @@ func TestPostgresRestartDuringWebhookBurst(t *testing.T) {
 		n, b.accepted.Load(), b.retries.Load(), stored, lost, doubled, recovered.Seconds(), proc.PeakNow())
 	if b.accepted.Load() != n || stored != n || lost != 0 || doubled != 0 {
 		t.Errorf("answered %d, stored %d, lost %d, doubled %d; want %d each once\n%s", b.accepted.Load(), stored, lost, doubled, n, proc.Log(30))
-	}
-}
-
-// waitReadyz polls /readyz until it answers status, and returns its
-// problem detail.
-func waitReadyz(t *testing.T, base string, status int, within time.Duration) string {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			var p struct {
-				Detail string `json:"detail"`
-			}
-			json.NewDecoder(resp.Body).Decode(&p)
-			resp.Body.Close()
-			if resp.StatusCode == status {
-				return p.Detail
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz did not answer %d within %s", status, within)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
