@@ -37,6 +37,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
@@ -226,19 +227,14 @@ func (r *Reconciler) runLocked(ctx context.Context, res *RunResult) (kick bool, 
 		return false, fmt.Errorf("drift: %w", err)
 	}
 	defer conn.Release()
-	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, lockKey).Scan(&got); err != nil {
+	unlock, got, err := store.TryLock(ctx, conn, lockKey)
+	if err != nil {
 		return false, fmt.Errorf("drift lock: %w", err)
 	}
 	if !got {
 		return false, ErrBusy
 	}
-	defer func() {
-		var ok bool
-		if err := conn.QueryRow(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, lockKey).Scan(&ok); err != nil || !ok {
-			conn.Hijack().Close(context.WithoutCancel(ctx)) //nolint:errcheck // never pool a connection that may hold the lock
-		}
-	}()
+	defer unlock()
 	var snap *Snapshot
 	var skipped []string
 	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {

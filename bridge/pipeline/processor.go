@@ -19,6 +19,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
@@ -310,22 +311,14 @@ func (p *Processor) decideLocked(ctx context.Context, id int64, inst string) (ou
 	}
 	defer conn.Release()
 	if inst != "" {
-		var locked bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended('vgpu-instance:' || $1, 0))`, inst).Scan(&locked); err != nil {
+		release, locked, err := store.TryLock(ctx, conn, "vgpu-instance:"+inst)
+		if err != nil {
 			return false, false, fmt.Errorf("event %d: lock instance %s: %w", id, inst, err)
 		}
 		if !locked {
 			return false, false, nil // another replica decides for the instance now
 		}
-		defer func() {
-			var ok bool
-			err := conn.QueryRow(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtextextended('vgpu-instance:' || $1, 0))`, inst).Scan(&ok)
-			if err != nil || !ok {
-				// Never hand a connection that may still hold the lock back
-				// to the pool.
-				conn.Hijack().Close(context.WithoutCancel(ctx)) //nolint:errcheck
-			}
-		}()
+		defer release()
 	}
 	pc := &preclaims{}
 	ctx = context.WithValue(ctx, preclaimsKey{}, pc)

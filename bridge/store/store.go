@@ -145,3 +145,21 @@ func Pending(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	}
 	return n, nil
 }
+
+// TryLock takes the session advisory lock named key (hashed as
+// hashtextextended(key, 0), the form transaction locks of the same name
+// use) on conn. It reports false when another session holds it. release
+// gives the lock back; should that fail, it closes the connection rather
+// than hand one that may still hold the lock back to the pool.
+func TryLock(ctx context.Context, conn *pgxpool.Conn, key string) (release func(), ok bool, err error) {
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, key).Scan(&ok); err != nil || !ok {
+		return func() {}, false, err
+	}
+	return func() {
+		ctx := context.WithoutCancel(ctx)
+		var unlocked bool
+		if err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, key).Scan(&unlocked); err != nil || !unlocked {
+			conn.Hijack().Close(ctx) //nolint:errcheck
+		}
+	}, true, nil
+}
