@@ -18,11 +18,16 @@ import (
 
 // [security]: signed commands, results and reports (agent/protocol/sign.go).
 var (
-	optRequireSigned = Options.Choice("security", "require_signed_commands", "auto", []string{"auto", "true", "false"},
-		"Whether a command without a signature is refused (code bad_signature). auto: true when bridge_keys_file is set. "+
-			"false is for the switch-over only: signed commands are still verified (a bad signature, unknown key or "+
-			"expired key is refused) but unsigned ones run, each logged and counted in "+
-			"vgpu_agent_commands_unsigned_total; set true (or auto) once the bridge signs. Example: true")
+	optRequireSigned = Options.Choice("security", "require_signed_commands", "true", []string{"true", "false", "auto"},
+		"Whether a command without a signature is refused (code bad_signature). true (the default) needs "+
+			"bridge_keys_file. false is an explicit opt-out for a lab or a switch-over: signed commands are still "+
+			"verified when bridge_keys_file is set (a bad signature, unknown key or expired key is refused) but "+
+			"unsigned ones run, each logged and counted in vgpu_agent_commands_unsigned_total. auto (deprecated, "+
+			"the former default) is the same as true. Example: true")
+	optSignResults = Options.Bool("security", "sign_results", true,
+		"Whether results and reports are signed. true (the default) needs signing_key_file and key_id "+
+			"(vgpu-bridge keys enrol HOST on the bridge's host writes them). false is an explicit opt-out: they go "+
+			"unsigned, which a bridge that requires signed results drops. Example: true")
 	optBridgeKeysFile = Options.String("security", "bridge_keys_file", "",
 		"The bridge's public keys this agent trusts for commands: PEM \"PUBLIC KEY\" blocks (openssl pkey -pubout), "+
 			"each with a \"Key-Id:\" header and, for a key being rotated out, \"Not-After: <RFC 3339 time>\" (end of its "+
@@ -31,7 +36,7 @@ var (
 	optSigningKeyFile = Options.String("security", "signing_key_file", "",
 		"This host's private key, which signs the results and reports it sends: PEM PKCS#8 Ed25519 "+
 			"(openssl genpkey -algorithm ed25519). The bridge trusts its public key with \"Host: <this host>\". "+
-			"Mode 0600 or 0640. Re-read on SIGHUP. Empty: results and reports go unsigned. "+
+			"Mode 0600 or 0640. Re-read on SIGHUP. Required unless sign_results = false. "+
 			"Example: /etc/vgpu-bridge/agent.key")
 	optKeyID = Options.String("security", "key_id", "",
 		"The key id of signing_key_file, carried in key_id of every result and report; it must match the Key-Id of "+
@@ -42,10 +47,6 @@ func init() {
 	Options.SectionHelp("security", "Signed commands (verified with the bridge's keys) and signed results and reports (this host's key).")
 	validators = append(validators, func(v *conf.Values) conf.Errors {
 		var errs conf.Errors
-		if optRequireSigned.Get(v) == "true" && optBridgeKeysFile.Get(v) == "" {
-			errs = append(errs, &conf.Error{Section: "security", Option: "require_signed_commands", Value: "true",
-				Problem: "needs bridge_keys_file (the keys to verify with)"})
-		}
 		if (optSigningKeyFile.Get(v) == "") != (optKeyID.Get(v) == "") {
 			errs = append(errs, &conf.Error{Section: "security", Option: "key_id", Value: optKeyID.Get(v),
 				Problem: "signing_key_file and key_id go together"})
@@ -53,6 +54,29 @@ func init() {
 		return errs
 	})
 }
+
+// CheckSigning reports what the agent lacks to verify commands and sign
+// its results and reports, the default: serve stops on it (exit 2), and
+// so does RunWith. The local commands (inventory, diagnose) do not need
+// the keys.
+func CheckSigning(v *conf.Values) conf.Errors {
+	var errs conf.Errors
+	if requireSigned(v) && optBridgeKeysFile.Get(v) == "" {
+		errs = append(errs, &conf.Error{Section: "security", Option: "bridge_keys_file",
+			Problem: "commands must be signed by default: set bridge_keys_file to the bridge's public key " +
+				"(vgpu-bridge keys enrol HOST writes it), or opt out with require_signed_commands = false"})
+	}
+	if optSignResults.Get(v) && optSigningKeyFile.Get(v) == "" && optKeyID.Get(v) == "" {
+		errs = append(errs, &conf.Error{Section: "security", Option: "signing_key_file",
+			Problem: "results and reports are signed by default: set signing_key_file and key_id " +
+				"(vgpu-bridge keys enrol HOST writes them), or opt out with sign_results = false"})
+	}
+	return errs
+}
+
+// requireSigned is require_signed_commands with the deprecated auto read
+// as true.
+func requireSigned(v *conf.Values) bool { return optRequireSigned.Get(v) != "false" }
 
 // security verifies commands and signs results and reports with keys that
 // Reload re-reads (SIGHUP) without a restart. It implements
@@ -80,10 +104,13 @@ var (
 
 // newSecurity reads the key files; an error stops the agent.
 func newSecurity(v *conf.Values, log *slog.Logger, reg prometheus.Registerer, now func() time.Time) (*security, error) {
+	if errs := CheckSigning(v); len(errs) > 0 {
+		return nil, errs
+	}
 	if now == nil {
 		now = time.Now
 	}
-	s := &security{keysFile: optBridgeKeysFile.Get(v), keyFile: optSigningKeyFile.Get(v), keyID: optKeyID.Get(v),
+	s := &security{keysFile: optBridgeKeysFile.Get(v), keyID: optKeyID.Get(v), required: requireSigned(v),
 		now: now, log: log,
 		unsigned: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpu_agent_commands_unsigned_total",
 			Help: "Unsigned commands accepted because [security] require_signed_commands = false (switch-over only)."}),
@@ -92,11 +119,8 @@ func newSecurity(v *conf.Values, log *slog.Logger, reg prometheus.Registerer, no
 		keys: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vgpu_agent_trusted_bridge_keys",
 			Help: "Bridge keys in [security] bridge_keys_file (loaded)."}),
 	}
-	switch optRequireSigned.Get(v) {
-	case "true":
-		s.required = true
-	case "auto":
-		s.required = s.keysFile != ""
+	if optSignResults.Get(v) {
+		s.keyFile = optSigningKeyFile.Get(v)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{s.unsigned, s.reloads, s.keys} {
@@ -108,13 +132,11 @@ func newSecurity(v *conf.Values, log *slog.Logger, reg prometheus.Registerer, no
 	if err := s.load(); err != nil {
 		return nil, err
 	}
-	if s.keysFile == "" {
-		log.Warn("commands are not verified: set [security] bridge_keys_file")
-	} else if !s.required {
-		log.Warn("unsigned commands are accepted: [security] require_signed_commands = false")
+	if !s.required {
+		log.Warn("INSECURE: unsigned commands run ([security] require_signed_commands = false)")
 	}
 	if s.keyFile == "" {
-		log.Warn("results and reports are not signed: set [security] signing_key_file and key_id")
+		log.Warn("INSECURE: results and reports go unsigned ([security] sign_results = false)")
 	}
 	return s, nil
 }

@@ -17,7 +17,6 @@ func TestSecurityOptions(t *testing.T) {
 		want string // "" loads
 	}{
 		"defaults":                  {nil, ""},
-		"required without keys":     {[]string{"security.require_signed_commands=true"}, "needs bridge_keys_file"},
 		"key file without key id":   {[]string{"security.signing_key_file=/k"}, "go together"},
 		"key id without key file":   {[]string{"security.key_id=k1"}, "go together"},
 		"client cert without key":   {[]string{"amqp.ssl_cert_file=/c"}, "go together"},
@@ -30,6 +29,43 @@ func TestSecurityOptions(t *testing.T) {
 	}
 }
 
+// TestCheckSigning: serve needs the keys to verify commands and sign
+// results and reports unless each is explicitly opted out of.
+func TestCheckSigning(t *testing.T) {
+	keys := []string{"security.bridge_keys_file=/etc/vgpu-bridge/bridge-keys.pem",
+		"security.signing_key_file=/etc/vgpu-bridge/agent.key", "security.key_id=compute-1-a"}
+	for name, tc := range map[string]struct {
+		set  []string
+		want []string // options named in the errors
+	}{
+		"defaults":             {nil, []string{"bridge_keys_file", "signing_key_file"}},
+		"required, no keys":    {[]string{"security.require_signed_commands=true"}, []string{"bridge_keys_file", "signing_key_file"}},
+		"auto is true":         {[]string{"security.require_signed_commands=auto", "security.sign_results=false"}, []string{"bridge_keys_file"}},
+		"unsigned results":     {[]string{"security.require_signed_commands=false"}, []string{"signing_key_file"}},
+		"both opted out":       {testOptOut, nil},
+		"keys":                 {keys, nil},
+		"keys, auto (default)": {append([]string{"security.require_signed_commands=auto"}, keys...), nil},
+	} {
+		v, err := LoadConfig(conf.Source{Overrides: tc.set})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var got []string
+		for _, e := range CheckSigning(v) {
+			if !strings.Contains(e.Problem, "opt out with") {
+				t.Errorf("%s: %v does not say how to opt out", name, e)
+			}
+			got = append(got, e.Option)
+		}
+		if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("%s: errors name %v, want %v", name, got, tc.want)
+		}
+	}
+}
+
+// testOptOut runs an agent without keys (tests of something else).
+var testOptOut = []string{"security.require_signed_commands=false", "security.sign_results=false"}
+
 func TestSecurityRequiredAndReload(t *testing.T) {
 	dir := t.TempDir()
 	ring := filepath.Join(dir, "keys.pem")
@@ -41,7 +77,7 @@ func TestSecurityRequiredAndReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	load := func(set ...string) *security {
-		v, err := LoadConfig(conf.Source{Overrides: append(set, "security.bridge_keys_file="+ring)})
+		v, err := LoadConfig(conf.Source{Overrides: append(set, "security.bridge_keys_file="+ring, "security.sign_results=false")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +89,7 @@ func TestSecurityRequiredAndReload(t *testing.T) {
 	}
 	unsigned := []byte(`{"v":1,"id":"c1","kind":"verify_vgpu","host":"h","expires_at":"2099-01-01T00:00:00Z","key_id":"","sig":""}`)
 	if err := load().VerifyCommand(unsigned); protocol.SignatureCode(err) != protocol.CodeBadSignature {
-		t.Errorf("auto with keys: unsigned gave %v, want bad_signature", err)
+		t.Errorf("signed commands required: unsigned gave %v, want bad_signature", err)
 	}
 	s := load("security.require_signed_commands=false")
 	if err := s.VerifyCommand(unsigned); err != nil {
@@ -70,7 +106,7 @@ func TestSecurityRequiredAndReload(t *testing.T) {
 	if err := os.WriteFile(ring, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	v, _ := LoadConfig(conf.Source{Overrides: []string{"security.bridge_keys_file=" + ring}})
+	v, _ := LoadConfig(conf.Source{Overrides: []string{"security.bridge_keys_file=" + ring, "security.sign_results=false"}})
 	if _, err := newSecurity(v, slog.New(slog.DiscardHandler), nil, nil); err == nil {
 		t.Error("empty keyring accepted while signed commands are required")
 	}

@@ -55,6 +55,9 @@ func (s *security) ReloadFrom(v, start *conf.Values) error {
 			restart = append(restart, "["+o.Option().Section+"] "+o.Option().Name)
 		}
 	}
+	if optSignResults.Get(v) != optSignResults.Get(start) {
+		restart = append(restart, "[security] sign_results")
+	}
 	if len(restart) > 0 {
 		s.log.Warn("changed options take effect only after a restart", "needs_restart", restart)
 	}
@@ -66,7 +69,10 @@ func (s *security) ReloadFrom(v, start *conf.Values) error {
 	}
 	s.mu.Lock()
 	old := [3]string{s.keysFile, s.keyFile, s.keyID}
-	s.keysFile, s.keyFile, s.keyID = optBridgeKeysFile.Get(v), optSigningKeyFile.Get(v), optKeyID.Get(v)
+	s.keysFile, s.keyFile, s.keyID = optBridgeKeysFile.Get(v), "", optKeyID.Get(v)
+	if optSignResults.Get(start) { // turning signing off or on takes a restart
+		s.keyFile = optSigningKeyFile.Get(v)
+	}
 	s.mu.Unlock()
 	if err := s.Reload(); err != nil {
 		s.mu.Lock()

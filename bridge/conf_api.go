@@ -22,7 +22,8 @@ var (
 			"as admin and is for labs only. Example: token")
 	optAPITokenFile = Options.String("api", "token_file", "",
 		"With auth_strategy = token: a file of lines \"TOKEN ROLE [NAME [PROJECT]]\", ROLE being reader or admin; "+
-			"a PROJECT limits what the token sees. Re-read on SIGHUP (a file that does not load keeps the tokens in use). Example: /etc/vgpu-bridge/secrets/api-tokens")
+			"a reader with a PROJECT sees only that project's instances, requests, allocations and events and no fleet "+
+			"route (x-vgpu-access in /v1/openapi.json); one without is a fleet reader. Re-read on SIGHUP (a file that does not load keeps the tokens in use). Example: /etc/vgpu-bridge/secrets/api-tokens")
 	optAPIReadHeaderTimeout = Options.Duration("api", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,
 		"How long a client may take to send the request headers (cuts off slowloris clients). Example: 5s")
 	optAPIReadTimeout = Options.Duration("api", "read_timeout", 30*time.Second, time.Second, 10*time.Minute,

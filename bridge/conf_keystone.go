@@ -17,9 +17,14 @@ var (
 		"Keystone roles that make a caller an operator API admin (everything, every project). "+
 			"Example: admin,vgpu-admin")
 	optKeystoneReaderRoles = Options.List("keystone", "reader_roles", "reader,member",
-		"Keystone roles that make a caller an operator API reader (GETs, dry-run, explain). A reader's "+
-			"project-scoped token sees only that project's instances and requests; a system-scoped one sees all. "+
-			"Example: reader,member")
+		"Keystone roles that make a caller an operator API reader. A reader's project-scoped token sees only that "+
+			"project's instances, requests, allocations and events (the routes of class project in /v1/openapi.json, "+
+			"x-vgpu-access); the fleet routes (hosts, GPUs, drift, status, controls, audit, placement dry runs, policy "+
+			"explanations) answer it 403. A system-scoped token with one of these roles is a fleet reader: it sees "+
+			"everything, read-only. Example: reader,member")
+	optKeystoneFleetReaderRoles = Options.List("keystone", "fleet_reader_roles", "",
+		"Keystone roles that make a caller a fleet reader whatever its token's scope: every project and the fleet "+
+			"routes, read-only (for a NOC or monitoring account that has no system-scoped token). Example: vgpu-observer")
 	optKeystoneCacheTTL = Options.Duration("keystone", "cache_ttl", 5*time.Minute, 0, 24*time.Hour,
 		"How long a validated token is trusted before Keystone is asked again (never past the token's expiry): "+
 			"the longest a revoked token still works. 0 asks Keystone on every request. Example: 5m")
@@ -65,13 +70,14 @@ func KeystoneAuthConfig(v *conf.Values, log *slog.Logger) (keystoneauth.Config, 
 		return keystoneauth.Config{}, err
 	}
 	return keystoneauth.Config{
-		Validator:       ks,
-		AdminRoles:      optKeystoneAdminRoles.Get(v),
-		ReaderRoles:     optKeystoneReaderRoles.Get(v),
-		CacheTTL:        optKeystoneCacheTTL.Get(v),
-		InvalidCacheTTL: optKeystoneInvalidCacheTTL.Get(v),
-		CacheSize:       optKeystoneCacheSize.Get(v),
-		Timeout:         optKeystoneTimeout.Get(v),
-		Logger:          log,
+		Validator:        ks,
+		AdminRoles:       optKeystoneAdminRoles.Get(v),
+		ReaderRoles:      optKeystoneReaderRoles.Get(v),
+		FleetReaderRoles: optKeystoneFleetReaderRoles.Get(v),
+		CacheTTL:         optKeystoneCacheTTL.Get(v),
+		InvalidCacheTTL:  optKeystoneInvalidCacheTTL.Get(v),
+		CacheSize:        optKeystoneCacheSize.Get(v),
+		Timeout:          optKeystoneTimeout.Get(v),
+		Logger:           log,
 	}, nil
 }

@@ -40,17 +40,37 @@ func TestSecurityConfig(t *testing.T) {
 		return LoadConfig(conf.Source{Overrides: append(append([]string{}, base...), extra...)})
 	}
 
-	// Nothing set: nothing signed or verified.
+	// Nothing set: the bridge does not run (signed by default), naming
+	// both files and the opt-outs.
 	v, err := load()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var c dispatch.Config
+	err = SecurityConfig(v, &c, nil)
+	for _, want := range []string{"signing_key_file", "sign_commands = false", "agent_keys_file", "require_signed_results = false"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("defaults: %v; want an error naming %q", err, want)
+		}
+	}
+	// Both opted out: nothing signed or verified.
+	v, err = load("security.sign_commands=false", "security.require_signed_results=false")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := SecurityConfig(v, &c, nil); err != nil || c.Signer != nil || c.Keyring != nil || c.RequireSigned {
-		t.Fatalf("defaults: %v, %+v", err, c)
+		t.Fatalf("opted out: %v, %+v", err, c)
+	}
+	// The deprecated auto is true.
+	v, err = load("security.sign_commands=false", "security.require_signed_results=auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := SecurityConfig(v, &c, nil); err == nil || !strings.Contains(err.Error(), "agent_keys_file") {
+		t.Errorf("require_signed_results = auto without a keyring: %v", err)
 	}
 
-	// Everything set; require_signed_results auto = true with a keyring.
+	// Everything set; require_signed_results true by default.
 	v, err = load("security.signing_key_file="+keyFile, "security.key_id=bridge-a", "security.agent_keys_file="+ringFile)
 	if err != nil {
 		t.Fatal(err)
@@ -95,14 +115,13 @@ func TestSecurityConfig(t *testing.T) {
 		want string
 	}{
 		{[]string{"security.signing_key_file=" + keyFile}, "go together"},
-		{[]string{"security.require_signed_results=true"}, "needs agent_keys_file"},
 	} {
 		if _, err := load(tc.opts...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want %q", tc.opts, err, tc.want)
 		}
 	}
 	loose := write("loose.key", priv, 0o644)
-	v, err = load("security.signing_key_file="+loose, "security.key_id=bridge-a")
+	v, err = load("security.signing_key_file="+loose, "security.key_id=bridge-a", "security.require_signed_results=false")
 	if err != nil {
 		t.Fatal(err)
 	}

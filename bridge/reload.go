@@ -262,7 +262,7 @@ func (r *reloader) stage(v *conf.Values) (*staged, error) {
 		if err := SecurityConfig(v, &dc, nil); err != nil {
 			errs = append(errs, err)
 		} else {
-			k := dispatch.Keys{Signer: dc.Signer, Keyring: dc.Keyring, RequireSigned: dc.RequireSigned}
+			k := dispatch.Keys{Signer: dc.Signer, Keyring: dc.Keyring, KeyringFile: dc.KeyringFile, RequireSigned: dc.RequireSigned}
 			if k.RequireSigned && k.Keyring == nil {
 				errs = append(errs, errors.New("[security] signed results are required but agent_keys_file is empty"))
 			}

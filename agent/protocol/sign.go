@@ -341,6 +341,12 @@ func (k *Keyring) Keys() []TrustedKey {
 	return out
 }
 
+// Has tells whether the keyring holds a key with id.
+func (k *Keyring) Has(id string) bool {
+	_, ok := k.keys[id]
+	return ok
+}
+
 // Len is the number of keys.
 func (k *Keyring) Len() int { return len(k.keys) }
 

@@ -12,19 +12,45 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
-// Access is what a route requires of its caller.
+// Access is what a route requires of its caller: the role contract.
+// Every route of /v1/openapi.json carries its class as x-vgpu-access.
 type Access int
 
 const (
 	// Public routes need no credentials (health, metrics, OpenAPI).
 	Public Access = iota
-	// Reader routes need the reader or admin role.
-	Reader
+	// Project routes are open to every reader; a project-scoped caller
+	// (a Keystone project token, a token-file line with a project) sees
+	// only its project's instances, requests, allocations, events and
+	// audit — the handler scopes by Principal.Project.
+	Project
+	// Fleet routes show the whole fleet (hosts, GPUs, drift, status,
+	// placement dry runs, policy explanations): they need the admin role
+	// or a fleet reader, a reader with no project (a system-scoped token,
+	// a token-file line without a project, [keystone] fleet_reader_roles).
+	Fleet
 	// Admin routes need the admin role.
 	Admin
 	// Custom routes authenticate the caller themselves (e.g. webhooks).
 	Custom
 )
+
+// String is the class's name in the OpenAPI document (x-vgpu-access).
+func (a Access) String() string {
+	switch a {
+	case Public:
+		return "public"
+	case Project:
+		return "project"
+	case Fleet:
+		return "fleet"
+	case Admin:
+		return "admin"
+	case Custom:
+		return "custom"
+	}
+	return "unknown"
+}
 
 // Role is an operator API role.
 type Role string
@@ -48,8 +74,10 @@ func (p *Principal) Allows(a Access) bool {
 	switch a {
 	case Public, Custom:
 		return true
-	case Reader:
+	case Project:
 		return p != nil && (p.Role == RoleReader || p.Role == RoleAdmin)
+	case Fleet:
+		return p != nil && (p.Role == RoleAdmin || (p.Role == RoleReader && p.Project == ""))
 	case Admin:
 		return p != nil && p.Role == RoleAdmin
 	}
@@ -180,7 +208,7 @@ func (s *Server) requireAccess(a Access) echo.MiddlewareFunc {
 			}
 			if !p.Allows(a) {
 				return &ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden",
-					Detail: fmt.Sprintf("role %q may not do this; it needs %s", p.Role, accessName(a)), Code: "forbidden"}
+					Detail: forbidden(p, a), Code: "forbidden"}
 			}
 			SetPrincipal(c, p)
 			return next(c)
@@ -188,12 +216,17 @@ func (s *Server) requireAccess(a Access) echo.MiddlewareFunc {
 	}
 }
 
-func accessName(a Access) string {
-	switch a {
-	case Reader:
-		return "reader or admin"
-	case Admin:
-		return "admin"
+// forbidden says why p may not use a route of class a.
+func forbidden(p *Principal, a Access) string {
+	switch {
+	case a == Fleet && p.Role == RoleReader:
+		return fmt.Sprintf("this route shows the whole fleet; a reader scoped to project %s sees its project's "+
+			"instances, requests, allocations, events and audit. It needs the admin role or a fleet reader "+
+			"(a system-scoped token)", p.Project)
+	case a == Fleet:
+		return fmt.Sprintf("role %q may not do this; it needs the admin role or a fleet reader", p.Role)
+	case a == Project:
+		return fmt.Sprintf("role %q may not do this; it needs reader or admin", p.Role)
 	}
-	return "nothing"
+	return fmt.Sprintf("role %q may not do this; it needs admin", p.Role)
 }

@@ -74,9 +74,20 @@ func (s *Server) Describe(fragment []byte) {
 }
 
 // Document returns the OpenAPI document as JSON.
+// Each operation carries the access class of its route (x-vgpu-access:
+// public, project, fleet, admin or custom; see Access), taken from its
+// registration, so the contract the document states is the one enforced.
 func (s *Server) Document() []byte {
 	s.docMu.Lock()
 	defer s.docMu.Unlock()
+	paths, _ := s.doc["paths"].(map[string]any)
+	for key, a := range s.access {
+		method, path, _ := strings.Cut(key, " ")
+		ops, _ := paths[path].(map[string]any)
+		if op, ok := ops[method].(map[string]any); ok {
+			op["x-vgpu-access"] = a.String()
+		}
+	}
 	b, err := json.MarshalIndent(s.doc, "", "  ")
 	if err != nil {
 		panic(err)

@@ -63,8 +63,9 @@ type Server struct {
 	ready  chan struct{}
 	checks []namedCheck
 
-	docMu sync.Mutex
-	doc   map[string]any
+	docMu  sync.Mutex
+	doc    map[string]any
+	access map[string]Access // "method /openapi/{path}" → class (Handle)
 
 	reqs *prometheus.HistogramVec
 
@@ -122,6 +123,12 @@ func (s *Server) Registry() *prometheus.Registry { return s.reg }
 // Handle registers a route. The access level decides which callers pass
 // the authentication middleware.
 func (s *Server) Handle(method, path string, access Access, h echo.HandlerFunc, mw ...echo.MiddlewareFunc) {
+	s.docMu.Lock()
+	if s.access == nil {
+		s.access = map[string]Access{}
+	}
+	s.access[strings.ToLower(method)+" "+OpenAPIPath(path)] = access
+	s.docMu.Unlock()
 	mws := append([]echo.MiddlewareFunc{s.requireAccess(access)}, mw...)
 	if access != Custom {
 		mws = append([]echo.MiddlewareFunc{s.bodyLimitMW(s.cfg.MaxBodyBytes), bodyMW}, mws...)

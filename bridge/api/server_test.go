@@ -18,8 +18,11 @@ import (
 func newTestServer(t *testing.T, auth Authenticator) *Server {
 	t.Helper()
 	s := New(Config{Auth: auth, MaxBodyBytes: 64})
-	s.Handle(http.MethodGet, "/v1/things/:id", Reader, func(c echo.Context) error {
+	s.Handle(http.MethodGet, "/v1/things/:id", Project, func(c echo.Context) error {
 		return c.JSON(http.StatusOK, map[string]string{"id": c.Param("id"), "who": PrincipalFrom(c).Name})
+	})
+	s.Handle(http.MethodGet, "/v1/fleet", Fleet, func(c echo.Context) error {
+		return c.JSON(http.StatusOK, map[string]string{"who": PrincipalFrom(c).Name})
 	})
 	s.Handle(http.MethodPost, "/v1/things", Admin, func(c echo.Context) error {
 		var body struct {
@@ -31,7 +34,8 @@ func newTestServer(t *testing.T, auth Authenticator) *Server {
 		return c.JSON(http.StatusCreated, body)
 	})
 	s.Describe([]byte(`{"paths": {"/v1/things/{id}": {"get": {"summary": "x", "responses": {"200": {"description": "ok"}}}},
-		"/v1/things": {"post": {"summary": "y", "responses": {"201": {"description": "ok"}}}}}}`))
+		"/v1/things": {"post": {"summary": "y", "responses": {"201": {"description": "ok"}}}},
+		"/v1/fleet": {"get": {"summary": "z", "responses": {"200": {"description": "ok"}}}}}}`))
 	return s
 }
 
@@ -74,6 +78,10 @@ func TestAuthAndProblems(t *testing.T) {
 		{"bad token", "GET", "/v1/things/1", "nope", "", 401, "bad_token"},
 		{"reader reads", "GET", "/v1/things/1", "readtok", "", 200, ""},
 		{"reader cannot write", "POST", "/v1/things", "readtok", `{"name":"a"}`, 403, "forbidden"},
+		{"project reader reads its project's", "GET", "/v1/things/1", "projtok", "", 200, ""},
+		{"project reader cannot see the fleet", "GET", "/v1/fleet", "projtok", "", 403, "forbidden"},
+		{"reader without a project sees the fleet", "GET", "/v1/fleet", "readtok", "", 200, ""},
+		{"admin sees the fleet", "GET", "/v1/fleet", "admintok", "", 200, ""},
 		{"admin writes", "POST", "/v1/things", "admintok", `{"name":"a"}`, 201, ""},
 		{"unknown field", "POST", "/v1/things", "admintok", `{"nom":"a"}`, 422, "invalid_params"},
 		{"wrong type", "POST", "/v1/things", "admintok", `{"name":1}`, 422, "invalid_params"},
@@ -159,5 +167,15 @@ func TestEveryRouteDescribed(t *testing.T) {
 	rec := do(s, "GET", "/v1/openapi.json", "", "")
 	if err := json.Unmarshal(rec.Body.Bytes(), &doc); err != nil || doc["openapi"] != "3.0.3" {
 		t.Fatalf("openapi.json: %v %v", err, doc["openapi"])
+	}
+	// Every operation states the class its registration enforces.
+	paths := doc["paths"].(map[string]any)
+	for path, want := range map[string]string{"get /v1/things/{id}": "project", "post /v1/things": "admin",
+		"get /v1/fleet": "fleet", "get /healthz": "public"} {
+		m, p, _ := strings.Cut(path, " ")
+		op, _ := paths[p].(map[string]any)[m].(map[string]any)
+		if op["x-vgpu-access"] != want {
+			t.Errorf("%s: x-vgpu-access = %v, want %s", path, op["x-vgpu-access"], want)
+		}
 	}
 }

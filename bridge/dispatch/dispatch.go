@@ -80,6 +80,11 @@ type Config struct {
 	// key of its host is dropped (acknowledged, never applied), logged
 	// and counted.
 	Keyring *protocol.Keyring
+	// KeyringFile, when set, is the file Keyring was read from: a result
+	// or report naming a key id Keyring lacks makes the dispatcher read
+	// it again if it changed (a host enrolled since), at most once a
+	// second.
+	KeyringFile string
 	// RequireSigned drops unsigned results and reports too; without it
 	// they are accepted, logged and counted (switch-over only). It needs
 	// Keyring.
@@ -203,6 +208,7 @@ type Dispatcher struct {
 	m    *metrics
 	// keyset starts as the Config's keys; SetKeys replaces it.
 	keyset atomic.Pointer[Keys]
+	ring   ringFile // KeyringFile re-read on an unknown key
 }
 
 // New builds a dispatcher.
@@ -224,7 +230,7 @@ func New(cfg Config, d Deps) (*Dispatcher, error) {
 		d.Phase = func(k protocol.Kind) string { return string(k) }
 	}
 	x := &Dispatcher{cfg: cfg, d: d, log: d.Log, kick: make(chan struct{}, 1), m: newMetrics(d.Registry)}
-	x.keyset.Store(&Keys{Signer: cfg.Signer, Keyring: cfg.Keyring, RequireSigned: cfg.RequireSigned})
+	x.keyset.Store(&Keys{Signer: cfg.Signer, Keyring: cfg.Keyring, KeyringFile: cfg.KeyringFile, RequireSigned: cfg.RequireSigned})
 	return x, nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,7 +31,57 @@ const (
 type Keys struct {
 	Signer        *protocol.Signer
 	Keyring       *protocol.Keyring
+	KeyringFile   string // Config.KeyringFile
 	RequireSigned bool
+}
+
+// ringFile throttles and remembers the re-reads of Keys.KeyringFile.
+type ringFile struct {
+	mu      sync.Mutex
+	checked time.Time   // last stat
+	stamp   os.FileInfo // of the last read (nil: not read by the dispatcher yet)
+}
+
+// refreshKeyring re-reads k.KeyringFile when a message names a key id
+// its keyring lacks: an operator who enrolls a host (vgpu-bridge keys
+// enrol) adds its key to the file and needs no SIGHUP. The file is
+// stat'ed at most once a second and read only when its size or
+// modification time changed; a file that does not load leaves the keys
+// in use (logged). It returns the keys to verify with.
+func (x *Dispatcher) refreshKeyring(k *Keys) *Keys {
+	if k.KeyringFile == "" {
+		return k
+	}
+	x.ring.mu.Lock()
+	defer x.ring.mu.Unlock()
+	now := time.Now()
+	if now.Sub(x.ring.checked) < time.Second {
+		return x.keys()
+	}
+	x.ring.checked = now
+	st, err := os.Stat(k.KeyringFile)
+	if err != nil {
+		x.log.Warn("dispatch: agent keys file", logkey.Err, err)
+		return k
+	}
+	if old := x.ring.stamp; old != nil && old.Size() == st.Size() && old.ModTime().Equal(st.ModTime()) {
+		return x.keys()
+	}
+	ring, err := protocol.LoadKeyring(k.KeyringFile)
+	if err != nil {
+		x.log.Error("dispatch: agent keys file does not load; keeping the keys in use", logkey.Err, err)
+		return k
+	}
+	x.ring.stamp = st
+	cur := x.keys()
+	if cur.KeyringFile != k.KeyringFile { // a SIGHUP swapped the keys meanwhile
+		return cur
+	}
+	next := *cur
+	next.Keyring = ring
+	x.keyset.Store(&next)
+	x.log.Info("dispatch: agent keys file read again (a message named a key it did not hold)", "keys", ring.Len())
+	return &next
 }
 
 func (x *Dispatcher) keys() *Keys { return x.keyset.Load() }
@@ -91,6 +143,12 @@ func (x *Dispatcher) verified(t protocol.MessageType, d amqp.Delivery) bool {
 		return true
 	}
 	_, err := ring.Verify(t, d.Body, time.Now())
+	if protocol.SignatureCode(err) == protocol.CodeUnknownKey && !ring.Has(keyIDOf(err)) {
+		if k = x.refreshKeyring(k); k.Keyring != ring && k.Keyring != nil {
+			ring = k.Keyring
+			_, err = ring.Verify(t, d.Body, time.Now())
+		}
+	}
 	if err == nil {
 		return true
 	}
@@ -119,6 +177,15 @@ func (x *Dispatcher) verified(t protocol.MessageType, d amqp.Delivery) bool {
 	x.log.Warn("dispatch: message with a bad signature dropped", "type", string(t), "reason", code, "key_id", keyID,
 		"routing_key", d.RoutingKey, "message_id", d.MessageId, logkey.Err, err)
 	return false
+}
+
+// keyIDOf is the key id a signature error names ("" for none).
+func keyIDOf(err error) string {
+	var se *protocol.SignatureError
+	if errors.As(err, &se) {
+		return se.KeyID
+	}
+	return ""
 }
 
 // ownRefusal tells whether a result may be applied. A refusal coded

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -148,4 +150,60 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	var m dto.Metric
 	testsvc.Must(t, c.Write(&m), "read counter")
 	return m.GetCounter().GetValue()
+}
+
+// TestKeyringReadAgainOnUnknownKey: a report signed with a key the
+// keyring lacks makes the dispatcher read its file again when it changed
+// (a host enrolled after the start needs no SIGHUP); a key that is not
+// in the file either stays refused, and the file is not read again for
+// it within a second; a file that no longer loads leaves the keys in use.
+func TestKeyringReadAgainOnUnknownKey(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "agent-keys.pem")
+	_, pubA, err := protocol.GenerateKey("agent-a", "host-a")
+	testsvc.Must(t, err, "key")
+	privB, pubB, err := protocol.GenerateKey("agent-b", "host-b")
+	testsvc.Must(t, err, "key")
+	privC, _, err := protocol.GenerateKey("agent-c", "host-c")
+	testsvc.Must(t, err, "key")
+	testsvc.Must(t, os.WriteFile(file, pubA, 0o644), "write keyring")
+	ring, err := protocol.LoadKeyring(file)
+	testsvc.Must(t, err, "keyring")
+	x := &Dispatcher{log: testLog(), m: newMetrics(nil)}
+	testsvc.Must(t, x.SetKeys(Keys{Keyring: ring, KeyringFile: file, RequireSigned: true}), "set keys")
+	report := func(priv []byte, id, host string) amqp.Delivery {
+		r := protocol.Report{V: protocol.Version, Host: host, Node: "n", SentAt: time.Now().UTC(), Seq: 1}
+		s, err := protocol.ParseSigner(priv, id)
+		testsvc.Must(t, err, "signer")
+		testsvc.Must(t, s.SignReport(&r), "sign")
+		b, _ := json.Marshal(r)
+		return amqp.Delivery{Body: b}
+	}
+
+	if x.verified(protocol.TypeReport, report(privB, "agent-b", "host-b")) {
+		t.Fatal("a key in no file verified")
+	}
+	// Enrolled now: the next report of host-b is read with the new file.
+	testsvc.Must(t, os.WriteFile(file, append(append([]byte{}, pubA...), pubB...), 0o644), "enrol host-b")
+	x.ring.checked = time.Time{} // the second since the last stat has passed
+	if !x.verified(protocol.TypeReport, report(privB, "agent-b", "host-b")) {
+		t.Fatal("a report signed with a key enrolled after the start was dropped")
+	}
+	if x.keys().Keyring.Len() != 2 {
+		t.Fatalf("keys in use: %d, want 2", x.keys().Keyring.Len())
+	}
+	// An unknown key again within the second: no stat, still refused.
+	before := x.ring.checked
+	if x.verified(protocol.TypeReport, report(privC, "agent-c", "host-c")) || !x.ring.checked.Equal(before) {
+		t.Fatal("an unknown key was accepted, or the file was stat'ed again within a second")
+	}
+	// A broken file keeps the keys in use.
+	testsvc.Must(t, os.WriteFile(file, []byte("not PEM at all"), 0o644), "break keyring")
+	x.ring.checked = time.Time{}
+	if x.verified(protocol.TypeReport, report(privC, "agent-c", "host-c")) {
+		t.Fatal("an unknown key was accepted")
+	}
+	if !x.verified(protocol.TypeReport, report(privB, "agent-b", "host-b")) || x.keys().Keyring.Len() != 2 {
+		t.Fatal("a broken keyring file replaced the keys in use")
+	}
 }

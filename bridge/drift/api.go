@@ -49,7 +49,7 @@ type Answer struct {
 // Register adds GET /v1/drift and POST /v1/drift/run and their OpenAPI
 // description to srv.
 func (r *Reconciler) Register(srv *api.Server) {
-	srv.Handle(http.MethodGet, "/v1/drift", api.Reader, r.list)
+	srv.Handle(http.MethodGet, "/v1/drift", api.Fleet, r.list)
 	srv.Handle(http.MethodPost, "/v1/drift/run", api.Admin, r.runNow)
 	srv.Describe(openAPI)
 }

@@ -37,9 +37,9 @@ func NewAPI(pool *pgxpool.Pool) *API { return &API{pool: pool} }
 
 // Register adds the routes and their OpenAPI description to srv.
 func (a *API) Register(srv *api.Server) {
-	srv.Handle(http.MethodGet, "/v1/instances/:uuid", api.Reader, a.getInstance)
-	srv.Handle(http.MethodGet, "/v1/instances", api.Reader, a.listInstances)
-	srv.Handle(http.MethodGet, "/v1/events", api.Reader, a.listEvents)
+	srv.Handle(http.MethodGet, "/v1/instances/:uuid", api.Project, a.getInstance)
+	srv.Handle(http.MethodGet, "/v1/instances", api.Project, a.listInstances)
+	srv.Handle(http.MethodGet, "/v1/events", api.Project, a.listEvents)
 	srv.Handle(http.MethodGet, "/v1/dead-letters", api.Admin, a.listDeadLetters)
 	srv.Describe(openAPI)
 }

@@ -62,6 +62,10 @@ type Config struct {
 	// every project; one holding only ReaderRoles is reader, limited to its
 	// project unless system-scoped.
 	AdminRoles, ReaderRoles []string
+	// FleetReaderRoles make a reader a fleet reader whatever its token's
+	// scope: it sees every project and the fleet routes (hosts, GPUs,
+	// drift, status), read-only. A system-scoped reader is one anyway.
+	FleetReaderRoles []string
 	// CacheTTL bounds how long a validated token is trusted before Keystone
 	// is asked again (never past the token's expiry): the longest a revoked
 	// token is still accepted. 0 asks Keystone on every request.
@@ -83,6 +87,7 @@ type Authenticator struct {
 	cfg    Config
 	admin  []string
 	reader []string
+	fleet  []string
 	cache  *cache
 	group  singleflight.Group
 	log    *slog.Logger
@@ -115,7 +120,7 @@ func New(cfg Config) (*Authenticator, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	a := &Authenticator{cfg: cfg, admin: lower(cfg.AdminRoles), reader: lower(cfg.ReaderRoles),
+	a := &Authenticator{cfg: cfg, admin: lower(cfg.AdminRoles), reader: lower(cfg.ReaderRoles), fleet: lower(cfg.FleetReaderRoles),
 		cache: newCache(cfg.CacheSize), log: cfg.Logger, now: cfg.Now,
 		validations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vgpu_bridge_keystone_validations_total",
@@ -274,6 +279,9 @@ func (a *Authenticator) outcome(ti *TokenInfo) *outcome {
 	}
 	if hasAny(ti.Roles, a.admin) {
 		return &outcome{principal: &api.Principal{Name: name, Role: api.RoleAdmin}}
+	}
+	if hasAny(ti.Roles, a.fleet) {
+		return &outcome{principal: &api.Principal{Name: name, Role: api.RoleReader}}
 	}
 	if hasAny(ti.Roles, a.reader) {
 		switch {

@@ -64,12 +64,12 @@ func New(svc *placement.Service) *Handlers { return &Handlers{svc: svc} }
 
 // Register adds the routes and their OpenAPI description to srv.
 func (h *Handlers) Register(srv *api.Server) {
-	srv.Handle(http.MethodPost, "/v1/placements/dry-run", api.Reader, h.dryRun)
+	srv.Handle(http.MethodPost, "/v1/placements/dry-run", api.Fleet, h.dryRun)
 	srv.Handle(http.MethodPost, "/v1/placements/sync", api.Admin, h.sync)
-	srv.Handle(http.MethodGet, "/v1/gpus", api.Reader, h.gpus)
-	srv.Handle(http.MethodGet, "/v1/hosts", api.Reader, h.hosts)
-	srv.Handle(http.MethodGet, "/v1/hosts/:name", api.Reader, h.host)
-	srv.Handle(http.MethodGet, "/v1/allocations", api.Reader, h.allocations)
+	srv.Handle(http.MethodGet, "/v1/gpus", api.Fleet, h.gpus)
+	srv.Handle(http.MethodGet, "/v1/hosts", api.Fleet, h.hosts)
+	srv.Handle(http.MethodGet, "/v1/hosts/:name", api.Fleet, h.host)
+	srv.Handle(http.MethodGet, "/v1/allocations", api.Project, h.allocations)
 	srv.Describe(openAPI)
 }
 
@@ -276,13 +276,19 @@ func (h *Handlers) allocations(c echo.Context) error {
 	if st == nil {
 		return api.Problem(http.StatusServiceUnavailable, "No mirror", "the placement mirror is not configured")
 	}
-	al, err := st.Allocations(c.Request().Context(), inst)
+	// A project-scoped caller sees its project's instances' allocations,
+	// and, as Nova shows its members, not which host or GPU holds them.
+	project := ""
+	if p := api.PrincipalFrom(c); p != nil {
+		project = p.Project
+	}
+	al, err := st.ProjectAllocations(c.Request().Context(), inst, project)
 	if err != nil {
 		return err
 	}
 	type row struct {
 		Instance   string `json:"instance_uuid"`
-		Provider   string `json:"provider_uuid"`
+		Provider   string `json:"provider_uuid,omitempty"`
 		Class      string `json:"resource_class"`
 		Amount     int    `json:"amount"`
 		Host       string `json:"host,omitempty"`
@@ -297,6 +303,9 @@ func (h *Handlers) allocations(c echo.Context) error {
 			if len(g.Types) > 0 {
 				r.Profile = h.svc.ProfileName(g.Types[0])
 			}
+		}
+		if project != "" {
+			r.Provider, r.Host, r.PCIAddress = "", "", ""
 		}
 		out = append(out, r)
 	}

@@ -38,7 +38,7 @@ func New(cfg Config) *Handlers { return &Handlers{cfg: cfg} }
 
 // Register adds the routes and their OpenAPI description to srv.
 func (h *Handlers) Register(srv *api.Server) {
-	srv.Handle(http.MethodPost, "/v1/policy/explain", api.Reader, h.explain)
+	srv.Handle(http.MethodPost, "/v1/policy/explain", api.Fleet, h.explain)
 	srv.Describe(openAPI)
 }
 

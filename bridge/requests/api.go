@@ -50,7 +50,7 @@ func NewHandler(store *Store, operator api.Authenticator, sources SourceAuthenti
 // Register adds GET /v1/requests, GET /v1/requests/{id} and
 // POST /v1/requests/{id}/cancel to srv and describes them.
 func (h *Handler) Register(srv *api.Server) {
-	srv.Handle(http.MethodGet, "/v1/requests", api.Reader, h.list)
+	srv.Handle(http.MethodGet, "/v1/requests", api.Project, h.list)
 	h.RegisterStatus(srv)
 	srv.Handle(http.MethodPost, "/v1/requests/:id/cancel", api.Admin, h.cancel)
 	srv.Describe(openapiFragment)
@@ -99,7 +99,7 @@ func (h *Handler) get(c echo.Context) error {
 			return c.JSON(http.StatusOK, req)
 		}
 	}
-	if p, err := h.operator.Authenticate(r); err == nil && p.Allows(api.Reader) {
+	if p, err := h.operator.Authenticate(r); err == nil && p.Allows(api.Project) {
 		api.SetPrincipal(c, p)
 		if err := h.visible(c, req); err != nil {
 			return err

@@ -91,7 +91,7 @@ func New(cfg Config) *Handler {
 func (h *Handler) Register(srv *api.Server) {
 	srv.Handle(http.MethodGet, "/ui", api.Public, h.page)
 	srv.Handle(http.MethodGet, "/ui/*", api.Public, h.file)
-	srv.Handle(http.MethodGet, "/v1/status", api.Reader, h.status)
+	srv.Handle(http.MethodGet, "/v1/status", api.Fleet, h.status)
 	srv.Describe(openAPI)
 }
 

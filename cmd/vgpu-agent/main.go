@@ -132,6 +132,9 @@ func newServeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if errs := agent.CheckSigning(v); len(errs) > 0 {
+				return errs // exit 2, as a bad configuration
+			}
 			o.LoadConfig = g.load // SIGHUP: new key paths and key_id apply
 			return agent.RunWith(cmd.Context(), v, g.logger(v), o)
 		},

@@ -140,6 +140,9 @@ func newServeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if errs := bridge.CheckSigning(v); len(errs) > 0 {
+				return errs // exit 2, as a bad configuration
+			}
 			ctx := cmd.Context()
 			// SIGHUP reads the configuration again and swaps the secrets
 			// it names (bridge/reload.go); the listeners stay up.

@@ -427,11 +427,17 @@ type Allocation struct {
 // Allocations lists mirrored vGPU allocations, of one consumer when
 // consumer is not empty.
 func (s *Store) Allocations(ctx context.Context, consumer string) ([]Allocation, error) {
-	q, args := `SELECT consumer_uuid::text, provider_uuid::text, resource_class, used FROM placement_allocations`, []any{}
-	if consumer != "" {
-		q, args = q+` WHERE consumer_uuid = $1`, []any{consumer}
-	}
-	rows, err := s.pool.Query(ctx, q+` ORDER BY consumer_uuid, provider_uuid, resource_class`, args...)
+	return s.ProjectAllocations(ctx, consumer, "")
+}
+
+// ProjectAllocations is Allocations limited, when project is not empty,
+// to the consumers that are instances of project (the instances the
+// bridge knows from Nova's notifications).
+func (s *Store) ProjectAllocations(ctx context.Context, consumer, project string) ([]Allocation, error) {
+	q := `SELECT consumer_uuid::text, provider_uuid::text, resource_class, used FROM placement_allocations
+		WHERE ($1 = '' OR consumer_uuid = NULLIF($1, '')::uuid)
+		  AND ($2 = '' OR consumer_uuid IN (SELECT uuid FROM instances WHERE project_id = $2))`
+	rows, err := s.pool.Query(ctx, q+` ORDER BY consumer_uuid, provider_uuid, resource_class`, consumer, project)
 	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "22P02" {

@@ -25,6 +25,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -126,9 +127,11 @@ func (b *bridge) command(id string, k protocol.Kind, instance string, params any
 	return c
 }
 
-// send publishes c to the host's routing key (whatever c.Host says).
+// send signs c with the test's bridge key and publishes it to the host's
+// routing key (whatever c.Host says).
 func (b *bridge) send(c protocol.Command) {
 	b.t.Helper()
+	testsvc.Must(b.t, testkeys.For(b.t).Signer().SignCommand(&c), "sign")
 	body, _ := json.Marshal(c)
 	testsvc.Must(b.t, b.ch.PublishWithContext(context.Background(), protocol.Exchange, protocol.CommandRoutingKey(b.host), false, false,
 		amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: c.ID, Body: body}), "publish")
@@ -171,9 +174,9 @@ func (b *bridge) report(within time.Duration) protocol.Report {
 
 // settings are the agent's configuration overrides for a test host.
 func settings(t *testing.T, host, state string) []string {
-	return []string{"DEFAULT.host=" + host, "DEFAULT.transport_url=" + testsvc.TransportURL(t),
+	return append([]string{"DEFAULT.host=" + host, "DEFAULT.transport_url=" + testsvc.TransportURL(t),
 		"DEFAULT.state_path=" + state, "DEFAULT.listen=127.0.0.1:0", "DEFAULT.report_check_interval=1s",
-		"DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}
+		"DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}, testkeys.For(t).Agent(host)...)
 }
 
 // startInProcess runs the agent in this process until the returned stop.
@@ -351,10 +354,19 @@ func TestRefusedWrongHostAndExpired(t *testing.T) {
 	b.send(nova)
 	wantResult(t, b.result(30*time.Second), nova.ID, protocol.Refused, protocol.CodeNotOwned)
 
+	// Signed, an unknown kind is invalid; unsigned, anything is refused
+	// first for its signature (signed commands are the default).
 	garbage := []byte(`{"v":1,"id":"bad-1","kind":"format_disk","host":"` + host + `","expires_at":"2099-01-01T00:00:00Z"}`)
+	signed, err := testkeys.For(t).Signer().SignBody(protocol.TypeCommand, garbage)
+	testsvc.Must(t, err, "sign")
 	testsvc.Must(t, b.ch.PublishWithContext(context.Background(), protocol.Exchange, protocol.CommandRoutingKey(host), false, false,
-		amqp.Publishing{Body: garbage}), "publish")
+		amqp.Publishing{Body: signed}), "publish")
 	wantResult(t, b.result(30*time.Second), "bad-1", protocol.Refused, protocol.CodeInvalidCommand)
+	unsigned := b.command("unsigned-1", protocol.CreateMdev, "", protocol.MdevParams{MdevUUID: newUUID(t), ParentPCI: gpuFree, TypeID: t4q})
+	body, _ := json.Marshal(unsigned)
+	testsvc.Must(t, b.ch.PublishWithContext(context.Background(), protocol.Exchange, protocol.CommandRoutingKey(host), false, false,
+		amqp.Publishing{Body: body}), "publish")
+	wantResult(t, b.result(30*time.Second), unsigned.ID, protocol.Refused, protocol.CodeBadSignature)
 
 	if got := available(t, fake, gpuFree, t4q); got != before || !mdevExists(fake, novaMdev) {
 		t.Errorf("refused commands changed the host: available %d → %d, Nova's mdev exists %v", before, got, mdevExists(fake, novaMdev))

@@ -28,6 +28,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testpki"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -279,10 +280,10 @@ func TestAPIClientCertificates(t *testing.T) {
 	foreign := testpki.NewCA(t, dir, "apitls-other-ca").Client("other", "ops-1")
 	tokens := filepath.Join(dir, "tokens")
 	testsvc.Must(t, os.WriteFile(tokens, []byte("apitls-token admin ops\n"), 0o600), "tokens")
-	v, err := bridge.LoadConfig(conf.Source{Overrides: []string{
+	v, err := bridge.LoadConfig(conf.Source{Overrides: append(testkeys.For(t).Bridge(),
 		"DEFAULT.transport_url=rabbit://guest:guest@127.0.0.1:5672/", "database.connection=postgres://postgres@127.0.0.1/x",
-		"api.listen=127.0.0.1:0", "api.token_file=" + tokens,
-		"api.tls_cert_file=" + srvPair.CertFile, "api.tls_key_file=" + srvPair.KeyFile, "api.tls_client_ca_file=" + ops.File}})
+		"api.listen=127.0.0.1:0", "api.token_file="+tokens,
+		"api.tls_cert_file="+srvPair.CertFile, "api.tls_key_file="+srvPair.KeyFile, "api.tls_client_ca_file="+ops.File)})
 	testsvc.Must(t, err, "config")
 	ac, err := bridge.APIConfig(v)
 	testsvc.Must(t, err, "api config")
@@ -304,9 +305,9 @@ func TestAPIClientCertificates(t *testing.T) {
 		}
 	}
 	// The option needs TLS.
-	_, err = bridge.LoadConfig(conf.Source{Overrides: []string{
+	_, err = bridge.LoadConfig(conf.Source{Overrides: append(testkeys.For(t).Bridge(),
 		"DEFAULT.transport_url=rabbit://guest:guest@127.0.0.1:5672/", "database.connection=postgres://postgres@127.0.0.1/x",
-		"api.token_file=" + tokens, "api.tls_client_ca_file=" + ops.File}})
+		"api.token_file="+tokens, "api.tls_client_ca_file="+ops.File)})
 	if es, ok := conf.AsErrors(err); !ok || !strings.Contains(es.Error(), "tls_client_ca_file") {
 		t.Errorf("tls_client_ca_file without tls_cert_file: %v; want a configuration error naming it", err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/placementfleet"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -97,7 +98,7 @@ burst = 1000
 `, testsvc.TransportURL(t), testsvc.Postgres(t), tokens, e.exchange, queue,
 		abs(t, "testdata/policy.yaml"), abs(t, "testdata/profiles.yaml"), abs(t, "testdata/driver-compat.yaml"),
 		testsvc.PlacementURL(t), placementToken, e.secret)
-	v, err := bridge.LoadConfig(conf.Source{File: writeFile(t, dir, "bridge.conf", ini)})
+	v, err := bridge.LoadConfig(conf.Source{File: writeFile(t, dir, "bridge.conf", ini), Overrides: testkeys.For(t).Bridge()})
 	testsvc.Must(t, err, "bridge configuration")
 
 	conn, err := amqp.Dial(testsvc.RabbitURL(t))

@@ -36,6 +36,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -251,9 +252,10 @@ func (f *fleet) startAgent(h *host) {
 	fake := filepath.Join(f.dir, "fake-"+h.name)
 	_, err := fakehost.Build(fake, spec)
 	testsvc.Must(t, err, "fake host")
-	v, err := agent.LoadConfig(conf.Source{Overrides: []string{"DEFAULT.host=" + h.name, "DEFAULT.node=" + h.node,
+	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + h.name, "DEFAULT.node=" + h.node,
 		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + filepath.Join(f.dir, "state-"+h.name),
-		"DEFAULT.listen=127.0.0.1:0", "DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}})
+		"DEFAULT.listen=127.0.0.1:0", "DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
+		testkeys.For(t).Agent(h.name)...)})
 	testsvc.Must(t, err, "agent config")
 	ctx, cancel := context.WithCancel(f.ctx)
 	done := make(chan error, 1)

@@ -67,6 +67,7 @@ var gpuPCIs = []string{"0000:3b:00.0", "0000:d8:00.0"}
 type host struct {
 	name, node string
 	agent      bool   // an agent runs on it
+	keys       string // its files from vgpu-bridge keys enrol
 	fake       string // fake host directory
 	root       string // Placement root provider
 	gpus       map[string]string
@@ -503,11 +504,17 @@ rules_file = %s
 profiles_file = %s
 driver_compat_file = %s
 
+[security]
+signing_key_file = %s
+key_id = demo-bridge
+agent_keys_file = %s
+
 [webhook_source:demo]
 auth = hmac
 secret_files = %s
 `, transportURL, d.dbURL, listen, filepath.Join(d.work, "api-tokens"), notifQueue, results, reports, placementURL,
-		filepath.Join(d.work, "placement-token"), polFile, filepath.Join(etc, "profiles.yaml"), filepath.Join(etc, "driver-compat.yaml"), secretFile)
+		filepath.Join(d.work, "placement-token"), polFile, filepath.Join(etc, "profiles.yaml"), filepath.Join(etc, "driver-compat.yaml"),
+		filepath.Join(d.work, "bridge.key"), filepath.Join(d.work, "agent-keys.pem"), secretFile)
 	for name, content := range map[string]string{
 		"policy.yaml":         pol,
 		"demo-webhook.secret": string(d.secret) + "\n",
@@ -526,6 +533,23 @@ secret_files = %s
 	}
 	d.say("policy: shipped policy.yaml with defaults.attach_mode = direct-live; `vgpu-bridge policy check`: %s", strings.TrimSpace(string(out)))
 	d.say("config: %s ([webhook_source:demo] hmac, secret file 0600; [pipeline] request_timeout = 10s)", cfg)
+	// Signed commands, results and reports (the default): the bridge's
+	// key, then one command per host issues its key pair and enrolls it.
+	if out, err = exec.CommandContext(d.ctx, "bin/vgpu-bridge", "--config", cfg, "keys", "init").CombinedOutput(); err != nil {
+		return fmt.Errorf("keys init: %v\n%s", err, out)
+	}
+	d.say("`vgpu-bridge keys init`: signing key %s (key id demo-bridge), empty agent keys file", filepath.Join(d.work, "bridge.key"))
+	for _, h := range d.hosts {
+		if !h.agent {
+			continue
+		}
+		h.keys = filepath.Join(d.work, h.name+"-keys")
+		if out, err = exec.CommandContext(d.ctx, "bin/vgpu-bridge", "--config", cfg, "keys", "enrol", h.name,
+			"--key-id", h.name+"-demo", "--out", h.keys, "--etc-dir", h.keys).CombinedOutput(); err != nil {
+			return fmt.Errorf("keys enrol %s: %v\n%s", h.name, err, out)
+		}
+		d.say("`vgpu-bridge keys enrol %s`: key %s-demo trusted for the host's results and reports; agent.key and bridge-keys.pem in %s", h.name, h.name, h.keys)
+	}
 
 	d.bridge, err = d.startProc("bridge.log", "bin/vgpu-bridge", "--config", cfg, "serve")
 	if err != nil {
@@ -558,7 +582,9 @@ func (d *demo) startAgents() error {
 			"--set", "DEFAULT.host="+h.name, "--set", "DEFAULT.node="+h.node, "--set", "DEFAULT.transport_url="+transportURL,
 			"--set", "DEFAULT.state_path="+filepath.Join(h.fake, "state"), "--set", "DEFAULT.listen=127.0.0.1:0",
 			"--set", "DEFAULT.log_format=text", "--set", "DEFAULT.report_check_interval=1s",
-			"--set", "DEFAULT.reconnect_max_backoff=2s", "--set", "DEFAULT.shutdown_timeout=5s")
+			"--set", "DEFAULT.reconnect_max_backoff=2s", "--set", "DEFAULT.shutdown_timeout=5s",
+			"--set", "security.bridge_keys_file="+filepath.Join(h.keys, "bridge-keys.pem"),
+			"--set", "security.signing_key_file="+filepath.Join(h.keys, "agent.key"), "--set", "security.key_id="+h.name+"-demo")
 		if err != nil {
 			return err
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -97,9 +98,10 @@ func (w *world) runAgent() (stop func()) {
 	t := w.t
 	t.Helper()
 	fh := w.n.FakeHost(w.host)
-	v, err := agent.LoadConfig(conf.Source{Overrides: []string{"DEFAULT.host=" + w.host, "DEFAULT.node=" + w.host,
+	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + w.host, "DEFAULT.node=" + w.host,
 		"DEFAULT.transport_url=" + w.n.TransportURL(), "DEFAULT.state_path=" + t.TempDir(), "DEFAULT.listen=127.0.0.1:0",
-		"DEFAULT.report_interval=5s", "DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}})
+		"DEFAULT.report_interval=5s", "DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
+		testkeys.For(t).Agent(w.host)...)})
 	testsvc.Must(t, err, "agent config")
 	ctx, cancel := context.WithCancel(w.ctx)
 	done := make(chan error, 1)

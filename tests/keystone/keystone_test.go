@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/projects"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
@@ -108,6 +109,7 @@ type world struct {
 	reqA, reqB, reqNone string
 	proxy               *testsvc.Proxy
 	svc                 user
+	pool                *pgxpool.Pool // the bridge's database
 }
 
 func newWorld(t *testing.T) *world {
@@ -141,6 +143,7 @@ func newWorld(t *testing.T) *world {
 		"keystone.timeout=1m", // a loaded test machine: Keystone may take seconds
 	)
 	d := testbridge.Start(t, v)
+	w.pool = d.Pool
 	w.url = "http://" + d.API.Addr()
 	w.api = api{t: t, base: w.url}
 

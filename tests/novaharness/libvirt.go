@@ -24,6 +24,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/libvirt"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 )
 
 // FakeHost is the simulated host of one compute host: agent/fakehost's
@@ -142,7 +143,8 @@ func (n *Nova) StartAgent(t testing.TB, host string, extra ...string) {
 	}
 	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + host, "DEFAULT.node=" + host,
 		"DEFAULT.transport_url=" + n.transport, "DEFAULT.state_path=" + t.TempDir(), "DEFAULT.listen=127.0.0.1:0",
-		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}, extra...)})
+		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
+		append(testkeys.For(t).Agent(host), extra...)...)})
 	if err != nil {
 		t.Fatalf("agent config: %v", err)
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -235,6 +236,11 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	dc := dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
 		ResultsBindings: []string{protocol.ResultRoutingKey(w.host)}, ReportsBindings: []string{protocol.ReportRoutingKey(w.host)},
 		RelayInterval: 100 * time.Millisecond, ReconnectMax: 2 * time.Second, Replica: o.name}
+	// Signed both ways, as by default (the agents enrol in startAgent).
+	keys := testkeys.For(t)
+	ring, err := keys.Keyring()
+	testsvc.Must(t, err, "agent keys")
+	dc.Signer, dc.Keyring, dc.KeyringFile, dc.RequireSigned = keys.Signer(), ring, keys.AgentKeysFile(), true
 	if o.dispatch != nil {
 		o.dispatch(&dc)
 	}
@@ -309,7 +315,8 @@ func (w *world) startAgent(extra ...string) {
 	t := w.t
 	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + w.host, "DEFAULT.node=" + w.node,
 		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + t.TempDir(), "DEFAULT.listen=127.0.0.1:0",
-		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}, extra...)})
+		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
+		append(testkeys.For(t).Agent(w.host), extra...)...)})
 	testsvc.Must(t, err, "agent config")
 	ctx, cancel := context.WithCancel(w.ctx)
 	done := make(chan error, 1)

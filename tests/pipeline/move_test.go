@@ -26,6 +26,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -110,9 +111,10 @@ func (m *moveWorld) start() *bridgeReplica {
 		c.ReportsBindings = append(c.ReportsBindings, protocol.ReportRoutingKey(m.hostB))
 	}})
 	m.startAgent()
-	v, err := agent.LoadConfig(conf.Source{Overrides: []string{"DEFAULT.host=" + m.hostB, "DEFAULT.node=" + m.nodeB,
+	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + m.hostB, "DEFAULT.node=" + m.nodeB,
 		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + t.TempDir(), "DEFAULT.listen=127.0.0.1:0",
-		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}})
+		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
+		testkeys.For(t).Agent(m.hostB)...)})
 	testsvc.Must(t, err, "agent B config")
 	ctx, cancel := context.WithCancel(m.ctx)
 	done := make(chan error, 1)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -38,7 +39,8 @@ func EtcDir() string {
 }
 
 // Overrides returns the --set overrides of a full bridge configuration on
-// the test services with dbURL as the database; extra ones win.
+// the test services with dbURL as the database, signed with testkeys.For(t)
+// (agents of the test enrol with testkeys.For(t).Agent); extra ones win.
 func Overrides(t testing.TB, dbURL string, extra ...string) []string {
 	t.Helper()
 	dir := t.TempDir()
@@ -64,7 +66,7 @@ func Overrides(t testing.TB, dbURL string, extra ...string) []string {
 		"policy.rules_file=" + filepath.Join(etc, "policy.yaml"),
 		"policy.profiles_file=" + filepath.Join(etc, "profiles.yaml"),
 		"policy.driver_compat_file=" + filepath.Join(etc, "driver-compat.yaml"),
-	}, extra...)
+	}, append(testkeys.For(t).Bridge(), extra...)...)
 }
 
 // Config loads a full bridge configuration (see Overrides).

@@ -17,6 +17,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -107,9 +108,9 @@ rate = 100
 burst = 100
 callback_hosts = 127.0.0.1
 `), 0o600), "write conf")
-	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: []string{
+	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: append([]string{
 		"DEFAULT.transport_url=rabbit://guest:guest@127.0.0.1:5672/", "database.connection=postgres://x@127.0.0.1/x",
-		"api.auth_strategy=noauth"}})
+		"api.auth_strategy=noauth"}, testkeys.For(t).Bridge()...)})
 	testsvc.Must(t, err, "load config")
 	srcs, err := bridge.WebhookSources(v)
 	testsvc.Must(t, err, "sources")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -27,21 +28,21 @@ func TestDaemonSeparateListener(t *testing.T) {
 	ini := filepath.Join(dir, "bridge.conf")
 	os.WriteFile(ini, []byte("[webhook_source:batch]\nauth = hmac\nsecret_files = "+sf+"\n"), 0o600)
 	whAddr := fmt.Sprintf("127.0.0.1:%d", testsvc.FreePort(t))
-	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: []string{
-		"DEFAULT.transport_url=" + testsvc.TransportURL(t),
-		"database.connection=" + testsvc.Postgres(t),
+	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: append(testkeys.For(t).Bridge(),
+		"DEFAULT.transport_url="+testsvc.TransportURL(t),
+		"database.connection="+testsvc.Postgres(t),
 		"database.auto_migrate=true",
 		"api.listen=127.0.0.1:0",
-		"api.token_file=" + tf,
-		"webhooks.listen=" + whAddr,
+		"api.token_file="+tf,
+		"webhooks.listen="+whAddr,
 		"webhooks.read_header_timeout=1s",
 		// Other features' files, from the repository.
 		"policy.rules_file=../../etc/vgpu-bridge/policy.yaml",
 		"policy.profiles_file=../../etc/vgpu-bridge/profiles.yaml",
 		"policy.driver_compat_file=../../etc/vgpu-bridge/driver-compat.yaml",
-		"placement.endpoint_override=" + testsvc.PlacementURL(t),
-		"placement.token_file=" + tf,
-	}})
+		"placement.endpoint_override="+testsvc.PlacementURL(t),
+		"placement.token_file="+tf,
+	)})
 	testsvc.Must(t, err, "config")
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan *bridge.Daemon, 1)

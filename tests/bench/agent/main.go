@@ -32,6 +32,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 )
 
 var (
@@ -208,9 +209,18 @@ func agentRun(conn *amqp.Connection, n int, tag string) (verify, mutate []time.D
 		return nil, nil, err
 	}
 	defer c.ch.Close()
-	v, err := agent.LoadConfig(conf.Source{Overrides: []string{"DEFAULT.host=" + host,
+	// Signed commands, results and reports, as by default.
+	keys, err := testkeys.New(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	sec, err := keys.Enrol(host)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + host,
 		"DEFAULT.transport_url=rabbit://" + (*flagRabbit)[len("amqp://"):], "DEFAULT.state_path=" + filepath.Join(dir, "state"),
-		"DEFAULT.listen=127.0.0.1:0"}})
+		"DEFAULT.listen=127.0.0.1:0"}, sec...)})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -225,6 +235,9 @@ func agentRun(conn *amqp.Connection, n int, tag string) (verify, mutate []time.D
 		cmd := protocol.Command{V: 1, ID: id, Kind: k, Host: host, InstanceUUID: inst, IssuedAt: time.Now().UTC(),
 			ExpiresAt: time.Now().UTC().Add(time.Minute)}
 		cmd.MarshalParams(params)
+		if err := keys.Signer().SignCommand(&cmd); err != nil {
+			return 0, err
+		}
 		body, _ := json.Marshal(cmd)
 		return c.roundTrip(protocol.Exchange, id, body)
 	}

@@ -78,6 +78,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/bench/benchkit"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 )
 
 const (
@@ -152,6 +153,7 @@ type harness struct {
 	url                   string
 	seq                   atomic.Int64
 	rs                    *requests.Store
+	keys                  *testkeys.Ring // signed commands, results and reports, as by default
 }
 
 func (h *harness) cleanup() {
@@ -416,6 +418,9 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 		return nil, err
 	}
 	h.cleanups = append(h.cleanups, func() { os.RemoveAll(dir) })
+	if h.keys, err = testkeys.New(dir); err != nil {
+		return nil, err
+	}
 	rules := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(rules, []byte(benchPolicy), 0o644); err != nil {
 		return nil, err
@@ -445,7 +450,12 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 		return nil, err
 	}
 	h.results, h.reports = "vgpu-bench-"+h.id+".results", "vgpu-bench-"+h.id+".reports"
-	dc := dispatch.Config{URLs: []string{h.amqpURL}, ResultsQueue: h.results, ReportsQueue: h.reports, Replica: "bench"}
+	ring, err := h.keys.Keyring()
+	if err != nil {
+		return nil, err
+	}
+	dc := dispatch.Config{URLs: []string{h.amqpURL}, ResultsQueue: h.results, ReportsQueue: h.reports, Replica: "bench",
+		Signer: h.keys.Signer(), Keyring: ring, KeyringFile: h.keys.AgentKeysFile(), RequireSigned: true}
 	for _, hs := range h.hosts {
 		dc.ResultsBindings = append(dc.ResultsBindings, protocol.ResultRoutingKey(hs.name))
 		dc.ReportsBindings = append(dc.ReportsBindings, protocol.ReportRoutingKey(hs.name))
@@ -544,9 +554,14 @@ func (h *harness) agents(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errc := make(chan error, len(h.hosts))
 	for _, hs := range h.hosts {
-		v, err := agent.LoadConfig(conf.Source{Overrides: []string{"DEFAULT.host=" + hs.name, "DEFAULT.node=" + hs.node,
+		sec, err := h.keys.Enrol(hs.name)
+		if err != nil {
+			cancel()
+			return err
+		}
+		v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + hs.name, "DEFAULT.node=" + hs.node,
 			"DEFAULT.transport_url=" + h.transportURL, "DEFAULT.state_path=" + filepath.Join(hs.dir, "state"), "DEFAULT.listen=127.0.0.1:0",
-			"DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}})
+			"DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}, sec...)})
 		if err != nil {
 			cancel()
 			return fmt.Errorf("agent config: %w", err)
