@@ -21,7 +21,8 @@ var (
 			"against token_file; keystone validates it with Keystone (see [keystone]); noauth lets everyone in "+
 			"as admin and is for labs only. Example: token")
 	optAPITokenFile = Options.String("api", "token_file", "",
-		"With auth_strategy = token: a file of lines \"TOKEN ROLE [NAME [PROJECT]]\", ROLE being reader or admin; "+
+		"With auth_strategy = token: a file of lines \"TOKEN ROLE [NAME [PROJECT]]\", ROLE being reader, member (a "+
+			"reader of PROJECT that may also POST /v1/requests for its instances) or admin; "+
 			"a reader with a PROJECT sees only that project's instances, requests, allocations and events and no fleet "+
 			"route (x-vgpu-access in /v1/openapi.json); one without is a fleet reader. Re-read on SIGHUP (a file that does not load keeps the tokens in use). Example: /etc/vgpu-bridge/secrets/api-tokens")
 	optAPIReadHeaderTimeout = Options.Duration("api", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,

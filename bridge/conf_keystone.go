@@ -22,6 +22,9 @@ var (
 			"x-vgpu-access); the fleet routes (hosts, GPUs, drift, status, controls, audit, placement dry runs, policy "+
 			"explanations) answer it 403. A system-scoped token with one of these roles is a fleet reader: it sees "+
 			"everything, read-only. Example: reader,member")
+	optKeystoneMemberRoles = Options.List("keystone", "member_roles", "member",
+		"Of reader_roles, the ones that also let a project-scoped token ask for changes to its project's instances "+
+			"(POST /v1/requests, vgpuctl request). Example: member")
 	optKeystoneFleetReaderRoles = Options.List("keystone", "fleet_reader_roles", "",
 		"Keystone roles that make a caller a fleet reader whatever its token's scope: every project and the fleet "+
 			"routes, read-only (for a NOC or monitoring account that has no system-scoped token). Example: vgpu-observer")
@@ -74,6 +77,7 @@ func KeystoneAuthConfig(v *conf.Values, log *slog.Logger) (keystoneauth.Config, 
 		AdminRoles:       optKeystoneAdminRoles.Get(v),
 		ReaderRoles:      optKeystoneReaderRoles.Get(v),
 		FleetReaderRoles: optKeystoneFleetReaderRoles.Get(v),
+		MemberRoles:      optKeystoneMemberRoles.Get(v),
 		CacheTTL:         optKeystoneCacheTTL.Get(v),
 		InvalidCacheTTL:  optKeystoneInvalidCacheTTL.Get(v),
 		CacheSize:        optKeystoneCacheSize.Get(v),

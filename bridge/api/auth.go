@@ -58,6 +58,9 @@ type Role string
 // Roles of the operator API.
 const (
 	RoleReader Role = "reader"
+	// RoleMember is a reader of one project that may also ask for changes
+	// to its project's instances (POST /v1/requests).
+	RoleMember Role = "member"
 	RoleAdmin  Role = "admin"
 )
 
@@ -75,13 +78,19 @@ func (p *Principal) Allows(a Access) bool {
 	case Public, Custom:
 		return true
 	case Project:
-		return p != nil && (p.Role == RoleReader || p.Role == RoleAdmin)
+		return p != nil && (p.Role == RoleReader || p.Role == RoleMember || p.Role == RoleAdmin)
 	case Fleet:
 		return p != nil && (p.Role == RoleAdmin || (p.Role == RoleReader && p.Project == ""))
 	case Admin:
 		return p != nil && p.Role == RoleAdmin
 	}
 	return false
+}
+
+// MayRequest reports whether p may ask for changes (POST /v1/requests):
+// an admin for any instance, a member for its project's.
+func (p *Principal) MayRequest() bool {
+	return p != nil && (p.Role == RoleAdmin || (p.Role == RoleMember && p.Project != ""))
 }
 
 // Authenticator turns a request into a Principal, or fails with a Problem.
@@ -139,8 +148,11 @@ func LoadTokenFile(path string) (*StaticTokens, error) {
 			return nil, fmt.Errorf("token file %s line %d: want TOKEN ROLE [NAME [PROJECT]]", path, n)
 		}
 		role := Role(fs[1])
-		if role != RoleReader && role != RoleAdmin {
-			return nil, fmt.Errorf("token file %s line %d: role %q is not reader or admin", path, n, fs[1])
+		if role != RoleReader && role != RoleMember && role != RoleAdmin {
+			return nil, fmt.Errorf("token file %s line %d: role %q is not reader, member or admin", path, n, fs[1])
+		}
+		if role == RoleMember && len(fs) < 4 {
+			return nil, fmt.Errorf("token file %s line %d: a member token needs a PROJECT (TOKEN member NAME PROJECT)", path, n)
 		}
 		p := Principal{Name: fmt.Sprintf("token-line-%d", n), Role: role}
 		if len(fs) > 2 {
@@ -219,7 +231,7 @@ func (s *Server) requireAccess(a Access) echo.MiddlewareFunc {
 // forbidden says why p may not use a route of class a.
 func forbidden(p *Principal, a Access) string {
 	switch {
-	case a == Fleet && p.Role == RoleReader:
+	case a == Fleet && p.Project != "":
 		return fmt.Sprintf("this route shows the whole fleet; a reader scoped to project %s sees its project's "+
 			"instances, requests, allocations, events and audit. It needs the admin role or a fleet reader "+
 			"(a system-scoped token)", p.Project)

@@ -42,7 +42,7 @@ func newTestServer(t *testing.T, auth Authenticator) *Server {
 func tokens(t *testing.T) *StaticTokens {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "tokens")
-	os.WriteFile(p, []byte("# comment\nreadtok reader alice\nadmintok admin bob\n\nprojtok reader carol proj-1\n"), 0o600)
+	os.WriteFile(p, []byte("# comment\nreadtok reader alice\nadmintok admin bob\n\nprojtok reader carol proj-1\nmemtok member dave proj-1\n"), 0o600)
 	st, err := LoadTokenFile(p)
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +82,8 @@ func TestAuthAndProblems(t *testing.T) {
 		{"project reader cannot see the fleet", "GET", "/v1/fleet", "projtok", "", 403, "forbidden"},
 		{"reader without a project sees the fleet", "GET", "/v1/fleet", "readtok", "", 200, ""},
 		{"admin sees the fleet", "GET", "/v1/fleet", "admintok", "", 200, ""},
+		{"member reads its project's", "GET", "/v1/things/1", "memtok", "", 200, ""},
+		{"member cannot see the fleet", "GET", "/v1/fleet", "memtok", "", 403, "forbidden"},
 		{"admin writes", "POST", "/v1/things", "admintok", `{"name":"a"}`, 201, ""},
 		{"unknown field", "POST", "/v1/things", "admintok", `{"nom":"a"}`, 422, "invalid_params"},
 		{"wrong type", "POST", "/v1/things", "admintok", `{"name":1}`, 422, "invalid_params"},
@@ -142,7 +144,8 @@ func TestReadyzNamesFailingPart(t *testing.T) {
 
 func TestTokenFileErrors(t *testing.T) {
 	dir := t.TempDir()
-	for name, body := range map[string]string{"role": "tok superuser\n", "short": "tok\n", "empty": "# nothing\n"} {
+	for name, body := range map[string]string{"role": "tok superuser\n", "short": "tok\n", "empty": "# nothing\n",
+		"member without a project": "tok member carol\n"} {
 		p := filepath.Join(dir, name)
 		os.WriteFile(p, []byte(body), 0o600)
 		_, err := LoadTokenFile(p)

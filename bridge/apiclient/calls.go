@@ -100,6 +100,29 @@ func (c *Client) Request(ctx context.Context, id string) (Request, error) {
 	return out, err
 }
 
+// NewRequest is the body of POST /v1/requests (the native webhook body).
+type NewRequest struct {
+	Type        string `json:"type"` // GPU_REQUEST, GPU_RESIZE, GPU_RELEASE
+	VMID        string `json:"vm_id"`
+	Workload    string `json:"workload,omitempty"`
+	VGPUProfile string `json:"vgpu_profile,omitempty"`
+	Count       int    `json:"count,omitempty"`
+}
+
+// CreateRequest asks for a change with the client's credentials (admin,
+// or a member for its project's instances); key, when set, is the
+// Idempotency-Key, so that a retry gets the first answer.
+func (c *Client) CreateRequest(ctx context.Context, r NewRequest, key string) (WebhookAnswer, error) {
+	var out WebhookAnswer
+	h := http.Header{}
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+	}
+	raw, err := c.callInto(ctx, Call{Method: http.MethodPost, Path: "/v1/requests", Body: r, Header: h}, &out)
+	out.Raw = raw
+	return out, err
+}
+
 // CancelRequest cancels a request that is not final yet (admin); it ends
 // failed with code "cancelled". A final request answers 409.
 func (c *Client) CancelRequest(ctx context.Context, id string) (Request, error) {

@@ -66,6 +66,9 @@ type Config struct {
 	// scope: it sees every project and the fleet routes (hosts, GPUs,
 	// drift, status), read-only. A system-scoped reader is one anyway.
 	FleetReaderRoles []string
+	// MemberRoles make a project-scoped reader a member: it may also ask
+	// for changes to its project's instances (POST /v1/requests).
+	MemberRoles []string
 	// CacheTTL bounds how long a validated token is trusted before Keystone
 	// is asked again (never past the token's expiry): the longest a revoked
 	// token is still accepted. 0 asks Keystone on every request.
@@ -88,6 +91,7 @@ type Authenticator struct {
 	admin  []string
 	reader []string
 	fleet  []string
+	member []string
 	cache  *cache
 	group  singleflight.Group
 	log    *slog.Logger
@@ -120,7 +124,7 @@ func New(cfg Config) (*Authenticator, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	a := &Authenticator{cfg: cfg, admin: lower(cfg.AdminRoles), reader: lower(cfg.ReaderRoles), fleet: lower(cfg.FleetReaderRoles),
+	a := &Authenticator{cfg: cfg, admin: lower(cfg.AdminRoles), reader: lower(cfg.ReaderRoles), fleet: lower(cfg.FleetReaderRoles), member: lower(cfg.MemberRoles),
 		cache: newCache(cfg.CacheSize), log: cfg.Logger, now: cfg.Now,
 		validations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vgpu_bridge_keystone_validations_total",
@@ -287,6 +291,8 @@ func (a *Authenticator) outcome(ti *TokenInfo) *outcome {
 		switch {
 		case ti.System:
 			return &outcome{principal: &api.Principal{Name: name, Role: api.RoleReader}}
+		case ti.ProjectID != "" && hasAny(ti.Roles, a.member):
+			return &outcome{principal: &api.Principal{Name: name, Role: api.RoleMember, Project: ti.ProjectID}}
 		case ti.ProjectID != "":
 			return &outcome{principal: &api.Principal{Name: name, Role: api.RoleReader, Project: ti.ProjectID}}
 		}

@@ -267,3 +267,12 @@ func TestLimiters(t *testing.T) {
 		t.Error("retryAfter")
 	}
 }
+
+// TestOperatorSourceNameReserved: "api" is the source of POST
+// /v1/requests; a webhook source may not take it.
+func TestOperatorSourceNameReserved(t *testing.T) {
+	s := Source{Name: OperatorSource, Auth: AuthBearer, Tokens: []string{"a-token-long-enough-0123456789"}}
+	if err := checkSource(&s); err == nil || !strings.Contains(err.Error(), "POST /v1/requests") {
+		t.Fatalf("a source named %q: %v", OperatorSource, err)
+	}
+}

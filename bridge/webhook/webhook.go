@@ -229,6 +229,9 @@ func checkSource(s *Source) error {
 	if s.Name == "" {
 		return errors.New("no name")
 	}
+	if s.Name == OperatorSource {
+		return fmt.Errorf("the name %q is the source of POST /v1/requests (operator API credentials); choose another", OperatorSource)
+	}
 	switch s.Auth {
 	case AuthHMAC:
 		if len(s.Secrets) == 0 {
@@ -556,6 +559,11 @@ func readAll(r io.Reader, n int64) []byte {
 // loses the alerts that name one, each listed as skipped. The refusal
 // does not say which project the instance is in.
 func (e *Endpoint) scopeProjects(ctx context.Context, src *source, p *pending) (string, error) {
+	return e.scopeTo(ctx, src.cfg.AllowedProjects, src.cfg.Format, p)
+}
+
+// scopeTo is scopeProjects for the projects in allowedProjects.
+func (e *Endpoint) scopeTo(ctx context.Context, allowedProjects []string, format Format, p *pending) (string, error) {
 	ids := make([]string, 0, len(p.events))
 	for _, ev := range p.events {
 		ids = append(ids, ev.vm)
@@ -579,9 +587,9 @@ func (e *Endpoint) scopeProjects(ctx context.Context, src *source, p *pending) (
 	}
 	allowed := func(vm string) bool {
 		proj, ok := project[vm]
-		return ok && slices.Contains(src.cfg.AllowedProjects, proj)
+		return ok && slices.Contains(allowedProjects, proj)
 	}
-	if src.cfg.Format != FormatAlertmanager {
+	if format != FormatAlertmanager {
 		if !allowed(p.events[0].vm) {
 			return fmt.Sprintf("instance %s is not in a project this source may act on (or the bridge does not know it yet)", p.events[0].vm), nil
 		}

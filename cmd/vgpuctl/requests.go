@@ -159,3 +159,51 @@ func (g *globals) watch(ctx context.Context, id string, wf watchFlags) (apiclien
 	}
 	return r, err
 }
+
+// requestCmd makes a request with the caller's API credentials (POST
+// /v1/requests) and follows it to its end.
+func requestCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "request",
+		Short: "Ask for a vGPU change with your API credentials (admin, or member of the instance's project) and follow it",
+		Args:  cobra.NoArgs,
+	}
+	var workload, key string
+	var count int
+	var noWait bool
+	var wf watchFlags
+	sub := func(use, short, kind string, args cobra.PositionalArgs) *cobra.Command {
+		c := &cobra.Command{
+			Use:   use,
+			Short: short,
+			Args:  args,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				r := apiclient.NewRequest{Type: kind, VMID: args[0], Workload: workload, Count: count}
+				if len(args) > 1 {
+					r.VGPUProfile = args[1]
+				}
+				ans, err := g.api().CreateRequest(cmd.Context(), r, key)
+				if err != nil {
+					return err
+				}
+				if noWait {
+					return g.emit(ans.Raw, func(w io.Writer) { kv(w, "Request", ans.RequestID, "Status URL", ans.StatusURL) })
+				}
+				fmt.Fprintf(g.stderr, "request %s accepted\n", ans.RequestID)
+				return g.watchAndShow(cmd.Context(), ans.RequestID, wf)
+			},
+		}
+		c.Flags().StringVar(&key, "idempotency-key", "", "names the request: a retry with the same key and body gets the first answer")
+		c.Flags().BoolVar(&noWait, "no-wait", false, "print the request id and return at once")
+		wf.add(c)
+		return c
+	}
+	attach := sub("attach INSTANCE PROFILE", "Give INSTANCE a vGPU of PROFILE (GPU_REQUEST), e.g. T4-4Q", "GPU_REQUEST", cobra.ExactArgs(2))
+	attach.Flags().StringVar(&workload, "workload", "inference", "the workload: training, inference, rendering, vdi, gaming")
+	attach.Flags().IntVar(&count, "count", 1, "how many vGPUs")
+	resize := sub("resize INSTANCE PROFILE", "Move INSTANCE's vGPUs to PROFILE (GPU_RESIZE)", "GPU_RESIZE", cobra.ExactArgs(2))
+	resize.Flags().StringVar(&workload, "workload", "inference", "the workload: training, inference, rendering, vdi, gaming")
+	release := sub("release INSTANCE [PROFILE]", "Take INSTANCE's vGPUs back, or those of PROFILE (GPU_RELEASE)", "GPU_RELEASE", cobra.RangeArgs(1, 2))
+	cmd.AddCommand(attach, resize, release)
+	return cmd
+}

@@ -119,7 +119,7 @@ func newRoot(g *globals) *cobra.Command {
 	for _, f := range []func(*globals) *cobra.Command{
 		versionCmd, healthCmd,
 		hostsCmd, gpusCmd, instancesCmd, allocationsCmd, eventsCmd, deadLettersCmd,
-		requestsCmd, placeCmd, syncCmd, policyCmd, webhookCmd,
+		requestsCmd, requestCmd, placeCmd, syncCmd, policyCmd, webhookCmd,
 		driftCmd,
 	} {
 		root.AddCommand(f(g))

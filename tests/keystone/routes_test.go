@@ -3,6 +3,9 @@ package keystone_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -119,5 +122,100 @@ func TestMemberWalksEveryRoute(t *testing.T) {
 		if len(page[field]) < 2 {
 			t.Errorf("admin: %s lists %d, want A's and B's", path, len(page[field]))
 		}
+	}
+}
+
+// TestRequestsWithAPICredentials: POST /v1/requests makes a request with
+// a Keystone token instead of a webhook secret — a member for its
+// project's instances only, an admin for any, a reader not at all — and
+// a retry under the same Idempotency-Key gets the first answer.
+func TestRequestsWithAPICredentials(t *testing.T) {
+	w := newWorld(t)
+	member, reader := w.ks.user("asker", w.pa, "member"), w.ks.user("looker", w.pa, "reader")
+	tMember, tReader, admin := w.ks.token(member), w.ks.token(reader), w.ks.adminToken()
+	post := func(token, key, vm string, count ...int) answer {
+		t.Helper()
+		n := 1
+		if len(count) > 0 {
+			n = count[0]
+		}
+		body := fmt.Sprintf(`{"type":"GPU_REQUEST","vm_id":"%s","workload":"inference","vgpu_profile":"T4-4Q","count":%d}`, vm, n)
+		req, err := http.NewRequest("POST", w.url+"/v1/requests", strings.NewReader(body))
+		testsvc.Must(t, err, "request")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Auth-Token", token)
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		testsvc.Must(t, err, "POST /v1/requests")
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return answer{resp.StatusCode, resp.Header.Get("Content-Type"), b}
+	}
+	var first struct {
+		RequestID string `json:"request_id"`
+	}
+	a := post(tMember, "k-1", w.instA)
+	if a.status != 202 {
+		t.Fatalf("member of A, A's instance: %d %s", a.status, a.body)
+	}
+	testsvc.Must(t, json.Unmarshal(a.body, &first), "decode")
+	if again := post(tMember, "k-1", w.instA); again.status != 202 || !strings.Contains(string(again.body), first.RequestID) {
+		t.Errorf("retry under the same key: %d %s, want the first answer (%s)", again.status, again.body, first.RequestID)
+	}
+	// The request is the member's to read, and its source is "api".
+	var r struct{ Source, Kind string }
+	testsvc.Must(t, json.Unmarshal(w.api.expect(200, "GET", "/v1/requests/"+first.RequestID, tMember, "member").body, &r), "decode")
+	if r.Source != "webhook:api" || r.Kind != "GPU_REQUEST" {
+		t.Errorf("request as stored: %+v", r)
+	}
+	for _, tc := range []struct {
+		who, token, vm string
+		status         int
+		code           string
+	}{
+		{"member of A, B's instance", tMember, w.instB, 403, "project_not_allowed"},
+		{"member of A, an instance no one knows", tMember, uuid.NewString(), 403, "project_not_allowed"},
+		{"reader of A", tReader, w.instA, 403, "forbidden"},
+		{"admin, B's instance", admin, w.instB, 202, ""},
+	} {
+		a := post(tc.token, "", tc.vm)
+		if a.status != tc.status {
+			t.Errorf("%s: %d %s, want %d", tc.who, a.status, a.body, tc.status)
+			continue
+		}
+		if tc.code != "" {
+			if p := a.problem(t); p["code"] != tc.code {
+				t.Errorf("%s: problem %v, want code %s", tc.who, p, tc.code)
+			}
+		}
+	}
+	// Another body under the member's key conflicts; the same key is
+	// free for another caller.
+	if a := post(tMember, "k-1", w.instA, 2); a.status != 409 || a.problem(t)["code"] != "idempotency_conflict" {
+		t.Errorf("another body under the same key: %d %s, want 409 idempotency_conflict", a.status, a.body)
+	}
+	if a := post(admin, "k-1", w.instA); a.status != 202 || strings.Contains(string(a.body), first.RequestID) {
+		t.Errorf("admin under the member's key: %d %s, want a request of its own", a.status, a.body)
+	}
+
+	// vgpuctl request: the same with a member's clouds.yaml entry.
+	clouds := writeCloudsYAML(t, cloud{name: "asker", authURL: keystoneURL(), user: member.name, password: member.password,
+		project: w.pa.Name, region: "RegionOne"})
+	env := []string{"OS_CLIENT_CONFIG_FILE=" + clouds, "VGPUCTL_TOKEN=", "OS_CLOUD="}
+	code, out, errs := vgpuctl(t, env, "--url", w.url, "--os-cloud", "asker", "request", "attach", w.instA, "T4-4Q", "--no-wait", "-o", "json")
+	if code != 0 || !strings.Contains(out, `"request_id"`) {
+		t.Errorf("vgpuctl request attach --no-wait: exit %d, out %s, err %s", code, out, errs)
+	}
+	code, _, errs = vgpuctl(t, env, "--url", w.url, "--os-cloud", "asker", "request", "release", w.instB)
+	if code != 1 || !strings.Contains(errs, "project_not_allowed") && !strings.Contains(errs, "not in project") {
+		t.Errorf("vgpuctl request release of B's instance: exit %d, stderr %s; want exit 1, project_not_allowed", code, errs)
+	}
+	// Followed to its end: this instance has no host with a GPU, so the
+	// release has nothing to take back and ends without success (exit 5).
+	code, _, errs = vgpuctl(t, env, "--url", w.url, "--os-cloud", "asker", "request", "release", w.instA, "--wait-timeout", "60s")
+	if code != 5 || !strings.Contains(errs, "ended") {
+		t.Errorf("vgpuctl request release, followed: exit %d, stderr %s; want exit 5 (ended without success)", code, errs)
 	}
 }

@@ -1,0 +1,100 @@
+package webhook
+
+import (
+	"bytes"
+	"crypto/sha256"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+)
+
+// OperatorSource is the source of the requests made with operator API
+// credentials (POST /v1/requests): the requests and their inbox events
+// carry "webhook:api", and no webhook source may be named so.
+const OperatorSource = "api"
+
+//go:embed operator.json
+var operatorFragment []byte
+
+// RegisterOperator adds POST /v1/requests to the operator API: a request
+// made with API credentials instead of a webhook secret. The body is the
+// native webhook body; an admin may ask for any instance, a member
+// (a project-scoped Keystone token with one of [keystone] member_roles,
+// or a token line "TOKEN member NAME PROJECT") for its project's
+// instances only. Idempotency-Key works as on webhooks, in a key space of
+// the caller's own.
+func (e *Endpoint) RegisterOperator(srv *api.Server) {
+	srv.Handle(http.MethodPost, "/v1/requests", api.Project, e.operatorRequest)
+	srv.Describe(operatorFragment)
+}
+
+func (e *Endpoint) operatorRequest(c echo.Context) error {
+	who := api.PrincipalFrom(c)
+	if !who.MayRequest() {
+		return &api.ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden", Code: "forbidden",
+			Detail: fmt.Sprintf("role %q may read but not ask for changes; it needs admin, or member of the instance's project", who.Role)}
+	}
+	r := c.Request()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(r.Body); err != nil { // bounded by the API's body limit
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return api.Problem(http.StatusBadRequest, "Bad Request", "the body could not be read")
+	}
+	body := buf.Bytes()
+	now := e.cfg.Now()
+	// One source per caller: its idempotency keys are its own.
+	src := &source{cfg: Source{Name: OperatorSource + ":" + who.Name, Format: FormatNative,
+		TimestampTolerance: 5 * time.Minute}, label: requests.WebhookSourcePrefix + OperatorSource}
+	p, bad := e.build(src, body, now)
+	key := r.Header.Get(HeaderIdempotencyKey)
+	if key != "" && !validKey(key) {
+		bad = append(bad, api.InvalidParam{Name: HeaderIdempotencyKey, Reason: "must be 1 to 255 printable ASCII characters"})
+	}
+	if len(bad) > 0 {
+		return api.ValidationProblem(bad)
+	}
+	for n := range p.events { // the policy sees event.source "api", whoever asked
+		p.events[n].payload.Source = OperatorSource
+	}
+	p.encodeEvents()
+	if who.Role != api.RoleAdmin {
+		refusal, err := e.scopeTo(r.Context(), []string{who.Project}, FormatNative, p)
+		if err != nil {
+			e.log.Error("requests: cannot read the instance's project", logkey.Err, err)
+			return &api.ProblemDetails{Status: http.StatusServiceUnavailable, Title: "Service Unavailable", Code: "store_unavailable",
+				Detail: "the request could not be checked; retry", Headers: map[string]string{"Retry-After": "1"}}
+		}
+		if refusal != "" {
+			return &api.ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden", Code: "project_not_allowed",
+				Detail: fmt.Sprintf("instance %s is not in project %s (or the bridge does not know it yet)", p.events[0].vm, who.Project)}
+		}
+	}
+	p.key = key
+	p.hash = sha256.Sum256(body)
+	res := e.commit(r.Context(), p)
+	switch {
+	case res.err != nil:
+		e.log.Error("requests: commit failed", logkey.Err, res.err)
+		return &api.ProblemDetails{Status: http.StatusServiceUnavailable, Title: "Service Unavailable", Code: "store_unavailable",
+			Detail: "the request could not be stored; retry", Headers: map[string]string{"Retry-After": "1"}}
+	case res.conflict:
+		return &api.ProblemDetails{Status: http.StatusConflict, Title: "Conflict", Code: "idempotency_conflict",
+			Detail: "this Idempotency-Key was used with another body within the last day"}
+	case res.replay:
+		c.Response().Header().Set("Idempotent-Replayed", "true")
+	default:
+		e.log.Info("request made through the API", logkey.Principal, who.Name, "request_id", p.req.ID.String())
+	}
+	return c.JSONBlob(res.status, res.body)
+}
