@@ -56,20 +56,23 @@ type LoadUpdate struct {
 
 // Decision is the answer to one event.
 type Decision struct {
-	Kind         string       `json:"event"`
-	Instance     string       `json:"instance_uuid,omitempty"`
-	Project      string       `json:"project_id,omitempty"`
-	Time         time.Time    `json:"time"`
-	Policy       string       `json:"policy"` // Policy.Hash
-	Preferred    string       `json:"preferred,omitempty"`
-	PreferredWhy string       `json:"preferred_why,omitempty"`
-	Intents      []Intent     `json:"intents"`
-	Refused      []Refusal    `json:"refused,omitempty"`
-	Rejected     bool         `json:"rejected"`
-	Reason       string       `json:"reason,omitempty"`
-	Rules        []RuleTrace  `json:"rules"`
-	OtherRules   int          `json:"other_rules"` // rules listening to other event kinds
-	LoadUpdates  []LoadUpdate `json:"load_updates,omitempty"`
+	Kind         string    `json:"event"`
+	Instance     string    `json:"instance_uuid,omitempty"`
+	Project      string    `json:"project_id,omitempty"`
+	Time         time.Time `json:"time"`
+	Policy       string    `json:"policy"` // Policy.Hash
+	Preferred    string    `json:"preferred,omitempty"`
+	PreferredWhy string    `json:"preferred_why,omitempty"`
+	Intents      []Intent  `json:"intents"`
+	Refused      []Refusal `json:"refused,omitempty"`
+	Rejected     bool      `json:"rejected"`
+	Reason       string    `json:"reason,omitempty"`
+	// Code is the refused change's Refusal.Code when that refusal is the
+	// rejection (RefusalQuota).
+	Code        string       `json:"code,omitempty"`
+	Rules       []RuleTrace  `json:"rules"`
+	OtherRules  int          `json:"other_rules"` // rules listening to other event kinds
+	LoadUpdates []LoadUpdate `json:"load_updates,omitempty"`
 }
 
 // Explain renders the decision for people, one fact a line.

@@ -46,6 +46,9 @@ type evaluation struct {
 	// evaluation: rules share paths such as event.workload.
 	valCache map[string]string
 	valBuf   []Value
+	// quotaWhy are the reasons quotaCheck gave in this evaluation: a
+	// refusal that holds one is coded RefusalQuota.
+	quotaWhy []string
 }
 
 // Evaluate decides what to do about an event. st and ls may be nil. It does
@@ -487,6 +490,14 @@ func (e *evaluation) delta(prof catalog.Profile, count int, resize bool) (int, i
 // the instance's vGPUs to prof) would break the project's quota; "" if it
 // would not.
 func (e *evaluation) quotaCheck(prof catalog.Profile, count int, resize bool) string {
+	why := e.quotaReason(prof, count, resize)
+	if why != "" {
+		e.quotaWhy = append(e.quotaWhy, why)
+	}
+	return why
+}
+
+func (e *evaluation) quotaReason(prof catalog.Profile, count int, resize bool) string {
 	q := e.quota
 	pid := e.project.ID
 	if pid == "" {
@@ -554,7 +565,13 @@ func (e *evaluation) resolve(raw []Intent, count int) {
 			in.Host = e.inst.Host
 		}
 		if reason != "" {
-			d.Refused = append(d.Refused, Refusal{Intent: in, Reason: reason})
+			r := Refusal{Intent: in, Reason: reason}
+			for _, q := range e.quotaWhy {
+				if strings.Contains(reason, q) {
+					r.Code = RefusalQuota
+				}
+			}
+			d.Refused = append(d.Refused, r)
 			continue
 		}
 		d.Intents = append(d.Intents, in)
@@ -769,17 +786,17 @@ func (e *evaluation) tuneRequest() {
 func (e *evaluation) finish() {
 	d := e.d
 	if !d.Rejected {
-		changed, refusedChange := false, ""
+		changed, refusedChange, code := false, "", ""
 		for _, in := range d.Intents {
 			changed = changed || in.Kind.changes()
 		}
 		for _, r := range d.Refused {
 			if r.Intent.Kind.changes() && refusedChange == "" {
-				refusedChange = r.Reason
+				refusedChange, code = r.Reason, r.Code
 			}
 		}
 		if !changed && refusedChange != "" {
-			d.Rejected, d.Reason = true, refusedChange
+			d.Rejected, d.Reason, d.Code = true, refusedChange, code
 		}
 	}
 	for _, in := range d.Intents {

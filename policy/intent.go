@@ -72,7 +72,13 @@ type Exclusion struct {
 type Refusal struct {
 	Intent Intent `json:"intent"`
 	Reason string `json:"reason"`
+	// Code is RefusalQuota when the project's quota refused the intent.
+	Code string `json:"code,omitempty"`
 }
+
+// RefusalQuota codes a refusal by the project's quota: the request ends
+// rejected with code "quota".
+const RefusalQuota = "quota"
 
 // intentCELType is the CEL type of the intent functions' results.
 var intentCELType = types.NewOpaqueType("policy.Intent")

@@ -106,6 +106,7 @@ const (
 const (
 	CodePolicyRejected = "policy_rejected"
 	CodeRefused        = "refused"
+	CodeQuota          = "quota" // the project's quota refused it
 	CodeNoAction       = "no_action"
 	CodeNovaPath       = "nova_path_unavailable"
 	CodeUnsupported    = "unsupported_intent"
@@ -145,6 +146,9 @@ func (p Plan) Actions() bool {
 // PlanDecision turns a policy decision into steps. It is pure.
 func PlanDecision(d *policy.Decision, f Facts) Plan {
 	if d.Rejected {
+		if d.Code == policy.RefusalQuota {
+			return Plan{Outcome: OutcomeReject, Code: CodeQuota, Reason: d.Reason}
+		}
 		return Plan{Outcome: OutcomeReject, Code: CodePolicyRejected, Reason: d.Reason}
 	}
 	var p Plan
@@ -261,6 +265,8 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 		return p
 	}
 	switch {
+	case len(d.Refused) > 0 && d.Refused[0].Code == policy.RefusalQuota:
+		p.Outcome, p.Code, p.Reason = OutcomeReject, CodeQuota, d.Refused[0].Reason
 	case len(d.Refused) > 0:
 		p.Outcome, p.Code, p.Reason = OutcomeReject, CodeRefused, d.Refused[0].Reason
 	case len(p.Notes) > 0:

@@ -214,6 +214,13 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 		project = f.Instance.ProjectID
 	}
 	if project != "" {
+		// One decision of a project at a time reads and adds to its
+		// usage: the lock ends with this transaction (never held across
+		// a Placement or Nova call), after the decision's attachments or
+		// Nova resize are written, so the next one counts them.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-bridge/quota/' || $1, 0))`, project); err != nil {
+			return f, nil, fmt.Errorf("lock the usage of project %s: %w", project, err)
+		}
 		u, err := p.projectUsage(ctx, tx, project)
 		if err != nil {
 			return f, nil, err
@@ -240,7 +247,11 @@ func (p *Processor) projectUsage(ctx context.Context, q Querier, project string)
 	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int FROM vgpu_attachments a JOIN instances i ON i.uuid = a.instance_uuid
 			WHERE i.project_id = $1 AND a.state IN ('pending','attached') GROUP BY 1
 		UNION ALL
-		SELECT '', coalesce(sum(vgpus),0)::int FROM instances WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0`, project)
+		SELECT '', coalesce(sum(vgpus),0)::int FROM instances WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0
+		UNION ALL
+		-- Nova resizes still under way: their vGPUs count before Nova's notifications do.
+		SELECT coalesce(r.profile,''), sum(r.count)::int FROM nova_resizes r JOIN instances i ON i.uuid = r.instance_uuid
+			WHERE i.project_id = $1 AND r.step <> 'done' GROUP BY 1`, project)
 	if err != nil {
 		return policy.Usage{}, fmt.Errorf("read usage of project %s: %w", project, err)
 	}

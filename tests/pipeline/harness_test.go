@@ -84,7 +84,10 @@ type world struct {
 func newWorld(t *testing.T) *world { return newWorldWith(t, testPolicy) }
 
 // newWorldWith is newWorld with other policy rules.
-func newWorldWith(t *testing.T, rulesYAML string) *world {
+// newWorldWith is newWorld with rulesYAML as the policy (PROJECT_ID in it
+// stands for the world's project) and, when given, that many more
+// running domains on the fake host (w.domains[len-n:]).
+func newWorldWith(t *testing.T, rulesYAML string, moreDomains ...int) *world {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -99,6 +102,7 @@ func newWorldWith(t *testing.T, rulesYAML string) *world {
 
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "policy.yaml")
+	rulesYAML = strings.ReplaceAll(rulesYAML, "PROJECT_ID", w.project)
 	testsvc.Must(t, os.WriteFile(rules, []byte(rulesYAML), 0o644), "policy file")
 	h, err := policy.NewHolder(policy.Config{RulesFile: rules, ProfilesFile: "../../etc/vgpu-bridge/profiles.yaml"}, nil)
 	testsvc.Must(t, err, "policy")
@@ -112,7 +116,11 @@ func newWorldWith(t *testing.T, rulesYAML string) *world {
 	for i := range spec.Domains {
 		spec.Domains[i].UUID = uuid.NewString()
 	}
-	for i := 4; i <= 7; i++ {
+	last := 7
+	for _, n := range moreDomains {
+		last += n
+	}
+	for i := 4; i <= last; i++ {
 		spec.Domains = append(spec.Domains, fakehost.Domain{Name: fmt.Sprintf("instance-%08d", i), UUID: uuid.NewString(), Running: true})
 	}
 	w.domains = spec.Domains
