@@ -245,8 +245,41 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 		case policy.IntentNotify:
 			p.Steps = append(p.Steps, Step{Kind: StepNotify, Intent: in})
 		case policy.IntentResize:
-			return fail(CodeUnsupported, fmt.Sprintf("resize to %s: moving a vGPU to another profile is not available in this build; "+
-				"release it and request the new profile", in.Profile))
+			if in.Mode != policy.ModeDirectLive && in.Mode != policy.ModeDirectCold {
+				return fail(CodeUnsupported, fmt.Sprintf("resize to %s through Nova (a flavor with the new profile) is not "+
+					"available in this build; the direct path (attach_mode direct-live or direct-cold) changes profiles", in.Profile))
+			}
+			if why, code := hostProblem(f); why != "" {
+				return fail(code, why)
+			}
+			if in.Trait == "" {
+				return fail(CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
+			}
+			// Break before make: a VM holds one fractional vGPU, so the old
+			// ones are detached and removed, then the new ones created and
+			// attached on a GPU of the host that offers the profile (claimed
+			// before anything is sent). On a failure the old ones come back
+			// (compensate).
+			var old []Attachment
+			for _, a := range f.Attachments {
+				switch {
+				case busy[a.ID.String()]:
+				case a.State == AttPending || a.State == AttReleasing:
+					return fail(CodeBusy, "a change of this instance's vGPUs is still in progress; retry when it is finished")
+				case a.State == AttAttached:
+					old = append(old, a)
+				}
+			}
+			if len(old) == 0 {
+				p.Notes = append(p.Notes, "resize: the instance holds no direct-path vGPU (vGPUs of its flavor are Nova's)")
+				continue
+			}
+			for _, a := range old {
+				busy[a.ID.String()] = true
+			}
+			in.Count = len(old)
+			p.Steps = append(p.Steps, Step{Kind: StepRelease, Intent: in, Release: old, Host: old[0].Host},
+				Step{Kind: StepAttach, Intent: in, Mode: agentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
 		}
 	}
 	if f.Rebuilt && !f.Deleting {

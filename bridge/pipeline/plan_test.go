@@ -28,6 +28,10 @@ func att(state, profile string) Attachment {
 		TypeID: "nvidia-232", Profile: profile, Mode: protocol.ModeLive, State: state}
 }
 
+func resize(mode policy.AttachMode) policy.Intent {
+	return policy.Intent{Kind: policy.IntentResize, Instance: inst, Profile: "T4-2Q", TypeID: "nvidia-231", Trait: "CUSTOM_NVIDIA_231", Count: 1, Mode: mode}
+}
+
 func TestPlanDecision(t *testing.T) {
 	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
 	tests := []struct {
@@ -42,6 +46,19 @@ func TestPlanDecision(t *testing.T) {
 	}{
 		{name: "rejected by policy", d: policy.Decision{Rejected: true, Reason: "instance is deleted"}, f: Facts{Instance: known("cmp1")},
 			outcome: OutcomeReject, code: CodePolicyRejected, inWhy: "deleted"},
+		{name: "rejected by the quota", d: policy.Decision{Rejected: true, Reason: "project p would hold 5 vGPUs", Code: policy.RefusalQuota},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeQuota, inWhy: "would hold"},
+		{name: "direct resize: release, then attach", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
+			f:       Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q")}},
+			outcome: OutcomeAct, steps: []StepKind{StepRelease, StepAttach}},
+		{name: "direct resize while a change is in flight", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
+			f:       Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q"), att(AttPending, "T4-4Q")}},
+			outcome: OutcomeFail, code: CodeBusy},
+		{name: "direct resize of flavor vGPUs only", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeRefused, inWhy: "vGPUs of its flavor are Nova's"},
+		{name: "resize through Nova is not in this build", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeNovaResize)}},
+			f:       Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q")}},
+			outcome: OutcomeFail, code: CodeUnsupported, inWhy: "through Nova"},
 		{name: "direct live attach", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}}, f: Facts{Instance: known("cmp1")},
 			outcome: OutcomeAct, steps: []StepKind{StepAttach}, mode: protocol.ModeLive},
 		{name: "live attach to a stopped server changes its definition", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}},

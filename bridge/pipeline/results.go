@@ -300,8 +300,55 @@ func (p *Processor) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, 
 			return err
 		}
 	}
+	// A profile change (vGPUs both made and taken back) brings back the
+	// old vGPUs it had begun to take out: their claims are still held,
+	// attach_vgpu creates their mdevs again.
+	if len(atts) > 0 {
+		if err := p.restoreReleases(ctx, tx, reqID, reason, now, &seq); err != nil {
+			return err
+		}
+	}
 	// Releases that did not finish: the vGPU stays where it is.
 	return requests.AbandonReleases(ctx, tx, reqID, "release failed: "+reason)
+}
+
+// restoreReleases queues attach_vgpu (compensation) for each attachment
+// the request was releasing whose detach_vgpu or remove_mdev went out.
+func (p *Processor) restoreReleases(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, reason string, now time.Time, seq *int) error {
+	rows, err := tx.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments a WHERE release_request_id = $1 AND state = 'releasing'
+		AND EXISTS (SELECT 1 FROM commands c WHERE c.attachment_id = a.id AND c.request_id = $1 AND c.purpose = 'action'
+			AND c.sent_at IS NOT NULL AND coalesce(c.result_status, '') NOT IN ('failed', 'refused'))
+		FOR UPDATE`, reqID)
+	if err != nil {
+		return err
+	}
+	old, err := requests.ScanAttachments(rows)
+	if err != nil {
+		return err
+	}
+	for _, a := range old {
+		cs, err := AttachCommands(a, reqID.String(), now, now.Add(p.cfg.RequestTimeout))
+		if err != nil {
+			return err
+		}
+		id := a.ID
+		var out []outCmd
+		for _, c := range cs {
+			*seq++
+			out = append(out, outCmd{c: c, seq: *seq, attachment: &id})
+		}
+		if err := insertCommands(ctx, tx, reqID, PurposeCompensation, out); err != nil {
+			return err
+		}
+		d, _ := json.Marshal(map[string]any{"reason": reason, "commands": []string{string(protocol.AttachVGPU) + " " + cs[0].ID},
+			"profile": a.Profile, "gpu": a.PCIAddress})
+		if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+			VALUES ($1, 'restore', 'attachment', $2, $3, $4)`, p.actor(), a.ID.String(), reqID.String(), d); err != nil {
+			return err
+		}
+		p.m.compensations.WithLabelValues("vgpu_restored").Inc()
+	}
+	return nil
 }
 
 // compensateEnded compensates requests that ended while their vGPUs were

@@ -79,20 +79,42 @@ type world struct {
 	domains  []fakehost.Domain
 	created  []string // consumers to clean up
 	requests *requests.Store
+	opts     worldOpts
 }
 
 func newWorld(t *testing.T) *world { return newWorldWith(t, testPolicy) }
 
 // newWorldWith is newWorld with other policy rules.
+// worldOpts change the world newWorldWith builds.
+type worldOpts struct {
+	moreDomains int    // running domains added on the fake host (w.domains[len-n:])
+	gpuBTrait   string // gpuB's type trait in Placement (default: T4-4Q's)
+	gpuBTotal   int    // and its VGPU total (default 4)
+	gpuBForeign string // an mdev of this type on gpuB that Placement does not know of
+}
+
+type worldOpt func(*worldOpts)
+
+func withDomains(n int) worldOpt { return func(o *worldOpts) { o.moreDomains = n } }
+
+// withGPUB types gpuB in Placement with trait (total VGPUs), and, when
+// foreign is set, puts an mdev of that type on it in the fake host.
+func withGPUB(trait string, total int, foreign string) worldOpt {
+	return func(o *worldOpts) { o.gpuBTrait, o.gpuBTotal, o.gpuBForeign = trait, total, foreign }
+}
+
 // newWorldWith is newWorld with rulesYAML as the policy (PROJECT_ID in it
-// stands for the world's project) and, when given, that many more
-// running domains on the fake host (w.domains[len-n:]).
-func newWorldWith(t *testing.T, rulesYAML string, moreDomains ...int) *world {
+// stands for the world's project) and opts.
+func newWorldWith(t *testing.T, rulesYAML string, opts ...worldOpt) *world {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
+	o := worldOpts{gpuBTrait: t4qTrait, gpuBTotal: 4}
+	for _, fn := range opts {
+		fn(&o)
+	}
 	w := &world{t: t, ctx: ctx, host: testsvc.Name("pipe-host"), project: strings.ReplaceAll(uuid.NewString(), "-", ""),
-		user: strings.ReplaceAll(uuid.NewString(), "-", ""), gpus: map[string]string{}}
+		user: strings.ReplaceAll(uuid.NewString(), "-", ""), gpus: map[string]string{}, opts: o}
 	w.node = w.host + ".nodes.test"
 	w.results, w.reports = testsvc.Name("pipe-results"), testsvc.Name("pipe-reports")
 	w.amqpURL = testsvc.RabbitURL(t)
@@ -116,11 +138,10 @@ func newWorldWith(t *testing.T, rulesYAML string, moreDomains ...int) *world {
 	for i := range spec.Domains {
 		spec.Domains[i].UUID = uuid.NewString()
 	}
-	last := 7
-	for _, n := range moreDomains {
-		last += n
+	if o.gpuBForeign != "" {
+		spec.MdevGPUs[1].Mdevs = append(spec.MdevGPUs[1].Mdevs, fakehost.Mdev{UUID: uuid.NewString(), Type: o.gpuBForeign})
 	}
-	for i := 4; i <= last; i++ {
+	for i := 4; i <= 7+o.moreDomains; i++ {
 		spec.Domains = append(spec.Domains, fakehost.Domain{Name: fmt.Sprintf("instance-%08d", i), UUID: uuid.NewString(), Running: true})
 	}
 	w.domains = spec.Domains
@@ -158,6 +179,7 @@ func (w *world) placementFleet() {
 	testsvc.Must(t, err, "placement client")
 	w.sc = c.ServiceClient()
 	testsvc.Must(t, traits.Create(ctx, w.sc, t4qTrait).ExtractErr(), "create trait")
+	testsvc.Must(t, traits.Create(ctx, w.sc, w.opts.gpuBTrait).ExtractErr(), "create trait")
 	w.root = uuid.NewString()
 	_, err = resourceproviders.Create(ctx, w.sc, resourceproviders.CreateOpts{Name: w.node, UUID: w.root}).Extract()
 	testsvc.Must(t, err, "create root provider")
@@ -296,12 +318,16 @@ func (w *world) computeNode(root, node string, gpus map[string]string) {
 		_, err := resourceproviders.Create(ctx, w.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: root}).Extract()
 		testsvc.Must(t, err, "create GPU provider "+name)
 		gpus[pci] = id
+		total, trait := 4, t4qTrait
+		if pci == gpuB && w.opts.gpuBTrait != "" {
+			total, trait = w.opts.gpuBTotal, w.opts.gpuBTrait
+		}
 		r, err := resourceproviders.UpdateInventories(ctx, w.sc, id, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
-			"VGPU": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1},
+			"VGPU": {Total: total, MinUnit: 1, MaxUnit: total, StepSize: 1, AllocationRatio: 1},
 		}}).Extract()
 		testsvc.Must(t, err, "GPU inventory of "+name)
 		_, err = resourceproviders.UpdateTraits(ctx, w.sc, id, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: r.ResourceProviderGeneration,
-			Traits: []string{t4qTrait}}).Extract()
+			Traits: []string{trait}}).Extract()
 		testsvc.Must(t, err, "GPU traits of "+name)
 	}
 }

@@ -21,7 +21,7 @@ import (
 func TestQuotaHoldsUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	const n, quota = 10, 4
-	w := newWorldWith(t, testsvc.DirectPolicy()+"projects:\n  PROJECT_ID:\n    quota: {max_vgpus: 4}\n", n)
+	w := newWorldWith(t, testsvc.DirectPolicy()+"projects:\n  PROJECT_ID:\n    quota: {max_vgpus: 4}\n", withDomains(n))
 	w.startAgent()
 	w.startBridge(replicaOpts{name: "r1"})
 	w.startBridge(replicaOpts{name: "r2"})

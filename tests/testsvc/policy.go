@@ -9,6 +9,12 @@ const (
     on: [webhook.GPU_RELEASE]
     then: ['release()']
 `
+	// RuleResizeOnRequest moves the instance's vGPUs to the requested
+	// profile.
+	RuleResizeOnRequest = `  - name: resize-on-request
+    on: [webhook.GPU_RESIZE]
+    then: ['resize(event.profile)']
+`
 	// RuleReleaseOnDelete releases a deleted instance's vGPUs.
 	RuleReleaseOnDelete = `  - name: release-on-delete
     on: [nova.instance.delete.end]

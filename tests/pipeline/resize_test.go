@@ -1,0 +1,126 @@
+package pipeline_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
+)
+
+const t42qTrait = "CUSTOM_NVIDIA_231" // T4-2Q
+
+var resizePolicy = testsvc.DirectPolicy(testsvc.RuleReleaseOnRequest, testsvc.RuleResizeOnRequest)
+
+// attachT44Q gives inst a T4-4Q (on gpuA, the GPU that offers it) and
+// returns its attachment.
+func (w *world) attachT44Q(inst string) attachmentRow {
+	w.t.Helper()
+	r := w.wait(w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q", "count": 1}), 60*time.Second)
+	if r.State != requests.Succeeded {
+		w.t.Fatalf("attach: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	atts := w.attachments(inst)
+	if len(atts) != 1 || atts[0].pci != gpuA {
+		w.t.Fatalf("attachments after the attach: %+v", atts)
+	}
+	w.reportedActive(atts[0].id, inst, true, 30*time.Second)
+	return atts[0]
+}
+
+// TestDirectResize: T4-4Q → T4-2Q on the direct path, then a release.
+// The old vGPU is detached and removed before the new one is created and
+// attached on the GPU that offers T4-2Q; Placement ends with the new
+// claim only; the request's commands ran in that order.
+func TestDirectResize(t *testing.T) {
+	t.Parallel()
+	w := newWorldWith(t, resizePolicy, withGPUB(t42qTrait, 8, ""))
+	w.startAgent()
+	w.startBridge(replicaOpts{name: "r1"})
+	inst := w.domains[3].UUID
+	old := w.attachT44Q(inst)
+
+	id := w.submit("GPU_RESIZE", inst, map[string]any{"vgpu_profile": "T4-2Q"})
+	r := w.wait(id, 60*time.Second)
+	if r.State != requests.Succeeded {
+		t.Fatalf("resize: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	var kinds string
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT string_agg(kind, ',' ORDER BY seq) FROM commands WHERE request_id = $1`, id).Scan(&kinds), "commands")
+	if kinds != "detach_vgpu,remove_mdev,attach_vgpu" {
+		t.Errorf("commands of the resize: %s, want detach_vgpu,remove_mdev,attach_vgpu", kinds)
+	}
+	var attached []attachmentRow
+	for _, a := range w.attachments(inst) {
+		switch {
+		case a.id == old.id && a.state != pipeline.AttReleased:
+			t.Errorf("the old vGPU is %s, want released", a.state)
+		case a.id != old.id && a.state == pipeline.AttAttached:
+			attached = append(attached, a)
+		}
+	}
+	if len(attached) != 1 || attached[0].pci != gpuB || attached[0].provider != w.gpus[gpuB] {
+		t.Fatalf("attached after the resize: %+v, want one on %s", attached, gpuB)
+	}
+	al := w.allocations(inst)
+	if al[w.gpus[gpuB]]["VGPU"] != 1 || al[w.gpus[gpuA]]["VGPU"] != 0 {
+		t.Errorf("Placement after the resize: %v, want VGPU 1 on gpuB only", al)
+	}
+	if w.mdevExists(old.id) || !w.mdevExists(attached[0].id) {
+		t.Errorf("fake sysfs: old mdev exists %v, new %v; want false, true", w.mdevExists(old.id), w.mdevExists(attached[0].id))
+	}
+	w.reportedActive(attached[0].id, inst, true, 30*time.Second)
+	t.Logf("resize T4-4Q → T4-2Q: %s", r.FinishedAt.Sub(r.CreatedAt).Round(time.Millisecond))
+
+	// Giving it back.
+	if r := w.wait(w.submit("GPU_RELEASE", inst, nil), 60*time.Second); r.State != requests.Succeeded {
+		t.Fatalf("release: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	if n := vgpuUnits(w.allocations(inst)); n != 0 || w.mdevExists(attached[0].id) {
+		t.Errorf("after the release: VGPU %d, mdev exists %v; want 0, false", n, w.mdevExists(attached[0].id))
+	}
+}
+
+// TestDirectResizeFailureRestores: the new profile cannot be created on
+// the host (its GPU holds an mdev of another type Placement does not know
+// of), so the agent fails the attach: the request fails, the new claim is
+// returned and the old vGPU is created and attached again, under the
+// claim it kept.
+func TestDirectResizeFailureRestores(t *testing.T) {
+	t.Parallel()
+	w := newWorldWith(t, resizePolicy, withGPUB(t42qTrait, 8, "nvidia-222"))
+	w.startAgent()
+	w.startBridge(replicaOpts{name: "r1"})
+	inst := w.domains[3].UUID
+	old := w.attachT44Q(inst)
+
+	id := w.submit("GPU_RESIZE", inst, map[string]any{"vgpu_profile": "T4-2Q"})
+	r := w.wait(id, 60*time.Second)
+	if r.State != requests.Failed || (r.Code != pipeline.CodeAgentFailed && r.Code != pipeline.CodeAgentRefused) {
+		t.Fatalf("resize onto a full GPU: %s (%s: %s), want failed by the agent", r.State, r.Code, r.Reason)
+	}
+	// The restore runs after the request ended: wait for it.
+	w.reportedActive(old.id, inst, true, 60*time.Second)
+	if !w.mdevExists(old.id) {
+		t.Errorf("the old mdev %s is not back", old.id)
+	}
+	al := w.allocations(inst)
+	if al[w.gpus[gpuA]]["VGPU"] != 1 || al[w.gpus[gpuB]]["VGPU"] != 0 {
+		t.Errorf("Placement after the failed resize: %v, want VGPU 1 on gpuA only (the old claim)", al)
+	}
+	for _, a := range w.attachments(inst) {
+		if a.id == old.id && a.state != pipeline.AttAttached {
+			t.Errorf("the old vGPU is %s, want attached", a.state)
+		}
+		if a.id != old.id && a.state != pipeline.AttFailed {
+			t.Errorf("the new vGPU is %s, want failed", a.state)
+		}
+	}
+	var restores int
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM audit_log WHERE request_id = $1 AND action = 'restore' AND object_id = $2`,
+		id.String(), old.id).Scan(&restores), "audit")
+	if restores != 1 {
+		t.Errorf("audit records of the restore: %d, want 1", restores)
+	}
+}
