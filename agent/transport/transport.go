@@ -508,7 +508,9 @@ func (l *Loop) wasReturned(returns <-chan amqp.Return, id string) (string, bool)
 // reportLoop publishes a report now, when the host changed, and every period.
 func (l *Loop) reportLoop(ctx context.Context) {
 	// A report that did not go out (no queue bound yet, a nack) is sent
-	// again after a backoff, not at the next period.
+	// again after a backoff, not at the next period: from 1 s up to the
+	// check interval, so a bridge that binds late hears from the agent
+	// within one check interval.
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
@@ -529,7 +531,7 @@ func (l *Loop) reportLoop(ctx context.Context) {
 		r.SentAt = time.Now().UTC()
 		if err := l.publish(ctx, protocol.ReportRoutingKey(l.cfg.Host), "report", fmt.Sprintf("%s-%d", l.cfg.Host, r.Seq), r); err != nil {
 			if ctx.Err() == nil {
-				wait := backoff.Policy{Min: time.Second, Max: l.cfg.ReportInterval}.Delay(failures)
+				wait := backoff.Policy{Min: time.Second, Max: max(time.Second, min(l.cfg.ReportCheckInterval, l.cfg.ReportInterval))}.Delay(failures)
 				failures++
 				l.log.Warn("cannot publish report; sending it again", logkey.Err, err, "in", wait.Round(time.Millisecond))
 				retry.Reset(wait)
