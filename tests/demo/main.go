@@ -57,6 +57,7 @@ const (
 	novaProject = "6f70656e737461636b20342065766572"
 	novaUser    = "fake"
 	t4Trait     = "CUSTOM_NVIDIA_232" // nvidia-232 = GRID T4-4Q
+	t42QTrait   = "CUSTOM_NVIDIA_231" // nvidia-231 = GRID T4-2Q, the second T4's type
 	t4Type      = "nvidia-232"
 	overall     = 150 * time.Second // the whole demo, cleanup excluded
 )
@@ -300,8 +301,10 @@ func (d *demo) placement() error {
 		return err
 	}
 	d.sc = c.ServiceClient()
-	if err := traits.Create(ctx, d.sc, t4Trait).ExtractErr(); err != nil {
-		return fmt.Errorf("trait: %w (is `make services` done?)", err)
+	for _, tr := range []string{t4Trait, t42QTrait} {
+		if err := traits.Create(ctx, d.sc, tr).ExtractErr(); err != nil {
+			return fmt.Errorf("trait: %w (is `make services` done?)", err)
+		}
 	}
 	for i, agent := range []bool{true, true, false} {
 		h := &host{name: fmt.Sprintf("demo-compute-%d-%s", i+1, d.id), agent: agent, gpus: map[string]string{}}
@@ -314,7 +317,7 @@ func (d *demo) placement() error {
 		if !agent {
 			what = "NO agent (its requests cannot complete)"
 		}
-		d.say("Placement: provider %s (VCPU 64, MEMORY_MB 256G) + 2 × T4 children (VGPU 4, %s); %s", h.node, t4Trait, what)
+		d.say("Placement: provider %s (VCPU 64, MEMORY_MB 256G) + 2 × T4 children (VGPU 4 %s; VGPU 8 %s); %s", h.node, t4Trait, t42QTrait, what)
 	}
 	// Three instances on the hosts with agents, one on the host without.
 	for i, h := range []*host{d.hosts[0], d.hosts[1], d.hosts[0], d.hosts[2]} {
@@ -356,7 +359,12 @@ func (d *demo) providers(ctx context.Context, h *host) error {
 	}}).Extract(); err != nil {
 		return fmt.Errorf("root inventory: %w", err)
 	}
-	for _, pci := range gpuPCIs {
+	for i, pci := range gpuPCIs {
+		// The first T4 serves T4-4Q, the second T4-2Q (a GPU holds one type).
+		total, trait := 4, t4Trait
+		if i == 1 {
+			total, trait = 8, t42QTrait
+		}
 		id := uuid.NewString()
 		name := h.node + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(pci)
 		if _, err := resourceproviders.Create(ctx, d.sc, resourceproviders.CreateOpts{Name: name, UUID: id, ParentProviderUUID: h.root}).Extract(); err != nil {
@@ -366,13 +374,13 @@ func (d *demo) providers(ctx context.Context, h *host) error {
 		h.gpus[pci] = id
 		d.names[id] = name
 		r, err := resourceproviders.UpdateInventories(ctx, d.sc, id, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
-			"VGPU": {Total: 4, MinUnit: 1, MaxUnit: 4, StepSize: 1, AllocationRatio: 1},
+			"VGPU": {Total: total, MinUnit: 1, MaxUnit: total, StepSize: 1, AllocationRatio: 1},
 		}}).Extract()
 		if err != nil {
 			return fmt.Errorf("GPU inventory: %w", err)
 		}
 		if _, err := resourceproviders.UpdateTraits(ctx, d.sc, id, resourceproviders.UpdateTraitsOpts{
-			ResourceProviderGeneration: r.ResourceProviderGeneration, Traits: []string{t4Trait}}).Extract(); err != nil {
+			ResourceProviderGeneration: r.ResourceProviderGeneration, Traits: []string{trait}}).Extract(); err != nil {
 			return fmt.Errorf("GPU traits: %w", err)
 		}
 	}
@@ -828,6 +836,9 @@ func (d *demo) webhooks() error {
 	for _, s := range []step{
 		{"#1", vm1, request(vm1), "succeeded"},
 		{"#2", vm2, request(vm2), "succeeded"},
+		// A profile change on the direct path: T4-4Q → T4-2Q, on the T4
+		// that offers it (detach and remove the old, create and attach the new).
+		{"#2b", vm2, map[string]any{"type": "GPU_RESIZE", "vm_id": vm2.uuid, "workload": "vdi", "vgpu_profile": "T4-2Q"}, "succeeded"},
 		{"#3", vm1, map[string]any{"type": "GPU_RELEASE", "vm_id": vm1.uuid}, "succeeded"},
 	} {
 		ans, err := d.send(s.label, s.vm, s.body, d.secret)
