@@ -14,6 +14,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -22,6 +23,7 @@ import (
 type Catalog interface {
 	ByName(name string) (catalog.Profile, bool)
 	ByTypeID(typeID string) (catalog.Profile, bool)
+	ByTrait(trait string) (catalog.Profile, bool)
 }
 
 // snapshot is the policy.State of one evaluation.
@@ -247,30 +249,66 @@ func (p *Processor) projectUsage(ctx context.Context, q Querier, project string)
 	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int FROM vgpu_attachments a JOIN instances i ON i.uuid = a.instance_uuid
 			WHERE i.project_id = $1 AND a.state IN ('pending','attached') GROUP BY 1
 		UNION ALL
-		SELECT '', coalesce(sum(vgpus),0)::int FROM instances WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0
-		UNION ALL
 		-- Nova resizes still under way: their vGPUs count before Nova's notifications do.
 		SELECT coalesce(r.profile,''), sum(r.count)::int FROM nova_resizes r JOIN instances i ON i.uuid = r.instance_uuid
 			WHERE i.project_id = $1 AND r.step <> 'done' GROUP BY 1`, project)
 	if err != nil {
 		return policy.Usage{}, fmt.Errorf("read usage of project %s: %w", project, err)
 	}
-	defer rows.Close()
 	var u policy.Usage
-	for rows.Next() {
-		var prof string
-		var n int
-		if err := rows.Scan(&prof, &n); err != nil {
-			return u, err
-		}
+	var prof string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&prof, &n}, func() error {
 		u.VGPUs += n
 		if prof != "" && p.d.Catalog != nil {
 			if cp, ok := p.d.Catalog.ByName(prof); ok {
 				u.FramebufferMiB += n * cp.FramebufferMiB
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return u, fmt.Errorf("read usage of project %s: %w", project, err)
 	}
-	return u, rows.Err()
+	// The flavors' (Nova's) vGPUs, with the framebuffer of the profile
+	// their type trait names.
+	rows, err = q.Query(ctx, `SELECT vgpus, coalesce(vgpu_demand, 'null'::jsonb) FROM instances
+		WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0`, project)
+	if err != nil {
+		return u, fmt.Errorf("read flavor vGPUs of project %s: %w", project, err)
+	}
+	var demand []byte
+	_, err = pgx.ForEachRow(rows, []any{&n, &demand}, func() error {
+		u.VGPUs += n
+		u.FramebufferMiB += p.flavorFramebufferMiB(demand)
+		return nil
+	})
+	if err != nil {
+		return u, fmt.Errorf("read flavor vGPUs of project %s: %w", project, err)
+	}
+	return u, nil
+}
+
+// flavorFramebufferMiB is the framebuffer of a flavor's vGPUs: for each
+// request group, its VGPU units times the framebuffer of the profile its
+// required CUSTOM_NVIDIA_* trait names. A group without such a trait (any
+// type) counts 0: the profile is not known until Nova places it.
+func (p *Processor) flavorFramebufferMiB(demand []byte) int {
+	var d nova.Demand
+	if p.d.Catalog == nil || json.Unmarshal(demand, &d) != nil {
+		return 0
+	}
+	mib := 0
+	for _, g := range d.Groups {
+		n := g.Resources[nova.ResourceVGPU]
+		for _, tr := range g.Required {
+			if cp, ok := p.d.Catalog.ByTrait(tr); ok && n > 0 {
+				mib += n * cp.FramebufferMiB
+				break
+			}
+		}
+	}
+	return mib
 }
 
 func joinNonEmpty(sep string, parts ...string) string {

@@ -85,3 +85,24 @@ func TestQuotaCountsNovaResizesInFlight(t *testing.T) {
 			one.State, one.Code, two.State, two.Code, two.Reason)
 	}
 }
+
+// TestQuotaCountsFlavorFramebuffer: an instance whose flavor holds a
+// T4-4Q (resources:VGPU=1, trait:CUSTOM_NVIDIA_232=required) counts its
+// 4 GiB against the project's framebuffer quota: with 8 GiB allowed, one
+// more T4-4Q fits and a second is rejected with code quota.
+func TestQuotaCountsFlavorFramebuffer(t *testing.T) {
+	t.Parallel()
+	w := newWorldWith(t, testsvc.DirectPolicy()+"projects:\n  PROJECT_ID:\n    quota: {max_framebuffer_gib: 8}\n")
+	w.startAgent()
+	w.startBridge(replicaOpts{name: "r1"})
+	// domains[0] is Nova's vGPU instance: its flavor, as the bridge keeps it.
+	_, err := w.pool.Exec(w.ctx, `UPDATE instances SET vgpus = 1,
+		vgpu_demand = '{"groups":[{"resources":{"VGPU":1},"required":["CUSTOM_NVIDIA_232"]}]}' WHERE uuid = $1`, w.domains[0].UUID)
+	testsvc.Must(t, err, "flavor vGPU")
+	one := w.wait(w.submit("GPU_REQUEST", w.domains[4].UUID, map[string]any{"vgpu_profile": "T4-4Q"}), 60*time.Second)
+	two := w.wait(w.submit("GPU_REQUEST", w.domains[5].UUID, map[string]any{"vgpu_profile": "T4-4Q"}), 60*time.Second)
+	if one.State != requests.Succeeded || two.State != requests.Rejected || two.Code != pipeline.CodeQuota {
+		t.Errorf("with a flavor's T4-4Q in the project: first %s (%s: %s), second %s (%s: %s); want succeeded, then rejected with code quota",
+			one.State, one.Code, one.Reason, two.State, two.Code, two.Reason)
+	}
+}
