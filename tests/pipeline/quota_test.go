@@ -21,7 +21,12 @@ import (
 func TestQuotaHoldsUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	const n, quota = 10, 4
-	w := newWorldWith(t, testsvc.DirectPolicy()+"projects:\n  PROJECT_ID:\n    quota: {max_vgpus: 4}\n", withDomains(n))
+	// Placement has room for all ten claims (gpuB says 8 T4-4Q): the
+	// decisions run their claims in parallel, before the second round
+	// rejects those over quota, so with less room a request can end
+	// no_capacity instead (see the README's quota paragraph).
+	w := newWorldWith(t, testsvc.DirectPolicy()+"projects:\n  PROJECT_ID:\n    quota: {max_vgpus: 4}\n", withDomains(n),
+		withGPUB(t4qTrait, 8, ""))
 	w.startAgent()
 	w.startBridge(replicaOpts{name: "r1"})
 	w.startBridge(replicaOpts{name: "r2"})
@@ -51,9 +56,17 @@ func TestQuotaHoldsUnderConcurrency(t *testing.T) {
 	if ok != quota || rejected != n-quota {
 		t.Errorf("%d succeeded and %d rejected with code quota; want %d and %d", ok, rejected, quota, n-quota)
 	}
+	// The claims of the rejected requests are given back just after
+	// their decisions: Placement comes down to the four.
 	held := 0
-	for _, d := range insts {
-		held += vgpuUnits(w.allocations(d.UUID))
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		held = 0
+		for _, d := range insts {
+			held += vgpuUnits(w.allocations(d.UUID))
+		}
+		if held == quota || time.Now().After(deadline) {
+			break
+		}
 	}
 	var attached int
 	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM vgpu_attachments WHERE state = 'attached'`).Scan(&attached), "attachments")
