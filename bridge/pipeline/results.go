@@ -313,11 +313,13 @@ func (p *Processor) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, 
 }
 
 // restoreReleases queues attach_vgpu (compensation) for each attachment
-// the request was releasing whose detach_vgpu or remove_mdev went out.
+// the request was detaching from its domain (a detach_vgpu went out). A
+// release without a detach (the domain is gone: a move, a delete) has
+// nothing to come back to.
 func (p *Processor) restoreReleases(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, reason string, now time.Time, seq *int) error {
 	rows, err := tx.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments a WHERE release_request_id = $1 AND state = 'releasing'
 		AND EXISTS (SELECT 1 FROM commands c WHERE c.attachment_id = a.id AND c.request_id = $1 AND c.purpose = 'action'
-			AND c.sent_at IS NOT NULL AND coalesce(c.result_status, '') NOT IN ('failed', 'refused'))
+			AND c.kind = 'detach_vgpu' AND c.sent_at IS NOT NULL AND coalesce(c.result_status, '') NOT IN ('failed', 'refused'))
 		FOR UPDATE`, reqID)
 	if err != nil {
 		return err

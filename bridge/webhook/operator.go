@@ -47,7 +47,8 @@ func (e *Endpoint) operatorRequest(c echo.Context) error {
 	if _, err := buf.ReadFrom(r.Body); err != nil { // bounded by the API's body limit
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return err
+			return api.Problem(http.StatusRequestEntityTooLarge, "Request Entity Too Large",
+				fmt.Sprintf("the body may hold at most %d bytes", mbe.Limit))
 		}
 		return api.Problem(http.StatusBadRequest, "Bad Request", "the body could not be read")
 	}
