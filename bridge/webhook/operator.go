@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -34,6 +35,30 @@ var operatorFragment []byte
 func (e *Endpoint) RegisterOperator(srv *api.Server) {
 	srv.Handle(http.MethodPost, "/v1/requests", api.Project, e.operatorRequest)
 	srv.Describe(operatorFragment)
+	// Its body and answer are the webhook's: the same schemas, which the
+	// operator API lacks when webhooks listen elsewhere.
+	srv.Describe(schemasOf(openapiFragment, "WebhookNative", "WebhookAccepted"))
+}
+
+// schemasOf is a fragment with only the named component schemas of frag.
+func schemasOf(frag []byte, names ...string) []byte {
+	var doc struct {
+		Components struct {
+			Schemas map[string]json.RawMessage `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(frag, &doc); err != nil {
+		panic(fmt.Sprintf("webhook: bad OpenAPI fragment: %v", err))
+	}
+	out := map[string]json.RawMessage{}
+	for _, n := range names {
+		if doc.Components.Schemas[n] == nil {
+			panic("webhook: no schema " + n + " in the OpenAPI fragment")
+		}
+		out[n] = doc.Components.Schemas[n]
+	}
+	b, _ := json.Marshal(map[string]any{"components": map[string]any{"schemas": out}})
+	return b
 }
 
 func (e *Endpoint) operatorRequest(c echo.Context) error {
@@ -54,9 +79,10 @@ func (e *Endpoint) operatorRequest(c echo.Context) error {
 	}
 	body := buf.Bytes()
 	now := e.cfg.Now()
-	// One source per caller: its idempotency keys are its own.
+	// One source per caller: its idempotency keys are its own; its events
+	// say "api", whoever asked.
 	src := &source{cfg: Source{Name: OperatorSource + ":" + who.Name, Format: FormatNative,
-		TimestampTolerance: 5 * time.Minute}, label: requests.WebhookSourcePrefix + OperatorSource}
+		TimestampTolerance: 5 * time.Minute}, label: requests.WebhookSourcePrefix + OperatorSource, event: OperatorSource}
 	p, bad := e.build(src, body, now)
 	key := r.Header.Get(HeaderIdempotencyKey)
 	if key != "" && !validKey(key) {
@@ -65,16 +91,11 @@ func (e *Endpoint) operatorRequest(c echo.Context) error {
 	if len(bad) > 0 {
 		return api.ValidationProblem(bad)
 	}
-	for n := range p.events { // the policy sees event.source "api", whoever asked
-		p.events[n].payload.Source = OperatorSource
-	}
-	p.encodeEvents()
 	if who.Role != api.RoleAdmin {
 		refusal, err := e.scopeTo(r.Context(), []string{who.Project}, FormatNative, p)
 		if err != nil {
 			e.log.Error("requests: cannot read the instance's project", logkey.Err, err)
-			return &api.ProblemDetails{Status: http.StatusServiceUnavailable, Title: "Service Unavailable", Code: "store_unavailable",
-				Detail: "the request could not be checked; retry", Headers: map[string]string{"Retry-After": "1"}}
+			return storeUnavailable("checked")
 		}
 		if refusal != "" {
 			return &api.ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden", Code: "project_not_allowed",
@@ -84,17 +105,15 @@ func (e *Endpoint) operatorRequest(c echo.Context) error {
 	p.key = key
 	p.hash = sha256.Sum256(body)
 	res := e.commit(r.Context(), p)
-	switch {
-	case res.err != nil:
+	if res.err != nil {
 		e.log.Error("requests: commit failed", logkey.Err, res.err)
-		return &api.ProblemDetails{Status: http.StatusServiceUnavailable, Title: "Service Unavailable", Code: "store_unavailable",
-			Detail: "the request could not be stored; retry", Headers: map[string]string{"Retry-After": "1"}}
-	case res.conflict:
-		return &api.ProblemDetails{Status: http.StatusConflict, Title: "Conflict", Code: "idempotency_conflict",
-			Detail: "this Idempotency-Key was used with another body within the last day"}
-	case res.replay:
+	}
+	if prob := commitRefusal(res); prob != nil {
+		return prob
+	}
+	if res.replay {
 		c.Response().Header().Set("Idempotent-Replayed", "true")
-	default:
+	} else {
 		e.log.Info("request made through the API", logkey.Principal, who.Name, "request_id", p.req.ID.String())
 	}
 	return c.JSONBlob(res.status, res.body)

@@ -15,6 +15,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	_ "embed"
@@ -169,6 +170,9 @@ func (c *Config) setDefaults() {
 type source struct {
 	cfg   Source // Secrets and Tokens as at start: use creds
 	label string // "webhook:<name>"
+	// event is the source name events carry (event.source in the
+	// policy); cfg.Name when empty.
+	event string
 	lim   *limiters
 	// creds are the secrets and tokens in use; SetCredentials (SIGHUP
 	// reload) replaces them.
@@ -434,8 +438,7 @@ func (e *Endpoint) handle(c echo.Context) error {
 	if len(src.cfg.AllowedProjects) > 0 {
 		if refusal, err := e.scopeProjects(r.Context(), src, p); err != nil {
 			e.log.Error("webhook: cannot read the instances' projects", logkey.Source, name, logkey.Err, err)
-			return e.refuse(c, name, remote, "store_unavailable", &api.ProblemDetails{Status: http.StatusServiceUnavailable,
-				Detail: "the request could not be checked; retry", Headers: map[string]string{"Retry-After": "1"}})
+			return e.refuse(c, name, remote, "store_unavailable", storeUnavailable("checked"))
 		} else if refusal != "" {
 			return e.refuse(c, name, remote, "project_not_allowed", &api.ProblemDetails{Status: http.StatusForbidden, Detail: refusal})
 		}
@@ -444,31 +447,50 @@ func (e *Endpoint) handle(c echo.Context) error {
 	p.hash = sha256.Sum256(body)
 	// Commit, then 202; or 409 for a key reused with another body.
 	res := e.commit(r.Context(), p)
-	switch {
-	case res.err != nil:
+	if res.err != nil {
 		e.log.Error("webhook commit failed", logkey.Source, name, "err", res.err)
-		return e.refuse(c, name, remote, "store_unavailable", &api.ProblemDetails{Status: http.StatusServiceUnavailable,
-			Detail: "the request could not be stored; retry", Headers: map[string]string{"Retry-After": "1"}})
-	case res.conflict:
-		return e.refuse(c, name, remote, "idempotency_conflict", &api.ProblemDetails{Status: http.StatusConflict,
-			Detail: "this Idempotency-Key (or webhook-id) was used with another body within the last day"})
-	case res.replayed:
-		return e.refuse(c, name, remote, "replayed", &api.ProblemDetails{Status: http.StatusConflict,
-			Detail: "this signed body was accepted within the last day under another idempotency key (or none): " +
-				"a signed body acts once; to repeat a request, vary its body (a timestamp or a nonce)"})
-	case res.replay:
+	}
+	if prob := commitRefusal(res); prob != nil {
+		return e.refuse(c, name, remote, prob.Code, prob)
+	}
+	if res.replay {
 		e.m.replayed.WithLabelValues(name).Inc()
 		c.Response().Header().Set("Idempotent-Replayed", "true")
-	default:
+	} else {
 		e.m.accepted.WithLabelValues(name).Inc()
 	}
 	return c.JSONBlob(res.status, res.body)
+}
+
+// storeUnavailable is the 503 of a request that could not be checked or
+// stored: the sender retries.
+func storeUnavailable(what string) *api.ProblemDetails {
+	return &api.ProblemDetails{Status: http.StatusServiceUnavailable, Code: "store_unavailable",
+		Detail: "the request could not be " + what + "; retry", Headers: map[string]string{"Retry-After": "1"}}
+}
+
+// commitRefusal is the problem of a commit that neither created nor
+// replayed a request; nil when it did one of them.
+func commitRefusal(res result) *api.ProblemDetails {
+	switch {
+	case res.err != nil:
+		return storeUnavailable("stored")
+	case res.conflict:
+		return &api.ProblemDetails{Status: http.StatusConflict, Code: "idempotency_conflict",
+			Detail: "this Idempotency-Key (or webhook-id) was used with another body within the last day"}
+	case res.replayed:
+		return &api.ProblemDetails{Status: http.StatusConflict, Code: "replayed",
+			Detail: "this signed body was accepted within the last day under another idempotency key (or none): " +
+				"a signed body acts once; to repeat a request, vary its body (a timestamp or a nonce)"}
+	}
+	return nil
 }
 
 // build decodes body into a pending commit.
 func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []api.InvalidParam) {
 	id := uuid.Must(uuid.NewV7())
 	p := &pending{src: src, done: make(chan result, 1)}
+	evSource := cmp.Or(src.event, src.cfg.Name)
 	p.req = requests.Request{ID: id, Source: src.label}
 	ans := Answer{RequestID: id, StatusURL: e.cfg.PublicURL + "/v1/requests/" + id.String(), Skipped: []Skipped{}}
 	switch src.cfg.Format {
@@ -486,7 +508,7 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 				at = a.EndsAt
 			}
 			p.events = append(p.events, eventRow{vm: ev.VMID, at: at, alert: ev.Index, payload: EventPayload{
-				RequestID: id, Source: src.cfg.Name, Type: TypeLoad, VMID: ev.VMID,
+				RequestID: id, Source: evSource, Type: TypeLoad, VMID: ev.VMID,
 				Workload: workloadLabel(a.Labels), Alert: &a}})
 		}
 		if len(b.Events) == 1 {
@@ -506,7 +528,7 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 		p.req.Kind, p.req.InstanceUUID, p.req.CallbackURL = n.Type, &u, n.CallbackURL
 		p.signedAt = n.Timestamp
 		p.req.Body, _ = json.Marshal(n)
-		p.events = []eventRow{{vm: n.VMID, at: now, payload: EventPayload{RequestID: id, Source: src.cfg.Name,
+		p.events = []eventRow{{vm: n.VMID, at: now, payload: EventPayload{RequestID: id, Source: evSource,
 			Type: n.Type, VMID: n.VMID, Workload: n.Workload, VGPUProfile: n.VGPUProfile, Count: n.Count,
 			Metrics: n.Metrics, CallbackURL: n.CallbackURL}}}
 	}
