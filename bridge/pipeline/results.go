@@ -333,13 +333,7 @@ func (p *Processor) restoreReleases(ctx context.Context, tx pgx.Tx, reqID uuid.U
 		if err != nil {
 			return err
 		}
-		id := a.ID
-		var out []outCmd
-		for _, c := range cs {
-			*seq++
-			out = append(out, outCmd{c: c, seq: *seq, attachment: &id})
-		}
-		if err := insertCommands(ctx, tx, reqID, PurposeCompensation, out); err != nil {
+		if _, err := queueCompensation(ctx, tx, reqID, a.ID, cs, seq); err != nil {
 			return err
 		}
 		d, _ := json.Marshal(map[string]any{"reason": reason, "commands": []string{string(protocol.AttachVGPU) + " " + cs[0].ID},
@@ -410,16 +404,20 @@ func (p *Processor) queueUndo(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, a
 	if !detach && !remove {
 		return nil, nil
 	}
-	expires := now.Add(p.cfg.RequestTimeout)
-	all, err := ReleaseCommands(a, !detach, reqID.String(), now, expires)
+	all, err := ReleaseCommands(a, !detach, reqID.String(), now, now.Add(p.cfg.RequestTimeout))
 	if err != nil {
 		return nil, err
 	}
-	var out []outCmd
-	for _, c := range all {
+	return queueCompensation(ctx, tx, reqID, a.ID, all, seq)
+}
+
+// queueCompensation writes cs, about attachment att, as the request's
+// compensation commands, numbered on from *seq.
+func queueCompensation(ctx context.Context, tx pgx.Tx, reqID, att uuid.UUID, cs []protocol.Command, seq *int) ([]outCmd, error) {
+	out := make([]outCmd, 0, len(cs))
+	for _, c := range cs {
 		*seq++
-		id := a.ID
-		out = append(out, outCmd{c: c, seq: *seq, attachment: &id})
+		out = append(out, outCmd{c: c, seq: *seq, attachment: &att})
 	}
 	return out, insertCommands(ctx, tx, reqID, PurposeCompensation, out)
 }

@@ -246,21 +246,31 @@ func activeAttachments(ctx context.Context, q Querier, instance string) ([]Attac
 }
 
 func (p *Processor) projectUsage(ctx context.Context, q Querier, project string) (policy.Usage, error) {
-	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int FROM vgpu_attachments a JOIN instances i ON i.uuid = a.instance_uuid
+	// Direct-path vGPUs; vGPUs of Nova resizes still under way (they
+	// count before Nova's notifications do); the flavors' vGPUs, with
+	// their request groups for the framebuffer.
+	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int, NULL::jsonb FROM vgpu_attachments a
+			JOIN instances i ON i.uuid = a.instance_uuid
 			WHERE i.project_id = $1 AND a.state IN ('pending','attached') GROUP BY 1
 		UNION ALL
-		-- Nova resizes still under way: their vGPUs count before Nova's notifications do.
-		SELECT coalesce(r.profile,''), sum(r.count)::int FROM nova_resizes r JOIN instances i ON i.uuid = r.instance_uuid
-			WHERE i.project_id = $1 AND r.step <> 'done' GROUP BY 1`, project)
+		SELECT coalesce(r.profile,''), sum(r.count)::int, NULL FROM nova_resizes r JOIN instances i ON i.uuid = r.instance_uuid
+			WHERE i.project_id = $1 AND r.step <> 'done' GROUP BY 1
+		UNION ALL
+		SELECT '', vgpus, coalesce(vgpu_demand, 'null'::jsonb) FROM instances
+			WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0`, project)
 	if err != nil {
 		return policy.Usage{}, fmt.Errorf("read usage of project %s: %w", project, err)
 	}
 	var u policy.Usage
 	var prof string
 	var n int
-	_, err = pgx.ForEachRow(rows, []any{&prof, &n}, func() error {
+	var demand []byte
+	_, err = pgx.ForEachRow(rows, []any{&prof, &n, &demand}, func() error {
 		u.VGPUs += n
-		if prof != "" && p.d.Catalog != nil {
+		switch {
+		case demand != nil:
+			u.FramebufferMiB += p.flavorFramebufferMiB(demand)
+		case prof != "" && p.d.Catalog != nil:
 			if cp, ok := p.d.Catalog.ByName(prof); ok {
 				u.FramebufferMiB += n * cp.FramebufferMiB
 			}
@@ -269,22 +279,6 @@ func (p *Processor) projectUsage(ctx context.Context, q Querier, project string)
 	})
 	if err != nil {
 		return u, fmt.Errorf("read usage of project %s: %w", project, err)
-	}
-	// The flavors' (Nova's) vGPUs, with the framebuffer of the profile
-	// their type trait names.
-	rows, err = q.Query(ctx, `SELECT vgpus, coalesce(vgpu_demand, 'null'::jsonb) FROM instances
-		WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0`, project)
-	if err != nil {
-		return u, fmt.Errorf("read flavor vGPUs of project %s: %w", project, err)
-	}
-	var demand []byte
-	_, err = pgx.ForEachRow(rows, []any{&n, &demand}, func() error {
-		u.VGPUs += n
-		u.FramebufferMiB += p.flavorFramebufferMiB(demand)
-		return nil
-	})
-	if err != nil {
-		return u, fmt.Errorf("read flavor vGPUs of project %s: %w", project, err)
 	}
 	return u, nil
 }
