@@ -263,9 +263,6 @@ func (r *reloader) stage(v *conf.Values) (*staged, error) {
 			errs = append(errs, err)
 		} else {
 			k := dispatch.Keys{Signer: dc.Signer, Keyring: dc.Keyring, KeyringFile: dc.KeyringFile, RequireSigned: dc.RequireSigned}
-			if k.RequireSigned && k.Keyring == nil {
-				errs = append(errs, errors.New("[security] signed results are required but agent_keys_file is empty"))
-			}
 			if old := r.disp.Keys(); old.Signer != nil && k.Signer == nil {
 				errs = append(errs, errors.New("[security] signing_key_file is now empty: a reload does not turn command signing off (restart for that)"))
 			}
