@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
@@ -12,6 +14,20 @@ import (
 const t42qTrait = "CUSTOM_NVIDIA_231" // T4-2Q
 
 var resizePolicy = testsvc.DirectPolicy(testsvc.RuleReleaseOnRequest, testsvc.RuleResizeOnRequest)
+
+// resizeToT42Q starts a world whose gpuB offers T4-2Q (with an mdev of
+// type foreign on it when set), gives an instance a T4-4Q on gpuA, asks
+// to move it to T4-2Q and waits for the end of that request.
+func resizeToT42Q(t *testing.T, foreign string) (w *world, inst string, old attachmentRow, id uuid.UUID, r requests.Request) {
+	t.Helper()
+	w = newWorldWith(t, resizePolicy, withGPUB(t42qTrait, 8, foreign))
+	w.startAgent()
+	w.startBridge(replicaOpts{name: "r1"})
+	inst = w.domains[3].UUID
+	old = w.attachT44Q(inst)
+	id = w.submit("GPU_RESIZE", inst, map[string]any{"vgpu_profile": "T4-2Q"})
+	return w, inst, old, id, w.wait(id, 60*time.Second)
+}
 
 // attachT44Q gives inst a T4-4Q (on gpuA, the GPU that offers it) and
 // returns its attachment.
@@ -35,14 +51,7 @@ func (w *world) attachT44Q(inst string) attachmentRow {
 // claim only; the request's commands ran in that order.
 func TestDirectResize(t *testing.T) {
 	t.Parallel()
-	w := newWorldWith(t, resizePolicy, withGPUB(t42qTrait, 8, ""))
-	w.startAgent()
-	w.startBridge(replicaOpts{name: "r1"})
-	inst := w.domains[3].UUID
-	old := w.attachT44Q(inst)
-
-	id := w.submit("GPU_RESIZE", inst, map[string]any{"vgpu_profile": "T4-2Q"})
-	r := w.wait(id, 60*time.Second)
+	w, inst, old, id, r := resizeToT42Q(t, "")
 	if r.State != requests.Succeeded {
 		t.Fatalf("resize: %s (%s: %s)", r.State, r.Code, r.Reason)
 	}
@@ -89,14 +98,7 @@ func TestDirectResize(t *testing.T) {
 // claim it kept.
 func TestDirectResizeFailureRestores(t *testing.T) {
 	t.Parallel()
-	w := newWorldWith(t, resizePolicy, withGPUB(t42qTrait, 8, "nvidia-222"))
-	w.startAgent()
-	w.startBridge(replicaOpts{name: "r1"})
-	inst := w.domains[3].UUID
-	old := w.attachT44Q(inst)
-
-	id := w.submit("GPU_RESIZE", inst, map[string]any{"vgpu_profile": "T4-2Q"})
-	r := w.wait(id, 60*time.Second)
+	w, inst, old, id, r := resizeToT42Q(t, "nvidia-222")
 	if r.State != requests.Failed || (r.Code != pipeline.CodeAgentFailed && r.Code != pipeline.CodeAgentRefused) {
 		t.Fatalf("resize onto a full GPU: %s (%s: %s), want failed by the agent", r.State, r.Code, r.Reason)
 	}
