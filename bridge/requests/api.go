@@ -107,7 +107,7 @@ func (h *Handler) get(c echo.Context) error {
 		return c.JSON(http.StatusOK, req)
 	}
 	if !isSource {
-		return unauthorized("operator credentials with the reader or admin role are needed")
+		return unauthorized("operator credentials with the reader, member or admin role are needed")
 	}
 	h.log.Info("request status refused", "source", name, "remote", c.RealIP(), "reason", srcErr.Error())
 	return unauthorized("send operator credentials, or the credentials of the source that created the request")
