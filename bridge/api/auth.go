@@ -238,7 +238,7 @@ func forbidden(p *Principal, a Access) string {
 	case a == Fleet:
 		return fmt.Sprintf("role %q may not do this; it needs the admin role or a fleet reader", p.Role)
 	case a == Project:
-		return fmt.Sprintf("role %q may not do this; it needs reader or admin", p.Role)
+		return fmt.Sprintf("role %q may not do this; it needs reader, member or admin", p.Role)
 	}
 	return fmt.Sprintf("role %q may not do this; it needs admin", p.Role)
 }
