@@ -23,9 +23,16 @@ var (
 		"Compute API microversion of every request; 2.61 or later (flavors with their extra specs). Example: 2.79")
 	optNovaTimeout = Options.Duration("nova", "timeout", 30*time.Second, time.Second, 10*time.Minute,
 		"How long one Nova API request may take. Example: 30s")
-	optNovaResizeTimeout = Options.Duration("nova", "resize_timeout", 10*time.Minute, 10*time.Second, 24*time.Hour,
+	optNovaResizeTimeout = Options.Duration("nova", "resize_timeout", 10*time.Minute, time.Second, 24*time.Hour,
 		"How long Nova may take from the resize call to instance.resize_finish.end (the disk copy of a cold migration "+
-			"included); past it the request fails with code nova_timeout. Example: 30m")
+			"included). A resize still running then is followed to its end (the request shows phase overdue) and "+
+			"then handled as on_deadline says. Example: 30m")
+	optNovaOnDeadline = Options.Choice("nova", "on_deadline", "revert", []string{"revert", "confirm"},
+		"What becomes of a resize Nova finishes after resize_timeout: revert (the server goes back to its flavor, "+
+			"the request fails with code nova_timeout) or confirm (the vGPU is verified and the resize confirmed as if "+
+			"it were on time). Either way the server is never left in VERIFY_RESIZE. Example: confirm")
+	optNovaOverdueCheck = Options.Duration("nova", "overdue_check_interval", 10*time.Second, 100*time.Millisecond, time.Hour,
+		"How often the server of a resize past its deadline is read while the bridge follows it to its end. Example: 30s")
 	optNovaVerifyTimeout = Options.Duration("nova", "verify_timeout", 2*time.Minute, time.Second, 24*time.Hour,
 		"How long the target host's agent may take to answer verify_vgpu after the resize; past it the resize is "+
 			"reverted and the request fails with code agent_timeout. Example: 5m")
@@ -79,6 +86,8 @@ func NovaPathConfig(v *conf.Values) novaresize.Config {
 		ConfirmTimeout: optNovaConfirmTimeout.Get(v),
 		PollInterval:   optNovaPollInterval.Get(v),
 		CallLease:      2 * optNovaTimeout.Get(v),
+		OnDeadline:     optNovaOnDeadline.Get(v),
+		OverdueCheck:   optNovaOverdueCheck.Get(v),
 	}
 }
 

@@ -1,18 +1,24 @@
 // Package novaresize is the Nova-native path of the bridge: Nova claims
-// the vGPU, not the bridge. The bridge resizes the server to a flavor carrying the wanted vGPU and lets Nova's scheduler
-// claim; it only dry-runs Placement to fail fast. A request moves
+// the vGPU, not the bridge. The bridge resizes the server to a flavor
+// carrying the wanted vGPU (attach), another profile or count (resize) or
+// none (release), and lets Nova's scheduler claim; it only dry-runs
+// Placement to fail fast. A request moves
 //
 //	decided/queued → dispatched/resizing   the resize call (nova_resizes.step resize → resizing)
 //	  → dispatched/verifying               instance.resize_finish.end: verify_vgpu to the target host's agent
+//	                                       (a release has nothing to verify and goes on to confirm)
 //	  → dispatched/confirming              the agent verified: confirmResize
 //	  → succeeded                          instance.resize_confirm.end (or the server ACTIVE on the new flavor)
 //
 // A failed verification reverts (phase compensating, revertResize) and the
 // request fails with the agent's reason; compute_task.migrate_server.error
 // (NoValidHost) and instance.resize*.error fail it with Nova's. Each step
-// has a deadline. The state lives in nova_resizes; Nova calls are made by
-// one replica at a time under a lease, and a call is preceded by a read of
-// the server, so a call a crash interrupted is not made twice.
+// has a deadline; a resize Nova is still working on at its deadline is
+// followed to its end (phase overdue) and then reverted or confirmed as
+// Config.OnDeadline says. A request cancelled mid-resize is reverted.
+// The state lives in nova_resizes; Nova calls are made by one replica at
+// a time under a lease, and a call is preceded by a read of the server,
+// so a call a crash interrupted is not made twice.
 package novaresize
 
 import (
@@ -66,6 +72,11 @@ type Config struct {
 	// CallLease: how long a replica holds a row while it calls Nova; past
 	// it another replica may take the row over (it reads the server first).
 	CallLease time.Duration
+	// OnDeadline says what becomes of a resize that Nova finishes after
+	// its deadline: OnDeadlineRevert (the default) or OnDeadlineConfirm.
+	OnDeadline string
+	// OverdueCheck: how often the server of an overdue resize is read.
+	OverdueCheck time.Duration
 
 	// Of the pipeline ([pipeline] options): Nova calls that fail are
 	// retried with backoff between RetryMin and RetryMax, MaxAttempts times
@@ -81,8 +92,14 @@ type Config struct {
 // DefaultConfig returns the defaults of the [nova] options.
 func DefaultConfig() Config {
 	return Config{ResizeTimeout: 10 * time.Minute, VerifyTimeout: 2 * time.Minute, ConfirmTimeout: 5 * time.Minute,
-		PollInterval: 500 * time.Millisecond, CallLease: 2 * time.Minute}
+		PollInterval: 500 * time.Millisecond, CallLease: 2 * time.Minute, OnDeadline: OnDeadlineRevert, OverdueCheck: 10 * time.Second}
 }
+
+// What becomes of a resize Nova finishes after its deadline.
+const (
+	OnDeadlineRevert  = "revert"  // revert it; the request fails with nova_timeout
+	OnDeadlineConfirm = "confirm" // verify and confirm it as if it were on time
+)
 
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
@@ -100,6 +117,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.CallLease <= 0 {
 		c.CallLease = d.CallLease
+	}
+	if c.OnDeadline != OnDeadlineConfirm {
+		c.OnDeadline = OnDeadlineRevert
+	}
+	if c.OverdueCheck <= 0 {
+		c.OverdueCheck = d.OverdueCheck
 	}
 	pd := pipeline.DefaultConfig()
 	if c.RetryMin <= 0 {
@@ -131,6 +154,10 @@ type Capacity interface {
 	// CanFit reports whether a GPU of one of the hosts (compute host or
 	// node names) has count free units of the type trait, from the mirror.
 	CanFit(trait string, count int, hosts []string) (bool, error)
+	// SoleType reports whether every GPU provider with VGPU inventory
+	// offers exactly the type trait: then a flavor asking for VGPU
+	// without a trait can only land on that type.
+	SoleType(trait string) (bool, error)
 }
 
 // Controls are the operators' switches: "nova" paused stops the calls.
@@ -220,6 +247,16 @@ const (
 	PhaseResizing   = "resizing"
 	PhaseVerifying  = "verifying"
 	PhaseConfirming = "confirming"
+	// PhaseOverdue: Nova still resizes past the step's deadline; the
+	// bridge follows the resize to its end.
+	PhaseOverdue = "overdue"
+)
+
+// Kinds of a Nova-path resize (nova_resizes.kind).
+const (
+	KindAttach  = "attach"  // from a flavor without vGPU to one with
+	KindResize  = "resize"  // to a flavor with another profile or count
+	KindRelease = "release" // to the flavor without vGPU
 )
 
 // Request codes of the Nova-native path.
@@ -300,9 +337,23 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err 
 	}
 	in := s.Intent
 	n := max(in.Count, 1)
-	if f.Instance.FlavorVGPUs > 0 {
-		return fail(pipeline.CodeUnsupported, fmt.Sprintf("instance %s already has %d vGPU(s) from its flavor; the Nova-native path resizes only from a flavor without vGPU "+
-			"(resize it by hand, or use attach_mode direct-live)", f.Instance.UUID, f.Instance.FlavorVGPUs))
+	kind := KindAttach
+	switch in.Kind {
+	case policy.IntentRelease:
+		kind, n = KindRelease, 0
+		if f.Instance.FlavorVGPUs == 0 {
+			return fail(pipeline.CodeUnsupported, fmt.Sprintf("instance %s has no vGPU from its flavor to give back", f.Instance.UUID))
+		}
+	case policy.IntentResize:
+		kind = KindResize
+		if in.Count == 0 {
+			n = max(f.Instance.FlavorVGPUs, 1) // a profile change keeps the count
+		}
+	default:
+		if f.Instance.FlavorVGPUs > 0 {
+			return fail(pipeline.CodeUnsupported, fmt.Sprintf("instance %s already has %d vGPU(s) from its flavor; "+
+				"a GPU_RESIZE (policy intent resize) changes them through Nova, a GPU_RELEASE gives them back", f.Instance.UUID, f.Instance.FlavorVGPUs))
+		}
 	}
 	if len(f.Attachments) > 0 {
 		// A resize rewrites the instance's allocations: the bridge's own
@@ -318,7 +369,11 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err 
 	case !errors.Is(err, pgx.ErrNoRows):
 		return err
 	}
-	if p.capacity != nil {
+	untyped := false
+	if p.capacity != nil && kind != KindRelease {
+		if untyped, err = p.capacity.SoleType(in.Trait); err != nil {
+			return pipeline.Retry(fmt.Errorf("read the GPUs' types: %w", err))
+		}
 		hosts, err := p.verifiableHosts(ctx, tx, in.ExcludedHosts)
 		if err != nil {
 			return err
@@ -332,13 +387,20 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err 
 				"Nova's scheduler would answer NoValidHost (or pick a host the bridge cannot verify), so Nova was not called", n, in.Profile, in.Trait))
 		}
 	}
+	if kind == KindRelease {
+		in.Profile, in.TypeID, in.Trait = "", "", ""
+	}
 	if _, err := tx.Exec(ctx, `INSERT INTO nova_resizes (request_id, instance_uuid, step, profile, type_id, trait, count, source_host,
-			nova_request_id, due_at, deadline_at)
-		VALUES ($1, $2, 'resize', $3, $4, $5, $6, $7, $8, now(), now() + make_interval(secs => $9))`,
-		reqID, f.Instance.UUID, in.Profile, in.TypeID, in.Trait, n, f.Instance.Host, NovaRequestID(reqID), (p.cfg.ResizeTimeout + p.cfg.CallLease).Seconds()); err != nil {
+			nova_request_id, due_at, deadline_at, kind, untyped)
+		VALUES ($1, $2, 'resize', $3, $4, $5, $6, $7, $8, now(), now() + make_interval(secs => $9), $10, $11)`,
+		reqID, f.Instance.UUID, in.Profile, in.TypeID, in.Trait, n, f.Instance.Host, NovaRequestID(reqID), (p.cfg.ResizeTimeout + p.cfg.CallLease).Seconds(),
+		kind, untyped); err != nil {
 		return fmt.Errorf("record the resize: %w", err)
 	}
 	reason := fmt.Sprintf("resize through Nova to a flavor with %d × %s", n, in.Profile)
+	if kind == KindRelease {
+		reason = "resize through Nova to the flavor without vGPU"
+	}
 	if err := w.Decided(ctx, pipeline.PhaseQueued, reason); err != nil {
 		return err
 	}
@@ -376,12 +438,15 @@ type resizeRow struct {
 	RequestState   requests.State
 	RequestPhase   string
 	DeadlinePassed bool
+	Kind           string
+	Untyped        bool
+	Overdue        bool // the step passed its deadline while Nova worked
 }
 
 const resizeColumns = `r.request_id, r.instance_uuid::text, r.step, coalesce(r.profile,''), coalesce(r.type_id,''), r.trait, r.count,
 	coalesce(r.old_flavor,''), coalesce(r.flavor_id,''), coalesce(r.flavor_name,''), coalesce(r.source_host,''), coalesce(r.target_host,''),
 	r.verify_command_id, r.nova_request_id, coalesce(r.fail_code,''), coalesce(r.fail_reason,''), r.attempts, r.resize_sent_at IS NOT NULL, q.state, coalesce(q.phase,''),
-	coalesce(r.deadline_at < now(), false)`
+	coalesce(r.deadline_at < now(), false), r.kind, r.untyped, r.overdue_at IS NOT NULL`
 
 // lockResize reads a nova_resizes row and its request, both locked.
 func lockResize(ctx context.Context, tx pgx.Tx, where string, skipLocked bool, args ...any) (resizeRow, bool, error) {
@@ -394,7 +459,7 @@ func lockResize(ctx context.Context, tx pgx.Tx, where string, skipLocked bool, a
 	err := tx.QueryRow(ctx, `SELECT `+resizeColumns+` FROM nova_resizes r JOIN requests q ON q.id = r.request_id WHERE `+where+` LIMIT 1 `+lock, args...).
 		Scan(&r.RequestID, &r.Instance, &r.Step, &r.Profile, &r.TypeID, &r.Trait, &r.Count, &r.OldFlavor, &r.FlavorID, &r.FlavorName,
 			&r.SourceHost, &r.TargetHost, &r.VerifyCommand, &r.NovaRequestID, &r.FailCode, &r.FailReason, &r.Attempts, &r.ResizeSent, &st, &r.RequestPhase,
-			&r.DeadlinePassed)
+			&r.DeadlinePassed, &r.Kind, &r.Untyped, &r.Overdue)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -406,7 +471,28 @@ func lockResize(ctx context.Context, tx pgx.Tx, where string, skipLocked bool, a
 }
 
 func (r resizeRow) want() computeapi.Want {
-	return computeapi.Want{Profile: r.Profile, Trait: r.Trait, Count: r.Count}
+	return computeapi.Want{Profile: r.Profile, Trait: r.Trait, Count: r.Count, Untyped: r.Untyped}
+}
+
+// onTarget reports whether a server's flavor is the one the resize goes
+// to: the chosen flavor once known, else one that carries the wanted vGPU
+// (none for a release).
+func (r resizeRow) onTarget(f computeapi.Flavor) bool {
+	switch {
+	case r.FlavorName != "":
+		return f.Name == r.FlavorName
+	case r.Kind == KindRelease:
+		return !computeapi.HasVGPU(f)
+	}
+	return computeapi.CarriesVGPU(f, r.want())
+}
+
+// what says what the resize gives, for reasons: "1 × T4-4Q" or "no vGPU".
+func (r resizeRow) what() string {
+	if r.Kind == KindRelease {
+		return "no vGPU"
+	}
+	return fmt.Sprintf("%d × %s", r.Count, r.Profile)
 }
 
 // setStep moves a row to step; deadline 0 clears it, due sets the next
@@ -449,8 +535,14 @@ func (p *Path) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how 
 	if err := setStep(ctx, tx, r.RequestID, stepDone, 0, false, ""); err != nil {
 		return err
 	}
-	reason := fmt.Sprintf("resized through Nova to flavor %s (%d × %s) on host %s; the agent verified the vGPU; %s",
-		r.FlavorName, r.Count, r.Profile, cmp.Or(r.TargetHost, "?"), how)
+	reason := fmt.Sprintf("resized through Nova to flavor %s (%s) on host %s; the agent verified the vGPU; %s",
+		r.FlavorName, r.what(), cmp.Or(r.TargetHost, "?"), how)
+	if r.Kind == KindRelease {
+		reason = fmt.Sprintf("resized through Nova to flavor %s (no vGPU) on host %s; %s", r.FlavorName, cmp.Or(r.TargetHost, "?"), how)
+	}
+	if r.Overdue {
+		reason += fmt.Sprintf(" (after its deadline; [nova] on_deadline = %s)", p.cfg.OnDeadline)
+	}
 	if r.RequestState.Final() {
 		return p.auditNova(ctx, tx, r, "nova_resize_end", map[string]any{"outcome": "succeeded", "reason": reason, "note": "the request had ended already"})
 	}
@@ -475,6 +567,40 @@ func (p *Path) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, re
 	}
 	p.pipe.Compensated("resize_reverted")
 	return p.auditNova(ctx, tx, r, "compensate", map[string]any{"revert_resize": true, "code": code, "reason": reason})
+}
+
+// finished goes on from a resize Nova finished (VERIFY_RESIZE) on host:
+// to the agent's verification, or straight to the confirm for a release
+// (there is no vGPU to verify); a resize that finished after its deadline
+// is reverted instead when [nova] on_deadline says so. outbox is true
+// when a command was queued.
+func (p *Path) finished(ctx context.Context, tx pgx.Tx, r resizeRow, host string) (outbox bool, err error) {
+	if (r.Overdue || r.DeadlinePassed) && p.cfg.OnDeadline == OnDeadlineRevert {
+		r.TargetHost = host
+		if _, err := tx.Exec(ctx, `UPDATE nova_resizes SET target_host = $2 WHERE request_id = $1`, r.RequestID, host); err != nil {
+			return false, err
+		}
+		return false, p.startRevert(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova finished the resize to %s on host %s after its deadline (%s); "+
+			"reverting it as [nova] on_deadline = revert says", cmp.Or(r.FlavorName, "the new flavor"), host, p.cfg.ResizeTimeout))
+	}
+	if r.Kind != KindRelease {
+		return true, p.queueVerify(ctx, tx, r, host)
+	}
+	if err := setStep(ctx, tx, r.RequestID, stepConfirm, 0, true, ", target_host = $5, attempts = 0", host); err != nil {
+		return false, err
+	}
+	if !r.RequestState.Final() {
+		to := r.RequestState
+		if to == requests.Decided {
+			to = requests.Dispatched
+		}
+		if _, err := p.reqs.Transition(ctx, tx, r.RequestID, to, PhaseConfirming,
+			fmt.Sprintf("Nova finished the resize to %s (no vGPU) on host %s; confirming it", cmp.Or(r.FlavorName, "the new flavor"), host), ""); err != nil {
+			return false, err
+		}
+	}
+	p.kick()
+	return false, nil
 }
 
 // queueVerify sends verify_vgpu to the target host's agent.
@@ -552,7 +678,8 @@ func (p *Path) event(ctx context.Context, w *pipeline.Work) (handled, outbox boo
 				return false, false, err
 			}
 		}
-		return true, true, p.queueVerify(ctx, tx, r, host)
+		outbox, err := p.finished(ctx, tx, r, host)
+		return true, outbox, err
 	case novaErr && (r.Step == stepResize || r.Step == stepResizing):
 		why := pl.reason
 		if why == "" {
@@ -674,7 +801,7 @@ func (p *Path) result(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kin
 		return true, err
 	}
 	if _, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, PhaseConfirming,
-		fmt.Sprintf("the agent of host %s verified %d × %s; confirming the resize", host, r.Count, r.Profile), ""); err != nil {
+		fmt.Sprintf("the agent of host %s verified %s; confirming the resize", host, r.what()), ""); err != nil {
 		return true, err
 	}
 	p.kick()
@@ -819,7 +946,7 @@ func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Serve
 				return setStep(ctx, tx, r.RequestID, stepDone, 0, false, "")
 			}}
 	}
-	if srv.Resizing() || (r.ResizeSent && computeapi.CarriesVGPU(srv.Flavor, r.want())) {
+	if srv.Resizing() || (r.ResizeSent && r.onTarget(srv.Flavor)) {
 		if r.ResizeSent {
 			// An earlier attempt's call reached Nova before its outcome was
 			// recorded: follow that resize.
@@ -830,7 +957,8 @@ func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Serve
 						if _, err := tx.Exec(ctx, `UPDATE nova_resizes SET flavor_name = $2 WHERE request_id = $1`, r.RequestID, srv.Flavor.Name); err != nil {
 							return err
 						}
-						return p.queueVerify(ctx, tx, r, srv.Host)
+						_, err := p.finished(ctx, tx, r, srv.Host)
+						return err
 					}
 					if !srv.Resizing() { // confirmed already
 						r.FlavorName, r.TargetHost = srv.Flavor.Name, srv.Host
@@ -848,7 +976,15 @@ func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Serve
 	if err != nil {
 		return p.retryOrFail("list flavors", err, CodeNovaError)
 	}
-	fl, err := computeapi.ChooseFlavor(srv.Flavor, flavors, r.want())
+	var fl computeapi.Flavor
+	if r.Kind == KindRelease {
+		fl, err = computeapi.ChooseReleaseFlavor(srv.Flavor, flavors)
+	} else {
+		fl, err = computeapi.ChooseFlavor(srv.Flavor, flavors, r.want())
+	}
+	if err == nil && fl.Name == srv.Flavor.Name {
+		err = fmt.Errorf("%w: the server is on flavor %s already", computeapi.ErrNoFlavor, fl.Name)
+	}
 	if err != nil {
 		return callOutcome{audit: map[string]any{"call": "none", "server": state, "error": err.Error()}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
 			return p.finishFailed(ctx, tx, r, CodeNoFlavor, err.Error())
@@ -881,7 +1017,7 @@ func (p *Path) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, flavorI
 		to = requests.Dispatched
 	}
 	_, err = p.reqs.Transition(ctx, tx, r.RequestID, to, PhaseResizing,
-		fmt.Sprintf("Nova resizes the server from flavor %s to %s (%d × %s)", cmp.Or(oldFlavor, "?"), flavorName, r.Count, r.Profile), "")
+		fmt.Sprintf("Nova resizes the server from flavor %s to %s (%s)", cmp.Or(oldFlavor, "?"), flavorName, r.what()), "")
 	return err
 }
 
@@ -901,7 +1037,7 @@ func (p *Path) callConfirm(ctx context.Context, r resizeRow, srv computeapi.Serv
 		return callOutcome{audit: map[string]any{"call": "confirm_resize", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
 			return setStep(ctx, tx, r.RequestID, stepConfirming, p.cfg.ConfirmTimeout, false, "")
 		}}
-	case !srv.Resizing() && computeapi.CarriesVGPU(srv.Flavor, r.want()):
+	case !srv.Resizing() && r.onTarget(srv.Flavor):
 		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "confirmed already"}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
 			return p.finishSucceeded(ctx, tx, r, "the server is on the new flavor")
 		}}
@@ -960,8 +1096,12 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 			return err
 		}
 		found = true
-		_, err = tx.Exec(ctx, `UPDATE nova_resizes SET deadline_at = now() + make_interval(secs => $2), updated_at = now() WHERE request_id = $1`,
-			lease.RequestID, p.cfg.CallLease.Seconds())
+		// A resize past its deadline is overdue from now on, whatever the
+		// read of the server finds: a late resize_finish.end meanwhile is
+		// handled as late.
+		_, err = tx.Exec(ctx, `UPDATE nova_resizes SET deadline_at = now() + make_interval(secs => $2), updated_at = now(),
+				overdue_at = CASE WHEN step = 'resizing' THEN coalesce(overdue_at, now()) ELSE overdue_at END
+			WHERE request_id = $1`, lease.RequestID, p.cfg.CallLease.Seconds())
 		return err
 	})
 	if err != nil || !found {
@@ -990,11 +1130,19 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 		}
 		switch r.Step {
 		case stepResizing:
-			if srv.Status == "VERIFY_RESIZE" { // the notification was lost
+			switch {
+			case srv.Status == "VERIFY_RESIZE": // finished late, or the notification was lost
 				r.FlavorName = cmp.Or(r.FlavorName, srv.Flavor.Name)
-				return p.queueVerify(ctx, tx, r, srv.Host)
+				_, err := p.finished(ctx, tx, r, srv.Host)
+				return err
+			case srv.Resizing():
+				return p.followOverdue(ctx, tx, r, fmt.Sprintf("Nova has not finished the resize to %s within %s (server: %s); the bridge follows it to its end, then %s it ([nova] on_deadline)",
+					cmp.Or(r.FlavorName, "?"), p.cfg.ResizeTimeout, state, map[bool]string{true: "reverts", false: "verifies and confirms"}[p.cfg.OnDeadline == OnDeadlineRevert]))
+			case r.onTarget(srv.Flavor) && r.FlavorName != "":
+				r.TargetHost = srv.Host
+				return p.finishSucceeded(ctx, tx, r, "the server was found on the flavor after the deadline (confirmed by someone else, or by Nova's resize_confirm_window)")
 			}
-			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not finish the resize to %s within %s (server: %s)",
+			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not finish the resize to %s within %s and the server is no longer resizing (server: %s)",
 				cmp.Or(r.FlavorName, "?"), p.cfg.ResizeTimeout, state))
 		case stepVerifying:
 			if err := requests.CancelUnsent(ctx, tx, r.RequestID); err != nil {
@@ -1003,22 +1151,67 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 			return p.startRevert(ctx, tx, r, pipeline.CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer verify_vgpu within %s; is vgpu-agent running there and consuming %s?",
 				r.TargetHost, p.cfg.VerifyTimeout, protocol.AgentQueue(r.TargetHost)))
 		case stepConfirming:
-			if !srv.Resizing() && computeapi.CarriesVGPU(srv.Flavor, r.want()) {
+			switch {
+			case !srv.Resizing() && r.onTarget(srv.Flavor):
 				return p.finishSucceeded(ctx, tx, r, "the server is on the new flavor (no confirm notification seen)")
+			case srv.Status == "VERIFY_RESIZE": // the confirm call was lost: make it again
+				return setStep(ctx, tx, r.RequestID, stepConfirm, 0, true, ", attempts = 0")
+			case srv.Resizing():
+				return p.followOverdue(ctx, tx, r, fmt.Sprintf("Nova has not confirmed the resize within %s (server: %s); the bridge follows it to its end",
+					p.cfg.ConfirmTimeout, state))
 			}
 			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not confirm the resize within %s (server: %s)", p.cfg.ConfirmTimeout, state))
 		default: // reverting
-			if !srv.Resizing() {
-				return p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
+			switch {
+			case srv.Status == "VERIFY_RESIZE": // the revert call was lost: make it again
+				return setStep(ctx, tx, r.RequestID, stepRevert, 0, true, ", attempts = 0")
+			case srv.Resizing():
+				return p.followOverdue(ctx, tx, r, fmt.Sprintf("Nova has not reverted the resize within %s (server: %s); the bridge follows it to its end",
+					p.cfg.ConfirmTimeout, state))
 			}
-			return p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, CodeVerifyFailed),
-				fmt.Sprintf("%s; and Nova did not revert the resize within %s (server: %s)", r.FailReason, p.cfg.ConfirmTimeout, state))
+			return p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
 		}
 	})
 }
 
+// followOverdue keeps following a step Nova is still working on past its
+// deadline: the server is read again every OverdueCheck, and the request
+// (unless it ended) shows phase overdue with why.
+func (p *Path) followOverdue(ctx context.Context, tx pgx.Tx, r resizeRow, why string) error {
+	if _, err := tx.Exec(ctx, `UPDATE nova_resizes SET deadline_at = now() + make_interval(secs => $2), updated_at = now() WHERE request_id = $1`,
+		r.RequestID, p.cfg.OverdueCheck.Seconds()); err != nil {
+		return fmt.Errorf("follow resize %s: %w", r.RequestID, err)
+	}
+	if r.RequestState.Final() || r.RequestPhase == PhaseOverdue || r.RequestPhase == pipeline.PhaseCompensating {
+		return nil
+	}
+	p.log.Warn("nova resize: past its deadline, followed to its end", logkey.RequestID, r.RequestID, logkey.Instance, r.Instance, "step", r.Step)
+	_, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, PhaseOverdue, why, "")
+	return err
+}
+
 // DryRun is Capacity from the placement feature's dry run on its mirror.
 type DryRun struct{ S *placement.Service }
+
+// SoleType implements Capacity from the mirror's GPUs.
+func (d DryRun) SoleType(trait string) (bool, error) { return soleType(d.S.Index().GPUs(), trait), nil }
+
+// soleType reports whether there are GPUs with VGPU inventory and every
+// one of them offers exactly the type trait (a GPU whose type is not
+// known, with no type trait, could be any).
+func soleType(gpus []engine.GPU, trait string) bool {
+	n := 0
+	for _, g := range gpus {
+		if g.Class != nova.ResourceVGPU || g.Capacity() == 0 {
+			continue
+		}
+		if len(g.Types) != 1 || g.Types[0] != trait {
+			return false
+		}
+		n++
+	}
+	return n > 0
+}
 
 // CanFit implements Capacity.
 func (d DryRun) CanFit(trait string, count int, hosts []string) (bool, error) {

@@ -9,7 +9,37 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vgpu-bridge/vgpu-bridge/nova/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 )
+
+// TestSoleType: a flavor asking for VGPU without a trait is chosen only
+// when every GPU that could serve it offers exactly the wanted type.
+func TestSoleType(t *testing.T) {
+	const t4q = "CUSTOM_NVIDIA_232"
+	gpu := func(class string, total int, types ...string) engine.GPU {
+		return engine.GPU{Class: class, Inventory: engine.Inventory{Total: total, MaxUnit: total, StepSize: 1, AllocationRatio: 1}, Types: types}
+	}
+	tests := []struct {
+		name string
+		gpus []engine.GPU
+		want bool
+	}{
+		{"one type everywhere", []engine.GPU{gpu("VGPU", 4, t4q), gpu("VGPU", 4, t4q)}, true},
+		{"another type somewhere", []engine.GPU{gpu("VGPU", 4, t4q), gpu("VGPU", 2, "CUSTOM_NVIDIA_233")}, false},
+		{"a GPU of unknown type", []engine.GPU{gpu("VGPU", 4, t4q), gpu("VGPU", 4)}, false},
+		{"a GPU with two type traits", []engine.GPU{gpu("VGPU", 4, t4q, "CUSTOM_NVIDIA_233")}, false},
+		{"other classes and empty GPUs do not count", []engine.GPU{gpu("VGPU", 4, t4q), gpu("CUSTOM_X", 4, "CUSTOM_NVIDIA_233"),
+			gpu("VGPU", 0, "CUSTOM_NVIDIA_233")}, true},
+		{"no GPU", nil, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := soleType(tc.gpus, t4q); got != tc.want {
+				t.Errorf("soleType = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
 
 // TestDecodeNovaPayload reads what the Nova path needs from Nova's own
 // notification samples (nova/testdata/notification_samples).

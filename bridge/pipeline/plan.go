@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -143,6 +144,10 @@ func (p Plan) Actions() bool {
 	return false
 }
 
+// flavorVGPUs marks, in PlanDecision's busy set, the vGPUs of the
+// instance's flavor as taken by a Nova-path step.
+const flavorVGPUs = "flavor"
+
 // PlanDecision turns a policy decision into steps. It is pure.
 func PlanDecision(d *policy.Decision, f Facts) Plan {
 	if d.Rejected {
@@ -200,7 +205,17 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 				if inFlight {
 					return fail(CodeBusy, "a change of this instance's vGPUs is still in progress; retry when it is finished")
 				}
-				p.Notes = append(p.Notes, "release: the instance holds no direct-path vGPU (vGPUs of its flavor are Nova's)")
+				if f.Instance.FlavorVGPUs > 0 && !f.Deleting && !busy[flavorVGPUs] {
+					// The vGPUs of its flavor go back through Nova: a resize to
+					// the flavor without vGPU (package novaresize).
+					if why, code := novaHostProblem(f); why != "" {
+						return fail(code, why)
+					}
+					busy[flavorVGPUs] = true
+					p.Steps = append(p.Steps, Step{Kind: StepNovaResize, Intent: in, Host: f.Instance.Host})
+					continue
+				}
+				p.Notes = append(p.Notes, "release: the instance holds no vGPU")
 				continue
 			}
 			for _, a := range take {
@@ -245,15 +260,25 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 		case policy.IntentNotify:
 			p.Steps = append(p.Steps, Step{Kind: StepNotify, Intent: in})
 		case policy.IntentResize:
-			if in.Mode != policy.ModeDirectLive && in.Mode != policy.ModeDirectCold {
-				return fail(CodeUnsupported, fmt.Sprintf("resize to %s through Nova (a flavor with the new profile) is not "+
-					"available in this build; the direct path (attach_mode direct-live or direct-cold) changes profiles", in.Profile))
+			if in.Trait == "" {
+				return fail(CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
+			}
+			direct := in.Mode == policy.ModeDirectLive || in.Mode == policy.ModeDirectCold
+			held := slices.ContainsFunc(f.Attachments, func(a Attachment) bool { return !busy[a.ID.String()] && a.State != AttReleased && a.State != AttFailed })
+			if !held && (f.Instance.FlavorVGPUs > 0 || !direct) {
+				// The vGPU is the flavor's (or, on the Nova path, there is
+				// none yet): Nova resizes to the flavor of the same sizes with
+				// the new profile (package novaresize). A vGPU the bridge
+				// attached changes on the direct path, whatever the mode.
+				if why, code := novaHostProblem(f); why != "" {
+					return fail(code, why)
+				}
+				busy[flavorVGPUs] = true
+				p.Steps = append(p.Steps, Step{Kind: StepNovaResize, Intent: in, Host: f.Instance.Host})
+				continue
 			}
 			if why, code := hostProblem(f); why != "" {
 				return fail(code, why)
-			}
-			if in.Trait == "" {
-				return fail(CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
 			}
 			// Break before make: a VM holds one fractional vGPU, so the old
 			// ones are detached and removed, then the new ones created and
@@ -271,7 +296,7 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 				}
 			}
 			if len(old) == 0 {
-				p.Notes = append(p.Notes, "resize: the instance holds no direct-path vGPU (vGPUs of its flavor are Nova's)")
+				p.Notes = append(p.Notes, "resize: the instance holds no vGPU to change")
 				continue
 			}
 			for _, a := range old {

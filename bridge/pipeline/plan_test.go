@@ -28,6 +28,11 @@ func att(state, profile string) Attachment {
 		TypeID: "nvidia-232", Profile: profile, Mode: protocol.ModeLive, State: state}
 }
 
+func withFlavorVGPUs(in InstanceFacts, n int) InstanceFacts {
+	in.FlavorVGPUs = n
+	return in
+}
+
 func resize(mode policy.AttachMode) policy.Intent {
 	return policy.Intent{Kind: policy.IntentResize, Instance: inst, Profile: "T4-2Q", TypeID: "nvidia-231", Trait: "CUSTOM_NVIDIA_231", Count: 1, Mode: mode}
 }
@@ -54,11 +59,17 @@ func TestPlanDecision(t *testing.T) {
 		{name: "direct resize while a change is in flight", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
 			f:       Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q"), att(AttPending, "T4-4Q")}},
 			outcome: OutcomeFail, code: CodeBusy},
-		{name: "direct resize of flavor vGPUs only", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeRefused, inWhy: "vGPUs of its flavor are Nova's"},
-		{name: "resize through Nova is not in this build", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeNovaResize)}},
+		{name: "direct resize with no vGPU", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeRefused, inWhy: "holds no vGPU to change"},
+		{name: "a flavor's vGPU changes through Nova whatever the mode", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
+			f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1)}, outcome: OutcomeAct, steps: []StepKind{StepNovaResize}},
+		{name: "a direct vGPU changes on the direct path whatever the mode", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeNovaResize)}},
 			f:       Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q")}},
-			outcome: OutcomeFail, code: CodeUnsupported, inWhy: "through Nova"},
+			outcome: OutcomeAct, steps: []StepKind{StepRelease, StepAttach}},
+		{name: "nova resize of an instance without vGPU", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeNovaResize)}},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeAct, steps: []StepKind{StepNovaResize}},
+		{name: "nova resize of an unknown instance", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeNovaResize)}},
+			f: Facts{Instance: InstanceFacts{UUID: inst}}, outcome: OutcomeFail, code: CodeNoInstance},
 		{name: "direct live attach", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}}, f: Facts{Instance: known("cmp1")},
 			outcome: OutcomeAct, steps: []StepKind{StepAttach}, mode: protocol.ModeLive},
 		{name: "live attach to a stopped server changes its definition", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}},
@@ -85,7 +96,14 @@ func TestPlanDecision(t *testing.T) {
 		{name: "release what is attached", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Profile: "T4-4Q", Count: 1}}},
 			f: Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q")}}, outcome: OutcomeAct, steps: []StepKind{StepRelease}},
 		{name: "release with nothing attached", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Count: 1}}},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeRefused, inWhy: "no direct-path vGPU"},
+			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeRefused, inWhy: "holds no vGPU"},
+		{name: "release of a flavor's vGPU through Nova", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease}}},
+			f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1)}, outcome: OutcomeAct, steps: []StepKind{StepNovaResize}},
+		{name: "release of a deleted instance's flavor vGPU", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease}}},
+			f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1), Deleting: true}, outcome: OutcomeReject, code: CodeRefused},
+		{name: "release takes direct vGPUs before the flavor's", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Count: 1}}},
+			f:       Facts{Instance: withFlavorVGPUs(known("cmp1"), 1), Attachments: []Attachment{att(AttAttached, "T4-4Q")}},
+			outcome: OutcomeAct, steps: []StepKind{StepRelease}},
 		{name: "release while attaching", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Count: 1}}},
 			f: Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttPending, "T4-4Q")}}, outcome: OutcomeFail, code: CodeBusy},
 		{name: "resize not in this build", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentResize, Profile: "T4-8Q"}}},

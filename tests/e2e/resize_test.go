@@ -63,7 +63,8 @@ var (
 )
 
 // e2ePolicy: the policy's default action path, nova-resize; a GPU_REQUEST
-// asks for the profile it names; an operator rule tunes a VM Nova gave a
+// asks for the profile it names, a GPU_RESIZE changes to the profile it
+// names, a GPU_RELEASE gives the vGPU back; an operator rule tunes a VM Nova gave a
 // vGPU (scenario 2). It sets cgroup limits: NVML refuses a vGPU scheduler
 // change while vGPUs run on the GPU, so tune() cannot follow a resize.
 const e2ePolicy = `version: 1
@@ -75,6 +76,13 @@ rules:
     on: [webhook.GPU_REQUEST]
     when: preferred != ""
     then: ['attach(preferred, event.count > 0 ? event.count : 1)']
+  - name: resize-on-request
+    on: [webhook.GPU_RESIZE]
+    when: event.profile != ""
+    then: ['resize(event.profile)']
+  - name: release-on-request
+    on: [webhook.GPU_RELEASE]
+    then: ['release()']
   - name: limits-for-nova-vgpu
     description: Operator rule - a VM Nova gave a vGPU gets CPU and memory limits.
     on: [nova.instance.resize_finish.end]
@@ -306,9 +314,16 @@ func (w *world) waitInstance(id, host string, vgpus int) {
 // request id.
 func (w *world) gpuRequest(vm, profile string) uuid.UUID {
 	w.t.Helper()
+	return w.webhook(map[string]any{"type": "GPU_REQUEST", "vm_id": vm, "workload": "training", "vgpu_profile": profile, "count": 1})
+}
+
+// webhook posts a signed webhook of the fields (type, vm_id, …) and
+// returns the request id.
+func (w *world) webhook(fields map[string]any) uuid.UUID {
+	w.t.Helper()
 	// A nonce: a signed body acts once, and a test may ask twice.
-	body, _ := json.Marshal(map[string]any{"type": "GPU_REQUEST", "vm_id": vm, "workload": "training", "vgpu_profile": profile, "count": 1,
-		"nonce": uuid.NewString(), "timestamp": time.Now().UTC().Format(time.RFC3339)})
+	fields["nonce"], fields["timestamp"] = uuid.NewString(), time.Now().UTC().Format(time.RFC3339)
+	body, _ := json.Marshal(fields)
 	req, err := http.NewRequestWithContext(w.ctx, http.MethodPost, w.api+"/v1/webhooks/e2e", bytes.NewReader(body))
 	testsvc.Must(w.t, err, "webhook")
 	m := hmac.New(sha256.New, []byte(secret))

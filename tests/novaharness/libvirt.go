@@ -238,8 +238,50 @@ func (h *hookServer) serve(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// HoldSpawn makes the instance's next spawn (a boot, or the end of a
+// resize: Nova's finish_migration) wait in the driver until release is
+// called, so that Nova is still working (RESIZE, task state
+// resize_finish) for as long as a test needs. The hook answers within
+// 50 s whatever happens: release before then.
+func (n *Nova) HoldSpawn(t testing.TB, instance string) (release func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.holds == nil {
+		n.holds = map[string]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	n.holds[instance] = ch
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	return release
+}
+
+// held waits while a HoldSpawn holds the instance's spawn.
+func (n *Nova) held(ctx context.Context, c hookCall) error {
+	if c.Event != "spawn" && c.Event != "spawn_stopped" {
+		return nil
+	}
+	n.mu.Lock()
+	ch := n.holds[c.InstanceUUID]
+	delete(n.holds, c.InstanceUUID)
+	n.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("spawn of %s held by the test past the hook's deadline: %w", c.InstanceUUID, ctx.Err())
+	}
+}
+
 // driverCall plays Nova's libvirt driver for one FakeDriver call.
 func (n *Nova) driverCall(ctx context.Context, c hookCall) error {
+	if err := n.held(ctx, c); err != nil {
+		return err
+	}
 	fh := n.FakeHost(c.Host)
 	if fh == nil {
 		return fmt.Errorf("no fake host %q", c.Host)

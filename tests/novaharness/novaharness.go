@@ -88,6 +88,7 @@ type Nova struct {
 
 	mu        sync.Mutex
 	children  map[string]vgpuChild // provider uuid → GPU
+	holds     map[string]chan struct{} // instance → closed when its next spawn may finish (HoldSpawn)
 	providers []string             // providers AddVGPUChild created
 	failed    bool
 	closed    bool
