@@ -87,9 +87,9 @@ type Nova struct {
 	fake      map[string]*FakeHost
 
 	mu        sync.Mutex
-	children  map[string]vgpuChild // provider uuid → GPU
+	children  map[string]vgpuChild     // provider uuid → GPU
 	holds     map[string]chan struct{} // instance → closed when its next spawn may finish (HoldSpawn)
-	providers []string             // providers AddVGPUChild created
+	providers []string                 // providers AddVGPUChild created
 	failed    bool
 	closed    bool
 	started   time.Duration
