@@ -156,6 +156,9 @@ func TestMockTuning(t *testing.T) {
 	}{
 		{"bad policy", b.SetVGPUScheduler(ctx, idle, "round_robin", 0), hosterr.Invalid},
 		{"busy gpu", b.SetVGPUScheduler(ctx, pci.MustParse("0000:3b:00.0"), PolicyEqualShare, 0), hosterr.InUse},
+		// What the busy GPU has already is no change: a success.
+		{"busy gpu, its own scheduler", b.SetVGPUScheduler(ctx, pci.MustParse("0000:3b:00.0"), PolicyBestEffort, 0), ""},
+		{"idle gpu, same again", b.SetVGPUScheduler(ctx, idle, PolicyFixedShare, 2000), ""},
 		{"unknown gpu", b.SetApplicationClocks(ctx, pci.MustParse("0000:01:00.0"), 5001, 1200), hosterr.NotFound},
 		{"clock out of range", b.SetApplicationClocks(ctx, idle, 99999, 1200), hosterr.Invalid},
 		{"zero clock", b.SetApplicationClocks(ctx, idle, 0, 1200), hosterr.Invalid},

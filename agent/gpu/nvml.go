@@ -401,9 +401,23 @@ func (n *NVML) SetVGPUScheduler(ctx context.Context, a pci.Addr, policy string, 
 	if !n.has("nvmlDeviceSetVgpuSchedulerState") {
 		return hosterr.Errorf(hosterr.Unsupported, op, "the NVIDIA driver has no vGPU scheduler control (R525 or newer needed)")
 	}
+	// The driver changes the scheduler only while no vGPU runs on the GPU;
+	// asking for the state it has already is a success, so that tuning
+	// after every change is idempotent.
+	if n.has("nvmlDeviceGetVgpuSchedulerState") {
+		if cur, r := dev.GetVgpuSchedulerState(); r == nvml.SUCCESS && cur.SchedulerPolicy == p &&
+			(timesliceUs == 0 || binary.LittleEndian.Uint32(cur.SchedulerParams[:4]) == timesliceUs) {
+			return nil
+		}
+	}
 	st := nvml.VgpuSchedulerSetState{SchedulerPolicy: p, EnableARRMode: nvml.VGPU_SCHEDULER_ARR_DEFAULT}
 	binary.LittleEndian.PutUint32(st.SchedulerParams[:4], timesliceUs)
-	return classifyRet(op, dev.SetVgpuSchedulerState(&st))
+	if err := classifyRet(op, dev.SetVgpuSchedulerState(&st)); hosterr.Is(err, hosterr.InUse) {
+		return hosterr.Errorf(hosterr.InUse, op, "vGPUs run on the GPU, and NVIDIA's driver changes the vGPU scheduler only while none does; "+
+			"the GPU keeps its current scheduler")
+	} else {
+		return err
+	}
 }
 
 // SetApplicationClocks sets a GPU's application clocks.

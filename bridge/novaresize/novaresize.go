@@ -543,6 +543,12 @@ func (p *Path) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how 
 	if r.Overdue {
 		reason += fmt.Sprintf(" (after its deadline; [nova] on_deadline = %s)", p.cfg.OnDeadline)
 	}
+	// The change is recorded (bridge.vgpu_changed) whether or not the
+	// request had ended: the server is on the new flavor either way.
+	if err := pipeline.RecordChange(ctx, tx, pipeline.Change{Request: r.RequestID, Instance: r.Instance, Change: r.Kind, Path: pipeline.PathNova,
+		Profile: r.Profile, Host: r.TargetHost}); err != nil {
+		return err
+	}
 	if r.RequestState.Final() {
 		return p.auditNova(ctx, tx, r, "nova_resize_end", map[string]any{"outcome": "succeeded", "reason": reason, "note": "the request had ended already"})
 	}

@@ -55,6 +55,9 @@ const NovaKindPrefix = "nova."
 // MapEvent turns an inbox row into the policy's event. It is pure.
 func MapEvent(r InboxRow) (policy.Event, error) {
 	ev := policy.Event{InstanceUUID: r.InstanceUUID, ProjectID: r.ProjectID, Time: r.OccurredAt}
+	if r.Source == BridgeSource {
+		return mapBridgeEvent(r, ev)
+	}
 	if !r.Webhook() {
 		ev.Kind = NovaKindPrefix + r.EventType
 		ev.Source = r.Source

@@ -25,7 +25,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_pipeline_requests_finished_total",
 			Help: "Requests the pipeline finished after dispatching, by final state."}, []string{"state"}),
 		compensations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_pipeline_compensations_total",
-			Help: "Compensation steps: claim_released, mdev_removal_queued, vgpu_restored (a failed profile change brings the old vGPU back), resize_reverted (Nova path)."}, []string{"step"}),
+			Help: "Compensation steps: claim_released, mdev_removal_queued, vgpu_restored (a failed profile change brings the old vGPU back), restore_failed (it could not), resize_reverted (Nova path)."}, []string{"step"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.events, m.decide, m.claims, m.results, m.requests, m.compensations)

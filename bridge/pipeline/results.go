@@ -87,9 +87,14 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 		}
 		if purpose == PurposeCompensation {
 			detail, _ := json.Marshal(map[string]any{"command_id": r.CommandID, "kind": kind, "status": r.Status, "code": r.Code, "message": r.Message})
-			_, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-				VALUES ($1, 'compensation_result', 'command', $2, $3, $4)`, p.actor(), r.CommandID, reqID.String(), detail)
-			return err
+			if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+				VALUES ($1, 'compensation_result', 'command', $2, $3, $4)`, p.actor(), r.CommandID, reqID.String(), detail); err != nil {
+				return err
+			}
+			if kind == string(protocol.AttachVGPU) && r.Status != protocol.Succeeded && attID != nil {
+				return p.restoreFailed(ctx, tx, *reqID, *attID, DescribeResult(host, kind, r))
+			}
+			return nil
 		}
 		for _, rt := range p.results { // the Nova-native resize's verification
 			if taken, err := rt.TakeResult(ctx, tx, *reqID, host, kind, r); err != nil || taken {
@@ -205,6 +210,14 @@ func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID) (e
 	reason := joinNonEmpty("; ", parts...)
 	if reason == "" {
 		reason = "all commands succeeded"
+	}
+	if c, ok, err := directChange(ctx, tx, reqID, int(attached), len(rel)); err != nil {
+		return err
+	} else if ok {
+		if err := RecordChange(ctx, tx, c); err != nil {
+			return err
+		}
+		p.Wake()
 	}
 	if _, err := p.d.Requests.Transition(ctx, tx, reqID, requests.Succeeded, "", reason, ""); err != nil {
 		return err
@@ -344,6 +357,40 @@ func (p *Processor) restoreReleases(ctx context.Context, tx pgx.Tx, reqID uuid.U
 		}
 		p.m.compensations.WithLabelValues("vgpu_restored").Inc()
 	}
+	return nil
+}
+
+// restoreFailed records that the old vGPU a failed profile change gave
+// back (restoreReleases) could not be attached again: the instance has no
+// vGPU of it, so its claim is released and the attachment ends failed
+// with why, in the audit log and the log as well.
+func (p *Processor) restoreFailed(ctx context.Context, tx pgx.Tx, reqID, attID uuid.UUID, why string) error {
+	rows, err := tx.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments WHERE id = $1 AND state = 'attached' FOR UPDATE`, attID)
+	if err != nil {
+		return err
+	}
+	atts, err := requests.ScanAttachments(rows)
+	if err != nil || len(atts) == 0 {
+		return err // not restored as attached (released since, or never)
+	}
+	a := atts[0]
+	if a.Provider != "" {
+		if err := p.releaseFor(ctx, a); err != nil {
+			return err
+		}
+	}
+	reason := fmt.Sprintf("the vGPU could not be restored after request %s failed (%s); its claim was released", reqID, why)
+	if err := requests.MarkFailed(ctx, tx, a.ID, reason); err != nil {
+		return err
+	}
+	d, _ := json.Marshal(map[string]any{"reason": reason, "profile": a.Profile, "gpu": a.PCIAddress, "provider": a.Provider})
+	if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+		VALUES ($1, 'restore_failed', 'attachment', $2, $3, $4)`, p.actor(), a.ID.String(), reqID.String(), d); err != nil {
+		return err
+	}
+	p.m.compensations.WithLabelValues("restore_failed").Inc()
+	p.log.Warn("pipeline: the old vGPU of a failed profile change could not be restored", logkey.RequestID, reqID, logkey.Instance, a.InstanceUUID,
+		"attachment", a.ID, logkey.Err, why)
 	return nil
 }
 

@@ -196,6 +196,7 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	}
 	w.Facts, w.snap = facts, st
 	w.Decision = pol.Evaluate(ev, st, ls)
+	onlyFollowUps(w.Decision, ev.Kind)
 	w.Plan = PlanDecision(w.Decision, facts)
 	if w.Row.observeOnly && w.Plan.Outcome == OutcomeAct {
 		w.Plan = observe(w.Plan, facts) // decide and explain, act on nothing

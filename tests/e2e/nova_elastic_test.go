@@ -178,6 +178,14 @@ func TestNovaProfileChangeAndRelease(t *testing.T) {
 		t.Errorf("Nova's instance actions %v, want three resizes, each confirmed", got)
 	}
 	w.waitInstance(vm, w.host, 0)
+	// Each change wrote its bridge.vgpu_changed event (rules on it tune
+	// and limit the VM after the change).
+	var changes string
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT coalesce(string_agg((payload->>'change') || '/' || (payload->>'path') || '/' || coalesce(payload->>'profile', ''), ',' ORDER BY id), '')
+		FROM events WHERE source = 'bridge' AND instance_uuid = $1`, vm).Scan(&changes), "bridge events")
+	if want := "attach/nova/T4-1B,resize/nova/T4-2B,release/nova/"; changes != want {
+		t.Errorf("bridge events %q, want %q", changes, want)
+	}
 
 	// Nothing left to give back: refused, and Nova is not called.
 	again := w.webhook(map[string]any{"type": "GPU_RELEASE", "vm_id": vm})

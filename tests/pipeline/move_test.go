@@ -384,6 +384,20 @@ func TestMoveToAnotherHost(t *testing.T) {
 				}
 			}
 			m.checkOnB(inst, old)
+			// The re-apply is a change the bridge made: its follow-up event
+			// says move, on host B (the release half writes none).
+			var changes string
+			testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT coalesce(string_agg(payload->>'change', ',' ORDER BY id), '') FROM events
+				WHERE source = 'bridge' AND instance_uuid = $1`, inst).Scan(&changes), "bridge events")
+			if changes != "attach,move" {
+				t.Errorf("bridge events of %s say %q, want attach,move", inst, changes)
+			}
+			var moved int
+			testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT count(*) FROM events WHERE source = 'bridge' AND instance_uuid = $1
+				AND payload->>'change' = 'move' AND payload->>'host' = $2`, inst, m.hostB).Scan(&moved), "bridge events")
+			if moved != 1 {
+				t.Errorf("%d move events on %s for %s, want 1", moved, m.hostB, inst)
+			}
 			var host string
 			testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT host FROM instances WHERE uuid = $1`, inst).Scan(&host), "instance")
 			if host != m.hostB {

@@ -1,11 +1,14 @@
 package pipeline_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
@@ -125,4 +128,54 @@ func TestDirectResizeFailureRestores(t *testing.T) {
 	if restores != 1 {
 		t.Errorf("audit records of the restore: %d, want 1", restores)
 	}
+}
+
+// TestFailedRestoreIsRecorded: the agent cannot attach the old vGPU again
+// after a failed profile change (its restore command fails). The bridge
+// had put the old vGPU back as attached when it queued the restore; the
+// failed answer ends it failed, gives its claim back and says so in the
+// audit log, instead of leaving a vGPU the VM does not have on record.
+func TestFailedRestoreIsRecorded(t *testing.T) {
+	t.Parallel()
+	w := newWorldWith(t, resizePolicy, withGPUB(t42qTrait, 8, ""))
+	w.startAgent()
+	br := w.startBridge(replicaOpts{name: "r1"})
+	inst := w.domains[3].UUID
+	old := w.attachT44Q(inst)
+
+	// The failed profile change and its restore command, sent: what
+	// restoreReleases queued and the relay published.
+	reqID, cmdID := uuid.New(), uuid.New()
+	instID := uuid.MustParse(inst)
+	testsvc.Must(t, pgx.BeginFunc(w.ctx, w.pool, func(tx pgx.Tx) error {
+		if err := w.requests.Create(w.ctx, tx, requests.Request{ID: reqID, Source: "webhook:pipetest", Kind: "GPU_RESIZE", InstanceUUID: &instID}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(w.ctx, `UPDATE requests SET state = 'failed', code = 'agent_failed', finished_at = now() WHERE id = $1`, reqID); err != nil {
+			return err
+		}
+		_, err := tx.Exec(w.ctx, `INSERT INTO commands (id, request_id, host, kind, body, seq, purpose, attachment_id, instance_uuid, sent_at)
+			VALUES ($1, $2, $3, 'attach_vgpu', '{}', 9, 'compensation', $4, $5, now())`, cmdID, reqID, w.host, old.id, inst)
+		return err
+	}), "failed request and its restore")
+
+	err := br.proc.HandleResult(w.ctx, protocol.Result{CommandID: cmdID.String(), Host: w.host, Status: protocol.Failed, Code: "no_capacity",
+		Message: "create mdev " + old.id + ": available_instances is 0"})
+	testsvc.Must(t, err, "handle the restore's result")
+
+	atts := w.attachments(inst)
+	if len(atts) != 1 || atts[0].state != pipeline.AttFailed {
+		t.Fatalf("attachments %+v, want the old one failed", atts)
+	}
+	if al := w.allocations(inst); al[w.gpus[gpuA]]["VGPU"] != 0 {
+		t.Errorf("Placement still holds the old claim: %v", al)
+	}
+	var why string
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT coalesce(detail->>'reason', '') FROM audit_log WHERE request_id = $1 AND action = 'restore_failed' AND object_id = $2`,
+		reqID.String(), old.id).Scan(&why), "audit")
+	if !strings.Contains(why, "could not be restored") || !strings.Contains(why, "available_instances is 0") {
+		t.Errorf("restore_failed reason %q", why)
+	}
+	// A second delivery of the same answer changes nothing.
+	testsvc.Must(t, br.proc.HandleResult(w.ctx, protocol.Result{CommandID: cmdID.String(), Host: w.host, Status: protocol.Failed}), "again")
 }

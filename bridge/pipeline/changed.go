@@ -1,0 +1,156 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// After every change of an instance's vGPUs the bridge made (an attach,
+// a profile change, a release, on the direct or the Nova path, or a
+// direct-path vGPU that followed a move), the request that made it writes
+// an event of its own into the inbox, in the transaction that ends it:
+// source "bridge", type "vgpu_changed", policy kind bridge.vgpu_changed.
+// Rules on it tune the GPU and set the VM's limits with the vGPU and its
+// physical GPU known, which a rule on the request itself cannot (the GPU
+// is chosen later). They may not change vGPUs: that would loop.
+
+// BridgeSource is the inbox source of the bridge's own events.
+const BridgeSource = "bridge"
+
+// BridgeKindPrefix starts the policy kind of the bridge's own events.
+const BridgeKindPrefix = "bridge."
+
+// EventVGPUChanged is the type of the event written after a change.
+const EventVGPUChanged = "vgpu_changed"
+
+// KindVGPUChanged is its policy kind.
+const KindVGPUChanged = BridgeKindPrefix + EventVGPUChanged
+
+// Changes (Change.Change, the event's labels.change).
+const (
+	ChangeAttach  = "attach"
+	ChangeResize  = "resize"
+	ChangeRelease = "release"
+	ChangeMove    = "move"
+)
+
+// Paths (Change.Path, the event's labels.path).
+const (
+	PathDirect = "direct"
+	PathNova   = "nova"
+)
+
+// Change is what a request changed, as its bridge.vgpu_changed event
+// says.
+type Change struct {
+	Request  uuid.UUID `json:"request_id"`
+	Instance string    `json:"instance_uuid"`
+	Change   string    `json:"change"`            // attach, resize, release, move
+	Path     string    `json:"path"`              // direct, nova
+	Profile  string    `json:"profile,omitempty"` // the vGPU's profile now ("" after a release)
+	Host     string    `json:"host,omitempty"`
+	// Workload is the workload the request named (training, rendering …).
+	Workload string `json:"workload,omitempty"`
+}
+
+// RecordChange writes c's bridge.vgpu_changed event into the inbox in
+// tx (once per request: a repeated call writes nothing). The workload,
+// when empty, is read from the request's body.
+func RecordChange(ctx context.Context, tx pgx.Tx, c Change) error {
+	if c.Instance == "" {
+		return nil
+	}
+	if c.Workload == "" {
+		if err := tx.QueryRow(ctx, `SELECT coalesce(body->>'workload', '') FROM requests WHERE id = $1`, c.Request).Scan(&c.Workload); err != nil {
+			return fmt.Errorf("request %s: read workload: %w", c.Request, err)
+		}
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload)
+		VALUES ($1, $2, $3, $4, now(), $5) ON CONFLICT (source, message_id) DO NOTHING`,
+		BridgeSource, EventVGPUChanged+":"+c.Request.String(), EventVGPUChanged, c.Instance, b); err != nil {
+		return fmt.Errorf("request %s: record the change of instance %s: %w", c.Request, c.Instance, err)
+	}
+	return nil
+}
+
+// directChange says what a direct-path request that just completed
+// changed: attached and released are how many vGPUs it attached and gave
+// back.
+func directChange(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, attached, released int) (Change, bool, error) {
+	if attached == 0 && released == 0 {
+		return Change{}, false, nil
+	}
+	c := Change{Request: reqID, Path: PathDirect}
+	var move string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(instance_uuid::text, ''), coalesce(body->>'move', '') FROM requests WHERE id = $1`, reqID).
+		Scan(&c.Instance, &move); err != nil {
+		return c, false, fmt.Errorf("request %s: %w", reqID, err)
+	}
+	switch {
+	case move != "" && attached > 0:
+		c.Change = ChangeMove
+	case move != "":
+		return c, false, nil // the release half of a move: the re-apply says it
+	case attached > 0 && released > 0:
+		c.Change = ChangeResize
+	case attached > 0:
+		c.Change = ChangeAttach
+	default:
+		c.Change = ChangeRelease
+	}
+	if attached > 0 {
+		if err := tx.QueryRow(ctx, `SELECT coalesce(profile, ''), coalesce(host, '') FROM vgpu_attachments
+			WHERE request_id = $1 AND state = 'attached' ORDER BY created_at LIMIT 1`, reqID).Scan(&c.Profile, &c.Host); err != nil {
+			return c, false, fmt.Errorf("request %s: attached vGPU: %w", reqID, err)
+		}
+	}
+	return c, true, nil
+}
+
+// mapBridgeEvent maps a bridge event to the policy's: kind
+// bridge.<type>; the profile it left; labels change, path and
+// request_id.
+func mapBridgeEvent(r InboxRow, ev policy.Event) (policy.Event, error) {
+	ev.Kind, ev.Source = BridgeKindPrefix+r.EventType, BridgeSource
+	var c Change
+	if err := json.Unmarshal(r.Payload, &c); err != nil {
+		return ev, fmt.Errorf("event %d: bridge event payload: %w", r.ID, err)
+	}
+	ev.Profile, ev.Workload = c.Profile, c.Workload
+	ev.Labels = map[string]string{"change": c.Change, "path": c.Path, "request_id": c.Request.String()}
+	if c.Host != "" {
+		ev.Labels["host"] = c.Host
+	}
+	return ev, nil
+}
+
+// onlyFollowUps keeps, of a decision on a bridge event, the intents that
+// do not change vGPUs (tune, set_limits, notify); the others are refused
+// with the reason, since each change would write another such event.
+func onlyFollowUps(d *policy.Decision, kind string) {
+	if !strings.HasPrefix(kind, BridgeKindPrefix) {
+		return
+	}
+	kept := d.Intents[:0]
+	for _, in := range d.Intents {
+		switch in.Kind {
+		case policy.IntentAttach, policy.IntentRelease, policy.IntentResize:
+			d.Refused = append(d.Refused, policy.Refusal{Intent: in, Reason: fmt.Sprintf("rule %s: a %s event may tune, set limits or notify, "+
+				"not %s vGPUs (the change would make another %s event)", in.Rule, kind, in.Kind, kind)})
+		default:
+			kept = append(kept, in)
+		}
+	}
+	d.Intents = kept
+}
