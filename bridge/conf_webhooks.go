@@ -8,6 +8,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,13 +99,19 @@ func init() {
 			Help: "Requests per second each client address may send; 0 means the same as rate. Example: 10"},
 		conf.Option{Name: "client_burst", Kind: conf.KindInt, Default: "0", Min: 0, Max: 1e6, HasRange: true,
 			Help: "Burst of each client address; 0 means the same as burst. Example: 20"},
-		conf.Option{Name: "max_body_bytes", Kind: conf.KindInt, Default: "65536", Min: 256, Max: 64 << 20, HasRange: true,
-			Help: "Largest body accepted, enforced while reading (413 beyond). Example: 1048576"},
+		conf.Option{Name: "max_body_bytes", Kind: conf.KindInt, Default: "0", Min: 0, Max: 64 << 20, HasRange: true,
+			Help: "Largest body accepted, enforced while reading (413 beyond); at least 256. 0: 65536 for format = native, " +
+				"8388608 for format = alertmanager (Alertmanager drops a whole group on a 413: a group of 1,000 alerts is about " +
+				"800 KB; cap it with max_alerts in its webhook_config). Example: 1048576"},
 		conf.Option{Name: "callback_hosts", Kind: conf.KindList,
 			Help: "Hosts a callback_url may name (exact names or addresses, or *.domain); empty refuses every callback_url. " +
 				"Nothing else is ever contacted. Example: scheduler.example.org,*.jobs.example.org"},
 		conf.Option{Name: "instance_label", Kind: conf.KindString, Default: "instance_uuid",
 			Help: "With format = alertmanager: the alert label holding the Nova instance UUID; alerts without it are skipped. Example: instance_uuid"},
+		conf.Option{Name: "alert_metrics", Kind: conf.KindList,
+			Help: "With format = alertmanager: a firing alert's labels and annotations whose value is a number become the " +
+				"policy's metrics under their own names (an annotation wins over a label); NAME:METRIC pairs rename them. " +
+				"A resolved alert carries no metrics. Example: value:gpu_util,fb:fb_used_mib"},
 		conf.Option{Name: "mtls_subjects", Kind: conf.KindList,
 			Help: "With auth = mtls: client certificate subjects allowed, as a common name or a full subject. Example: CN=batch-scheduler,O=Example"},
 		conf.Option{Name: "mtls_sans", Kind: conf.KindList,
@@ -153,6 +162,15 @@ func validateWebhooks(v *conf.Values) conf.Errors {
 		if in.String("format") == "alertmanager" && auth == "hmac" {
 			bad("format", "alertmanager", "Alertmanager cannot sign: use auth = bearer or mtls")
 		}
+		if n := in.Int("max_body_bytes"); n != 0 && n < 256 {
+			bad("max_body_bytes", strconv.Itoa(n), "must be 0 (by format) or at least 256")
+		}
+		for _, pair := range in.List("alert_metrics") {
+			from, to, ok := strings.Cut(pair, ":")
+			if !ok || strings.TrimSpace(from) == "" || !metricName.MatchString(strings.TrimSpace(to)) {
+				bad("alert_metrics", pair, "not NAME:METRIC with METRIC a metric name; allowed: e.g. value:gpu_util")
+			}
+		}
 		for _, opt := range []string{"allowed_cidrs", "trusted_proxies"} {
 			for _, c := range in.List(opt) {
 				if _, err := parsePrefix(c); err != nil {
@@ -162,6 +180,21 @@ func validateWebhooks(v *conf.Values) conf.Errors {
 		}
 	}
 	return errs
+}
+
+// metricName is what alert_metrics may name: a CEL identifier, so that
+// rules can say metrics.NAME.
+var metricName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// maxBody is max_body_bytes, 0 giving the format's default.
+func maxBody(n int, format string) int64 {
+	switch {
+	case n > 0:
+		return int64(n)
+	case format == string(webhook.FormatAlertmanager):
+		return 8 << 20
+	}
+	return 64 << 10
 }
 
 // parsePrefix reads a CIDR or a single address.
@@ -191,9 +224,16 @@ func WebhookSources(v *conf.Values) ([]webhook.Source, error) {
 		s := webhook.Source{
 			Name: in.Name, Auth: webhook.Auth(in.String("auth")), Format: webhook.Format(in.String("format")),
 			Rate: in.Float("rate"), Burst: in.Int("burst"), ClientRate: in.Float("client_rate"), ClientBurst: in.Int("client_burst"),
-			MaxBodyBytes: int64(in.Int("max_body_bytes")), CallbackHosts: in.List("callback_hosts"),
+			MaxBodyBytes: maxBody(in.Int("max_body_bytes"), in.String("format")), CallbackHosts: in.List("callback_hosts"),
 			InstanceLabel: in.String("instance_label"), MTLSSubjects: in.List("mtls_subjects"), MTLSSANs: in.List("mtls_sans"),
 			TimestampTolerance: in.Duration("timestamp_tolerance"), AllowedProjects: in.List("allowed_projects"),
+		}
+		for _, pair := range in.List("alert_metrics") {
+			from, to, _ := strings.Cut(pair, ":")
+			if s.AlertMetrics == nil {
+				s.AlertMetrics = map[string]string{}
+			}
+			s.AlertMetrics[strings.TrimSpace(from)] = strings.TrimSpace(to)
 		}
 		for _, f := range in.List("secret_files") {
 			text, err := conf.ReadSecretFile(f)

@@ -47,6 +47,7 @@ PACKAGES=(
 	libvirt-dev pkg-config libvirt-daemon
 	python3-nova python3-wsgi-intercept
 	python3-keystone
+	prometheus-alertmanager
 	chromium
 	curl
 )
@@ -91,6 +92,10 @@ install_packages() {
 	# Systemd machines: the packaged unit is enabled and would take 8778 at boot.
 	if have_systemd && systemctl is-enabled --quiet placement-api 2>/dev/null; then
 		systemctl disable --now placement-api || true
+	fi
+	# Likewise the packaged Alertmanager (port 9093): tests run their own.
+	if have_systemd && systemctl is-enabled --quiet prometheus-alertmanager 2>/dev/null; then
+		systemctl disable --now prometheus-alertmanager || true
 	fi
 }
 

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -59,6 +60,7 @@ type pending struct {
 	req          requests.Request
 	events       []eventRow
 	rejectReason string // non-empty: the request is rejected at once
+	rejectCode   string // its code (CodeNoInstance when empty)
 	answer       []byte
 	key          string
 	hash         [32]byte
@@ -222,7 +224,8 @@ func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []re
 	var ids [][16]byte
 	var resps, hashes [][]byte
 	for _, p := range batch {
-		if p.rejectReason != "" {
+		if p.rejectReason != "" || p.src.cfg.Format == FormatAlertmanager {
+			// Alerts are claimed one by one (claimAlerts): tryCommitTx.
 			return nil, false, nil
 		}
 		if p.bodyOnly {
@@ -482,6 +485,23 @@ func (e *Endpoint) tryCommitTx(ctx context.Context, batch []*pending) ([]result,
 			}
 		}
 	}
+	// Alerts act once however often Alertmanager sends them.
+	changed, err := e.claimAlerts(ctx, tx, create)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range changed {
+		for i, q := range batch {
+			if q == p {
+				res[i].body = p.answer
+			}
+		}
+		if k := (keyRef{p.src.cfg.Name, p.key}); p.key != "" && inserted[k] {
+			if _, err := tx.Exec(ctx, `UPDATE webhook_idempotency SET response = $3 WHERE source = $1 AND key = $2`, k.source, k.key, p.answer); err != nil {
+				return nil, fmt.Errorf("idempotency keys: %w", err)
+			}
+		}
+	}
 	for _, i := range followers {
 		p := batch[i]
 		k := keyRef{p.src.cfg.Name, p.key}
@@ -509,7 +529,7 @@ func (e *Endpoint) tryCommitTx(ctx context.Context, batch []*pending) ([]result,
 			if p.rejectReason == "" {
 				continue
 			}
-			if _, err := e.store.Transition(ctx, tx, p.req.ID, requests.Rejected, "", p.rejectReason, CodeNoInstance); err != nil {
+			if _, err := e.store.Transition(ctx, tx, p.req.ID, requests.Rejected, "", p.rejectReason, cmp.Or(p.rejectCode, CodeNoInstance)); err != nil {
 				return nil, err
 			}
 		}
@@ -599,6 +619,9 @@ func (e *Endpoint) janitor(ctx context.Context) {
 			}
 			if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_signed_bodies WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
 				e.log.Warn("forget expired signed bodies", "err", err)
+			}
+			if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_alerts WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
+				e.log.Warn("forget expired alerts", "err", err)
 			}
 		}
 	}

@@ -99,6 +99,10 @@ type Source struct {
 	CallbackHosts []string
 	// InstanceLabel is the Alertmanager label naming the instance.
 	InstanceLabel string
+	// AlertMetrics renames an alert's numeric labels and annotations
+	// (label or annotation name → metric name) as they become the
+	// policy's metrics; the others keep their names.
+	AlertMetrics map[string]string
 	// MTLSSubjects (CN or full subject) and MTLSSANs (DNS, URI, e-mail,
 	// IP) a client certificate may match.
 	MTLSSubjects []string
@@ -509,7 +513,7 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 			}
 			p.events = append(p.events, eventRow{vm: ev.VMID, at: at, alert: ev.Index, payload: EventPayload{
 				RequestID: id, Source: evSource, Type: TypeLoad, VMID: ev.VMID,
-				Workload: workloadLabel(a.Labels), Alert: &a}})
+				Workload: workloadLabel(a.Labels), Metrics: alertMetrics(a, src.cfg.AlertMetrics), Alert: &a}})
 		}
 		if len(b.Events) == 1 {
 			u := uuid.MustParse(b.Events[0].VMID)
