@@ -163,7 +163,7 @@ func (r reporter) Report(ctx context.Context) (protocol.Report, error) {
 // the journal owns are marked owner "agent", the others "nova".
 func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
 	rep := protocol.Report{V: protocol.Version, Host: inv.Host, Node: inv.Node, AgentVersion: inv.AgentVersion,
-		GPUs: []protocol.GPU{}, Errors: inv.Errors}
+		Hypervisor: inv.Hypervisor, GPUs: []protocol.GPU{}, Errors: inv.Errors}
 	if len(inv.DriverVersions) > 0 {
 		rep.DriverVersion = inv.DriverVersions[0]
 	}
@@ -187,7 +187,7 @@ func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
 				MaxInstances: t.MaxInstances, AvailableInstances: t.Available})
 		}
 		for _, v := range g.VGPUs {
-			a := protocol.VGPU{TypeID: v.Type, InstanceUUID: v.Instance, Owner: protocol.OwnerNova}
+			a := protocol.VGPU{TypeID: v.Type, InstanceUUID: v.Instance, Owner: protocol.OwnerNova, GuestDriver: v.GuestDriver}
 			key := journal.MdevKey(v.ID)
 			if v.Kind == "vf" {
 				a.PCI = v.VF.String()

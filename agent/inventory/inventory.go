@@ -31,6 +31,12 @@ type Domains interface {
 	Domains(ctx context.Context) ([]libvirt.Domain, error)
 }
 
+// Hypervisor is what a Domains may also tell: the hypervisor libvirt
+// runs (libvirt.Conn).
+type Hypervisor interface {
+	Hypervisor(ctx context.Context) (string, error)
+}
+
 // GPUs is what the scanner reads from NVML (gpu.Backend).
 type GPUs interface {
 	GPUs(ctx context.Context) ([]gpu.GPU, error)
@@ -52,16 +58,19 @@ type Scanner struct {
 
 // Inventory is one snapshot of the host.
 type Inventory struct {
-	Host           string      `json:"host"`
-	Node           string      `json:"node,omitempty"`
-	AgentVersion   string      `json:"agent_version,omitempty"`
-	CollectedAt    time.Time   `json:"collected_at"`
-	DriverVersions []string    `json:"driver_versions"`
-	NVML           bool        `json:"nvml"`
-	NVMLError      string      `json:"nvml_error,omitempty"`
-	CgroupVersion  string      `json:"cgroup_version,omitempty"`
-	GPUs           []GPU       `json:"gpus"`
-	Domains        []DomainRef `json:"domains"`
+	Host           string    `json:"host"`
+	Node           string    `json:"node,omitempty"`
+	AgentVersion   string    `json:"agent_version,omitempty"`
+	CollectedAt    time.Time `json:"collected_at"`
+	DriverVersions []string  `json:"driver_versions"`
+	NVML           bool      `json:"nvml"`
+	NVMLError      string    `json:"nvml_error,omitempty"`
+	CgroupVersion  string    `json:"cgroup_version,omitempty"`
+	// Hypervisor is what libvirt runs, for NVIDIA's compatibility matrix:
+	// "KVM (QEMU 8.2.2)".
+	Hypervisor string      `json:"hypervisor,omitempty"`
+	GPUs       []GPU       `json:"gpus"`
+	Domains    []DomainRef `json:"domains"`
 	// Orphans are mdevs (UUIDs) and VFs with a type that no domain uses.
 	Orphans []string `json:"orphans"`
 	Errors  []string `json:"errors,omitempty"`
@@ -157,6 +166,13 @@ func (s *Scanner) Scan(ctx context.Context) (*Inventory, error) {
 		inv.CgroupVersion = s.CgroupVersion()
 	}
 	fail := func(src string, err error) { inv.Errors = append(inv.Errors, src+": "+err.Error()) }
+	if h, ok := s.Domains.(Hypervisor); ok {
+		if v, err := h.Hypervisor(ctx); err != nil {
+			fail("libvirt", err)
+		} else {
+			inv.Hypervisor = v
+		}
+	}
 
 	// NVML
 	byAddr := map[pci.Addr]*GPU{}

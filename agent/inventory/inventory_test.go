@@ -55,6 +55,10 @@ func TestScanFakeHost(t *testing.T) {
 	if len(inv.Errors) != 0 || !inv.NVML || !slices.Equal(inv.DriverVersions, []string{"550.54.16"}) || inv.CgroupVersion != "v2" {
 		t.Fatalf("inventory header: %+v", inv)
 	}
+	// libvirt's test driver names itself; its QEMU driver would be "KVM (QEMU x.y.z)".
+	if !strings.HasPrefix(inv.Hypervisor, "TEST (") {
+		t.Errorf("hypervisor %q, want libvirt's test driver with its version", inv.Hypervisor)
+	}
 	if len(inv.GPUs) != 3 {
 		t.Fatalf("gpus = %d", len(inv.GPUs))
 	}
@@ -83,6 +87,12 @@ func TestScanFakeHost(t *testing.T) {
 	}
 	if len(inv.Orphans) != 0 || len(inv.Domains) != 3 {
 		t.Errorf("orphans %v domains %+v", inv.Orphans, inv.Domains)
+	}
+
+	// The guest driver NVML reports once the guest loaded it.
+	h.SetGuestDriver(g.VGPUs[0].ID, "550.54.15")
+	if inv, _ := s.Scan(ctx); inv.GPUs[0].VGPUs[0].GuestDriver != "550.54.15" {
+		t.Errorf("guest driver %q, want 550.54.15", inv.GPUs[0].VGPUs[0].GuestDriver)
 	}
 
 	// An mdev no domain uses is an orphan.

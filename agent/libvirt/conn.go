@@ -436,3 +436,25 @@ func (c *Conn) raw() *lv.Connect { return c.c }
 
 // String is for logs.
 func (c *Conn) String() string { return fmt.Sprintf("libvirt(%s)", c.uri) }
+
+// Hypervisor names the hypervisor of the connection as NVIDIA's
+// compatibility matrix does: "KVM (QEMU 8.2.2)" for libvirt's QEMU
+// driver, else libvirt's own name and version ("TEST (2.0.0)").
+func (c *Conn) Hypervisor(ctx context.Context) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	typ, err := c.c.GetType()
+	if err != nil {
+		return "", fmt.Errorf("libvirt: hypervisor type: %w", err)
+	}
+	v, err := c.c.GetVersion()
+	if err != nil {
+		return "", fmt.Errorf("libvirt: hypervisor version: %w", err)
+	}
+	ver := fmt.Sprintf("%d.%d.%d", v/1000000, v/1000%1000, v%1000)
+	if strings.EqualFold(typ, "QEMU") {
+		return "KVM (QEMU " + ver + ")", nil
+	}
+	return typ + " (" + ver + ")", nil
+}

@@ -178,15 +178,18 @@ type Result struct {
 
 // Report is an agent's periodic picture of its host.
 type Report struct {
-	V             int       `json:"v"`
-	Host          string    `json:"host"`
-	Node          string    `json:"node"`
-	AgentVersion  string    `json:"agent_version"`
-	DriverVersion string    `json:"driver_version,omitempty"`
-	CgroupVersion int       `json:"cgroup_version,omitempty"`
-	SentAt        time.Time `json:"sent_at"`
-	Seq           uint64    `json:"seq"`
-	GPUs          []GPU     `json:"gpus"`
+	V             int    `json:"v"`
+	Host          string `json:"host"`
+	Node          string `json:"node"`
+	AgentVersion  string `json:"agent_version"`
+	DriverVersion string `json:"driver_version,omitempty"`
+	CgroupVersion int    `json:"cgroup_version,omitempty"`
+	// Hypervisor is what libvirt runs ("KVM (QEMU 8.2.2)"), for NVIDIA's
+	// compatibility matrix.
+	Hypervisor string    `json:"hypervisor,omitempty"`
+	SentAt     time.Time `json:"sent_at"`
+	Seq        uint64    `json:"seq"`
+	GPUs       []GPU     `json:"gpus"`
 	// Errors lists what could not be read this time (e.g. "nvml: unavailable");
 	// the report is still true for the rest.
 	Errors []string `json:"errors,omitempty"`
@@ -237,6 +240,9 @@ type VGPU struct {
 	InstanceUUID string `json:"instance_uuid,omitempty"`
 	// Owner is "agent" for mdevs the agent's journal holds, "nova" otherwise.
 	Owner string `json:"owner"`
+	// GuestDriver is the NVIDIA driver the guest loaded ("550.54.15"), as
+	// NVML reports it once the guest driver runs.
+	GuestDriver string `json:"guest_driver,omitempty"`
 }
 
 // Owners of a vGPU.

@@ -74,7 +74,7 @@ func MapEvent(r InboxRow) (policy.Event, error) {
 	if ev.InstanceUUID == "" {
 		ev.InstanceUUID = p.VMID
 	}
-	ev.Workload, ev.Profile, ev.Count = p.Workload, p.VGPUProfile, p.Count
+	ev.Workload, ev.Profile, ev.Count, ev.GuestDriver = p.Workload, p.VGPUProfile, p.Count, p.GuestDriver
 	if len(p.Metrics) > 0 {
 		ev.Metrics = make(map[string]float64, len(p.Metrics))
 		for k, v := range p.Metrics {

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -64,13 +65,17 @@ func (s *snapshot) ProjectUsage(id string) policy.Usage {
 type hostSet struct {
 	hosts  []policy.Host
 	byName map[string]int
-	at     time.Time
+	// guest is the NVIDIA driver each instance's guest loaded, as its
+	// host's agent reports it (by instance UUID).
+	guest map[string]string
+	at    time.Time
 }
 
 // HostFromReport turns an agent's report into the policy's view of a
 // host. It is pure; cat may be nil.
 func HostFromReport(r protocol.Report, cat Catalog) policy.Host {
-	h := policy.Host{Name: r.Host, Hypervisor: "KVM", DriverVersion: r.DriverVersion}
+	// Agents before the hypervisor was reported ran libvirt's QEMU driver.
+	h := policy.Host{Name: r.Host, Hypervisor: cmp.Or(r.Hypervisor, "KVM"), DriverVersion: r.DriverVersion}
 	for _, g := range r.GPUs {
 		pg := policy.GPU{Address: g.PCI, Used: len(g.Active)}
 		for _, t := range g.Types {
@@ -109,7 +114,7 @@ func loadHosts(ctx context.Context, q Querier, cat Catalog) (*hostSet, error) {
 		return nil, fmt.Errorf("read hosts: %w", err)
 	}
 	defer rows.Close()
-	hs := &hostSet{byName: map[string]int{}, at: time.Now()}
+	hs := &hostSet{byName: map[string]int{}, guest: map[string]string{}, at: time.Now()}
 	for rows.Next() {
 		var name string
 		var raw []byte
@@ -121,6 +126,13 @@ func loadHosts(ctx context.Context, q Querier, cat Catalog) (*hostSet, error) {
 			continue
 		}
 		r.Host = name
+		for _, g := range r.GPUs {
+			for _, v := range g.Active {
+				if v.InstanceUUID != "" && v.GuestDriver != "" {
+					hs.guest[strings.ToLower(v.InstanceUUID)] = v.GuestDriver
+				}
+			}
+		}
 		hs.byName[name] = len(hs.hosts)
 		hs.hosts = append(hs.hosts, HostFromReport(r, cat))
 	}
@@ -179,7 +191,8 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	}
 	f.Attachments = atts
 
-	in := policy.Instance{UUID: ev.InstanceUUID, ProjectID: f.Instance.ProjectID, Host: f.Instance.Host, Flavor: flavor, State: f.Instance.VMState}
+	in := policy.Instance{UUID: ev.InstanceUUID, ProjectID: f.Instance.ProjectID, Host: f.Instance.Host, Flavor: flavor, State: f.Instance.VMState,
+		GuestDriver: hs.guest[strings.ToLower(ev.InstanceUUID)]}
 	if f.Instance.Deleted {
 		in.State = "deleted"
 	}

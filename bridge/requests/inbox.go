@@ -20,6 +20,7 @@ type WebhookEvent struct {
 	Count       int            `json:"count,omitempty"`
 	Metrics     map[string]any `json:"metrics,omitempty"`
 	CallbackURL string         `json:"callback_url,omitempty"`
+	GuestDriver string         `json:"guest_driver,omitempty"`
 	Alert       *WebhookAlert  `json:"alert,omitempty"`
 }
 

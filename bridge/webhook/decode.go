@@ -53,6 +53,10 @@ type Native struct {
 	Count       int            `json:"count"`
 	Metrics     map[string]any `json:"metrics,omitempty"`
 	CallbackURL string         `json:"callback_url,omitempty"`
+	// GuestDriver is the NVIDIA driver version the VM's guest runs (or
+	// will), e.g. 550.54.15: hosts whose vGPU manager cannot serve it are
+	// not chosen.
+	GuestDriver string `json:"guest_driver,omitempty"`
 	// Timestamp, when the sender sets it, is when it signed the body: a
 	// body older than the source's timestamp tolerance is refused.
 	Timestamp time.Time `json:"timestamp,omitzero"`
@@ -60,6 +64,9 @@ type Native struct {
 	// a new body (a signed body acts at most once).
 	Nonce string `json:"nonce,omitempty"`
 }
+
+// driverRE is an NVIDIA driver version: 550, 550.54 or 550.54.15.
+var driverRE = regexp.MustCompile(`^[0-9]{1,4}(\.[0-9]{1,4}){0,3}$`)
 
 func oneOf(v string, set []string) bool {
 	for _, s := range set {
@@ -174,7 +181,7 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 	sort.Strings(names)
 	for _, k := range names {
 		switch k {
-		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce":
+		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce", "guest_driver":
 		default:
 			add(k, "unknown field")
 		}
@@ -213,6 +220,13 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 			add("vgpu_profile", "must be a vGPU profile name such as T4-4Q (letters, digits, '.', '_', '-'; at most 64)")
 		}
 		n.VGPUProfile = s
+	}
+
+	if s, ok := str("guest_driver"); ok {
+		if !driverRE.MatchString(s) {
+			add("guest_driver", "must be an NVIDIA driver version such as 550.54.15 (digits and dots)")
+		}
+		n.GuestDriver = s
 	}
 
 	n.Count = 1

@@ -30,6 +30,9 @@ func TestDecodeNative(t *testing.T) {
 		{"callback scheme", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","callback_url":"file:///etc/passwd"}`, []string{"callback_url"}},
 		{"everything wrong", `{"type":null,"vm_id":1,"workload":"x","vgpu_profile":"","count":"2","metrics":3,"callback_url":false,"z":1,"a":2}`,
 			[]string{"a", "z", "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url"}},
+		{"guest driver", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","guest_driver":"550.54.15"}`, nil},
+		{"guest driver not a version", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","guest_driver":"latest"}`, []string{"guest_driver"}},
+		{"guest driver not a string", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","guest_driver":550}`, []string{"guest_driver"}},
 		{"not an object", `"GPU_REQUEST"`, []string{"(body)"}},
 		{"null", `null`, []string{"(body)"}},
 	} {

@@ -137,3 +137,52 @@ func (w *world) cgroupFile(domain, name string) string {
 	testsvc.Must(w.t, err, "cgroup file")
 	return strings.TrimSpace(string(b))
 }
+
+// TestGuestDriverTooNew: a request whose guest driver (the webhook's
+// guest_driver) is of a newer branch than the host's vGPU manager is
+// refused, citing NVIDIA's compatibility rule (such a guest shows code
+// 43), and nothing is claimed; one of the host's branch is served.
+func TestGuestDriverTooNew(t *testing.T) {
+	t.Parallel()
+	w := newWorldWith(t, testsvc.DirectPolicy())
+	w.startAgent()
+	w.startBridge(replicaOpts{name: "r1"})
+	inst := w.domains[3].UUID // on the fake host, whose vGPU manager is 550.54.16
+	w.waitReport(30 * time.Second)
+
+	id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q", "count": 1, "workload": "training", "guest_driver": "570.86.15"})
+	r := w.wait(id, 60*time.Second)
+	if r.State != requests.Rejected || !strings.Contains(r.Reason, "570.86.15") || !strings.Contains(r.Reason, "branch 550") || !strings.Contains(r.Reason, "code 43") {
+		t.Fatalf("request with a too-new guest driver: %s (%s: %s); want rejected citing the branch rule", r.State, r.Code, r.Reason)
+	}
+	if n := len(w.attachments(inst)); n != 0 {
+		t.Errorf("%d attachments after the refusal", n)
+	}
+	if al := w.allocations(inst); al[w.gpus[gpuA]]["VGPU"]+al[w.gpus[gpuB]]["VGPU"] != 0 {
+		t.Errorf("a claim was made: %v", al)
+	}
+
+	ok := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q", "count": 1, "workload": "training", "guest_driver": "550.54.15"})
+	if r := w.wait(ok, 60*time.Second); r.State != requests.Succeeded {
+		t.Fatalf("request with the host's branch: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+}
+
+// waitReport waits until the bridge has a report of the world's host
+// that names its vGPU manager and hypervisor.
+func (w *world) waitReport(within time.Duration) {
+	w.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		var driver, hyp string
+		err := w.pool.QueryRow(w.ctx, `SELECT coalesce(report->>'driver_version', ''), coalesce(report->>'hypervisor', '') FROM hosts WHERE name = $1`,
+			w.host).Scan(&driver, &hyp)
+		if err == nil && driver != "" && hyp != "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("no report of %s with its driver and hypervisor within %s (driver %q, hypervisor %q, %v)", w.host, within, driver, hyp, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

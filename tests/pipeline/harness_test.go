@@ -126,7 +126,8 @@ func newWorldWith(t *testing.T, rulesYAML string, opts ...worldOpt) *world {
 	rules := filepath.Join(dir, "policy.yaml")
 	rulesYAML = strings.ReplaceAll(rulesYAML, "PROJECT_ID", w.project)
 	testsvc.Must(t, os.WriteFile(rules, []byte(rulesYAML), 0o644), "policy file")
-	h, err := policy.NewHolder(policy.Config{RulesFile: rules, ProfilesFile: "../../etc/vgpu-bridge/profiles.yaml"}, nil)
+	h, err := policy.NewHolder(policy.Config{RulesFile: rules, ProfilesFile: "../../etc/vgpu-bridge/profiles.yaml",
+		CompatFile: "../../etc/vgpu-bridge/driver-compat.yaml"}, nil)
 	testsvc.Must(t, err, "policy")
 	w.holder = h
 
