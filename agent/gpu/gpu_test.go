@@ -159,14 +159,19 @@ func TestMockTuning(t *testing.T) {
 		// What the busy GPU has already is no change: a success.
 		{"busy gpu, its own scheduler", b.SetVGPUScheduler(ctx, pci.MustParse("0000:3b:00.0"), PolicyBestEffort, 0), ""},
 		{"idle gpu, same again", b.SetVGPUScheduler(ctx, idle, PolicyFixedShare, 2000), ""},
+
 		{"unknown gpu", b.SetApplicationClocks(ctx, pci.MustParse("0000:01:00.0"), 5001, 1200), hosterr.NotFound},
 		{"clock out of range", b.SetApplicationClocks(ctx, idle, 99999, 1200), hosterr.Invalid},
-		{"zero clock", b.SetApplicationClocks(ctx, idle, 0, 1200), hosterr.Invalid},
+		{"zero SM clock", b.SetApplicationClocks(ctx, idle, 5001, 0), hosterr.Invalid},
+		{"SM clock only: memory kept", b.SetApplicationClocks(ctx, idle, 0, 900), ""},
 	}
 	for _, tc := range tests {
 		if got := hosterr.CodeOf(tc.err); got != tc.want {
 			t.Errorf("%s: %v (%q), want %q", tc.name, tc.err, got, tc.want)
 		}
+	}
+	if mem, sm := m.AppClocks(idle); sm != 900 || mem == 0 {
+		t.Errorf("clocks after setting the SM clock alone = mem %d sm %d, want the memory clock kept and sm 900", mem, sm)
 	}
 	b.Close()
 	if _, err := b.GPUs(ctx); !errors.Is(err, hosterr.ErrNVMLUnavailable) {

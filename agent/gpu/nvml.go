@@ -426,14 +426,22 @@ func (n *NVML) SetApplicationClocks(ctx context.Context, a pci.Addr, memMHz, smM
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if memMHz == 0 || smMHz == 0 {
-		return hosterr.Errorf(hosterr.Invalid, op, "both clocks are required")
+	if smMHz == 0 {
+		return hosterr.Errorf(hosterr.Invalid, op, "the SM clock is required")
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	dev, err := n.device(op, a)
 	if err != nil {
 		return err
+	}
+	if memMHz == 0 {
+		// Only the SM clock asked for: the memory clock stays as it is.
+		m, r := dev.GetApplicationsClock(nvml.CLOCK_MEM)
+		if r != nvml.SUCCESS {
+			return classifyRet(op+": read the memory clock", r)
+		}
+		memMHz = m
 	}
 	return classifyRet(op, dev.SetApplicationsClocks(memMHz, smMHz))
 }

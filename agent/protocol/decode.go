@@ -260,8 +260,8 @@ func (p *ClockParams) Validate(k Kind) error {
 	if p.GPUPCI == "" {
 		return invalid("%s: gpu_pci is required", k)
 	}
-	if k == SetClocks && (p.MemoryMHz == 0 || p.SMMHz == 0) {
-		return invalid("%s: memory_mhz and sm_mhz are required", k)
+	if k == SetClocks && p.SMMHz == 0 {
+		return invalid("%s: sm_mhz is required (memory_mhz 0 keeps the memory clock)", k)
 	}
 	return nil
 }

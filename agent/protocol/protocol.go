@@ -122,7 +122,8 @@ type SchedulerParams struct {
 
 // ClockParams are the params of set_clocks and reset_clocks.
 type ClockParams struct {
-	GPUPCI    string `json:"gpu_pci"`
+	GPUPCI string `json:"gpu_pci"`
+	// MemoryMHz 0 keeps the GPU's memory clock as it is.
 	MemoryMHz uint32 `json:"memory_mhz,omitempty"`
 	SMMHz     uint32 `json:"sm_mhz,omitempty"`
 }

@@ -235,8 +235,8 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 			p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.SetVMLimits, Host: f.Instance.Host,
 				Params: protocol.LimitParams{CPUMax: in.CPUMax, MemoryHigh: mem}})
 		case policy.IntentTune:
-			if in.Scheduler == "" {
-				p.Notes = append(p.Notes, "tune: only the vGPU scheduler is applied (clocks need memory and SM clocks)")
+			if in.Scheduler == "" && in.ClocksMHz == 0 {
+				p.Notes = append(p.Notes, "tune: neither a scheduler nor clocks to set")
 				continue
 			}
 			gpus := in.GPUs
@@ -254,8 +254,18 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 				continue
 			}
 			for _, g := range gpus {
-				p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.SetVGPUScheduler, Host: f.Instance.Host,
-					Params: protocol.SchedulerParams{GPUPCI: g, Policy: in.Scheduler, TimesliceUs: uint32(max(in.TimesliceUS, 0))}})
+				if in.Scheduler != "" {
+					p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.SetVGPUScheduler, Host: f.Instance.Host,
+						Params: protocol.SchedulerParams{GPUPCI: g, Policy: in.Scheduler, TimesliceUs: uint32(max(in.TimesliceUS, 0))}})
+				}
+				switch {
+				case in.ClocksMHz > 0: // the SM clock; the agent keeps the memory clock
+					p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.SetClocks, Host: f.Instance.Host,
+						Params: protocol.ClockParams{GPUPCI: g, SMMHz: uint32(in.ClocksMHz)}})
+				case in.ClocksMHz < 0: // back to the GPU's defaults
+					p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.ResetClocks, Host: f.Instance.Host,
+						Params: protocol.ClockParams{GPUPCI: g}})
+				}
 			}
 		case policy.IntentNotify:
 			p.Steps = append(p.Steps, Step{Kind: StepNotify, Intent: in})

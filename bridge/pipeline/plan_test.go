@@ -318,3 +318,45 @@ func TestNovaHostProblem(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanTuneClocks: tune's clocks_mhz becomes set_clocks (the SM clock;
+// the agent keeps the memory clock), a negative one reset_clocks, beside
+// the scheduler when one is named, per physical GPU.
+func TestPlanTuneClocks(t *testing.T) {
+	tune := func(sched string, clocks int) policy.Decision {
+		return policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentTune, Scheduler: sched, ClocksMHz: clocks, GPUs: []string{"0000:3b:00.0"}}}}
+	}
+	tests := []struct {
+		name string
+		d    policy.Decision
+		want []protocol.Kind
+	}{
+		{"batch window: lower the clocks", tune("", 900), []protocol.Kind{protocol.SetClocks}},
+		{"after the window: reset them", tune("", -1), []protocol.Kind{protocol.ResetClocks}},
+		{"scheduler and clocks", tune("equal_share", 1200), []protocol.Kind{protocol.SetVGPUScheduler, protocol.SetClocks}},
+		{"scheduler only", tune("best_effort", 0), []protocol.Kind{protocol.SetVGPUScheduler}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := PlanDecision(&tc.d, Facts{Instance: known("cmp1")})
+			var got []protocol.Kind
+			for _, s := range p.Steps {
+				got = append(got, s.Command)
+				if c, ok := s.Params.(protocol.ClockParams); ok && s.Command == protocol.SetClocks && (c.SMMHz != uint32(tc.d.Intents[0].ClocksMHz) || c.MemoryMHz != 0) {
+					t.Errorf("set_clocks params %+v", c)
+				}
+			}
+			if p.Outcome != OutcomeAct || len(got) != len(tc.want) {
+				t.Fatalf("outcome %s, commands %v; want %v", p.Outcome, got, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Errorf("commands %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+	if p := PlanDecision(&policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentTune, GPUs: []string{"0000:3b:00.0"}}}}, Facts{Instance: known("cmp1")}); p.Outcome == OutcomeAct {
+		t.Errorf("a tune with nothing to set acts: %+v", p)
+	}
+}
