@@ -96,10 +96,22 @@ func doJSON(ctx context.Context, method, u string, hdr http.Header, in, out any)
 
 // do calls the compute API (path below /v2.1).
 func (n *Nova) do(ctx context.Context, method, path string, in, out any) error {
+	return n.ComputeAs(ctx, method, path, n.Token(), in, out)
+}
+
+// ComputeAs calls the compute API (path below /v2.1) with a noauth2
+// token ("user:project", e.g. to act in a project of the test's own) and
+// decodes the JSON answer into out; a non-2xx answer is an *APIError.
+func (n *Nova) ComputeAs(ctx context.Context, method, path, token string, in, out any) error {
 	h := http.Header{}
-	h.Set("X-Auth-Token", n.Token())
+	h.Set("X-Auth-Token", token)
 	h.Set("X-OpenStack-Nova-API-Version", Microversion)
 	return doJSON(ctx, method, n.api+path, h, in, out)
+}
+
+// PlacementCall calls Placement as admin (path below its root).
+func (n *Nova) PlacementCall(ctx context.Context, method, path string, in, out any) error {
+	return n.placementDo(ctx, method, path, in, out)
 }
 
 // placementDo calls Placement.

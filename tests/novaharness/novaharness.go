@@ -467,6 +467,11 @@ workers = 1
 workers = 1
 [compute]
 resource_provider_association_refresh = 5
+[quota]
+# The package's tests share one project (admin) and keep their servers.
+instances = -1
+cores = -1
+ram = -1
 `, n.id, n.transport, port, filepath.Join(n.dir, "state"), filepath.Join(n.dir, "api-paste.ini"),
 		n.dbURL("api"), n.dbURL("cell1"), n.placement, filepath.Join(n.dir, "lock"))
 	files["nova.conf"] = b.Bytes()

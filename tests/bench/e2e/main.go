@@ -6,14 +6,20 @@
 // the local Postgres, RabbitMQ and Placement: the bridge's webhook
 // endpoint, pipeline (default [pipeline] settings), relay and consumers,
 // and 100 simulated compute hosts, each a real vgpu-agent on its own fake
-// host with one T4 (T4-1Q, 16 per GPU) in Placement.
+// host with two T4 in Placement: one set to T4-1Q (16 per GPU), which the
+// requests attach, one to T4-2Q (8 per GPU), which profile changes move to.
 //
 // Each of 3 runs measures
 //
 //  1. latency: one request at a time, from the webhook POST to the
 //     request's finished_at (the transaction that records the last agent
 //     result), p50 and p99;
-//  2. throughput: requests for instances spread over the 100 hosts sent
+//  2. profile change: for each instance the latency phase attached, one at
+//     a time, a signed GPU_RESIZE to T4-2Q (break before make: detach_vgpu
+//     and remove_mdev of the T4-1Q, then attach_vgpu of a T4-2Q claimed on
+//     the host's other T4), from the webhook POST to finished_at, p50 and
+//     p99, and its ratio to the attach p50 of the same run;
+//  3. throughput: requests for instances spread over the 100 hosts sent
 //     at once by 64 clients; completed requests per second from the first
 //     POST to the last success;
 //
@@ -86,6 +92,11 @@ const (
 	trait   = "CUSTOM_NVIDIA_230"
 	profile = "T4-1Q"
 	gpuPCI  = "0000:3b:00.0"
+	// The second T4 of each host, the profile changes' target.
+	traitB   = "CUSTOM_NVIDIA_231" // nvidia-231, GRID T4-2Q, 8 per T4
+	profileB = "T4-2Q"
+	totalB   = 8
+	gpuPCIB  = "0000:d8:00.0"
 )
 
 var secret = []byte("bench-e2e-secret-0123456789abcdef")
@@ -99,6 +110,10 @@ rules:
     on: [webhook.GPU_REQUEST]
     when: preferred != ""
     then: ['attach(preferred, 1)']
+  - name: resize-on-request
+    on: [webhook.GPU_RESIZE]
+    when: event.profile != ""
+    then: ['resize(event.profile)']
 `
 
 func main() {
@@ -129,6 +144,7 @@ func main() {
 type host struct {
 	name, node, dir string
 	root, gpu       string
+	gpuB            string // the T4-2Q GPU
 	instances       []string
 }
 
@@ -213,7 +229,7 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		return err
 	}
 	phase("agents' first reports", t0)
-	fmt.Printf("e2e direct path: %d hosts (vgpu-agent on a fake host each, one T4), %d instances, set up in %s\n",
+	fmt.Printf("e2e direct path: %d hosts (vgpu-agent on a fake host each, two T4: T4-1Q and T4-2Q), %d instances, set up in %s\n",
 		h.nHosts, h.nHosts*h.perHost, time.Since(start).Round(time.Second))
 
 	// Warm up: one request per 10 hosts.
@@ -221,19 +237,25 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	type result struct {
-		p50, p99, rtt time.Duration
-		claim         time.Duration
-		rate, bare    float64
-		completed     int
+		p50, p99, rtt      time.Duration
+		chP50, chP99       time.Duration // profile change
+		claim              time.Duration
+		rate, bare         float64
+		completed, changes int
 	}
 	var rs []result
 	for i := 0; i < runs; i++ {
 		var r result
-		lat, err := h.latency(ctx, latN)
+		lat, attached, err := h.latency(ctx, latN)
 		if err != nil {
 			return err
 		}
 		r.p50, r.p99 = pct(lat, 50), pct(lat, 99)
+		ch, err := h.change(ctx, attached)
+		if err != nil {
+			return err
+		}
+		r.chP50, r.chP99, r.changes = pct(ch, 50), pct(ch, 99), len(ch)
 		if r.rtt, err = h.brokerRTT(ctx, 100); err != nil {
 			return err
 		}
@@ -245,19 +267,24 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		}
 		r.completed = burst
 		r.bare = h.bare(ctx, 2*time.Second)
-		fmt.Printf("run %d: webhook→attached p50 %.1f ms p99 %.1f ms (%d sequential) | broker round trip p50 %.2f ms | Placement claim PUT p50 %.1f ms | %d requests on %d hosts: %.1f completed/s | bare 202: %.0f req/s\n",
-			i+1, ms(r.p50), ms(r.p99), latN, ms(r.rtt), ms(r.claim), burst, h.nHosts, r.rate, r.bare)
+		fmt.Printf("run %d: webhook→attached p50 %.1f ms p99 %.1f ms (%d sequential) | profile change %s→%s p50 %.1f ms p99 %.1f ms (%d sequential), change/attach p50 %.2f× | broker round trip p50 %.2f ms | Placement claim PUT p50 %.1f ms | %d requests on %d hosts: %.1f completed/s | bare 202: %.0f req/s\n",
+			i+1, ms(r.p50), ms(r.p99), latN, profile, profileB, ms(r.chP50), ms(r.chP99), r.changes, ms(r.chP50)/ms(r.p50),
+			ms(r.rtt), ms(r.claim), burst, h.nHosts, r.rate, r.bare)
 		rs = append(rs, r)
 	}
 	med := func(f func(result) float64) float64 { return benchkit.Median(rs, f) }
 	p50 := med(func(r result) float64 { return ms(r.p50) })
 	p99 := med(func(r result) float64 { return ms(r.p99) })
+	chP50 := med(func(r result) float64 { return ms(r.chP50) })
+	chP99 := med(func(r result) float64 { return ms(r.chP99) })
 	rtt := med(func(r result) float64 { return ms(r.rtt) })
 	claim := med(func(r result) float64 { return ms(r.claim) })
 	rate := med(func(r result) float64 { return r.rate })
 	bare := med(func(r result) float64 { return r.bare })
 	fmt.Printf("median of %d runs: webhook→vGPU attached p50 %.1f ms, p99 %.1f ms; raw broker round trip p50 %.2f ms; ratio p50/round trip %.0f×\n",
 		len(rs), p50, p99, rtt, p50/rtt)
+	fmt.Printf("median of %d runs: profile change (GPU_RESIZE %s → %s, detach + remove + attach) p50 %.1f ms, p99 %.1f ms; ratio change p50 / attach p50 %.2f×\n",
+		len(rs), profile, profileB, chP50, chP99, chP50/p50)
 	fmt.Printf("median of %d runs: one Placement claim (PUT /allocations) p50 %.1f ms; ratio webhook→attached p50 / claim %.1f×\n", len(rs), claim, p50/claim)
 	fmt.Printf("median of %d runs: %.1f requests completed/s with %d hosts; bare webhook 202 %.0f req/s; ratio completed/bare %.4f\n",
 		len(rs), rate, h.nHosts, bare, rate/bare)
@@ -324,8 +351,8 @@ func parallel(n, k int, fn func(i int) error) error {
 }
 
 // placementFleet creates what Nova's libvirt driver would for each host:
-// the compute node's root provider and one T4 child with VGPU inventory
-// and the type trait.
+// the compute node's root provider and two T4 children with VGPU inventory
+// and their type's trait (T4-1Q, T4-2Q).
 func (h *harness) placementFleet(ctx context.Context) error {
 	url := env("VGPU_TEST_PLACEMENT_URL", "http://127.0.0.1:8778")
 	c, err := placement.NewClient(ctx, placement.ClientConfig{Endpoint: url, Token: "admin"})
@@ -333,12 +360,14 @@ func (h *harness) placementFleet(ctx context.Context) error {
 		return err
 	}
 	h.sc = c.ServiceClient()
-	if err := traits.Create(ctx, h.sc, trait).ExtractErr(); err != nil {
-		return fmt.Errorf("placement at %s: %w (start it with `make services`)", url, err)
+	for _, tr := range []string{trait, traitB} {
+		if err := traits.Create(ctx, h.sc, tr).ExtractErr(); err != nil {
+			return fmt.Errorf("placement at %s: %w (start it with `make services`)", url, err)
+		}
 	}
 	for i := range h.nHosts {
 		name := fmt.Sprintf("bench-%s-h%03d", h.id, i)
-		h.hosts = append(h.hosts, &host{name: name, node: name + ".nodes.test", root: uuid.NewString(), gpu: uuid.NewString()})
+		h.hosts = append(h.hosts, &host{name: name, node: name + ".nodes.test", root: uuid.NewString(), gpu: uuid.NewString(), gpuB: uuid.NewString()})
 	}
 	h.cleanups = append(h.cleanups, func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -349,6 +378,7 @@ func (h *harness) placementFleet(ctx context.Context) error {
 		})
 		parallel(len(h.hosts), 8, func(i int) error { //nolint:errcheck
 			resourceproviders.Delete(cctx, h.sc, h.hosts[i].gpu).ExtractErr()  //nolint:errcheck
+			resourceproviders.Delete(cctx, h.sc, h.hosts[i].gpuB).ExtractErr() //nolint:errcheck
 			resourceproviders.Delete(cctx, h.sc, h.hosts[i].root).ExtractErr() //nolint:errcheck
 			return nil
 		})
@@ -358,19 +388,26 @@ func (h *harness) placementFleet(ctx context.Context) error {
 		if _, err := resourceproviders.Create(ctx, h.sc, resourceproviders.CreateOpts{Name: hs.node, UUID: hs.root}).Extract(); err != nil {
 			return fmt.Errorf("root provider: %w", err)
 		}
-		name := hs.node + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(gpuPCI)
-		if _, err := resourceproviders.Create(ctx, h.sc, resourceproviders.CreateOpts{Name: name, UUID: hs.gpu, ParentProviderUUID: hs.root}).Extract(); err != nil {
-			return fmt.Errorf("GPU provider: %w", err)
+		for _, g := range []struct {
+			uuid, pci, trait string
+			total            int
+		}{{hs.gpu, gpuPCI, trait, 16}, {hs.gpuB, gpuPCIB, traitB, totalB}} {
+			name := hs.node + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(g.pci)
+			if _, err := resourceproviders.Create(ctx, h.sc, resourceproviders.CreateOpts{Name: name, UUID: g.uuid, ParentProviderUUID: hs.root}).Extract(); err != nil {
+				return fmt.Errorf("GPU provider: %w", err)
+			}
+			r, err := resourceproviders.UpdateInventories(ctx, h.sc, g.uuid, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+				"VGPU": {Total: g.total, MinUnit: 1, MaxUnit: g.total, StepSize: 1, AllocationRatio: 1},
+			}}).Extract()
+			if err != nil {
+				return fmt.Errorf("GPU inventory: %w", err)
+			}
+			if _, err = resourceproviders.UpdateTraits(ctx, h.sc, g.uuid, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: r.ResourceProviderGeneration,
+				Traits: []string{g.trait}}).Extract(); err != nil {
+				return fmt.Errorf("GPU traits: %w", err)
+			}
 		}
-		r, err := resourceproviders.UpdateInventories(ctx, h.sc, hs.gpu, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
-			"VGPU": {Total: 16, MinUnit: 1, MaxUnit: 16, StepSize: 1, AllocationRatio: 1},
-		}}).Extract()
-		if err != nil {
-			return fmt.Errorf("GPU inventory: %w", err)
-		}
-		_, err = resourceproviders.UpdateTraits(ctx, h.sc, hs.gpu, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: r.ResourceProviderGeneration,
-			Traits: []string{trait}}).Extract()
-		return err
+		return nil
 	})
 }
 
@@ -389,9 +426,12 @@ func (h *harness) instances(ctx context.Context) error {
 		spec := fakehost.DefaultSpec()
 		spec.Host = hs.name
 		spec.VFIOGPUs = nil
-		spec.MdevGPUs = spec.MdevGPUs[:1]
+		spec.MdevGPUs = spec.MdevGPUs[:2]
 		spec.MdevGPUs[0].Addr = pci.MustParse(gpuPCI)
-		spec.MdevGPUs[0].Mdevs = nil
+		spec.MdevGPUs[1].Addr = pci.MustParse(gpuPCIB)
+		for g := range spec.MdevGPUs {
+			spec.MdevGPUs[g].Mdevs = nil
+		}
 		spec.Domains = nil
 		for j := range n {
 			id := uuid.NewString()
@@ -610,7 +650,18 @@ func (h *harness) instance() (string, error) {
 
 // post sends one signed GPU_REQUEST and returns the request id.
 func (h *harness) post(ctx context.Context, instance string) (uuid.UUID, error) {
-	body := []byte(`{"type":"GPU_REQUEST","vm_id":"` + instance + `","workload":"inference","vgpu_profile":"` + profile + `","count":1}`)
+	id, err := h.send(ctx, []byte(`{"type":"GPU_REQUEST","vm_id":"`+instance+`","workload":"inference","vgpu_profile":"`+profile+`","count":1}`))
+	if err != nil {
+		return uuid.Nil, err
+	}
+	h.mu.Lock()
+	h.claimed = append(h.claimed, instance)
+	h.mu.Unlock()
+	return id, nil
+}
+
+// send posts one signed webhook body and returns the request id.
+func (h *harness) send(ctx context.Context, body []byte) (uuid.UUID, error) {
 	m := hmac.New(sha256.New, secret)
 	m.Write(body)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.url+"/v1/webhooks/bench", bytes.NewReader(body))
@@ -632,9 +683,6 @@ func (h *harness) post(ctx context.Context, instance string) (uuid.UUID, error) 
 	if err := json.Unmarshal(b, &ans); err != nil {
 		return uuid.Nil, err
 	}
-	h.mu.Lock()
-	h.claimed = append(h.claimed, instance)
-	h.mu.Unlock()
 	return ans.RequestID, nil
 }
 
@@ -679,25 +727,52 @@ func (h *harness) waitAll(ctx context.Context, ids []uuid.UUID, within time.Dura
 }
 
 // latency sends n requests one at a time and returns webhook POST →
-// request finished (all agent commands answered) for each.
-func (h *harness) latency(ctx context.Context, n int) ([]time.Duration, error) {
+// request finished (all agent commands answered) for each, and the
+// instances that got their vGPU.
+func (h *harness) latency(ctx context.Context, n int) ([]time.Duration, []string, error) {
 	var out []time.Duration
+	var insts []string
 	for range n {
 		inst, err := h.instance()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		t0 := time.Now()
 		id, err := h.post(ctx, inst)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		fin, err := h.waitAll(ctx, []uuid.UUID{id}, time.Minute)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, fin[id].Sub(t0))
+		insts = append(insts, inst)
 	}
+	return out, insts, nil
+}
+
+// change moves each instance's T4-1Q to a T4-2Q (GPU_RESIZE), one at a
+// time, and returns webhook POST → request finished for each: the old
+// vGPU detached and its mdev removed, the new one claimed on the host's
+// other T4, created and attached, the old claim released.
+func (h *harness) change(ctx context.Context, insts []string) ([]time.Duration, error) {
+	var out []time.Duration
+	var ids []uuid.UUID
+	for _, inst := range insts {
+		t0 := time.Now()
+		id, err := h.send(ctx, []byte(`{"type":"GPU_RESIZE","vm_id":"`+inst+`","workload":"inference","vgpu_profile":"`+profileB+`"}`))
+		if err != nil {
+			return nil, fmt.Errorf("profile change: %w", err)
+		}
+		fin, err := h.waitAll(ctx, []uuid.UUID{id}, time.Minute)
+		if err != nil {
+			return nil, fmt.Errorf("profile change: %w", err)
+		}
+		out = append(out, fin[id].Sub(t0))
+		ids = append(ids, id)
+	}
+	h.breakdown(ctx, "profile changes", ids)
 	return out, nil
 }
 
@@ -728,7 +803,7 @@ func (h *harness) burst(ctx context.Context, n int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	h.breakdown(ctx, ids)
+	h.breakdown(ctx, "", ids)
 	var last time.Time
 	for _, t := range fin {
 		if t.After(last) {
@@ -743,8 +818,9 @@ func (h *harness) burst(ctx context.Context, n int) (float64, error) {
 // (inbox poll, policy, Placement claim; decisions.created_at is taken when
 // the decision is written), then for each action command, in order, from
 // the previous step to the relay's publish (for the first command this
-// includes the decision's commit) and on to the agent's answer.
-func (h *harness) breakdown(ctx context.Context, ids []uuid.UUID) {
+// includes the decision's commit) and on to the agent's answer. what, when
+// set, names the requests in the line.
+func (h *harness) breakdown(ctx context.Context, what string, ids []uuid.UUID) {
 	var decide *float64
 	if err := h.pool.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM d.created_at - r.created_at)) * 1000
 		FROM requests r JOIN decisions d ON d.request_id = r.id WHERE r.id = ANY($1)`, ids).Scan(&decide); err != nil || decide == nil {
@@ -772,7 +848,10 @@ func (h *harness) breakdown(ctx context.Context, ids []uuid.UUID) {
 		}
 		line += fmt.Sprintf(" | relay %s %.0f | agent %s %.0f", kind, *relay, kind, *agent)
 	}
-	fmt.Fprintf(os.Stderr, "  where the time went (medians, ms): %s\n", line)
+	if what != "" {
+		what = ", " + what
+	}
+	fmt.Fprintf(os.Stderr, "  where the time went%s (medians, ms): %s\n", what, line)
 }
 
 // brokerRTT measures n sequential round trips through RabbitMQ: a
