@@ -69,12 +69,28 @@ func (a ServiceAdapter) Claim(ctx context.Context, c ClaimSpec) (Claimed, error)
 	}
 	cl, err := a.S.Claim(ctx, placement.ClaimRequest{Consumer: c.Consumer, ProjectID: c.ProjectID, UserID: c.UserID, Request: q, Read: c.Read})
 	if errors.Is(err, placement.ErrNoCapacity) {
-		return Claimed{}, fmt.Errorf("%w: %v", ErrNoCapacity, err)
+		return Claimed{}, fmt.Errorf("%w: %v%s", ErrNoCapacity, err, a.retypeHint(c))
 	}
 	if err != nil {
 		return Claimed{}, err
 	}
 	return Claimed{Provider: cl.Provider, Node: cl.Host, Class: cl.Class, Amount: cl.Amount, Held: cl.Held}, nil
+}
+
+// retypeHint says, after a claim found no room, which empty GPU of the
+// node could serve it once re-typed ("needs_retype"): a GPU holds one
+// vGPU type and the bridge does not change it. "" when none could.
+func (a ServiceAdapter) retypeHint(c ClaimSpec) string {
+	var d placement.DryRunRequest
+	d.Traits.Required = []string{c.Trait}
+	d.Count, d.Host, d.AllowRetype, d.ExcludeGPUs, d.Limit = c.Count, c.Node, true, c.Exclude, 1
+	out, err := a.S.DryRun(d)
+	if err != nil || len(out.Candidates) == 0 || !out.Candidates[0].NeedsRetype {
+		return ""
+	}
+	g := out.Candidates[0]
+	return fmt.Sprintf("; needs_retype: GPU %s (provider %s) is empty but offers %s; the bridge does not re-type GPUs: an operator can set it to %s "+
+		"(Nova's [devices] enabled_mdev_types and its provider's trait) and retry", orDefault(g.PCIAddress, "?"), g.ProviderUUID, orDefault(g.RetypeFrom, "another type"), c.Trait)
 }
 
 // Holdings implements Placement.

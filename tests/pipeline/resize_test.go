@@ -179,3 +179,33 @@ func TestFailedRestoreIsRecorded(t *testing.T) {
 	// A second delivery of the same answer changes nothing.
 	testsvc.Must(t, br.proc.HandleResult(w.ctx, protocol.Result{CommandID: cmdID.String(), Host: w.host, Status: protocol.Failed}), "again")
 }
+
+// TestDirectResizeNeedsRetype: no GPU of the host offers the new profile,
+// but one is empty: the change fails no_capacity before anything is
+// sent, its reason says needs_retype and names that GPU, and the old
+// vGPU stays attached with its claim.
+func TestDirectResizeNeedsRetype(t *testing.T) {
+	t.Parallel()
+	w := newWorldWith(t, resizePolicy, withGPUB(t42qTrait, 8, ""))
+	w.startAgent()
+	w.startBridge(replicaOpts{name: "r1"})
+	inst := w.domains[3].UUID
+	old := w.attachT44Q(inst)
+
+	id := w.submit("GPU_RESIZE", inst, map[string]any{"vgpu_profile": "T4-8Q"}) // no GPU is set to T4-8Q
+	r := w.wait(id, 60*time.Second)
+	if r.State != requests.Failed || r.Code != pipeline.CodeNoCapacity || !strings.Contains(r.Reason, "needs_retype") || !strings.Contains(r.Reason, gpuB) {
+		t.Fatalf("resize to a profile no GPU offers: %s (%s: %s); want no_capacity, needs_retype naming %s", r.State, r.Code, r.Reason, gpuB)
+	}
+	var sent int
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM commands WHERE request_id = $1`, id).Scan(&sent), "commands")
+	if sent != 0 {
+		t.Errorf("%d commands for a change that cannot be placed", sent)
+	}
+	if atts := w.attachments(inst); len(atts) != 1 || atts[0].id != old.id || atts[0].state != pipeline.AttAttached {
+		t.Errorf("attachments %+v, want the old one attached", atts)
+	}
+	if al := w.allocations(inst); al[w.gpus[gpuA]]["VGPU"] != 1 || al[w.gpus[gpuB]]["VGPU"] != 0 {
+		t.Errorf("Placement %v, want the old claim only", al)
+	}
+}
