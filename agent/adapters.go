@@ -188,6 +188,10 @@ func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
 		}
 		for _, v := range g.VGPUs {
 			a := protocol.VGPU{TypeID: v.Type, InstanceUUID: v.Instance, Owner: protocol.OwnerNova, GuestDriver: v.GuestDriver}
+			if v.Running {
+				util, fb := float64(v.UtilPct), v.FBUsage>>20
+				a.UtilPercent, a.FBUsedMiB = &util, &fb
+			}
 			key := journal.MdevKey(v.ID)
 			if v.Kind == "vf" {
 				a.PCI = v.VF.String()

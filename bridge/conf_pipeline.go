@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -40,6 +41,11 @@ var (
 		"First wait before an event is tried again; it doubles (with jitter) up to retry_max. Example: 2s")
 	optPipelineRetryMax = Options.Duration("pipeline", "retry_max", time.Minute, 10*time.Millisecond, 24*time.Hour,
 		"Longest wait between attempts at an event. Example: 5m")
+	optPipelineLoadInterval = Options.Duration("pipeline", "load_interval", time.Minute, 0, time.Hour,
+		"How often the vGPU load the agents report becomes a bridge.vgpu_load event per instance (the policy's load "+
+			"rules run on it, with their for:, hysteresis and cooldown); one replica does it. 0 turns it off. Example: 30s")
+	optPipelineLoadWindow = Options.Duration("pipeline", "load_window", 30*time.Minute, time.Minute, 2*time.Hour,
+		"How far back a bridge.vgpu_load event's metrics look (gpu_util_avg, _min, _max over it). Example: 10m")
 )
 
 func init() {
@@ -69,6 +75,8 @@ func PipelineConfig(v *conf.Values, replica string) pipeline.Config {
 		RetryMin:         optPipelineRetryMin.Get(v),
 		RetryMax:         optPipelineRetryMax.Get(v),
 		StaleReportAge:   optPlacementStaleReportAge.Get(v),
+		LoadInterval:     cmp.Or(optPipelineLoadInterval.Get(v), -1), // 0: off
+		LoadWindow:       optPipelineLoadWindow.Get(v),
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,6 +57,35 @@ func (h *Host) SetGuestDriver(id, version string) {
 		r.guest = map[string]string{}
 	}
 	r.guest[id] = version
+}
+
+// LoadDir is where a test scripts the load of the fake host's vGPUs:
+// DIR/nvml/vgpu_util/<mdev uuid> holds the SM utilisation (0–100) NVML
+// reports for that vGPU; without the file it reports a steady 40. A
+// file, not memory, so that a test can drive the load an agent process
+// reads.
+func LoadDir(dir string) string { return filepath.Join(dir, "nvml", "vgpu_util") }
+
+// SetVGPULoad scripts the SM utilisation NVML reports for a vGPU of the
+// fake host in dir (LoadDir).
+func SetVGPULoad(dir, id string, pct int) error {
+	if err := os.MkdirAll(LoadDir(dir), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(LoadDir(dir), id), []byte(strconv.Itoa(pct)+"\n"), 0o644)
+}
+
+// vgpuLoad is the scripted utilisation of vGPU id, or def.
+func (h *Host) vgpuLoad(id string, def uint32) uint32 {
+	b, err := os.ReadFile(filepath.Join(LoadDir(h.Dir), id))
+	if err != nil {
+		return def
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 0 || n > 100 {
+		return def
+	}
+	return uint32(n)
 }
 
 func (h *Host) guestDriver(id string) string {
@@ -142,7 +173,7 @@ func (h *Host) MockGPUs() []gpu.MockGPU {
 						continue
 					}
 					vs = append(vs, gpu.MockVGPU{MdevUUID: m.UUID, VMID: h.vmOf("mdev:" + m.UUID), TypeID: typeNum(m.Type),
-						FBUsageBytes: fb[m.Type] << 20 / 4, Licensed: h.licensed(m.UUID), UtilPct: 40, GuestDriver: h.guestDriver(m.UUID)})
+						FBUsageBytes: fb[m.Type] << 20 / 4, Licensed: h.licensed(m.UUID), UtilPct: h.vgpuLoad(m.UUID, 40), GuestDriver: h.guestDriver(m.UUID)})
 				}
 				return vs
 			},

@@ -244,6 +244,10 @@ type VGPU struct {
 	// GuestDriver is the NVIDIA driver the guest loaded ("550.54.15"), as
 	// NVML reports it once the guest driver runs.
 	GuestDriver string `json:"guest_driver,omitempty"`
+	// UtilPercent (NVML's SM sample of the vGPU) and FBUsedMiB (its
+	// framebuffer in use) are its load, when NVML answers.
+	UtilPercent *float64 `json:"util_percent,omitempty"`
+	FBUsedMiB   *uint64  `json:"fb_used_mib,omitempty"`
 }
 
 // Owners of a vGPU.

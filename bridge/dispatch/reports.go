@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -48,6 +50,9 @@ func (x *Dispatcher) HandleReport(ctx context.Context, r protocol.Report) error 
 			r.Host, node, r.AgentVersion, r.DriverVersion, body, int64(r.Seq), errs); err != nil {
 			return fmt.Errorf("keep report of %s: %w", r.Host, err)
 		}
+		if err := keepLoad(ctx, tx, r); err != nil {
+			return err
+		}
 		if len(pcis) > 0 {
 			if _, err := tx.Exec(ctx, `UPDATE gpus SET host = $1, updated_at = now()
 				WHERE node = $2 AND pci_address = ANY($3) AND host IS DISTINCT FROM $1`, r.Host, node, pcis); err != nil {
@@ -71,6 +76,58 @@ func (x *Dispatcher) HandleReport(ctx context.Context, r protocol.Report) error 
 				}
 			}
 		}
+	}
+	return nil
+}
+
+// keepLoad appends the report's load of each instance's vGPUs (SM
+// utilisation, their mean when it has several; framebuffer used, their
+// sum) to the instance's window in instance_load, dropping samples older
+// than two hours.
+func keepLoad(ctx context.Context, tx pgx.Tx, r protocol.Report) error {
+	type load struct {
+		util float64
+		fb   float64
+		n    int
+	}
+	by := map[string]*load{}
+	var order []string
+	for _, g := range r.GPUs {
+		for _, v := range g.Active {
+			if v.UtilPercent == nil || math.IsNaN(*v.UtilPercent) {
+				continue
+			}
+			if _, err := uuid.Parse(v.InstanceUUID); err != nil {
+				continue // not in a domain, or not one of Nova's
+			}
+			l := by[v.InstanceUUID]
+			if l == nil {
+				l = &load{}
+				by[v.InstanceUUID] = l
+				order = append(order, v.InstanceUUID)
+			}
+			l.util += *v.UtilPercent
+			if v.FBUsedMiB != nil {
+				l.fb += float64(*v.FBUsedMiB)
+			}
+			l.n++
+		}
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	utils, fbs := make([]float64, len(order)), make([]float64, len(order))
+	for i, id := range order {
+		utils[i], fbs[i] = by[id].util/float64(by[id].n), by[id].fb
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO instance_load AS l (instance_uuid, host, samples, updated_at)
+		SELECT i::uuid, $1, jsonb_build_array(jsonb_build_array(round(extract(epoch FROM now())), u, f)), now()
+		FROM unnest($2::text[], $3::float8[], $4::float8[]) AS t(i, u, f)
+		ON CONFLICT (instance_uuid) DO UPDATE SET host = EXCLUDED.host, updated_at = now(),
+			samples = coalesce((SELECT jsonb_agg(s) FROM jsonb_array_elements(l.samples) s
+				WHERE (s->>0)::float8 > extract(epoch FROM now()) - 7200), '[]'::jsonb) || EXCLUDED.samples`,
+		r.Host, order, utils, fbs); err != nil {
+		return fmt.Errorf("keep the vGPU load of %s: %w", r.Host, err)
 	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -122,6 +121,9 @@ func directChange(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, attached, rel
 // bridge.<type>; the profile it left; labels change, path and
 // request_id.
 func mapBridgeEvent(r InboxRow, ev policy.Event) (policy.Event, error) {
+	if r.EventType == EventVGPULoad {
+		return mapLoadEvent(r, ev)
+	}
 	ev.Kind, ev.Source = BridgeKindPrefix+r.EventType, BridgeSource
 	var c Change
 	if err := json.Unmarshal(r.Payload, &c); err != nil {
@@ -139,7 +141,7 @@ func mapBridgeEvent(r InboxRow, ev policy.Event) (policy.Event, error) {
 // do not change vGPUs (tune, set_limits, notify); the others are refused
 // with the reason, since each change would write another such event.
 func onlyFollowUps(d *policy.Decision, kind string) {
-	if !strings.HasPrefix(kind, BridgeKindPrefix) {
+	if kind != KindVGPUChanged {
 		return
 	}
 	kept := d.Intents[:0]

@@ -53,6 +53,13 @@ type Config struct {
 	// HostsRefresh is how often the hosts' reports are re-read for the
 	// policy's view of the fleet.
 	HostsRefresh time.Duration
+	// LoadInterval is how often the instances' vGPU load (from the agents'
+	// reports) becomes bridge.vgpu_load events; 0 is the default (1m), a
+	// negative value turns it off.
+	LoadInterval time.Duration
+	// LoadWindow is how far back those events' metrics look (at most 2h,
+	// the samples kept).
+	LoadWindow time.Duration
 }
 
 // DefaultConfig returns the defaults of the [pipeline] options.
@@ -68,6 +75,8 @@ func DefaultConfig() Config {
 		RetryMax:         time.Minute,
 		StaleReportAge:   5 * time.Minute,
 		HostsRefresh:     5 * time.Second,
+		LoadInterval:     time.Minute,
+		LoadWindow:       30 * time.Minute,
 	}
 }
 
@@ -102,6 +111,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.HostsRefresh <= 0 {
 		c.HostsRefresh = d.HostsRefresh
+	}
+	if c.LoadInterval == 0 {
+		c.LoadInterval = d.LoadInterval
+	}
+	if c.LoadWindow <= 0 || c.LoadWindow > 2*time.Hour {
+		c.LoadWindow = min(max(c.LoadWindow, d.LoadWindow), 2*time.Hour)
 	}
 }
 

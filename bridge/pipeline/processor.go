@@ -132,6 +132,13 @@ func (p *Processor) Run(ctx context.Context) error {
 			}
 		}
 	}()
+	if p.cfg.LoadInterval > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.runLoad(ctx)
+		}()
+	}
 	defer wg.Wait()
 	t := time.NewTimer(0)
 	defer t.Stop()

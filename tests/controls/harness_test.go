@@ -254,7 +254,7 @@ func (f *fleet) startAgent(h *host) {
 	testsvc.Must(t, err, "fake host")
 	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + h.name, "DEFAULT.node=" + h.node,
 		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + filepath.Join(f.dir, "state-"+h.name),
-		"DEFAULT.listen=127.0.0.1:0", "DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
+		"DEFAULT.listen=127.0.0.1:0", "DEFAULT.report_check_interval=1s", "DEFAULT.report_interval=5s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
 		testkeys.For(t).Agent(h.name)...)})
 	testsvc.Must(t, err, "agent config")
 	ctx, cancel := context.WithCancel(f.ctx)

@@ -206,7 +206,7 @@ func TestNovaProfileChangeAndRelease(t *testing.T) {
 	// and limit the VM after the change).
 	var changes string
 	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT coalesce(string_agg((payload->>'change') || '/' || (payload->>'path') || '/' || coalesce(payload->>'profile', ''), ',' ORDER BY id), '')
-		FROM events WHERE source = 'bridge' AND instance_uuid = $1`, vm).Scan(&changes), "bridge events")
+		FROM events WHERE source = 'bridge' AND event_type = 'vgpu_changed' AND instance_uuid = $1`, vm).Scan(&changes), "bridge events")
 	if want := "attach/nova/T4-1B,resize/nova/T4-2B,release/nova/"; changes != want {
 		t.Errorf("bridge events %q, want %q", changes, want)
 	}

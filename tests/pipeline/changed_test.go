@@ -145,10 +145,12 @@ func (w *world) cgroupFile(domain, name string) string {
 func TestGuestDriverTooNew(t *testing.T) {
 	t.Parallel()
 	w := newWorldWith(t, testsvc.DirectPolicy())
-	w.startAgent()
+	// The bridge first: the agent's first report, sent as it starts, then
+	// finds the bridge's reports queue.
 	w.startBridge(replicaOpts{name: "r1"})
+	w.startAgent()
 	inst := w.domains[3].UUID // on the fake host, whose vGPU manager is 550.54.16
-	w.waitReport(30 * time.Second)
+	w.waitReport(60 * time.Second)
 
 	id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q", "count": 1, "workload": "training", "guest_driver": "570.86.15"})
 	r := w.wait(id, 60*time.Second)

@@ -5,6 +5,7 @@
 package pipeline_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -234,6 +235,8 @@ type replicaOpts struct {
 	dispatch func(*dispatch.Config)
 	// registry, when set, takes the dispatcher's metrics.
 	registry prometheus.Registerer
+	// loadInterval turns the load evaluator on (off when 0).
+	loadInterval time.Duration
 }
 
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
@@ -260,7 +263,8 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	t.Cleanup(pipePool.Close)
 	var kick func()
 	r.proc, err = pipeline.New(pipeline.Config{Replica: o.name, PollInterval: 50 * time.Millisecond, RequestTimeout: o.requestTimeout,
-		WatchdogInterval: 200 * time.Millisecond, RetryMin: 200 * time.Millisecond, RetryMax: time.Second, HostsRefresh: 500 * time.Millisecond},
+		WatchdogInterval: 200 * time.Millisecond, RetryMin: 200 * time.Millisecond, RetryMax: time.Second, HostsRefresh: 500 * time.Millisecond,
+		LoadInterval: cmp.Or(o.loadInterval, -1)},
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
 			Placement: newOutsideTx(t, w.pool, svc), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
 	testsvc.Must(t, err, "pipeline")
@@ -350,7 +354,9 @@ func (w *world) startAgent(extra ...string) {
 	t := w.t
 	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + w.host, "DEFAULT.node=" + w.node,
 		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + t.TempDir(), "DEFAULT.listen=127.0.0.1:0",
-		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
+		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s",
+		// A first report sent before the bridge's queue exists is lost; the next comes soon.
+		"DEFAULT.report_interval=5s"},
 		append(testkeys.For(t).Agent(w.host), extra...)...)})
 	testsvc.Must(t, err, "agent config")
 	ctx, cancel := context.WithCancel(w.ctx)

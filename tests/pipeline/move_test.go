@@ -388,7 +388,7 @@ func TestMoveToAnotherHost(t *testing.T) {
 			// says move, on host B (the release half writes none).
 			var changes string
 			testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT coalesce(string_agg(payload->>'change', ',' ORDER BY id), '') FROM events
-				WHERE source = 'bridge' AND instance_uuid = $1`, inst).Scan(&changes), "bridge events")
+				WHERE source = 'bridge' AND event_type = 'vgpu_changed' AND instance_uuid = $1`, inst).Scan(&changes), "bridge events")
 			if changes != "attach,move" {
 				t.Errorf("bridge events of %s say %q, want attach,move", inst, changes)
 			}
