@@ -129,16 +129,7 @@ func ChooseFlavor(current Flavor, all []Flavor, w Want) (Flavor, error) {
 		if f.Disabled || f.VCPUs != current.VCPUs || f.RAM != current.RAM || f.Disk != current.Disk || !CarriesVGPU(f, w) {
 			continue
 		}
-		s := 0
-		if f.Ephemeral == current.Ephemeral && f.Swap == current.Swap {
-			s += 4
-		}
-		if maps.Equal(otherSpecs(f.ExtraSpecs), base) {
-			s += 2
-		}
-		if f.Public {
-			s++
-		}
+		s := likeness(f, current, base)
 		if typed(f, w) {
 			s += 8 // the type is in the flavor: it cannot land elsewhere
 		}
@@ -174,6 +165,23 @@ func Suggest(current Flavor, w Want) Flavor {
 func orDefault(s, d string) string {
 	if s == "" {
 		return d
+	}
+	return s
+}
+
+// likeness scores how much f is like current beyond the sizes that must
+// match: the same ephemeral and swap (4), the same other extra specs
+// (base, current's otherSpecs: 2), and public (1).
+func likeness(f, current Flavor, base map[string]string) int {
+	s := 0
+	if f.Ephemeral == current.Ephemeral && f.Swap == current.Swap {
+		s += 4
+	}
+	if maps.Equal(otherSpecs(f.ExtraSpecs), base) {
+		s += 2
+	}
+	if f.Public {
+		s++
 	}
 	return s
 }
@@ -270,16 +278,7 @@ func ChooseReleaseFlavor(current Flavor, all []Flavor) (Flavor, error) {
 		if f.Disabled || f.VCPUs != current.VCPUs || f.RAM != current.RAM || f.Disk != current.Disk || HasVGPU(f) {
 			continue
 		}
-		s := 0
-		if f.Ephemeral == current.Ephemeral && f.Swap == current.Swap {
-			s += 4
-		}
-		if maps.Equal(otherSpecs(f.ExtraSpecs), base) {
-			s += 2
-		}
-		if f.Public {
-			s++
-		}
+		s := likeness(f, current, base)
 		if s > bestScore || (s == bestScore && f.Name < best.Name) {
 			best, bestScore = f, s
 		}

@@ -129,13 +129,7 @@ func (w *directWorld) waitFinal(id string) apiclient.Request {
 
 func (w *directWorld) waitFor(within time.Duration, what string, ok func() bool) {
 	w.t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			w.t.Fatalf("gave up after %s waiting for %s", within, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitFor(w.t, within, what, ok)
 }
 
 // attachDirect is scenario 4's request: a T4-4Q for vm on the direct

@@ -238,13 +238,7 @@ func TestNovaResizeOverdue(t *testing.T) {
 		t.Run(tc.mode, func(t *testing.T) {
 			w := newWorld(t, worldOpts{typ: tc.typ, extra: []string{"nova.resize_timeout=1s", "nova.overdue_check_interval=200ms",
 				"nova.on_deadline=" + tc.mode}})
-			plain := w.flavor("small", 2, 2048, 10, 0)
-			w.flavor("small.vgpu", 2, 2048, 10, 1)
-			w.startBridge()
-			vm := w.n.CreateServer(t, "e2e-overdue", plain, w.host)
-			w.n.WaitServer(t, vm, "ACTIVE")
-			w.waitInstance(vm, w.host, 0)
-			w.waitAgent()
+			vm := w.bootPlain("e2e-overdue")
 
 			release := w.n.HoldSpawn(t, vm) // Nova's finish_migration waits
 			id := w.gpuRequest(vm, tc.typ.profile)
@@ -294,13 +288,7 @@ func TestNovaResizeOverdue(t *testing.T) {
 // VGPU returned.
 func TestCancelMidResize(t *testing.T) {
 	w := newWorld(t, worldOpts{typ: typeCancel})
-	plain := w.flavor("small", 2, 2048, 10, 0)
-	w.flavor("small.vgpu", 2, 2048, 10, 1)
-	w.startBridge()
-	vm := w.n.CreateServer(t, "e2e-cancel", plain, w.host)
-	w.n.WaitServer(t, vm, "ACTIVE")
-	w.waitInstance(vm, w.host, 0)
-	w.waitAgent()
+	vm := w.bootPlain("e2e-cancel")
 
 	start := time.Now()
 	release := w.n.HoldSpawn(t, vm)
@@ -345,13 +333,35 @@ func TestCancelMidResize(t *testing.T) {
 	})
 }
 
+// bootPlain creates the world's flavors "small" (2 vCPU, 2 GiB, 10 GB)
+// and "small.vgpu" (the same with one vGPU of the world's type), starts
+// the bridge, and boots a server on "small" that the bridge and the
+// host's agent know.
+func (w *world) bootPlain(name string) string {
+	w.t.Helper()
+	plain := w.flavor("small", 2, 2048, 10, 0)
+	w.flavor("small.vgpu", 2, 2048, 10, 1)
+	w.startBridge()
+	vm := w.n.CreateServer(w.t, name, plain, w.host)
+	w.n.WaitServer(w.t, vm, "ACTIVE")
+	w.waitInstance(vm, w.host, 0)
+	w.waitAgent()
+	return vm
+}
+
 // waitFor polls ok until it holds, failing after within.
 func (w *world) waitFor(within time.Duration, what string, ok func() bool) {
 	w.t.Helper()
+	waitFor(w.t, within, what, ok)
+}
+
+// waitFor polls ok every 100 ms until it holds, failing t after within.
+func waitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(within)
 	for !ok() {
 		if time.Now().After(deadline) {
-			w.t.Fatalf("gave up after %s waiting for %s", within, what)
+			t.Fatalf("gave up after %s waiting for %s", within, what)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
