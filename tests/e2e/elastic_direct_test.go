@@ -79,6 +79,7 @@ type elasticGPU struct {
 type elasticWorld struct {
 	*directWorld
 	project    string
+	apiURL     string // http://127.0.0.1:port of the bridge
 	flavorName string
 	gpus       map[string]string      // PCI address → GPU child provider
 	types      map[string]elasticType // PCI address → its type
@@ -89,6 +90,13 @@ type elasticWorld struct {
 
 // newElasticWorld builds the world; policy gets the world's project id.
 func newElasticWorld(t *testing.T, prefix string, policy func(project string) string, gpus ...elasticGPU) *elasticWorld {
+	t.Helper()
+	return newElasticWorldINI(t, prefix, policy, "", gpus...)
+}
+
+// newElasticWorldINI is newElasticWorld with more of the bridge's
+// configuration file (sections of its own, e.g. another webhook source).
+func newElasticWorldINI(t *testing.T, prefix string, policy func(project string) string, ini string, gpus ...elasticGPU) *elasticWorld {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -110,13 +118,13 @@ func newElasticWorld(t *testing.T, prefix string, policy func(project string) st
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "policy.yaml")
 	secretFile := filepath.Join(dir, "webhook.secret")
-	ini := filepath.Join(dir, "bridge.conf")
+	iniFile := filepath.Join(dir, "bridge.conf")
 	testsvc.Must(t, os.WriteFile(rules, []byte(policy(w.project)), 0o600), "policy")
 	testsvc.Must(t, os.WriteFile(secretFile, []byte(directSecret+"\n"), 0o600), "secret")
-	testsvc.Must(t, os.WriteFile(ini, []byte("[webhook_source:e2e]\nauth = hmac\nsecret_files = "+secretFile+
-		"\nrate = 100\nburst = 100\n"), 0o600), "bridge.conf")
+	testsvc.Must(t, os.WriteFile(iniFile, []byte("[webhook_source:e2e]\nauth = hmac\nsecret_files = "+secretFile+
+		"\nrate = 100\nburst = 100\n"+ini), 0o600), "bridge.conf")
 	dbURL := testsvc.Postgres(t)
-	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: testbridge.Overrides(t, dbURL,
+	v, err := bridge.LoadConfig(conf.Source{File: iniFile, Overrides: testbridge.Overrides(t, dbURL,
 		"DEFAULT.transport_url="+w.n.TransportURL(), // Nova's vhost: its notifications, the agent's queues
 		"policy.rules_file="+rules,
 		"pipeline.poll_interval=50ms",
@@ -125,7 +133,8 @@ func newElasticWorld(t *testing.T, prefix string, policy func(project string) st
 	testsvc.Must(t, err, "bridge configuration")
 	d := testbridge.Start(t, v)
 	w.pool = d.Pool
-	w.api = apiclient.New(apiclient.Config{URL: "http://" + d.API.Addr(), Token: testbridge.AdminToken, Timeout: 30 * time.Second})
+	w.apiURL = "http://" + d.API.Addr()
+	w.api = apiclient.New(apiclient.Config{URL: w.apiURL, Token: testbridge.AdminToken, Timeout: 30 * time.Second})
 	return w
 }
 

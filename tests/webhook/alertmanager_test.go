@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -178,12 +176,9 @@ func sourcesFromConfig(t *testing.T, extra string) []webhook.Source {
 // alerts' annotations are the policy's metrics; resolving them sends a
 // resolved group whose alerts act once more, without metrics.
 func TestRealAlertmanager(t *testing.T) {
-	bin, err := exec.LookPath("prometheus-alertmanager")
-	if err != nil {
-		t.Fatalf("prometheus-alertmanager is not installed (%v); run: sudo bash tests/services.sh (or apt-get install prometheus-alertmanager)", err)
-	}
+	bin := testsvc.AlertmanagerBinary(t)
 	e := newEnv(t, sourcesFromConfig(t, "alert_metrics = value:gpu_util"))
-	am := startAlertmanager(t, bin, e.url+"/v1/webhooks/alerts")
+	am := testsvc.StartAlertmanager(t, bin, e.url+"/v1/webhooks/alerts", amToken)
 
 	const n = 150
 	var posted []map[string]any
@@ -197,7 +192,7 @@ func TestRealAlertmanager(t *testing.T) {
 			"annotations": map[string]string{"value": "95", "summary": "GPU utilisation above 90 % for 10 minutes",
 				"description": strings.Repeat("The vGPU's SM utilisation stayed high. ", 10)}})
 	}
-	am.post(t, posted)
+	am.Post(t, posted)
 
 	// Every alert acts once, however often the group is sent.
 	deadline := time.Now().Add(90 * time.Second)
@@ -242,7 +237,7 @@ func TestRealAlertmanager(t *testing.T) {
 	for _, a := range posted {
 		a["endsAt"] = time.Now().UTC().Add(-time.Second).Format(time.RFC3339Nano)
 	}
-	am.post(t, posted)
+	am.Post(t, posted)
 	deadline = time.Now().Add(90 * time.Second)
 	for {
 		var resolved, withMetrics int
@@ -261,78 +256,3 @@ func TestRealAlertmanager(t *testing.T) {
 	}
 }
 
-type alertmanager struct{ url string }
-
-// startAlertmanager runs Alertmanager on a free loopback port with its
-// own configuration and storage; it groups every alert by name, waits
-// 1 s, and repeats a group every 2 s to the bridge's receiver URL with
-// the source's bearer token.
-func startAlertmanager(t *testing.T, bin, receiver string) *alertmanager {
-	t.Helper()
-	dir := t.TempDir()
-	tok := filepath.Join(dir, "token")
-	testsvc.Must(t, os.WriteFile(tok, []byte(amToken), 0o600), "token")
-	cfg := filepath.Join(dir, "alertmanager.yml")
-	testsvc.Must(t, os.WriteFile(cfg, []byte(`route:
-  receiver: bridge
-  group_by: [alertname]
-  group_wait: 1s
-  group_interval: 1s
-  repeat_interval: 2s
-receivers:
-  - name: bridge
-    webhook_configs:
-      - url: `+receiver+`
-        send_resolved: true
-        http_config:
-          authorization:
-            type: Bearer
-            credentials_file: `+tok+`
-`), 0o600), "config")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	testsvc.Must(t, err, "port")
-	addr := ln.Addr().String()
-	ln.Close()
-	logf, err := os.Create(filepath.Join(dir, "alertmanager.log"))
-	testsvc.Must(t, err, "log")
-	cmd := exec.Command(bin, "--config.file="+cfg, "--storage.path="+filepath.Join(dir, "data"), "--web.listen-address="+addr,
-		"--cluster.listen-address=", "--log.level=debug")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	testsvc.Must(t, cmd.Start(), "start alertmanager")
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("alertmanager log:\n%s", testsvc.LastLines(string(b), 40))
-		}
-	})
-	am := &alertmanager{url: "http://" + addr}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(am.url + "/-/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return am
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("alertmanager not ready on %s within 30s", addr)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// post sends alerts to Alertmanager's v2 API.
-func (am *alertmanager) post(t *testing.T, alerts []map[string]any) {
-	t.Helper()
-	b, _ := json.Marshal(alerts)
-	resp, err := http.Post(am.url+"/api/v2/alerts", "application/json", strings.NewReader(string(b)))
-	testsvc.Must(t, err, "post alerts")
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("alertmanager answered %d to the alerts", resp.StatusCode)
-	}
-}
