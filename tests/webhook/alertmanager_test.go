@@ -255,4 +255,3 @@ func TestRealAlertmanager(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
-
