@@ -212,8 +212,9 @@ func (in Intent) summary() string {
 		b.WriteString(" trait=")
 		b.WriteString(in.Trait)
 	}
-	if in.FrameRateLimit {
-		b.WriteString(" frame_rate_limit=on")
+	if in.FrameRateLimit != nil {
+		b.WriteString(" frame_rate_limit=")
+		b.WriteString(onOff(*in.FrameRateLimit))
 	}
 	if in.Rule != "" {
 		b.WriteString(" [rule ")
@@ -228,4 +229,11 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return s
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }

@@ -648,8 +648,8 @@ func (e *evaluation) change(in *Intent) string {
 	}
 	mode, modeWhy := e.p.attachMode(e.project.ID, prof.Name)
 	in.Mode = mode
-	if pref, ok := e.p.workload(e.project.ID, e.workload()); ok && pref.FrameRateLimit {
-		in.FrameRateLimit = true
+	if pref, ok := e.p.workload(e.project.ID, e.workload()); ok && pref.FrameRateLimit != nil {
+		in.FrameRateLimit = pref.FrameRateLimit
 	}
 	if why := e.driverCheck(in, mode); why != "" {
 		return why

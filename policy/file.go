@@ -81,7 +81,10 @@ type Preference struct {
 	Profiles          []string         `json:"profiles,omitempty"` // explicit order: the first that fits wins
 	MinFramebufferGiB int              `json:"min_framebuffer_gib,omitempty"`
 	MaxFramebufferGiB int              `json:"max_framebuffer_gib,omitempty"`
-	FrameRateLimit    bool             `json:"frame_rate_limit,omitempty"` // keep the vGPU frame-rate limiter on
+	// FrameRateLimit, when set, turns NVIDIA's vGPU frame-rate limiter on
+	// (true) or off (false) on the vGPUs the bridge creates; unset keeps
+	// the driver's default.
+	FrameRateLimit *bool `json:"frame_rate_limit,omitempty"`
 }
 
 // ProjectSpec is a project's overrides.
@@ -126,7 +129,7 @@ func DefaultWorkloads() map[string]Preference {
 		"inference": {Series: []catalog.Series{catalog.SeriesC}, Choose: ChooseSmallest},
 		"rendering": {Series: []catalog.Series{catalog.SeriesQ}, Choose: ChooseSmallest},
 		"vdi":       {Series: []catalog.Series{catalog.SeriesB, catalog.SeriesQ}, Choose: ChooseSmallest},
-		"gaming":    {Series: []catalog.Series{catalog.SeriesQ}, Choose: ChooseSmallest, FrameRateLimit: true},
+		"gaming":    {Series: []catalog.Series{catalog.SeriesQ}, Choose: ChooseSmallest, FrameRateLimit: ptr(true)},
 	}
 }
 
@@ -311,7 +314,8 @@ func (w *walker) preference(n *yaml.Node, cat *catalog.Catalog) Preference {
 		case "max_framebuffer_gib":
 			p.MaxFramebufferGiB, _ = w.integer(v, key, 0, 1<<16)
 		case "frame_rate_limit":
-			p.FrameRateLimit = w.boolean(v, key)
+			on := w.boolean(v, key)
+			p.FrameRateLimit = &on
 		}
 	})
 	if p.MaxFramebufferGiB > 0 && p.MinFramebufferGiB > p.MaxFramebufferGiB {
@@ -406,3 +410,5 @@ func (w *walker) rule(n *yaml.Node) ruleSpec {
 	}
 	return r
 }
+
+func ptr[T any](v T) *T { return &v }

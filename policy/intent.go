@@ -35,12 +35,14 @@ type Intent struct {
 	Host     string     `json:"host,omitempty"`
 
 	// attach, release, resize
-	Profile        string     `json:"profile,omitempty"`
-	TypeID         string     `json:"type_id,omitempty"`
-	Trait          string     `json:"trait,omitempty"`
-	Count          int        `json:"count,omitempty"`
-	Mode           AttachMode `json:"mode,omitempty"`
-	FrameRateLimit bool       `json:"frame_rate_limit,omitempty"`
+	Profile string     `json:"profile,omitempty"`
+	TypeID  string     `json:"type_id,omitempty"`
+	Trait   string     `json:"trait,omitempty"`
+	Count   int        `json:"count,omitempty"`
+	Mode    AttachMode `json:"mode,omitempty"`
+	// FrameRateLimit, when set, is the workload's frame-rate limiter
+	// (on or off) for the vGPUs the bridge creates (direct path only).
+	FrameRateLimit *bool `json:"frame_rate_limit,omitempty"`
 	// ExcludedHosts are hosts whose vGPU manager cannot serve the guest's
 	// driver; placement must not choose them.
 	ExcludedHosts []Exclusion `json:"excluded_hosts,omitempty"`

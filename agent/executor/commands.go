@@ -26,6 +26,7 @@ const (
 	stepShutdown    = "shutdown"
 	stepStarted     = "started"
 	stepApplied     = "applied"
+	stepParamsSet   = "params_set"
 )
 
 // Step data.
@@ -120,8 +121,11 @@ func (e *Executor) prepare(c protocol.Command) (handler, error) {
 			}, nil
 		}
 		return func(ctx context.Context, r *run) (any, error) {
-			return map[string]any{"device": dev.String(), "mode": p.Mode},
-				e.attachVGPU(ctx, r, p, parent, dev, timeout)
+			out := map[string]any{"device": dev.String(), "mode": p.Mode}
+			if p.FrameRateLimit != nil {
+				out["vgpu_params"] = protocol.VGPUParams(*p.FrameRateLimit)
+			}
+			return out, e.attachVGPU(ctx, r, p, parent, dev, timeout)
 		}, nil
 
 	case protocol.SetVGPUScheduler:
@@ -392,7 +396,17 @@ func (e *Executor) attachVGPU(ctx context.Context, r *run, p protocol.AttachPara
 	if err != nil {
 		return err
 	}
-	err = e.attach(ctx, r, r.c.InstanceUUID, dev, p.Mode, timeout)
+	if p.FrameRateLimit != nil {
+		// Before the attach: the vGPU manager reads vgpu_params when the
+		// VM opens the device.
+		params := protocol.VGPUParams(*p.FrameRateLimit)
+		_, err = r.step(stepParamsSet, func() (string, error) {
+			return params, e.cfg.Sysfs.SetVGPUParams(ctx, dev.MdevUUID, dev.PCI, params)
+		})
+	}
+	if err == nil {
+		err = e.attach(ctx, r, r.c.InstanceUUID, dev, p.Mode, timeout)
+	}
 	if err != nil && created == dataCreated && ctx.Err() == nil {
 		e.log.Warn("attach failed; removing the device this command created", logkey.Command, r.c.ID, logkey.Device, dev.String(), logkey.Err, err)
 		if rerr := e.undoCreate(ctx, dev); rerr != nil {

@@ -235,6 +235,49 @@ func TestAttachLiveFailureRollsBackCreatedMdev(t *testing.T) {
 	}
 }
 
+// The frame-rate limiter is set in vgpu_params after the device exists and
+// before the VM opens it; a device whose driver takes no parameters fails
+// the attach and the device this command created goes away again.
+func TestAttachFrameRateLimit(t *testing.T) {
+	off, on := false, true
+	for _, tc := range []struct {
+		name string
+		frl  *bool
+		err  error
+		want []string
+	}{
+		{"off", &off, nil, []string{"create_mdev " + mdev1, "set_vgpu_params " + mdev1 + " frame_rate_limiter=0", "attach_live mdev " + mdev1}},
+		{"on", &on, nil, []string{"create_mdev " + mdev1, "set_vgpu_params " + mdev1 + " frame_rate_limiter=1", "attach_live mdev " + mdev1}},
+		{"unset", nil, nil, []string{"create_mdev " + mdev1, "attach_live mdev " + mdev1}},
+		{"unsupported", &off, hosterr.Errorf(hosterr.Unsupported, "set vgpu_params", "no vgpu_params"),
+			[]string{"create_mdev " + mdev1, "set_vgpu_params " + mdev1 + " frame_rate_limiter=0", "remove_mdev " + mdev1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			en := newEnv(t)
+			if tc.err != nil {
+				en.h.errs["set_vgpu_params"] = tc.err
+			}
+			r := en.exec(command(t, "a", protocol.AttachVGPU, protocol.AttachParams{MdevUUID: mdev1, ParentPCI: gpu0, TypeID: t4q,
+				Mode: protocol.ModeLive, FrameRateLimit: tc.frl}))
+			if tc.err != nil {
+				wantStatus(t, r, protocol.Failed, string(hosterr.Unsupported))
+			} else {
+				wantStatus(t, r, protocol.Succeeded, "")
+			}
+			if got := en.h.opList(); !slices.Equal(got, tc.want) {
+				t.Errorf("ops = %q, want %q", got, tc.want)
+			}
+			var det struct {
+				VGPUParams string `json:"vgpu_params"`
+			}
+			json.Unmarshal(r.Details, &det)
+			if tc.frl != nil && det.VGPUParams != protocol.VGPUParams(*tc.frl) {
+				t.Errorf("details = %s", r.Details)
+			}
+		})
+	}
+}
+
 func TestNoCapacity(t *testing.T) {
 	en := newEnv(t)
 	en.h.available[gpu0+"/"+t4q] = 0

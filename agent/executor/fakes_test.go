@@ -124,6 +124,16 @@ func (f *fakeHost) SetVFType(_ context.Context, vf pci.Addr, typeID string) erro
 	return nil
 }
 
+func (f *fakeHost) SetVGPUParams(_ context.Context, mdevUUID string, vf pci.Addr, params string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	dev := mdevUUID
+	if dev == "" {
+		dev = vf.String()
+	}
+	return f.record("set_vgpu_params", dev, " ", params)
+}
+
 func (f *fakeHost) Domain(_ context.Context, uuid string) (Domain, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -19,6 +19,9 @@ type Sysfs interface {
 	VFs(ctx context.Context) ([]sysfs.VF, error)
 	// SetVFType writes a VF's current_vgpu_type; "0" clears it.
 	SetVFType(ctx context.Context, vf pci.Addr, typeID string) error
+	// SetVGPUParams writes a vGPU's nvidia/vgpu_params: the mdev's when
+	// mdevUUID is set, else the VF's.
+	SetVGPUParams(ctx context.Context, mdevUUID string, vf pci.Addr, params string) error
 }
 
 // Hostdev is a vGPU device of a domain: an mdev (MdevUUID) or a

@@ -207,6 +207,7 @@ func (b *builder) build(spec Spec) {
 			}
 			b.file(vd+"/nvidia/current_vgpu_type", cur+"\n")
 			b.file(vd+"/nvidia/creatable_vgpu_types", sysfs.FormatCreatableTypes(nil))
+			b.file(vd+"/nvidia/vgpu_params", "")
 		}
 		if b.err == nil {
 			b.err = recomputeVFs(b.root, g)
@@ -218,6 +219,7 @@ func (b *builder) build(spec Spec) {
 func (b *builder) mdev(parentDir, typ, uuid string) {
 	md := parentDir + "/" + uuid
 	b.file(md+"/remove", "")
+	b.file(md+"/nvidia/vgpu_params", "")
 	b.link(md+"/mdev_type", "../mdev_supported_types/"+typ)
 	b.link("bus/mdev/devices/"+uuid, up("bus/mdev/devices/x")+md)
 	b.link(parentDir+"/mdev_supported_types/"+typ+"/devices/"+uuid, "../../../"+uuid)

@@ -301,3 +301,48 @@ func TestLoad(t *testing.T) {
 		t.Errorf("state not kept: %+v", ms)
 	}
 }
+
+func TestVGPUParams(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	h, err := Build(dir, DefaultSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Sysfs.CreateMdev(ctx, t4b, "nvidia-222", newMdev); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Sysfs.SetVGPUParams(ctx, newMdev, pci.Addr{}, "frame_rate_limiter=0"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := VGPUParams(dir, newMdev); got != "frame_rate_limiter=0" || err != nil {
+		t.Errorf("mdev vgpu_params = %q, %v", got, err)
+	}
+	if err := h.Sysfs.SetVGPUParams(ctx, "00000000-0000-0000-0000-00000000abcd", pci.Addr{}, "frame_rate_limiter=0"); !errors.Is(err, hosterr.ErrNotFound) {
+		t.Errorf("unknown mdev: %v", err)
+	}
+	if err := h.Sysfs.SetVGPUParams(ctx, newMdev, pci.Addr{}, "a=1\nb=2"); !errors.Is(err, hosterr.ErrInvalid) {
+		t.Errorf("two lines: %v", err)
+	}
+	// A PCI device that is not an NVIDIA vGPU has no vgpu_params.
+	if err := h.Sysfs.SetVGPUParams(ctx, "", t4a, "frame_rate_limiter=1"); !errors.Is(err, hosterr.ErrUnsupported) {
+		t.Errorf("physical GPU: %v", err)
+	}
+
+	vf := pci.MustParse("0000:c1:00.6")
+	if err := h.Sysfs.SetVFType(ctx, vf, "1429"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Sysfs.SetVGPUParams(ctx, "", vf, "frame_rate_limiter=1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := VGPUParams(dir, vf.String()); got != "frame_rate_limiter=1" {
+		t.Errorf("vf vgpu_params = %q", got)
+	}
+	if err := h.Sysfs.SetVFType(ctx, vf, "0"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := VGPUParams(dir, vf.String()); got != "" {
+		t.Errorf("vf vgpu_params after clearing its type = %q", got)
+	}
+}

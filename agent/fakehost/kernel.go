@@ -271,6 +271,10 @@ func (k *Kernel) setVFType(path, vfDir, val string) error {
 			}
 		} else {
 			val = "0"
+			// A VF without a type has no parameters either.
+			if err := os.WriteFile(filepath.Join(nv, "vgpu_params"), nil, 0o644); err != nil {
+				return err
+			}
 		}
 		if err := os.WriteFile(filepath.Join(nv, "current_vgpu_type"), []byte(val+"\n"), 0o644); err != nil {
 			return err
@@ -333,3 +337,14 @@ func recomputeVFs(root string, g VFIOGPU) error {
 
 // String is for logs.
 func (k *Kernel) String() string { return fmt.Sprintf("fakehost.Kernel(%s)", k.root) }
+
+// VGPUParams reads the nvidia/vgpu_params of mdev id (a UUID) or, when id
+// is a PCI address, of that vendor-VFIO VF, in the fake host under dir.
+func VGPUParams(dir, id string) (string, error) {
+	p := filepath.Join(dir, "sys", "bus", "mdev", "devices", id, "nvidia", "vgpu_params")
+	if a, err := pci.Parse(id); err == nil {
+		p = filepath.Join(dir, "sys", devPath(a), "nvidia", "vgpu_params")
+	}
+	b, err := os.ReadFile(p)
+	return strings.TrimSpace(string(b)), err
+}

@@ -111,6 +111,20 @@ type AttachParams struct {
 	// ShutdownTimeoutSeconds bounds the graceful shutdown of a cold attach;
 	// 0 takes the agent's [DEFAULT] cold_shutdown_timeout.
 	ShutdownTimeoutSeconds int `json:"shutdown_timeout_seconds,omitempty"`
+	// FrameRateLimit, when set, turns NVIDIA's frame-rate limiter of the
+	// vGPU on or off before it is attached: "frame_rate_limiter=1|0" in the
+	// device's nvidia/vgpu_params, which the vGPU manager reads when the
+	// VM opens the device. Unset leaves vgpu_params as it is.
+	FrameRateLimit *bool `json:"frame_rate_limit,omitempty"`
+}
+
+// VGPUParams is the nvidia/vgpu_params text for a frame-rate limiter
+// setting.
+func VGPUParams(frameRateLimit bool) string {
+	if frameRateLimit {
+		return "frame_rate_limiter=1"
+	}
+	return "frame_rate_limiter=0"
 }
 
 // SchedulerParams are the params of set_vgpu_scheduler.

@@ -240,3 +240,40 @@ func (h *Host) SetVFType(ctx context.Context, vf pci.Addr, typeID string) error 
 	}
 	return nil
 }
+
+// SetVGPUParams writes params (such as "frame_rate_limiter=0") to a vGPU's
+// nvidia/vgpu_params: the mdev's when mdevUUID is set, else the vendor-VFIO
+// VF's. The vGPU manager reads the file when a VM opens the device, so it
+// is written before the attach. A device without the file (not an NVIDIA
+// vGPU, or a driver without the attribute) is Unsupported.
+func (h *Host) SetVGPUParams(ctx context.Context, mdevUUID string, vf pci.Addr, params string) error {
+	var dev, op string
+	if mdevUUID != "" {
+		if err := validUUID(mdevUUID); err != nil {
+			return hosterr.New(hosterr.Invalid, "set vgpu_params", err)
+		}
+		dev, op = h.path("bus", "mdev", "devices", mdevUUID), "set vgpu_params of mdev "+mdevUUID
+	} else {
+		dev, op = h.path("bus", "pci", "devices", vf.String()), "set vgpu_params of vf "+vf.String()
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if _, err := os.Stat(dev); err != nil {
+		return classify(op, err)
+	}
+	p := filepath.Join(dev, "nvidia", "vgpu_params")
+	if strings.ContainsAny(params, "\n\x00") {
+		return hosterr.Errorf(hosterr.Invalid, op, "params %q hold a newline or NUL", params)
+	}
+	if _, err := os.Stat(p); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return hosterr.Errorf(hosterr.Unsupported, op, "%s does not exist: the driver takes no vGPU parameters for this device", p)
+		}
+		return classify(op, err)
+	}
+	if err := h.w.WriteFile(p, []byte(params)); err != nil {
+		return classify(op, err)
+	}
+	return nil
+}

@@ -401,6 +401,9 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err 
 	if kind == KindRelease {
 		reason = "resize through Nova to the flavor without vGPU"
 	}
+	if len(w.Plan.Notes) > 0 {
+		reason += "; " + strings.Join(w.Plan.Notes, "; ")
+	}
 	if err := w.Decided(ctx, pipeline.PhaseQueued, reason); err != nil {
 		return err
 	}

@@ -173,6 +173,7 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 					return fail(CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
 				}
 				p.Steps = append(p.Steps, Step{Kind: StepNovaResize, Intent: in, Host: f.Instance.Host})
+				p.Notes = append(p.Notes, frameRateNote(in)...)
 				continue
 			}
 			if why, code := hostProblem(f); why != "" {
@@ -285,6 +286,7 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 				}
 				busy[flavorVGPUs] = true
 				p.Steps = append(p.Steps, Step{Kind: StepNovaResize, Intent: in, Host: f.Instance.Host})
+				p.Notes = append(p.Notes, frameRateNote(in)...)
 				continue
 			}
 			if why, code := hostProblem(f); why != "" {
@@ -443,7 +445,8 @@ func NewCommand(kind protocol.Kind, host, requestID, instance string, params any
 // Postgres round trip fewer than create_mdev followed by attach_vgpu.
 func AttachCommands(a Attachment, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
 	c, err := NewCommand(protocol.AttachVGPU, a.Host, requestID, a.InstanceUUID,
-		protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: a.Mode}, issued, expires)
+		protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: a.Mode, FrameRateLimit: a.FrameRateLimit},
+		issued, expires)
 	if err != nil {
 		return nil, fmt.Errorf("attach command for %s: %w", a.ID, err)
 	}
@@ -501,4 +504,15 @@ func novaStep(steps []Step) (Step, bool) {
 		}
 	}
 	return Step{}, false
+}
+
+// frameRateNote says why a workload's frame-rate limiter is not applied on
+// the Nova path: NVIDIA's vgpu_params is written between creating the mdev
+// and the VM opening it, and there it is Nova that creates the mdev.
+func frameRateNote(in policy.Intent) []string {
+	if in.FrameRateLimit == nil {
+		return nil
+	}
+	return []string{"frame_rate_limit: not applied: on the Nova path Nova creates the vGPU's mdev, and NVIDIA's " +
+		"nvidia/vgpu_params can only be set between its creation and the VM's start; the driver's default limiter stays"}
 }

@@ -360,3 +360,44 @@ func TestPlanTuneClocks(t *testing.T) {
 		t.Errorf("a tune with nothing to set acts: %+v", p)
 	}
 }
+
+// A workload's frame-rate limiter goes with a direct attach; on the Nova
+// path (Nova creates the mdev) the plan says it is not applied, and why.
+func TestPlanFrameRateLimit(t *testing.T) {
+	off := false
+	for _, tt := range []struct {
+		name     string
+		in       policy.Intent
+		f        Facts
+		wantNote bool
+	}{
+		{"direct", attach(policy.ModeDirectLive), Facts{Instance: known("cmp1")}, false},
+		{"nova attach", attach(policy.ModeNovaResize), Facts{Instance: known("cmp1")}, true},
+		{"nova resize of a flavor's vGPU", resize(policy.ModeDirectLive), Facts{Instance: withFlavorVGPUs(known("cmp1"), 1)}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.in.FrameRateLimit = &off
+			p := PlanDecision(&policy.Decision{Intents: []policy.Intent{tt.in}}, tt.f)
+			if p.Outcome != OutcomeAct {
+				t.Fatalf("outcome %s: %s", p.Outcome, p.Reason)
+			}
+			noted := len(p.Notes) == 1 && strings.Contains(p.Notes[0], "frame_rate_limit: not applied") && strings.Contains(p.Notes[0], "Nova creates")
+			if noted != tt.wantNote {
+				t.Errorf("notes %q, want a frame-rate note: %v", p.Notes, tt.wantNote)
+			}
+			if !tt.wantNote && (p.Steps[0].Intent.FrameRateLimit == nil || *p.Steps[0].Intent.FrameRateLimit) {
+				t.Errorf("direct step lost the limiter: %+v", p.Steps[0].Intent)
+			}
+		})
+	}
+	a := att(AttAttached, "T4-4Q")
+	a.FrameRateLimit = &off
+	cs, err := AttachCommands(a, "r", time.Now(), time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p protocol.AttachParams
+	if err := json.Unmarshal(cs[0].Params, &p); err != nil || p.FrameRateLimit == nil || *p.FrameRateLimit {
+		t.Errorf("attach_vgpu params %s: %v", cs[0].Params, err)
+	}
+}

@@ -703,7 +703,8 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 			for _, mc := range made {
 				a := Attachment{ID: uuid.New(), InstanceUUID: f.Instance.UUID, RequestID: reqID, Host: f.Instance.Host, Node: f.Instance.Node,
 					Provider: mc.provider, Class: mc.class, Amount: 1, HeldAfter: mc.held, PCIAddress: p.d.Placement.GPUAddress(mc.provider),
-					TypeID: s.Intent.TypeID, Profile: s.Intent.Profile, Trait: s.Intent.Trait, Mode: s.Mode, State: AttPending}
+					TypeID: s.Intent.TypeID, Profile: s.Intent.Profile, Trait: s.Intent.Trait, Mode: s.Mode, State: AttPending,
+					FrameRateLimit: s.Intent.FrameRateLimit}
 				for u := 0; u < mc.amount; u++ {
 					b := a
 					if u > 0 {
@@ -720,7 +721,11 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 						cmds = append(cmds, outCmd{c: c, seq: seq, attachment: &b.ID})
 					}
 				}
-				summary = append(summary, fmt.Sprintf("attach %d × %s on %s GPU %s", mc.amount, s.Intent.Profile, f.Instance.Host, a.PCIAddress))
+				frl := ""
+				if s.Intent.FrameRateLimit != nil {
+					frl = ", frame-rate limiter " + map[bool]string{true: "on", false: "off"}[*s.Intent.FrameRateLimit]
+				}
+				summary = append(summary, fmt.Sprintf("attach %d × %s on %s GPU %s%s", mc.amount, s.Intent.Profile, f.Instance.Host, a.PCIAddress, frl))
 			}
 		case StepRelease:
 			for _, a := range s.Release {
@@ -739,7 +744,8 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 		case StepReattach:
 			for _, a := range s.Release {
 				c, err := NewCommand(protocol.AttachVGPU, a.Host, reqID.String(), a.InstanceUUID,
-					protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: agentMode(policy.ModeDirectLive, f.Instance.VMState)},
+					protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: agentMode(policy.ModeDirectLive, f.Instance.VMState),
+						FrameRateLimit: a.FrameRateLimit},
 					now, deadline)
 				if err != nil {
 					return err

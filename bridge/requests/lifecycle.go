@@ -174,12 +174,15 @@ type Attachment struct {
 	Trait        string
 	Mode         string // protocol.ModeLive | ModeConfig | ModeCold
 	State        string
+	// FrameRateLimit is the workload's frame-rate limiter (nil: the
+	// driver's default), sent with every attach of this vGPU.
+	FrameRateLimit *bool
 }
 
 // AttachmentColumns are the columns ScanAttachments reads, in order.
 const AttachmentColumns = `id, instance_uuid::text, coalesce(request_id, '00000000-0000-0000-0000-000000000000'::uuid), host, coalesce(node,''),
 	coalesce(provider_uuid::text,''), coalesce(resource_class,''), amount, coalesce(held_after,0), coalesce(pci_address,''),
-	coalesce(type_id,''), coalesce(profile,''), coalesce(trait,''), coalesce(mode,''), state`
+	coalesce(type_id,''), coalesce(profile,''), coalesce(trait,''), coalesce(mode,''), state, frame_rate_limit`
 
 // ScanAttachments reads rows of AttachmentColumns and closes rows.
 func ScanAttachments(rows pgx.Rows) ([]Attachment, error) {
@@ -188,7 +191,7 @@ func ScanAttachments(rows pgx.Rows) ([]Attachment, error) {
 	for rows.Next() {
 		var a Attachment
 		if err := rows.Scan(&a.ID, &a.InstanceUUID, &a.RequestID, &a.Host, &a.Node, &a.Provider, &a.Class, &a.Amount, &a.HeldAfter,
-			&a.PCIAddress, &a.TypeID, &a.Profile, &a.Trait, &a.Mode, &a.State); err != nil {
+			&a.PCIAddress, &a.TypeID, &a.Profile, &a.Trait, &a.Mode, &a.State, &a.FrameRateLimit); err != nil {
 			return nil, fmt.Errorf("read attachments: %w", err)
 		}
 		out = append(out, a)
@@ -203,9 +206,10 @@ func ScanAttachments(rows pgx.Rows) ([]Attachment, error) {
 func AddAttachments(ctx context.Context, q Execer, reqID uuid.UUID, atts []Attachment) error {
 	for _, a := range atts {
 		if _, err := q.Exec(ctx, `INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
-				amount, held_after, pci_address, type_id, profile, trait, mode, state)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 'pending')`,
-			a.ID, a.InstanceUUID, reqID, a.Host, a.Node, a.Provider, a.Class, a.Amount, a.HeldAfter, a.PCIAddress, a.TypeID, a.Profile, a.Trait, a.Mode); err != nil {
+				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 'pending', $15)`,
+			a.ID, a.InstanceUUID, reqID, a.Host, a.Node, a.Provider, a.Class, a.Amount, a.HeldAfter, a.PCIAddress, a.TypeID, a.Profile, a.Trait, a.Mode,
+			a.FrameRateLimit); err != nil {
 			return fmt.Errorf("request %s: record attachment %s: %w", reqID, a.ID, err)
 		}
 	}
