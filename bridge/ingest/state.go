@@ -126,21 +126,21 @@ func foldSnapshots(evs []*Event) (out []*snapshot, stale int) {
 
 // snapshotCols is the unnest column list shared by both statements.
 const snapshotCols = `x(u, pj, us, h, nd, vs, tsk, ps, fl, dm, vg, dn, az,
-		nfo, nfv, nfat, nfrk, fo, fv, fat, frk, dlo, dlv, dlat, dlrk, et, at, rk, mid, cr)`
+		nfo, nfv, nfat, nfrk, fo, fv, fat, frk, dlo, dlv, dlat, dlrk, et, at, rk, mid, cr, gd)`
 
 const snapshotUnnest = `unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
 		$9::text[], $10::text[], $11::int[], $12::text[], $13::text[],
 		$14::text[], $15::text[], $16::timestamptz[], $17::int[], $18::text[], $19::text[], $20::timestamptz[], $21::int[],
 		$22::text[], $23::text[], $24::timestamptz[], $25::int[], $26::text[], $27::timestamptz[], $28::int[], $29::text[],
-		$30::timestamptz[]) AS ` + snapshotCols
+		$30::timestamptz[], $31::text[]) AS ` + snapshotCols
 
 const insertSnapshots = `INSERT INTO instances (uuid, project_id, user_id, host, node, vm_state, task_state, power_state,
 		flavor, vgpu_demand, vgpus, display_name, availability_zone, new_flavor, fault,
-		last_event_type, last_event_at, last_event_rank, last_message_id, deleted_at, created_at, updated_at)
+		last_event_type, last_event_at, last_event_rank, last_message_id, deleted_at, created_at, updated_at, guest_driver)
 	SELECT u::uuid, NULLIF(pj, ''), NULLIF(us, ''), h, nd, NULLIF(vs, ''), tsk, NULLIF(ps, ''),
 		fl::jsonb, dm::jsonb, vg, NULLIF(dn, ''), az,
 		CASE WHEN nfo = 'set' THEN nfv::jsonb END, CASE WHEN fo = 'set' THEN fv::jsonb END,
-		et, at, rk, mid, CASE WHEN dlo = 'set' THEN (dlv::jsonb #>> '{}')::timestamptz END, COALESCE(cr, now()), now()
+		et, at, rk, mid, CASE WHEN dlo = 'set' THEN (dlv::jsonb #>> '{}')::timestamptz END, COALESCE(cr, now()), now(), NULLIF(gd, '')
 	FROM ` + snapshotUnnest + `
 	ON CONFLICT (uuid) DO NOTHING
 	RETURNING uuid::text`
@@ -159,6 +159,7 @@ const updateSnapshots = `UPDATE instances AS i SET
 		deleted_at = COALESCE(i.deleted_at, CASE WHEN x.dlo = 'set' AND (i.last_event_at IS NULL OR (i.last_event_at, i.last_event_rank) < (x.dlat, x.dlrk))
 			THEN (x.dlv::jsonb #>> '{}')::timestamptz END),
 		created_at = LEAST(i.created_at, COALESCE(x.cr, i.created_at)),
+		guest_driver = CASE WHEN x.gd IS NULL THEN i.guest_driver ELSE NULLIF(x.gd, '') END,
 		last_event_type = x.et, last_event_at = x.at, last_event_rank = x.rk, last_message_id = x.mid,
 		updated_at = now()
 	FROM ` + snapshotUnnest + `
@@ -240,6 +241,7 @@ func snapshotArgs(snaps []*snapshot) []any {
 		vg, nfrk, frk, dlrk, rk                      = make([]int32, n), make([]int32, n), make([]int32, n), make([]int32, n), make([]int32, n)
 		nfat, fat, dlat, at                          = make([]time.Time, n), make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
 		cr                                           = make([]*time.Time, n)
+		gd                                           = mkp(n)
 	)
 	str := func(b []byte) *string {
 		if b == nil {
@@ -261,7 +263,10 @@ func snapshotArgs(snaps []*snapshot) []any {
 		dlo[i], dlv[i], dlat[i], dlrk[i] = s.deleted.op, str(s.deleted.val), s.deleted.at, int32(s.deleted.rank)
 		et[i], at[i], rk[i], mid[i] = m.EventType, s.at, int32(s.rank), m.MessageID
 		cr[i] = s.created
+		if v, known := in.DeclaredGuestDriver(); known {
+			gd[i] = &v
+		}
 	}
 	return []any{u, pj, us, h, nd, vs, tsk, ps, fl, dm, vg, dn, az, nfo, nfv, nfat, nfrk, fo, fv, fat, frk,
-		dlo, dlv, dlat, dlrk, et, at, rk, mid, cr}
+		dlo, dlv, dlat, dlrk, et, at, rk, mid, cr, gd}
 }

@@ -162,12 +162,13 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	var vgpus int
 	var hostNode string
 	var lastReport *time.Time
+	var declared string
 	err := tx.QueryRow(ctx, `SELECT coalesce(i.project_id,''), coalesce(i.user_id,''), coalesce(i.host,''), coalesce(i.node,''),
 			coalesce(i.vm_state,''), i.deleted_at IS NOT NULL OR coalesce(i.vm_state,'') = 'deleted', coalesce(i.flavor->>'name',''), i.vgpus,
-			coalesce(h.node,''), h.last_report_at
+			coalesce(h.node,''), h.last_report_at, coalesce(i.guest_driver,'')
 		FROM instances i LEFT JOIN hosts h ON h.name = i.host WHERE i.uuid = $1`, ev.InstanceUUID).
 		Scan(&f.Instance.ProjectID, &f.Instance.UserID, &f.Instance.Host, &f.Instance.Node, &f.Instance.VMState,
-			&f.Instance.Deleted, &flavor, &vgpus, &hostNode, &lastReport)
+			&f.Instance.Deleted, &flavor, &vgpus, &hostNode, &lastReport, &declared)
 	switch {
 	case err == pgx.ErrNoRows:
 	case err != nil:
@@ -191,8 +192,11 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	}
 	f.Attachments = atts
 
+	// The driver the guest loaded, as its agent saw it, over the one
+	// declared in the server's metadata (an event's own field wins over
+	// both, in the policy).
 	in := policy.Instance{UUID: ev.InstanceUUID, ProjectID: f.Instance.ProjectID, Host: f.Instance.Host, Flavor: flavor, State: f.Instance.VMState,
-		GuestDriver: hs.guest[strings.ToLower(ev.InstanceUUID)]}
+		GuestDriver: cmp.Or(hs.guest[strings.ToLower(ev.InstanceUUID)], declared)}
 	if f.Instance.Deleted {
 		in.State = "deleted"
 	}

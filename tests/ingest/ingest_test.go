@@ -122,6 +122,11 @@ func TestCorpusSamples(t *testing.T) {
 
 // instanceMsg builds an instance notification for uuid at ts.
 func instanceMsg(t *testing.T, id, eventType, uuid, vmState, host string, specs map[string]string, ts time.Time) []byte {
+	return instanceMsgMeta(t, id, eventType, uuid, vmState, host, specs, nil, ts)
+}
+
+// instanceMsgMeta is instanceMsg with the server's metadata (none when nil).
+func instanceMsgMeta(t *testing.T, id, eventType, uuid, vmState, host string, specs map[string]string, md map[string]any, ts time.Time) []byte {
 	flavor := map[string]any{"nova_object.name": "FlavorPayload", "nova_object.namespace": "nova", "nova_object.version": "1.4",
 		"nova_object.data": map[string]any{"flavorid": "f-" + host, "name": "gpu", "vcpus": 4, "memory_mb": 8192, "extra_specs": specs}}
 	sample := map[string]any{
@@ -129,6 +134,9 @@ func instanceMsg(t *testing.T, id, eventType, uuid, vmState, host string, specs 
 		"payload": map[string]any{"nova_object.name": "InstanceActionPayload", "nova_object.namespace": "nova", "nova_object.version": "1.9",
 			"nova_object.data": map[string]any{"uuid": uuid, "tenant_id": "p1", "user_id": "u1", "host": host, "node": host + "-node",
 				"state": vmState, "task_state": nil, "power_state": "running", "flavor": flavor}},
+	}
+	if md != nil {
+		sample["payload"].(map[string]any)["nova_object.data"].(map[string]any)["metadata"] = md
 	}
 	b, err := json.Marshal(sample)
 	testsvc.Must(t, err, "marshal")
@@ -164,6 +172,44 @@ func TestOutOfOrder(t *testing.T) {
 		`SELECT host, vm_state, last_event_type, vgpus FROM instances WHERE uuid = $1`, uuid).Scan(&host, &state, &last, &vgpus), "instance")
 	if host != "hostB" || state != "resized" || last != "instance.resize_finish.end" || vgpus != 1 {
 		t.Errorf("got host=%s state=%s last=%s vgpus=%d; want the resize_finish.end state", host, state, last, vgpus)
+	}
+}
+
+// TestGuestDriverMetadata: the guest driver declared in the server's
+// metadata follows the newest notification; a payload without metadata
+// keeps it, an older notification does not overwrite it, and a value that
+// is not a driver version is not taken.
+func TestGuestDriverMetadata(t *testing.T) {
+	r := newRig(t)
+	cfg := r.config(r.amqpURL)
+	r.declare(cfg)
+	run := r.start(cfg)
+	defer run.stop()
+	const uuid = "7f0a4b6c-6a6e-4b1e-9c3a-0d1b2c3d4e5f"
+	t0 := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	md := func(v any) map[string]any { return map[string]any{"color": "blue", nova.GuestDriverKey: v} }
+	steps := []struct {
+		name string
+		msg  []byte
+		want string // "" is NULL
+	}{
+		{"declared", instanceMsgMeta(t, "g1", "instance.create.end", uuid, "active", "hostA", nil, md("550.54.15"), t0.Add(time.Second)), "550.54.15"},
+		{"no metadata keeps it", instanceMsgMeta(t, "g2", "instance.power_off.end", uuid, "stopped", "hostA", nil, nil, t0.Add(2*time.Second)), "550.54.15"},
+		{"older does not overwrite", instanceMsgMeta(t, "g0", "instance.update", uuid, "active", "hostA", nil, md("470.82.01"), t0), "550.54.15"},
+		{"changed", instanceMsgMeta(t, "g3", "instance.power_on.end", uuid, "active", "hostA", nil, md("535.104.05"), t0.Add(3*time.Second)), "535.104.05"},
+		{"not a version", instanceMsgMeta(t, "g4", "instance.reboot.end", uuid, "active", "hostA", nil, md("latest; DROP"), t0.Add(4*time.Second)), ""},
+		{"redeclared", instanceMsgMeta(t, "g5", "instance.reboot.end", uuid, "active", "hostA", nil, md("550.90.07"), t0.Add(5*time.Second)), "550.90.07"},
+		{"removed", instanceMsgMeta(t, "g6", "instance.reboot.end", uuid, "active", "hostA", nil, map[string]any{}, t0.Add(6*time.Second)), ""},
+	}
+	for i, st := range steps {
+		r.publish(infoKey, st.msg)
+		r.waitCount(i+1, 30*time.Second, `SELECT count(*) FROM events`)
+		var got string
+		testsvc.Must(t, r.pool.QueryRow(context.Background(),
+			`SELECT coalesce(guest_driver, '') FROM instances WHERE uuid = $1`, uuid).Scan(&got), "instance")
+		if got != st.want {
+			t.Errorf("%s: guest_driver = %q, want %q", st.name, got, st.want)
+		}
 	}
 }
 

@@ -139,7 +139,7 @@ func (w *world) cgroupFile(domain, name string) string {
 }
 
 // TestGuestDriverTooNew: a request whose guest driver (the webhook's
-// guest_driver) is of a newer branch than the host's vGPU manager is
+// guest_driver, or the server metadata's) is of a newer branch than the host's vGPU manager is
 // refused, citing NVIDIA's compatibility rule (such a guest shows code
 // 43), and nothing is claimed; one of the host's branch is served.
 func TestGuestDriverTooNew(t *testing.T) {
@@ -167,6 +167,16 @@ func TestGuestDriverTooNew(t *testing.T) {
 	ok := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q", "count": 1, "workload": "training", "guest_driver": "550.54.15"})
 	if r := w.wait(ok, 60*time.Second); r.State != requests.Succeeded {
 		t.Fatalf("request with the host's branch: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+
+	// Declared in the server's metadata (ingest keeps it in
+	// instances.guest_driver): a request that names no driver is held to it.
+	other := w.domains[4].UUID
+	_, err := w.pool.Exec(w.ctx, `UPDATE instances SET guest_driver = '570.86.15' WHERE uuid = $1`, other)
+	testsvc.Must(t, err, "declare the guest driver")
+	id = w.submit("GPU_REQUEST", other, map[string]any{"vgpu_profile": "T4-4Q", "count": 1, "workload": "training"})
+	if r := w.wait(id, 60*time.Second); r.State != requests.Rejected || !strings.Contains(r.Reason, "570.86.15") || !strings.Contains(r.Reason, "code 43") {
+		t.Fatalf("request for a VM whose metadata declares a too-new guest driver: %s (%s: %s); want rejected citing the rule", r.State, r.Code, r.Reason)
 	}
 }
 
