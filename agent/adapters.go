@@ -189,8 +189,8 @@ func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
 		for _, v := range g.VGPUs {
 			a := protocol.VGPU{TypeID: v.Type, InstanceUUID: v.Instance, Owner: protocol.OwnerNova, GuestDriver: v.GuestDriver}
 			if v.Running {
-				util, fb := float64(v.UtilPct), v.FBUsage>>20
-				a.UtilPercent, a.FBUsedMiB = &util, &fb
+				util, fb, enc, dec := float64(v.UtilPct), v.FBUsage>>20, float64(v.EncoderPct), float64(v.DecoderPct)
+				a.UtilPercent, a.FBUsedMiB, a.EncoderPercent, a.DecoderPercent = &util, &fb, &enc, &dec
 			}
 			key := journal.MdevKey(v.ID)
 			if v.Kind == "vf" {

@@ -61,31 +61,40 @@ func (h *Host) SetGuestDriver(id, version string) {
 
 // LoadDir is where a test scripts the load of the fake host's vGPUs:
 // DIR/nvml/vgpu_util/<mdev uuid> holds the SM utilisation (0–100) NVML
-// reports for that vGPU; without the file it reports a steady 40. A
-// file, not memory, so that a test can drive the load an agent process
-// reads.
+// reports for that vGPU, optionally followed by its encoder and decoder
+// utilisation ("85 30 10"); without the file it reports a steady 40 (and
+// 0 for the codecs). A file, not memory, so that a test can drive the load
+// an agent process reads.
 func LoadDir(dir string) string { return filepath.Join(dir, "nvml", "vgpu_util") }
 
 // SetVGPULoad scripts the SM utilisation NVML reports for a vGPU of the
 // fake host in dir (LoadDir).
-func SetVGPULoad(dir, id string, pct int) error {
+func SetVGPULoad(dir, id string, pct int) error { return SetVGPUCodecLoad(dir, id, pct, 0, 0) }
+
+// SetVGPUCodecLoad scripts a vGPU's SM, encoder and decoder utilisation.
+func SetVGPUCodecLoad(dir, id string, sm, enc, dec int) error {
 	if err := os.MkdirAll(LoadDir(dir), 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(LoadDir(dir), id), []byte(strconv.Itoa(pct)+"\n"), 0o644)
+	return os.WriteFile(filepath.Join(LoadDir(dir), id), fmt.Appendf(nil, "%d %d %d\n", sm, enc, dec), 0o644)
 }
 
-// vgpuLoad is the scripted utilisation of vGPU id, or def.
-func (h *Host) vgpuLoad(id string, def uint32) uint32 {
+// vgpuLoad is the scripted SM, encoder and decoder utilisation of vGPU
+// id, or def for SM and 0 for the codecs.
+func (h *Host) vgpuLoad(id string, def uint32) (sm, enc, dec uint32) {
 	b, err := os.ReadFile(filepath.Join(LoadDir(h.Dir), id))
 	if err != nil {
-		return def
+		return def, 0, 0
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || n < 0 || n > 100 {
-		return def
+	var v [3]uint32
+	for i, f := range strings.Fields(string(b)) {
+		n, err := strconv.Atoi(f)
+		if i >= len(v) || err != nil || n < 0 || n > 100 {
+			return def, 0, 0
+		}
+		v[i] = uint32(n)
 	}
-	return uint32(n)
+	return v[0], v[1], v[2]
 }
 
 func (h *Host) guestDriver(id string) string {
@@ -172,8 +181,10 @@ func (h *Host) MockGPUs() []gpu.MockGPU {
 					if m.Parent != g.Addr {
 						continue
 					}
+					sm, enc, dec := h.vgpuLoad(m.UUID, 40)
 					vs = append(vs, gpu.MockVGPU{MdevUUID: m.UUID, VMID: h.vmOf("mdev:" + m.UUID), TypeID: typeNum(m.Type),
-						FBUsageBytes: fb[m.Type] << 20 / 4, Licensed: h.licensed(m.UUID), UtilPct: h.vgpuLoad(m.UUID, 40), GuestDriver: h.guestDriver(m.UUID)})
+						FBUsageBytes: fb[m.Type] << 20 / 4, Licensed: h.licensed(m.UUID), UtilPct: sm, EncPct: enc, DecPct: dec,
+						GuestDriver: h.guestDriver(m.UUID)})
 				}
 				return vs
 			},
@@ -210,8 +221,9 @@ func (h *Host) MockGPUs() []gpu.MockGPU {
 					if !vfs[vf.Addr] || vf.Current == "" {
 						continue
 					}
+					sm, enc, dec := h.vgpuLoad(vf.Addr.String(), 70)
 					vs = append(vs, gpu.MockVGPU{VMID: h.vmOf("pci:" + vf.Addr.String()), TypeID: typeNum(vf.Current),
-						FBUsageBytes: fb[vf.Current] << 20 / 2, Licensed: h.licensed(vf.Addr.String()), UtilPct: 70,
+						FBUsageBytes: fb[vf.Current] << 20 / 2, Licensed: h.licensed(vf.Addr.String()), UtilPct: sm, EncPct: enc, DecPct: dec,
 						GuestDriver: h.guestDriver(vf.Addr.String())})
 				}
 				return vs

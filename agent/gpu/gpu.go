@@ -88,12 +88,18 @@ type VGPUInstance struct {
 	// Licensed is the guest's licence state as the host sees it; nil unknown.
 	Licensed       *bool  `json:"licensed,omitempty"`
 	UtilizationPct uint32 `json:"utilization_pct"`
+	// EncoderPct and DecoderPct are the vGPU's video encoder and decoder
+	// utilisation (NVML's vGPU sample).
+	EncoderPct uint32 `json:"encoder_pct"`
+	DecoderPct uint32 `json:"decoder_pct"`
 }
 
 // Util is utilisation in percent over the driver's last sample period.
 type Util struct {
-	GPU    uint32 `json:"gpu_pct"`
-	Memory uint32 `json:"memory_pct"`
+	GPU     uint32 `json:"gpu_pct"`
+	Memory  uint32 `json:"memory_pct"`
+	Encoder uint32 `json:"encoder_pct"`
+	Decoder uint32 `json:"decoder_pct"`
 }
 
 // Memory is framebuffer memory in bytes.

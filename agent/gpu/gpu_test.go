@@ -75,7 +75,7 @@ func TestOpenReal(t *testing.T) {
 
 func TestMockGPUs(t *testing.T) {
 	ctx := context.Background()
-	active := []MockVGPU{{MdevUUID: mdevA, VMID: vmA, TypeID: 232, FBUsageBytes: 1 << 30, Licensed: false, UtilPct: 64}}
+	active := []MockVGPU{{MdevUUID: mdevA, VMID: vmA, TypeID: 232, FBUsageBytes: 1 << 30, Licensed: false, UtilPct: 64, EncPct: 22, DecPct: 9}}
 	b, _ := NewMockBackend("550.54.16", []MockGPU{t4("0000:3b:00.0", active), t4("0000:d8:00.0", nil)})
 	defer b.Close()
 	gpus, err := b.GPUs(ctx)
@@ -96,7 +96,8 @@ func TestMockGPUs(t *testing.T) {
 	if len(g.CreatableTypes) != 1 || g.CreatableTypes[0].ID != 232 {
 		t.Errorf("creatable = %+v", g.CreatableTypes)
 	}
-	want := VGPUInstance{MdevUUID: mdevA, UUID: mdevA, VMID: vmA, TypeID: 232, TypeName: "GRID T4-4Q", FBUsageBytes: 1 << 30, UtilizationPct: 64}
+	want := VGPUInstance{MdevUUID: mdevA, UUID: mdevA, VMID: vmA, TypeID: 232, TypeName: "GRID T4-4Q", FBUsageBytes: 1 << 30, UtilizationPct: 64,
+		EncoderPct: 22, DecoderPct: 9}
 	if len(g.Active) != 1 || g.Active[0].Licensed == nil || *g.Active[0].Licensed {
 		t.Fatalf("active = %+v", g.Active)
 	}
@@ -111,7 +112,7 @@ func TestMockGPUs(t *testing.T) {
 	if g.Memory.Total != 16384<<20 || g.Memory.Used != 4096<<20 || g.Memory.Free != 12288<<20 {
 		t.Errorf("memory = %+v", g.Memory)
 	}
-	if g.Utilization != (Util{37, 12}) || g.TemperatureC != 51 || g.PowerMW != 32000 || g.Clocks.SM != 1590 || g.Clocks.AppMem != 5001 {
+	if g.Utilization != (Util{GPU: 37, Memory: 12, Encoder: 22, Decoder: 9}) || g.TemperatureC != 51 || g.PowerMW != 32000 || g.Clocks.SM != 1590 || g.Clocks.AppMem != 5001 {
 		t.Errorf("telemetry = %+v %d %d %+v", g.Utilization, g.TemperatureC, g.PowerMW, g.Clocks)
 	}
 	if g.Scheduler == nil || g.Scheduler.Policy != PolicyBestEffort {

@@ -45,6 +45,8 @@ type MockVGPU struct {
 	FBUsageBytes uint64
 	Licensed     bool
 	UtilPct      uint32
+	EncPct       uint32 // video encoder utilisation
+	DecPct       uint32 // video decoder utilisation
 	GuestDriver  string // "" → "Not Available", as NVML says before the guest driver loads
 }
 
@@ -233,10 +235,22 @@ func (m *Mock) fill(d *server.Device, g *MockGPU) {
 		for i, v := range active() {
 			s := nvml.VgpuInstanceUtilizationSample{VgpuInstance: uint32(i + 1)}
 			binary.LittleEndian.PutUint32(s.SmUtil[:4], v.UtilPct)
+			binary.LittleEndian.PutUint32(s.EncUtil[:4], v.EncPct)
+			binary.LittleEndian.PutUint32(s.DecUtil[:4], v.DecPct)
 			out = append(out, s)
 		}
 		return nvml.VALUE_TYPE_UNSIGNED_INT, out, nvml.SUCCESS
 	}
+	// The engines are shared: the busiest vGPU's share stands for the GPU.
+	codec := func(pick func(MockVGPU) uint32) (uint32, uint32, nvml.Return) {
+		var hi uint32
+		for _, v := range active() {
+			hi = max(hi, pick(v))
+		}
+		return hi, 167000, nvml.SUCCESS // NVML's sampling period, µs
+	}
+	d.GetEncoderUtilizationFunc = func() (uint32, uint32, nvml.Return) { return codec(func(v MockVGPU) uint32 { return v.EncPct }) }
+	d.GetDecoderUtilizationFunc = func() (uint32, uint32, nvml.Return) { return codec(func(v MockVGPU) uint32 { return v.DecPct }) }
 	d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
 		return nvml.Utilization{Gpu: g.UtilGPU, Memory: g.UtilMem}, nvml.SUCCESS
 	}

@@ -214,10 +214,10 @@ func (n *NVML) readGPU(i int, dev nvml.Device) (GPU, error) {
 			g.CreatableTypes = append(g.CreatableTypes, readType(dev, t))
 		}
 	}
-	utilByInstance := map[uint32]uint32{}
+	utilByInstance := map[uint32][3]uint32{} // SM, encoder, decoder
 	if vt, samples, r := dev.GetVgpuUtilization(0); r == nvml.SUCCESS {
 		for _, s := range samples {
-			utilByInstance[s.VgpuInstance] = sampleValue(vt, s.SmUtil)
+			utilByInstance[s.VgpuInstance] = [3]uint32{sampleValue(vt, s.SmUtil), sampleValue(vt, s.EncUtil), sampleValue(vt, s.DecUtil)}
 		}
 	}
 	if insts, r := dev.GetActiveVgpus(); !miss("active_vgpus", r) {
@@ -227,7 +227,8 @@ func (n *NVML) readGPU(i int, dev nvml.Device) (GPU, error) {
 				vi.TypeName = typeNames[vi.TypeID]
 			}
 			if id, ok := instanceID(in); ok {
-				vi.UtilizationPct = utilByInstance[id]
+				u := utilByInstance[id]
+				vi.UtilizationPct, vi.EncoderPct, vi.DecoderPct = u[0], u[1], u[2]
 			}
 			if vi.Licensed != nil && !*vi.Licensed {
 				g.License.Unlicensed++
@@ -237,6 +238,12 @@ func (n *NVML) readGPU(i int, dev nvml.Device) (GPU, error) {
 	}
 	if u, r := dev.GetUtilizationRates(); !miss("utilization", r) {
 		g.Utilization = Util{GPU: u.Gpu, Memory: u.Memory}
+	}
+	if u, _, r := dev.GetEncoderUtilization(); r == nvml.SUCCESS {
+		g.Utilization.Encoder = u
+	}
+	if u, _, r := dev.GetDecoderUtilization(); r == nvml.SUCCESS {
+		g.Utilization.Decoder = u
 	}
 	if m, r := dev.GetMemoryInfo(); !miss("memory", r) {
 		g.Memory = Memory{Total: m.Total, Used: m.Used, Free: m.Free}

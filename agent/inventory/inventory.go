@@ -131,6 +131,8 @@ type VGPU struct {
 	GuestDriver string `json:"guest_driver_version,omitempty"`
 	Licensed    *bool  `json:"licensed,omitempty"`
 	UtilPct     uint32 `json:"utilization_pct,omitempty"`
+	EncoderPct  uint32 `json:"encoder_pct,omitempty"`
+	DecoderPct  uint32 `json:"decoder_pct,omitempty"`
 	// Running: NVML lists the vGPU as active (a guest runs on it), so
 	// UtilPct and FBUsage are its load.
 	Running bool `json:"running,omitempty"`
@@ -331,6 +333,7 @@ func (s *Scanner) scanMdev(ctx context.Context, inv *Inventory, get func(pci.Add
 			}
 			if a, ok := nvActive[strings.ToLower(m.UUID)]; ok {
 				v.FBUsage, v.Licensed, v.UtilPct, v.GuestDriver = a.FBUsageBytes, a.Licensed, a.UtilizationPct, a.GuestDriverVersion
+				v.EncoderPct, v.DecoderPct = a.EncoderPct, a.DecoderPct
 				v.Running = true
 			}
 			g.VGPUs = append(g.VGPUs, v)

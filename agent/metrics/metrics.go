@@ -1,8 +1,11 @@
 // Package metrics exports the host's GPU and vGPU state on the agent's
 // /metrics. Per-GPU series use the DCGM exporter's names and labels
 // (DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, …, labels gpu, UUID,
-// pci_bus_id, modelName, Hostname) so existing dashboards work; what DCGM has
-// no name for is vgpu_agent_*.
+// pci_bus_id, modelName, Hostname) so existing dashboards work. Per-vGPU
+// series follow the same pattern (DCGM_FI_DEV_VGPU_UTIL, …), with the
+// GPU's labels and vgpu, vgpu_type and instance_uuid (the Nova instance;
+// not "instance", which Prometheus gives the scrape target). What DCGM
+// has no name for is vgpu_agent_*.
 package metrics
 
 import (
@@ -42,7 +45,10 @@ func New(s Scanner, minInterval time.Duration) *Collector {
 	return &Collector{scan: s, minInterval: minInterval, timeout: 10 * time.Second, now: time.Now}
 }
 
-var gpuLabels = []string{"gpu", "UUID", "pci_bus_id", "modelName", "Hostname"}
+var (
+	gpuLabels  = []string{"gpu", "UUID", "pci_bus_id", "modelName", "Hostname"}
+	vgpuLabels = append(gpuLabels[:len(gpuLabels):len(gpuLabels)], "vgpu", "vgpu_type", "instance_uuid")
+)
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, labels, nil)
@@ -58,12 +64,17 @@ var (
 	dPower   = desc("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", gpuLabels...)
 	dSMClk   = desc("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", gpuLabels...)
 	dMemClk  = desc("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", gpuLabels...)
+	dEnc     = desc("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", gpuLabels...)
+	dDec     = desc("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", gpuLabels...)
+
+	dVUtil = desc("DCGM_FI_DEV_VGPU_UTIL", "Utilization of one vGPU (in %, NVML's SM sample).", vgpuLabels...)
+	dVFB   = desc("DCGM_FI_DEV_VGPU_FB_USED", "Framebuffer used inside one vGPU (in MiB).", vgpuLabels...)
+	dVEnc  = desc("DCGM_FI_DEV_VGPU_ENC_UTIL", "Encoder utilization of one vGPU (in %).", vgpuLabels...)
+	dVDec  = desc("DCGM_FI_DEV_VGPU_DEC_UTIL", "Decoder utilization of one vGPU (in %).", vgpuLabels...)
 
 	dHealth    = desc("vgpu_agent_gpu_health", "1 for the GPU's current health state (ok, degraded, failed, unknown).", "pci_bus_id", "state")
 	dAvailable = desc("vgpu_agent_available_instances", "Instances of a vGPU type that can still be created on a GPU.", "pci_bus_id", "type", "type_name")
 	dInUse     = desc("vgpu_agent_vgpu_instances", "vGPUs of a type that exist on a GPU.", "pci_bus_id", "type", "type_name")
-	dVUtil     = desc("vgpu_agent_vgpu_utilization_percent", "Utilization of one vGPU (in %, NVML's SM sample).", "pci_bus_id", "vgpu", "type", "instance_uuid")
-	dVFB       = desc("vgpu_agent_vgpu_fb_used_bytes", "Framebuffer used inside one vGPU (bytes).", "pci_bus_id", "vgpu", "type", "instance_uuid")
 	dVLicensed = desc("vgpu_agent_vgpu_licensed", "1 when the vGPU's guest holds a valid licence, 0 when not (absent when unknown).", "pci_bus_id", "vgpu", "instance_uuid")
 	dNVML      = desc("vgpu_agent_nvml_up", "1 when NVML answers.")
 	dOrphans   = desc("vgpu_agent_orphan_vgpus", "vGPUs no libvirt domain uses.")
@@ -73,8 +84,8 @@ var (
 
 // Describe sends every descriptor.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{dUtil, dMemUtil, dFBUsed, dFBFree, dFBTotal, dTemp, dPower, dSMClk, dMemClk,
-		dHealth, dAvailable, dInUse, dVUtil, dVFB, dVLicensed, dNVML, dOrphans, dScanOK, dScanAge} {
+	for _, d := range []*prometheus.Desc{dUtil, dMemUtil, dFBUsed, dFBFree, dFBTotal, dTemp, dPower, dSMClk, dMemClk, dEnc, dDec,
+		dVUtil, dVFB, dVEnc, dVDec, dHealth, dAvailable, dInUse, dVLicensed, dNVML, dOrphans, dScanOK, dScanAge} {
 		ch <- d
 	}
 }
@@ -111,8 +122,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for i, gp := range inv.GPUs {
 		pciID := gp.Addr.String()
 		g(dHealth, 1, pciID, gp.Health)
+		var l []string // the GPU's DCGM labels, when NVML names it
 		if inv.NVML && gp.UUID != "" {
-			l := []string{strconv.Itoa(i), gp.UUID, gp.Addr.NVML(), gp.Name, inv.Host}
+			l = []string{strconv.Itoa(i), gp.UUID, gp.Addr.NVML(), gp.Name, inv.Host}
 			g(dUtil, float64(gp.Utilization.GPU), l...)
 			g(dMemUtil, float64(gp.Utilization.Memory), l...)
 			g(dFBUsed, float64(gp.Memory.Used>>20), l...)
@@ -122,6 +134,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			g(dPower, float64(gp.PowerMW)/1000, l...)
 			g(dSMClk, float64(gp.Clocks.SM), l...)
 			g(dMemClk, float64(gp.Clocks.Mem), l...)
+			g(dEnc, float64(gp.Utilization.Encoder), l...)
+			g(dDec, float64(gp.Utilization.Decoder), l...)
 		}
 		for _, t := range gp.Types {
 			g(dAvailable, float64(t.Available), pciID, t.ID, t.Name)
@@ -130,9 +144,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		for _, v := range gp.VGPUs {
-			if inv.NVML {
-				g(dVUtil, float64(v.UtilPct), pciID, v.ID, v.Type, v.Instance)
-				g(dVFB, float64(v.FBUsage), pciID, v.ID, v.Type, v.Instance)
+			if l != nil && v.Running {
+				vl := append(l[:len(l):len(l)], v.ID, v.Type, v.Instance)
+				g(dVUtil, float64(v.UtilPct), vl...)
+				g(dVFB, float64(v.FBUsage>>20), vl...)
+				g(dVEnc, float64(v.EncoderPct), vl...)
+				g(dVDec, float64(v.DecoderPct), vl...)
 			}
 			if v.Licensed != nil {
 				g(dVLicensed, b2f(*v.Licensed), pciID, v.ID, v.Instance)

@@ -262,6 +262,10 @@ type VGPU struct {
 	// framebuffer in use) are its load, when NVML answers.
 	UtilPercent *float64 `json:"util_percent,omitempty"`
 	FBUsedMiB   *uint64  `json:"fb_used_mib,omitempty"`
+	// EncoderPercent and DecoderPercent are its video encoder and decoder
+	// utilisation (NVML's vGPU sample), when NVML answers.
+	EncoderPercent *float64 `json:"encoder_percent,omitempty"`
+	DecoderPercent *float64 `json:"decoder_percent,omitempty"`
 }
 
 // Owners of a vGPU.

@@ -80,15 +80,15 @@ func (x *Dispatcher) HandleReport(ctx context.Context, r protocol.Report) error 
 	return nil
 }
 
-// keepLoad appends the report's load of each instance's vGPUs (SM
-// utilisation, their mean when it has several; framebuffer used, their
-// sum) to the instance's window in instance_load, dropping samples older
-// than two hours.
+// keepLoad appends the report's load of each instance's vGPUs (SM,
+// encoder and decoder utilisation, their mean when it has several;
+// framebuffer used, their sum) to the instance's window in instance_load,
+// dropping samples older than two hours. A codec no vGPU of the instance
+// reported is null.
 func keepLoad(ctx context.Context, tx pgx.Tx, r protocol.Report) error {
 	type load struct {
-		util float64
-		fb   float64
-		n    int
+		util, fb, enc, dec float64
+		n, nEnc, nDec      int
 	}
 	by := map[string]*load{}
 	var order []string
@@ -110,6 +110,14 @@ func keepLoad(ctx context.Context, tx pgx.Tx, r protocol.Report) error {
 			if v.FBUsedMiB != nil {
 				l.fb += float64(*v.FBUsedMiB)
 			}
+			if v.EncoderPercent != nil && !math.IsNaN(*v.EncoderPercent) {
+				l.enc += *v.EncoderPercent
+				l.nEnc++
+			}
+			if v.DecoderPercent != nil && !math.IsNaN(*v.DecoderPercent) {
+				l.dec += *v.DecoderPercent
+				l.nDec++
+			}
 			l.n++
 		}
 	}
@@ -117,16 +125,25 @@ func keepLoad(ctx context.Context, tx pgx.Tx, r protocol.Report) error {
 		return nil
 	}
 	utils, fbs := make([]float64, len(order)), make([]float64, len(order))
+	encs, decs := make([]*float64, len(order)), make([]*float64, len(order))
+	mean := func(sum float64, n int) *float64 {
+		if n == 0 {
+			return nil
+		}
+		v := sum / float64(n)
+		return &v
+	}
 	for i, id := range order {
-		utils[i], fbs[i] = by[id].util/float64(by[id].n), by[id].fb
+		l := by[id]
+		utils[i], fbs[i], encs[i], decs[i] = l.util/float64(l.n), l.fb, mean(l.enc, l.nEnc), mean(l.dec, l.nDec)
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO instance_load AS l (instance_uuid, host, samples, updated_at)
-		SELECT i::uuid, $1, jsonb_build_array(jsonb_build_array(round(extract(epoch FROM now())), u, f)), now()
-		FROM unnest($2::text[], $3::float8[], $4::float8[]) AS t(i, u, f)
+		SELECT i::uuid, $1, jsonb_build_array(jsonb_build_array(round(extract(epoch FROM now())), u, f, e, d)), now()
+		FROM unnest($2::text[], $3::float8[], $4::float8[], $5::float8[], $6::float8[]) AS t(i, u, f, e, d)
 		ON CONFLICT (instance_uuid) DO UPDATE SET host = EXCLUDED.host, updated_at = now(),
 			samples = coalesce((SELECT jsonb_agg(s) FROM jsonb_array_elements(l.samples) s
 				WHERE (s->>0)::float8 > extract(epoch FROM now()) - 7200), '[]'::jsonb) || EXCLUDED.samples`,
-		r.Host, order, utils, fbs); err != nil {
+		r.Host, order, utils, fbs, encs, decs); err != nil {
 		return fmt.Errorf("keep the vGPU load of %s: %w", r.Host, err)
 	}
 	return nil

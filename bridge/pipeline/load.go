@@ -33,18 +33,38 @@ type Load struct {
 	Metrics map[string]float64 `json:"metrics"`
 }
 
-// loadSample is one [unix seconds, SM util %, framebuffer MiB] of a window.
-type loadSample [3]float64
+// loadSample is one [unix seconds, SM util %, framebuffer MiB, encoder
+// util %, decoder util %] of a window; what a report did not carry is NaN
+// (null in instance_load, or absent in samples kept before the codecs
+// were reported).
+type loadSample [5]float64
+
+// UnmarshalJSON reads a sample of up to five numbers or nulls.
+func (s *loadSample) UnmarshalJSON(b []byte) error {
+	var v []*float64
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	for i := range s {
+		s[i] = math.NaN()
+		if i < len(v) && v[i] != nil {
+			s[i] = *v[i]
+		}
+	}
+	return nil
+}
 
 // LoadMetrics summarises a window of samples (oldest first) ending at
 // now: gpu_util (the latest sample), gpu_util_avg, gpu_util_min and
-// gpu_util_max over the last window, fb_used_mib (latest), and
-// load_samples and load_span_s (how much of the window the samples
-// cover). ok is false when no sample is in the window. It is pure.
+// gpu_util_max over the last window, fb_used_mib (latest), enc_util and
+// dec_util (latest) with enc_util_avg and dec_util_avg when the reports
+// carry the video engines, and load_samples and load_span_s (how much of
+// the window the samples cover). ok is false when no sample is in the
+// window. It is pure.
 func LoadMetrics(samples []loadSample, now time.Time, window time.Duration) (map[string]float64, bool) {
 	from := float64(now.Add(-window).Unix())
-	var n int
-	var sum, lo, hi, first float64
+	var n, nEnc, nDec int
+	var sum, lo, hi, first, sumEnc, sumDec float64
 	var last loadSample
 	for _, s := range samples {
 		if s[0] < from || math.IsNaN(s[1]) {
@@ -56,15 +76,33 @@ func LoadMetrics(samples []loadSample, now time.Time, window time.Duration) (map
 		n++
 		sum += s[1]
 		lo, hi = math.Min(lo, s[1]), math.Max(hi, s[1])
+		if !math.IsNaN(s[3]) {
+			nEnc++
+			sumEnc += s[3]
+		}
+		if !math.IsNaN(s[4]) {
+			nDec++
+			sumDec += s[4]
+		}
 		last = s
 	}
 	if n == 0 {
 		return nil, false
 	}
-	return map[string]float64{
+	m := map[string]float64{
 		"gpu_util": last[1], "gpu_util_avg": sum / float64(n), "gpu_util_min": lo, "gpu_util_max": hi,
-		"fb_used_mib": last[2], "load_samples": float64(n), "load_span_s": last[0] - first,
-	}, true
+		"load_samples": float64(n), "load_span_s": last[0] - first,
+	}
+	if !math.IsNaN(last[2]) {
+		m["fb_used_mib"] = last[2]
+	}
+	if !math.IsNaN(last[3]) {
+		m["enc_util"], m["enc_util_avg"] = last[3], sumEnc/float64(nEnc)
+	}
+	if !math.IsNaN(last[4]) {
+		m["dec_util"], m["dec_util_avg"] = last[4], sumDec/float64(nDec)
+	}
+	return m, true
 }
 
 // runLoad evaluates the instances' load every LoadInterval until ctx ends.

@@ -37,7 +37,7 @@ func TestAgentLoadDrivesRules(t *testing.T) {
 	inst := w.domains[3].UUID
 	old := w.attachT44Q(inst)
 
-	testsvc.Must(t, fakehost.SetVGPULoad(w.fake, old.id, 97), "script the load")
+	testsvc.Must(t, fakehost.SetVGPUCodecLoad(w.fake, old.id, 97, 35, 20), "script the load")
 	up := w.loadRequest(inst, 0, 90*time.Second)
 	if up.State != requests.Succeeded {
 		t.Fatalf("load-driven resize %s: %s (%s: %s)", up.ID, up.State, up.Code, up.Reason)
@@ -52,11 +52,12 @@ func TestAgentLoadDrivesRules(t *testing.T) {
 	if len(now) != 1 || now[0].pci != gpuB {
 		t.Fatalf("attachments after the load-driven resize %+v, want one attached on %s (T4-8Q)", atts, gpuB)
 	}
-	var metric float64
-	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT (e.payload->'metrics'->>'gpu_util')::float8 FROM events e
-		JOIN decisions d ON d.event_id = e.id WHERE d.request_id = $1`, up.ID).Scan(&metric), "the deciding event")
-	if metric != 97 {
-		t.Errorf("the deciding event's gpu_util = %v, want the scripted 97", metric)
+	var sm, enc, dec float64
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT (m->>'gpu_util')::float8, (m->>'enc_util')::float8, (m->>'dec_util')::float8
+		FROM (SELECT e.payload->'metrics' AS m FROM events e JOIN decisions d ON d.event_id = e.id WHERE d.request_id = $1) x`,
+		up.ID).Scan(&sm, &enc, &dec), "the deciding event")
+	if sm != 97 || enc != 35 || dec != 20 {
+		t.Errorf("the deciding event's gpu_util, enc_util, dec_util = %v, %v, %v; want the scripted 97, 35, 20", sm, enc, dec)
 	}
 
 	testsvc.Must(t, fakehost.SetVGPULoad(w.fake, now[0].id, 0), "script the load")
