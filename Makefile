@@ -2,13 +2,13 @@
 SHELL        := /bin/bash
 .SHELLFLAGS  := -eu -o pipefail -c
 GO           ?= go
-VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The version: the nearest tag (git describe), else the VERSION file's
+# release as a development version of the commit (PEP 440 style, as
+# OpenStack's pbr writes it).
 COMMIT       ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
-LDFLAGS      := -X github.com/vgpu-bridge/vgpu-bridge/bridge.Version=$(VERSION) \
-                -X github.com/vgpu-bridge/vgpu-bridge/bridge.Commit=$(COMMIT) \
-                -X github.com/vgpu-bridge/vgpu-bridge/agent.Version=$(VERSION) \
-                -X github.com/vgpu-bridge/vgpu-bridge/agent.Commit=$(COMMIT) \
-                -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+VERSION      ?= $(shell git describe --tags --dirty 2>/dev/null || echo "$$(cat VERSION).dev0+$(COMMIT)")
+LDFLAGS      := -X github.com/vgpu-bridge/vgpu-bridge/internal/version.version=$(VERSION) \
+                -X github.com/vgpu-bridge/vgpu-bridge/internal/version.commit=$(COMMIT)
 BINARIES     := vgpu-bridge vgpu-agent vgpuctl
 TEST_TIMEOUT ?= 25m
 TEST_FUZZTIME ?= 2s

@@ -28,12 +28,13 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
 
-// Build information, set by the linker through cmd/vgpu-agent.
+// Build information (package internal/version).
 var (
-	Version = "dev"
-	Commit  = "unknown"
+	Version = version.Version()
+	Commit  = version.Commit()
 )
 
 // Host returns [DEFAULT] host, or the machine's host name.

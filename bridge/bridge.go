@@ -27,12 +27,13 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ui"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
 
-// Build information, set by the linker through cmd/vgpu-bridge.
+// Build information (package internal/version).
 var (
-	Version = "dev"
-	Commit  = "unknown"
+	Version = version.Version()
+	Commit  = version.Commit()
 )
 
 // ErrSchemaBehind is returned by Run when migrations are pending and

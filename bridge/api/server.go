@@ -4,6 +4,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
 
 // Config configures a Server.
@@ -106,6 +108,7 @@ func New(cfg Config) *Server {
 	s.e.Use(s.recoverMW, s.requestIDMW, s.accessLogMW, s.inputMW)
 	s.doc = baseDocument(cfg.Version)
 
+	s.Handle(http.MethodGet, "/", Public, s.versions)
 	s.Handle(http.MethodGet, "/healthz", Public, s.healthz)
 	s.Handle(http.MethodGet, "/readyz", Public, s.readyz)
 	s.Handle(http.MethodGet, "/metrics", Public, echo.WrapHandler(promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg})))
@@ -139,6 +142,28 @@ func (s *Server) Handle(method, path string, access Access, h echo.HandlerFunc, 
 // AddCheck adds a readiness check; /readyz fails naming it when it fails.
 func (s *Server) AddCheck(name string, fn Checker) {
 	s.checks = append(s.checks, namedCheck{name, fn})
+}
+
+// versions is the version discovery document OpenStack clients read at
+// a service's root: the one API version, v1, and the running build.
+func (s *Server) versions(c echo.Context) error {
+	type link struct {
+		Rel  string `json:"rel"`
+		Href string `json:"href"`
+	}
+	type apiVersion struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+		Links  []link `json:"links"`
+	}
+	doc := struct {
+		Versions []apiVersion      `json:"versions"`
+		Build    map[string]string `json:"build"`
+	}{
+		Versions: []apiVersion{{ID: "v1", Status: "CURRENT", Links: []link{{Rel: "self", Href: c.Scheme() + "://" + c.Request().Host + "/v1/"}}}},
+		Build:    map[string]string{"name": "vgpu-bridge", "version": cmp.Or(s.cfg.Version, version.Version()), "commit": version.Commit()},
+	}
+	return c.JSON(http.StatusOK, doc)
 }
 
 func (s *Server) healthz(c echo.Context) error {

@@ -182,3 +182,44 @@ func TestEveryRouteDescribed(t *testing.T) {
 		}
 	}
 }
+
+// TestVersionDocument: / answers without a token, as OpenStack services'
+// roots do, naming v1 at the address the client used and the build.
+func TestVersionDocument(t *testing.T) {
+	s := New(Config{Auth: tokens(t), Version: "0.1.0"})
+	for _, c := range []struct{ peer, host, proto, want string }{
+		{"192.0.2.1:40000", "vgpu.example.org:9797", "", "http://vgpu.example.org:9797/v1/"},
+		// A TLS-terminating proxy on the host or a private network is
+		// believed; anyone else's X-Forwarded-Proto is not.
+		{"127.0.0.1:40000", "vgpu.example.org", "https", "https://vgpu.example.org/v1/"},
+		{"192.0.2.1:40000", "vgpu.example.org", "https", "http://vgpu.example.org/v1/"},
+	} {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Host, req.RemoteAddr = c.host, c.peer
+		if c.proto != "" {
+			req.Header.Set("X-Forwarded-Proto", c.proto)
+		}
+		rec := httptest.NewRecorder()
+		s.Echo().ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("GET / = %d %s", rec.Code, rec.Body)
+		}
+		var doc struct {
+			Versions []struct {
+				ID, Status string
+				Links      []struct{ Rel, Href string }
+			}
+			Build map[string]string
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &doc); err != nil {
+			t.Fatal(err)
+		}
+		if len(doc.Versions) != 1 || doc.Versions[0].ID != "v1" || doc.Versions[0].Status != "CURRENT" ||
+			len(doc.Versions[0].Links) != 1 || doc.Versions[0].Links[0].Rel != "self" || doc.Versions[0].Links[0].Href != c.want {
+			t.Errorf("versions = %+v, want v1 CURRENT at %s", doc.Versions, c.want)
+		}
+		if doc.Build["name"] != "vgpu-bridge" || doc.Build["version"] != "0.1.0" || doc.Build["commit"] == "" {
+			t.Errorf("build = %v", doc.Build)
+		}
+	}
+}

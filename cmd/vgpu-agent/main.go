@@ -10,13 +10,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
 
 const (
@@ -49,8 +49,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	g := &globals{stdout: stdout, stderr: stderr}
 	root := &cobra.Command{
-		Use:   "vgpu-agent",
-		Short: "The vgpu-bridge agent of one compute host",
+		Use:     "vgpu-agent",
+		Version: version.Version(),
+		Short:   "The vgpu-bridge agent of one compute host",
 		Long: `vgpu-agent discovers the host's GPUs and vGPU types (NVML, sysfs mediated
 devices, NVIDIA vendor VFIO), executes the bridge's commands (create and
 attach vGPUs, tune GPUs, set VM limits) and reports the host's state.`,
@@ -69,6 +70,7 @@ attach vGPUs, tune GPUs, set VM limits) and reports the host's state.`,
 	}
 	root.SetArgs(args)
 	root.SetOut(stdout)
+	root.SetVersionTemplate(version.String("vgpu-agent") + "\n")
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
@@ -151,8 +153,7 @@ func newVersionCmd(g *globals) *cobra.Command {
 		Short: "Print version, commit and Go version",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			fmt.Fprintf(g.stdout, "vgpu-agent %s (commit %s, %s %s/%s)\n", agent.Version, agent.Commit,
-				runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			fmt.Fprintln(g.stdout, version.String("vgpu-agent"))
 			return nil
 		},
 	}

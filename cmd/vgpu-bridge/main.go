@@ -10,13 +10,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
 
 // Exit codes scripts can rely on.
@@ -53,6 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
+	root.SetVersionTemplate(version.String("vgpu-bridge") + "\n")
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
@@ -75,8 +76,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
-		Use:   "vgpu-bridge",
-		Short: "Elastic, policy-driven NVIDIA vGPU for OpenStack",
+		Use:     "vgpu-bridge",
+		Version: version.Version(),
+		Short:   "Elastic, policy-driven NVIDIA vGPU for OpenStack",
 		Long: `vgpu-bridge consumes Nova's versioned notifications and signed webhooks,
 turns them into vGPU intents with its policy engine, places them against
 Placement's VGPU inventories and acts through Nova or the vgpu-agents.`,
@@ -157,8 +159,7 @@ func newVersionCmd(g *globals) *cobra.Command {
 		Short: "Print version, commit and Go version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(g.stdout, "vgpu-bridge %s (commit %s, %s %s/%s)\n", bridge.Version, bridge.Commit,
-				runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			fmt.Fprintln(g.stdout, version.String("vgpu-bridge"))
 			return nil
 		},
 	}

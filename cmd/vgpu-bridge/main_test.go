@@ -25,6 +25,10 @@ func TestVersion(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "vgpu-bridge ") || !strings.Contains(out, "go1.") {
 		t.Fatalf("version = %d %q", code, out)
 	}
+	// --version says the same, as OpenStack services' commands do.
+	if code, flag, _ := runCmd(t, "--version"); code != 0 || flag != out {
+		t.Errorf("--version = %d %q, want %q", code, flag, out)
+	}
 }
 
 func TestBadConfigurationExits2WithEveryProblem(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"strings"
 	"time"
 
@@ -14,13 +13,11 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
+	buildversion "github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
 
-// Set by the linker.
-var (
-	version = "dev"
-	commit  = "unknown"
-)
+// version is the build's (package internal/version).
+var version = buildversion.Version()
 
 // Exit codes scripts can rely on (contract: documented in --help and README).
 const (
@@ -81,6 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
+	root.SetVersionTemplate(buildversion.String("vgpuctl") + "\n")
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
@@ -97,6 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "vgpuctl",
+		Version:       buildversion.Version(),
 		Short:         "Operate vgpu-bridge through its API",
 		Long:          rootLong,
 		SilenceUsage:  true,
@@ -214,7 +213,7 @@ func versionCmd(g *globals) *cobra.Command {
 		Short: "Print version, commit and Go version",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			fmt.Fprintf(g.stdout, "vgpuctl %s (commit %s, %s %s/%s)\n", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			fmt.Fprintln(g.stdout, buildversion.String("vgpuctl"))
 			return nil
 		},
 	}
