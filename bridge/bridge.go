@@ -122,6 +122,10 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	if err != nil {
 		return fmt.Errorf("[DEFAULT] transport_url: %w", err)
 	}
+	ntu, ownNotifBroker, err := NotificationsTransportURL(v)
+	if err != nil {
+		return fmt.Errorf("[notifications] transport_url: %w", err)
+	}
 
 	ac, err := APIConfig(v)
 	if err != nil {
@@ -143,6 +147,9 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	srv := api.New(ac)
 	srv.AddCheck("database", func(ctx context.Context) error { return pool.Ping(ctx) })
 	srv.AddCheck("broker", brokerCheck(tu))
+	if ownNotifBroker {
+		srv.AddCheck("notifications_broker", brokerCheck(ntu))
+	}
 
 	var comps []component
 	// Features register here: routes with srv, loops in comps.
@@ -170,7 +177,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	}
 	comps = append(comps, whComps...)
 	// Nova notifications: consumer loop + /v1/instances, /v1/events, /v1/dead-letters.
-	notifCfg, err := NotificationsConfig(v, tu)
+	notifCfg, err := NotificationsConfig(v, ntu)
 	if err != nil {
 		return err
 	}
@@ -205,7 +212,8 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	if started != nil {
 		started(&Daemon{API: srv, Pool: pool, reload: rl})
 	}
-	log.Info("vgpu-bridge started", "version", Version, "api", srv.Addr(), "broker", tu.Redacted())
+	log.Info("vgpu-bridge started", "version", Version, "api", srv.Addr(), "broker", tu.Redacted(),
+		"notifications_broker", ntu.Redacted())
 
 	var wg sync.WaitGroup
 	errc := make(chan error, len(comps))

@@ -9,6 +9,13 @@ import (
 )
 
 var (
+	optNotifTransportURL = Options.Secret("notifications", "transport_url",
+		"The RabbitMQ Nova sends its notifications to, when it is not [DEFAULT] transport_url (as oslo.messaging's "+
+			"[oslo_messaging_notifications] transport_url in nova.conf). Empty uses [DEFAULT] transport_url. "+
+			"Example: rabbit://vgpu:secret@notify1:5672/notifications")
+	optNotifTransportURLFile = Options.String("notifications", "transport_url_file", "",
+		"A file holding [notifications] transport_url. Wins over transport_url. "+
+			"Example: /etc/vgpu-bridge/secrets/notifications_transport_url")
 	optNotifQueue = Options.String("notifications", "queue", "vgpu-bridge.notifications",
 		"The bridge's own durable queue, bound to Nova's notification topics. All replicas share it. "+
 			"Never name it like a routing key (versioned_notifications.info): that queue is oslo.messaging's own. "+
@@ -70,6 +77,11 @@ func init() {
 		"[oslo_messaging_notifications] driver = messagingv2.")
 	validators = append(validators, func(v *conf.Values) conf.Errors {
 		var errs conf.Errors
+		if u := optNotifTransportURL.Get(v); u != "" && optNotifTransportURLFile.Get(v) == "" {
+			if _, err := conf.ParseTransportURL(u); err != nil {
+				errs = append(errs, &conf.Error{Section: "notifications", Option: "transport_url", Value: u, Secret: true, Problem: err.Error()})
+			}
+		}
 		if p, b := optNotifPrefetch.Get(v), optNotifBatchSize.Get(v); p < b {
 			errs = append(errs, &conf.Error{Section: "notifications", Option: "prefetch", Value: fmt.Sprint(p),
 				Problem: fmt.Sprintf("is smaller than batch_size (%d); allowed: at least batch_size", b)})
@@ -104,6 +116,24 @@ func notificationKeys(v *conf.Values) []string {
 		}
 	}
 	return keys
+}
+
+// NotificationsTransportURL is the broker of Nova's notifications:
+// [notifications] transport_url (or its file), else [DEFAULT]'s. separate
+// is true when it is a broker setting of its own.
+func NotificationsTransportURL(v *conf.Values) (tu *conf.TransportURL, separate bool, err error) {
+	raw := optNotifTransportURL.Get(v)
+	if f := optNotifTransportURLFile.Get(v); f != "" {
+		if raw, err = conf.ReadSecretFile(f); err != nil {
+			return nil, true, err
+		}
+	}
+	if raw == "" {
+		tu, err = TransportURL(v)
+		return tu, false, err
+	}
+	tu, err = conf.ParseTransportURL(raw)
+	return tu, true, err
 }
 
 // NotificationsConfig maps [notifications] and the transport URL to
