@@ -162,7 +162,7 @@ func (r reporter) Report(ctx context.Context) (protocol.Report, error) {
 // ToReport converts an inventory to the report body; vGPUs whose device
 // the journal owns are marked owner "agent", the others "nova".
 func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
-	rep := protocol.Report{V: protocol.Version, Host: inv.Host, Node: inv.Node, AgentVersion: inv.AgentVersion,
+	rep := protocol.Report{V: protocol.Version, Minor: protocol.Minor, Host: inv.Host, Node: inv.Node, AgentVersion: inv.AgentVersion,
 		Hypervisor: inv.Hypervisor, GPUs: []protocol.GPU{}, Errors: inv.Errors}
 	if len(inv.DriverVersions) > 0 {
 		rep.DriverVersion = inv.DriverVersions[0]

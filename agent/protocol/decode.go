@@ -83,8 +83,8 @@ func DecodeResult(body []byte) (Result, error) {
 		return Result{}, invalid("result: %v", err)
 	}
 	switch {
-	case r.V != Version:
-		return r, invalid("result schema version %d is not %d", r.V, Version)
+	case r.V != Version || !AcceptedMinor(r.Minor):
+		return r, versionError("result", r.V, r.Minor)
 	case r.CommandID == "":
 		return r, invalid("result has no command_id")
 	case r.Status != Succeeded && r.Status != Failed && r.Status != Refused:
@@ -103,12 +103,26 @@ func DecodeReport(body []byte) (Report, error) {
 		return Report{}, invalid("report: %v", err)
 	}
 	switch {
-	case r.V != Version:
-		return r, invalid("report schema version %d is not %d", r.V, Version)
+	case r.V != Version || !AcceptedMinor(r.Minor):
+		return r, versionError("report", r.V, r.Minor)
 	case r.Host == "":
 		return r, invalid("report has no host")
 	}
 	return r, nil
+}
+
+// versionError says why a message's schema version cannot be read, and
+// which side to upgrade.
+func versionError(what string, v, minor int) error {
+	switch {
+	case v != Version:
+		return invalid("%s schema version %d is not %d", what, v, Version)
+	case minor > Minor:
+		return invalid("%s schema version %d.%d is newer than this side's %d.%d: upgrade this side", what, v, minor, Version, Minor)
+	default:
+		return invalid("%s schema version %d.%d is older than this side accepts (%d.%d and %d.%d): upgrade the sender",
+			what, v, minor, Version, Minor-1, Version, Minor)
+	}
 }
 
 // decodeOne decodes exactly one JSON object.
@@ -136,8 +150,8 @@ func ValidUUID(s string) bool { return uuidRE.MatchString(s) }
 // Validate checks the fields every command needs.
 func (c *Command) Validate() error {
 	switch {
-	case c.V != Version:
-		return invalid("command schema version %d is not %d", c.V, Version)
+	case c.V != Version || !AcceptedMinor(c.Minor):
+		return versionError("command", c.V, c.Minor)
 	case c.ID == "":
 		return invalid("command has no id")
 	case len(c.ID) > maxIDLen || strings.ContainsAny(c.ID, "\x00\n/"):
@@ -307,5 +321,5 @@ func isDecimal(s string) bool {
 
 // NewResult starts a result for c.
 func NewResult(c *Command, host string, st Status) Result {
-	return Result{V: Version, CommandID: c.ID, Host: host, Status: st}
+	return Result{V: Version, Minor: Minor, CommandID: c.ID, Host: host, Status: st}
 }

@@ -9,8 +9,23 @@ import (
 	"time"
 )
 
-// Version is the message schema version carried in "v".
+// Version is the message schema's major version, carried in "v": a
+// receiver refuses any other.
 const Version = 1
+
+// Minor is the schema's minor version, carried in "minor" (absent: 0). A
+// minor only adds fields, which receivers of the minor before ignore; a
+// receiver accepts its own minor and the one before (AcceptedMinor), so
+// the bridge can be upgraded first and the agents after it. The bridge
+// writes each host's commands at that host's reported minor.
+//
+// Minor 1: "minor" itself, the vGPUs' encoder_percent and decoder_percent
+// in reports, and frame_rate_limit in attach_vgpu.
+const Minor = 1
+
+// AcceptedMinor reports whether a message of minor m (of Version) can be
+// read: this side's minor or the one before.
+func AcceptedMinor(m int) bool { return m == Minor || m == Minor-1 }
 
 // Topology names.
 const (
@@ -68,6 +83,7 @@ func (k Kind) Valid() bool {
 // Command is what the bridge asks an agent to do.
 type Command struct {
 	V            int             `json:"v"`
+	Minor        int             `json:"minor,omitempty"`
 	ID           string          `json:"id"`
 	Kind         Kind            `json:"kind"`
 	Host         string          `json:"host"`
@@ -176,6 +192,7 @@ const (
 // Result is an agent's answer to a command.
 type Result struct {
 	V           int             `json:"v"`
+	Minor       int             `json:"minor,omitempty"`
 	CommandID   string          `json:"command_id"`
 	Host        string          `json:"host"`
 	Status      Status          `json:"status"`
@@ -194,6 +211,7 @@ type Result struct {
 // Report is an agent's periodic picture of its host.
 type Report struct {
 	V             int    `json:"v"`
+	Minor         int    `json:"minor,omitempty"`
 	Host          string `json:"host"`
 	Node          string `json:"node"`
 	AgentVersion  string `json:"agent_version"`

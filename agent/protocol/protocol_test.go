@@ -282,3 +282,49 @@ func FuzzDecodeReport(f *testing.F) {
 		}
 	})
 }
+
+// TestMinorVersions: a receiver reads its own minor and the one before,
+// ignoring fields it does not know, and names which side to upgrade for
+// any other.
+func TestMinorVersions(t *testing.T) {
+	bodies := map[string]struct {
+		body   string
+		decode func([]byte) error
+	}{
+		"command": {`{"v":1,"minor":M,"id":"c1","kind":"verify_vgpu","host":"h","expires_at":"2025-03-01T12:00:00Z","key_id":"","sig":"","later_field":{"x":1}}`,
+			func(b []byte) error { _, err := DecodeCommand(b); return err }},
+		"result": {`{"v":1,"minor":M,"command_id":"c1","host":"h","status":"succeeded","later_field":[1]}`,
+			func(b []byte) error { _, err := DecodeResult(b); return err }},
+		"report": {`{"v":1,"minor":M,"host":"h","gpus":[],"later_field":"x"}`,
+			func(b []byte) error { _, err := DecodeReport(b); return err }},
+	}
+	tests := []struct {
+		minor   string
+		wantErr string // "" accepted
+	}{
+		{"0", ""},
+		{"1", ""},
+		{"2", "newer than this side's 1.1: upgrade this side"},
+		{"-1", "older than this side accepts (1.0 and 1.1): upgrade the sender"},
+	}
+	for what, b := range bodies {
+		for _, tt := range tests {
+			t.Run(what+"/"+tt.minor, func(t *testing.T) {
+				err := b.decode([]byte(strings.Replace(b.body, "M", tt.minor, 1)))
+				switch {
+				case tt.wantErr == "" && err != nil:
+					t.Errorf("minor %s refused: %v", tt.minor, err)
+				case tt.wantErr != "" && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.wantErr)):
+					t.Errorf("minor %s: err = %v, want ErrInvalid saying %q", tt.minor, err, tt.wantErr)
+				}
+			})
+		}
+		// Without "minor" (agents before minor 1): minor 0.
+		if err := b.decode([]byte(strings.Replace(b.body, `"minor":M,`, "", 1))); err != nil {
+			t.Errorf("%s without minor refused: %v", what, err)
+		}
+	}
+	if Minor != 1 || !AcceptedMinor(0) || AcceptedMinor(2) {
+		t.Errorf("Minor = %d; a change of Minor must change this test and the protocol notes", Minor)
+	}
+}

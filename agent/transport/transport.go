@@ -525,7 +525,7 @@ func (l *Loop) reportLoop(ctx context.Context) {
 		if !force && (fp == l.lastFP || failures > 0) {
 			return // unchanged, or a retry is due that sends it anyway
 		}
-		r.V = protocol.Version
+		r.V, r.Minor = protocol.Version, protocol.Minor
 		r.Host = l.cfg.Host
 		r.Seq = l.seq.Add(1)
 		r.SentAt = time.Now().UTC()

@@ -1,7 +1,9 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -62,7 +64,7 @@ type outRow struct {
 	expires  *time.Time
 	request  *uuid.UUID
 	purpose  string
-	signed   bool // body is the signed command, kept in the row when sent
+	signed   bool // body is the signed command, or one rewritten at its host's minor: kept in the row when sent
 	deferred *amqp.DeferredConfirmation
 	err      error
 }
@@ -106,9 +108,18 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 		if err := rows.Err(); err != nil || len(out) == 0 {
 			return err
 		}
+		minors, err := hostMinors(ctx, tx, out)
+		if err != nil {
+			return err
+		}
 		pctx, cancel := context.WithTimeout(ctx, x.cfg.ConfirmTimeout)
 		defer cancel()
 		for _, r := range out {
+			var at []byte
+			if at, r.err = atMinor(r.body, minors[r.host]); r.err != nil {
+				continue
+			}
+			r.signed, r.body = !bytes.Equal(at, r.body), at
 			if x.cfg.DeclareAgentQueues && !declared[r.host] {
 				if err := declareAgentQueue(ch, x.cfg.Exchange, r.host); err != nil {
 					return err // the channel is gone after a failed declare
@@ -150,8 +161,9 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 			ok = append(ok, r)
 		}
 		for _, r := range ok {
-			// A signed row keeps what went out (key_id and sig included): a
-			// refusal's body_sha256 is checked against it (ownRefusal).
+			// A signed (or rewritten) row keeps what went out (key_id and
+			// sig included): a refusal's body_sha256 is checked against it
+			// (ownRefusal).
 			var signed []byte
 			if r.signed {
 				signed = r.body
@@ -204,4 +216,46 @@ func declareAgentQueue(ch *amqp.Channel, exchange, host string) error {
 		return fmt.Errorf("bind queue %s: %w", q, err)
 	}
 	return nil
+}
+
+// hostMinors is the protocol minor each row's host last reported (0 when
+// its report has none); hosts that never reported are absent.
+func hostMinors(ctx context.Context, tx pgx.Tx, rows []*outRow) (map[string]int, error) {
+	var names []string
+	for _, r := range rows {
+		names = append(names, r.host)
+	}
+	q, err := tx.Query(ctx, `SELECT name, coalesce((report->>'minor')::int, 0) FROM hosts WHERE name = ANY($1) AND report IS NOT NULL`, names)
+	if err != nil {
+		return nil, fmt.Errorf("read the hosts' protocol versions: %w", err)
+	}
+	defer q.Close()
+	out := map[string]int{}
+	for q.Next() {
+		var name string
+		var m int
+		if err := q.Scan(&name, &m); err != nil {
+			return nil, err
+		}
+		out[name] = m
+	}
+	return out, q.Err()
+}
+
+// atMinor writes a command at the minor its host reads: the bridge's own
+// or, for an agent not yet upgraded, that agent's (the minor before; it
+// ignores what the bridge's minor added). A host that never reported gets
+// the minor before, which either accepts. The body is left as it is when
+// its minor is already right.
+func atMinor(body []byte, hostMinor int) ([]byte, error) {
+	var c protocol.Command
+	if err := json.Unmarshal(body, &c); err != nil {
+		return nil, fmt.Errorf("outbox body is not a command: %w", err)
+	}
+	want := min(max(hostMinor, protocol.Minor-1), protocol.Minor)
+	if c.Minor == want {
+		return body, nil
+	}
+	c.Minor = want
+	return json.Marshal(c)
 }

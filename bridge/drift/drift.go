@@ -646,7 +646,7 @@ func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open, 
 		if err := r.d.Requests.Create(ctx, tx, requests.Request{ID: reqID, Source: Source, Kind: "drift." + string(f.Kind), InstanceUUID: inst, Body: body}); err != nil {
 			return false, err
 		}
-		cmd := protocol.Command{V: protocol.Version, ID: uuid.NewString(), Kind: protocol.RemoveMdev, Host: f.Host, RequestID: reqID.String(),
+		cmd := protocol.Command{V: protocol.Version, Minor: protocol.Minor, ID: uuid.NewString(), Kind: protocol.RemoveMdev, Host: f.Host, RequestID: reqID.String(),
 			IssuedAt: now.UTC(), ExpiresAt: now.Add(r.cfg.CommandTimeout).UTC()}
 		if err := cmd.MarshalParams(protocol.MdevParams{MdevUUID: f.Mdev, ParentPCI: f.PCI}); err != nil {
 			return false, err

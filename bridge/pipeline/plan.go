@@ -428,7 +428,7 @@ func MemoryBytes(s string) (string, error) {
 
 // NewCommand builds an agent command.
 func NewCommand(kind protocol.Kind, host, requestID, instance string, params any, issued, expires time.Time) (protocol.Command, error) {
-	c := protocol.Command{V: protocol.Version, ID: uuid.NewString(), Kind: kind, Host: host, RequestID: requestID,
+	c := protocol.Command{V: protocol.Version, Minor: protocol.Minor, ID: uuid.NewString(), Kind: kind, Host: host, RequestID: requestID,
 		InstanceUUID: instance, IssuedAt: issued.UTC(), ExpiresAt: expires.UTC()}
 	if params != nil {
 		if err := c.MarshalParams(params); err != nil {
