@@ -7,9 +7,7 @@
 CREATE TABLE instance_load (
     instance_uuid   uuid PRIMARY KEY,
     host            text NOT NULL,
-    -- [[unix seconds, SM util %, framebuffer used MiB, encoder util %,
-    -- decoder util %], ...], oldest first (the codecs since 00015's release;
-    -- null when not reported);
+    -- [[unix seconds, SM util %, framebuffer used MiB], ...], oldest first;
     -- samples older than two hours are dropped as new ones come.
     samples         jsonb NOT NULL DEFAULT '[]',
     updated_at      timestamptz NOT NULL DEFAULT now()

@@ -83,6 +83,12 @@ func provider(pool *pgxpool.Pool, log *slog.Logger) (*goose.Provider, *sql.DB, e
 // Migrate applies every pending migration, holding a session advisory lock
 // so concurrent replicas do not race. It returns the versions applied.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) ([]int64, error) {
+	return MigrateTo(ctx, pool, 0, log)
+}
+
+// MigrateTo is Migrate up to and including version (0: every one); the
+// upgrade tests use it to stand a database at an earlier release's schema.
+func MigrateTo(ctx context.Context, pool *pgxpool.Pool, version int64, log *slog.Logger) ([]int64, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
@@ -98,7 +104,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) ([]int64
 		return nil, err
 	}
 	defer db.Close()
-	res, err := p.Up(ctx)
+	var res []*goose.MigrationResult
+	if version > 0 {
+		res, err = p.UpTo(ctx, version)
+	} else {
+		res, err = p.Up(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
