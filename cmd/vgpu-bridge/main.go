@@ -35,6 +35,12 @@ type globals struct {
 	stderr     io.Writer
 }
 
+// exitCode ends a command with that exit status and nothing more said
+// (the command has printed what it had to).
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
 // usageError marks errors that exit with exitUsage.
 type usageError struct{ err error }
 
@@ -58,6 +64,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
+	}
+	var ec exitCode
+	if errors.As(err, &ec) {
+		return int(ec)
 	}
 	if es, ok := conf.AsErrors(err); ok {
 		fmt.Fprintln(stderr, "vgpu-bridge: bad configuration:")
