@@ -2,6 +2,8 @@ package bridge
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,11 +18,13 @@ import (
 )
 
 var (
-	optPolicyRulesFile = Options.String("policy", "rules_file", "/etc/vgpu-bridge/policy.yaml",
+	optPolicyRulesFile = Options.String("policy", "rules_file", defaultRulesFile,
 		"The policy: workload -> vGPU profile preferences, project quotas and attach modes, and CEL rules that turn "+
-			"events into intents (see etc/vgpu-bridge/policy.yaml). Checked at start (a broken file stops the bridge) "+
+			"events into intents (see etc/vgpu-bridge/rules.yaml). Checked at start (a broken file stops the bridge) "+
 			"and reloaded on SIGHUP and when it changes (a broken new file is refused, the active policy stays). "+
-			"Validate with `vgpu-bridge policy check FILE`. Example: /etc/vgpu-bridge/policy.yaml")
+			"Validate with `vgpu-bridge policy check FILE`. Until 0.1 the default was /etc/vgpu-bridge/policy.yaml "+
+			"(a name oslo.policy uses for API access rules): when this default is absent and that file exists, it is "+
+			"read, with a deprecation warning. Example: /etc/vgpu-bridge/rules.yaml")
 	optPolicyProfilesFile = Options.String("policy", "profiles_file", "/etc/vgpu-bridge/profiles.yaml",
 		"Seed of the vGPU profile catalog: type id (nvidia-232) -> profile name (T4-4Q), instances per GPU. Agents' "+
 			"reports override it; empty starts with an empty catalog. Example: /etc/vgpu-bridge/profiles.yaml")
@@ -40,16 +44,44 @@ func init() {
 		var errs conf.Errors
 		if optPolicyRulesFile.Get(v) == "" {
 			errs = append(errs, &conf.Error{Section: "policy", Option: "rules_file",
-				Problem: "must name a policy file; allowed: a path such as /etc/vgpu-bridge/policy.yaml"})
+				Problem: "must name a policy file; allowed: a path such as /etc/vgpu-bridge/rules.yaml"})
 		}
 		return errs
 	})
 }
 
+// The rules file's default, and the one it had before it was renamed so
+// as not to look like oslo.policy's policy.yaml.
+const (
+	defaultRulesFile    = "/etc/vgpu-bridge/rules.yaml"
+	deprecatedRulesFile = "/etc/vgpu-bridge/policy.yaml"
+)
+
+// RulesFile is [policy] rules_file, or the deprecated default file when
+// the option is left at its default, that file is absent and the old one
+// exists (deprecated is then true).
+func RulesFile(v *conf.Values) (path string, deprecated bool) {
+	return rulesFile(optPolicyRulesFile.Get(v), defaultRulesFile, deprecatedRulesFile)
+}
+
+func rulesFile(set, def, old string) (string, bool) {
+	if set != def {
+		return set, false
+	}
+	if _, err := os.Stat(def); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return def, false
+	}
+	if _, err := os.Stat(old); err == nil {
+		return old, true
+	}
+	return def, false
+}
+
 // PolicyConfig maps [policy] to policy.Config.
 func PolicyConfig(v *conf.Values) policy.Config {
+	rules, _ := RulesFile(v)
 	return policy.Config{
-		RulesFile:    optPolicyRulesFile.Get(v),
+		RulesFile:    rules,
 		ProfilesFile: optPolicyProfilesFile.Get(v),
 		CompatFile:   optPolicyCompatFile.Get(v),
 		Interval:     optPolicyReloadInterval.Get(v),
@@ -76,6 +108,10 @@ func PolicyConfig(v *conf.Values) policy.Config {
 func setupPolicy(w *wiring, cat *catalog.Catalog, state func() policy.State, load policy.LoadState) (*policy.Holder, component, error) {
 	v, srv, log := w.v, w.srv, w.log.With("component", "policy")
 	cfg := PolicyConfig(v)
+	if _, deprecated := RulesFile(v); deprecated {
+		log.Warn("DEPRECATED: the policy rules are read from "+deprecatedRulesFile+"; rename it to "+defaultRulesFile+
+			" (or set [policy] rules_file): the old default will be dropped", "file", cfg.RulesFile)
+	}
 	h, err := policy.NewHolder(cfg, cat)
 	if err != nil {
 		return nil, component{}, err

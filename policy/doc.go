@@ -4,7 +4,7 @@
 // notify, reject — each with an explanation of which rule fired, with which
 // values, and why the other rules did not.
 //
-// A policy is loaded from a YAML file (etc/vgpu-bridge/policy.yaml): workload
+// A policy is loaded from a YAML file (etc/vgpu-bridge/rules.yaml): workload
 // → profile preferences, per-project quotas and attach modes, and rules whose
 // conditions and actions are CEL expressions, compiled once at load. Driver
 // compatibility comes from etc/vgpu-bridge/driver-compat.yaml and profiles

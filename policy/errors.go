@@ -27,7 +27,7 @@ func (e Error) Error() string {
 }
 
 // LoadError holds every problem found in a file. Callers print it one
-// problem a line ("policy.yaml:12:9: rule \"x\": ...").
+// problem a line ("rules.yaml:12:9: rule \"x\": ...").
 type LoadError struct {
 	File   string
 	Errors []Error

@@ -17,7 +17,7 @@ import (
 // Config names the files a policy is built from. The bridge fills it from
 // its [policy] options.
 type Config struct {
-	RulesFile    string        // [policy] rules_file: etc/vgpu-bridge/policy.yaml
+	RulesFile    string        // [policy] rules_file: etc/vgpu-bridge/rules.yaml
 	ProfilesFile string        // [policy] profiles_file: etc/vgpu-bridge/profiles.yaml; "" = no seed
 	CompatFile   string        // [policy] driver_compat_file; "" = no driver checks
 	Interval     time.Duration // [policy] reload_interval for Watch; 0 = no polling

@@ -439,7 +439,7 @@ func TestLoadErrors(t *testing.T) {
 }
 
 func TestSampleFilesLoad(t *testing.T) {
-	for _, name := range []string{"policy.yaml", "driver-compat.yaml", "profiles.yaml"} {
+	for _, name := range []string{"rules.yaml", "driver-compat.yaml", "profiles.yaml"} {
 		a, err := os.ReadFile(filepath.Join("..", "etc", "vgpu-bridge", name))
 		if err != nil {
 			t.Fatal(err)
@@ -452,7 +452,7 @@ func TestSampleFilesLoad(t *testing.T) {
 			t.Errorf("testdata/%s differs from etc/vgpu-bridge/%s; copy it again", name, name)
 		}
 	}
-	if _, err := Build(Config{RulesFile: "testdata/policy.yaml", ProfilesFile: "testdata/profiles.yaml", CompatFile: "testdata/driver-compat.yaml"}, nil); err != nil {
+	if _, err := Build(Config{RulesFile: "testdata/rules.yaml", ProfilesFile: "testdata/profiles.yaml", CompatFile: "testdata/driver-compat.yaml"}, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -509,7 +509,7 @@ func TestGoldenExplanations(t *testing.T) {
 }
 
 func FuzzLoad(f *testing.F) {
-	for _, name := range []string{"testdata/policy.yaml", "testdata/test-policy.yaml"} {
+	for _, name := range []string{"testdata/rules.yaml", "testdata/test-policy.yaml"} {
 		b, err := os.ReadFile(name)
 		if err != nil {
 			f.Fatal(err)

@@ -19,7 +19,7 @@ import (
 // event (facts, state, record), which the e2e and ingest benches measure.
 func BenchmarkLoadEvaluation(b *testing.B) {
 	const instances, samples = 10_000, 30
-	h, err := policy.NewHolder(policy.Config{RulesFile: "../../etc/vgpu-bridge/policy.yaml", ProfilesFile: "../../etc/vgpu-bridge/profiles.yaml",
+	h, err := policy.NewHolder(policy.Config{RulesFile: "../../etc/vgpu-bridge/rules.yaml", ProfilesFile: "../../etc/vgpu-bridge/profiles.yaml",
 		CompatFile: "../../etc/vgpu-bridge/driver-compat.yaml"}, nil)
 	if err != nil {
 		b.Fatal(err)

@@ -14,7 +14,7 @@ import (
 func server(t *testing.T, live *policy.MemState) *api.Server {
 	t.Helper()
 	h, err := policy.NewHolder(policy.Config{
-		RulesFile:    "../../etc/vgpu-bridge/policy.yaml",
+		RulesFile:    "../../etc/vgpu-bridge/rules.yaml",
 		ProfilesFile: "../../etc/vgpu-bridge/profiles.yaml",
 		CompatFile:   "../../etc/vgpu-bridge/driver-compat.yaml",
 	}, nil)

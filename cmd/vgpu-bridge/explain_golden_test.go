@@ -29,7 +29,7 @@ func TestExplainShippedRules(t *testing.T) {
 	for _, ev := range events {
 		name := strings.TrimSuffix(filepath.Base(ev), ".json")
 		t.Run(name, func(t *testing.T) {
-			code, out, errOut := runCmd(t, "policy", "explain", "--config", "", "--policy", filepath.Join(etcDir, "policy.yaml"), "--event", ev)
+			code, out, errOut := runCmd(t, "policy", "explain", "--config", "", "--policy", filepath.Join(etcDir, "rules.yaml"), "--event", ev)
 			if code != 0 {
 				t.Fatalf("exit %d\n%s", code, errOut)
 			}

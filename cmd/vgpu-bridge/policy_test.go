@@ -11,7 +11,7 @@ import (
 const etcDir = "../../etc/vgpu-bridge"
 
 func TestPolicyCheckSample(t *testing.T) {
-	code, out, errOut := runCmd(t, "policy", "check", "--config", "", filepath.Join(etcDir, "policy.yaml"))
+	code, out, errOut := runCmd(t, "policy", "check", "--config", "", filepath.Join(etcDir, "rules.yaml"))
 	if code != 0 || !strings.Contains(out, "OK: 10 rule(s)") || !strings.Contains(out, "driver-compat.yaml") {
 		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}
@@ -48,14 +48,14 @@ func TestPolicyCheckBrokenCompatFile(t *testing.T) {
 	if err := os.WriteFile(compat, []byte("branches: [470, 460]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, out, _ := runCmd(t, "policy", "check", "--config", "", "--compat", compat, filepath.Join(etcDir, "policy.yaml"))
+	code, out, _ := runCmd(t, "policy", "check", "--config", "", "--compat", compat, filepath.Join(etcDir, "rules.yaml"))
 	if code != 2 || !strings.Contains(out, compat+":1:17: branches must be listed oldest first") {
 		t.Fatalf("exit %d\n%s", code, out)
 	}
 }
 
 func TestPolicyExplain(t *testing.T) {
-	code, out, errOut := runCmd(t, "policy", "explain", "--config", "", "--policy", filepath.Join(etcDir, "policy.yaml"), "--event", "testdata/explain-event.json")
+	code, out, errOut := runCmd(t, "policy", "explain", "--config", "", "--policy", filepath.Join(etcDir, "rules.yaml"), "--event", "testdata/explain-event.json")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, errOut)
 	}
@@ -70,7 +70,7 @@ func TestPolicyExplain(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
-	code, out, errOut = runCmd(t, "policy", "explain", "--config", "", "--policy", filepath.Join(etcDir, "policy.yaml"), "--event", "testdata/explain-event.json", "-o", "json")
+	code, out, errOut = runCmd(t, "policy", "explain", "--config", "", "--policy", filepath.Join(etcDir, "rules.yaml"), "--event", "testdata/explain-event.json", "-o", "json")
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, errOut)
 	}
@@ -87,7 +87,7 @@ func TestPolicyExplain(t *testing.T) {
 }
 
 func TestPolicyExplainNeedsEvent(t *testing.T) {
-	code, _, errOut := runCmd(t, "policy", "explain", "--config", "", "--policy", filepath.Join(etcDir, "policy.yaml"))
+	code, _, errOut := runCmd(t, "policy", "explain", "--config", "", "--policy", filepath.Join(etcDir, "rules.yaml"))
 	if code != 2 || !strings.Contains(errOut, "--event FILE is required") {
 		t.Fatalf("exit %d %q", code, errOut)
 	}

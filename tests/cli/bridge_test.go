@@ -96,7 +96,7 @@ secret_files = %s
 rate = 1000
 burst = 1000
 `, testsvc.TransportURL(t), testsvc.Postgres(t), tokens, e.exchange, queue,
-		abs(t, "testdata/policy.yaml"), abs(t, "testdata/profiles.yaml"), abs(t, "testdata/driver-compat.yaml"),
+		abs(t, "testdata/rules.yaml"), abs(t, "testdata/profiles.yaml"), abs(t, "testdata/driver-compat.yaml"),
 		testsvc.PlacementURL(t), placementToken, e.secret)
 	v, err := bridge.LoadConfig(conf.Source{File: writeFile(t, dir, "bridge.conf", ini), Overrides: testkeys.For(t).Bridge()})
 	testsvc.Must(t, err, "bridge configuration")

@@ -67,7 +67,7 @@ func startFleetAPI(t *testing.T) string {
 		($1, $3, 'VGPU', 1), ($2, $4, 'VGPU', 2)`, gpuCN1a, gpuCN2a, vmTrain, vmRender)
 	testsvc.Must(t, err, "mirror allocations")
 
-	h, err := policy.NewHolder(policy.Config{RulesFile: "testdata/policy.yaml", CompatFile: "testdata/driver-compat.yaml"}, cat)
+	h, err := policy.NewHolder(policy.Config{RulesFile: "testdata/rules.yaml", CompatFile: "testdata/driver-compat.yaml"}, cat)
 	testsvc.Must(t, err, "policy")
 
 	tokens := writeFile(t, t.TempDir(), "tokens", adminToken+" admin ops\n"+readToken+" reader viewer\n")

@@ -459,15 +459,15 @@ func (d *demo) startBridge() error {
 	etc := filepath.Join(root, "etc", "vgpu-bridge")
 	// The demo policy: the shipped one, with direct attach (the agent
 	// hot-plugs into the running domain) instead of a Nova resize.
-	src, err := os.ReadFile(filepath.Join(etc, "policy.yaml"))
+	src, err := os.ReadFile(filepath.Join(etc, "rules.yaml"))
 	if err != nil {
 		return err
 	}
 	pol := strings.Replace(string(src), "attach_mode: nova-resize", "attach_mode: direct-live", 1)
 	if pol == string(src) {
-		return errors.New("etc/vgpu-bridge/policy.yaml has no `attach_mode: nova-resize` default to change")
+		return errors.New("etc/vgpu-bridge/rules.yaml has no `attach_mode: nova-resize` default to change")
 	}
-	polFile := filepath.Join(d.work, "policy.yaml")
+	polFile := filepath.Join(d.work, "rules.yaml")
 	secretFile := filepath.Join(d.work, "demo-webhook.secret")
 	d.secret = []byte("demo-" + randHex(16))
 	listen, err := freePort()
@@ -524,7 +524,7 @@ secret_files = %s
 		filepath.Join(d.work, "placement-token"), polFile, filepath.Join(etc, "profiles.yaml"), filepath.Join(etc, "driver-compat.yaml"),
 		filepath.Join(d.work, "bridge.key"), filepath.Join(d.work, "agent-keys.pem"), secretFile)
 	for name, content := range map[string]string{
-		"policy.yaml":         pol,
+		"rules.yaml":          pol,
 		"demo-webhook.secret": string(d.secret) + "\n",
 		"api-tokens":          adminToken + " admin demo\n",
 		"placement-token":     "admin\n",
@@ -539,7 +539,7 @@ secret_files = %s
 	if err != nil {
 		return fmt.Errorf("policy check: %v\n%s", err, out)
 	}
-	d.say("policy: shipped policy.yaml with defaults.attach_mode = direct-live; `vgpu-bridge policy check`: %s", strings.TrimSpace(string(out)))
+	d.say("policy: shipped rules.yaml with defaults.attach_mode = direct-live; `vgpu-bridge policy check`: %s", strings.TrimSpace(string(out)))
 	d.say("config: %s ([webhook_source:demo] hmac, secret file 0600; [pipeline] request_timeout = 10s)", cfg)
 	// Signed commands, results and reports (the default): the bridge's
 	// key, then one command per host issues its key pair and enrolls it.

@@ -63,7 +63,7 @@ func Overrides(t testing.TB, dbURL string, extra ...string) []string {
 		"notifications.queue=" + testsvc.Name("vgpu-test-notifications"),
 		"placement.endpoint_override=" + testsvc.PlacementURL(t),
 		"placement.token_file=" + placementToken,
-		"policy.rules_file=" + filepath.Join(etc, "policy.yaml"),
+		"policy.rules_file=" + filepath.Join(etc, "rules.yaml"),
 		"policy.profiles_file=" + filepath.Join(etc, "profiles.yaml"),
 		"policy.driver_compat_file=" + filepath.Join(etc, "driver-compat.yaml"),
 	}, append(testkeys.For(t).Bridge(), extra...)...)

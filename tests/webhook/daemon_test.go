@@ -37,7 +37,7 @@ func TestDaemonSeparateListener(t *testing.T) {
 		"webhooks.listen="+whAddr,
 		"webhooks.read_header_timeout=1s",
 		// Other features' files, from the repository.
-		"policy.rules_file=../../etc/vgpu-bridge/policy.yaml",
+		"policy.rules_file=../../etc/vgpu-bridge/rules.yaml",
 		"policy.profiles_file=../../etc/vgpu-bridge/profiles.yaml",
 		"policy.driver_compat_file=../../etc/vgpu-bridge/driver-compat.yaml",
 		"placement.endpoint_override="+testsvc.PlacementURL(t),
