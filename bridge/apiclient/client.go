@@ -24,6 +24,10 @@ const RequestIDHeader = "X-OpenStack-Request-ID"
 // at the first call that needs credentials (e.g. a Keystone login).
 type TokenSource func(ctx context.Context) (string, error)
 
+// Login is a TokenSource that also finds the API's base URL (Keystone's
+// catalog); endpoint is "" when it found none.
+type Login func(ctx context.Context) (token, endpoint string, err error)
+
 // Config configures a Client.
 type Config struct {
 	// URL is the bridge API's base URL, e.g. http://127.0.0.1:9797.
@@ -32,6 +36,9 @@ type Config struct {
 	Token string
 	// TokenSource, when Token is empty, supplies the token once.
 	TokenSource TokenSource
+	// Login, when Token and TokenSource are empty, supplies the token
+	// once, and the base URL too when URL is empty.
+	Login Login
 	// HTTPClient is used for every call; nil means a client with Timeout.
 	HTTPClient *http.Client
 	// Timeout bounds one call when HTTPClient is nil (default 30s).
@@ -47,6 +54,7 @@ type Client struct {
 	ua    string
 	token string
 	src   TokenSource
+	login Login
 
 	once   sync.Once
 	tokErr error
@@ -62,7 +70,21 @@ func New(cfg Config) *Client {
 		}
 		hc = &http.Client{Timeout: t}
 	}
-	return &Client{base: strings.TrimRight(cfg.URL, "/"), http: hc, ua: cfg.UserAgent, token: cfg.Token, src: cfg.TokenSource}
+	c := &Client{base: strings.TrimRight(cfg.URL, "/"), http: hc, ua: cfg.UserAgent, token: cfg.Token, src: cfg.TokenSource}
+	if c.token == "" && c.src == nil && cfg.Login != nil {
+		c.login = cfg.Login
+		c.src = func(ctx context.Context) (string, error) {
+			tok, endpoint, err := cfg.Login(ctx)
+			if err == nil && c.base == "" {
+				if endpoint == "" {
+					return "", ErrNoEndpoint
+				}
+				c.base = strings.TrimRight(endpoint, "/")
+			}
+			return tok, err
+		}
+	}
+	return c
 }
 
 // URL returns the base URL.
@@ -120,6 +142,10 @@ type UnreachableError struct {
 
 func (e *UnreachableError) Error() string { return fmt.Sprintf("cannot reach %s: %v", e.URL, e.Err) }
 func (e *UnreachableError) Unwrap() error { return e.Err }
+
+// ErrNoEndpoint: no URL was given and Keystone's catalog has no service
+// of type ServiceType.
+var ErrNoEndpoint = errors.New("no URL given and no " + ServiceType + " service in Keystone's catalog (vgpu-bridge keystone register adds it)")
 
 // ErrToken wraps a failure of the TokenSource.
 var ErrToken = errors.New("cannot get a token")
@@ -185,6 +211,13 @@ func (c *Client) authToken(ctx context.Context) (string, error) {
 // Do performs call and returns its 2xx answer, or an *Error, an
 // *UnreachableError or a token error.
 func (c *Client) Do(ctx context.Context, call Call) (*Response, error) {
+	if c.login != nil {
+		// The base URL may come with the login (Keystone's catalog): log
+		// in first (once; later calls only wait for it).
+		if _, err := c.authToken(ctx); err != nil {
+			return nil, err
+		}
+	}
 	u := c.base + call.Path
 	if len(call.Query) > 0 {
 		u += "?" + call.Query.Encode()

@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -49,12 +53,17 @@ Credentials, first match wins:
   --os-cloud / OS_CLOUD          log in to Keystone with that cloud of clouds.yaml
                                  ($OS_CLIENT_CONFIG_FILE, ./clouds.yaml, ~/.config/openstack/,
                                  /etc/openstack/) and send the Keystone token
-The bridge is found at --url / VGPUCTL_URL (default http://127.0.0.1:9797).
+The bridge is found at --url / VGPUCTL_URL; without either, a Keystone login
+(--os-cloud) finds it in the catalog (service type vgpu, the cloud's region and
+interface), and otherwise it is http://127.0.0.1:9797.
+--os-cacert / OS_CACERT names a CA bundle that verifies both Keystone and the
+bridge (besides clouds.yaml's cacert for Keystone).
 
 ` + exitCodesHelp
 
 type globals struct {
 	url, token, cloud, output string
+	cacert                    string
 	timeout                   time.Duration
 	stdout, stderr            io.Writer
 	// tty reports whether stderr is a terminal (spinners); nil means no.
@@ -108,7 +117,9 @@ func newRoot(g *globals) *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr(err) })
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.url, "url", envOr("VGPUCTL_URL", "http://127.0.0.1:9797"), "base URL of the bridge API (env VGPUCTL_URL)")
+	pf.StringVar(&g.url, "url", os.Getenv("VGPUCTL_URL"), "base URL of the bridge API (env VGPUCTL_URL; default: the catalog's "+
+		"vgpu endpoint with --os-cloud, else "+defaultURL+")")
+	pf.StringVar(&g.cacert, "os-cacert", os.Getenv("OS_CACERT"), "CA bundle verifying Keystone and the bridge (env OS_CACERT)")
 	pf.StringVar(&g.token, "token", "", "API token (env VGPUCTL_TOKEN; prefer the environment: flags show in ps)")
 	pf.StringVar(&g.cloud, "os-cloud", "", "cloud of clouds.yaml to log in to Keystone with (env OS_CLOUD)")
 	pf.StringVarP(&g.output, "output", "o", outTable, "output format: table, json or yaml")
@@ -150,12 +161,8 @@ func setUsageArgs(c *cobra.Command) {
 	}
 }
 
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
+// defaultURL is where the bridge is looked for when nothing says.
+const defaultURL = "http://127.0.0.1:9797"
 
 // api returns the client, built once from the flags and the environment.
 func (g *globals) api() *apiclient.Client {
@@ -170,12 +177,48 @@ func (g *globals) api() *apiclient.Client {
 	if cloud == "" {
 		cloud = os.Getenv("OS_CLOUD")
 	}
-	if cfg.Token == "" && cloud != "" {
-		cfg.TokenSource = apiclient.CloudTokenSource(cloud)
+	var opts []clouds.ParseOption
+	if g.cacert != "" {
+		opts = append(opts, clouds.WithCACertPath(g.cacert))
+		hc, err := caClient(g.cacert, g.timeout)
+		if err != nil {
+			// Every call fails with it: the CA named cannot be used.
+			hc = &http.Client{Transport: errTransport{err}}
+		}
+		cfg.HTTPClient = hc
+	}
+	switch {
+	case cfg.Token == "" && cloud != "":
+		cfg.Login = apiclient.CloudLogin(cloud, opts...) // the URL too, when none is given
+	case cfg.URL == "":
+		cfg.URL = defaultURL
 	}
 	g.client = apiclient.New(cfg)
 	return g.client
 }
+
+// caClient is an HTTP client that trusts the CAs of file.
+func caClient(file string, timeout time.Duration) (*http.Client, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--os-cacert: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--os-cacert %s: no PEM certificate in it", file)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	return &http.Client{Transport: tr, Timeout: timeout}, nil
+}
+
+// errTransport fails every request with err.
+type errTransport struct{ err error }
+
+func (t errTransport) RoundTrip(*http.Request) (*http.Response, error) { return nil, t.err }
 
 // exitCode maps an error to the documented exit codes.
 func exitCode(err error) int {

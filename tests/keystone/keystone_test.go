@@ -103,6 +103,7 @@ type world struct {
 	api                 api
 	url                 string
 	clouds              string
+	region              string // the test's region (its identity endpoint is proxy)
 	pa, pb              *projects.Project
 	projA, projB        string
 	instA, instB        string
@@ -128,6 +129,7 @@ func newWorld(t *testing.T) *world {
 	testsvc.Must(t, err, "keystone url")
 	w.proxy = testsvc.NewProxy(t, ksu.Host)
 	region := ks.regionVia("http://" + w.proxy.Addr() + "/v3/")
+	w.region = region
 	w.clouds = writeCloudsYAML(t,
 		cloud{name: "bridge", authURL: keystoneURL(), user: w.svc.name, password: w.svc.password, project: psvc.Name, region: region})
 	t.Setenv("OS_CLIENT_CONFIG_FILE", w.clouds)
