@@ -144,9 +144,9 @@ func microversionAtLeast(have, want string) bool {
 }
 
 // checkProviders finds GPU providers (vGPU inventory, in the mirror of
-// the last sync) without a type trait: placements there need the trait,
-// which stock Nova does not set. One whose host's agent reports the GPU
-// is a warning (the agent knows its types); one nobody reports fails.
+// the last sync) without a type trait, which stock Nova does not set. One
+// whose agent's report fixes its type is a warning (the bridge learns the
+// type from it); one whose type nothing says fails.
 func checkProviders(ctx context.Context, pool *pgxpool.Pool, classes []string, prefix string) Check {
 	c := Check{Name: "GPU providers typed"}
 	rows, err := pool.Query(ctx, `SELECT p.name, coalesce(root.name, '') FROM placement_providers p
@@ -202,14 +202,15 @@ func checkProviders(ctx context.Context, pool *pgxpool.Pool, classes []string, p
 	}
 	if len(known) > 0 {
 		c.Result = max(c.Result, CheckWarning)
-		parts = append(parts, fmt.Sprintf("without a %s* trait, their agents report their types: %s", prefix, strings.Join(known, ", ")))
+		parts = append(parts, fmt.Sprintf("without a %s* trait, typed from their agents' reports (the direct path places on "+
+			"them; Nova's scheduler needs the trait): %s", prefix, strings.Join(known, ", ")))
 	}
 	c.Details = strings.Join(parts, "; ")
 	return c
 }
 
-// reportedGPUs are the GPU provider names (as Nova names them: node
-// "_pci_" address) of the GPUs the agents' last reports name.
+// reportedGPUs are the GPU provider names whose type the agents'
+// reports fix (placement.ReportedTypes), as the bridge learns them.
 func reportedGPUs(ctx context.Context, pool *pgxpool.Pool) (map[string]bool, error) {
 	rows, err := pool.Query(ctx, `SELECT coalesce(node, name), report FROM hosts WHERE report IS NOT NULL`)
 	if err != nil {
@@ -230,10 +231,8 @@ func reportedGPUs(ctx context.Context, pool *pgxpool.Pool) (map[string]bool, err
 		if r.Node != "" {
 			node = r.Node
 		}
-		for _, g := range r.GPUs {
-			if len(g.Types) > 0 {
-				out[node+"_pci_"+strings.NewReplacer(":", "_", ".", "_").Replace(g.PCI)] = true
-			}
+		for name := range placement.ReportedTypes(node, r) {
+			out[name] = true
 		}
 	}
 	return out, rows.Err()

@@ -1,10 +1,13 @@
 package placement
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"strings"
 	"sync"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
@@ -402,6 +406,43 @@ func (s *Service) refreshHosts(ctx context.Context) {
 	s.exMu.Lock()
 	s.nodeOf, s.hostOf, s.excludeHosts, s.excludeGPUs = nodeOf, hostOf, ex, exg
 	s.exMu.Unlock()
+
+	reported := map[string]string{}
+	if rows, err := pool.Query(ctx, `SELECT coalesce(node, name), report FROM hosts WHERE report IS NOT NULL`); err == nil {
+		for rows.Next() {
+			var node string
+			var raw []byte
+			var r protocol.Report
+			if rows.Scan(&node, &raw) != nil || json.Unmarshal(raw, &r) != nil {
+				continue
+			}
+			maps.Copy(reported, ReportedTypes(cmp.Or(r.Node, node), r))
+		}
+		rows.Close()
+	}
+	s.index.SetReportedTypes(reported)
+}
+
+// ReportedTypes are the vGPU types an agent's report fixes for its GPUs,
+// by GPU provider name as Nova names it (node "_pci_" address) → type
+// trait: the type of the vGPUs that exist on it, else the one type the
+// agent offers there. A GPU offering several types, none in use, is left
+// out: its type is Nova's choice ([devices] enabled_mdev_types).
+func ReportedTypes(node string, r protocol.Report) map[string]string {
+	out := map[string]string{}
+	for _, g := range r.GPUs {
+		var typ string
+		switch {
+		case len(g.Active) > 0:
+			typ = g.Active[0].TypeID
+		case len(g.Types) == 1:
+			typ = g.Types[0].ID
+		}
+		if typ != "" && g.PCI != "" {
+			out[node+"_pci_"+strings.NewReplacer(":", "_", ".", "_").Replace(g.PCI)] = catalog.TraitFor(typ)
+		}
+	}
+	return out
 }
 
 // decide runs the engine with the current exclusions added.

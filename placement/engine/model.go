@@ -91,6 +91,10 @@ type GPU struct {
 	Generation int
 	Traits     []string // own traits, sorted
 	Types      []string // the vGPU type traits among Traits
+	// TypeFromReport: the GPU's provider has no type trait in Placement;
+	// its one type trait in Traits and Types is the one its host's agent
+	// reports (the direct path can place on it; Nova's scheduler cannot).
+	TypeFromReport bool
 }
 
 // Capacity is the allocatable amount of the GPU's vGPU class.

@@ -5,8 +5,10 @@
 package index
 
 import (
+	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
@@ -41,6 +43,7 @@ type Index struct {
 	hostTrait map[string]int          // trait → hosts carrying it
 	types     map[string]int          // type trait → GPUs carrying it
 	providers int                     // providers seen in the last Load plus applied
+	reported  map[string]string       // GPU provider name → type trait its agent reports
 }
 
 var _ engine.State = (*Index)(nil)
@@ -237,16 +240,66 @@ func (x *Index) hostLocked(rootUUID string) *engine.Host {
 	return h
 }
 
-func (x *Index) upsertGPULocked(p *engine.Provider) {
-	class, inv, _ := x.class(p)
-	traits := slices.Clone(p.Traits)
+// typedLocked returns a GPU provider's traits and type traits: its own,
+// or, when it has no type trait, its own and the type its agent reports.
+func (x *Index) typedLocked(name string, own []string) (traits, types []string, fromReport bool) {
+	traits = slices.Clone(own)
 	sort.Strings(traits)
-	var types []string
 	for _, t := range traits {
-		if len(t) >= len(x.cfg.TypePrefix) && t[:len(x.cfg.TypePrefix)] == x.cfg.TypePrefix {
+		if strings.HasPrefix(t, x.cfg.TypePrefix) {
 			types = append(types, t)
 		}
 	}
+	if t := x.reported[name]; len(types) == 0 && t != "" {
+		traits = insertString(traits, t)
+		types, fromReport = []string{t}, true
+	}
+	return traits, types, fromReport
+}
+
+func insertString(s []string, v string) []string {
+	i, found := slices.BinarySearch(s, v)
+	if found {
+		return s
+	}
+	return slices.Insert(s, i, v)
+}
+
+// SetReportedTypes gives each GPU without a type trait in Placement the
+// type its host's agent reports (GPU provider name, as Nova names it →
+// type trait), and takes it back from GPUs no longer in m.
+func (x *Index) SetReportedTypes(m map[string]string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if maps.Equal(m, x.reported) {
+		return
+	}
+	x.reported = maps.Clone(m)
+	for _, g := range x.gpus {
+		if g == nil {
+			continue
+		}
+		own := g.Traits
+		if g.TypeFromReport {
+			own = slices.DeleteFunc(slices.Clone(g.Traits), func(t string) bool { return t == g.Types[0] })
+		}
+		traits, types, fromReport := x.typedLocked(g.Name, own)
+		if slices.Equal(types, g.Types) && fromReport == g.TypeFromReport {
+			continue
+		}
+		x.unbucketLocked(g)
+		x.untraitLocked(g)
+		n := *g
+		n.Traits, n.Types, n.TypeFromReport = traits, types, fromReport
+		x.gpus[g.ID] = &n
+		x.traitLocked(&n)
+		x.bucketLocked(&n)
+	}
+}
+
+func (x *Index) upsertGPULocked(p *engine.Provider) {
+	class, inv, _ := x.class(p)
+	traits, types, fromReport := x.typedLocked(p.Name, p.Traits)
 	g := &engine.GPU{
 		UUID:       p.UUID,
 		Name:       p.Name,
@@ -257,6 +310,8 @@ func (x *Index) upsertGPULocked(p *engine.Provider) {
 		Generation: p.Generation,
 		Traits:     traits,
 		Types:      types,
+
+		TypeFromReport: fromReport,
 	}
 	if id, ok := x.byUUID[p.UUID]; ok {
 		old := x.gpus[id]

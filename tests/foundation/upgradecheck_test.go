@@ -72,7 +72,7 @@ func TestUpgradeCheck(t *testing.T) {
 		'{"v": 1, "minor": 1, "host": "cmp-untyped", "node": "cmp-untyped", "gpus": [{"pci": "0000:3b:00.0", "health": "ok", "active": [],
 		  "types": [{"id": "nvidia-232", "name": "GRID T4-4Q", "max_instances": 4, "available_instances": 4}]}]}')`)
 	testsvc.Must(t, err, "host report")
-	out := check(1, "their agents report their types: cmp-untyped_pci_0000_3b_00_0", "1 agent(s) on protocol 1.1")
+	out := check(1, "typed from their agents' reports", "cmp-untyped_pci_0000_3b_00_0", "1 agent(s) on protocol 1.1")
 	if strings.Contains(out, "Failure") {
 		t.Errorf("a failure left:\n%s", out)
 	}
