@@ -27,6 +27,11 @@ var (
 			"Example: VGPU,CUSTOM_VGPU_A16")
 	optPlacementTypePrefix = Options.String("placement", "type_trait_prefix", "CUSTOM_NVIDIA_",
 		"Prefix of the traits that name a GPU's vGPU type (CUSTOM_ + upper-cased type id, as Nova names them). Example: CUSTOM_NVIDIA_")
+	optPlacementAddTypeTraits = Options.Bool("placement", "add_type_traits", false,
+		"Opt-in: add to each GPU provider that has no type_trait_prefix trait the type its host's agent reports "+
+			"(creating the CUSTOM_ trait when missing), so that Nova's scheduler and vGPU flavors see it. The bridge "+
+			"never removes a trait and never changes an inventory; each trait added is audited. Needs a Placement "+
+			"account allowed to write traits. Example: true")
 	optPlacementSyncInterval = Options.Duration("placement", "sync_interval", time.Minute, time.Second, 24*time.Hour,
 		"Time between incremental syncs (providers whose generation moved). Example: 30s")
 	optPlacementFullSyncInterval = Options.Duration("placement", "full_sync_interval", time.Hour, time.Minute, 7*24*time.Hour,
@@ -91,6 +96,7 @@ func PlacementConfig(v *conf.Values, replica string) (placement.Config, error) {
 		SyncConcurrency:  optPlacementSyncConcurrency.Get(v),
 		StaleReportAge:   optPlacementStaleReportAge.Get(v),
 		ConsumerType:     optPlacementConsumerType.Get(v),
+		AddTypeTraits:    optPlacementAddTypeTraits.Get(v),
 		Replica:          replica,
 	}, nil
 }

@@ -41,6 +41,9 @@ type Config struct {
 	SyncConcurrency int
 	// TraitListingMin: see Syncer.TraitListingMin (default 200).
 	TraitListingMin int
+	// AddTypeTraits (opt-in): the sync leader adds to each GPU provider
+	// without a type trait the one its agent reports (AddTypeTraits).
+	AddTypeTraits bool
 	// StaleReportAge excludes hosts whose last agent report is older
 	// (default 5m; hosts that never reported are not excluded).
 	StaleReportAge time.Duration
@@ -263,6 +266,11 @@ func (s *Service) lead(ctx context.Context) error {
 		_, err := s.syncLocked(ctx, full, nil)
 		s.syncMu.Unlock()
 		s.refreshHosts(ctx)
+		if s.cfg.AddTypeTraits && err == nil {
+			if _, terr := s.AddTypeTraits(ctx); terr != nil && ctx.Err() == nil {
+				s.log.Warn("placement: adding type traits", logkey.Err, terr)
+			}
+		}
 		wait := s.cfg.SyncInterval
 		if err != nil {
 			if ctx.Err() != nil {
