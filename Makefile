@@ -57,10 +57,16 @@ lint: ## go vet, gofmt check, staticcheck when it installs
 	else echo "staticcheck not available from the module proxy; skipped"; fi
 
 .PHONY: genconfig
-genconfig: ## Regenerate etc/vgpu-bridge/{bridge,agent}.conf.sample from the option definitions
-	@mkdir -p etc/vgpu-bridge
+genconfig: ## Regenerate the sample configs and the docs' configuration reference from the option definitions
+	@mkdir -p etc/vgpu-bridge doc/source/reference
 	$(GO) run ./cmd/vgpu-bridge genconfig --config '' -o etc/vgpu-bridge/bridge.conf.sample
 	$(GO) run ./cmd/vgpu-agent genconfig --config '' -o etc/vgpu-bridge/agent.conf.sample
+	$(GO) run ./cmd/vgpu-bridge genconfig --config '' --format rst -o doc/source/reference/bridge-config.rst
+	$(GO) run ./cmd/vgpu-agent genconfig --config '' --format rst -o doc/source/reference/agent-config.rst
+
+.PHONY: docs
+docs: ## Build the documentation (doc/source) with Sphinx into doc/build/html, warnings as errors
+	sphinx-build -W -q -b html doc/source doc/build/html
 
 .PHONY: demo
 demo: services build ## Run the main job against the local services (see README)

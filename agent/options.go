@@ -13,6 +13,9 @@ var Options = conf.NewSet("VGPU_AGENT")
 // SampleTitle heads etc/vgpu-bridge/agent.conf.sample.
 const SampleTitle = "vgpu-agent: sample configuration (/etc/vgpu-bridge/agent.conf)"
 
+// ReferenceTitle heads the documentation's reference of agent.conf.
+const ReferenceTitle = "vgpu-agent configuration (agent.conf)"
+
 var (
 	optHost = Options.String(conf.DefaultSection, "host", "",
 		"Nova's compute service host of this machine: the same value as nova-compute's [DEFAULT] host "+

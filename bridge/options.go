@@ -12,6 +12,9 @@ var Options = conf.NewSet("VGPU_BRIDGE")
 // SampleTitle heads etc/vgpu-bridge/bridge.conf.sample.
 const SampleTitle = "vgpu-bridge: sample configuration (/etc/vgpu-bridge/bridge.conf)"
 
+// ReferenceTitle heads the documentation's reference of bridge.conf.
+const ReferenceTitle = "vgpu-bridge configuration (bridge.conf)"
+
 // LoadConfig loads and validates the configuration.
 func LoadConfig(src conf.Source) (*conf.Values, error) {
 	v, err := Options.Load(src)

@@ -20,3 +20,18 @@ func TestSampleConfigIsCurrent(t *testing.T) {
 		t.Fatal("etc/vgpu-bridge/bridge.conf.sample is stale; run `make genconfig` and commit it")
 	}
 }
+
+// The documentation's configuration reference is generated too.
+func TestReferenceIsCurrent(t *testing.T) {
+	var b bytes.Buffer
+	if err := Options.WriteReference(&b, ReferenceTitle); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile("../doc/source/reference/bridge-config.rst")
+	if err != nil {
+		t.Fatalf("%v; run `make genconfig`", err)
+	}
+	if !bytes.Equal(got, b.Bytes()) {
+		t.Fatal("doc/source/reference/bridge-config.rst is stale; run `make genconfig` and commit it")
+	}
+}

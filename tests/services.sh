@@ -48,6 +48,7 @@ PACKAGES=(
 	python3-nova python3-wsgi-intercept
 	python3-keystone
 	prometheus-alertmanager
+	python3-sphinx
 	chromium
 	curl
 )

@@ -160,7 +160,7 @@ func newVersionCmd(g *globals) *cobra.Command {
 }
 
 func newGenconfigCmd(g *globals) *cobra.Command {
-	var out string
+	var out, format string
 	c := &cobra.Command{
 		Use:   "genconfig",
 		Short: "Write the commented sample configuration generated from the option definitions",
@@ -175,9 +175,13 @@ func newGenconfigCmd(g *globals) *cobra.Command {
 				defer f.Close()
 				w = f
 			}
+			if format == "rst" {
+				return agent.Options.WriteReference(w, agent.ReferenceTitle)
+			}
 			return agent.Options.WriteSample(w, agent.SampleTitle)
 		},
 	}
 	c.Flags().StringVarP(&out, "output", "o", "", "file to write (default: standard output)")
+	c.Flags().StringVar(&format, "format", "ini", "ini (the sample file) or rst (the documentation's reference)")
 	return c
 }

@@ -80,3 +80,17 @@ func TestCopiedTestDataNamesItsSource(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsBuild: the documentation builds with Sphinx, warnings as errors
+// (make docs does the same).
+func TestDocsBuild(t *testing.T) {
+	bin, err := exec.LookPath("sphinx-build")
+	if err != nil {
+		t.Fatal("sphinx-build not found: `make services` installs python3-sphinx (apt-get install python3-sphinx)")
+	}
+	dir := root(t)
+	out, err := exec.Command(bin, "-W", "-q", "-b", "html", filepath.Join(dir, "doc", "source"), t.TempDir()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sphinx-build -W: %v\n%s", err, out)
+	}
+}
