@@ -64,6 +64,12 @@ genconfig: ## Regenerate the sample configs and the docs' configuration referenc
 	$(GO) run ./cmd/vgpu-bridge genconfig --config '' --format rst -o doc/source/reference/bridge-config.rst
 	$(GO) run ./cmd/vgpu-agent genconfig --config '' --format rst -o doc/source/reference/agent-config.rst
 
+.PHONY: deb
+deb: ## Debian packages of vgpu-bridge, vgpu-agent and vgpuctl into build/deb (dpkg-deb; lintian checks them)
+	@mkdir -p build/deb/bin
+	CGO_LDFLAGS='-Wl,-z,relro,-z,now' $(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o build/deb/bin/ $(addprefix ./cmd/,$(BINARIES))
+	bash packaging/deb/build.sh '$(VERSION)' build/deb/bin build/deb
+
 .PHONY: docs
 docs: ## Build the documentation (doc/source) with Sphinx into doc/build/html, warnings as errors
 	sphinx-build -W -q -b html doc/source doc/build/html

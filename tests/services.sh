@@ -49,6 +49,7 @@ PACKAGES=(
 	python3-keystone
 	prometheus-alertmanager
 	python3-sphinx
+	lintian dpkg-dev fakeroot
 	chromium
 	curl
 )

@@ -94,3 +94,78 @@ func TestDocsBuild(t *testing.T) {
 		t.Fatalf("sphinx-build -W: %v\n%s", err, out)
 	}
 }
+
+// TestDebPackages: make deb builds the three packages; lintian finds no
+// error in them; unpacked, they hold the binaries (the bridge's runs and
+// says its version), units, samples, copyright and conffiles, and their
+// maintainer scripts never start or enable a service.
+func TestDebPackages(t *testing.T) {
+	for _, tool := range []string{"lintian", "dpkg-deb", "dpkg-shlibdeps", "make"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not found: `make services` installs it (apt-get install lintian dpkg-dev make)", tool)
+		}
+	}
+	dir := root(t)
+	out := t.TempDir()
+	build := exec.Command("bash", "-c", `make deb && cp build/deb/*.deb "$OUT"/`)
+	build.Dir = dir
+	build.Env = append(os.Environ(), "OUT="+out, "VERSION=0.1.0.dev0+test")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("make deb: %v\n%s", err, b)
+	}
+	want := map[string][]string{
+		"vgpu-bridge": {"usr/bin/vgpu-bridge", "lib/systemd/system/vgpu-bridge.service", "lib/systemd/system/vgpu-bridge-migrate.service",
+			"usr/lib/sysusers.d/vgpu-bridge.conf", "etc/vgpu-bridge/rules.yaml", "usr/share/doc/vgpu-bridge/examples/bridge.conf.sample",
+			"usr/share/doc/vgpu-bridge/copyright"},
+		"vgpu-agent": {"usr/bin/vgpu-agent", "lib/systemd/system/vgpu-agent.service", "usr/share/doc/vgpu-agent/examples/agent.conf.sample",
+			"usr/share/doc/vgpu-agent/copyright"},
+		"vgpuctl": {"usr/bin/vgpuctl", "usr/share/doc/vgpuctl/copyright"},
+	}
+	for pkg, files := range want {
+		debs, _ := filepath.Glob(filepath.Join(out, pkg+"_0.1.0~dev0+test_*.deb"))
+		if len(debs) != 1 {
+			t.Errorf("%s: packages %v", pkg, debs)
+			continue
+		}
+		deb := debs[0]
+		if b, err := exec.Command("lintian", "--fail-on", "error", deb).CombinedOutput(); err != nil {
+			t.Errorf("lintian %s: %v\n%s", filepath.Base(deb), err, b)
+		}
+		x := filepath.Join(t.TempDir(), pkg)
+		if b, err := exec.Command("dpkg-deb", "-R", deb, x).CombinedOutput(); err != nil {
+			t.Fatalf("dpkg-deb -R %s: %v\n%s", deb, err, b)
+		}
+		for _, f := range files {
+			if _, err := os.Stat(filepath.Join(x, f)); err != nil {
+				t.Errorf("%s lacks %s", pkg, f)
+			}
+		}
+		for _, script := range []string{"postinst", "postrm", "preinst", "prerm"} {
+			b, err := os.ReadFile(filepath.Join(x, "DEBIAN", script))
+			if err != nil {
+				continue
+			}
+			var code strings.Builder // without comments, which may tell the operator what to run
+			for _, line := range strings.Split(string(b), "\n") {
+				if !strings.HasPrefix(strings.TrimSpace(line), "#") {
+					code.WriteString(line + "\n")
+				}
+			}
+			for _, bad := range []string{"systemctl start", "systemctl enable", "systemctl restart", "deb-systemd-invoke", "invoke-rc.d"} {
+				if strings.Contains(code.String(), bad) {
+					t.Errorf("%s's %s runs %q: packages never start a service unasked", pkg, script, bad)
+				}
+			}
+		}
+		if pkg == "vgpu-bridge" {
+			c, _ := os.ReadFile(filepath.Join(x, "DEBIAN", "conffiles"))
+			if !strings.Contains(string(c), "/etc/vgpu-bridge/rules.yaml") {
+				t.Errorf("conffiles = %q", c)
+			}
+			v, err := exec.Command(filepath.Join(x, "usr", "bin", "vgpu-bridge"), "--version").CombinedOutput()
+			if err != nil || !strings.Contains(string(v), "vgpu-bridge 0.1.0.dev0+test") {
+				t.Errorf("packaged vgpu-bridge --version: %v %s", err, v)
+			}
+		}
+	}
+}
