@@ -9,11 +9,13 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/keystonereg"
 )
 
 // ServiceType is the bridge's service type in Keystone's catalog
 // (vgpu-bridge keystone register puts it there).
-const ServiceType = "vgpu"
+const ServiceType = keystonereg.ServiceType
 
 // CloudTokenSource logs in to Keystone with the credentials of cloud in
 // clouds.yaml and yields the token, to send as X-Auth-Token. clouds.yaml

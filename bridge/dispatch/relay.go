@@ -1,7 +1,6 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -57,16 +56,19 @@ func (x *Dispatcher) relayLoop(ctx context.Context, ch *amqp.Channel) error {
 }
 
 type outRow struct {
-	id       uuid.UUID
-	host     string
-	kind     string
-	body     []byte
-	expires  *time.Time
-	request  *uuid.UUID
-	purpose  string
-	signed   bool // body is the signed command, or one rewritten at its host's minor: kept in the row when sent
-	deferred *amqp.DeferredConfirmation
-	err      error
+	id      uuid.UUID
+	host    string
+	kind    string
+	body    []byte
+	expires *time.Time
+	request *uuid.UUID
+	purpose string
+	signed  bool // body is the signed command, or one rewritten at its host's minor: kept in the row when sent
+	// hostMinor is the protocol minor the host's agent last reported;
+	// nil when it never reported.
+	hostMinor *int
+	deferred  *amqp.DeferredConfirmation
+	err       error
 }
 
 // relayOnce publishes one batch of due commands and marks those the broker
@@ -87,7 +89,9 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 				return err // operators hold the outbox: nothing is sent
 			}
 		}
-		rows, err := tx.Query(ctx, `SELECT c.id, c.host, c.kind, c.body, c.expires_at, c.request_id, c.purpose FROM commands c
+		rows, err := tx.Query(ctx, `SELECT c.id, c.host, c.kind, c.body, c.expires_at, c.request_id, c.purpose,
+				CASE WHEN h.report IS NOT NULL THEN coalesce((h.report->>'minor')::int, 0) END
+			FROM commands c LEFT JOIN hosts h ON h.name = c.host
 			WHERE c.sent_at IS NULL AND c.finished_at IS NULL
 			  AND NOT EXISTS (SELECT 1 FROM commands q WHERE q.request_id = c.request_id AND q.purpose = c.purpose AND q.seq < c.seq
 			        AND (q.finished_at IS NULL OR (c.purpose = 'action' AND q.result_status IS DISTINCT FROM 'succeeded')))
@@ -98,7 +102,7 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 		var out []*outRow
 		for rows.Next() {
 			r := &outRow{}
-			if err := rows.Scan(&r.id, &r.host, &r.kind, &r.body, &r.expires, &r.request, &r.purpose); err != nil {
+			if err := rows.Scan(&r.id, &r.host, &r.kind, &r.body, &r.expires, &r.request, &r.purpose, &r.hostMinor); err != nil {
 				rows.Close()
 				return err
 			}
@@ -108,30 +112,21 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 		if err := rows.Err(); err != nil || len(out) == 0 {
 			return err
 		}
-		minors, err := hostMinors(ctx, tx, out)
-		if err != nil {
-			return err
-		}
 		pctx, cancel := context.WithTimeout(ctx, x.cfg.ConfirmTimeout)
 		defer cancel()
 		for _, r := range out {
-			var at []byte
-			if at, r.err = atMinor(r.body, minors[r.host]); r.err != nil {
-				continue
-			}
-			r.signed, r.body = !bytes.Equal(at, r.body), at
 			if x.cfg.DeclareAgentQueues && !declared[r.host] {
 				if err := declareAgentQueue(ch, x.cfg.Exchange, r.host); err != nil {
 					return err // the channel is gone after a failed declare
 				}
 				declared[r.host] = true
 			}
-			if signer := x.keys().Signer; signer != nil {
-				if r.body, r.err = signCommand(signer, r.body); r.err != nil {
-					continue
-				}
-				r.signed = true
+			signer := x.keys().Signer
+			var changed bool
+			if r.body, changed, r.err = outgoing(r.body, r.hostMinor, signer); r.err != nil {
+				continue
 			}
+			r.signed = changed // what went out is kept in the row when it differs from what is stored
 			pub := amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: r.id.String(),
 				Timestamp: time.Now(), Type: r.kind, Body: r.body}
 			if r.expires != nil {
@@ -218,44 +213,29 @@ func declareAgentQueue(ch *amqp.Channel, exchange, host string) error {
 	return nil
 }
 
-// hostMinors is the protocol minor each row's host last reported (0 when
-// its report has none); hosts that never reported are absent.
-func hostMinors(ctx context.Context, tx pgx.Tx, rows []*outRow) (map[string]int, error) {
-	var names []string
-	for _, r := range rows {
-		names = append(names, r.host)
-	}
-	q, err := tx.Query(ctx, `SELECT name, coalesce((report->>'minor')::int, 0) FROM hosts WHERE name = ANY($1) AND report IS NOT NULL`, names)
-	if err != nil {
-		return nil, fmt.Errorf("read the hosts' protocol versions: %w", err)
-	}
-	defer q.Close()
-	out := map[string]int{}
-	for q.Next() {
-		var name string
-		var m int
-		if err := q.Scan(&name, &m); err != nil {
-			return nil, err
-		}
-		out[name] = m
-	}
-	return out, q.Err()
-}
-
-// atMinor writes a command at the minor its host reads: the bridge's own
-// or, for an agent not yet upgraded, that agent's (the minor before; it
-// ignores what the bridge's minor added). A host that never reported gets
-// the minor before, which either accepts. The body is left as it is when
-// its minor is already right.
-func atMinor(body []byte, hostMinor int) ([]byte, error) {
+// outgoing is the command as it goes out to its host, decoded once: at
+// the minor the host's agent reads (the bridge's own, or the one before
+// for an agent not yet upgraded or never heard from; it ignores what the
+// bridge's minor added), and signed when signer is set. changed is false
+// when body goes out as stored.
+func outgoing(body []byte, hostMinor *int, signer *protocol.Signer) (out []byte, changed bool, err error) {
 	var c protocol.Command
 	if err := json.Unmarshal(body, &c); err != nil {
-		return nil, fmt.Errorf("outbox body is not a command: %w", err)
+		return nil, false, fmt.Errorf("outbox body is not a command: %w", err)
 	}
-	want := min(max(hostMinor, protocol.Minor-1), protocol.Minor)
-	if c.Minor == want {
-		return body, nil
+	want := protocol.Minor - 1
+	if hostMinor != nil {
+		want = min(max(*hostMinor, protocol.Minor-1), protocol.Minor)
+	}
+	if c.Minor == want && signer == nil {
+		return body, false, nil
 	}
 	c.Minor = want
-	return json.Marshal(c)
+	if signer != nil {
+		if err := signer.SignCommand(&c); err != nil {
+			return nil, false, fmt.Errorf("sign command: %w", err)
+		}
+	}
+	out, err = json.Marshal(c)
+	return out, err == nil, err
 }

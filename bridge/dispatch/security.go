@@ -100,22 +100,6 @@ func (x *Dispatcher) SetKeys(k Keys) error {
 	return nil
 }
 
-// signCommand returns the body to publish for an outbox row: the stored
-// command signed with the bridge's key (key_id and sig set). The relay
-// writes it back to the row with sent_at, so the row keeps the bytes that
-// went out (as jsonb; sentDigests recomputes them) whatever key signs
-// later.
-func signCommand(s *protocol.Signer, body []byte) ([]byte, error) {
-	var c protocol.Command
-	if err := json.Unmarshal(body, &c); err != nil {
-		return nil, fmt.Errorf("outbox body is not a command: %w", err)
-	}
-	if err := s.SignCommand(&c); err != nil {
-		return nil, fmt.Errorf("sign command: %w", err)
-	}
-	return json.Marshal(c)
-}
-
 // sentDigests returns the SHA-256 (hex) of the bodies the relay may have
 // published for a stored body: the stored text itself (unsigned relay)
 // and the command re-encoded (signed relay: the row keeps the signed

@@ -74,7 +74,8 @@ func TestOwnRefusal(t *testing.T) {
 
 	// Signed: what the relay publishes and writes back to the row.
 	id, stored := newCmd()
-	sent, err := signCommand(signer, stored)
+	minor := protocol.Minor
+	sent, _, err := outgoing(stored, &minor, signer)
 	testsvc.Must(t, err, "sign")
 	_, err = pool.Exec(ctx, `UPDATE commands SET sent_at = now(), body = $2::jsonb WHERE id = $1`, id, string(sent))
 	testsvc.Must(t, err, "keep signed body")

@@ -1,18 +1,18 @@
 package main
 
 import (
-	"crypto/tls"
 	"fmt"
 	"net/http"
 	"os"
 	"text/tabwriter"
 
+	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack"
-	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 	"github.com/spf13/cobra"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/keystonereg"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 )
 
 func init() { subcommands = append(subcommands, newKeystoneCmd) }
@@ -48,29 +48,17 @@ func newKeystoneCmd(g *globals) *cobra.Command {
 			if cloud == "" {
 				return usageError{fmt.Errorf("no cloud to log in with: set --os-cloud, OS_CLOUD or [openstack] cloud")}
 			}
-			ao, eo, tlsCfg, err := clouds.Parse(clouds.WithCloudName(cloud))
-			if err != nil {
-				return fmt.Errorf("clouds.yaml cloud %q: %w", cloud, err)
-			}
-			pc, err := openstack.NewClient(ao.IdentityEndpoint)
+			var cloudRegion string
+			identity, err := osclient.New(cmd.Context(), osclient.Config{Cloud: cloud, Type: "identity", HTTPClient: &http.Client{},
+				FromCatalog: func(pc *gophercloud.ProviderClient, eo gophercloud.EndpointOpts) (*gophercloud.ServiceClient, error) {
+					cloudRegion = eo.Region
+					return openstack.NewIdentityV3(pc, eo)
+				}})
 			if err != nil {
 				return fmt.Errorf("cloud %s: %w", cloud, err)
 			}
-			tr := http.DefaultTransport.(*http.Transport).Clone()
-			tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-			if tlsCfg != nil {
-				tr.TLSClientConfig = tlsCfg.Clone()
-			}
-			pc.HTTPClient = http.Client{Transport: tr}
-			if err := openstack.Authenticate(cmd.Context(), pc, ao); err != nil {
-				return fmt.Errorf("cloud %s: Keystone login: %w", cloud, err)
-			}
-			identity, err := openstack.NewIdentityV3(pc, eo)
-			if err != nil {
-				return err
-			}
 			if region == "" {
-				region = eo.Region
+				region = cloudRegion
 			}
 			urls := map[string]string{"public": public}
 			if internal != "" {

@@ -33,12 +33,7 @@ func (s *Set) WriteSample(w io.Writer, title string) error {
 		}
 		writeOption(&b, o, s.EnvVar(o))
 	}
-	prefixes := make([]string, 0, len(s.templates))
-	for p := range s.templates {
-		prefixes = append(prefixes, p)
-	}
-	sort.Strings(prefixes)
-	for _, p := range prefixes {
+	for _, p := range s.templatePrefixes() {
 		if strings.HasSuffix(p, "_") {
 			fmt.Fprintf(&b, "\n# [%sNAME]\n", p)
 		} else {
@@ -48,14 +43,29 @@ func (s *Set) WriteSample(w io.Writer, title string) error {
 			b.WriteString(comment(h, "# "))
 		}
 		b.WriteString("# (a templated section: one per NAME; set in the file only)\n")
-		tmpl := append([]*Option(nil), s.templates[p]...)
-		sort.SliceStable(tmpl, func(i, j int) bool { return tmpl[i].Name < tmpl[j].Name })
-		for _, o := range tmpl {
+		for _, o := range s.templateOptions(p) {
 			writeOption(&b, o, "")
 		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// templatePrefixes are the templated sections' prefixes, sorted.
+func (s *Set) templatePrefixes() []string {
+	prefixes := make([]string, 0, len(s.templates))
+	for p := range s.templates {
+		prefixes = append(prefixes, p)
+	}
+	sort.Strings(prefixes)
+	return prefixes
+}
+
+// templateOptions are a templated section's options by name.
+func (s *Set) templateOptions(prefix string) []*Option {
+	tmpl := append([]*Option(nil), s.templates[prefix]...)
+	sort.SliceStable(tmpl, func(i, j int) bool { return tmpl[i].Name < tmpl[j].Name })
+	return tmpl
 }
 
 func writeOption(b *strings.Builder, o *Option, env string) {
@@ -122,12 +132,7 @@ func (s *Set) WriteReference(w io.Writer, title string) error {
 		}
 		writeRefOption(&b, o, s.EnvVar(o))
 	}
-	prefixes := make([]string, 0, len(s.templates))
-	for p := range s.templates {
-		prefixes = append(prefixes, p)
-	}
-	sort.Strings(prefixes)
-	for _, p := range prefixes {
+	for _, p := range s.templatePrefixes() {
 		head := "[" + p + ":NAME]"
 		if strings.HasSuffix(p, "_") {
 			head = "[" + p + "NAME]"
@@ -137,9 +142,7 @@ func (s *Set) WriteReference(w io.Writer, title string) error {
 			b.WriteString(rstText(h) + "\n")
 		}
 		b.WriteString("A templated section: one per NAME, set in the file only.\n")
-		tmpl := append([]*Option(nil), s.templates[p]...)
-		sort.SliceStable(tmpl, func(i, j int) bool { return tmpl[i].Name < tmpl[j].Name })
-		for _, o := range tmpl {
+		for _, o := range s.templateOptions(p) {
 			writeRefOption(&b, o, "")
 		}
 	}
