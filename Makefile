@@ -13,6 +13,7 @@ BINARIES     := vgpu-bridge vgpu-agent vgpuctl
 TEST_TIMEOUT ?= 25m
 TEST_FUZZTIME ?= 2s
 FUZZTIME     ?= 1m
+DEB_DIR      ?= build/deb
 export PATH  := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
@@ -65,10 +66,10 @@ genconfig: ## Regenerate the sample configs and the docs' configuration referenc
 	$(GO) run ./cmd/vgpu-agent genconfig --config '' --format rst -o doc/source/reference/agent-config.rst
 
 .PHONY: deb
-deb: ## Debian packages of vgpu-bridge, vgpu-agent and vgpuctl into build/deb (dpkg-deb; lintian checks them)
-	@mkdir -p build/deb/bin
-	CGO_LDFLAGS='-Wl,-z,relro,-z,now' $(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o build/deb/bin/ $(addprefix ./cmd/,$(BINARIES))
-	bash packaging/deb/build.sh '$(VERSION)' build/deb/bin build/deb
+deb: ## Debian packages of vgpu-bridge, vgpu-agent and vgpuctl into DEB_DIR (default build/deb; dpkg-deb; lintian checks them)
+	@mkdir -p $(DEB_DIR)/bin
+	CGO_LDFLAGS='-Wl,-z,relro,-z,now' $(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o $(DEB_DIR)/bin/ $(addprefix ./cmd/,$(BINARIES))
+	bash packaging/deb/build.sh '$(VERSION)' $(DEB_DIR)/bin $(DEB_DIR)
 
 .PHONY: docs
 docs: ## Build the documentation (doc/source) with Sphinx into doc/build/html, warnings as errors

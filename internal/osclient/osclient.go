@@ -62,11 +62,14 @@ func New(ctx context.Context, cfg Config) (*gophercloud.ServiceClient, error) {
 		if err != nil {
 			return nil, &AuthError{Err: err}
 		}
+		if cfg.Endpoint != "" {
+			// An override needs no catalog entry: a cloud whose catalog
+			// lacks the service (or names an unreachable URL) still works.
+			sc = &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: gophercloud.NormalizeURL(cfg.Endpoint), Type: cfg.Type}
+			break
+		}
 		if sc, err = cfg.FromCatalog(pc, eo); err != nil {
 			return nil, fmt.Errorf("%s endpoint: %w", cfg.Type, err)
-		}
-		if cfg.Endpoint != "" {
-			sc.Endpoint = gophercloud.NormalizeURL(cfg.Endpoint)
 		}
 	default:
 		return nil, ErrUnconfigured

@@ -81,6 +81,7 @@ install -D -m 0644 "$root/etc/systemd/vgpu-bridge.sysusers.conf" "$d/usr/lib/sys
 common_doc vgpu-bridge "$d"
 install -D -m 0644 "$root/etc/vgpu-bridge/bridge.conf.sample" "$d/usr/share/doc/vgpu-bridge/examples/bridge.conf.sample"
 install -m 0644 "$root/README.rst" "$d/usr/share/doc/vgpu-bridge/README.rst"
+install -m 0644 "$root/etc/rabbitmq/setup-accounts.sh" "$d/usr/share/doc/vgpu-bridge/examples/setup-rabbitmq-accounts.sh"
 install -D -m 0644 "$root/etc/grafana/vgpu-bridge.json" "$d/usr/share/vgpu-bridge/grafana/vgpu-bridge.json"
 control vgpu-bridge "$d" "$(depends_of "$d/usr/bin/vgpu-bridge"), adduser" net \
 	"elastic, policy-driven NVIDIA vGPU for OpenStack (bridge)" \
@@ -104,6 +105,7 @@ control vgpu-agent "$d" "$(depends_of "$d/usr/bin/vgpu-agent")" net \
 	"VFIO vGPUs, hot-plugs them through libvirt, reads NVML and reports to the" \
 	"bridge. NVIDIA's NVML library is loaded at run time when present."
 install -m 0755 "$here/vgpu-agent.postinst" "$d/DEBIAN/postinst"
+install -m 0755 "$here/vgpu-agent.postrm" "$d/DEBIAN/postrm"
 build vgpu-agent "$d"
 
 # ---- vgpuctl

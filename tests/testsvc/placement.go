@@ -20,14 +20,23 @@ func GPUProviderName(node, pciAddr string) string {
 	return node + "_pci_" + strings.NewReplacer(":", "_", ".", "_").Replace(pciAddr)
 }
 
-// FleetGPU is a GPU child provider of a FleetHost: VGPU inventory of
-// Total units with Trait; Used > 0 puts that many units under a consumer
-// of their own, as another instance would.
+// FleetGPU is a GPU child provider of a FleetHost: inventory of Class
+// (default VGPU) of Total units with Trait (none when empty); Used > 0
+// puts that many units under a consumer of their own, as another instance
+// would.
 type FleetGPU struct {
 	PCI   string
 	Trait string
+	Class string
 	Total int
 	Used  int
+}
+
+func (g FleetGPU) class() string {
+	if g.Class == "" {
+		return "VGPU"
+	}
+	return g.Class
 }
 
 // FleetHost is a compute node in Placement, as Nova's resource tracker
@@ -51,11 +60,18 @@ type FleetProviders struct {
 func PlacementFleet(ctx context.Context, t testing.TB, sc *gophercloud.ServiceClient, hosts []FleetHost) []FleetProviders {
 	t.Helper()
 	seen := map[string]bool{}
+	var classes []string
 	for _, h := range hosts {
 		for _, g := range h.GPUs {
-			if !seen[g.Trait] {
+			if g.Trait != "" && !seen[g.Trait] {
 				seen[g.Trait] = true
 				Must(t, traits.Create(ctx, sc, g.Trait).ExtractErr(), "create trait "+g.Trait)
+			}
+			if c := g.class(); strings.HasPrefix(c, "CUSTOM_") && !seen[c] {
+				seen[c] = true
+				classes = append(classes, c)
+				_, err := sc.Put(ctx, sc.ServiceURL("resource_classes", c), nil, nil, &gophercloud.RequestOpts{OkCodes: []int{201, 204}})
+				Must(t, err, "create resource class "+c)
 			}
 		}
 	}
@@ -63,6 +79,13 @@ func PlacementFleet(ctx context.Context, t testing.TB, sc *gophercloud.ServiceCl
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		defer func() { // after the inventories that use them
+			for _, c := range classes {
+				if _, err := sc.Delete(ctx, sc.ServiceURL("resource_classes", c), nil); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
+					t.Logf("cleanup: resource class %s: %v", c, err)
+				}
+			}
+		}()
 		for _, c := range consumers {
 			if err := allocations.Delete(ctx, sc, c).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
 				t.Logf("cleanup: allocations of %s: %v", c, err)
@@ -95,17 +118,19 @@ func PlacementFleet(ctx context.Context, t testing.TB, sc *gophercloud.ServiceCl
 			providers = append(providers, id)
 			out[i].GPUs[g.PCI] = id
 			r, err := resourceproviders.UpdateInventories(ctx, sc, id, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
-				"VGPU": {Total: g.Total, MinUnit: 1, MaxUnit: g.Total, StepSize: 1, AllocationRatio: 1},
+				g.class(): {Total: g.Total, MinUnit: 1, MaxUnit: g.Total, StepSize: 1, AllocationRatio: 1},
 			}}).Extract()
 			Must(t, err, "GPU inventory")
-			_, err = resourceproviders.UpdateTraits(ctx, sc, id, resourceproviders.UpdateTraitsOpts{
-				ResourceProviderGeneration: r.ResourceProviderGeneration, Traits: []string{g.Trait}}).Extract()
-			Must(t, err, "GPU traits")
+			if g.Trait != "" {
+				_, err = resourceproviders.UpdateTraits(ctx, sc, id, resourceproviders.UpdateTraitsOpts{
+					ResourceProviderGeneration: r.ResourceProviderGeneration, Traits: []string{g.Trait}}).Extract()
+				Must(t, err, "GPU traits")
+			}
 			if g.Used > 0 {
 				c := uuid.NewString()
 				err := allocations.Update(ctx, sc, c, allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{
 					root: {Resources: onRoot},
-					id:   {Resources: map[string]int{"VGPU": g.Used}},
+					id:   {Resources: map[string]int{g.class(): g.Used}},
 				}, ProjectID: project, UserID: user, ConsumerType: "INSTANCE"}).ExtractErr()
 				Must(t, err, "GPU consumer")
 				consumers = append(consumers, c)
