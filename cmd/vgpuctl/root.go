@@ -130,7 +130,7 @@ func newRoot(g *globals) *cobra.Command {
 		versionCmd, healthCmd,
 		hostsCmd, gpusCmd, instancesCmd, allocationsCmd, eventsCmd, deadLettersCmd,
 		requestsCmd, requestCmd, placeCmd, syncCmd, policyCmd, webhookCmd,
-		driftCmd,
+		driftCmd, flavorCmd,
 	} {
 		root.AddCommand(f(g))
 	}

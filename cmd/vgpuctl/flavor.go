@@ -1,0 +1,425 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
+	"github.com/gophercloud/gophercloud/v2/openstack/config"
+	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
+	"github.com/spf13/cobra"
+
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
+	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
+)
+
+func flavorCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "flavor",
+		Short: "Plan and create the Nova flavors that carry vGPUs",
+		Args:  cobra.NoArgs,
+	}
+	cmd.AddCommand(flavorPlanCmd(g))
+	return cmd
+}
+
+const flavorPlanLong = `Propose a vGPU flavor for each Nova flavor without vGPU and each vGPU profile
+the fleet's GPUs are typed for (GET /v1/profiles: GPUS > 0), and with --apply
+create the missing ones through Nova.
+
+The flavor proposed for BASE and PROFILE is BASE.vgpu-PROFILE (lower case:
+m1.small and T4-4Q give m1.small.vgpu-t4-4q, the name the bridge suggests when a
+resize finds no vGPU flavor): BASE's vCPUs, RAM, disk, ephemeral, swap,
+visibility and extra specs, plus resources:VGPU=1 and
+trait:CUSTOM_NVIDIA_<type>=required (the trait of the profile's type, which the
+GPU providers typed for it carry in Placement), so that Nova's scheduler can
+only place it on a GPU of that type. Flavors that ask for a vGPU already, and
+flavors with malformed extra specs (reported on stderr), are not bases.
+
+ACTION says what each proposal needs:
+  create    no flavor has the name, nor the same contents: --apply creates it
+  exists    a flavor of the name has the planned contents
+  covered   no flavor has the name, but an equal one exists (or is created by
+            this plan) under another name, which DETAIL names
+  conflict  a flavor of the name has other contents; it is left alone and DETAIL
+            says what differs
+With --apply, create rows show created (or failed, with Nova's answer). Each
+flavor is created, then given its extra specs; when the extra specs fail, the
+flavor is deleted again, so no half-made flavor remains. Running it again is
+safe: the flavors it created then show exists. Sizes, visibility and extra
+specs are compared; a private base's flavor is private too, and project access
+is not copied (openstack flavor set --project).
+
+Nova is reached through the Keystone catalog of --os-cloud (service type
+compute; --compute-url overrides the catalog's URL), or without Keystone with
+--compute-url and --compute-token (a noauth Nova). Listing every flavor with its
+extra specs (compute microversion 2.61) and creating flavors take an admin.
+--flavor and --profile narrow the plan; with --profile, profiles no GPU is
+typed for yet can be planned too.
+
+-o json and -o yaml print {"proposals": [...], "skipped": [...]}: each proposal
+with its flavor (name, sizes, is_public, extra_specs), based_on, profile,
+trait, action, existing, existing_id, differences and detail; skipped lists the
+flavors and profiles left out, with the reason.
+
+Exit codes: 0 also when the plan has conflicts; 1 when a flavor could not be
+created or Nova answered with an error; 2 for bad flags or an unknown
+--profile; 4 when the bridge or Nova cannot be reached.`
+
+const flavorPlanExample = `  # What is missing, for the m1 flavors and every profile the fleet is typed for:
+  vgpuctl --os-cloud admin flavor plan --flavor 'm1.*'
+  FLAVOR                BASED ON   PROFILE  ACTION    DETAIL
+  m1.large.vgpu-t4-4q   m1.large   T4-4Q    conflict  left alone: extra spec resources:VGPU=2, planned 1
+  m1.medium.vgpu-t4-4q  m1.medium  T4-4Q    create    vcpus=4 ram=4096 disk=40 + resources:VGPU=1 trait:CUSTOM_NVIDIA_232=required
+  m1.medium.vgpu-t4-8q  m1.medium  T4-8Q    covered   equal to gpu.medium (id 5)
+  m1.small.vgpu-t4-4q   m1.small   T4-4Q    exists    id 4
+
+  # Create the missing ones (create rows then show created), for T4-4Q only:
+  vgpuctl --os-cloud admin flavor plan --flavor 'm1.*' --profile T4-4Q --apply
+
+  # A Nova without Keystone (noauth2), the bridge at its default URL:
+  VGPUCTL_COMPUTE_TOKEN=admin:admin vgpuctl flavor plan --compute-url http://127.0.0.1:8774/v2.1 -o json`
+
+// flavorMicroversion lists flavors with their extra specs (2.61) and
+// takes a flavor description (2.55).
+const flavorMicroversion = computeapi.MinMicroversion
+
+type flavorPlanOpts struct {
+	apply        bool
+	profiles     []string
+	patterns     []string
+	computeURL   string
+	computeToken string
+}
+
+func flavorPlanCmd(g *globals) *cobra.Command {
+	var o flavorPlanOpts
+	cmd := &cobra.Command{
+		Use:     "plan",
+		Short:   "Propose (and with --apply create) a vGPU flavor per flavor and profile",
+		Long:    flavorPlanLong,
+		Example: flavorPlanExample,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return flavorPlan(cmd.Context(), g, o)
+		},
+	}
+	fl := cmd.Flags()
+	fl.BoolVar(&o.apply, "apply", false, "create the proposals whose action is create")
+	fl.StringSliceVar(&o.profiles, "profile", nil, "only these profiles, e.g. T4-4Q (repeat or comma-separate; default: every profile with GPUs typed for it)")
+	fl.StringSliceVar(&o.patterns, "flavor", nil, "only base flavors whose name matches one of these shell patterns, e.g. 'm1.*' (repeat or comma-separate)")
+	fl.StringVar(&o.computeURL, "compute-url", "", "Nova's compute API URL, e.g. http://127.0.0.1:8774/v2.1 (default: the catalog's, with --os-cloud)")
+	fl.StringVar(&o.computeToken, "compute-token", "", "token for --compute-url without Keystone (env VGPUCTL_COMPUTE_TOKEN; prefer the environment)")
+	return cmd
+}
+
+func flavorPlan(ctx context.Context, g *globals, o flavorPlanOpts) error {
+	for _, p := range o.patterns {
+		if _, err := path.Match(p, ""); err != nil {
+			return usageErr(fmt.Errorf("--flavor %q: %w", p, err))
+		}
+	}
+	if o.computeToken == "" {
+		o.computeToken = os.Getenv("VGPUCTL_COMPUTE_TOKEN")
+	}
+	if o.computeToken != "" && o.computeURL == "" {
+		return usageErr(errors.New("--compute-token needs --compute-url"))
+	}
+	if o.computeURL == "" && o.computeToken == "" && g.cloudName() == "" {
+		return usageErr(errors.New("how to reach Nova: give --os-cloud (Keystone's catalog), or --compute-url with --compute-token"))
+	}
+	if o.computeURL != "" && o.computeToken == "" && g.cloudName() == "" {
+		return usageErr(errors.New("--compute-url needs --compute-token, or --os-cloud for a Keystone token"))
+	}
+
+	profiles, err := planProfiles(ctx, g, o.profiles)
+	if err != nil {
+		return err
+	}
+	sc, err := computeClient(ctx, g, o)
+	if err != nil {
+		return err
+	}
+	all, err := listFlavors(ctx, sc)
+	if err != nil {
+		return err
+	}
+	plan := nova.PlanFlavors(all, profiles, func(f nova.PlanFlavor) bool { return matchAny(o.patterns, f.Name) })
+	for _, s := range plan.Skipped {
+		if !s.VGPU {
+			what := "flavor " + s.Flavor
+			switch {
+			case s.Flavor != "" && s.Profile != "":
+				what += " for " + s.Profile
+			case s.Flavor == "":
+				what = "profile " + s.Profile
+			}
+			fmt.Fprintf(g.stderr, "vgpuctl: %s left out: %s\n", what, s.Reason)
+		}
+	}
+	if len(profiles) == 0 {
+		fmt.Fprintln(g.stderr, "vgpuctl: no GPU of the fleet is typed for a profile yet (vgpuctl profiles); name one with --profile")
+	}
+
+	failed := 0
+	if o.apply {
+		for i := range plan.Proposals {
+			p := &plan.Proposals[i]
+			if p.Action != nova.PlanCreate {
+				continue
+			}
+			id, err := createFlavor(ctx, sc, p)
+			if err != nil {
+				failed++
+				p.Action, p.Detail = nova.PlanFailed, err.Error()
+				if apiErr := asUnreachable(err); apiErr != nil {
+					// Nova went away: the rest would fail the same way.
+					_ = g.emitPlan(plan)
+					return apiErr
+				}
+				continue
+			}
+			p.Action, p.Existing, p.ExistingID, p.Detail = nova.PlanCreated, p.Flavor.Name, id, "id "+id
+		}
+		// Rows covered by a flavor this run made (or failed to make).
+		made := map[string]nova.FlavorProposal{}
+		for _, p := range plan.Proposals {
+			if p.Action == nova.PlanCreated || p.Action == nova.PlanFailed {
+				made[p.Flavor.Name] = p
+			}
+		}
+		for i := range plan.Proposals {
+			p := &plan.Proposals[i]
+			if c, ok := made[p.Existing]; ok && p.Action == nova.PlanCovered && p.ExistingID == "" {
+				if c.Action == nova.PlanCreated {
+					p.ExistingID, p.Detail = c.ExistingID, "equal to "+c.Flavor.Name+" (id "+c.ExistingID+"), created now"
+				} else {
+					p.Detail = "equal to " + c.Flavor.Name + ", which could not be created: run again"
+				}
+			}
+		}
+	}
+	if err := g.emitPlan(plan); err != nil {
+		return err
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d flavor(s) could not be created (ACTION failed)", failed)
+	}
+	return nil
+}
+
+func (g *globals) emitPlan(plan nova.FlavorPlan) error {
+	raw, err := json.Marshal(plan)
+	if err != nil {
+		return err
+	}
+	return g.emit(raw, func(w io.Writer) {
+		header(w, "FLAVOR", "BASED ON", "PROFILE", "ACTION", "DETAIL")
+		for _, p := range plan.Proposals {
+			row(w, p.Flavor.Name, p.BasedOn, p.Profile, string(p.Action), clip(p.Detail, 160))
+		}
+	})
+}
+
+// cloudName is --os-cloud, else $OS_CLOUD.
+func (g *globals) cloudName() string {
+	if g.cloud != "" {
+		return g.cloud
+	}
+	return os.Getenv("OS_CLOUD")
+}
+
+func matchAny(patterns []string, name string) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// planProfiles reads the catalog from the bridge: the profiles named, or
+// (none named) those the fleet's GPUs are typed for.
+func planProfiles(ctx context.Context, g *globals, names []string) ([]nova.PlanProfile, error) {
+	pl, err := g.api().Profiles(ctx, "", "")
+	if err != nil {
+		return nil, err
+	}
+	var out []nova.PlanProfile
+	if len(names) == 0 {
+		for _, p := range pl.Profiles {
+			if p.GPUs > 0 && p.Trait != "" {
+				out = append(out, nova.PlanProfile{Name: p.Name, TypeID: p.TypeID, Trait: p.Trait})
+			}
+		}
+		return out, nil
+	}
+	for _, n := range names {
+		found := false
+		for _, p := range pl.Profiles {
+			if strings.EqualFold(p.Name, n) {
+				found = true
+				if p.Trait == "" {
+					return nil, fmt.Errorf("profile %s: its type id is not known yet (no agent has reported it, and the profile catalog names none), so it has no trait", p.Name)
+				}
+				out = append(out, nova.PlanProfile{Name: p.Name, TypeID: p.TypeID, Trait: p.Trait})
+				break
+			}
+		}
+		if !found {
+			return nil, usageErr(fmt.Errorf("--profile %s: not in the bridge's profile catalog (vgpuctl profiles lists it)", n))
+		}
+	}
+	return out, nil
+}
+
+// computeClient is Nova's compute client: --compute-url with
+// --compute-token, or a Keystone login with the cloud of clouds.yaml
+// (the catalog's compute URL unless --compute-url overrides it).
+func computeClient(ctx context.Context, g *globals, o flavorPlanOpts) (*gophercloud.ServiceClient, error) {
+	hc := &http.Client{Timeout: g.timeout}
+	if g.cacert != "" {
+		var err error
+		if hc, err = caClient(g.cacert, g.timeout); err != nil {
+			return nil, err
+		}
+	}
+	var sc *gophercloud.ServiceClient
+	if o.computeToken != "" {
+		pc := &gophercloud.ProviderClient{HTTPClient: *hc}
+		pc.SetToken(o.computeToken)
+		sc = &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: gophercloud.NormalizeURL(o.computeURL), Type: "compute"}
+	} else {
+		cloud := g.cloudName()
+		opts := []clouds.ParseOption{clouds.WithCloudName(cloud)}
+		if g.cacert != "" {
+			opts = append(opts, clouds.WithCACertPath(g.cacert))
+		}
+		ao, eo, tlsc, err := clouds.Parse(opts...)
+		if err != nil {
+			return nil, fmt.Errorf("clouds.yaml: %w", err)
+		}
+		ao.AllowReauth = true
+		pc, err := config.NewProviderClient(ctx, ao, config.WithHTTPClient(*hc), config.WithTLSConfig(tlsc))
+		if err != nil {
+			err = fmt.Errorf("cloud %s: Keystone login at %s: %w", cloud, ao.IdentityEndpoint, err)
+			if u := asUnreachable(err); u != nil {
+				return nil, u
+			}
+			return nil, err
+		}
+		if o.computeURL != "" {
+			sc = &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: gophercloud.NormalizeURL(o.computeURL), Type: "compute"}
+		} else if sc, err = openstack.NewComputeV2(pc, eo); err != nil {
+			return nil, fmt.Errorf("cloud %s: compute endpoint: %w", cloud, err)
+		}
+	}
+	sc.Microversion = flavorMicroversion
+	return sc, nil
+}
+
+// listFlavors lists every flavor, public and private, with extra specs.
+func listFlavors(ctx context.Context, sc *gophercloud.ServiceClient) ([]nova.PlanFlavor, error) {
+	pages, err := flavors.ListDetail(sc, flavors.ListOpts{AccessType: flavors.AllAccess}).AllPages(ctx)
+	if err != nil {
+		return nil, novaErr("list flavors", sc, err)
+	}
+	fs, err := flavors.ExtractFlavors(pages)
+	if err != nil {
+		return nil, fmt.Errorf("nova: list flavors: %w", err)
+	}
+	out := make([]nova.PlanFlavor, 0, len(fs))
+	for _, f := range fs {
+		out = append(out, nova.PlanFlavor{ID: f.ID, Name: f.Name, VCPUs: f.VCPUs, RAM: f.RAM, Disk: f.Disk, Ephemeral: f.Ephemeral,
+			Swap: f.Swap, Public: f.IsPublic, ExtraSpecs: f.ExtraSpecs})
+	}
+	return out, nil
+}
+
+// createFlavor creates p's flavor and then its extra specs; when the
+// extra specs fail it deletes the flavor again. It returns the new id.
+func createFlavor(ctx context.Context, sc *gophercloud.ServiceClient, p *nova.FlavorProposal) (string, error) {
+	f := p.Flavor
+	disk, eph, swap, public := f.Disk, f.Ephemeral, f.Swap, f.Public
+	opts := flavors.CreateOpts{Name: f.Name, VCPUs: f.VCPUs, RAM: f.RAM, Disk: &disk, Ephemeral: &eph, IsPublic: &public,
+		Description: fmt.Sprintf("%s with one %s vGPU (vgpuctl flavor plan)", p.BasedOn, p.Profile)}
+	if swap > 0 {
+		opts.Swap = &swap
+	}
+	created, err := flavors.Create(ctx, sc, opts).Extract()
+	if err != nil {
+		return "", novaErr("create flavor "+f.Name, sc, err)
+	}
+	if created == nil || created.ID == "" {
+		return "", fmt.Errorf("nova: create flavor %s: the answer holds no flavor id", f.Name)
+	}
+	if _, err := flavors.CreateExtraSpecs(ctx, sc, created.ID, flavors.ExtraSpecsOpts(f.ExtraSpecs)).Extract(); err != nil {
+		err = novaErr("set the extra specs of flavor "+f.Name, sc, err)
+		// A context that ended must not keep the half-made flavor.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if derr := flavors.Delete(dctx, sc, created.ID).ExtractErr(); derr != nil {
+			return "", fmt.Errorf("%w; deleting flavor %s (id %s) again failed too, delete it by hand: %v", err, f.Name, created.ID, novaErr("delete", sc, derr))
+		}
+		return "", fmt.Errorf("%w (flavor deleted again)", err)
+	}
+	return created.ID, nil
+}
+
+// novaErr names the call and Nova's answer; a network failure becomes
+// exit 4 (the API could not be reached).
+func novaErr(op string, sc *gophercloud.ServiceClient, err error) error {
+	var code gophercloud.ErrUnexpectedResponseCode
+	if errors.As(err, &code) {
+		body := strings.TrimSpace(string(code.Body))
+		var fault map[string]struct {
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(code.Body, &fault) == nil {
+			for _, v := range fault {
+				if v.Message != "" {
+					body = v.Message
+				}
+			}
+		}
+		return fmt.Errorf("nova: %s: %d %s", op, code.Actual, clip(body, 300))
+	}
+	e := fmt.Errorf("nova: %s at %s: %w", op, sc.Endpoint, err)
+	if u := asUnreachable(e); u != nil {
+		return u
+	}
+	return e
+}
+
+// asUnreachable returns err as exit 4 when it is a network failure
+// (connection refused, DNS, timeout), nil otherwise.
+func asUnreachable(err error) error {
+	var ee exitError
+	if errors.As(err, &ee) {
+		if ee.code == exitNoAPI {
+			return ee
+		}
+		return nil
+	}
+	var ue *url.Error
+	var ne net.Error
+	if errors.As(err, &ue) || errors.As(err, &ne) {
+		return exitError{exitNoAPI, err}
+	}
+	return nil
+}

@@ -1,0 +1,301 @@
+package nova
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// PlanFlavor is a Nova flavor as PlanFlavors reads and proposes it: the
+// sizes, the visibility and the extra specs (what makes two flavors
+// equal here; the id, description and rxtx_factor do not count).
+type PlanFlavor struct {
+	ID         string            `json:"id,omitempty"`
+	Name       string            `json:"name"`
+	VCPUs      int               `json:"vcpus"`
+	RAM        int               `json:"ram"`       // MiB
+	Disk       int               `json:"disk"`      // GiB
+	Ephemeral  int               `json:"ephemeral"` // GiB
+	Swap       int               `json:"swap"`      // MiB
+	Public     bool              `json:"is_public"`
+	ExtraSpecs map[string]string `json:"extra_specs"`
+}
+
+// PlanProfile is a vGPU profile flavors are planned for: its name (T4-4Q)
+// and the Placement trait of its type (CUSTOM_NVIDIA_232 for nvidia-232),
+// which the GPU providers typed for it carry.
+type PlanProfile struct {
+	Name   string `json:"name"`
+	TypeID string `json:"type_id,omitempty"`
+	Trait  string `json:"trait"`
+}
+
+// PlanAction says what a proposal needs.
+type PlanAction string
+
+// The actions of a plan, and (PlanCreated, PlanFailed) the outcomes of
+// applying a PlanCreate.
+const (
+	// PlanCreate: no flavor of the proposal's name exists, nor an equal one.
+	PlanCreate PlanAction = "create"
+	// PlanExists: a flavor of the name exists with the proposal's contents.
+	PlanExists PlanAction = "exists"
+	// PlanCovered: no flavor has the name, but an equal flavor exists (or
+	// is planned, earlier in the plan) under another name, Existing.
+	PlanCovered PlanAction = "covered"
+	// PlanConflict: a flavor of the name exists with other contents; it is
+	// left alone, Differences say how it differs.
+	PlanConflict PlanAction = "conflict"
+	// PlanCreated: the proposal was created (set by whoever applies it).
+	PlanCreated PlanAction = "created"
+	// PlanFailed: creating the proposal failed (set by whoever applies it).
+	PlanFailed PlanAction = "failed"
+)
+
+// FlavorProposal is one vGPU flavor of a plan: Flavor (no ID) is BasedOn's
+// sizes and extra specs plus one VGPU of Profile.
+type FlavorProposal struct {
+	Flavor  PlanFlavor `json:"flavor"`
+	BasedOn string     `json:"based_on"`
+	Profile string     `json:"profile"`
+	Trait   string     `json:"trait"`
+	Action  PlanAction `json:"action"`
+	// Existing names the flavor of the same name (exists, conflict), or
+	// the equal one under another name (covered).
+	Existing string `json:"existing,omitempty"`
+	// ExistingID is Existing's id ("" for a flavor the plan creates).
+	ExistingID string `json:"existing_id,omitempty"`
+	// Differences are how the flavor of the name differs (conflict):
+	// "ram 4096, planned 2048", "extra spec trait:X missing", …
+	Differences []string `json:"differences,omitempty"`
+	// Detail is a line for people: what to create, what covers it, what
+	// differs.
+	Detail string `json:"detail,omitempty"`
+}
+
+// PlanSkip is a flavor or profile the plan leaves out, and why.
+type PlanSkip struct {
+	Flavor  string `json:"flavor,omitempty"`
+	Profile string `json:"profile,omitempty"`
+	Reason  string `json:"reason"`
+	// VGPU: the flavor asks for a vGPU already (a vGPU flavor, not a base).
+	VGPU bool `json:"vgpu,omitempty"`
+}
+
+// FlavorPlan is the answer of PlanFlavors.
+type FlavorPlan struct {
+	Proposals []FlavorProposal `json:"proposals"`
+	Skipped   []PlanSkip       `json:"skipped"`
+}
+
+// MaxFlavorName is the longest flavor name Nova accepts.
+const MaxFlavorName = 255
+
+// PlannedFlavorName is the name of the vGPU flavor of base for profile:
+// "m1.small" and T4-4Q give "m1.small.vgpu-t4-4q", the name the bridge
+// suggests when it finds no vGPU flavor for a resize (and strips to find
+// the flavor a release goes back to). The profile part keeps letters,
+// digits, '.', '_' and '-' (lower case); anything else becomes '-'.
+func PlannedFlavorName(base, profile string) string {
+	var b strings.Builder
+	b.WriteString(base)
+	b.WriteString(".vgpu-")
+	for _, c := range strings.ToLower(profile) {
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' {
+			b.WriteRune(c)
+		} else {
+			b.WriteByte('-')
+		}
+	}
+	return b.String()
+}
+
+// PlanFlavors proposes, for each flavor that asks for no vGPU and each
+// profile, the flavor BASE.vgpu-PROFILE (PlannedFlavorName) with the
+// base's sizes, visibility and extra specs plus resources:VGPU=1 and
+// trait:TRAIT=required, and says what it needs against the flavors that
+// exist (PlanCreate, PlanExists, PlanCovered, PlanConflict). Flavors that
+// ask for a vGPU, flavors with malformed extra specs, and profiles without
+// a valid trait are in Skipped. base, when not nil, says which flavors may
+// be bases (e.g. by name); the others still count as existing flavors.
+// Proposals are sorted by base flavor name, then profile name; Skipped by
+// flavor, then profile. Neither input is modified.
+func PlanFlavors(flavors []PlanFlavor, profiles []PlanProfile, base func(PlanFlavor) bool) FlavorPlan {
+	plan := FlavorPlan{Proposals: []FlavorProposal{}, Skipped: []PlanSkip{}}
+	isBase := func(f PlanFlavor) bool { return base == nil || base(f) }
+
+	fl := slices.Clone(flavors)
+	slices.SortStableFunc(fl, func(a, b PlanFlavor) int {
+		if c := strings.Compare(a.Name, b.Name); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	byName := map[string]PlanFlavor{}
+	for _, f := range fl {
+		if _, dup := byName[f.Name]; !dup {
+			byName[f.Name] = f
+		}
+	}
+
+	pr := slices.Clone(profiles)
+	slices.SortStableFunc(pr, func(a, b PlanProfile) int { return strings.Compare(a.Name, b.Name) })
+	var good []PlanProfile
+	seen := map[string]bool{}
+	for _, p := range pr {
+		if seen[p.Name] {
+			continue
+		}
+		seen[p.Name] = true
+		if p.Trait == "" {
+			plan.Skipped = append(plan.Skipped, PlanSkip{Profile: p.Name, Reason: "no trait: the profile's type id is not known yet"})
+			continue
+		}
+		if err := checkName(p.Trait, "trait"); err != nil {
+			plan.Skipped = append(plan.Skipped, PlanSkip{Profile: p.Name, Reason: err.Error()})
+			continue
+		}
+		good = append(good, p)
+	}
+
+	// planned: the contents of the flavors this plan creates, by name, to
+	// cover later proposals equal to them.
+	type planned struct {
+		name string
+		f    PlanFlavor
+	}
+	var creates []planned
+	for i, base := range fl {
+		if i > 0 && fl[i-1].Name == base.Name {
+			continue // duplicate name: the first (by id) only
+		}
+		if !isBase(base) {
+			continue
+		}
+		d, err := ParseExtraSpecs(base.ExtraSpecs)
+		switch {
+		case err != nil:
+			plan.Skipped = append(plan.Skipped, PlanSkip{Flavor: base.Name, Reason: err.Error()})
+			continue
+		case d.HasVGPU():
+			plan.Skipped = append(plan.Skipped, PlanSkip{Flavor: base.Name, Reason: "asks for a vGPU already", VGPU: true})
+			continue
+		}
+		for _, p := range good {
+			name := PlannedFlavorName(base.Name, p.Name)
+			if len(name) > MaxFlavorName {
+				plan.Skipped = append(plan.Skipped, PlanSkip{Flavor: base.Name, Profile: p.Name,
+					Reason: fmt.Sprintf("the name %s… is longer than Nova's %d characters", name[:40], MaxFlavorName)})
+				continue
+			}
+			specs := maps.Clone(base.ExtraSpecs)
+			if specs == nil {
+				specs = map[string]string{}
+			}
+			specs["resources:"+ResourceVGPU] = "1"
+			specs["trait:"+p.Trait] = "required"
+			want := PlanFlavor{Name: name, VCPUs: base.VCPUs, RAM: base.RAM, Disk: base.Disk, Ephemeral: base.Ephemeral,
+				Swap: base.Swap, Public: base.Public, ExtraSpecs: specs}
+			prop := FlavorProposal{Flavor: want, BasedOn: base.Name, Profile: p.Name, Trait: p.Trait}
+			if have, ok := byName[name]; ok {
+				prop.Existing, prop.ExistingID = have.Name, have.ID
+				if diff := FlavorDifferences(have, want); len(diff) == 0 {
+					prop.Action, prop.Detail = PlanExists, "id "+have.ID
+				} else {
+					prop.Action, prop.Differences = PlanConflict, diff
+					prop.Detail = "left alone: " + strings.Join(diff, "; ")
+				}
+				plan.Proposals = append(plan.Proposals, prop)
+				continue
+			}
+			prop.Action = PlanCreate
+			for _, f := range fl {
+				if len(FlavorDifferences(f, want)) == 0 {
+					prop.Action, prop.Existing, prop.ExistingID = PlanCovered, f.Name, f.ID
+					prop.Detail = "equal to " + f.Name + " (id " + f.ID + ")"
+					break
+				}
+			}
+			if prop.Action == PlanCreate {
+				for _, c := range creates {
+					if len(FlavorDifferences(c.f, want)) == 0 {
+						prop.Action, prop.Existing = PlanCovered, c.name
+						prop.Detail = "equal to " + c.name + ", which this plan creates"
+						break
+					}
+				}
+			}
+			if prop.Action == PlanCreate {
+				creates = append(creates, planned{name, want})
+				prop.Detail = describe(want, base, p.Trait)
+				if !want.Public {
+					prop.Detail += "; private like " + base.Name + ": grant projects access (openstack flavor set --project)"
+				}
+			}
+			plan.Proposals = append(plan.Proposals, prop)
+		}
+	}
+	slices.SortStableFunc(plan.Skipped, func(a, b PlanSkip) int {
+		if c := strings.Compare(a.Flavor, b.Flavor); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Profile, b.Profile)
+	})
+	return plan
+}
+
+// FlavorDifferences says how have differs from want in what makes
+// flavors equal for PlanFlavors: sizes, visibility and extra specs (a nil
+// map equals an empty one). Nil when they are equal. Names and ids are
+// not compared.
+func FlavorDifferences(have, want PlanFlavor) []string {
+	var out []string
+	num := func(what string, h, w int) {
+		if h != w {
+			out = append(out, fmt.Sprintf("%s %d, planned %d", what, h, w))
+		}
+	}
+	num("vcpus", have.VCPUs, want.VCPUs)
+	num("ram", have.RAM, want.RAM)
+	num("disk", have.Disk, want.Disk)
+	num("ephemeral", have.Ephemeral, want.Ephemeral)
+	num("swap", have.Swap, want.Swap)
+	if have.Public != want.Public {
+		out = append(out, fmt.Sprintf("is_public %t, planned %t", have.Public, want.Public))
+	}
+	for _, k := range slices.Sorted(maps.Keys(want.ExtraSpecs)) {
+		h, ok := have.ExtraSpecs[k]
+		switch {
+		case !ok:
+			out = append(out, "extra spec "+k+" missing")
+		case h != want.ExtraSpecs[k]:
+			out = append(out, fmt.Sprintf("extra spec %s=%s, planned %s", k, h, want.ExtraSpecs[k]))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(have.ExtraSpecs)) {
+		if _, ok := want.ExtraSpecs[k]; !ok {
+			out = append(out, "extra spec "+k+"="+have.ExtraSpecs[k]+" not planned")
+		}
+	}
+	return out
+}
+
+// describe is a proposal's contents on one line: "vcpus=2 ram=2048
+// disk=20 + resources:VGPU=1 trait:CUSTOM_NVIDIA_232=required", and how
+// many extra specs come from the base.
+func describe(f PlanFlavor, base PlanFlavor, trait string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "vcpus=%d ram=%d disk=%d", f.VCPUs, f.RAM, f.Disk)
+	if f.Ephemeral > 0 {
+		fmt.Fprintf(&b, " ephemeral=%d", f.Ephemeral)
+	}
+	if f.Swap > 0 {
+		fmt.Fprintf(&b, " swap=%d", f.Swap)
+	}
+	fmt.Fprintf(&b, " + resources:%s=1 trait:%s=required", ResourceVGPU, trait)
+	if n := len(base.ExtraSpecs); n > 0 {
+		fmt.Fprintf(&b, " + the %d extra spec(s) of %s", n, base.Name)
+	}
+	return b.String()
+}
