@@ -14,6 +14,9 @@ TEST_TIMEOUT ?= 25m
 TEST_FUZZTIME ?= 2s
 FUZZTIME     ?= 1m
 DEB_DIR      ?= build/deb
+IMAGE_DIR    ?= build/image
+IMAGE_NAME   ?= localhost/vgpu-bridge
+IMAGE_ARCH   ?= $(shell $(GO) env GOARCH)
 export PATH  := /usr/local/go/bin:$(PATH)
 
 .DEFAULT_GOAL := help
@@ -70,6 +73,14 @@ deb: ## Debian packages of vgpu-bridge, vgpu-agent and vgpuctl into DEB_DIR (def
 	@mkdir -p $(DEB_DIR)/bin
 	CGO_LDFLAGS='-Wl,-z,relro,-z,now' $(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o $(DEB_DIR)/bin/ $(addprefix ./cmd/,$(BINARIES))
 	bash packaging/deb/build.sh '$(VERSION)' $(DEB_DIR)/bin $(DEB_DIR)
+
+.PHONY: image
+image: ## OCI image archive of vgpu-bridge into IMAGE_DIR (default build/image; static, no shell, no container daemon)
+	@mkdir -p $(IMAGE_DIR)
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -buildvcs=false -ldflags '-s -w $(LDFLAGS)' -o $(IMAGE_DIR)/vgpu-bridge ./cmd/vgpu-bridge
+	GOOS= GOARCH= $(GO) run ./packaging/oci -binary $(IMAGE_DIR)/vgpu-bridge -etc etc/vgpu-bridge -arch $(IMAGE_ARCH) \
+	  -version '$(VERSION)' -revision "$$(git rev-parse HEAD 2>/dev/null || echo $(COMMIT))" -name $(IMAGE_NAME) \
+	  -o '$(IMAGE_DIR)/vgpu-bridge-$(VERSION).oci.tar'
 
 .PHONY: docs
 docs: ## Build the documentation (doc/source) with Sphinx into doc/build/html, warnings as errors
