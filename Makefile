@@ -71,7 +71,11 @@ genconfig: ## Regenerate the sample configs and the docs' configuration referenc
 .PHONY: deb
 deb: ## Debian packages of vgpu-bridge, vgpu-agent and vgpuctl into DEB_DIR (default build/deb; dpkg-deb; lintian checks them)
 	@mkdir -p $(DEB_DIR)/bin
-	CGO_LDFLAGS='-Wl,-z,relro,-z,now' $(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o $(DEB_DIR)/bin/ $(addprefix ./cmd/,$(BINARIES))
+	CGO_LDFLAGS='-Wl,-z,relro,-z,now' $(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o $(DEB_DIR)/bin/ ./cmd/vgpu-bridge ./cmd/vgpuctl
+	@# The agent without -z now: go-nvml leaves NVML's symbols to lazy binding
+	@# (the library is dlopen'ed at run time, when present), so with BIND_NOW
+	@# the dynamic loader refuses to start the binary on every host.
+	CGO_LDFLAGS='-Wl,-z,relro' $(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o $(DEB_DIR)/bin/ ./cmd/vgpu-agent
 	bash packaging/deb/build.sh '$(VERSION)' $(DEB_DIR)/bin $(DEB_DIR)
 
 .PHONY: image

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/manpage"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
 
@@ -68,6 +69,7 @@ attach vGPUs, tune GPUs, set VM limits) and reports the host's state.`,
 	for _, sc := range subcommands {
 		root.AddCommand(sc(g))
 	}
+	root.AddCommand(manpage.Command("8"))
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetVersionTemplate(version.String("vgpu-agent") + "\n")

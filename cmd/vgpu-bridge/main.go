@@ -16,6 +16,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/manpage"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
 
@@ -105,6 +106,7 @@ Placement's VGPU inventories and acts through Nova or the vgpu-agents.`,
 	for _, sc := range subcommands {
 		root.AddCommand(sc(g))
 	}
+	root.AddCommand(manpage.Command("8"))
 	return root
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/manpage"
 	buildversion "github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
 
@@ -136,6 +137,7 @@ func newRoot(g *globals) *cobra.Command {
 	}
 	// Operator controls: pause, resume, observe-only, drain, undrain, controls, audit, profiles.
 	root.AddCommand(append(controlsCmds(g), auditCmd(g), profilesCmd(g))...)
+	root.AddCommand(manpage.Command("1"))
 	for _, c := range root.Commands() {
 		if c.Name() == "dead-letters" {
 			c.AddCommand(deadLetterReplayCmd(g))

@@ -34,9 +34,18 @@ common_doc() { # pkg dir
 	{
 		printf '%s (%s) unstable; urgency=medium\n\n' "$pkg" "$debversion"
 		printf '  * Built from vgpu-bridge %s.\n\n' "$version"
-		printf ' -- %s  %s\n' "$maintainer" "$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git -C "$root" log -1 --format=%ct 2>/dev/null || date +%s)}")"
+		printf ' -- %s  %s\n' "$maintainer" "$(date -R -d "@$epoch")"
 	} | gzip -9n >"$d/usr/share/doc/$pkg/changelog.gz" # a native package's
 }
+
+# man: the binary's manual pages (its hidden "man" subcommand, from the
+# same definitions as --help), compressed as Debian wants them.
+manpages() { # binary section dir
+	local mandir="$3/usr/share/man/man$2"
+	SOURCE_DATE_EPOCH=$epoch "$1" man -o "$mandir" >/dev/null
+	find "$mandir" -type f -name "*.$2" -exec gzip -9n {} +
+}
+epoch=${SOURCE_DATE_EPOCH:-$(git -C "$root" log -1 --format=%ct 2>/dev/null || date +%s)}
 
 # strip: the packaged binaries carry no debug information.
 strip_all() { # dir
@@ -79,6 +88,7 @@ install -D -m 0644 "$root/etc/systemd/vgpu-bridge.service" "$d/lib/systemd/syste
 install -D -m 0644 "$root/etc/systemd/vgpu-bridge-migrate.service" "$d/lib/systemd/system/vgpu-bridge-migrate.service"
 install -D -m 0644 "$root/etc/systemd/vgpu-bridge.sysusers.conf" "$d/usr/lib/sysusers.d/vgpu-bridge.conf"
 common_doc vgpu-bridge "$d"
+manpages "$bin/vgpu-bridge" 8 "$d"
 install -D -m 0644 "$root/etc/vgpu-bridge/bridge.conf.sample" "$d/usr/share/doc/vgpu-bridge/examples/bridge.conf.sample"
 install -m 0644 "$root/README.rst" "$d/usr/share/doc/vgpu-bridge/README.rst"
 install -m 0644 "$root/etc/rabbitmq/setup-accounts.sh" "$d/usr/share/doc/vgpu-bridge/examples/setup-rabbitmq-accounts.sh"
@@ -98,6 +108,7 @@ d=$work/vgpu-agent
 install -D -m 0755 "$bin/vgpu-agent" "$d/usr/bin/vgpu-agent"
 install -D -m 0644 "$root/etc/systemd/vgpu-agent.service" "$d/lib/systemd/system/vgpu-agent.service"
 common_doc vgpu-agent "$d"
+manpages "$bin/vgpu-agent" 8 "$d"
 install -D -m 0644 "$root/etc/vgpu-bridge/agent.conf.sample" "$d/usr/share/doc/vgpu-agent/examples/agent.conf.sample"
 control vgpu-agent "$d" "$(depends_of "$d/usr/bin/vgpu-agent")" net \
 	"elastic, policy-driven NVIDIA vGPU for OpenStack (compute agent)" \
@@ -112,6 +123,7 @@ build vgpu-agent "$d"
 d=$work/vgpuctl
 install -D -m 0755 "$bin/vgpuctl" "$d/usr/bin/vgpuctl"
 common_doc vgpuctl "$d"
+manpages "$bin/vgpuctl" 1 "$d"
 deps=$(depends_of "$d/usr/bin/vgpuctl" || true)
 control vgpuctl "$d" "$deps" net \
 	"elastic, policy-driven NVIDIA vGPU for OpenStack (command line)" \

@@ -96,9 +96,10 @@ func TestDocsBuild(t *testing.T) {
 }
 
 // TestDebPackages: make deb builds the three packages; lintian finds no
-// error in them; unpacked, they hold the binaries (the bridge's runs and
-// says its version), units, samples, copyright and conffiles, and their
-// maintainer scripts never start or enable a service.
+// error in them and no binary without a manual page; unpacked, they hold
+// the binaries (each runs and says its version), manual pages, units,
+// samples, copyright and conffiles, and their maintainer scripts never
+// start or enable a service.
 func TestDebPackages(t *testing.T) {
 	for _, tool := range []string{"lintian", "dpkg-deb", "dpkg-shlibdeps", "make"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -119,8 +120,11 @@ func TestDebPackages(t *testing.T) {
 			"usr/share/doc/vgpu-bridge/copyright"},
 		"vgpu-agent": {"usr/bin/vgpu-agent", "lib/systemd/system/vgpu-agent.service", "usr/share/doc/vgpu-agent/examples/agent.conf.sample",
 			"usr/share/doc/vgpu-agent/copyright"},
-		"vgpuctl": {"usr/bin/vgpuctl", "usr/share/doc/vgpuctl/copyright"},
+		"vgpuctl": {"usr/bin/vgpuctl", "usr/share/doc/vgpuctl/copyright", "usr/share/man/man1/vgpuctl.1.gz",
+			"usr/share/man/man1/vgpuctl-flavor-plan.1.gz"},
 	}
+	want["vgpu-bridge"] = append(want["vgpu-bridge"], "usr/share/man/man8/vgpu-bridge.8.gz", "usr/share/man/man8/vgpu-bridge-upgrade-check.8.gz")
+	want["vgpu-agent"] = append(want["vgpu-agent"], "usr/share/man/man8/vgpu-agent.8.gz", "usr/share/man/man8/vgpu-agent-serve.8.gz")
 	for pkg, files := range want {
 		debs, _ := filepath.Glob(filepath.Join(out, pkg+"_0.1.0~dev0+test_*.deb"))
 		if len(debs) != 1 {
@@ -128,8 +132,12 @@ func TestDebPackages(t *testing.T) {
 			continue
 		}
 		deb := debs[0]
-		if b, err := exec.Command("lintian", "--fail-on", "error", deb).CombinedOutput(); err != nil {
+		b, err := exec.Command("lintian", "--fail-on", "error", deb).CombinedOutput()
+		if err != nil {
 			t.Errorf("lintian %s: %v\n%s", filepath.Base(deb), err, b)
+		}
+		if strings.Contains(string(b), "no-manual-page") {
+			t.Errorf("lintian %s: a binary without its manual page:\n%s", filepath.Base(deb), b)
 		}
 		x := filepath.Join(t.TempDir(), pkg)
 		if b, err := exec.Command("dpkg-deb", "-R", deb, x).CombinedOutput(); err != nil {
@@ -162,10 +170,12 @@ func TestDebPackages(t *testing.T) {
 			if !strings.Contains(string(c), "/etc/vgpu-bridge/rules.yaml") {
 				t.Errorf("conffiles = %q", c)
 			}
-			v, err := exec.Command(filepath.Join(x, "usr", "bin", "vgpu-bridge"), "--version").CombinedOutput()
-			if err != nil || !strings.Contains(string(v), "vgpu-bridge 0.1.0.dev0+test") {
-				t.Errorf("packaged vgpu-bridge --version: %v %s", err, v)
-			}
+		}
+		// Each packaged binary starts (the dynamic loader accepts it) and
+		// says its version.
+		v, err := exec.Command(filepath.Join(x, "usr", "bin", pkg), "--version").CombinedOutput()
+		if err != nil || !strings.Contains(string(v), pkg+" 0.1.0.dev0+test") {
+			t.Errorf("packaged %s --version: %v %s", pkg, err, v)
 		}
 	}
 }
