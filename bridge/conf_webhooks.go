@@ -71,11 +71,13 @@ func init() {
 	Options.SectionHelp("webhooks", "The webhook endpoint POST /v1/webhooks/{source}: its listener, group commit, idempotency and callbacks. Sources are [webhook_source:NAME] sections.")
 	Options.Template(webhookSourcePrefix,
 		"One webhook source per section, e.g. [webhook_source:batch-scheduler]; senders POST to /v1/webhooks/batch-scheduler.",
-		conf.Option{Name: "auth", Kind: conf.KindChoice, Default: "hmac", Choices: []string{"hmac", "bearer", "mtls"},
+		conf.Option{Name: "auth", Kind: conf.KindChoice, Default: "hmac", Choices: []string{"hmac", "bearer", "mtls", "jwt"},
 			Help: "How the source authenticates: hmac (X-Hub-Signature-256, a signed body acting once, or Standard Webhooks " +
-				"headers), bearer (Authorization: Bearer), mtls (a client certificate signed by [webhooks] client_ca_file). Example: hmac"},
+				"headers), bearer (Authorization: Bearer), mtls (a client certificate signed by [webhooks] client_ca_file), " +
+				"jwt (Authorization: Bearer with a JWT signed RS256, ES256 or EdDSA by a key of jwks_url or jwks_file, " +
+				"with jwt_issuer and jwt_audience). Example: hmac"},
 		conf.Option{Name: "format", Kind: conf.KindChoice, Default: "native", Choices: []string{"native", "alertmanager"},
-			Help: "Payload format: native or alertmanager (Alertmanager's webhook_config; needs auth = bearer or mtls). Example: alertmanager"},
+			Help: "Payload format: native or alertmanager (Alertmanager's webhook_config; needs auth = bearer, jwt or mtls). Example: alertmanager"},
 		conf.Option{Name: "secret_files", Kind: conf.KindList,
 			Help: "Files each holding one HMAC secret (not world-readable). List two during a rotation: either verifies, " +
 				"and callbacks carry a signature of each. A secret of the form whsec_<base64> is used as its decoded bytes. Re-read on SIGHUP. " +
@@ -116,6 +118,29 @@ func init() {
 			Help: "With auth = mtls: client certificate subjects allowed, as a common name or a full subject. Example: CN=batch-scheduler,O=Example"},
 		conf.Option{Name: "mtls_sans", Kind: conf.KindList,
 			Help: "With auth = mtls: subject alternative names allowed (DNS, URI, e-mail or IP). Example: batch.example.org"},
+		conf.Option{Name: "jwt_issuer", Kind: conf.KindString,
+			Help: "With auth = jwt: the iss every token must carry, exactly. Example: https://keycloak.example.org/realms/hpc"},
+		conf.Option{Name: "jwt_audience", Kind: conf.KindString,
+			Help: "With auth = jwt: the value the token's aud (a string or an array) must hold. Example: vgpu-bridge"},
+		conf.Option{Name: "jwks_url", Kind: conf.KindString,
+			Help: "With auth = jwt: the JWKS (the issuer's public keys), fetched over https (http only to a loopback host; " +
+				"at most 1 MiB within 10 s; redirects are not followed) when first needed, again every jwks_refresh_interval, " +
+				"and at once when a token names a kid the keys in hand lack, so a key rotation needs no restart; fetches are " +
+				"at least 10 s apart. A failed fetch keeps the keys in hand; with none, tokens are refused 503 (jwks_unavailable). " +
+				"Set this or jwks_file. Example: https://keycloak.example.org/realms/hpc/protocol/openid-connect/certs"},
+		conf.Option{Name: "jwks_file", Kind: conf.KindString,
+			Help: "With auth = jwt: a file holding the JWKS, in place of jwks_url; read again when its modification time " +
+				"changes and on SIGHUP. Example: /etc/vgpu-bridge/jwks/batch-scheduler.json"},
+		conf.Option{Name: "jwks_refresh_interval", Kind: conf.KindDuration, Default: "5m", Min: float64(30 * time.Second), Max: float64(24 * time.Hour), HasRange: true,
+			Help: "With jwks_url: the age at which the keys are fetched again (in the background; requests go on with " +
+				"the keys in hand). Example: 5m"},
+		conf.Option{Name: "jwt_leeway", Kind: conf.KindDuration, Default: "1m", Min: 0, Max: float64(webhook.MaxJWTLeeway), HasRange: true,
+			Help: "With auth = jwt: the clock skew allowed when checking a token's exp, nbf and iat. Example: 1m"},
+		conf.Option{Name: "jwt_projects_claim", Kind: conf.KindString,
+			Help: "With auth = jwt: a claim (a Keystone project id or an array of them) that narrows allowed_projects per " +
+				"token: the request acts only on instances of the token's projects (that are also in allowed_projects, " +
+				"when that is set), others are refused 403 (project_not_allowed); a token without the claim is refused " +
+				"401 (missing_projects_claim). Empty: tokens are not narrowed. Example: projects"},
 		conf.Option{Name: "timestamp_tolerance", Kind: conf.KindDuration, Default: "5m", Min: float64(10 * time.Second), Max: float64(time.Hour), HasRange: true,
 			Help: "Standard Webhooks: the largest difference between webhook-timestamp and the bridge's clock. Example: 5m"},
 	)
@@ -148,6 +173,23 @@ func validateWebhooks(v *conf.Values) conf.Errors {
 			if len(in.List("token_files")) == 0 {
 				bad("token_files", "", "is required with auth = bearer; allowed: files holding one token each")
 			}
+		case "jwt":
+			if in.String("jwt_issuer") == "" {
+				bad("jwt_issuer", "", "is required with auth = jwt; allowed: the iss of the tokens, e.g. https://keycloak.example.org/realms/hpc")
+			}
+			if in.String("jwt_audience") == "" {
+				bad("jwt_audience", "", "is required with auth = jwt; allowed: the aud the tokens carry, e.g. vgpu-bridge")
+			}
+			switch u, f := in.String("jwks_url"), in.String("jwks_file"); {
+			case u == "" && f == "":
+				bad("jwks_url", "", "auth = jwt needs jwks_url or jwks_file")
+			case u != "" && f != "":
+				bad("jwks_file", f, "set jwks_url or jwks_file, not both")
+			case u != "":
+				if err := webhook.CheckJWKSURL(u); err != nil {
+					bad("jwks_url", u, err.Error()+"; allowed: an https URL (http only to a loopback host), e.g. https://keycloak.example.org/realms/hpc/protocol/openid-connect/certs")
+				}
+			}
 		case "mtls":
 			if len(in.List("mtls_subjects"))+len(in.List("mtls_sans")) == 0 {
 				bad("mtls_subjects", "", "auth = mtls needs mtls_subjects or mtls_sans")
@@ -160,7 +202,7 @@ func validateWebhooks(v *conf.Values) conf.Errors {
 			}
 		}
 		if in.String("format") == "alertmanager" && auth == "hmac" {
-			bad("format", "alertmanager", "Alertmanager cannot sign: use auth = bearer or mtls")
+			bad("format", "alertmanager", "Alertmanager cannot sign: use auth = bearer, jwt or mtls")
 		}
 		if n := in.Int("max_body_bytes"); n != 0 && n < 256 {
 			bad("max_body_bytes", strconv.Itoa(n), "must be 0 (by format) or at least 256")
@@ -227,6 +269,9 @@ func WebhookSources(v *conf.Values) ([]webhook.Source, error) {
 			MaxBodyBytes: maxBody(in.Int("max_body_bytes"), in.String("format")), CallbackHosts: in.List("callback_hosts"),
 			InstanceLabel: in.String("instance_label"), MTLSSubjects: in.List("mtls_subjects"), MTLSSANs: in.List("mtls_sans"),
 			TimestampTolerance: in.Duration("timestamp_tolerance"), AllowedProjects: in.List("allowed_projects"),
+			JWTIssuer: in.String("jwt_issuer"), JWTAudience: in.String("jwt_audience"), JWKSURL: in.String("jwks_url"),
+			JWKSFile: in.String("jwks_file"), JWKSRefresh: in.Duration("jwks_refresh_interval"), JWTLeeway: in.Duration("jwt_leeway"),
+			JWTProjectsClaim: in.String("jwt_projects_claim"),
 		}
 		for _, pair := range in.List("alert_metrics") {
 			from, to, _ := strings.Cut(pair, ":")

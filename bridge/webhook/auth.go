@@ -52,10 +52,13 @@ func SecretKey(text string) ([]byte, error) {
 	return []byte(text), nil
 }
 
-// authError is a 401 refusal with a stable reason.
+// authError is a refusal with a stable reason: 401, or status when set
+// (503 jwks_unavailable, with retryAfter).
 type authError struct {
-	reason string
-	detail string
+	reason     string
+	detail     string
+	status     int
+	retryAfter time.Duration
 }
 
 func (e *authError) Error() string { return e.reason + ": " + e.detail }
@@ -304,23 +307,44 @@ func (s *source) certAllowed(c *x509.Certificate) bool {
 	return false
 }
 
-// authenticate checks r's credentials over payload (the body for POST)
-// and returns the replay key the scheme carries, if any, and whether the
-// signature covers the body alone (verifyHMAC).
-func (s *source) authenticate(r *http.Request, payload []byte, now time.Time) (key string, bodyOnly bool, _ *authError) {
+// authn is what authenticate found.
+type authn struct {
+	// key is the replay key the scheme carries, if any; bodyOnly tells
+	// that the signature covers the body alone (verifyHMAC).
+	key      string
+	bodyOnly bool
+	// projects narrow the source's allowed projects when scoped: the
+	// projects claim of a jwt source's token.
+	projects []string
+	scoped   bool
+}
+
+// authenticate checks r's credentials over payload (the body for POST).
+func (s *source) authenticate(r *http.Request, payload []byte, now time.Time) (authn, *authError) {
+	var a authn
 	switch s.cfg.Auth {
 	case AuthHMAC:
-		return s.verifyHMAC(r.Header, payload, now)
+		key, bodyOnly, err := s.verifyHMAC(r.Header, payload, now)
+		return authn{key: key, bodyOnly: bodyOnly}, err
 	case AuthBearer:
 		if err := s.verifyBearer(r); err != nil {
-			return "", false, err
+			return authn{}, err
 		}
 	case AuthMTLS:
 		if err := s.verifyMTLS(r); err != nil {
-			return "", false, err
+			return authn{}, err
 		}
+	case AuthJWT:
+		// Like a bearer token, a JWT covers no body: the replay key is
+		// the Idempotency-Key.
+		g, err := s.verifyJWT(r, now)
+		if err != nil {
+			return authn{}, err
+		}
+		a.projects, a.scoped = g.projects, g.scoped
 	default:
-		return "", false, authFail("misconfigured", "source has no usable auth")
+		return authn{}, authFail("misconfigured", "source has no usable auth")
 	}
-	return r.Header.Get(HeaderIdempotencyKey), false, nil
+	a.key = r.Header.Get(HeaderIdempotencyKey)
+	return a, nil
 }

@@ -40,20 +40,47 @@ func (s *source) current() Source {
 }
 
 // SetCredentials replaces the HMAC secrets and bearer tokens of the
-// sources (SIGHUP reload) without stopping the endpoint: requests
-// authenticated from then on, and callbacks signed from then on, use the
-// new ones. Only credentials change: sources must be the same names
-// with the same auth as at start (anything else needs a restart). Every
-// source is checked (CheckCredentials) before any is changed, so a bad
-// set changes nothing.
+// sources (SIGHUP reload) without stopping the endpoint, and reads the
+// jwks_file of jwt sources again: requests authenticated from then on,
+// and callbacks signed from then on, use the new ones. Only credentials
+// change: sources must be the same names with the same auth (and, for
+// jwt, the same jwt_* and jwks_* settings) as at start (anything else
+// needs a restart). Every source is checked (CheckCredentials) before any
+// is changed, so a bad set changes nothing.
 func (e *Endpoint) SetCredentials(sources []Source) error {
 	if err := e.CheckCredentials(sources); err != nil {
 		return err
 	}
 	for _, s := range sources {
-		e.sources[s.Name].creds.Store(newCredentials(s.Secrets, s.Tokens))
+		src := e.sources[s.Name]
+		src.creds.Store(newCredentials(s.Secrets, s.Tokens))
+		if src.jwt != nil && src.jwt.keys.file != "" {
+			src.jwt.keys.loadFile(true)
+		}
 	}
 	return nil
+}
+
+// jwtChange names the jwt setting of s that differs from the one in use
+// by src ("" when none does).
+func jwtChange(src Source, s Source) string {
+	switch {
+	case s.JWTIssuer != src.JWTIssuer:
+		return "jwt_issuer"
+	case s.JWTAudience != src.JWTAudience:
+		return "jwt_audience"
+	case s.JWKSURL != src.JWKSURL:
+		return "jwks_url"
+	case s.JWKSFile != src.JWKSFile:
+		return "jwks_file"
+	case s.JWTLeeway != src.JWTLeeway:
+		return "jwt_leeway"
+	case s.JWTProjectsClaim != src.JWTProjectsClaim:
+		return "jwt_projects_claim"
+	case s.JWKSRefresh != 0 && s.JWKSRefresh != src.JWKSRefresh:
+		return "jwks_refresh_interval"
+	}
+	return ""
 }
 
 // CheckCredentials reports what SetCredentials would refuse in sources.
@@ -85,6 +112,12 @@ func (e *Endpoint) CheckCredentials(sources []Source) error {
 			errs = append(errs, fmt.Errorf("source %q: auth = hmac needs at least one secret", name))
 		case s.Auth == AuthBearer && len(s.Tokens) == 0:
 			errs = append(errs, fmt.Errorf("source %q: auth = bearer needs at least one token", name))
+		case s.Auth == AuthJWT && jwtChange(src.cfg, s) != "":
+			errs = append(errs, fmt.Errorf("source %q: changing %s needs a restart", name, jwtChange(src.cfg, s)))
+		case s.Auth == AuthJWT && s.JWKSFile != "":
+			if _, err := readJWKSFile(s.JWKSFile); err != nil {
+				errs = append(errs, fmt.Errorf("source %q: jwks_file: %w", name, err))
+			}
 		}
 	}
 	if len(byName) != len(sources) {

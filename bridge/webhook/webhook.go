@@ -2,7 +2,8 @@
 // : external schedulers and monitoring ask for or give back
 // vGPU. It sits on the network edge, so it refuses precisely, in a fixed
 // order (unknown source 404, address 403, rate 429, content type 415, size
-// 413, auth 401, not JSON 400, schema 422, idempotency conflict 409), and
+// 413, auth 401 (503 while a jwt source has no keys), not JSON 400, schema
+// 422, projects 403, idempotency conflict 409), and
 // answers 202 only once the request and its events are committed to
 // Postgres. Commits are grouped: concurrent requests share a transaction,
 // and each answer still waits for its own commit.
@@ -57,6 +58,7 @@ const (
 	AuthHMAC   Auth = "hmac"
 	AuthBearer Auth = "bearer"
 	AuthMTLS   Auth = "mtls"
+	AuthJWT    Auth = "jwt"
 )
 
 // Format is a source's payload format.
@@ -109,6 +111,26 @@ type Source struct {
 	MTLSSANs     []string
 	// TimestampTolerance bounds webhook-timestamp's skew (5 minutes).
 	TimestampTolerance time.Duration
+	// JWT (auth = jwt): tokens (Authorization: Bearer) signed with
+	// RS256, ES256 or EdDSA by a key of the JWKS at JWKSURL or in
+	// JWKSFile (exactly one), whose iss is JWTIssuer and whose aud holds
+	// JWTAudience. JWTLeeway is the clock skew allowed on exp, nbf and
+	// iat (0: none; at most MaxJWTLeeway).
+	JWTIssuer   string
+	JWTAudience string
+	JWKSURL     string
+	JWKSFile    string
+	JWTLeeway   time.Duration
+	// JWKSRefresh is the age at which keys fetched from JWKSURL are
+	// fetched again (5m); JWKSMinInterval the least time between two
+	// fetches (10s), tokens with a kid the keys lack included.
+	JWKSRefresh     time.Duration
+	JWKSMinInterval time.Duration
+	// JWTProjectsClaim, when set, names the claim (a project id or an
+	// array of them) that narrows AllowedProjects per token: a request
+	// acts on instances of the token's projects only (intersected with
+	// AllowedProjects when that is set); a token without it is refused.
+	JWTProjectsClaim string
 }
 
 // Config configures an Endpoint.
@@ -181,6 +203,8 @@ type source struct {
 	// creds are the secrets and tokens in use; SetCredentials (SIGHUP
 	// reload) replaces them.
 	creds atomic.Pointer[credentials]
+	// jwt verifies the tokens of an auth = jwt source.
+	jwt *jwtVerifier
 }
 
 // Endpoint serves POST /v1/webhooks/{source} and delivers callbacks.
@@ -223,6 +247,14 @@ func New(cfg Config) (*Endpoint, error) {
 		src := &source{cfg: s, label: requests.WebhookSourcePrefix + s.Name,
 			lim: newLimiters(s.Rate, s.Burst, s.ClientRate, s.ClientBurst, cfg.MaxClients)}
 		src.creds.Store(newCredentials(s.Secrets, s.Tokens))
+		if s.Auth == AuthJWT {
+			v, err := newJWTVerifier(&s, cfg.Logger, cfg.Now)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("source %q: jwks_file: %w", s.Name, err))
+				continue
+			}
+			src.jwt = v
+		}
 		e.sources[s.Name] = src
 	}
 	if len(errs) > 0 {
@@ -253,8 +285,12 @@ func checkSource(s *Source) error {
 		if len(s.MTLSSubjects)+len(s.MTLSSANs) == 0 {
 			return errors.New("auth = mtls needs mtls_subjects or mtls_sans")
 		}
+	case AuthJWT:
+		if err := checkJWT(s); err != nil {
+			return err
+		}
 	default:
-		return fmt.Errorf("auth %q is not hmac, bearer or mtls", s.Auth)
+		return fmt.Errorf("auth %q is not hmac, bearer, mtls or jwt", s.Auth)
 	}
 	switch s.Format {
 	case "":
@@ -262,7 +298,7 @@ func checkSource(s *Source) error {
 	case FormatNative:
 	case FormatAlertmanager:
 		if s.Auth == AuthHMAC {
-			return errors.New("format = alertmanager needs auth = bearer or mtls (Alertmanager cannot sign)")
+			return errors.New("format = alertmanager needs auth = bearer, jwt or mtls (Alertmanager cannot sign)")
 		}
 	default:
 		return fmt.Errorf("format %q is not native or alertmanager", s.Format)
@@ -288,6 +324,32 @@ func checkSource(s *Source) error {
 	return nil
 }
 
+// checkJWT checks an auth = jwt source and sets its defaults.
+func checkJWT(s *Source) error {
+	switch {
+	case s.JWTIssuer == "":
+		return errors.New("auth = jwt needs jwt_issuer")
+	case s.JWTAudience == "":
+		return errors.New("auth = jwt needs jwt_audience")
+	case (s.JWKSURL == "") == (s.JWKSFile == ""):
+		return errors.New("auth = jwt needs exactly one of jwks_url and jwks_file")
+	case s.JWTLeeway < 0 || s.JWTLeeway > MaxJWTLeeway:
+		return fmt.Errorf("jwt_leeway must be between 0 and %s", MaxJWTLeeway)
+	}
+	if s.JWKSURL != "" {
+		if err := CheckJWKSURL(s.JWKSURL); err != nil {
+			return fmt.Errorf("jwks_url: %w", err)
+		}
+	}
+	if s.JWKSRefresh <= 0 {
+		s.JWKSRefresh = defaultJWKSRefresh
+	}
+	if s.JWKSMinInterval <= 0 {
+		s.JWKSMinInterval = defaultJWKSMinInterval
+	}
+	return nil
+}
+
 // Register adds POST /v1/webhooks/{source} to srv and describes it.
 func (e *Endpoint) Register(srv *api.Server) {
 	srv.Handle(http.MethodPost, "/v1/webhooks/:source", api.Custom, e.handle)
@@ -298,6 +360,13 @@ func (e *Endpoint) Register(srv *api.Server) {
 // idempotency keys until ctx ends.
 func (e *Endpoint) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
+	for _, src := range e.sources {
+		if src.jwt != nil {
+			// Fetch a jwks_url's keys now: an unreachable issuer is
+			// reported at start, not at the first token.
+			wg.Go(func() { src.jwt.keys.prefetch(ctx) })
+		}
+	}
 	for range e.cfg.CommitWorkers {
 		wg.Add(1)
 		go func() { defer wg.Done(); e.commitLoop(ctx) }()
@@ -398,14 +467,19 @@ func (e *Endpoint) handle(c echo.Context) error {
 	}
 	body := buf.Bytes()
 	// 401: authentication.
-	key, bodyOnly, aerr := src.authenticate(r, body, now)
+	an, aerr := src.authenticate(r, body, now)
 	if aerr != nil {
-		p := &api.ProblemDetails{Status: http.StatusUnauthorized, Detail: aerr.detail}
-		if src.cfg.Auth == AuthBearer {
+		p := &api.ProblemDetails{Status: cmp.Or(aerr.status, http.StatusUnauthorized), Detail: aerr.detail}
+		switch {
+		case p.Status == http.StatusServiceUnavailable:
+			// jwks_unavailable: the sender retries.
+			p.Headers = map[string]string{"Retry-After": strconv.Itoa(retryAfter(aerr.retryAfter))}
+		case src.cfg.Auth == AuthBearer || src.cfg.Auth == AuthJWT:
 			p.Headers = map[string]string{"WWW-Authenticate": `Bearer realm="vgpu-bridge webhooks"`}
 		}
 		return e.refuse(c, name, remote, aerr.reason, p)
 	}
+	key, bodyOnly := an.key, an.bodyOnly
 	if reason, wait := src.lim.allowSource(now); reason != "" {
 		return tooMany(reason, wait)
 	}
@@ -438,9 +512,14 @@ func (e *Endpoint) handle(c echo.Context) error {
 					d.Round(time.Second).Abs(), src.cfg.TimestampTolerance)})
 		}
 	}
-	// 403: instances of projects the source may not act on.
-	if len(src.cfg.AllowedProjects) > 0 {
-		if refusal, err := e.scopeProjects(r.Context(), src, p); err != nil {
+	// 403: instances of projects the source may not act on: its
+	// allowed_projects, narrowed by the token's projects claim.
+	allowed, scoped := src.cfg.AllowedProjects, len(src.cfg.AllowedProjects) > 0
+	if an.scoped {
+		allowed, scoped = narrowProjects(allowed, an.projects), true
+	}
+	if scoped {
+		if refusal, err := e.scopeTo(r.Context(), allowed, src.cfg.Format, p); err != nil {
 			e.log.Error("webhook: cannot read the instances' projects", logkey.Source, name, logkey.Err, err)
 			return e.refuse(c, name, remote, "store_unavailable", storeUnavailable("checked"))
 		} else if refusal != "" {
@@ -565,7 +644,7 @@ func (e *Endpoint) AuthenticateSource(r *http.Request, name string) error {
 		return errors.New("address_not_allowed")
 	}
 	payload := []byte(r.Method + " " + r.URL.Path)
-	if _, _, aerr := src.authenticate(r, payload, e.cfg.Now()); aerr != nil {
+	if _, aerr := src.authenticate(r, payload, e.cfg.Now()); aerr != nil {
 		return aerr
 	}
 	return nil
@@ -579,16 +658,12 @@ func readAll(r io.Reader, n int64) []byte {
 	return b
 }
 
-// scopeProjects keeps p to the instances of the source's allowed projects.
-// A native request for another project's instance, or for one the bridge
-// does not know, is refused (the returned text); an Alertmanager message
-// loses the alerts that name one, each listed as skipped. The refusal
-// does not say which project the instance is in.
-func (e *Endpoint) scopeProjects(ctx context.Context, src *source, p *pending) (string, error) {
-	return e.scopeTo(ctx, src.cfg.AllowedProjects, src.cfg.Format, p)
-}
-
-// scopeTo is scopeProjects for the projects in allowedProjects.
+// scopeTo keeps p to the instances of allowedProjects (a source's
+// allowed projects, narrowed by a token's projects claim; a member's
+// project). A native request for another project's instance, or for one
+// the bridge does not know, is refused (the returned text); an
+// Alertmanager message loses the alerts that name one, each listed as
+// skipped. The refusal does not say which project the instance is in.
 func (e *Endpoint) scopeTo(ctx context.Context, allowedProjects []string, format Format, p *pending) (string, error) {
 	ids := make([]string, 0, len(p.events))
 	for _, ev := range p.events {
