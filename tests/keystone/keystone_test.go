@@ -143,6 +143,10 @@ func newWorld(t *testing.T) *world {
 		"keystone.cache_ttl="+cacheTTL.String(),
 		"keystone.invalid_cache_ttl=1s",
 		"keystone.timeout=1m", // a loaded test machine: Keystone may take seconds
+		// The tests write the Placement mirror directly (providers and
+		// allocations the real Placement does not have); a sync round
+		// would remove them while a slow test still reads them.
+		"placement.sync_interval=24h", "placement.full_sync_interval=168h",
 	)
 	d := testbridge.Start(t, v)
 	w.pool = d.Pool
