@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -21,6 +22,9 @@ type ClaimRequest struct {
 	// so a Read gone stale costs a conflict and a fresh read, never a
 	// lost update. Claim does not modify it.
 	Read *Consumer
+	// ConsumerType of a new consumer ("": the configured one, INSTANCE);
+	// ReservationConsumerType for a reservation (Reserve).
+	ConsumerType string
 }
 
 // Claim is a granted claim.
@@ -124,7 +128,7 @@ func (s *Service) claimOn(ctx context.Context, cr ClaimRequest, g *engine.GPU, a
 			return nil, fmt.Errorf("%w: a new consumer needs project and user", engine.ErrInvalidRequest)
 		}
 		if con.Type == "" {
-			con.Type = s.cfg.ConsumerType
+			con.Type = cmp.Or(cr.ConsumerType, s.cfg.ConsumerType)
 		}
 		res := maps.Clone(con.Providers[g.UUID])
 		if res == nil {

@@ -101,6 +101,10 @@ func IsNotFound(err error) bool { return KindOf(err) == KindNotFound }
 // ErrNoCapacity is returned by claims when no candidate is left.
 var ErrNoCapacity = errors.New("no vGPU capacity left for the request")
 
+// ErrConsumerGone says a consumer a write needs to exist has no
+// allocations (TransferReservation: the instance was deleted).
+var ErrConsumerGone = errors.New("consumer has no allocations")
+
 // placementErrors is Placement's JSON error body.
 type placementErrors struct {
 	Errors []struct {

@@ -106,7 +106,23 @@ type Snapshot struct {
 	// made, failed and released ones included: the bridge's claims.
 	Made      map[string]bool
 	Instances map[string]InstanceView
+	// Transient holds the consumers that are no instance but hold vGPU
+	// units for one while it moves, by what they are (TransientMigration,
+	// TransientReservation): expected, never a finding.
+	Transient map[string]string
 }
+
+// What a transient consumer is (Snapshot.Transient).
+const (
+	// TransientMigration: a Nova migration consumer (Placement consumer
+	// type MIGRATION): while a move runs, Nova holds the instance's
+	// allocations on its source under the migration's UUID.
+	TransientMigration = "nova_migration"
+	// TransientReservation: a reservation consumer of the bridge's own
+	// (placement.ReservationConsumerType), holding a vGPU on the target
+	// host of a move until it goes into the instance's consumer.
+	TransientReservation = "reservation"
+)
 
 // Finding is one difference.
 type Finding struct {
@@ -323,7 +339,7 @@ func Detect(s *Snapshot) []Finding {
 				f.Detail += "; the bridge did not make this claim (Nova's): left alone"
 			}
 		case !in.Known:
-			if n == 0 {
+			if n == 0 || s.Transient[k.c] != "" {
 				continue
 			}
 			f.Kind = UnknownInstance

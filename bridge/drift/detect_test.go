@@ -104,6 +104,18 @@ func TestDetect(t *testing.T) {
 			s.Allocations[provA][instB] = 1
 			active(s, protocol.VGPU{MdevUUID: mdev2, InstanceUUID: instB, Owner: protocol.OwnerNova})
 		}, []want{{UnknownInstance, false, 0}, {UnknownInstance, false, 0}}},
+		{"nova's migration consumer during a move is not reported", func(s *Snapshot) {
+			s.Allocations[provA][instB] = 1
+			s.Transient = map[string]string{instB: TransientMigration}
+		}, nil},
+		{"the bridge's reservation for a move is not reported", func(s *Snapshot) {
+			s.Allocations[provA][instB] = 1
+			s.Transient = map[string]string{instB: TransientReservation}
+		}, nil},
+		{"a transient mark on another consumer hides nothing", func(s *Snapshot) {
+			s.Allocations[provA][instB] = 1
+			s.Transient = map[string]string{mdev2: TransientMigration}
+		}, []want{{UnknownInstance, false, 0}}},
 		{"unread provider is not judged", func(s *Snapshot) {
 			delete(s.Allocations, provA)
 			s.Unread[provA] = true

@@ -39,6 +39,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 // Source is the requests.source of the reconciler's repair requests.
@@ -61,6 +62,15 @@ type Placement interface {
 	// allocation on provider, keeping the rest (heldAfter as in
 	// pipeline.Placement; 0 here).
 	ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error
+}
+
+// ConsumerTyper is what a Placement may also offer: the Placement
+// consumer type of a consumer ("" when it has none, or none is known).
+// With it, the consumers the bridge does not know as instances are asked
+// for their type, and Nova's migration consumers and the bridge's
+// reservations are not reported (Snapshot.Transient).
+type ConsumerTyper interface {
+	ConsumerType(ctx context.Context, consumer string) (string, error)
 }
 
 // Config configures a Reconciler; zero fields take DefaultConfig's values.
@@ -250,6 +260,7 @@ func (r *Reconciler) runLocked(ctx context.Context, res *RunResult) (kick bool, 
 	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return r.loadNamed(ctx, tx, snap) }); err != nil {
 		return false, err
 	}
+	r.readTransient(ctx, snap) // Placement again, outside any transaction
 	found := Detect(snap)
 	var releases []release
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -440,6 +451,34 @@ func (r *Reconciler) loadNamed(ctx context.Context, tx pgx.Tx, s *Snapshot) erro
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	// Moves of a running maintenance operation (bridge/maintenance): the
+	// bridge's reservation consumers and Nova's migrations it started.
+	rows, err = tx.Query(ctx, `SELECT reservation_consumer::text, true FROM maintenance_vms
+			WHERE state NOT IN ('done','failed') AND reservation_consumer = ANY($1::uuid[])
+		UNION ALL SELECT migration_uuid::text, false FROM maintenance_vms
+			WHERE state NOT IN ('done','failed') AND migration_uuid = ANY($1::uuid[])`, list)
+	if err != nil {
+		return fmt.Errorf("read the moves of maintenance operations: %w", err)
+	}
+	for rows.Next() {
+		var c string
+		var resv bool
+		if err := rows.Scan(&c, &resv); err != nil {
+			rows.Close()
+			return err
+		}
+		if s.Transient == nil {
+			s.Transient = map[string]string{}
+		}
+		s.Transient[c] = TransientMigration
+		if resv {
+			s.Transient[c] = TransientReservation
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
 	rows, err = tx.Query(ctx, `SELECT DISTINCT instance_uuid::text, provider_uuid::text FROM vgpu_attachments
 		WHERE provider_uuid IS NOT NULL AND instance_uuid = ANY($1::uuid[])`, list)
 	if err != nil {
@@ -456,6 +495,47 @@ func (r *Reconciler) loadNamed(ctx context.Context, tx pgx.Tx, s *Snapshot) erro
 	rows.Close()
 	return rows.Err()
 }
+
+// readTransient asks Placement the consumer type of every consumer that
+// holds vGPU units and is no instance the bridge knows, and records Nova's
+// migration consumers and the bridge's reservations in s.Transient. A
+// consumer that cannot be read is judged as before (reported unknown).
+func (r *Reconciler) readTransient(ctx context.Context, s *Snapshot) {
+	ct, ok := r.d.Placement.(ConsumerTyper)
+	if !ok {
+		return
+	}
+	if s.Transient == nil {
+		s.Transient = map[string]string{}
+	}
+	asked := map[string]bool{}
+	for c := range s.Transient {
+		asked[c] = true // known from a maintenance operation
+	}
+	for _, cons := range s.Allocations {
+		for c, n := range cons {
+			if n == 0 || asked[c] || s.instance(c).Known {
+				continue
+			}
+			asked[c] = true
+			t, err := ct.ConsumerType(ctx, c)
+			if err != nil {
+				r.log.Warn("drift: cannot read a consumer's type", logkey.Consumer, c, logkey.Err, err)
+				continue
+			}
+			switch t {
+			case ConsumerTypeMigration:
+				s.Transient[c] = TransientMigration
+			case placement.ReservationConsumerType:
+				s.Transient[c] = TransientReservation
+			}
+		}
+	}
+}
+
+// ConsumerTypeMigration is the Placement consumer type Nova (2023.1+)
+// gives its migration consumers.
+const ConsumerTypeMigration = "MIGRATION"
 
 // readAllocations asks Placement who holds what on every GPU provider.
 func (r *Reconciler) readAllocations(ctx context.Context, s *Snapshot) error {

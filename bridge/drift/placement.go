@@ -12,7 +12,19 @@ type ServiceAdapter struct {
 	S *placement.Service
 }
 
-var _ Placement = ServiceAdapter{}
+var (
+	_ Placement     = ServiceAdapter{}
+	_ ConsumerTyper = ServiceAdapter{}
+)
+
+// ConsumerType implements ConsumerTyper (GET /allocations/{consumer}).
+func (a ServiceAdapter) ConsumerType(ctx context.Context, consumer string) (string, error) {
+	c, err := a.S.Client().Allocations(ctx, consumer)
+	if err != nil {
+		return "", err
+	}
+	return c.Type, nil
+}
 
 // ProviderAllocations implements Placement.
 func (a ServiceAdapter) ProviderAllocations(ctx context.Context, provider string) (map[string]map[string]int, error) {

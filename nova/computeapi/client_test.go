@@ -51,6 +51,12 @@ func (f *fakeNova) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		fmt.Fprint(w, `{"flavors": [{"id": "x", "name": "m1.small.t4-4q", "vcpus": 2, "ram": 2048, "disk": 20, "swap": 512,
 			"OS-FLV-EXT-DATA:ephemeral": 5, "os-flavor-access:is_public": false, "extra_specs": {"resources:VGPU": "1"}}]}`)
+	case r.Method == http.MethodGet && r.URL.Path == "/v2.1/os-migrations":
+		fmt.Fprint(w, `{"migrations": [{"id": 3, "uuid": "m-old", "instance_uuid": "s1", "migration_type": "migration", "status": "confirmed",
+			"source_compute": "cmp1", "dest_compute": "cmp2"}, {"id": 7, "uuid": "m-new", "instance_uuid": "s1", "migration_type": "live-migration",
+			"status": "running", "source_compute": "cmp2", "dest_compute": "cmp1"}]}`)
+	case r.Method == http.MethodGet && r.URL.Path == "/v2.1/servers/detail":
+		fmt.Fprint(w, `{"servers": [{"id": "s1", "name": "vm", "status": "ACTIVE"}]}`)
 	case r.Method == http.MethodPost && r.URL.Path == "/v2.1/servers/s1/action":
 		if f.code != 0 {
 			w.WriteHeader(f.code)
@@ -170,5 +176,42 @@ func TestMicroversion(t *testing.T) {
 		if err := CheckMicroversion(v); (err == nil) != ok {
 			t.Errorf("CheckMicroversion(%q) = %v", v, err)
 		}
+	}
+}
+
+// TestMigrateCalls: the move calls' bodies and queries, and the
+// migrations newest first.
+func TestMigrateCalls(t *testing.T) {
+	c, f := newClient(t)
+	ctx := context.Background()
+	for _, call := range []func() error{
+		func() error { return c.Migrate(ctx, "s1", "", "req-a") },
+		func() error { return c.Migrate(ctx, "s1", "cmp2", "req-b") },
+		func() error { return c.LiveMigrate(ctx, "s1", "cmp2", "req-c") },
+		func() error { return c.LiveMigrate(ctx, "s1", "", "req-d") },
+	} {
+		if err := call(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ms, err := c.Migrations(ctx, "s1", "req-e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 2 || ms[0].UUID != "m-new" || ms[0].Finished() || ms[0].Type != "live-migration" || !ms[1].Finished() {
+		t.Errorf("migrations %+v", ms)
+	}
+	srvs, err := c.ServersOnHost(ctx, "cmp1", "req-f")
+	if err != nil || len(srvs) != 1 || srvs[0].ID != "s1" || srvs[0].Status != "ACTIVE" {
+		t.Errorf("servers on host: %+v, %v", srvs, err)
+	}
+	want := []string{`POST /v2.1/servers/s1/action {"migrate":null}`,
+		`POST /v2.1/servers/s1/action {"migrate":{"host":"cmp2"}}`,
+		`POST /v2.1/servers/s1/action {"os-migrateLive":{"block_migration":"auto","host":"cmp2"}}`,
+		`POST /v2.1/servers/s1/action {"os-migrateLive":{"block_migration":"auto","host":null}}`,
+		`GET /v2.1/os-migrations?instance_uuid=s1`,
+		`GET /v2.1/servers/detail?all_tenants=1&host=cmp1`}
+	if strings.Join(f.got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("calls\n%s\nwant\n%s", strings.Join(f.got, "\n"), strings.Join(want, "\n"))
 	}
 }

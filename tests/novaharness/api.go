@@ -516,3 +516,20 @@ func (n *Nova) cleanupPlacement(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// LiveMigrate asks Nova to live-migrate a server to host (os-migrateLive,
+// block_migration auto; host "" lets the scheduler choose). It returns as
+// soon as Nova accepted the request; WaitServer follows it.
+func (n *Nova) LiveMigrate(t testing.TB, id, host string) {
+	t.Helper()
+	ctx, cancel := testCtx(t)
+	defer cancel()
+	var h any
+	if host != "" {
+		h = host
+	}
+	body := map[string]any{"os-migrateLive": map[string]any{"host": h, "block_migration": "auto"}}
+	if err := n.do(ctx, http.MethodPost, "/servers/"+url.PathEscape(id)+"/action", body, nil); err != nil {
+		t.Fatalf("live-migrate server %s to %q: %v", id, host, err)
+	}
+}

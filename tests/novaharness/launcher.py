@@ -9,9 +9,11 @@ NeutronFixture (nova.tests.fixtures) in this process, so no Glance or
 Neutron is needed.
 
 In nova-compute (compute_driver = fake.FakeDriver) it also wraps the fake
-driver's spawn, destroy, power_off, power_on and finish_revert_migration
-so that each, after doing its own work, POSTs what it did to
-NOVATEST_HOOK_URL and waits for the answer: the Go harness then plays
+driver's spawn, destroy, power_off, power_on, finish_revert_migration and
+the live migration calls (live_migration on the source, which a failed
+hook turns into a rollback; post_live_migration_at_destination;
+post_live_migration on the source) so that each, after doing its own
+work, POSTs what it did to NOVATEST_HOOK_URL and waits for the answer: the Go harness then plays
 Nova's libvirt driver on the host's simulated host (mdevs, domain). A
 failed hook fails the driver call, as a libvirt error would.
 """
@@ -61,7 +63,7 @@ class _Host(object):
             CONF.set_override(k, v, group)
 
 
-def _hook(event, instance, allocations=None):
+def _hook(event, instance, allocations=None, dest=None):
     url = os.environ.get("NOVATEST_HOOK_URL")
     if not url:
         return
@@ -71,6 +73,7 @@ def _hook(event, instance, allocations=None):
         "instance_uuid": instance.uuid,
         "instance_name": instance.name,
         "allocations": allocations,
+        "dest": dest,
     }
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
@@ -88,6 +91,8 @@ def _wrap_fake_driver():
     spawn, destroy = d.spawn, d.destroy
     power_off, power_on = d.power_off, d.power_on
     revert = d.finish_revert_migration
+    live = d.live_migration
+    post_live = d.post_live_migration
 
     def _spawn(self, context, instance, image_meta, injected_files, admin_password, allocations, *a, **kw):
         spawn(self, context, instance, image_meta, injected_files, admin_password, allocations, *a, **kw)
@@ -110,6 +115,36 @@ def _wrap_fake_driver():
         revert(self, context, instance, *a, **kw)
         _hook("revert", instance)
 
+    def _live_migration(self, context, instance, dest, post_method, recover_method,
+                        block_migration=False, migrate_data=None):
+        # On the source, before the move: a failed hook is a failed
+        # migration, which libvirt's driver answers by calling
+        # recover_method (Nova's _rollback_live_migration: the instance
+        # stays ACTIVE on its source, its allocations return to it).
+        try:
+            _hook("live_migration", instance, dest=dest)
+        except RuntimeError:
+            recover_method(context, instance, dest, migrate_data)
+            return
+        live(self, context, instance, dest, post_method, recover_method,
+             block_migration, migrate_data)
+
+    def _at_dest(self, context, instance, network_info, block_migration=False,
+                 block_device_info=None):
+        # FakeDriver's own spawns the guest here; the unwrapped spawn, so
+        # the hook sees a live_migration_dest rather than a spawn.
+        spawn(self, context, instance, None, None, None, None)
+        _hook("live_migration_dest", instance)
+
+    def _post_live(self, context, instance, block_device_info, migrate_data=None):
+        # On the source once the guest runs on the destination.
+        post_live(self, context, instance, block_device_info, migrate_data)
+        self.instances.pop(instance.uuid, None)
+        _hook("live_migration_source", instance)
+
+    d.live_migration = _live_migration
+    d.post_live_migration_at_destination = _at_dest
+    d.post_live_migration = _post_live
     d.spawn, d.destroy = _spawn, _destroy
     d.power_off, d.power_on = _power_off, _power_on
     d.finish_revert_migration = _revert

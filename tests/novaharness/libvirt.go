@@ -193,8 +193,13 @@ type hookServer struct {
 
 // hookCall is one FakeDriver call.
 type hookCall struct {
-	Event        string `json:"event"` // spawn, spawn_stopped, destroy, power_off, power_on, revert
+	// Event: spawn, spawn_stopped, destroy, power_off, power_on, revert,
+	// live_migration (source, before the move), live_migration_dest
+	// (destination, guest running there), live_migration_source (source,
+	// after the move).
+	Event        string `json:"event"`
 	Host         string `json:"host"`
+	Dest         string `json:"dest,omitempty"` // live_migration: the destination host
 	InstanceUUID string `json:"instance_uuid"`
 	InstanceName string `json:"instance_name"`
 	// Allocations are what Nova passed to spawn: provider → {"resources": {class: n}}.
@@ -277,9 +282,52 @@ func (n *Nova) held(ctx context.Context, c hookCall) error {
 	}
 }
 
+// FailLiveMigration makes the instance's next live migration fail in
+// the driver on its source host, before anything moved, as a libvirt
+// migration error would: Nova rolls it back (the instance stays ACTIVE on
+// its source, the migration is failed, the allocations return to the
+// instance). reason is the driver's error.
+func (n *Nova) FailLiveMigration(t testing.TB, instance, reason string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.failLive == nil {
+		n.failLive = map[string]string{}
+	}
+	n.failLive[instance] = reason
+	t.Cleanup(func() {
+		n.mu.Lock()
+		delete(n.failLive, instance)
+		n.mu.Unlock()
+	})
+}
+
+// liveFailure consumes the instance's FailLiveMigration, if any.
+func (n *Nova) liveFailure(c hookCall) error {
+	if c.Event != "live_migration" {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	reason, ok := n.failLive[c.InstanceUUID]
+	if !ok {
+		return nil
+	}
+	delete(n.failLive, c.InstanceUUID)
+	return fmt.Errorf("live migration of %s to %s failed (injected by the test): %s", c.InstanceUUID, c.Dest, reason)
+}
+
 // driverCall plays Nova's libvirt driver for one FakeDriver call.
 func (n *Nova) driverCall(ctx context.Context, c hookCall) error {
 	if err := n.held(ctx, c); err != nil {
+		return err
+	}
+	if err := n.liveFailure(c); err != nil {
+		fh := n.FakeHost(c.Host)
+		if fh != nil {
+			fh.mu.Lock()
+			fh.events = append(fh.events, "live_migration_failed "+c.InstanceUUID)
+			fh.mu.Unlock()
+		}
 		return err
 	}
 	fh := n.FakeHost(c.Host)
@@ -291,14 +339,18 @@ func (n *Nova) driverCall(ctx context.Context, c hookCall) error {
 	fh.events = append(fh.events, c.Event+" "+c.InstanceUUID)
 	conn := fh.Drivers.Libvirt
 	switch c.Event {
-	case "spawn", "spawn_stopped", "revert":
+	case "live_migration":
+		return nil // the source's guest keeps running until live_migration_source
+	case "live_migration_source":
+		return fh.undefine(ctx, c.InstanceUUID)
+	case "spawn", "spawn_stopped", "revert", "live_migration_dest":
 		vgpus := map[string]int{}
 		for rp, a := range c.Allocations {
 			if a.Resources["VGPU"] > 0 {
 				vgpus[rp] = a.Resources["VGPU"]
 			}
 		}
-		if c.Event == "revert" { // the driver gets no allocations: read them
+		if c.Event == "revert" || c.Event == "live_migration_dest" { // the driver gets no allocations: read them
 			al, err := n.allocations(ctx, c.InstanceUUID)
 			if err != nil {
 				return err

@@ -89,6 +89,7 @@ type Nova struct {
 	mu        sync.Mutex
 	children  map[string]vgpuChild     // provider uuid → GPU
 	holds     map[string]chan struct{} // instance → closed when its next spawn may finish (HoldSpawn)
+	failLive  map[string]string        // instance → reason its next live migration fails (FailLiveMigration)
 	providers []string                 // providers AddVGPUChild created
 	failed    bool
 	closed    bool

@@ -27,6 +27,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -263,6 +264,36 @@ func TestDrift(t *testing.T) {
 	if n := vgpuUnits(w.allocations(stranger)); n != 1 {
 		t.Errorf("the stranger's claim was touched: %d units", n)
 	}
+
+	// Consumers that hold a vGPU for an instance while it moves are no
+	// unknown instances: a Nova migration consumer (consumer type
+	// MIGRATION, Nova 2023.1+), the bridge's reservation consumer, and one
+	// of another type (older Nova writes none) that a running maintenance
+	// operation recorded as its Nova migration.
+	migration, reservation, recorded := uuid.NewString(), uuid.NewString(), uuid.NewString()
+	w.created = append(w.created, migration, reservation, recorded)
+	for c, typ := range map[string]string{migration: drift.ConsumerTypeMigration, reservation: placement.ReservationConsumerType, recorded: "INSTANCE"} {
+		testsvc.Must(t, allocations.Update(w.ctx, w.sc, c, allocations.UpdateOpts{
+			Allocations: map[string]allocations.ProviderAllocationsOpts{w.gpus[gpuB]: {Resources: map[string]int{"VGPU": 1}}},
+			ProjectID:   w.project, UserID: w.user, ConsumerType: typ}).ExtractErr(), "moving consumer "+c)
+	}
+	opID := uuid.New()
+	_, err = w.pool.Exec(w.ctx, `INSERT INTO maintenance_operations (id, host, options, created_by) VALUES ($1, $2, '{}', 'test')`, opID, w.host)
+	testsvc.Must(t, err, "maintenance operation")
+	_, err = w.pool.Exec(w.ctx, `INSERT INTO maintenance_vms (operation_id, instance_uuid, seq, action, state, migration_uuid)
+		VALUES ($1, $2, 0, 'move_direct', 'migrating', $3)`, opID, uuid.New(), recorded)
+	testsvc.Must(t, err, "maintenance VM")
+	runOnce(t, rec)
+	for _, c := range []string{migration, reservation, recorded} {
+		if f, ok := w.find(drift.UnknownInstance, c, ""); ok {
+			t.Errorf("a consumer of a move is reported: %+v", f)
+		}
+	}
+	for _, c := range []string{migration, reservation, recorded} {
+		testsvc.Must(t, allocations.Delete(w.ctx, w.sc, c).ExtractErr(), "delete moving consumer")
+	}
+	_, err = w.pool.Exec(w.ctx, `DELETE FROM maintenance_operations WHERE id = $1`, opID)
+	testsvc.Must(t, err, "delete maintenance operation")
 
 	// stale_claim: an instance with a bridge vGPU is deleted (what the
 	// ingest records for instance.delete.end) and no rule released it →

@@ -75,3 +75,8 @@ func (o outsideTx) ProviderAllocations(ctx context.Context, provider string) (ma
 	defer o.check("read the allocations of provider "+provider, time.Now())
 	return o.d.ProviderAllocations(ctx, provider)
 }
+
+func (o outsideTx) ConsumerType(ctx context.Context, consumer string) (string, error) {
+	defer o.check("read the type of consumer "+consumer, time.Now())
+	return o.d.(drift.ConsumerTyper).ConsumerType(ctx, consumer)
+}
