@@ -128,8 +128,8 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	ex, err := executor.New(executor.Config{Host: host, Journal: j, Sysfs: drv.Sysfs,
 		Domains: domains{conn: drv.Libvirt, hp: drv.HotPlug}, GPUs: drv.GPU,
 		Limiter:   limiter{conn: drv.Libvirt, cg: drv.Cgroup},
-		Diagnoser: drv.Diagnoser(v),
-		Health:    &healthCache{scan: scanner, ttl: 5 * time.Second}, Allow: drv.Allow,
+		Diagnoser: drv.Diagnoser(v), Bundler: drv.Bundler(v, j),
+		Health: &healthCache{scan: scanner, ttl: 5 * time.Second}, Allow: drv.Allow,
 		ColdShutdownTimeout: optColdShutdownTimeout.Get(v), ClockSkew: optClockSkew.Get(v),
 		CommandTimeout: optCommandTimeout.Get(v), Log: log, Registerer: reg, AfterStep: o.AfterStep})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/diagnostics"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
@@ -32,6 +33,9 @@ func setupControls(w *wiring, pl *placement.Service, pol *policy.Holder, notif *
 		a.Replayer = notif
 	}
 	a.Register(srv)
+	// vgpuctl diagnose HOST: bundles through the outbox (the relay's poll
+	// publishes the command).
+	(&diagnostics.API{Store: &diagnostics.Store{Pool: w.pool, Log: w.log.With("component", "diagnostics")}}).Register(srv)
 	listen := func(ctx context.Context) error {
 		return ctl.Listen(ctx, func(ctx context.Context, table string) {
 			switch table {

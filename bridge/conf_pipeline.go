@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/diagnostics"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
@@ -140,7 +141,9 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		return nil, err
 	}
 	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
-		Results: proc, Catalog: pol.Catalog(), Phase: pipeline.PhaseOf, Log: log.With("component", "dispatch"), Registry: reg,
+		// Results carrying a diagnostics bundle are stored by diagnostics; the rest go to the pipeline.
+		Results: diagnostics.Results{Store: &diagnostics.Store{Pool: pipePool, Log: log.With("component", "diagnostics")}, Next: proc},
+		Catalog: pol.Catalog(), Phase: pipeline.PhaseOf, Log: log.With("component", "dispatch"), Registry: reg,
 		Hold: ctl.Hold}) // operators' pause / observe-only hold the outbox
 	if err != nil {
 		pipePool.Close()

@@ -21,6 +21,9 @@ var (
 			"unanswered are kept. 0 keeps them forever. Example: 2160h")
 	optRetentionAudit = Options.Duration("retention", "audit", 365*day, 0, 100*365*day,
 		"Age after which audit log rows are purged; 0 keeps them forever. Example: 8760h")
+	optRetentionDiagnostics = Options.Duration("retention", "diagnostics", 7*day, 0, 100*365*day,
+		"Age (by requested_at) after which diagnostics bundles (vgpuctl diagnose, up to the agents' max_bundle_bytes "+
+			"each, kept in Postgres) are purged with their collect_diagnostics commands; 0 keeps them forever. Example: 72h")
 	optRetentionInterval = Options.Duration("retention", "purge_interval", time.Hour, time.Minute, 7*day,
 		"Time between purge rounds. One replica purges at a time (advisory lock); the others skip the round. Example: 6h")
 	optRetentionBatch = Options.Int("retention", "batch_size", 1000, 10, 100000,
@@ -29,14 +32,15 @@ var (
 
 func init() {
 	Options.SectionHelp("retention", "How long the bridge keeps its history (inbox events, dead letters, final requests, "+
-		"audit log), and how often it purges what is older (also: vgpu-bridge purge [--dry-run]).")
+		"audit log, diagnostics bundles), and how often it purges what is older (also: vgpu-bridge purge [--dry-run]).")
 	validators = append(validators, func(v *conf.Values) conf.Errors {
 		var errs conf.Errors
 		for _, o := range []struct {
 			name string
 			d    time.Duration
 		}{{"events", optRetentionEvents.Get(v)}, {"dead_letters", optRetentionDeadLetters.Get(v)},
-			{"requests", optRetentionRequests.Get(v)}, {"audit", optRetentionAudit.Get(v)}} {
+			{"requests", optRetentionRequests.Get(v)}, {"audit", optRetentionAudit.Get(v)},
+			{"diagnostics", optRetentionDiagnostics.Get(v)}} {
 			if o.d > 0 && o.d < time.Hour {
 				errs = append(errs, &conf.Error{Section: "retention", Option: o.name, Value: o.d.String(),
 					Problem: "is below an hour; allowed: 0 (keep forever) or 1h and more"})
@@ -53,6 +57,7 @@ func RetentionConfig(v *conf.Values) controls.Retention {
 		DeadLetters: optRetentionDeadLetters.Get(v),
 		Requests:    optRetentionRequests.Get(v),
 		Audit:       optRetentionAudit.Get(v),
+		Diagnostics: optRetentionDiagnostics.Get(v),
 		Interval:    optRetentionInterval.Get(v),
 		BatchSize:   optRetentionBatch.Get(v),
 	}

@@ -202,6 +202,18 @@ func (e *Executor) prepare(c protocol.Command) (handler, error) {
 		if err := c.DecodeParams(&p); err != nil {
 			return nil, err
 		}
+		if p.Bundle {
+			return func(ctx context.Context, r *run) (any, error) {
+				if e.cfg.Bundler == nil {
+					return nil, hosterr.Errorf(hosterr.Unsupported, "collect diagnostics bundle", "no bundler configured")
+				}
+				b, err := e.cfg.Bundler.Bundle(ctx, c.InstanceUUID, p.Checks)
+				if err != nil {
+					return nil, err
+				}
+				return map[string]any{"bundle": b.Bundle, "bundle_sha256": b.BundleSHA256, "manifest": b.Manifest}, nil
+			}, nil
+		}
 		return func(ctx context.Context, r *run) (any, error) {
 			if e.cfg.Diagnoser == nil {
 				return nil, hosterr.Errorf(hosterr.Unsupported, "collect diagnostics", "no diagnoser configured")

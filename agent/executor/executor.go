@@ -45,8 +45,11 @@ type Config struct {
 	GPUs      GPUs
 	Limiter   Limiter
 	Diagnoser Diagnoser
-	Health    Health
-	Allow     AllowList // nil allows every device
+	// Bundler gathers collect_diagnostics bundles; nil fails those that
+	// ask for one (unsupported).
+	Bundler Bundler
+	Health  Health
+	Allow   AllowList // nil allows every device
 	// ColdShutdownTimeout is the default graceful-shutdown bound of a cold
 	// attach or detach. Default 2m.
 	ColdShutdownTimeout time.Duration
@@ -310,11 +313,19 @@ func (e *Executor) run(ctx context.Context, ent journal.Entry, h handler) protoc
 }
 
 func (e *Executor) finish(c protocol.Command, res protocol.Result) protocol.Result {
+	// A diagnostics bundle (up to [diagnostics] max_bundle_bytes) is not
+	// kept in the journal: a duplicate delivery gets the result without
+	// it (bundle_omitted) and the operator asks again.
+	full := res.Details
+	if c.Kind == protocol.CollectDiagnostics {
+		res.Details = withoutBundle(res.Details)
+	}
 	rec, err := e.j.Finish(c.ID, res)
 	if err != nil {
 		e.log.Error("journal: cannot record result", logkey.Command, c.ID, logkey.Err, err)
 		return protocol.Result{}
 	}
+	rec.Details = full
 	e.outcomes.WithLabelValues(string(c.Kind), string(rec.Status), rec.Code).Inc()
 	return rec
 }
@@ -410,6 +421,22 @@ func mustJSON(v any) json.RawMessage {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return json.RawMessage(`{}`)
+	}
+	return b
+}
+
+// withoutBundle is a collect_diagnostics result's details without the
+// bundle itself (its digest and manifest stay).
+func withoutBundle(details json.RawMessage) json.RawMessage {
+	var m map[string]json.RawMessage
+	if len(details) == 0 || json.Unmarshal(details, &m) != nil || m["bundle"] == nil {
+		return details
+	}
+	delete(m, "bundle")
+	m["bundle_omitted"] = json.RawMessage(`"the bundle is not kept in the agent's journal; collect it again"`)
+	b, err := json.Marshal(m)
+	if err != nil {
+		return details
 	}
 	return b
 }

@@ -104,6 +104,12 @@ type Diagnoser interface {
 	Diagnose(ctx context.Context, checks []string) (json.RawMessage, error)
 }
 
+// Bundler gathers a diagnostics bundle (agent/diagbundle) for instance
+// (empty: every domain with a vGPU).
+type Bundler interface {
+	Bundle(ctx context.Context, instance string, checks []string) (protocol.BundleDetails, error)
+}
+
 // Health tells a GPU's health ("ok", "degraded", "failed", "unknown").
 type Health interface {
 	GPUHealth(ctx context.Context, gpu pci.Addr) string

@@ -181,6 +181,25 @@ func (c *Conn) DomainConfig(ctx context.Context, uuid string) (Domain, error) {
 	return c.describe(d, false)
 }
 
+// DomainXML returns one domain's current XML, without the secure parts
+// (no DOMAIN_XML_SECURE: graphics passwords and the like are left out),
+// for a diagnostics bundle.
+func (c *Conn) DomainXML(ctx context.Context, uuid string) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	d, err := c.lookup(uuid)
+	if err != nil {
+		return "", err
+	}
+	defer d.Free()
+	x, err := d.GetXMLDesc(0)
+	if err != nil {
+		return "", Classify("get domain xml", err)
+	}
+	return x, nil
+}
+
 // NodeDevices lists PCI and mdev node devices, sorted by name.
 func (c *Conn) NodeDevices(ctx context.Context) ([]NodeDevice, error) {
 	if err := ctx.Err(); err != nil {

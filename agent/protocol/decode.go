@@ -44,7 +44,12 @@ const (
 const (
 	// MaxMessageBytes bounds a command, result or report body.
 	MaxMessageBytes = 1 << 20
-	maxIDLen        = 128
+	// MaxBundleMessageBytes bounds a collect_diagnostics result that
+	// carries a bundle (base64 of a tar.gz of at most 64 MiB, in practice
+	// the agent's max_bundle_bytes); only such a result may pass
+	// MaxMessageBytes.
+	MaxBundleMessageBytes = 96 << 20
+	maxIDLen              = 128
 )
 
 // ErrInvalid is wrapped by every decoding and validation error.
@@ -75,9 +80,16 @@ func DecodeCommand(body []byte) (Command, error) {
 
 // DecodeResult decodes a result body.
 func DecodeResult(body []byte) (Result, error) {
+	return DecodeResultMax(body, MaxMessageBytes)
+}
+
+// DecodeResultMax is DecodeResult with a size limit of limit bytes (the
+// receiver of diagnostics bundles passes MaxBundleMessageBytes and checks
+// that a result over MaxMessageBytes is one).
+func DecodeResultMax(body []byte, limit int) (Result, error) {
 	var r Result
-	if len(body) > MaxMessageBytes {
-		return r, invalid("result is %d bytes, more than %d", len(body), MaxMessageBytes)
+	if len(body) > limit {
+		return r, invalid("result is %d bytes, more than %d", len(body), limit)
 	}
 	if err := decodeOne(body, &r); err != nil {
 		return Result{}, invalid("result: %v", err)

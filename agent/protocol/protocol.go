@@ -177,6 +177,20 @@ type VerifyParams struct {
 type DiagnosticsParams struct {
 	// Checks limits the run to these check names; empty runs them all.
 	Checks []string `json:"checks,omitempty"`
+	// Bundle asks for the whole diagnostics bundle (a tar.gz within the
+	// agent's [diagnostics] max_bundle_bytes) in the result's details
+	// (BundleDetails) besides the checks. The command's instance_uuid,
+	// when set, limits the domain XML to that instance. An agent that
+	// predates it ignores it and answers the checks only.
+	Bundle bool `json:"bundle,omitempty"`
+}
+
+// BundleDetails are the details of a collect_diagnostics result that
+// asked for a bundle.
+type BundleDetails struct {
+	Bundle       []byte          `json:"bundle"` // base64 in JSON
+	BundleSHA256 string          `json:"bundle_sha256"`
+	Manifest     json.RawMessage `json:"manifest,omitempty"`
 }
 
 // Status is a result status.

@@ -353,8 +353,14 @@ func (k *Keyring) Len() int { return len(k.keys) }
 // Verify checks the signature of a message body of type t at time now and
 // returns the key that signed it. Errors are *SignatureError.
 func (k *Keyring) Verify(t MessageType, body []byte, now time.Time) (TrustedKey, error) {
-	if len(body) > MaxMessageBytes {
-		return TrustedKey{}, sigErr(CodeBadSignature, "", "message is %d bytes, more than %d", len(body), MaxMessageBytes)
+	return k.VerifyMax(t, body, now, MaxMessageBytes)
+}
+
+// VerifyMax is Verify with a size limit of limit bytes (diagnostics
+// bundles: MaxBundleMessageBytes).
+func (k *Keyring) VerifyMax(t MessageType, body []byte, now time.Time, limit int) (TrustedKey, error) {
+	if len(body) > limit {
+		return TrustedKey{}, sigErr(CodeBadSignature, "", "message is %d bytes, more than %d", len(body), limit)
 	}
 	obj, err := parseObject(body)
 	if err != nil {

@@ -191,6 +191,9 @@ type Call struct {
 	Header http.Header
 	// NoAuth sends no operator token (public routes, webhooks).
 	NoAuth bool
+	// MaxBytes bounds the answer; 0 is MaxAnswerBytes (a diagnostics
+	// bundle may be larger).
+	MaxBytes int
 }
 
 func (c *Client) authToken(ctx context.Context) (string, error) {
@@ -267,12 +270,16 @@ func (c *Client) Do(ctx context.Context, call Call) (*Response, error) {
 		return nil, &UnreachableError{URL: c.base, Err: unwrapURLError(err)}
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswerBytes+1))
+	limit := call.MaxBytes
+	if limit <= 0 {
+		limit = MaxAnswerBytes
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
 	if err != nil {
 		return nil, &UnreachableError{URL: c.base, Err: fmt.Errorf("reading the answer: %w", err)}
 	}
-	if len(b) > MaxAnswerBytes {
-		return nil, fmt.Errorf("%s %s: answer larger than %d bytes", call.Method, call.Path, MaxAnswerBytes)
+	if len(b) > limit {
+		return nil, fmt.Errorf("%s %s: answer larger than %d bytes", call.Method, call.Path, limit)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return nil, newError(call, resp, b)

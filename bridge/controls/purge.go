@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -23,6 +24,7 @@ type Retention struct {
 	DeadLetters time.Duration // by received_at
 	Requests    time.Duration // requests in a final state, by finished_at, with their commands, callbacks, decisions
 	Audit       time.Duration // audit_log rows, by at
+	Diagnostics time.Duration // diagnostics bundles, by requested_at, with their commands
 	Interval    time.Duration // time between purge rounds
 	BatchSize   int           // rows per delete statement (and transaction)
 }
@@ -77,6 +79,7 @@ func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, er
 				return requests.PurgeFinal(ctx, tx, cutoff, n)
 			}},
 		{"audit_log", r.Audit, `SELECT count(*) FROM audit_log WHERE at < $1`, simplePurge("audit_log", "id", "at")},
+		{"diagnostics", r.Diagnostics, `SELECT count(*) FROM diagnostics WHERE requested_at < $1`, purgeDiagnostics},
 	}
 	for _, st := range steps {
 		if st.age <= 0 {
@@ -112,14 +115,14 @@ func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, er
 	}
 	if !dryRun {
 		s.log.Info("retention purge done", logkey.Deleted, out.Total(), "events", out["events"], "dead_letters", out["dead_letters"],
-			"requests", out["requests"], "audit_log", out["audit_log"], logkey.Duration, time.Since(start))
+			"requests", out["requests"], "audit_log", out["audit_log"], "diagnostics", out["diagnostics"], logkey.Duration, time.Since(start))
 	}
 	return out, nil
 }
 
 // RunPurge purges every r.Interval until ctx ends; one replica at a time.
 func (s *Store) RunPurge(ctx context.Context, r Retention) error {
-	if r.Interval <= 0 || (r.Events <= 0 && r.DeadLetters <= 0 && r.Requests <= 0 && r.Audit <= 0) {
+	if r.Interval <= 0 || (r.Events <= 0 && r.DeadLetters <= 0 && r.Requests <= 0 && r.Audit <= 0 && r.Diagnostics <= 0) {
 		return nil // nothing to purge, ever
 	}
 	t := time.NewTimer(time.Minute) // let the replica settle first
@@ -176,5 +179,28 @@ func purgeEvents(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purge
 		return nil, err
 	}
 	out["events"] = tag.RowsAffected()
+	return out, nil
+}
+
+// purgeDiagnostics deletes old diagnostics records (their bundles) and
+// their collect_diagnostics commands.
+func purgeDiagnostics(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
+	rows, err := tx.Query(ctx, `DELETE FROM diagnostics WHERE id IN (SELECT id FROM diagnostics WHERE requested_at < $1
+		ORDER BY requested_at LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING command_id`, cutoff, n)
+	if err != nil {
+		return nil, err
+	}
+	cmds, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, err
+	}
+	out := Purged{"diagnostics": int64(len(cmds))}
+	if len(cmds) > 0 {
+		tag, err := tx.Exec(ctx, `DELETE FROM commands WHERE id = ANY($1) AND request_id IS NULL`, cmds)
+		if err != nil {
+			return nil, err
+		}
+		out["commands"] = tag.RowsAffected()
+	}
 	return out, nil
 }

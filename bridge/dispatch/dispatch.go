@@ -14,8 +14,10 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -392,7 +394,11 @@ func (x *Dispatcher) handleResult(ctx context.Context, d amqp.Delivery) (bool, e
 	if !x.verified(protocol.TypeResult, d) {
 		return false, nil
 	}
-	r, err := protocol.DecodeResult(d.Body)
+	r, err := protocol.DecodeResultMax(d.Body, protocol.MaxBundleMessageBytes)
+	if err == nil && len(d.Body) > protocol.MaxMessageBytes && !HasBundle(r) {
+		err = fmt.Errorf("%w: result is %d bytes, more than %d, and carries no diagnostics bundle",
+			protocol.ErrInvalid, len(d.Body), protocol.MaxMessageBytes)
+	}
 	if err != nil {
 		x.m.broken.WithLabelValues("result", ReasonInvalid).Inc()
 		x.deadLetter(ctx, "agent-result", err, d)
@@ -408,6 +414,19 @@ func (x *Dispatcher) handleResult(ctx context.Context, d amqp.Delivery) (bool, e
 	}
 	x.Kick()
 	return false, nil
+}
+
+// HasBundle reports whether r's details carry a diagnostics bundle
+// (collect_diagnostics with bundle: true); only such a result may be
+// larger than protocol.MaxMessageBytes.
+func HasBundle(r protocol.Result) bool {
+	if len(r.Details) == 0 || !bytes.Contains(r.Details, []byte(`"bundle"`)) {
+		return false
+	}
+	var d struct {
+		Bundle json.RawMessage `json:"bundle"`
+	}
+	return json.Unmarshal(r.Details, &d) == nil && len(d.Bundle) > 2 && d.Bundle[0] == '"'
 }
 
 func (x *Dispatcher) handleReport(ctx context.Context, d amqp.Delivery) (bool, error) {

@@ -126,11 +126,15 @@ func (x *Dispatcher) verified(t protocol.MessageType, d amqp.Delivery) bool {
 	if ring == nil {
 		return true
 	}
-	_, err := ring.Verify(t, d.Body, time.Now())
+	limit := protocol.MaxMessageBytes
+	if t == protocol.TypeResult {
+		limit = protocol.MaxBundleMessageBytes // only a bundle's result may be that big: handleResult checks
+	}
+	_, err := ring.VerifyMax(t, d.Body, time.Now(), limit)
 	if protocol.SignatureCode(err) == protocol.CodeUnknownKey && !ring.Has(keyIDOf(err)) {
 		if k = x.refreshKeyring(k); k.Keyring != ring && k.Keyring != nil {
 			ring = k.Keyring
-			_, err = ring.Verify(t, d.Body, time.Now())
+			_, err = ring.VerifyMax(t, d.Body, time.Now(), limit)
 		}
 	}
 	if err == nil {

@@ -131,7 +131,7 @@ func newRoot(g *globals) *cobra.Command {
 		versionCmd, healthCmd,
 		hostsCmd, gpusCmd, instancesCmd, allocationsCmd, eventsCmd, deadLettersCmd,
 		requestsCmd, requestCmd, placeCmd, syncCmd, policyCmd, webhookCmd,
-		driftCmd, flavorCmd,
+		driftCmd, flavorCmd, diagnoseCmd,
 	} {
 		root.AddCommand(f(g))
 	}

@@ -61,10 +61,19 @@ func TestPurge(t *testing.T) {
 	exec(`INSERT INTO commands (id, request_id, host, kind, body, finished_at) VALUES ($1, $2, 'h', 'create_mdev', '{}', now())`, uuid.New(), reqs["old"])
 	exec(`INSERT INTO commands (id, request_id, host, kind, body) VALUES ($1, $2, 'h', 'create_mdev', '{}')`, uuid.New(), reqs["unanswered"])
 	exec(`INSERT INTO decisions (event_id, request_id, decision) VALUES (-1, $1, '{}')`, reqs["old"])
+	// Diagnostics bundles: 2 old (gone with their collect_diagnostics
+	// commands, which have no request), 1 new.
+	for _, at := range []time.Time{old, old, time.Now()} {
+		cmd := uuid.New()
+		exec(`INSERT INTO commands (id, host, kind, body, finished_at) VALUES ($1, 'h', 'collect_diagnostics', '{}', $2)`, cmd, at)
+		exec(`INSERT INTO diagnostics (id, command_id, host, requested_by, requested_at, expires_at, status, bundle)
+			VALUES ($1, $2, 'h', 'ops', $3, $3, 'complete', '\x1f8b')`, uuid.New(), cmd, at)
+	}
 
 	reg := prometheus.NewRegistry()
 	st := controls.NewStore(pool, reg, nil)
-	r := controls.Retention{Events: 720 * time.Hour, DeadLetters: 720 * time.Hour, Requests: 720 * time.Hour, Audit: 720 * time.Hour, BatchSize: 2}
+	r := controls.Retention{Events: 720 * time.Hour, DeadLetters: 720 * time.Hour, Requests: 720 * time.Hour, Audit: 720 * time.Hour,
+		Diagnostics: 720 * time.Hour, BatchSize: 2}
 	purge := func(dry bool) controls.Purged {
 		t.Helper()
 		p, err := st.Purge(ctx, r, dry)
@@ -72,7 +81,7 @@ func TestPurge(t *testing.T) {
 		return p
 	}
 	dry := purge(true)
-	want := controls.Purged{"events": 3, "dead_letters": 3, "requests": 1, "audit_log": 3}
+	want := controls.Purged{"events": 3, "dead_letters": 3, "requests": 1, "audit_log": 3, "diagnostics": 2}
 	for k, n := range want {
 		if dry[k] != n {
 			t.Errorf("dry run: %s %d, want %d (%v)", k, dry[k], n, dry)
@@ -98,7 +107,8 @@ func TestPurge(t *testing.T) {
 		`SELECT count(*) FROM dead_letters`:                           1,
 		`SELECT count(*) FROM audit_log WHERE actor = 't'`:            1,
 		`SELECT count(*) FROM requests`:                               3,
-		`SELECT count(*) FROM commands`:                               1,
+		`SELECT count(*) FROM commands`:                               2, // the unanswered one and the new diagnostics' one
+		`SELECT count(*) FROM diagnostics`:                            1,
 		`SELECT count(*) FROM decisions WHERE request_id IS NULL`:     2,
 		`SELECT count(*) FROM decisions WHERE request_id IS NOT NULL`: 0,
 	} {

@@ -419,13 +419,17 @@ func (w *world) startAgent(transport string) {
 		"DEFAULT.listen=127.0.0.1:0", "DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s",
 		"DEFAULT.shutdown_timeout=5s", "security.bridge_keys_file=" + w.path("bridge-keys.pem"),
 		"security.require_signed_commands=true", "security.signing_key_file=" + w.path("agent.key"), "security.key_id=agent-a"}
+	overrides = append(overrides, w.diagnosticsOverrides()...) // vgpuctl diagnose (diagnostics_test.go)
 	w.agentOverrides.Store(&overrides)
 	load := func() (*conf.Values, error) {
 		return agent.LoadConfig(conf.Source{Overrides: *w.agentOverrides.Load()})
 	}
 	v, err := load()
 	testsvc.Must(t, err, "agent config")
-	log := slog.New(slog.NewJSONHandler(w.agentLog, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	logFile, err := os.OpenFile(w.path("agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	testsvc.Must(t, err, "agent log file")
+	t.Cleanup(func() { logFile.Close() })
+	log := slog.New(slog.NewJSONHandler(io.MultiWriter(w.agentLog, logFile), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithCancel(w.ctx)
 	done := make(chan error, 1)
 	go func() {
