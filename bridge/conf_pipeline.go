@@ -159,5 +159,6 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		go func() { errc <- resizes.Run(ctx) }() // Nova calls and deadlines of resizes through Nova
 		return errors.Join(<-errc, <-errc, <-errc)
 	}
-	return []component{{name: "pipeline", run: run}}, nil
+	// Host maintenance (vgpuctl host migrate-all): its routes and executor.
+	return append([]component{{name: "pipeline", run: run}}, setupMaintenance(w, novaAPI, pl, proc)...), nil
 }

@@ -95,6 +95,7 @@ type DirectVGPU struct {
 	TypeID   string // e.g. nvidia-232
 	Trait    string // e.g. CUSTOM_NVIDIA_232
 	Provider string // the GPU provider on the source
+	Class    string // its resource class ("": VGPU)
 	Amount   int    // units; 0 means 1
 }
 

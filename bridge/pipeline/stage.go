@@ -162,7 +162,12 @@ type FollowMove struct{}
 
 // Exec implements Stage.
 func (FollowMove) Exec(ctx context.Context, w *Work) (bool, error) {
-	outbox, handled, err := w.p.handleMove(ctx, w.Tx, w.Row, w.Event, w.hosts)
+	outbox, handled, err := w.p.handleMaintenance(ctx, w.Tx, w.Row, w.Event, w.hosts)
+	if err != nil || handled {
+		w.Outbox = w.Outbox || outbox
+		return handled, err
+	}
+	outbox, handled, err = w.p.handleMove(ctx, w.Tx, w.Row, w.Event, w.hosts)
 	if err != nil {
 		return false, fmt.Errorf("follow the move of %s: %w", w.Row.InstanceUUID, err)
 	}

@@ -132,6 +132,7 @@ func newRoot(g *globals) *cobra.Command {
 		hostsCmd, gpusCmd, instancesCmd, allocationsCmd, eventsCmd, deadLettersCmd,
 		requestsCmd, requestCmd, placeCmd, syncCmd, policyCmd, webhookCmd,
 		driftCmd, flavorCmd, diagnoseCmd,
+		hostCmd, // host maintenance: migrate-all
 	} {
 		root.AddCommand(f(g))
 	}

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bridge
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/maintenance"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+)
+
+var (
+	optMaintenanceLiveMigrateVGPU = Options.Bool("maintenance", "live_migrate_vgpu", false,
+		"Live-migrate the VMs whose vGPU comes from their flavor (resources:VGPU) when `vgpuctl host migrate-all` "+
+			"empties a host, instead of cold-migrating and confirming them. Only for stacks that live-migrate "+
+			"vGPUs: Nova 2024.1 (Caracal) or later, libvirt 8.6 or later and QEMU 8.1 or later on every compute "+
+			"host, with the NVIDIA driver's migration support; on older stacks Nova refuses the move or the VM "+
+			"loses its vGPU. Direct-path VMs are live-migrated either way (their vGPU is detached first). Example: true")
+	optMaintenanceMigrationTimeout = Options.Duration("maintenance", "migration_timeout", 30*time.Minute, time.Minute, 24*time.Hour,
+		"How long host maintenance waits for one Nova move (a cold or live migration) to end before it fails "+
+			"that VM. Example: 1h")
+	optMaintenanceStepTimeout = Options.Duration("maintenance", "step_timeout", 10*time.Minute, 30*time.Second, 24*time.Hour,
+		"How long host maintenance waits for a detach or attach through the agent, or for a migration's "+
+			"confirm, before it fails that VM. Example: 20m")
+	optMaintenancePollInterval = Options.Duration("maintenance", "poll_interval", 2*time.Second, 100*time.Millisecond, time.Minute,
+		"How often host maintenance reads Nova's migration records and the server while a VM moves. Example: 5s")
+)
+
+func init() {
+	Options.SectionHelp("maintenance", "Host maintenance: `vgpuctl host migrate-all HOST` (POST "+
+		"/v1/hosts/{name}/migrate-all) drains a host, moves every vGPU VM off it through Nova and undrains it.")
+}
+
+// MaintenanceRunConfig maps [maintenance] to the executor's timings.
+func MaintenanceRunConfig(v *conf.Values) maintenance.RunConfig {
+	return maintenance.RunConfig{Poll: optMaintenancePollInterval.Get(v), MigrationTimeout: optMaintenanceMigrationTimeout.Get(v),
+		StepTimeout: optMaintenanceStepTimeout.Get(v)}
+}
+
+// maintenanceNova is what host maintenance needs of Nova
+// (computeapi.Client).
+type maintenanceNova interface {
+	maintenance.Nova
+	maintenance.Lister
+}
+
+// setupMaintenance registers the host maintenance routes and returns the
+// executor's loop; nova is nil when [nova] is not configured (the routes
+// answer 503 then and no loop runs).
+func setupMaintenance(w *wiring, nova any, pl *placement.Service, proc *pipeline.Processor) []component {
+	store := maintenance.NewStore(w.pool, w.log.With("component", "maintenance"))
+	a := &maintenance.API{Store: store, Pool: w.pool, Drain: w.ctl,
+		Known:    func(name string) bool { return len(pl.Index().HostGPUs(name)) > 0 },
+		Chooser:  func() maintenance.Chooser { return &maintenance.IndexChooser{GPUs: pl.Index().GPUs} },
+		Defaults: maintenance.Options{LiveMigrateVGPU: optMaintenanceLiveMigrateVGPU.Get(w.v)}}
+	n, ok := nova.(maintenanceNova)
+	if !ok {
+		a.Register(w.srv)
+		return nil
+	}
+	cfg := MaintenanceRunConfig(w.v)
+	r := &maintenance.Runner{Store: store, Nova: n, Placement: maintenance.PlacementAdapter{S: pl},
+		Agents: maintenance.PipelineAgents{Pool: w.pool, Wake: proc.Wake, Poll: cfg.Poll / 4}, Drain: w.ctl, Cfg: cfg,
+		Log: w.log.With("component", "maintenance"), DirectOf: func(ctx context.Context, instance string, detach uuid.UUID) ([]maintenance.DirectVGPU, error) {
+			return maintenance.Direct(ctx, w.pool, instance, detach)
+		}}
+	a.Nova, a.Started = n, r.Kick
+	a.Register(w.srv)
+	return []component{{name: "maintenance", run: r.Run}}
+}
