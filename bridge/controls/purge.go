@@ -196,11 +196,11 @@ func purgeDiagnostics(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (
 	}
 	out := Purged{"diagnostics": int64(len(cmds))}
 	if len(cmds) > 0 {
-		tag, err := tx.Exec(ctx, `DELETE FROM commands WHERE id = ANY($1) AND request_id IS NULL`, cmds)
+		n, err := requests.DeleteOperatorCommands(ctx, tx, cmds)
 		if err != nil {
 			return nil, err
 		}
-		out["commands"] = tag.RowsAffected()
+		out["commands"] = n
 	}
 	return out, nil
 }

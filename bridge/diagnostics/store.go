@@ -116,8 +116,8 @@ func (s *Store) Request(ctx context.Context, who controls.Actor, host, instance 
 		if instance != "" {
 			inst = &instance
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, instance_uuid)
-			VALUES ($1, NULL, $2, $3, $4, $5, 0, 'action', $6::uuid)`, cmdID, host, string(c.Kind), body, c.ExpiresAt, inst); err != nil {
+		if err := requests.QueueOperatorCommand(ctx, tx, requests.Command{ID: cmdID.String(), Host: host, Kind: string(c.Kind),
+			Body: body, ExpiresAt: c.ExpiresAt, InstanceUUID: instance}); err != nil {
 			return fmt.Errorf("queue collect_diagnostics: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO diagnostics (id, command_id, host, instance_uuid, requested_by, request_id, requested_at, expires_at)

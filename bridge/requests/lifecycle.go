@@ -92,6 +92,22 @@ func QueueCommands(ctx context.Context, q Execer, reqID uuid.UUID, purpose strin
 	return nil
 }
 
+// QueueOperatorCommand puts c in the outbox on its own, with no request
+// (an operator's collect_diagnostics); the relay sends it after the caller
+// commits.
+func QueueOperatorCommand(ctx context.Context, q Execer, c Command) error {
+	var inst *string
+	if c.InstanceUUID != "" {
+		inst = &c.InstanceUUID
+	}
+	if _, err := q.Exec(ctx, `INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, attachment_id, instance_uuid)
+		VALUES ($1, NULL, $2, $3, $4, $5, $6, $7, $8, $9::uuid)`,
+		c.ID, c.Host, c.Kind, c.Body, c.ExpiresAt, c.Seq, PurposeAction, c.AttachmentID, inst); err != nil {
+		return fmt.Errorf("queue command %s %s for %s: %w", c.Kind, c.ID, c.Host, err)
+	}
+	return nil
+}
+
 // FinishCommand records an agent's result of command id.
 func FinishCommand(ctx context.Context, q Execer, id, status string, result []byte) error {
 	if _, err := q.Exec(ctx, `UPDATE commands SET result_status = $2, result = $3, finished_at = now() WHERE id::text = $1`,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -14,6 +15,17 @@ func DeleteEventDecisions(ctx context.Context, q Execer, ids []int64) (int64, er
 	tag, err := q.Exec(ctx, `DELETE FROM decisions WHERE event_id = ANY($1) AND request_id IS NULL`, ids)
 	if err != nil {
 		return 0, fmt.Errorf("delete decisions of purged events: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// DeleteOperatorCommands deletes the commands ids that belong to no
+// request (QueueOperatorCommand; the retention purge of what they were
+// for); it returns how many.
+func DeleteOperatorCommands(ctx context.Context, q Execer, ids []uuid.UUID) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM commands WHERE id = ANY($1) AND request_id IS NULL`, ids)
+	if err != nil {
+		return 0, fmt.Errorf("delete purged operator commands: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }
