@@ -1,4 +1,4 @@
--- Host maintenance (issue 22): operations that move every vGPU VM off a
+-- Host maintenance (doc/source/operations.rst): operations that move every vGPU VM off a
 -- host (vgpuctl host migrate-all), and each VM's progress, durable so that
 -- a bridge restarted mid-operation resumes or fails each VM cleanly.
 -- +goose Up

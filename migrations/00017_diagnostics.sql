@@ -1,4 +1,4 @@
--- Diagnostics bundles (issue 21): an operator's request for a host's
+-- Diagnostics bundles (doc/source/troubleshooting.rst): an operator's request for a host's
 -- evidence (vgpuctl diagnose HOST), the collect_diagnostics command it
 -- queued (commands.id, no request), and the tar.gz the agent sent back.
 -- Purged after [retention] diagnostics.

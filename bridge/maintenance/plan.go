@@ -2,7 +2,8 @@
 
 // Package maintenance plans the move of every vGPU VM off a compute host
 // before its maintenance (a GPU driver upgrade, a repair): the planning
-// half of `vgpuctl host migrate-all HOST` (issue 22).
+// half of `vgpuctl host migrate-all HOST` (doc/source/operations.rst,
+// "Host maintenance").
 //
 // A VM's vGPU comes either from its flavor (resources:VGPU, the Nova
 // path: Nova moves it, and only a recent stack — Nova 2024.1+, libvirt

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -61,8 +62,19 @@ func TestNoReferenceOutsideTheRepository(t *testing.T) {
 				t.Errorf("%s:%d refers to %q, outside the repository", f, line, s)
 			}
 		}
+		// A tracker's issue number means nothing to a reader of the
+		// code; an upstream project's issue is named with its project
+		// and "#" ("eventlet issue #432").
+		if loc := trackerIssue.FindIndex(b); loc != nil {
+			line := bytes.Count(b[:loc[0]], []byte("\n")) + 1
+			t.Errorf("%s:%d refers to %q, an issue tracker outside the repository: say it in the repository's own docs", f, line, b[loc[0]:loc[1]])
+		}
 	}
 }
+
+// trackerIssue is a bare issue number (the word, a space, digits), spelt so that this
+// file does not match itself.
+var trackerIssue = regexp.MustCompile(`(?i)\bissues?` + ` [0-9]+\b`)
 
 // TestCopiedTestDataNamesItsSource: test data copied from other projects
 // says from where: project, path, commit and licence.
