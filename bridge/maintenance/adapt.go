@@ -3,6 +3,7 @@
 package maintenance
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 )
@@ -162,7 +164,7 @@ func (a PipelineAgents) Wait(ctx context.Context, request uuid.UUID) error {
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
 			return err
 		}
-		if err := sleep(ctx, cmpDur(a.Poll, 500*time.Millisecond)); err != nil {
+		if err := backoff.Sleep(ctx, cmp.Or(a.Poll, 500*time.Millisecond)); err != nil {
 			return fmt.Errorf("request %s: %w", request, err)
 		}
 	}
@@ -180,7 +182,7 @@ func (a PipelineAgents) Settled(ctx context.Context, instance, kind string, sinc
 		if err == nil && done {
 			return nil
 		}
-		if err := sleep(wctx, cmpDur(a.Poll, 500*time.Millisecond)); err != nil {
+		if err := backoff.Sleep(wctx, cmp.Or(a.Poll, 500*time.Millisecond)); err != nil {
 			return ctx.Err() // past the minute: go on
 		}
 	}

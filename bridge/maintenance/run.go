@@ -3,6 +3,7 @@
 package maintenance
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
 )
@@ -97,14 +99,7 @@ type Runner struct {
 
 var runnerActor = controls.Actor{Name: "vgpu-bridge/maintenance"}
 
-func (r *Runner) poll() time.Duration { return cmpDur(r.Cfg.Poll, time.Second) }
-
-func cmpDur(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
-}
+func (r *Runner) poll() time.Duration { return cmp.Or(r.Cfg.Poll, time.Second) }
 
 // Kick makes Run look for running operations now.
 func (r *Runner) Kick() {
@@ -132,7 +127,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.init()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	t := time.NewTicker(cmpDur(r.Cfg.Scan, 10*time.Second))
+	t := time.NewTicker(cmp.Or(r.Cfg.Scan, 10*time.Second))
 	defer t.Stop()
 	for {
 		ids, err := r.Store.Running(ctx)
@@ -398,14 +393,14 @@ func createdBefore(m computeapi.Migration, t time.Time) bool {
 
 // waitRecord waits for Nova's record of the move just asked for.
 func (r *Runner) waitRecord(ctx context.Context, instance, kind, source string, after int) (computeapi.Migration, error) {
-	ctx, cancel := context.WithTimeout(ctx, cmpDur(r.Cfg.StepTimeout, 10*time.Minute))
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.StepTimeout, 10*time.Minute))
 	defer cancel()
 	for {
 		ms, err := r.Nova.Migrations(ctx, instance, "")
 		if err == nil && len(ms) > 0 && ms[0].ID > after && ms[0].Type == kind && ms[0].SourceHost == source && ms[0].UUID != "" {
 			return ms[0], nil
 		}
-		if err := sleep(ctx, r.poll()); err != nil {
+		if err := backoff.Sleep(ctx, r.poll()); err != nil {
 			return computeapi.Migration{}, fmt.Errorf("no %s record of Nova's for %s: %w", kind, instance, err)
 		}
 	}
@@ -415,7 +410,7 @@ func (r *Runner) waitRecord(ctx context.Context, instance, kind, source string, 
 // finished (cold) or completed (live) is success; error, failed,
 // cancelled, reverted is the move's failure.
 func (r *Runner) waitMigration(ctx context.Context, instance, mig string, live bool) (computeapi.Migration, error) {
-	ctx, cancel := context.WithTimeout(ctx, cmpDur(r.Cfg.MigrationTimeout, 30*time.Minute))
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.MigrationTimeout, 30*time.Minute))
 	defer cancel()
 	for {
 		ms, err := r.Nova.Migrations(ctx, instance, "")
@@ -436,7 +431,7 @@ func (r *Runner) waitMigration(ctx context.Context, instance, mig string, live b
 				}
 			}
 		}
-		if err := sleep(ctx, r.poll()); err != nil {
+		if err := backoff.Sleep(ctx, r.poll()); err != nil {
 			return computeapi.Migration{}, fmt.Errorf("waiting for Nova's migration %s: %w", mig, err)
 		}
 	}
@@ -464,7 +459,7 @@ func (r *Runner) confirm(ctx context.Context, op Operation, v *VMStatus) error {
 	if err := r.advance(ctx, op, v, Confirming, Update{}); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, cmpDur(r.Cfg.StepTimeout, 10*time.Minute))
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.StepTimeout, 10*time.Minute))
 	defer cancel()
 	asked := false
 	for {
@@ -485,7 +480,7 @@ func (r *Runner) confirm(ctx context.Context, op Operation, v *VMStatus) error {
 				return fmt.Errorf("the server is in ERROR: %s", s.Fault)
 			}
 		}
-		if err := sleep(ctx, r.poll()); err != nil {
+		if err := backoff.Sleep(ctx, r.poll()); err != nil {
 			return fmt.Errorf("confirm the migration: %w", err)
 		}
 	}
@@ -493,14 +488,14 @@ func (r *Runner) confirm(ctx context.Context, op Operation, v *VMStatus) error {
 
 // waitIdle waits until Nova has no task running on the server.
 func (r *Runner) waitIdle(ctx context.Context, instance string) (computeapi.Server, error) {
-	ctx, cancel := context.WithTimeout(ctx, cmpDur(r.Cfg.StepTimeout, 10*time.Minute))
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.StepTimeout, 10*time.Minute))
 	defer cancel()
 	for {
 		s, err := r.Nova.Server(ctx, instance, "")
 		if err == nil && s.TaskState == "" && s.Status != "MIGRATING" {
 			return s, nil
 		}
-		if err := sleep(ctx, r.poll()); err != nil {
+		if err := backoff.Sleep(ctx, r.poll()); err != nil {
 			return s, fmt.Errorf("waiting for the server to be idle: %w", err)
 		}
 	}
@@ -621,15 +616,4 @@ func (r *Runner) failDirect(ctx context.Context, op Operation, v *VMStatus, need
 		}
 	}
 	return cause
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

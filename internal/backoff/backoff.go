@@ -53,6 +53,11 @@ func (p Policy) Delay(n int) time.Duration {
 // Wait sleeps for b's next wait, or until ctx ends (its error then).
 func Wait(ctx context.Context, b retry.Backoff) error {
 	d, _ := b.Next()
+	return Sleep(ctx, d)
+}
+
+// Sleep sleeps for d, or until ctx ends (its error then).
+func Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
