@@ -130,7 +130,7 @@ func init() {
 				"Set this or jwks_file. Example: https://keycloak.example.org/realms/hpc/protocol/openid-connect/certs"},
 		conf.Option{Name: "jwks_file", Kind: conf.KindString,
 			Help: "With auth = jwt: a file holding the JWKS, in place of jwks_url; read again when its modification time " +
-				"changes and on SIGHUP. Example: /etc/vgpu-bridge/jwks/batch-scheduler.json"},
+				"or size changes (looked at once a second at most) and on SIGHUP. Example: /etc/vgpu-bridge/jwks/batch-scheduler.json"},
 		conf.Option{Name: "jwks_refresh_interval", Kind: conf.KindDuration, Default: "5m", Min: float64(30 * time.Second), Max: float64(24 * time.Hour), HasRange: true,
 			Help: "With jwks_url: the age at which the keys are fetched again (in the background; requests go on with " +
 				"the keys in hand). Example: 5m"},

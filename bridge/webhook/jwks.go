@@ -185,7 +185,8 @@ func (ks *keySet) hasKID(kid string) bool {
 // jwks holds a jwt source's keys: from its jwks_url, fetched when first
 // needed, again in the background once older than refresh, and at once
 // when a token names a kid the set lacks; or from its jwks_file, read
-// again when the file's modification time or size changes and on SIGHUP.
+// again when the file's modification time or size changes (looked at
+// once a second at most) and on SIGHUP.
 // Fetches are at least minInterval apart, whatever asks for them. A load
 // that fails keeps the keys in hand.
 type jwks struct {
@@ -200,6 +201,9 @@ type jwks struct {
 
 	set        atomic.Pointer[keySet]
 	refreshing atomic.Bool
+	// fileLooked is when (Unix ns) the file was last looked at: at most
+	// once per fileLookInterval, not on every request.
+	fileLooked atomic.Int64
 	mu         sync.Mutex // one load at a time; guards tried and bad
 	tried      time.Time  // the last fetch of url
 	bad        fileStamp  // the file's last version that did not load
@@ -242,7 +246,7 @@ func (j *jwks) where() string {
 func (j *jwks) keys(ctx context.Context, kid string) *keySet {
 	ks := j.set.Load()
 	if j.file != "" {
-		if ks == nil || j.fileChanged(ks) {
+		if ks == nil || j.fileDue() && j.fileChanged(ks) {
 			ks = j.loadFile(false)
 		}
 		return ks
@@ -370,6 +374,19 @@ func readJWKSFile(path string) (*keySet, error) {
 	}
 	ks.stamp = fileStamp{mod: fi.ModTime(), size: fi.Size()}
 	return ks, nil
+}
+
+// fileLookInterval is the least time between two looks at a jwks_file
+// (a stat; a file whose new version does not load would otherwise be
+// looked at, under the lock, by every request).
+const fileLookInterval = time.Second
+
+// fileDue reports whether the file is to be looked at now, and if so
+// claims the look.
+func (j *jwks) fileDue() bool {
+	now := j.now().UnixNano()
+	last := j.fileLooked.Load()
+	return now-last >= int64(fileLookInterval) && j.fileLooked.CompareAndSwap(last, now)
 }
 
 // fileChanged reports whether the file is not the version ks was read

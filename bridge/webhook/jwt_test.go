@@ -482,6 +482,7 @@ func TestJWKSFile(t *testing.T) {
 		if err := os.Chtimes(f, mod, mod); err != nil {
 			t.Fatal(err)
 		}
+		clk.add(fileLookInterval) // the file is looked at once a second at most
 	}
 	t0 := time.Unix(1_700_000_000, 0)
 	write(jwksOf(t, map[string]any{"a": k.ec}), t0)
@@ -505,6 +506,15 @@ func TestJWKSFile(t *testing.T) {
 	write(jwksOf(t, map[string]any{"b": k.ed}), t0.Add(time.Second))
 	check(k.ed, jose.EdDSA, "b", "")
 	check(k.ec, jose.ES256, "a", "unknown_key")
+
+	// Within a second of the last look, a change is not looked for.
+	write(jwksOf(t, map[string]any{"a": k.ec}), t0.Add(1500*time.Millisecond))
+	clk.add(-fileLookInterval / 2)
+	check(k.ec, jose.ES256, "a", "unknown_key")
+	clk.add(fileLookInterval / 2)
+	check(k.ec, jose.ES256, "a", "")
+	write(jwksOf(t, map[string]any{"b": k.ed}), t0.Add(1700*time.Millisecond))
+	check(k.ed, jose.EdDSA, "b", "")
 
 	write([]byte(`{"keys": [`), t0.Add(2*time.Second)) // half written
 	check(k.ed, jose.EdDSA, "b", "")
