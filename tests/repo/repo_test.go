@@ -107,6 +107,21 @@ func TestDocsBuild(t *testing.T) {
 	}
 }
 
+// TestReadmesParse: the READMEs are reStructuredText without a warning
+// (a stray indented line renders as an error block on every forge), read
+// with docutils, which python3-sphinx brings.
+func TestReadmesParse(t *testing.T) {
+	dir := root(t)
+	const check = `import sys, docutils.core
+for p in sys.argv[1:]:
+    docutils.core.publish_doctree(open(p).read(), source_path=p, settings_overrides={"report_level": 2, "halt_level": 2})`
+	cmd := exec.Command("python3", "-c", check, "README.rst", filepath.Join("tests", "README.rst"))
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("README.rst or tests/README.rst does not parse cleanly (`make services` installs python3-sphinx, which brings docutils): %v\n%s", err, out)
+	}
+}
+
 // TestDebPackages: make deb builds the three packages; lintian finds no
 // error in them and no binary without a manual page; unpacked, they hold
 // the binaries (each runs and says its version), manual pages, units,
