@@ -195,6 +195,12 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 		return err
 	}
 	comps = append(comps, pipeComps...)
+	// Accounting: GET /v1/usage, audit periods (vgpu.exists), the relay of the bridge's own notifications.
+	acctComps, err := setupAccounting(w, ntu, notifCfg.TLS)
+	if err != nil {
+		return err
+	}
+	comps = append(comps, acctComps...)
 	// Operator controls: /v1/controls, drains, /v1/audit, /v1/profiles, dead-letter replay; retention purge.
 	comps = append(comps, setupControls(w, pl, pol, notif)...)
 	// Drift reconciler: Placement ↔ agents' reports ↔ bridge records; GET /v1/drift, repairs.

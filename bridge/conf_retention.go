@@ -24,6 +24,9 @@ var (
 	optRetentionDiagnostics = Options.Duration("retention", "diagnostics", 7*day, 0, 100*365*day,
 		"Age (by requested_at) after which diagnostics bundles (vgpuctl diagnose, up to the agents' max_bundle_bytes "+
 			"each, kept in Postgres) are purged with their collect_diagnostics commands; 0 keeps them forever. Example: 72h")
+	optRetentionNotifications = Options.Duration("retention", "notifications", 7*day, 0, 100*365*day,
+		"Age (by sent_at) after which the bridge's own notifications, once published, are purged from its outbox; "+
+			"unpublished ones are kept. 0 keeps them forever. Example: 72h")
 	optRetentionInterval = Options.Duration("retention", "purge_interval", time.Hour, time.Minute, 7*day,
 		"Time between purge rounds. One replica purges at a time (advisory lock); the others skip the round. Example: 6h")
 	optRetentionBatch = Options.Int("retention", "batch_size", 1000, 10, 100000,
@@ -32,7 +35,7 @@ var (
 
 func init() {
 	Options.SectionHelp("retention", "How long the bridge keeps its history (inbox events, dead letters, final requests, "+
-		"audit log, diagnostics bundles), and how often it purges what is older (also: vgpu-bridge purge [--dry-run]).")
+		"audit log, diagnostics bundles, published notifications), and how often it purges what is older (also: vgpu-bridge purge [--dry-run]).")
 	validators = append(validators, func(v *conf.Values) conf.Errors {
 		var errs conf.Errors
 		for _, o := range []struct {
@@ -40,7 +43,7 @@ func init() {
 			d    time.Duration
 		}{{"events", optRetentionEvents.Get(v)}, {"dead_letters", optRetentionDeadLetters.Get(v)},
 			{"requests", optRetentionRequests.Get(v)}, {"audit", optRetentionAudit.Get(v)},
-			{"diagnostics", optRetentionDiagnostics.Get(v)}} {
+			{"diagnostics", optRetentionDiagnostics.Get(v)}, {"notifications", optRetentionNotifications.Get(v)}} {
 			if o.d > 0 && o.d < time.Hour {
 				errs = append(errs, &conf.Error{Section: "retention", Option: o.name, Value: o.d.String(),
 					Problem: "is below an hour; allowed: 0 (keep forever) or 1h and more"})
@@ -53,12 +56,13 @@ func init() {
 // RetentionConfig maps [retention] to controls.Retention.
 func RetentionConfig(v *conf.Values) controls.Retention {
 	return controls.Retention{
-		Events:      optRetentionEvents.Get(v),
-		DeadLetters: optRetentionDeadLetters.Get(v),
-		Requests:    optRetentionRequests.Get(v),
-		Audit:       optRetentionAudit.Get(v),
-		Diagnostics: optRetentionDiagnostics.Get(v),
-		Interval:    optRetentionInterval.Get(v),
-		BatchSize:   optRetentionBatch.Get(v),
+		Events:        optRetentionEvents.Get(v),
+		DeadLetters:   optRetentionDeadLetters.Get(v),
+		Requests:      optRetentionRequests.Get(v),
+		Audit:         optRetentionAudit.Get(v),
+		Diagnostics:   optRetentionDiagnostics.Get(v),
+		Notifications: optRetentionNotifications.Get(v),
+		Interval:      optRetentionInterval.Get(v),
+		BatchSize:     optRetentionBatch.Get(v),
 	}
 }

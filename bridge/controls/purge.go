@@ -25,8 +25,11 @@ type Retention struct {
 	Requests    time.Duration // requests in a final state, by finished_at, with their commands, callbacks, decisions
 	Audit       time.Duration // audit_log rows, by at
 	Diagnostics time.Duration // diagnostics bundles, by requested_at, with their commands
-	Interval    time.Duration // time between purge rounds
-	BatchSize   int           // rows per delete statement (and transaction)
+	// Notifications: the bridge's own notifications once published, by
+	// sent_at (unsent ones are never purged).
+	Notifications time.Duration
+	Interval      time.Duration // time between purge rounds
+	BatchSize     int           // rows per delete statement (and transaction)
 }
 
 // Purged counts rows by table.
@@ -80,6 +83,7 @@ func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, er
 			}},
 		{"audit_log", r.Audit, `SELECT count(*) FROM audit_log WHERE at < $1`, simplePurge("audit_log", "id", "at")},
 		{"diagnostics", r.Diagnostics, `SELECT count(*) FROM diagnostics WHERE requested_at < $1`, purgeDiagnostics},
+		{"bridge_notifications", r.Notifications, `SELECT count(*) FROM bridge_notifications WHERE sent_at < $1`, purgeNotifications},
 	}
 	for _, st := range steps {
 		if st.age <= 0 {
@@ -115,14 +119,15 @@ func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, er
 	}
 	if !dryRun {
 		s.log.Info("retention purge done", logkey.Deleted, out.Total(), "events", out["events"], "dead_letters", out["dead_letters"],
-			"requests", out["requests"], "audit_log", out["audit_log"], "diagnostics", out["diagnostics"], logkey.Duration, time.Since(start))
+			"requests", out["requests"], "audit_log", out["audit_log"], "diagnostics", out["diagnostics"],
+			"notifications", out["bridge_notifications"], logkey.Duration, time.Since(start))
 	}
 	return out, nil
 }
 
 // RunPurge purges every r.Interval until ctx ends; one replica at a time.
 func (s *Store) RunPurge(ctx context.Context, r Retention) error {
-	if r.Interval <= 0 || (r.Events <= 0 && r.DeadLetters <= 0 && r.Requests <= 0 && r.Audit <= 0 && r.Diagnostics <= 0) {
+	if r.Interval <= 0 || (r.Events <= 0 && r.DeadLetters <= 0 && r.Requests <= 0 && r.Audit <= 0 && r.Diagnostics <= 0 && r.Notifications <= 0) {
 		return nil // nothing to purge, ever
 	}
 	t := time.NewTimer(time.Minute) // let the replica settle first
@@ -203,4 +208,14 @@ func purgeDiagnostics(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (
 		out["commands"] = n
 	}
 	return out, nil
+}
+
+// purgeNotifications deletes published notifications sent before cutoff.
+func purgeNotifications(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
+	tag, err := tx.Exec(ctx, `DELETE FROM bridge_notifications WHERE id IN (SELECT id FROM bridge_notifications
+		WHERE sent_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, n)
+	if err != nil {
+		return nil, err
+	}
+	return Purged{"bridge_notifications": tag.RowsAffected()}, nil
 }

@@ -145,7 +145,7 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 		if openFailed {
 			return nil // failed before; nothing more to do
 		}
-		return p.complete(ctx, tx, *reqID)
+		return p.complete(ctx, tx, *reqID, r.FinishedAt)
 	})
 	if err == nil && outbox && p.d.OnOutbox != nil {
 		p.d.OnOutbox()
@@ -175,10 +175,11 @@ func DescribeResult(host, kind string, r protocol.Result) string {
 }
 
 // complete ends a request whose commands all succeeded: new attachments
-// are attached; released ones give their claim back.
-func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID) (err error) {
+// are attached; released ones give their claim back. at is the agent's
+// time of the last command (their usage begins or ends then).
+func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time.Time) (err error) {
 	defer wrapErr(&err, "complete request %s", reqID)
-	attached, err := requests.MarkAttached(ctx, tx, reqID)
+	attached, err := requests.MarkAttached(ctx, tx, reqID, at)
 	if err != nil {
 		return err
 	}
@@ -196,7 +197,7 @@ func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID) (e
 				return err
 			}
 		}
-		if err := requests.MarkReleased(ctx, tx, a.ID); err != nil {
+		if err := requests.MarkReleased(ctx, tx, a.ID, at); err != nil {
 			return err
 		}
 	}

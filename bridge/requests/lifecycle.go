@@ -241,19 +241,33 @@ func BeginRelease(ctx context.Context, q Execer, id, reqID uuid.UUID) error {
 	return nil
 }
 
-// MarkAttached marks the pending attachments of request reqID attached; it
-// returns how many.
-func MarkAttached(ctx context.Context, q Execer, reqID uuid.UUID) (int64, error) {
-	tag, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'attached', updated_at = now() WHERE request_id = $1 AND state = 'pending'`, reqID)
+// MarkAttached marks the pending attachments of request reqID attached
+// and opens their usage (usage.go) at at, the agent's time of the last
+// command, kept between the request's creation and now; it returns how
+// many.
+func MarkAttached(ctx context.Context, q Execer, reqID uuid.UUID, at time.Time) (int64, error) {
+	tag, err := q.Exec(ctx, `WITH a AS (
+			UPDATE vgpu_attachments SET state = 'attached', updated_at = now() WHERE request_id = $1 AND state = 'pending'
+			RETURNING id, request_id, instance_uuid, host, profile, type_id, resource_class, amount)
+		INSERT INTO vgpu_usage (path, attachment_id, instance_uuid, project_id, user_id, host, profile, vgpu_type, resource_class, amount, started_at)
+		SELECT 'direct', a.id, a.instance_uuid, i.project_id, i.user_id, a.host, coalesce(a.profile, ''), a.type_id,
+			coalesce(a.resource_class, 'VGPU'), a.amount, `+clampedAt+`
+		FROM a LEFT JOIN instances i ON i.uuid = a.instance_uuid
+		ON CONFLICT (attachment_id) DO NOTHING`, reqID, nullTime(at))
 	if err != nil {
 		return 0, fmt.Errorf("request %s: mark attachments attached: %w", reqID, err)
 	}
 	return tag.RowsAffected(), nil
 }
 
-// MarkReleased marks attachment id released (mdev removed, claim given back).
-func MarkReleased(ctx context.Context, q Execer, id uuid.UUID) error {
-	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'released', released_at = now(), updated_at = now() WHERE id = $1`, id); err != nil {
+// MarkReleased marks attachment id released (mdev removed, claim given
+// back) and closes its usage at at (as MarkAttached's).
+func MarkReleased(ctx context.Context, q Execer, id uuid.UUID, at time.Time) error {
+	if _, err := q.Exec(ctx, `WITH a AS (
+			UPDATE vgpu_attachments SET state = 'released', released_at = now(), updated_at = now() WHERE id = $1
+			RETURNING id, coalesce(release_request_id, request_id) AS request_id)
+		UPDATE vgpu_usage u SET ended_at = greatest(u.started_at, `+clampedAt+`)
+		FROM a WHERE u.attachment_id = a.id AND u.ended_at IS NULL`, id, nullTime(at)); err != nil {
 		return fmt.Errorf("mark attachment %s released: %w", id, err)
 	}
 	return nil
@@ -262,16 +276,23 @@ func MarkReleased(ctx context.Context, q Execer, id uuid.UUID) error {
 // ReleaseStale marks attachments released that the drift reconciler found
 // without an instance or claim; it touches only active ones.
 func ReleaseStale(ctx context.Context, q Execer, ids []string, why string) error {
-	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'released', released_at = now(), updated_at = now(), reason = $2
-		WHERE id = ANY($1::uuid[]) AND state IN ('pending','attached','releasing')`, ids, why); err != nil {
+	if _, err := q.Exec(ctx, `WITH a AS (
+			UPDATE vgpu_attachments SET state = 'released', released_at = now(), updated_at = now(), reason = $2
+			WHERE id = ANY($1::uuid[]) AND state IN ('pending','attached','releasing') RETURNING id)
+		UPDATE vgpu_usage u SET ended_at = greatest(u.started_at, now()) FROM a WHERE u.attachment_id = a.id AND u.ended_at IS NULL`,
+		ids, why); err != nil {
 		return fmt.Errorf("mark stale attachments released: %w", err)
 	}
 	return nil
 }
 
-// MarkFailed marks attachment id failed (compensated) with why.
+// MarkFailed marks attachment id failed (compensated) with why; the usage
+// of one that was attached ends now.
 func MarkFailed(ctx context.Context, q Execer, id uuid.UUID, why string) error {
-	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'failed', reason = $2, updated_at = now() WHERE id = $1`, id, why); err != nil {
+	if _, err := q.Exec(ctx, `WITH a AS (
+			UPDATE vgpu_attachments SET state = 'failed', reason = $2, updated_at = now() WHERE id = $1 RETURNING id)
+		UPDATE vgpu_usage u SET ended_at = greatest(u.started_at, now()) FROM a WHERE u.attachment_id = a.id AND u.ended_at IS NULL`,
+		id, why); err != nil {
 		return fmt.Errorf("mark attachment %s failed: %w", id, err)
 	}
 	return nil

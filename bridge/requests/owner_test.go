@@ -14,7 +14,7 @@ import (
 )
 
 // lifecycleWrite finds SQL that writes a table of the request lifecycle.
-var lifecycleWrite = regexp.MustCompile(`(?is)\b(insert\s+into|update|delete\s+from)\s+(requests|commands|vgpu_attachments|decisions)\b`)
+var lifecycleWrite = regexp.MustCompile(`(?is)\b(insert\s+into|update|delete\s+from)\s+(requests|commands|vgpu_attachments|decisions|vgpu_usage)\b`)
 
 // TestOneOwner fails when a production package other than this one writes
 // (INSERT, UPDATE, DELETE) the requests, commands, vgpu_attachments or

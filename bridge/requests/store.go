@@ -302,6 +302,9 @@ func (s *Store) transition(ctx context.Context, tx pgx.Tx, actor string, id uuid
 		VALUES ($1, 'transition', 'request', $2, $2, $3)`, actor, id.String(), detail); err != nil {
 		return r, fmt.Errorf("audit request %s: %w", id, err)
 	}
+	if err := notifyTransition(ctx, tx, cur.State, r); err != nil {
+		return r, err
+	}
 	if to.Final() && r.CallbackURL != "" {
 		payload, err := json.Marshal(CallbackPayload(r))
 		if err != nil {

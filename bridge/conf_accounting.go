@@ -1,0 +1,129 @@
+package bridge
+
+import (
+	"cmp"
+	"crypto/tls"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/usage"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+)
+
+var (
+	optOutDriver = Options.Choice("oslo_messaging_notifications", "driver", notify.DriverMessagingV2,
+		[]string{notify.DriverMessagingV2, notify.DriverNoop},
+		"How the bridge's own notifications (vgpu.attach.*, vgpu.detach.*, vgpu.resize.*, vgpu.request.error, vgpu.exists) "+
+			"leave: messagingv2 publishes them in oslo.messaging's versioned format; noop discards them. Example: noop")
+	optOutTransportURL = Options.Secret("oslo_messaging_notifications", "transport_url",
+		"The RabbitMQ the bridge publishes its own notifications to. Empty uses the broker of [notifications] "+
+			"(Nova's notifications), which defaults to [DEFAULT] transport_url. Example: rabbit://vgpu:secret@notify1:5672/notifications")
+	optOutTransportURLFile = Options.String("oslo_messaging_notifications", "transport_url_file", "",
+		"A file holding [oslo_messaging_notifications] transport_url. Wins over transport_url. "+
+			"Example: /etc/vgpu-bridge/secrets/notifications_out_transport_url")
+	optOutExchange = Options.String("oslo_messaging_notifications", "exchange", "vgpu_bridge",
+		"The topic exchange the bridge publishes to (oslo.messaging's control_exchange; a listener's Target exchange). "+
+			"Example: vgpu_bridge")
+	optOutExchangeDurable = Options.Bool("oslo_messaging_notifications", "exchange_durable", false,
+		"Declare the exchange (and queues, with declare_queues) durable. Must equal the consumers' "+
+			"[oslo_messaging_rabbit] amqp_durable_queues, or the broker refuses with 406 PRECONDITION_FAILED. Example: true")
+	optOutTopics = Options.List("oslo_messaging_notifications", "topics", "versioned_notifications",
+		"Topics the notifications go to; each message is published with routing key TOPIC.PRIORITY "+
+			"(versioned_notifications.info, versioned_notifications.error) for every topic. Example: versioned_notifications")
+	optOutDeclareQueues = Options.Bool("oslo_messaging_notifications", "declare_queues", false,
+		"Declare and bind a queue named after each routing key, as oslo.messaging's notifier does, so notifications wait "+
+			"there until a consumer reads them; nobody reading them makes the queues grow. Off: the broker drops what no "+
+			"consumer's queue is bound for. Example: true")
+	optOutPoll = Options.Duration("oslo_messaging_notifications", "poll_interval", 5*time.Second, 100*time.Millisecond, time.Hour,
+		"Longest wait before the relay looks for unsent notifications; a commit that queued some wakes it at once "+
+			"(Postgres NOTIFY). Example: 10s")
+
+	optAcctPeriod = Options.String("accounting", "audit_period", "hour",
+		"Length of an audit period, as Nova's instance_usage_audit_period: hour, day, month, year, or a duration that "+
+			"divides a day (15m). When one ends, its usage is closed and one vgpu.exists per vGPU held in it is sent. Example: day")
+	optAcctExists = Options.Bool("accounting", "exists_notifications", true,
+		"Send vgpu.exists for each vGPU held in a closed audit period. Example: false")
+)
+
+func init() {
+	Options.SectionHelp("oslo_messaging_notifications", "The bridge's own notifications, in oslo.messaging's versioned "+
+		"format, on an exchange of their own (doc: accounting). Each is queued in the transaction of the change it "+
+		"reports and published once committed.")
+	Options.SectionHelp("accounting", "vGPU usage accounting: GET /v1/usage, vgpuctl usage and the audit periods closed "+
+		"with vgpu.exists notifications.")
+	validators = append(validators, func(v *conf.Values) conf.Errors {
+		var errs conf.Errors
+		if u := optOutTransportURL.Get(v); u != "" && optOutTransportURLFile.Get(v) == "" {
+			if _, err := conf.ParseTransportURL(u); err != nil {
+				errs = append(errs, &conf.Error{Section: "oslo_messaging_notifications", Option: "transport_url", Value: u, Secret: true,
+					Problem: err.Error()})
+			}
+		}
+		if len(optOutTopics.Get(v)) == 0 {
+			errs = append(errs, &conf.Error{Section: "oslo_messaging_notifications", Option: "topics", Problem: "must not be empty"})
+		}
+		if _, err := usage.ParsePeriod(optAcctPeriod.Get(v)); err != nil {
+			errs = append(errs, &conf.Error{Section: "accounting", Option: "audit_period", Value: optAcctPeriod.Get(v), Problem: err.Error()})
+		}
+		return errs
+	})
+}
+
+// OutTransportURL is the broker the bridge publishes its own
+// notifications to: [oslo_messaging_notifications] transport_url (or its
+// file), else the broker of Nova's notifications.
+func OutTransportURL(v *conf.Values, notifications *conf.TransportURL) (*conf.TransportURL, error) {
+	raw := optOutTransportURL.Get(v)
+	if f := optOutTransportURLFile.Get(v); f != "" {
+		var err error
+		if raw, err = conf.ReadSecretFile(f); err != nil {
+			return nil, err
+		}
+	}
+	if raw == "" {
+		return notifications, nil
+	}
+	return conf.ParseTransportURL(raw)
+}
+
+// setupAccounting wires GET /v1/usage, the audit-period closer and the
+// relay of the bridge's own notifications (TLS with the [notifications]
+// ssl_* files).
+func setupAccounting(w *wiring, ntu *conf.TransportURL, tc *tls.Config) ([]component, error) {
+	period, err := usage.ParsePeriod(optAcctPeriod.Get(w.v))
+	if err != nil {
+		return nil, err
+	}
+	(&usage.API{Pool: w.pool, Period: period}).Register(w.srv)
+	closer := &usage.Closer{Pool: w.pool, Period: period, Exists: optAcctExists.Get(w.v), Replica: w.replica,
+		Log: w.log.With("component", "usage")}
+
+	tu, err := OutTransportURL(w.v, ntu)
+	if err != nil {
+		return nil, fmt.Errorf("[oslo_messaging_notifications] transport_url: %w", err)
+	}
+	host, _ := os.Hostname()
+	rc := notify.Config{
+		Driver:          optOutDriver.Get(w.v),
+		URLs:            tu.AMQPURLs(),
+		Exchange:        optOutExchange.Get(w.v),
+		ExchangeDurable: optOutExchangeDurable.Get(w.v),
+		Topics:          optOutTopics.Get(w.v),
+		DeclareQueues:   optOutDeclareQueues.Get(w.v),
+		PublisherID:     "vgpu-bridge:" + cmp.Or(w.replica, host),
+		Poll:            optOutPoll.Get(w.v),
+		ReconnectMin:    optNotifReconnectMin.Get(w.v),
+		ReconnectMax:    optNotifReconnectMax.Get(w.v),
+		Replica:         w.replica,
+	}
+	if tu.TLS {
+		rc.TLS = tc // [notifications] ssl_* files
+	}
+	relay, err := notify.New(rc, w.pool, w.reg, w.log.With("component", "notify"))
+	if err != nil {
+		return nil, err
+	}
+	return []component{{"usage", closer.Run}, {"notify", relay.Run}}, nil
+}

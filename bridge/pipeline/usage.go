@@ -1,0 +1,88 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
+)
+
+// AccountFlavor keeps the usage of the vGPUs an instance's flavor gives
+// it (requests.SyncFlavorUsage) as each of Nova's instance notifications
+// says the instance stands, at the time Nova gives: a launch, a resize
+// to or from a vGPU flavor, a move to another host, a shelve offload and
+// a delete each end one interval and begin the next. It never finishes
+// the event, and runs in observe-only mode too (accounting acts on
+// nothing).
+type AccountFlavor struct{}
+
+// Exec implements Stage.
+func (AccountFlavor) Exec(ctx context.Context, w *Work) (bool, error) {
+	h, ok := w.p.flavorHolding(w.Row)
+	if !ok {
+		return false, nil
+	}
+	_, err := requests.SyncFlavorUsage(ctx, w.Tx, h, w.Row.OccurredAt)
+	return false, err
+}
+
+// flavorHolding reads what the instance's flavor gives it from a Nova
+// instance notification's payload; ok is false for other events.
+func (p *Processor) flavorHolding(row InboxRow) (requests.FlavorHolding, bool) {
+	if row.Webhook() || row.InstanceUUID == "" {
+		return requests.FlavorHolding{}, false
+	}
+	var o nova.Object
+	if json.Unmarshal(row.Payload, &o) != nil {
+		return requests.FlavorHolding{}, false
+	}
+	pl, err := nova.DecodeObject(o)
+	if err != nil {
+		return requests.FlavorHolding{}, false
+	}
+	var in *nova.Instance
+	switch x := pl.(type) {
+	case *nova.InstanceAction:
+		in = &x.Instance
+	case *nova.InstanceUpdate:
+		in = &x.Instance
+	default:
+		return requests.FlavorHolding{}, false
+	}
+	h := requests.FlavorHolding{Instance: row.InstanceUUID, Project: in.TenantID, User: in.UserID}
+	if in.Host != nil {
+		h.Host = *in.Host
+	}
+	if in.Flavor == nil {
+		return h, true
+	}
+	h.Flavor = in.Flavor.Name
+	if h.Host == "" || !requests.HoldsVGPU(in.State) || !in.DeletedAt.IsZero() {
+		return h, true
+	}
+	d, err := nova.ParseExtraSpecs(in.Flavor.ExtraSpecs)
+	if err != nil {
+		return h, true
+	}
+	for _, g := range d.VGPUGroups() {
+		for rc, n := range g.Resources {
+			if rc != nova.ResourceVGPU && !isCustom(rc) || n <= 0 {
+				continue
+			}
+			v := requests.FlavorVGPU{ResourceClass: rc, Amount: n}
+			if p.d.Catalog != nil {
+				for _, tr := range g.Required {
+					if cp, ok := p.d.Catalog.ByTrait(tr); ok {
+						v.Profile, v.VGPUType = cp.Name, cp.TypeID
+						break
+					}
+				}
+			}
+			h.VGPUs = append(h.VGPUs, v)
+		}
+	}
+	return h, true
+}
+
+func isCustom(rc string) bool { return len(rc) > 7 && rc[:7] == "CUSTOM_" }
