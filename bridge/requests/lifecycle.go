@@ -2,8 +2,8 @@ package requests
 
 // The lifecycle verbs. This package alone writes the request lifecycle:
 // requests (with their audit rows, Transition), the decisions taken for
-// inbox events, the outbox of commands, the vGPU attachments and the
-// processed state of inbox events. Everyone else calls these verbs, in
+// inbox events, the outbox of commands, the vGPU attachments, their usage
+// (usage.go) and the processed state of inbox events. Everyone else calls these verbs, in
 // their own transaction; TestOneOwner fails when a production package
 // writes those tables itself.
 

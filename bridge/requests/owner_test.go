@@ -17,8 +17,8 @@ import (
 var lifecycleWrite = regexp.MustCompile(`(?is)\b(insert\s+into|update|delete\s+from)\s+(requests|commands|vgpu_attachments|decisions|vgpu_usage)\b`)
 
 // TestOneOwner fails when a production package other than this one writes
-// (INSERT, UPDATE, DELETE) the requests, commands, vgpu_attachments or
-// decisions tables: the lifecycle has one owner, and this package's verbs
+// (INSERT, UPDATE, DELETE) the requests, commands, vgpu_attachments,
+// decisions or vgpu_usage tables: the lifecycle has one owner, and this package's verbs
 // are how the others change it. Tests and their fixtures may write them.
 func TestOneOwner(t *testing.T) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
