@@ -1,0 +1,90 @@
+package pipeline
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"testing"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/nova/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
+)
+
+type fakeCatalog map[string]catalog.Profile // by trait
+
+func (c fakeCatalog) ByName(string) (catalog.Profile, bool)   { return catalog.Profile{}, false }
+func (c fakeCatalog) ByTypeID(string) (catalog.Profile, bool) { return catalog.Profile{}, false }
+func (c fakeCatalog) ByTrait(tr string) (catalog.Profile, bool) {
+	p, ok := c[tr]
+	return p, ok
+}
+
+// sampleRow is an inbox row of Nova's own sample, its flavor given
+// extraSpecs (none: the sample's own).
+func sampleRow(t *testing.T, name string, extraSpecs map[string]string) InboxRow {
+	t.Helper()
+	b, err := novatest.ResolveFile(filepath.Join("..", "..", novatest.SamplesDir, name+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msg struct {
+		EventType string         `json:"event_type"`
+		Payload   map[string]any `json:"payload"`
+	}
+	if err := json.Unmarshal(b, &msg); err != nil {
+		t.Fatal(err)
+	}
+	if extraSpecs != nil {
+		data := msg.Payload["nova_object.data"].(map[string]any)
+		data["flavor"].(map[string]any)["nova_object.data"].(map[string]any)["extra_specs"] = extraSpecs
+	}
+	p, _ := json.Marshal(msg.Payload)
+	return InboxRow{ID: 1, Source: "nova", EventType: msg.EventType, InstanceUUID: "178b0921-8f85-4257-88b6-2e743b5a975c", Payload: p}
+}
+
+// What a flavor gives an instance is read from each of Nova's own
+// notification samples: the vGPU groups of a flavor on a host, in a state
+// that holds resources; nothing once it is shelved offloaded or deleted,
+// or for a flavor without vGPUs.
+func TestFlavorHolding(t *testing.T) {
+	p := &Processor{d: Deps{Catalog: fakeCatalog{"CUSTOM_NVIDIA_232": {Name: "T4-4Q", TypeID: "nvidia-232"}}}}
+	typed := map[string]string{"resources:VGPU": "1", "trait:CUSTOM_NVIDIA_232": "required"}
+	untyped := map[string]string{"resources1:VGPU": "2", "resources:VCPU": "1"}
+	for _, tc := range []struct {
+		sample string
+		specs  map[string]string
+		want   []requests.FlavorVGPU
+	}{
+		{"instance-create-end", typed, []requests.FlavorVGPU{{Profile: "T4-4Q", VGPUType: "nvidia-232", ResourceClass: "VGPU", Amount: 1}}},
+		{"instance-create-end", untyped, []requests.FlavorVGPU{{ResourceClass: "VGPU", Amount: 2}}},
+		{"instance-create-end", nil, nil},
+		{"instance-resize_finish-end", typed, []requests.FlavorVGPU{{Profile: "T4-4Q", VGPUType: "nvidia-232", ResourceClass: "VGPU", Amount: 1}}},
+		{"instance-shelve_offload-end", typed, nil},
+		{"instance-delete-end", typed, nil},
+		{"instance-create-start", typed, nil}, // building: not launched yet
+	} {
+		t.Run(tc.sample, func(t *testing.T) {
+			h, ok := p.flavorHolding(sampleRow(t, tc.sample, tc.specs))
+			if !ok {
+				t.Fatal("not read as an instance event")
+			}
+			if h.Project == "" || h.Instance == "" {
+				t.Errorf("holding without its instance or project: %+v", h)
+			}
+			if len(h.VGPUs) != len(tc.want) {
+				t.Fatalf("vGPUs = %+v, want %+v", h.VGPUs, tc.want)
+			}
+			for i := range tc.want {
+				if h.VGPUs[i] != tc.want[i] {
+					t.Errorf("vGPU %d = %+v, want %+v", i, h.VGPUs[i], tc.want[i])
+				}
+			}
+		})
+	}
+	if _, ok := p.flavorHolding(InboxRow{Source: "webhook:batch", InstanceUUID: "x", Payload: []byte(`{}`)}); ok {
+		t.Error("a webhook row was read as a Nova instance event")
+	}
+	if _, ok := p.flavorHolding(sampleRow(t, "flavor-create", nil)); ok {
+		t.Error("a flavor notification was read as an instance event")
+	}
+}
