@@ -107,6 +107,15 @@ func SyncFlavorUsage(ctx context.Context, tx pgx.Tx, h FlavorHolding, at time.Ti
 	if at.IsZero() {
 		at = time.Now()
 	}
+	if len(h.VGPUs) == 0 {
+		// Most events: an instance without vGPUs, one statement.
+		tag, err := tx.Exec(ctx, `UPDATE vgpu_usage SET ended_at = $2 WHERE instance_uuid = $1 AND path = 'flavor' AND ended_at IS NULL
+			AND started_at <= $2`, h.Instance, at)
+		if err != nil {
+			return false, fmt.Errorf("close flavor usage of %s: %w", h.Instance, err)
+		}
+		return tag.RowsAffected() > 0, nil
+	}
 	rows, err := tx.Query(ctx, `SELECT id, started_at, coalesce(host,''), coalesce(flavor,''), coalesce(profile,''), coalesce(vgpu_type,''),
 			resource_class, amount
 		FROM vgpu_usage WHERE instance_uuid = $1 AND path = 'flavor' AND ended_at IS NULL FOR UPDATE`, h.Instance)
