@@ -27,6 +27,10 @@ var (
 	optRetentionNotifications = Options.Duration("retention", "notifications", 7*day, 0, 100*365*day,
 		"Age (by sent_at) after which the bridge's own notifications, once published, are purged from its outbox; "+
 			"unpublished ones are kept. 0 keeps them forever. Example: 72h")
+	optRetentionUsage = Options.Duration("retention", "usage", 0, 0, 100*365*day,
+		"Age (by ended_at) after which accounted vGPU usage intervals are purged, once within a closed audit period, "+
+			"with the closed periods that ended before it (GET /v1/usage then no longer sees them). These are billing "+
+			"records: 0, the default, keeps them forever. Example: 17520h")
 	optRetentionInterval = Options.Duration("retention", "purge_interval", time.Hour, time.Minute, 7*day,
 		"Time between purge rounds. One replica purges at a time (advisory lock); the others skip the round. Example: 6h")
 	optRetentionBatch = Options.Int("retention", "batch_size", 1000, 10, 100000,
@@ -35,7 +39,7 @@ var (
 
 func init() {
 	Options.SectionHelp("retention", "How long the bridge keeps its history (inbox events, dead letters, final requests, "+
-		"audit log, diagnostics bundles, published notifications), and how often it purges what is older (also: vgpu-bridge purge [--dry-run]).")
+		"audit log, diagnostics bundles, published notifications, optionally usage records), and how often it purges what is older (also: vgpu-bridge purge [--dry-run]).")
 	validators = append(validators, func(v *conf.Values) conf.Errors {
 		var errs conf.Errors
 		for _, o := range []struct {
@@ -43,7 +47,8 @@ func init() {
 			d    time.Duration
 		}{{"events", optRetentionEvents.Get(v)}, {"dead_letters", optRetentionDeadLetters.Get(v)},
 			{"requests", optRetentionRequests.Get(v)}, {"audit", optRetentionAudit.Get(v)},
-			{"diagnostics", optRetentionDiagnostics.Get(v)}, {"notifications", optRetentionNotifications.Get(v)}} {
+			{"diagnostics", optRetentionDiagnostics.Get(v)}, {"notifications", optRetentionNotifications.Get(v)},
+			{"usage", optRetentionUsage.Get(v)}} {
 			if o.d > 0 && o.d < time.Hour {
 				errs = append(errs, &conf.Error{Section: "retention", Option: o.name, Value: o.d.String(),
 					Problem: "is below an hour; allowed: 0 (keep forever) or 1h and more"})
@@ -62,6 +67,7 @@ func RetentionConfig(v *conf.Values) controls.Retention {
 		Audit:         optRetentionAudit.Get(v),
 		Diagnostics:   optRetentionDiagnostics.Get(v),
 		Notifications: optRetentionNotifications.Get(v),
+		Usage:         optRetentionUsage.Get(v),
 		Interval:      optRetentionInterval.Get(v),
 		BatchSize:     optRetentionBatch.Get(v),
 	}

@@ -28,8 +28,12 @@ type Retention struct {
 	// Notifications: the bridge's own notifications once published, by
 	// sent_at (unsent ones are never purged).
 	Notifications time.Duration
-	Interval      time.Duration // time between purge rounds
-	BatchSize     int           // rows per delete statement (and transaction)
+	// Usage: accounted usage intervals that ended before the cutoff and
+	// within a closed audit period, and the closed periods themselves
+	// (billing records: 0, forever, by default).
+	Usage     time.Duration
+	Interval  time.Duration // time between purge rounds
+	BatchSize int           // rows per delete statement (and transaction)
 }
 
 // Purged counts rows by table.
@@ -84,6 +88,10 @@ func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, er
 		{"audit_log", r.Audit, `SELECT count(*) FROM audit_log WHERE at < $1`, simplePurge("audit_log", "id", "at")},
 		{"diagnostics", r.Diagnostics, `SELECT count(*) FROM diagnostics WHERE requested_at < $1`, purgeDiagnostics},
 		{"bridge_notifications", r.Notifications, `SELECT count(*) FROM bridge_notifications WHERE sent_at < $1`, purgeNotifications},
+		{"vgpu_usage", r.Usage, `SELECT count(*) FROM vgpu_usage u WHERE ` + requests.UsageOld,
+			func(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
+				return requests.PurgeUsage(ctx, tx, cutoff, n)
+			}},
 	}
 	for _, st := range steps {
 		if st.age <= 0 {
@@ -120,14 +128,14 @@ func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, er
 	if !dryRun {
 		s.log.Info("retention purge done", logkey.Deleted, out.Total(), "events", out["events"], "dead_letters", out["dead_letters"],
 			"requests", out["requests"], "audit_log", out["audit_log"], "diagnostics", out["diagnostics"],
-			"notifications", out["bridge_notifications"], logkey.Duration, time.Since(start))
+			"notifications", out["bridge_notifications"], "usage", out["vgpu_usage"], logkey.Duration, time.Since(start))
 	}
 	return out, nil
 }
 
 // RunPurge purges every r.Interval until ctx ends; one replica at a time.
 func (s *Store) RunPurge(ctx context.Context, r Retention) error {
-	if r.Interval <= 0 || (r.Events <= 0 && r.DeadLetters <= 0 && r.Requests <= 0 && r.Audit <= 0 && r.Diagnostics <= 0 && r.Notifications <= 0) {
+	if r.Interval <= 0 || (r.Events <= 0 && r.DeadLetters <= 0 && r.Requests <= 0 && r.Audit <= 0 && r.Diagnostics <= 0 && r.Notifications <= 0 && r.Usage <= 0) {
 		return nil // nothing to purge, ever
 	}
 	t := time.NewTimer(time.Minute) // let the replica settle first

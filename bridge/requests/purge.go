@@ -92,3 +92,27 @@ func PurgeFinal(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (map[st
 	}
 	return out, nil
 }
+
+// UsageOld selects usage intervals (u) that ended before cutoff ($1) and
+// within a closed audit period, so that what vgpu.exists reported stays.
+const UsageOld = `u.ended_at < $1 AND u.ended_at <= (SELECT max(period_end) FROM vgpu_usage_periods)`
+
+// PurgeUsage deletes up to n usage intervals of UsageOld, and the closed
+// audit periods (with their frozen rows) that ended before cutoff but the
+// last (where the next period to close begins); it returns the rows
+// deleted by table.
+func PurgeUsage(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (map[string]int64, error) {
+	tag, err := tx.Exec(ctx, `DELETE FROM vgpu_usage WHERE id IN (SELECT u.id FROM vgpu_usage u WHERE `+UsageOld+`
+		ORDER BY u.ended_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, n)
+	if err != nil {
+		return nil, fmt.Errorf("purge usage: %w", err)
+	}
+	out := map[string]int64{"vgpu_usage": tag.RowsAffected()}
+	ptag, err := tx.Exec(ctx, `DELETE FROM vgpu_usage_periods WHERE period_start IN (SELECT period_start FROM vgpu_usage_periods
+		WHERE period_end < $1 AND period_end < (SELECT max(period_end) FROM vgpu_usage_periods) ORDER BY period_start LIMIT $2)`, cutoff, n)
+	if err != nil {
+		return nil, fmt.Errorf("purge audit periods: %w", err)
+	}
+	out["vgpu_usage_periods"] = ptag.RowsAffected()
+	return out, nil
+}

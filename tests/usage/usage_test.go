@@ -13,7 +13,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/usage"
@@ -384,5 +386,42 @@ func TestQueueRollsBack(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM bridge_notifications`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("%d notifications after a rollback (%v)", n, err)
+	}
+}
+
+// [retention] usage purges only intervals that ended within a closed
+// audit period, and the closed periods before the cutoff.
+func TestPurgeUsage(t *testing.T) {
+	pool := db(t)
+	ctx := context.Background()
+	h0 := time.Date(2026, 1, 5, 8, 0, 0, 0, time.UTC)
+	old, open, unclosed := uuid.NewString(), uuid.NewString(), uuid.NewString()
+	seedUsage(t, pool, "p1", "T4-4Q", old, 1, h0, ptr(h0.Add(30*time.Minute)))
+	seedUsage(t, pool, "p1", "T4-4Q", open, 1, h0, nil)
+	c := &usage.Closer{Pool: pool, Period: mustPeriod(t, "hour"), Replica: "test"}
+	if n, err := c.CloseDue(ctx, h0.Add(121*time.Minute)); err != nil || n != 2 {
+		t.Fatalf("CloseDue = %d, %v", n, err)
+	}
+	// Ended before the cutoff, but after the last closed period.
+	seedUsage(t, pool, "p1", "T4-4Q", unclosed, 1, h0.Add(130*time.Minute), ptr(h0.Add(140*time.Minute)))
+
+	st := controls.NewStore(pool, prometheus.NewRegistry(), nil)
+	got, err := st.Purge(ctx, controls.Retention{Usage: time.Hour}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["vgpu_usage"] != 1 || got["vgpu_usage_periods"] != 1 {
+		t.Errorf("purged %v, want 1 interval and 1 period (the last closed one stays)", got)
+	}
+	// The next period to close follows the last closed one: none is
+	// closed twice.
+	if n, err := c.CloseDue(ctx, h0.Add(181*time.Minute)); err != nil || n != 1 {
+		t.Errorf("CloseDue after the purge = %d, %v; want 1 (09:00–10:00 only)", n, err)
+	}
+	var left []string
+	rows, _ := pool.Query(ctx, `SELECT instance_uuid::text FROM vgpu_usage ORDER BY started_at`)
+	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(left) != 2 || left[0] != open || left[1] != unclosed {
+		t.Errorf("left %v (%v), want the open and the unclosed intervals", left, err)
 	}
 }
