@@ -47,7 +47,7 @@ const exitCodesHelp = `Exit codes:
 const rootLong = `vgpuctl operates vgpu-bridge through its operator API (GET /v1/openapi.json).
 
 Output is a table by default; -o json prints the API's answer as sent, -o yaml
-the same as YAML.
+the same as YAML (vgpuctl usage also prints CSV: -o csv).
 
 Credentials, first match wins:
   --token / VGPUCTL_TOKEN        a static token of [api] token_file, sent as X-Auth-Token
@@ -123,7 +123,7 @@ func newRoot(g *globals) *cobra.Command {
 	pf.StringVar(&g.cacert, "os-cacert", os.Getenv("OS_CACERT"), "CA bundle verifying Keystone and the bridge (env OS_CACERT)")
 	pf.StringVar(&g.token, "token", "", "API token (env VGPUCTL_TOKEN; prefer the environment: flags show in ps)")
 	pf.StringVar(&g.cloud, "os-cloud", "", "cloud of clouds.yaml to log in to Keystone with (env OS_CLOUD)")
-	pf.StringVarP(&g.output, "output", "o", outTable, "output format: table, json or yaml")
+	pf.StringVarP(&g.output, "output", "o", outTable, "output format: table, json or yaml (usage: also csv)")
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long one API call may take")
 	root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{outTable, outJSON, outYAML}, cobra.ShellCompDirectiveNoFileComp))
 
@@ -132,7 +132,8 @@ func newRoot(g *globals) *cobra.Command {
 		hostsCmd, gpusCmd, instancesCmd, allocationsCmd, eventsCmd, deadLettersCmd,
 		requestsCmd, requestCmd, placeCmd, syncCmd, policyCmd, webhookCmd,
 		driftCmd, flavorCmd, diagnoseCmd,
-		hostCmd, // host maintenance: migrate-all
+		hostCmd,  // host maintenance: migrate-all
+		usageCmd, // accounting: GET /v1/usage
 	} {
 		root.AddCommand(f(g))
 	}

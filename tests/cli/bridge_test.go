@@ -29,9 +29,10 @@ import (
 
 // Credentials of the test bridge. None may reach output or logs.
 const (
-	adminToken = "cli-admin-token-4b1d9e"
-	readToken  = "cli-reader-token-7c2a0f"
-	labSecret  = "lab-webhook-secret-0123456789abcdef"
+	adminToken   = "cli-admin-token-4b1d9e"
+	readToken    = "cli-reader-token-7c2a0f"
+	projectToken = "cli-project-token-5e8a31" // a reader of project p1 only
+	labSecret    = "lab-webhook-secret-0123456789abcdef"
 )
 
 // Instances the test publishes Nova notifications about.
@@ -51,17 +52,20 @@ type bridgeEnv struct {
 	pub      *amqp.Channel
 	admin    ctl
 	reader   ctl
+	project  ctl // a reader scoped to project p1
 	anon     ctl
 }
 
-// startBridge runs bridge.Run with its own database, exchange and queue
-// until the test ends.
+// startBridge runs bridge.Run with its own database, exchanges and queue
+// until the test ends. The bridge's own notifications go to an exchange
+// of this test's, not the shared default (vgpu_bridge).
 func startBridge(t *testing.T) *bridgeEnv {
 	t.Helper()
 	dir := t.TempDir()
 	e := &bridgeEnv{exchange: testsvc.Name("nova-cli"), secret: writeFile(t, dir, "lab.secret", labSecret+"\n")}
 	queue := testsvc.Name("vgpu-bridge-cli")
-	tokens := writeFile(t, dir, "tokens", adminToken+" admin ops\n"+readToken+" reader viewer\n")
+	outExchange := testsvc.Name("vgpu-bridge-cli-out")
+	tokens := writeFile(t, dir, "tokens", adminToken+" admin ops\n"+readToken+" reader viewer\n"+projectToken+" reader p1-viewer p1\n")
 	placementToken := writeFile(t, dir, "placement-token", "admin\n")
 	ini := fmt.Sprintf(`[DEFAULT]
 transport_url = %s
@@ -95,9 +99,12 @@ auth = hmac
 secret_files = %s
 rate = 1000
 burst = 1000
+
+[oslo_messaging_notifications]
+exchange = %s
 `, testsvc.TransportURL(t), testsvc.Postgres(t), tokens, e.exchange, queue,
 		abs(t, "testdata/rules.yaml"), abs(t, "testdata/profiles.yaml"), abs(t, "testdata/driver-compat.yaml"),
-		testsvc.PlacementURL(t), placementToken, e.secret)
+		testsvc.PlacementURL(t), placementToken, e.secret, outExchange)
 	v, err := bridge.LoadConfig(conf.Source{File: writeFile(t, dir, "bridge.conf", ini), Overrides: testkeys.For(t).Bridge()})
 	testsvc.Must(t, err, "bridge configuration")
 
@@ -105,8 +112,9 @@ burst = 1000
 	testsvc.Must(t, err, "dial broker")
 	t.Cleanup(func() {
 		if c, err := conn.Channel(); err == nil {
-			c.QueueDelete(queue, false, false, false)  //nolint:errcheck
-			c.ExchangeDelete(e.exchange, false, false) //nolint:errcheck
+			c.QueueDelete(queue, false, false, false)   //nolint:errcheck
+			c.ExchangeDelete(e.exchange, false, false)  //nolint:errcheck
+			c.ExchangeDelete(outExchange, false, false) //nolint:errcheck
 		}
 		conn.Close()
 	})
@@ -129,6 +137,7 @@ burst = 1000
 	})
 	e.admin = ctl{url: e.url, token: adminToken}
 	e.reader = ctl{url: e.url, token: readToken}
+	e.project = ctl{url: e.url, token: projectToken}
 	e.anon = ctl{url: e.url}
 	return e
 }
