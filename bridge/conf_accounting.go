@@ -43,6 +43,10 @@ var (
 	optAcctPeriod = Options.String("accounting", "audit_period", "hour",
 		"Length of an audit period, as Nova's instance_usage_audit_period: hour, day, month, year, or a duration that "+
 			"divides a day (15m). When one ends, its usage is closed and one vgpu.exists per vGPU held in it is sent. Example: day")
+	optAcctCloseDelay = Options.Duration("accounting", "close_delay", 5*time.Minute, 0, 24*time.Hour,
+		"How long after its end an audit period is closed: events from before the end that reach the bridge later "+
+			"than this (a notification held up in the broker, an agent's late result) still correct GET /v1/usage but "+
+			"not the vgpu.exists already sent. Example: 15m")
 	optAcctExists = Options.Bool("accounting", "exists_notifications", true,
 		"Send vgpu.exists for each vGPU held in a closed audit period. Example: false")
 )
@@ -97,7 +101,7 @@ func setupAccounting(w *wiring, ntu *conf.TransportURL, tc *tls.Config) ([]compo
 		return nil, err
 	}
 	(&usage.API{Pool: w.pool, Period: period}).Register(w.srv)
-	closer := &usage.Closer{Pool: w.pool, Period: period, Exists: optAcctExists.Get(w.v), Replica: w.replica,
+	closer := &usage.Closer{Pool: w.pool, Period: period, Exists: optAcctExists.Get(w.v), Delay: optAcctCloseDelay.Get(w.v), Replica: w.replica,
 		Log: w.log.With("component", "usage")}
 
 	tu, err := OutTransportURL(w.v, ntu)

@@ -175,8 +175,10 @@ func (a *API) Report(ctx context.Context, q Query) (Report, error) {
 		sel = strings.Join(cols, ", ") + ", "
 		group = "GROUP BY " + strings.Join(cols, ", ") + " ORDER BY " + strings.Join(cols, ", ")
 	}
+	// The total is rounded once, so it does not depend on the grouping.
 	rows, err := a.Pool.Query(ctx, `SELECT `+sel+`round(sum(amount * extract(epoch FROM
-			least(coalesce(ended_at, now()), $2) - greatest(started_at, $1))))::bigint
+			least(coalesce(ended_at, now()), $2) - greatest(started_at, $1))))::bigint,
+			round(sum(sum(amount * extract(epoch FROM least(coalesce(ended_at, now()), $2) - greatest(started_at, $1)))) OVER ())::bigint
 		FROM vgpu_usage
 		WHERE started_at < $2 AND (ended_at IS NULL OR ended_at > $1) AND started_at < now()
 		  AND ($3 = '' OR project_id = $3) AND ($4 = '' OR profile = $4) AND ($5 = '' OR instance_uuid::text = $5)
@@ -185,12 +187,12 @@ func (a *API) Report(ctx context.Context, q Query) (Report, error) {
 		return rep, fmt.Errorf("usage: %w", err)
 	}
 	vals := make([]string, len(groups))
-	var secs int64
+	var secs, total int64
 	dst := make([]any, 0, len(groups)+2)
 	for i := range vals {
 		dst = append(dst, &vals[i])
 	}
-	dst = append(dst, &secs)
+	dst = append(dst, &secs, &total)
 	_, err = pgx.ForEachRow(rows, dst, func() error {
 		var r Row
 		for i, g := range groups {
@@ -212,7 +214,7 @@ func (a *API) Report(ctx context.Context, q Query) (Report, error) {
 			}
 		}
 		r.VGPUSeconds = secs
-		rep.Total += secs
+		rep.Total = total
 		rep.Usage = append(rep.Usage, r)
 		return nil
 	})

@@ -23,6 +23,10 @@ type Closer struct {
 	Period  Period
 	Exists  bool
 	Replica string
+	// Delay is how long after its end a period is closed, so that events
+	// from before the end that arrive a little late (a notification held
+	// up in the broker, an agent's result) are in it.
+	Delay time.Duration
 	// Every is the time between checks (default a minute, or the period
 	// when shorter).
 	Every time.Duration
@@ -63,7 +67,8 @@ func (c *Closer) log() *slog.Logger {
 	return c.Log
 }
 
-// CloseDue closes the periods that ended by now and are not closed yet,
+// CloseDue closes the periods that ended by now (less Delay) and are not
+// closed yet,
 // up to maxPerRound of them; it returns how many it closed.
 func (c *Closer) CloseDue(ctx context.Context, now time.Time) (int, error) {
 	n := 0
@@ -99,7 +104,7 @@ func (c *Closer) closeNext(ctx context.Context, now time.Time) (closed bool, err
 			return nil // nothing accounted yet
 		}
 		end := c.Period.Next(start)
-		if end.After(now) {
+		if end.Add(c.Delay).After(now) {
 			return nil
 		}
 		rows, err := tx.Query(ctx, `WITH p AS (

@@ -293,8 +293,11 @@ func TestCloser(t *testing.T) {
 	seedUsage(t, pool, "p1", "T4-4Q", a, 1, h0.Add(30*time.Minute), ptr(h0.Add(90*time.Minute)))
 	seedUsage(t, pool, "p2", "T4-8Q", b, 2, h0.Add(75*time.Minute), nil)
 
-	c := &usage.Closer{Pool: pool, Period: mustPeriod(t, "hour"), Exists: true, Replica: "test"}
-	now := h0.Add(150 * time.Minute) // 10:30: 08:00–09:00 and 09:00–10:00 have ended
+	c := &usage.Closer{Pool: pool, Period: mustPeriod(t, "hour"), Exists: true, Replica: "test", Delay: 5 * time.Minute}
+	if n, err := c.CloseDue(ctx, h0.Add(64*time.Minute)); err != nil || n != 0 {
+		t.Fatalf("CloseDue within the delay = %d, %v; want 0", n, err)
+	}
+	now := h0.Add(125 * time.Minute) // 10:05: 08:00–09:00 and 09:00–10:00 have ended, and the delay with them
 	n, err := c.CloseDue(ctx, now)
 	if err != nil || n != 2 {
 		t.Fatalf("CloseDue = %d, %v; want 2 periods", n, err)
