@@ -17,6 +17,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 )
 
 // Namespace is the versioned objects' namespace.
@@ -72,6 +74,12 @@ type Execer interface {
 // notifications signals, so the relay sends at once.
 const Channel = "vgpu_bridge_notifications"
 
+// FailQueued followed by an event type ("notify.queued:vgpu.attach.start")
+// is the failpoint (internal/failpoint) Queue hits once it has put that
+// notification in the outbox and before the caller commits: a crash test
+// kills the bridge there, and the notification must never be sent.
+const FailQueued = "notify.queued:"
+
 // Queue puts a notification in the outbox in q's transaction; the relay
 // sends it once the transaction commits.
 func Queue(ctx context.Context, q Execer, eventType string, prio Priority, payload Object) error {
@@ -83,6 +91,7 @@ func Queue(ctx context.Context, q Execer, eventType string, prio Priority, paylo
 		SELECT pg_notify('`+Channel+`', '') FROM n`, eventType, string(prio), b); err != nil {
 		return fmt.Errorf("queue notification %s: %w", eventType, err)
 	}
+	failpoint.Hit(FailQueued + eventType)
 	return nil
 }
 

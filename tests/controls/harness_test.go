@@ -26,17 +26,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/vgpu-bridge/vgpu-bridge/agent"
-	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
-	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testagent"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
-	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -243,39 +240,7 @@ func (f *fleet) placement() {
 // startAgent runs vgpu-agent in this process on a fake host with h's
 // GPUs and a running domain of h's instance, and waits for its report.
 func (f *fleet) startAgent(h *host) {
-	t := f.t
-	spec := fakehost.DefaultSpec()
-	spec.Host = h.name
-	spec.MdevGPUs[0].Addr, spec.MdevGPUs[1].Addr = pci.MustParse(h.gpus[0]), pci.MustParse(h.gpus[1])
-	spec.MdevGPUs[0].Mdevs = nil
-	spec.Domains = []fakehost.Domain{{Name: "instance-00000001", UUID: h.vm, Running: true}}
-	fake := filepath.Join(f.dir, "fake-"+h.name)
-	_, err := fakehost.Build(fake, spec)
-	testsvc.Must(t, err, "fake host")
-	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + h.name, "DEFAULT.node=" + h.node,
-		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + filepath.Join(f.dir, "state-"+h.name),
-		"DEFAULT.listen=127.0.0.1:0", "DEFAULT.report_check_interval=1s", "DEFAULT.report_interval=5s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
-		testkeys.For(t).Agent(h.name)...)})
-	testsvc.Must(t, err, "agent config")
-	ctx, cancel := context.WithCancel(f.ctx)
-	done := make(chan error, 1)
-	go func() { done <- agent.RunWith(ctx, v, nil, agent.RunOptions{FakeHostDir: fake}) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("agent: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("agent did not stop")
-		}
-	})
-	f.waitFor(30*time.Second, "the agent of "+h.name+" reports", func() bool {
-		var n int
-		return f.pool.QueryRow(f.ctx, `SELECT count(*) FROM hosts WHERE name = $1 AND node = $2 AND last_report_at IS NOT NULL`,
-			h.name, h.node).Scan(&n) == nil && n == 1
-	})
+	testagent.Start(f.ctx, f.t, f.pool, testagent.Host{Name: h.name, Node: h.node, GPUs: [2]string{h.gpus[0], h.gpus[1]}, VM: h.vm, Dir: f.dir})
 }
 
 // publish sends Nova notifications (raw bodies, as oslo.messaging would)
