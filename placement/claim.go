@@ -139,7 +139,7 @@ func (s *Service) claimOn(ctx context.Context, cr ClaimRequest, g *engine.GPU, a
 		err := s.client.PutAllocations(ctx, con)
 		if err == nil {
 			cl := &Claim{Consumer: cr.Consumer, Provider: g.UUID, Host: g.Host.Name, Class: g.Class, Amount: n, Held: res[g.Class], Attempts: *attempts}
-			cl.Generation = s.learn(ctx, g.UUID, cr.Consumer, g.Class, res[g.Class])
+			cl.Generation = s.learnDelta(ctx, g.UUID, cr.Consumer, g.Class, res[g.Class], n)
 			return cl, nil
 		}
 		if !IsConflict(err) && !IsRetryable(err) {
@@ -162,18 +162,21 @@ func (s *Service) Release(ctx context.Context, consumer, provider string) error 
 		if err != nil {
 			return fmt.Errorf("release %s: %w", consumer, err)
 		}
-		type change struct{ rp, class string }
+		type change struct {
+			rp, class string
+			held      int
+		}
 		var changed []change
 		for rp, res := range con.Providers {
 			if provider != "" && rp != provider {
 				continue
 			}
 			for _, c := range s.classes() {
-				if _, ok := res[c]; ok {
+				if n, ok := res[c]; ok {
 					res = maps.Clone(res)
 					delete(res, c)
 					con.Providers[rp] = res
-					changed = append(changed, change{rp, c})
+					changed = append(changed, change{rp, c, n})
 				}
 			}
 		}
@@ -186,7 +189,7 @@ func (s *Service) Release(ctx context.Context, consumer, provider string) error 
 		err = s.client.PutAllocations(ctx, con)
 		if err == nil {
 			for _, c := range changed {
-				s.learn(ctx, c.rp, consumer, c.class, 0)
+				s.learnDelta(ctx, c.rp, consumer, c.class, 0, -c.held)
 			}
 			return nil
 		}
@@ -240,7 +243,7 @@ func (s *Service) ReleaseUnits(ctx context.Context, consumer, provider, class st
 		}
 		err = s.client.PutAllocations(ctx, con)
 		if err == nil {
-			s.learn(ctx, provider, consumer, class, res[class])
+			s.learnDelta(ctx, provider, consumer, class, res[class], res[class]-held)
 			return nil
 		}
 		if !IsConflict(err) && !IsRetryable(err) {
@@ -270,6 +273,28 @@ func (s *Service) learn(ctx context.Context, rp, consumer, class string, held in
 	s.index.SetUsage(rp, u[class], gen)
 	if s.store != nil {
 		if err := s.store.SetAllocation(ctx, rp, consumer, class, held, u[class], gen); err != nil {
+			s.log.Warn("claim: mirror update failed; the next sync corrects it", logkey.Provider, rp, logkey.Err, err)
+		}
+	}
+	return gen
+}
+
+// learnDelta records a change the bridge just made to consumer's
+// allocation on rp: held is what the consumer holds of class there now,
+// delta how much that changed the provider's usage. Unlike learn it reads
+// nothing back from Placement, so a claim or release costs one call
+// (plus the consumer's read when it is not known): the index and the
+// mirror add delta to what they knew. What others change on the provider
+// meanwhile (Nova) bumps its generation, which the incremental sync
+// notices; a claim that meets a full provider re-reads its usage first
+// (refreshProvider). It returns the provider generation the index knows.
+func (s *Service) learnDelta(ctx context.Context, rp, consumer, class string, held, delta int) int {
+	used, gen, ok := s.index.AddUsage(rp, delta)
+	if !ok {
+		return 0
+	}
+	if s.store != nil {
+		if err := s.store.SetAllocation(ctx, rp, consumer, class, held, used, gen); err != nil {
 			s.log.Warn("claim: mirror update failed; the next sync corrects it", logkey.Provider, rp, logkey.Err, err)
 		}
 	}

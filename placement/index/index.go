@@ -182,6 +182,25 @@ func (x *Index) SetUsage(uuid string, used, generation int) bool {
 	return true
 }
 
+// AddUsage adds delta to a GPU's usage of its vGPU class (a claim the
+// bridge made, or a release, negative), keeping its generation; it
+// returns the new usage and the generation, and whether the GPU is known.
+func (x *Index) AddUsage(uuid string, delta int) (used, generation int, ok bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	id, ok := x.byUUID[uuid]
+	if !ok {
+		return 0, 0, false
+	}
+	g := x.gpus[id]
+	x.unbucketLocked(g)
+	n := *g
+	n.Used = max(n.Used+delta, 0)
+	x.gpus[id] = &n
+	x.bucketLocked(&n)
+	return n.Used, n.Generation, true
+}
+
 func (x *Index) setHostLocked(p *engine.Provider) {
 	h, ok := x.hosts[p.UUID]
 	if !ok {

@@ -107,3 +107,35 @@ func Median[T any](runs []T, get func(T) float64) float64 {
 	slices.Sort(v)
 	return v[len(v)/2]
 }
+
+// ProcsCPU is the CPU time used so far by the processes of this machine
+// whose command line (arguments joined by spaces) match accepts: other
+// services measured beside the bridge, e.g. Placement's uwsgi and its
+// Postgres backends.
+func ProcsCPU(match func(cmdline string) bool) time.Duration {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	var ticks int64
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		cl, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !match(string(bytes.ReplaceAll(cl, []byte{0}, []byte{' '}))) {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 12 {
+			ut, _ := strconv.ParseInt(f[11], 10, 64)
+			st, _ := strconv.ParseInt(f[12], 10, 64)
+			ticks += ut + st
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}

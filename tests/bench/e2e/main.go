@@ -54,6 +54,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -123,13 +124,14 @@ func main() {
 	burst := flag.Int("burst", 100, "requests per run for the throughput")
 	clients := flag.Int("clients", 64, "concurrent webhook clients in the throughput phase")
 	verbose := flag.Bool("v", false, "log the bridge and agents to stderr")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the throughput phases (bridge, agents, harness) to this file")
 	flag.Parse()
 	// Ctrl-C or a timeout's SIGTERM ends the run; what it made is removed.
 	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(sctx, 12*time.Minute)
 	defer cancel()
-	h := &harness{nHosts: *hosts, clients: *clients, log: slog.New(slog.DiscardHandler)}
+	h := &harness{nHosts: *hosts, clients: *clients, log: slog.New(slog.DiscardHandler), cpuProfile: *cpuProfile}
 	if *verbose {
 		h.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
@@ -170,6 +172,8 @@ type harness struct {
 	seq                   atomic.Int64
 	rs                    *requests.Store
 	keys                  *testkeys.Ring // signed commands, results and reports, as by default
+	cpuProfile            string
+	profiling             bool
 }
 
 func (h *harness) cleanup() {
@@ -238,9 +242,12 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 	}
 	type result struct {
 		p50, p99, rtt      time.Duration
+		agent              time.Duration // attach_vgpu, published → answered (one broker round trip and the agent's work)
 		chP50, chP99       time.Duration // profile change
 		claim              time.Duration
 		rate, bare         float64
+		placementRate      float64 // Placement alone: 100 concurrent PUT /allocations, completed/s
+		cpu                burstCPU
 		completed, changes int
 	}
 	var rs []result
@@ -251,6 +258,7 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 			return err
 		}
 		r.p50, r.p99 = pct(lat, 50), pct(lat, 99)
+		r.agent = h.agentAttach(ctx, attached)
 		ch, err := h.change(ctx, attached)
 		if err != nil {
 			return err
@@ -262,14 +270,21 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		if r.claim, err = h.placementClaim(ctx, 20); err != nil {
 			return err
 		}
+		if r.placementRate, err = h.placementBurst(ctx, burst); err != nil {
+			return err
+		}
+		cpu0 := sampleCPU(ctx, h.pool)
+		h.startProfile()
 		if r.rate, err = h.burst(ctx, burst); err != nil {
 			return err
 		}
+		r.cpu = sampleCPU(ctx, h.pool).since(cpu0, burst)
+		h.stopProfile()
 		r.completed = burst
 		r.bare = h.bare(ctx, 2*time.Second)
-		fmt.Printf("run %d: webhook→attached p50 %.1f ms p99 %.1f ms (%d sequential) | profile change %s→%s p50 %.1f ms p99 %.1f ms (%d sequential), change/attach p50 %.2f× | broker round trip p50 %.2f ms | Placement claim PUT p50 %.1f ms | %d requests on %d hosts: %.1f completed/s | bare 202: %.0f req/s\n",
-			i+1, ms(r.p50), ms(r.p99), latN, profile, profileB, ms(r.chP50), ms(r.chP99), r.changes, ms(r.chP50)/ms(r.p50),
-			ms(r.rtt), ms(r.claim), burst, h.nHosts, r.rate, r.bare)
+		fmt.Printf("run %d: webhook→attached p50 %.1f ms p99 %.1f ms (%d sequential; agent attach_vgpu published→answered p50 %.1f ms) | profile change %s→%s p50 %.1f ms p99 %.1f ms (%d sequential), change/attach p50 %.2f× | broker round trip p50 %.2f ms | Placement claim PUT p50 %.1f ms | %d requests on %d hosts: %.1f completed/s (CPU per request: bridge %.1f ms, its Postgres %.1f ms, Placement %.1f ms) | Placement alone, %d concurrent PUTs: %.1f/s | bare 202: %.0f req/s\n",
+			i+1, ms(r.p50), ms(r.p99), latN, ms(r.agent), profile, profileB, ms(r.chP50), ms(r.chP99), r.changes, ms(r.chP50)/ms(r.p50),
+			ms(r.rtt), ms(r.claim), burst, h.nHosts, r.rate, ms(r.cpu.bridge), ms(r.cpu.postgres), ms(r.cpu.placement), burst, r.placementRate, r.bare)
 		rs = append(rs, r)
 	}
 	med := func(f func(result) float64) float64 { return benchkit.Median(rs, f) }
@@ -288,6 +303,19 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 	fmt.Printf("median of %d runs: one Placement claim (PUT /allocations) p50 %.1f ms; ratio webhook→attached p50 / claim %.1f×\n", len(rs), claim, p50/claim)
 	fmt.Printf("median of %d runs: %.1f requests completed/s with %d hosts; bare webhook 202 %.0f req/s; ratio completed/bare %.4f\n",
 		len(rs), rate, h.nHosts, bare, rate/bare)
+	// The targets: an attach costs a claim, two broker round trips and the
+	// agent's own work at the least; a burst is bounded by Placement's own
+	// rate of concurrent claims.
+	agent := med(func(r result) float64 { return ms(r.agent) })
+	own := max(agent-rtt, 0) // published → answered, less the round trip it contains
+	floor := claim + 2*rtt + own
+	pRate := med(func(r result) float64 { return r.placementRate })
+	fmt.Printf("median of %d runs: webhook→attached p50 %.1f ms against claim PUT %.1f + 2 × broker round trip %.2f + agent's own attach %.1f = %.1f ms; ratio %.2f× (target ≤ 1.5×)\n",
+		len(rs), p50, claim, rtt, own, floor, p50/floor)
+	fmt.Printf("median of %d runs: %d requests on %d hosts %.1f completed/s against Placement alone %.1f concurrent PUTs/s; ratio %.2f× (target ≥ 0.8×); CPU per request: bridge %.1f ms, its Postgres %.1f ms, Placement (uwsgi and its Postgres) %.1f ms\n",
+		len(rs), burst, h.nHosts, rate, pRate, rate/pRate,
+		med(func(r result) float64 { return ms(r.cpu.bridge) }), med(func(r result) float64 { return ms(r.cpu.postgres) }),
+		med(func(r result) float64 { return ms(r.cpu.placement) }))
 	return nil
 }
 
@@ -945,6 +973,77 @@ func (h *harness) placementClaim(ctx context.Context, n int) (time.Duration, err
 		}
 	}
 	return pct(lat, 50), nil
+}
+
+// placementBurst measures Placement alone with n concurrent claims: n new
+// consumers' PUT /allocations of one VGPU unit, spread over the hosts'
+// second GPUs, all sent at once; it returns completed/s, and deletes them.
+func (h *harness) placementBurst(ctx context.Context, n int) (float64, error) {
+	cons := make([]string, n)
+	for i := range cons {
+		cons[i] = uuid.NewString()
+	}
+	h.mu.Lock()
+	h.claimed = append(h.claimed, cons...)
+	h.mu.Unlock()
+	t0 := time.Now()
+	err := parallel(n, n, func(i int) error {
+		gpu := h.hosts[i%len(h.hosts)].gpuB
+		return allocations.Update(ctx, h.sc, cons[i], allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{gpu: {Resources: map[string]int{"VGPU": 1}}},
+			ProjectID: "bench", UserID: "bench", ConsumerType: "INSTANCE"}).ExtractErr()
+	})
+	rate := float64(n) / time.Since(t0).Seconds()
+	if err != nil {
+		return 0, fmt.Errorf("placement burst: %w", err)
+	}
+	return rate, parallel(n, 8, func(i int) error { return allocations.Delete(ctx, h.sc, cons[i]).ExtractErr() })
+}
+
+// startProfile starts the CPU profile of the first throughput phase
+// (-cpuprofile).
+func (h *harness) startProfile() {
+	if h.cpuProfile == "" || h.profiling {
+		return
+	}
+	f, err := os.Create(h.cpuProfile)
+	if err == nil && pprof.StartCPUProfile(f) == nil {
+		h.profiling = true
+	}
+}
+
+func (h *harness) stopProfile() {
+	if h.profiling {
+		pprof.StopCPUProfile()
+		h.cpuProfile = "" // one phase
+	}
+}
+
+// agentAttach is the median time from the relay's publish of attach_vgpu
+// to the agent's answer, over the requests of insts' last attach.
+func (h *harness) agentAttach(ctx context.Context, insts []string) time.Duration {
+	var med *float64
+	if err := h.pool.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM c.finished_at - c.sent_at))
+		FROM commands c WHERE c.kind = 'attach_vgpu' AND c.purpose = 'action' AND c.instance_uuid::text = ANY($1)`, insts).Scan(&med); err != nil || med == nil {
+		return 0
+	}
+	return time.Duration(*med * float64(time.Second))
+}
+
+// burstCPU is CPU time per request: this process (the bridge and the
+// agents), the Postgres backends of its database, and Placement (its
+// uwsgi processes and their Postgres backends).
+type burstCPU struct{ bridge, postgres, placement time.Duration }
+
+func sampleCPU(ctx context.Context, pool *pgxpool.Pool) burstCPU {
+	return burstCPU{bridge: benchkit.ProcessCPU(), postgres: benchkit.BackendCPU(ctx, pool),
+		placement: benchkit.ProcsCPU(func(cl string) bool {
+			return strings.Contains(cl, "127.0.0.1:8778") || strings.HasPrefix(cl, "postgres: ") && strings.Contains(cl, " placement placement ")
+		})}
+}
+
+func (c burstCPU) since(c0 burstCPU, n int) burstCPU {
+	d := time.Duration(max(n, 1))
+	return burstCPU{bridge: (c.bridge - c0.bridge) / d, postgres: (c.postgres - c0.postgres) / d, placement: (c.placement - c0.placement) / d}
 }
 
 // bare is the closed-loop rate of a handler on the same server stack
