@@ -125,15 +125,16 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 	// What happens to each inbox event, in order; the first stage that
 	// finishes it ends its way (pipeline.Stage).
 	proc.Use([]pipeline.Stage{
-		pipeline.AccountFlavor{}, // the usage of the vGPUs an instance's flavor gives it, as Nova says it stands
-		resizes.Events(),         // a Nova notification of a resize the bridge runs moves that resize on
-		pipeline.ReadRequest{},   // a webhook's request, locked; an ended one is skipped
-		pipeline.ReadEvent{},     // the inbox row as the policy's event
-		pipeline.FollowMove{},    // direct-path vGPUs follow a Nova move of their instance
-		pipeline.Evaluate{},      // facts, the policy, the plan
-		pipeline.OpenRequest{},   // a request for a notification the policy acts on
-		act,                      // claims, attachments, commands; or a resize through Nova
-		pipeline.Record{},        // the decision, and the policy's load state
+		pipeline.AccountFlavor{},   // the usage of the vGPUs an instance's flavor gives it, as Nova says it stands
+		pipeline.KnowAllocations{}, // the instance's allocations read when Nova changed them, for one-call claims later
+		resizes.Events(),           // a Nova notification of a resize the bridge runs moves that resize on
+		pipeline.ReadRequest{},     // a webhook's request, locked; an ended one is skipped
+		pipeline.ReadEvent{},       // the inbox row as the policy's event
+		pipeline.FollowMove{},      // direct-path vGPUs follow a Nova move of their instance
+		pipeline.Evaluate{},        // facts, the policy, the plan
+		pipeline.OpenRequest{},     // a request for a notification the policy acts on
+		act,                        // claims, attachments, commands; or a resize through Nova
+		pipeline.Record{},          // the decision, and the policy's load state
 	}, resizes) // verify_vgpu results of resizes go to the resize first
 	dc := DispatchConfig(v, tu, replica)
 	dc.TLS = tlsCfg

@@ -111,6 +111,7 @@ func (s *Service) claimOn(ctx context.Context, cr ClaimRequest, g *engine.GPU, a
 			if con, err = s.client.Allocations(ctx, cr.Consumer); err != nil {
 				return nil, err
 			}
+			s.consumers.put(con)
 		}
 		held := con.Providers[g.UUID][g.Class]
 		if target < 0 {
@@ -138,10 +139,12 @@ func (s *Service) claimOn(ctx context.Context, cr ClaimRequest, g *engine.GPU, a
 		con.Providers[g.UUID] = res
 		err := s.client.PutAllocations(ctx, con)
 		if err == nil {
+			s.consumers.wrote(con)
 			cl := &Claim{Consumer: cr.Consumer, Provider: g.UUID, Host: g.Host.Name, Class: g.Class, Amount: n, Held: res[g.Class], Attempts: *attempts}
 			cl.Generation = s.learnDelta(ctx, g.UUID, cr.Consumer, g.Class, res[g.Class], n)
 			return cl, nil
 		}
+		s.consumers.forget(cr.Consumer)
 		if !IsConflict(err) && !IsRetryable(err) {
 			return nil, err
 		}
@@ -162,6 +165,7 @@ func (s *Service) Release(ctx context.Context, consumer, provider string) error 
 		if err != nil {
 			return fmt.Errorf("release %s: %w", consumer, err)
 		}
+		s.consumers.put(con)
 		type change struct {
 			rp, class string
 			held      int
@@ -188,11 +192,13 @@ func (s *Service) Release(ctx context.Context, consumer, provider string) error 
 		}
 		err = s.client.PutAllocations(ctx, con)
 		if err == nil {
+			s.consumers.wrote(con)
 			for _, c := range changed {
 				s.learnDelta(ctx, c.rp, consumer, c.class, 0, -c.held)
 			}
 			return nil
 		}
+		s.consumers.forget(consumer)
 		if !IsConflict(err) && !IsRetryable(err) {
 			return fmt.Errorf("release %s: %w", consumer, err)
 		}
@@ -217,6 +223,7 @@ func (s *Service) ReleaseUnits(ctx context.Context, consumer, provider, class st
 		if err != nil {
 			return fmt.Errorf("release %d %s of %s on %s: %w", amount, class, consumer, provider, err)
 		}
+		s.consumers.put(con)
 		res := con.Providers[provider]
 		held := res[class]
 		if held == 0 || (heldAfter > 0 && held < heldAfter) {
@@ -243,9 +250,11 @@ func (s *Service) ReleaseUnits(ctx context.Context, consumer, provider, class st
 		}
 		err = s.client.PutAllocations(ctx, con)
 		if err == nil {
+			s.consumers.wrote(con)
 			s.learnDelta(ctx, provider, consumer, class, res[class], res[class]-held)
 			return nil
 		}
+		s.consumers.forget(consumer)
 		if !IsConflict(err) && !IsRetryable(err) {
 			return fmt.Errorf("release %d %s of %s on %s: %w", amount, class, consumer, provider, err)
 		}
@@ -340,6 +349,12 @@ func (s *Service) ReadVGPU(ctx context.Context, instance string) ([]Holding, *Co
 	if err != nil {
 		return nil, nil, fmt.Errorf("lookup vGPU of %s: %w", instance, err)
 	}
+	s.consumers.put(con)
+	return s.holdingsOf(con), con, nil
+}
+
+// holdingsOf lists con's vGPU units by GPU provider.
+func (s *Service) holdingsOf(con *Consumer) []Holding {
 	var out []Holding
 	for rp, res := range con.Providers {
 		for _, c := range s.classes() {
@@ -358,5 +373,5 @@ func (s *Service) ReadVGPU(ctx context.Context, instance string) ([]Holding, *Co
 			out = append(out, h)
 		}
 	}
-	return out, con, nil
+	return out
 }

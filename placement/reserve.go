@@ -72,6 +72,8 @@ func (s *Service) TransferReservation(ctx context.Context, reservation, instance
 		emptied := &Consumer{UUID: reservation, Generation: res.Generation, ProjectID: res.ProjectID, UserID: res.UserID,
 			Type: res.Type, Providers: map[string]map[string]int{}}
 		err = s.client.PostAllocations(ctx, []*Consumer{emptied, inst})
+		s.consumers.forget(instance)
+		s.consumers.forget(reservation)
 		if err == nil {
 			for rp, classes := range moved {
 				for c := range classes {

@@ -91,6 +91,8 @@ type Service struct {
 	syncer  *Syncer
 	log     *slog.Logger
 
+	consumers consumerCache // allocations and generations the bridge last read or wrote (consumers.go)
+
 	syncMu  sync.Mutex  // one sync at a time in this process
 	leading atomic.Bool // this replica holds the sync lock in Run
 	synced  atomic.Bool // the index holds the result of a full sync
@@ -115,13 +117,14 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, cat *catalog.Catal
 		return nil, err
 	}
 	s := &Service{
-		cfg:     cfg,
-		client:  c,
-		index:   index.New(index.Config{Classes: cfg.Classes, TypePrefix: cfg.TypePrefix}),
-		catalog: cat,
-		log:     log,
-		nodeOf:  map[string]string{},
-		hostOf:  map[string]string{},
+		cfg:       cfg,
+		client:    c,
+		index:     index.New(index.Config{Classes: cfg.Classes, TypePrefix: cfg.TypePrefix}),
+		catalog:   cat,
+		log:       log,
+		nodeOf:    map[string]string{},
+		consumers: consumerCache{max: defaultConsumerCache},
+		hostOf:    map[string]string{},
 	}
 	s.engine = &engine.Engine{TypePrefix: cfg.TypePrefix}
 	if cat != nil {

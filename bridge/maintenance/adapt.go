@@ -103,6 +103,7 @@ func (a PlacementAdapter) Restore(ctx context.Context, instance string, held []D
 			con.Type = "INSTANCE"
 		}
 		err = a.S.Client().PutAllocations(ctx, con)
+		a.S.ForgetConsumer(instance) // written around the service's own record of it
 		if err == nil {
 			for rp, classes := range want {
 				for c := range classes {

@@ -18,6 +18,11 @@ type Placement interface {
 	// returns the allocations it read, for a Claim that follows
 	// (ClaimSpec.Read).
 	Holdings(ctx context.Context, consumer string) ([]placement.Holding, *placement.Consumer, error)
+	// CachedHoldings is Holdings from what was last read or written of
+	// the consumer when that is known (no Placement call), for a claim's
+	// base: a stale answer costs the claim a 409 and a read, never a wrong
+	// write.
+	CachedHoldings(ctx context.Context, consumer string) ([]placement.Holding, *placement.Consumer, error)
 	// ReleaseUnits takes amount units of class off the consumer's
 	// allocation on provider, keeping its other allocations. heldAfter is
 	// what the consumer held there right after the claim: when it now
@@ -96,6 +101,12 @@ func (a ServiceAdapter) retypeHint(c ClaimSpec) string {
 // Holdings implements Placement.
 func (a ServiceAdapter) Holdings(ctx context.Context, consumer string) ([]placement.Holding, *placement.Consumer, error) {
 	return a.S.ReadVGPU(ctx, consumer)
+}
+
+// CachedHoldings implements Placement.
+func (a ServiceAdapter) CachedHoldings(ctx context.Context, consumer string) ([]placement.Holding, *placement.Consumer, error) {
+	hl, con, _, err := a.S.CachedVGPU(ctx, consumer)
+	return hl, con, err
 }
 
 // GPUAddress implements Placement.

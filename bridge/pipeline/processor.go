@@ -415,7 +415,10 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 		if !errors.Is(err, errNeedClaims) || round >= maxClaimRounds {
 			return err
 		}
-		failpoint.Hit(FailBeforePlacement)
+		writes := len(pc.need)+len(pc.needRelease) > 0 // the failpoints are a claim's or release's steps, not a read's
+		if writes {
+			failpoint.Hit(FailBeforePlacement)
+		}
 		for _, consumer := range pc.needHoldings { // no transaction is open here
 			hl, _, err := p.d.Placement.Holdings(ctx, consumer)
 			if err != nil {
@@ -439,7 +442,9 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 			}
 			pc.released[a.ID] = true
 		}
-		failpoint.Hit(FailAfterPlacement)
+		if writes {
+			failpoint.Hit(FailAfterPlacement)
+		}
 	}
 }
 
@@ -852,7 +857,12 @@ func (p *Processor) claim(ctx context.Context, f Facts, s Step, planned []Attach
 	for _, a := range planned {
 		known[a.Provider] += a.Amount
 	}
-	holdings, read, err := p.d.Placement.Holdings(ctx, f.Instance.UUID)
+	// What the bridge last read or wrote of the consumer: read when a
+	// Nova notification said its allocations changed (KnowAllocations), so
+	// a claim is one PUT. Units an interrupted attempt left are found
+	// here too: a failed round releases its claims (and records that), a
+	// crash empties what the process knew.
+	holdings, read, err := p.d.Placement.CachedHoldings(ctx, f.Instance.UUID)
 	if err != nil {
 		return nil, err
 	}

@@ -54,7 +54,7 @@ type Actor interface {
 // processor runs unless told otherwise (Use). The bridge lists its own
 // where it wires the pipeline (setupPipeline).
 func DefaultStages() []Stage {
-	return []Stage{AccountFlavor{}, ReadRequest{}, ReadEvent{}, FollowMove{}, Evaluate{}, OpenRequest{}, Act{}, Record{}}
+	return []Stage{AccountFlavor{}, KnowAllocations{}, ReadRequest{}, ReadEvent{}, FollowMove{}, Evaluate{}, OpenRequest{}, Act{}, Record{}}
 }
 
 // Work is one event on its way through the stages.

@@ -64,6 +64,11 @@ func (o outsideTx) Holdings(ctx context.Context, consumer string) ([]placement.H
 	return o.p.Holdings(ctx, consumer)
 }
 
+func (o outsideTx) CachedHoldings(ctx context.Context, consumer string) ([]placement.Holding, *placement.Consumer, error) {
+	defer o.check("read the cached holdings of "+consumer, time.Now())
+	return o.p.CachedHoldings(ctx, consumer)
+}
+
 func (o outsideTx) ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error {
 	defer o.check("release units of "+consumer, time.Now())
 	return o.p.ReleaseUnits(ctx, consumer, provider, class, amount, heldAfter)

@@ -5,6 +5,7 @@ package placement_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -608,5 +609,121 @@ func TestReadyKnowsHosts(t *testing.T) {
 		if err != nil || len(res.Candidates) != 1 || res.Candidates[0].Host != host {
 			t.Fatalf("start %d: dry run for host %s as soon as ready: %+v, %v; want its one GPU", i, host, res.Candidates, err)
 		}
+	}
+}
+
+// countCalls counts the service's Placement calls by method: those
+// Placement answered (uwsgi resets idle keep-alive connections now and
+// then, and the client sends such a request again).
+type countCalls struct {
+	mu sync.Mutex
+	n  map[string]int
+	rt http.RoundTripper
+}
+
+func (c *countCalls) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.rt.RoundTrip(r)
+	if err != nil {
+		return resp, err
+	}
+	c.mu.Lock()
+	c.n[r.Method]++
+	if resp != nil && resp.StatusCode >= 400 {
+		c.n[r.Method+" "+resp.Status]++
+	}
+	c.mu.Unlock()
+	return resp, err
+}
+
+func (c *countCalls) take() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.n
+	c.n = map[string]int{}
+	return out
+}
+
+// TestOneCallClaims: once the service has read a consumer (as the
+// pipeline does when Nova says its allocations changed), each claim and
+// claim on it is one PUT, and what the service keeps of the consumer is
+// Placement's own generation; when someone else writes the consumer in
+// between, the claim meets a 409, reads again and still keeps what Nova
+// wrote.
+func TestOneCallClaims(t *testing.T) {
+	cc := &countCalls{n: map[string]int{}}
+	s, err := placement.New(context.Background(), placement.Config{Client: placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin",
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper { cc.rt = rt; return cc }}, SyncConcurrency: 4}, nil, catalog.New(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ty := placementfleet.UniqueType()
+	f := load(t, s, []placementfleet.Node{{Name: name("it-one"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 8}}}})
+	ctx := ctxT(t)
+	if _, err := s.SyncNow(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	sc := s.Client().ServiceClient()
+	inst := consumer(t)
+	novaWrites := func(vcpu int) {
+		t.Helper()
+		con, err := s.Client().Allocations(ctx, inst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{},
+			ProjectID: f.Project, UserID: f.User, ConsumerType: "INSTANCE", ConsumerGeneration: con.Generation}
+		for rp, res := range con.Providers {
+			opts.Allocations[rp] = allocations.ProviderAllocationsOpts{Resources: res}
+		}
+		opts.Allocations[f.Roots[0]] = allocations.ProviderAllocationsOpts{Resources: map[string]int{"VCPU": vcpu, "MEMORY_MB": 1024}}
+		if err := allocations.Update(ctx, sc, inst, opts).ExtractErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	novaWrites(2)
+	if _, _, err := s.ReadVGPU(ctx, inst); err != nil { // Nova's notification arrived
+		t.Fatal(err)
+	}
+	req := engine.Request{Required: []string{ty}, Count: 1}
+	claim := func() *placement.Claim {
+		t.Helper()
+		_, read, cached, err := s.CachedVGPU(ctx, inst)
+		if err != nil || !cached {
+			t.Fatalf("CachedVGPU: cached %v, %v", cached, err)
+		}
+		cl, err := s.Claim(ctx, placement.ClaimRequest{Consumer: inst, Request: req, Read: read})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl
+	}
+	cc.take()
+	for i := 1; i <= 2; i++ {
+		cl := claim()
+		if calls := cc.take(); calls["PUT"] != 1 || len(calls) != 1 || cl.Held != i {
+			t.Errorf("claim %d: calls %v, held %d; want one PUT, held %d", i, calls, cl.Held, i)
+		}
+	}
+	_, kept, _, _ := s.CachedVGPU(ctx, inst)
+	real, err := s.Client().Allocations(ctx, inst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kept.Generation == nil || real.Generation == nil || *kept.Generation != *real.Generation {
+		t.Fatalf("kept generation %v, Placement's %v", kept.Generation, real.Generation)
+	}
+
+	novaWrites(6) // Nova resizes the instance; its notification is not in yet
+	cc.take()
+	cl := claim()
+	if cl.Attempts != 2 {
+		t.Errorf("a claim on a stale view: %d attempts, want 2 (a 409, a read, a PUT)", cl.Attempts)
+	}
+	con, err := s.Client().Allocations(ctx, inst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if con.Providers[f.Roots[0]]["VCPU"] != 6 || con.Providers[cl.Provider]["VGPU"] != 3 {
+		t.Fatalf("after a claim on a stale view: %+v (want Nova's VCPU 6 kept and 3 VGPU)", con.Providers)
 	}
 }

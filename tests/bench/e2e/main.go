@@ -23,12 +23,21 @@
 //     at once by 64 clients; completed requests per second from the first
 //     POST to the last success;
 //
-// and two baselines on the same machine in the same run: the raw broker
+// and baselines on the same machine in the same run: the raw broker
 // round trip (a persistent, confirmed publish to a queue, consumed and
 // answered on another: what one agent command costs at the least; the
-// direct path needs one) and the rate of a bare handler on the same HTTP
-// stack answering 202 at once. It prints each run and the medians, with
-// the ratios e2e p50 / broker round trip and completed/s over bare 202/s.
+// direct path needs one), one Placement claim (PUT /allocations) alone,
+// Placement alone taking as many concurrent claims as the throughput
+// phase sends, and the rate of a bare handler on the same HTTP stack
+// answering 202 at once. It prints each run and the medians, with the
+// ratios e2e p50 / broker round trip, e2e p50 / (claim + 2 round trips +
+// the agent's own attach), completed/s over Placement's own rate and over
+// bare 202/s, and the CPU per request of this process (bridge and agents),
+// its Postgres backends and Placement (uwsgi and its Postgres).
+//
+// The instances are as Nova leaves them: each has its VCPU and MEMORY_MB
+// allocation, and an instance.create.end in the inbox, which the pipeline
+// takes (reading the consumer) before the runs.
 //
 // It makes a database of its own (VGPU_TEST_POSTGRES_URL, default
 // postgres://postgres@127.0.0.1:5432/postgres) and providers, consumers and
@@ -233,6 +242,11 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		return err
 	}
 	phase("agents' first reports", t0)
+	t0 = time.Now()
+	if err := h.inboxDrained(ctx); err != nil {
+		return err
+	}
+	phase("instances' instance.create.end taken", t0)
 	fmt.Printf("e2e direct path: %d hosts (vgpu-agent on a fake host each, two T4: T4-1Q and T4-2Q), %d instances, set up in %s\n",
 		h.nHosts, h.nHosts*h.perHost, time.Since(start).Round(time.Second))
 
@@ -416,6 +430,12 @@ func (h *harness) placementFleet(ctx context.Context) error {
 		if _, err := resourceproviders.Create(ctx, h.sc, resourceproviders.CreateOpts{Name: hs.node, UUID: hs.root}).Extract(); err != nil {
 			return fmt.Errorf("root provider: %w", err)
 		}
+		if _, err := resourceproviders.UpdateInventories(ctx, h.sc, hs.root, resourceproviders.UpdateInventoriesOpts{Inventories: map[string]resourceproviders.Inventory{
+			"VCPU":      {Total: 256, MinUnit: 1, MaxUnit: 256, StepSize: 1, AllocationRatio: 1},
+			"MEMORY_MB": {Total: 1 << 20, MinUnit: 1, MaxUnit: 1 << 20, StepSize: 1, AllocationRatio: 1},
+		}}).Extract(); err != nil {
+			return fmt.Errorf("root inventory: %w", err)
+		}
 		for _, g := range []struct {
 			uuid, pci, trait string
 			total            int
@@ -475,7 +495,68 @@ func (h *harness) instances(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	return h.novaCreated(ctx, project, user)
+}
+
+// novaCreated does what Nova did when it created the instances: each has
+// its allocation on its host (VCPU, MEMORY_MB; the consumer a claim adds
+// its vGPU to) and an instance.create.end in the bridge's inbox, which the
+// pipeline takes before the runs begin (the bridge reads a consumer's
+// allocations when Nova says they changed).
+func (h *harness) novaCreated(ctx context.Context, project, user string) error {
+	type inst struct{ id, host, node, root string }
+	var all []inst
+	for _, hs := range h.hosts {
+		for _, id := range hs.instances {
+			all = append(all, inst{id, hs.name, hs.node, hs.root})
+		}
+	}
+	h.mu.Lock()
+	for _, in := range all {
+		h.claimed = append(h.claimed, in.id)
+	}
+	h.mu.Unlock()
+	if err := parallel(len(all), 8, func(i int) error {
+		return allocations.Update(ctx, h.sc, all[i].id, allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{
+			all[i].root: {Resources: map[string]int{"VCPU": 1, "MEMORY_MB": 512}}}, ProjectID: project, UserID: user, ConsumerType: "INSTANCE"}).ExtractErr()
+	}); err != nil {
+		return fmt.Errorf("instances' allocations: %w", err)
+	}
+	ids, msgs, payloads := make([]string, len(all)), make([]string, len(all)), make([]string, len(all))
+	for i, in := range all {
+		p, err := json.Marshal(map[string]any{"nova_object.name": "InstanceActionPayload", "nova_object.namespace": "nova", "nova_object.version": "1.8",
+			"nova_object.data": map[string]any{"uuid": in.id, "tenant_id": project, "user_id": user, "host": in.host, "node": in.node,
+				"state": "active", "power_state": "running", "display_name": "bench", "host_name": "bench",
+				"flavor": map[string]any{"nova_object.name": "FlavorPayload", "nova_object.namespace": "nova", "nova_object.version": "1.4",
+					"nova_object.data": map[string]any{"flavorid": "bench", "name": "bench", "vcpus": 1, "memory_mb": 512, "extra_specs": map[string]string{}}}}})
+		if err != nil {
+			return err
+		}
+		ids[i], msgs[i], payloads[i] = in.id, uuid.NewString(), string(p)
+	}
+	_, err := h.pool.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload)
+		SELECT 'nova', m, 'instance.create.end', u::uuid, now(), p::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) AS x(u, m, p)`,
+		ids, msgs, payloads)
+	return err
+}
+
+// inboxDrained waits until the pipeline has taken every inbox event (the
+// instances' instance.create.end).
+func (h *harness) inboxDrained(ctx context.Context) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var n int
+		if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE processed_at IS NULL`).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d Nova notifications still unprocessed after 5 minutes", n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // bridge starts the bridge's parts in this process: placement service
