@@ -447,23 +447,7 @@ func TestClaimFromRead(t *testing.T) {
 	if _, err := s.SyncNow(ctx, true, nil); err != nil {
 		t.Fatal(err)
 	}
-	sc := s.Client().ServiceClient()
-	setRoot := func(inst string, vcpu int) {
-		t.Helper()
-		con, err := s.Client().Allocations(ctx, inst)
-		if err != nil {
-			t.Fatal(err)
-		}
-		opts := allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{},
-			ProjectID: f.Project, UserID: f.User, ConsumerType: "INSTANCE", ConsumerGeneration: con.Generation}
-		for rp, res := range con.Providers {
-			opts.Allocations[rp] = allocations.ProviderAllocationsOpts{Resources: res}
-		}
-		opts.Allocations[f.Roots[0]] = allocations.ProviderAllocationsOpts{Resources: map[string]int{"VCPU": vcpu, "MEMORY_MB": 1024}}
-		if err := allocations.Update(ctx, sc, inst, opts).ExtractErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setRoot := func(inst string, vcpu int) { t.Helper(); novaSetsRoot(ctx, t, s, f, inst, vcpu) }
 	req := engine.Request{Required: []string{ty}, Count: 1}
 
 	fresh := consumer(t)
@@ -662,24 +646,8 @@ func TestOneCallClaims(t *testing.T) {
 	if _, err := s.SyncNow(ctx, true, nil); err != nil {
 		t.Fatal(err)
 	}
-	sc := s.Client().ServiceClient()
 	inst := consumer(t)
-	novaWrites := func(vcpu int) {
-		t.Helper()
-		con, err := s.Client().Allocations(ctx, inst)
-		if err != nil {
-			t.Fatal(err)
-		}
-		opts := allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{},
-			ProjectID: f.Project, UserID: f.User, ConsumerType: "INSTANCE", ConsumerGeneration: con.Generation}
-		for rp, res := range con.Providers {
-			opts.Allocations[rp] = allocations.ProviderAllocationsOpts{Resources: res}
-		}
-		opts.Allocations[f.Roots[0]] = allocations.ProviderAllocationsOpts{Resources: map[string]int{"VCPU": vcpu, "MEMORY_MB": 1024}}
-		if err := allocations.Update(ctx, sc, inst, opts).ExtractErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	novaWrites := func(vcpu int) { t.Helper(); novaSetsRoot(ctx, t, s, f, inst, vcpu) }
 	novaWrites(2)
 	if _, _, err := s.ReadVGPU(ctx, inst); err != nil { // Nova's notification arrived
 		t.Fatal(err)
@@ -725,5 +693,25 @@ func TestOneCallClaims(t *testing.T) {
 	}
 	if con.Providers[f.Roots[0]]["VCPU"] != 6 || con.Providers[cl.Provider]["VGPU"] != 3 {
 		t.Fatalf("after a claim on a stale view: %+v (want Nova's VCPU 6 kept and 3 VGPU)", con.Providers)
+	}
+}
+
+// novaSetsRoot does what Nova does to inst's allocations when it creates
+// or resizes it: VCPU and MEMORY_MB on the first root provider, the rest
+// of the consumer's allocations kept.
+func novaSetsRoot(ctx context.Context, t *testing.T, s *placement.Service, f *placementfleet.Fleet, inst string, vcpu int) {
+	t.Helper()
+	con, err := s.Client().Allocations(ctx, inst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{},
+		ProjectID: f.Project, UserID: f.User, ConsumerType: "INSTANCE", ConsumerGeneration: con.Generation}
+	for rp, res := range con.Providers {
+		opts.Allocations[rp] = allocations.ProviderAllocationsOpts{Resources: res}
+	}
+	opts.Allocations[f.Roots[0]] = allocations.ProviderAllocationsOpts{Resources: map[string]int{"VCPU": vcpu, "MEMORY_MB": 1024}}
+	if err := allocations.Update(ctx, s.Client().ServiceClient(), inst, opts).ExtractErr(); err != nil {
+		t.Fatal(err)
 	}
 }

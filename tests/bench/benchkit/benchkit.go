@@ -83,17 +83,7 @@ func BackendCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {
 		if rows.Scan(&pid) != nil {
 			return 0
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// Fields after "(comm)": utime and stime are the 12th and 13th.
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) > 12 {
-			ut, _ := strconv.ParseInt(f[11], 10, 64)
-			st, _ := strconv.ParseInt(f[12], 10, 64)
-			ticks += ut + st
-		}
+		ticks += procTicks(strconv.Itoa(pid))
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }
@@ -126,16 +116,24 @@ func ProcsCPU(match func(cmdline string) bool) time.Duration {
 		if err != nil || !match(string(bytes.ReplaceAll(cl, []byte{0}, []byte{' '}))) {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) > 12 {
-			ut, _ := strconv.ParseInt(f[11], 10, 64)
-			st, _ := strconv.ParseInt(f[12], 10, 64)
-			ticks += ut + st
-		}
+		ticks += procTicks(e.Name())
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+// procTicks is the user and system CPU time of process pid so far, in
+// clock ticks (0 when it is gone).
+func procTicks(pid string) int64 {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	// Fields after "(comm)": utime and stime are the 12th and 13th.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) <= 12 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return ut + st
 }
