@@ -2,10 +2,7 @@ package controls_test
 
 import (
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,7 +13,6 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
-	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -122,50 +118,18 @@ func TestCrashAfterRelease(t *testing.T) {
 func (f *fleet) startProcess(fp string) {
 	t := f.t
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	testsvc.Must(t, err, "free port")
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testbridge.FreeAddr(t)
 	ini, over := f.config("api.listen=" + addr)
 	args := []string{"serve", "--config", ini}
 	for _, s := range over {
 		args = append(args, "--set", s)
 	}
-	logf, err := os.OpenFile(filepath.Join(f.dir, "bridge.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	testsvc.Must(t, err, "bridge log")
-	fmt.Fprintf(logf, "----- bridge, failpoint %q -----\n", fp)
-	cmd := exec.Command(testsvc.Binary(t, "vgpu-bridge"), args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), failpoint.Env+"="+fp)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	testsvc.Must(t, cmd.Start(), "start vgpu-bridge")
-	logf.Close()
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }() //nolint:errcheck
-	f.proc, f.procDone = cmd, done
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck
-		<-done
-	})
-	f.url = "http://" + addr
+	sp := testbridge.Spawn(t, addr, args, filepath.Join(f.dir, "bridge.log"), fp)
+	f.proc, f.procDone, f.url = sp.Cmd, sp.Done, sp.URL
 	f.admin = apiclient.New(apiclient.Config{URL: f.url, Token: testbridge.AdminToken, Timeout: 30 * time.Second})
 	if f.pool == nil {
 		f.pool = testsvc.Pool(t, f.dbURL)
 	}
-	f.waitFor(2*time.Minute, "the bridge subprocess is ready", func() bool {
-		select {
-		case <-done:
-			b, _ := os.ReadFile(filepath.Join(f.dir, "bridge.log"))
-			t.Fatalf("vgpu-bridge exited at start: %v\n%s", cmd.ProcessState, testsvc.LastLines(string(b), 30))
-		default:
-		}
-		resp, err := http.Get(f.url + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
 }
 
 // waitKilled waits until the subprocess killed itself at failpoint fp.

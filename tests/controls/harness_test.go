@@ -72,7 +72,7 @@ type fleet struct {
 	// proc and procDone are the bridge subprocess of crash tests
 	// (startProcess); procDone closes when it has ended.
 	proc     *exec.Cmd
-	procDone chan struct{}
+	procDone <-chan struct{}
 }
 
 // TestMain removes the binaries the tests built (crash tests, vgpuctl).

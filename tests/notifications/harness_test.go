@@ -10,10 +10,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,7 +31,6 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
-	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testagent"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
@@ -85,7 +81,7 @@ type rig struct {
 	fake         string
 
 	proc     *exec.Cmd
-	procDone chan struct{}
+	procDone <-chan struct{}
 	logPath  string
 	url      string
 	admin    *apiclient.Client
@@ -204,10 +200,7 @@ func (r *rig) vgpuUnits(consumer string) int {
 func (r *rig) startBridge(fp string) {
 	t := r.t
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	testsvc.Must(t, err, "free port")
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testbridge.FreeAddr(t)
 	over := testbridge.Overrides(t, r.dbURL,
 		"DEFAULT.host="+replica,
 		"api.listen="+addr,
@@ -228,37 +221,9 @@ func (r *rig) startBridge(fp string) {
 	for _, s := range over {
 		args = append(args, "--set", s)
 	}
-	logf, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	testsvc.Must(t, err, "bridge log")
-	fmt.Fprintf(logf, "----- bridge, failpoint %q -----\n", fp)
-	cmd := exec.Command(testsvc.Binary(t, "vgpu-bridge"), args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), failpoint.Env+"="+fp)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	testsvc.Must(t, cmd.Start(), "start vgpu-bridge")
-	logf.Close()
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }() //nolint:errcheck
-	r.proc, r.procDone = cmd, done
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck
-		<-done
-	})
-	r.url = "http://" + addr
+	sp := testbridge.Spawn(t, addr, args, r.logPath, fp)
+	r.proc, r.procDone, r.url = sp.Cmd, sp.Done, sp.URL
 	r.admin = apiclient.New(apiclient.Config{URL: r.url, Token: testbridge.AdminToken, Timeout: 30 * time.Second})
-	r.waitFor(2*time.Minute, "the bridge subprocess is ready", func() bool {
-		select {
-		case <-done:
-			t.Fatalf("vgpu-bridge exited at start: %v\n%s", cmd.ProcessState, r.bridgeLog(30))
-		default:
-		}
-		resp, err := http.Get(r.url + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
 }
 
 // stopBridge stops the bridge with SIGTERM and waits until it has ended.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -238,3 +239,70 @@ func peakRSS(pid int) string {
 
 // PeakNow is the running process's peak resident set so far.
 func (p *Proc) PeakNow() string { return peakRSS(p.cmd.Process.Pid) }
+
+// FreeAddr is a free 127.0.0.1 port for a bridge's API to listen on.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// Subprocess is a bridge process started by Spawn.
+type Subprocess struct {
+	Cmd  *exec.Cmd
+	Done <-chan struct{} // closed once it has exited
+	URL  string          // its API
+}
+
+// Spawn runs vgpu-bridge with args, its API listening on addr, its
+// output appended to logPath, and failpoint fp armed when not ""
+// (internal/failpoint); it waits until /readyz answers 200, for 2 minutes
+// at most, and fails the test at once if the process exits first. The
+// process group is killed when the test ends.
+func Spawn(t testing.TB, addr string, args []string, logPath, fp string) *Subprocess {
+	t.Helper()
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(logf, "----- bridge, failpoint %q -----\n", fp)
+	cmd := exec.Command(testsvc.Binary(t, "vgpu-bridge"), args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), failpoint.Env+"="+fp)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start vgpu-bridge: %v", err)
+	}
+	logf.Close()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }() //nolint:errcheck
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck
+		<-done
+	})
+	sp := &Subprocess{Cmd: cmd, Done: done, URL: "http://" + addr}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		select {
+		case <-done:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("vgpu-bridge exited at start: %v\n%s", cmd.ProcessState, testsvc.LastLines(string(b), 30))
+		default:
+		}
+		if resp, err := http.Get(sp.URL + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return sp
+			}
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("the bridge subprocess was not ready within 2 minutes\n%s", testsvc.LastLines(string(b), 30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -127,18 +127,19 @@ rules:
 `
 
 func main() {
-	hosts := flag.Int("hosts", 100, "simulated compute hosts")
+	hosts := flag.Int("hosts", 100, "simulated compute hosts; each agent holds a RabbitMQ connection, so beyond about 900 raise RabbitMQ's open-file limit (1024 on Debian) first")
 	runs := flag.Int("runs", 3, "runs (medians are printed)")
 	latN := flag.Int("latency-requests", 20, "sequential requests per run for the latency")
 	burst := flag.Int("burst", 100, "requests per run for the throughput")
 	clients := flag.Int("clients", 64, "concurrent webhook clients in the throughput phase")
 	verbose := flag.Bool("v", false, "log the bridge and agents to stderr")
+	timeout := flag.Duration("timeout", 12*time.Minute, "give up after this long (what the run made is removed)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the throughput phases (bridge, agents, harness) to this file")
 	flag.Parse()
 	// Ctrl-C or a timeout's SIGTERM ends the run; what it made is removed.
 	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ctx, cancel := context.WithTimeout(sctx, 12*time.Minute)
+	ctx, cancel := context.WithTimeout(sctx, *timeout)
 	defer cancel()
 	h := &harness{nHosts: *hosts, clients: *clients, log: slog.New(slog.DiscardHandler), cpuProfile: *cpuProfile}
 	if *verbose {
@@ -330,6 +331,11 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		len(rs), burst, h.nHosts, rate, pRate, rate/pRate,
 		med(func(r result) float64 { return ms(r.cpu.bridge) }), med(func(r result) float64 { return ms(r.cpu.postgres) }),
 		med(func(r result) float64 { return ms(r.cpu.placement) }))
+	over, err := h.overbooked(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("overbooked GPUs after the runs: %d of %d (Placement's usages against each GPU's total)\n", over, 2*len(h.hosts))
 	return nil
 }
 
@@ -724,7 +730,8 @@ func (h *harness) agents(ctx context.Context) error {
 		}()
 	}
 	h.cleanups = append(h.cleanups, func() { cancel(); wg.Wait() })
-	deadline := time.Now().Add(2 * time.Minute)
+	within := max(2*time.Minute, time.Duration(len(h.hosts))*250*time.Millisecond) // 1,000 agents start in about 3 minutes on 2 cores
+	deadline := time.Now().Add(within)
 	for {
 		var n int
 		if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM hosts WHERE report IS NOT NULL`).Scan(&n); err != nil {
@@ -739,7 +746,7 @@ func (h *harness) agents(ctx context.Context) error {
 		default:
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d agents reported within 2 minutes", n, len(h.hosts))
+			return fmt.Errorf("%d of %d agents reported within %s", n, len(h.hosts), within)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -1097,6 +1104,27 @@ func (h *harness) stopProfile() {
 		pprof.StopCPUProfile()
 		h.cpuProfile = "" // one phase
 	}
+}
+
+// overbooked counts the GPUs whose usage in Placement is over their total.
+func (h *harness) overbooked(ctx context.Context) (int, error) {
+	var n atomic.Int64
+	err := parallel(len(h.hosts), 8, func(i int) error {
+		for _, g := range []struct {
+			uuid  string
+			total int
+		}{{h.hosts[i].gpu, 16}, {h.hosts[i].gpuB, totalB}} {
+			u, err := resourceproviders.GetUsages(ctx, h.sc, g.uuid).Extract()
+			if err != nil {
+				return fmt.Errorf("usages of %s: %w", g.uuid, err)
+			}
+			if u.Usages["VGPU"] > g.total {
+				n.Add(1)
+			}
+		}
+		return nil
+	})
+	return int(n.Load()), err
 }
 
 // agentAttach is the median time from the relay's publish of attach_vgpu
