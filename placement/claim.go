@@ -280,12 +280,20 @@ func (s *Service) learn(ctx context.Context, rp, consumer, class string, held in
 		return 0
 	}
 	s.index.SetUsage(rp, u[class], gen)
-	if s.store != nil {
-		if err := s.store.SetAllocation(ctx, rp, consumer, class, held, u[class], gen); err != nil {
-			s.log.Warn("claim: mirror update failed; the next sync corrects it", logkey.Provider, rp, logkey.Err, err)
-		}
-	}
+	s.mirrorAllocation(ctx, rp, consumer, class, held, u[class], gen)
 	return gen
+}
+
+// mirrorAllocation writes what the consumer holds on rp, and the
+// provider's usage and generation, to the mirror; a failure is logged
+// (the next sync corrects it).
+func (s *Service) mirrorAllocation(ctx context.Context, rp, consumer, class string, held, used, gen int) {
+	if s.store == nil {
+		return
+	}
+	if err := s.store.SetAllocation(ctx, rp, consumer, class, held, used, gen); err != nil {
+		s.log.Warn("claim: mirror update failed; the next sync corrects it", logkey.Provider, rp, logkey.Err, err)
+	}
 }
 
 // learnDelta records a change the bridge just made to consumer's
@@ -302,11 +310,7 @@ func (s *Service) learnDelta(ctx context.Context, rp, consumer, class string, he
 	if !ok {
 		return 0
 	}
-	if s.store != nil {
-		if err := s.store.SetAllocation(ctx, rp, consumer, class, held, used, gen); err != nil {
-			s.log.Warn("claim: mirror update failed; the next sync corrects it", logkey.Provider, rp, logkey.Err, err)
-		}
-	}
+	s.mirrorAllocation(ctx, rp, consumer, class, held, used, gen)
 	return gen
 }
 

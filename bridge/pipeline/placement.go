@@ -23,6 +23,8 @@ type Placement interface {
 	// base: a stale answer costs the claim a 409 and a read, never a wrong
 	// write.
 	CachedHoldings(ctx context.Context, consumer string) ([]placement.Holding, *placement.Consumer, error)
+	// Forget drops what is known of the consumer (it is gone).
+	Forget(consumer string)
 	// ReleaseUnits takes amount units of class off the consumer's
 	// allocation on provider, keeping its other allocations. heldAfter is
 	// what the consumer held there right after the claim: when it now
@@ -108,6 +110,9 @@ func (a ServiceAdapter) CachedHoldings(ctx context.Context, consumer string) ([]
 	hl, con, _, err := a.S.CachedVGPU(ctx, consumer)
 	return hl, con, err
 }
+
+// Forget implements Placement.
+func (a ServiceAdapter) Forget(consumer string) { a.S.ForgetConsumer(consumer) }
 
 // GPUAddress implements Placement.
 func (a ServiceAdapter) GPUAddress(provider string) string {

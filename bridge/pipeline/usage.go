@@ -87,30 +87,33 @@ func (p *Processor) flavorHolding(row InboxRow) (requests.FlavorHolding, bool) {
 
 func isCustom(rc string) bool { return len(rc) > 7 && rc[:7] == "CUSTOM_" }
 
-// allocationEvents are the Nova notifications after which an instance's
-// allocations in Placement are not what they were: its creation, a
-// move (MoveEvents) and its deletion.
+// allocationEvent reports whether, after Nova notification kind, an
+// instance's allocations in Placement are not what they were: its
+// creation and its moves (MoveEvents).
 func allocationEvent(kind string) bool {
-	switch kind {
-	case NovaKindPrefix + "instance.create.end", NovaKindPrefix + "instance.delete.end":
-		return true
-	}
-	return moveKind(kind)
+	return kind == NovaKindPrefix+"instance.create.end" || moveKind(kind)
 }
 
 // KnowAllocations reads the instance's allocations from Placement, between
 // the event's rounds and outside its transaction, when a Nova
 // notification says they changed: the read is then off the critical path
 // of the requests that claim for the instance later, which write on it at
-// once (Placement.CachedHoldings). A failed read leaves the event to be
-// tried again; nothing else waits on it.
+// once (Placement.CachedHoldings). A deleted instance's record is dropped
+// without a read. A failed read leaves the event to be tried again;
+// nothing else waits on it.
 type KnowAllocations struct{}
 
 // Exec implements Stage.
 func (KnowAllocations) Exec(ctx context.Context, w *Work) (bool, error) {
-	if w.Row.Webhook() || w.Row.InstanceUUID == "" || !allocationEvent(NovaKindPrefix+w.Row.EventType) {
+	if w.Row.Webhook() || w.Row.InstanceUUID == "" {
 		return false, nil
 	}
-	_, err := w.p.holdingsOnce(ctx, w.Row.InstanceUUID)
-	return false, err
+	switch kind := NovaKindPrefix + w.Row.EventType; {
+	case kind == NovaKindPrefix+"instance.delete.end":
+		w.p.d.Placement.Forget(w.Row.InstanceUUID)
+	case allocationEvent(kind):
+		_, err := w.p.holdingsOnce(ctx, w.Row.InstanceUUID)
+		return false, err
+	}
+	return false, nil
 }

@@ -77,6 +77,8 @@ func (o outsideTx) CachedHoldings(ctx context.Context, consumer string) ([]place
 	return hl, con, err
 }
 
+func (o outsideTx) Forget(consumer string) { o.p.Forget(consumer) }
+
 func (o outsideTx) ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error {
 	defer o.check("release units of "+consumer, time.Now())
 	return o.p.ReleaseUnits(ctx, consumer, provider, class, amount, heldAfter)
