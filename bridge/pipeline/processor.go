@@ -340,8 +340,13 @@ func (p *Processor) decideLocked(ctx context.Context, id int64, inst string) (ou
 			return err
 		}
 		if row.InstanceUUID != "" {
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
-				return fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
+			// The session lock taken above is the same lock, held on this
+			// connection: the transaction's own is needed only when the
+			// row names another instance than the one polled.
+			if row.InstanceUUID != inst {
+				if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
+					return fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
+				}
 			}
 			var earlier bool
 			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL)`,

@@ -5,6 +5,7 @@ package placement_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -714,4 +715,56 @@ func novaSetsRoot(ctx context.Context, t *testing.T, s *placement.Service, f *pl
 	if err := allocations.Update(ctx, s.Client().ServiceClient(), inst, opts).ExtractErr(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestMirrorFollowsClaims: what a claim or release changes is in the
+// mirror as soon as the call returns (one statement, no read back from
+// Placement), as Placement holds it: the consumer's allocation and the
+// provider's usage. The mirrored generation stays behind Placement's (the
+// bridge cannot tell its own write from another's without reading), so
+// the next incremental sync reads the provider again.
+func TestMirrorFollowsClaims(t *testing.T) {
+	s := newService(t, true)
+	ty := placementfleet.UniqueType()
+	f := load(t, s, []placementfleet.Node{{Name: name("it-mirror"), GPUs: []placementfleet.GPU{{Trait: ty, Total: 8}}}})
+	ctx := ctxT(t)
+	if _, err := s.SyncNow(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	inst := consumer(t)
+	gpu := f.GPUs[0][0]
+	check := func(step string, wantHeld int) {
+		t.Helper()
+		var held, used, gen int
+		err := s.Store().Pool().QueryRow(ctx, `SELECT
+				coalesce((SELECT used FROM placement_allocations WHERE provider_uuid = $1 AND consumer_uuid = $2 AND resource_class = 'VGPU'), 0),
+				coalesce((SELECT used FROM placement_usages WHERE provider_uuid = $1 AND resource_class = 'VGPU'), 0),
+				(SELECT generation FROM placement_providers WHERE uuid = $1)`, gpu, inst).Scan(&held, &used, &gen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		usages, pgen, err := s.Client().Usages(ctx, gpu)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held != wantHeld || used != usages["VGPU"] || gen >= pgen {
+			t.Errorf("%s: mirror holds %d for the consumer, usage %d, generation %d; want %d, Placement's usage %d and a generation below Placement's %d",
+				step, held, used, gen, wantHeld, usages["VGPU"], pgen)
+		}
+	}
+	req := engine.Request{Required: []string{ty}, Count: 1}
+	for i := 1; i <= 2; i++ {
+		if _, err := s.Claim(ctx, placement.ClaimRequest{Consumer: inst, ProjectID: f.Project, UserID: f.User, Request: req}); err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("after claim %d", i), i)
+	}
+	if err := s.ReleaseUnits(ctx, inst, gpu, "VGPU", 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	check("after releasing one", 1)
+	if err := s.ReleaseUnits(ctx, inst, gpu, "VGPU", 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	check("after releasing all", 0)
 }
