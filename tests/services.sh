@@ -5,7 +5,9 @@
 # Debian 12 machine it:
 #   1. installs with apt the packages that are missing (apt-get update only then),
 #      with a temporary /usr/sbin/policy-rc.d so packaged daemons do not start;
-#   2. starts PostgreSQL and RabbitMQ when their ports do not answer;
+#   2. starts PostgreSQL and RabbitMQ when their ports do not answer; without
+#      systemd RabbitMQ gets an open-file limit of up to 65536 (as Debian's
+#      unit sets), and one already running with less than 4096 is restarted;
 #   3. runs Debian's Placement API (noauth2) under uwsgi on 127.0.0.1:8778 with
 #      its own Postgres database, config and state under $STATE_DIR;
 #   4. prints where each service listens, how to stop it, and how long each step took.
@@ -38,6 +40,8 @@ PL_DB_URL="postgresql+psycopg2://placement:placement@127.0.0.1:5432/placement"
 PG_PORT=5432
 PG_MIN_CONNECTIONS=${PG_MIN_CONNECTIONS:-400}
 RABBIT_PORT=5672
+RABBIT_NOFILE=65536                          # the open-file limit of a RabbitMQ started here
+RABBIT_MIN_NOFILE=${RABBIT_MIN_NOFILE:-4096} # below it, a running one (no systemd) is restarted
 
 PACKAGES=(
 	postgresql
@@ -158,16 +162,53 @@ start_postgres() {
 	fi
 }
 
-start_rabbitmq() {
-	if port_open 127.0.0.1 $RABBIT_PORT; then
-		echo "    already listening on 127.0.0.1:$RABBIT_PORT"
-		return 0
-	fi
-	if have_systemd; then
-		systemctl start rabbitmq-server
+# RabbitMQ's sockets come out of its open-file limit (about 90% of what is
+# left after 100 files). Started without systemd, Debian's broker gets 1024
+# (about 830 connections; see run_rabbitmq_detached), too few for
+# tests/bench/e2e's fleet of 1,000 agents, each with its own connection.
+# Debian's systemd unit sets LimitNOFILE=65536: do the same.
+rabbit_pid() { # the running broker's Erlang VM, when this machine's /proc shows it
+	pgrep -o -f '^[^ ]*beam\.smp .* -s rabbit boot' 2>/dev/null
+}
+
+rabbit_nofile() { # pid -> the soft open-file limit of that process
+	local n
+	n=$(awk '/^Max open files/ {print $4}' "/proc/$1/limits" 2>/dev/null) && [ -n "$n" ] && echo "$n"
+}
+
+rabbit_nofile_target() { # the soft limit to start RabbitMQ with: RABBIT_NOFILE, or the hard limit when lower and not raisable
+	local hard
+	hard=$(ulimit -Hn)
+	if [ "$hard" = unlimited ] || [ "$hard" -ge "$RABBIT_NOFILE" ] || (ulimit -Hn "$RABBIT_NOFILE") 2>/dev/null; then
+		echo "$RABBIT_NOFILE"
 	else
-		rabbitmq-server -detached 9>&-
+		echo "$hard"
 	fi
+}
+
+run_rabbitmq_detached() { # no systemd: rabbitmq-server -detached with the raised limit (only in its subshell)
+	local target home
+	target=$(rabbit_nofile_target)
+	(
+		hard=$(ulimit -Hn)
+		if [ "$hard" != unlimited ] && [ "$hard" -lt "$target" ]; then
+			ulimit -Hn "$target"
+		fi
+		ulimit -Sn "$target"
+		# As root, Debian's /usr/sbin/rabbitmq-server runs itself again through
+		# `su rabbitmq`, whose PAM session (pam_limits) sets the soft limit back to
+		# 1024. Become rabbitmq without PAM instead, as the systemd unit (User=)
+		# and the init script (start-stop-daemon --chuid) do.
+		if home=$(getent passwd rabbitmq | cut -d: -f6) && [ -n "$home" ]; then
+			exec setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups \
+				env HOME="$home" USER=rabbitmq LOGNAME=rabbitmq SHELL=/bin/sh \
+				rabbitmq-server -detached 9>&- # fd 9 is our lock: the daemon must not keep it
+		fi
+		exec rabbitmq-server -detached 9>&- # fd 9 is our lock: the daemon must not keep it
+	)
+}
+
+await_rabbitmq() { # what a start waits for
 	# await_startup fails while the node is not yet reachable: retry.
 	local i
 	for ((i = 0; i < 60; i++)); do
@@ -175,7 +216,49 @@ start_rabbitmq() {
 		sleep 1
 	done
 	wait_port 127.0.0.1 $RABBIT_PORT 10 || die "RabbitMQ did not open 127.0.0.1:$RABBIT_PORT; see /var/log/rabbitmq/"
-	echo "    started"
+}
+
+start_rabbitmq() {
+	if port_open 127.0.0.1 $RABBIT_PORT; then
+		local pid nofile="" target i
+		if pid=$(rabbit_pid) && nofile=$(rabbit_nofile "$pid") && [ "$nofile" != unlimited ] &&
+			[ "$nofile" -lt "$RABBIT_MIN_NOFILE" ]; then
+			target=$(rabbit_nofile_target)
+			if have_systemd; then
+				echo "    warning: its open-file limit is $nofile (< $RABBIT_MIN_NOFILE, too few for the e2e bench's fleet): set LimitNOFILE=65536 in its systemd unit and restart it"
+			elif [ "$target" -le "$nofile" ]; then
+				echo "    warning: its open-file limit is $nofile (< $RABBIT_MIN_NOFILE) and the hard limit here is no higher"
+			else
+				# A restart: clients reconnect; durable queues and their messages survive.
+				echo "    raising its open-file limit $nofile -> $target (restart)"
+				rabbitmqctl -q stop >/dev/null 2>&1 || true
+				for ((i = 0; i < 300; i++)); do
+					[ -d "/proc/$pid" ] || break
+					sleep 0.1
+				done
+				[ ! -d "/proc/$pid" ] || die "RabbitMQ (pid $pid) did not stop within 30 s after rabbitmqctl stop"
+				wait_port_closed 127.0.0.1 $RABBIT_PORT 10 || die "127.0.0.1:$RABBIT_PORT still answers after stopping RabbitMQ"
+				run_rabbitmq_detached
+				await_rabbitmq
+				pid=$(rabbit_pid) || die "RabbitMQ answers on 127.0.0.1:$RABBIT_PORT, but no beam.smp runs it"
+				echo "    restarted (open files $(rabbit_nofile "$pid"))"
+				return 0
+			fi
+		fi
+		echo "    already listening on 127.0.0.1:$RABBIT_PORT${nofile:+ (open files $nofile)}"
+		return 0
+	fi
+	if have_systemd; then
+		systemctl start rabbitmq-server
+	else
+		run_rabbitmq_detached
+	fi
+	await_rabbitmq
+	local pid nofile=""
+	if pid=$(rabbit_pid); then
+		nofile=$(rabbit_nofile "$pid") || true
+	fi
+	echo "    started${nofile:+ (open files $nofile)}"
 }
 
 # ---------------------------------------------------------------- 3. placement

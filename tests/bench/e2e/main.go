@@ -35,14 +35,39 @@
 // bare 202/s, and the CPU per request of this process (bridge and agents),
 // its Postgres backends and Placement (uwsgi and its Postgres).
 //
+// Then the fleet phase (-fleet, default 1,000; 0 skips it) sets up afresh
+// as many hosts, each with its agent (all in this process, each with its
+// own RabbitMQ connection), and after a warm-up of one request per 10
+// hosts sends one request for an instance on each host, all at once by
+// the same 64 clients. Every request must succeed and no GPU may be
+// overbooked (Placement's usage over its total), or the command fails; it
+// prints completed/s from the first POST to the last success and the CPU
+// per request as the throughput phase does. Its agents scan their hosts
+// for the periodic reports every 2 minutes instead of every 10 s (on real
+// hosts each scans its own; 1,000 in one process would take most of 2
+// cores); what a command changes is still reported at once. -runs 0 runs
+// the fleet phase alone.
+//
+// Each set-up starts its agents at most 16 at a time not yet reported,
+// and first checks, when the broker runs on this machine, that it takes
+// one more connection per agent (rabbitmqctl status, else its beam.smp's
+// open-file limit): RabbitMQ takes sockets out of its open-file limit,
+// 1024 where Debian's broker is started without systemd (make services
+// starts it, or restarts it once, with up to 65536, as Debian's unit
+// sets), and a broker out of sockets resets everyone's connections.
+//
 // The instances are as Nova leaves them: each has its VCPU and MEMORY_MB
 // allocation, and an instance.create.end in the inbox, which the pipeline
 // takes (reading the consumer) before the runs.
 //
-// It makes a database of its own (VGPU_TEST_POSTGRES_URL, default
+// Each set-up makes a database of its own (VGPU_TEST_POSTGRES_URL, default
 // postgres://postgres@127.0.0.1:5432/postgres) and providers, consumers and
-// queues of its own, and removes them at the end (also on Ctrl-C). About
-// 3 minutes on an idle 2-core machine; set-up (100 agents) is most of it.
+// queues of its own, and removes them when its phase ends (also on an
+// error, on Ctrl-C and on -timeout, which bounds each phase). On a busy
+// 2-core machine the runs take about 2½ minutes and the fleet phase about
+// 10: 5 of set-up (Placement providers and allocations, fake hosts, the
+// bridge's first full sync, the agents), 2 for the 1,000 requests, 1 of
+// cleanup.
 package main
 
 import (
@@ -58,8 +83,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -127,30 +155,64 @@ rules:
 `
 
 func main() {
-	hosts := flag.Int("hosts", 100, "simulated compute hosts; each agent holds a RabbitMQ connection, so beyond about 900 raise RabbitMQ's open-file limit (1024 on Debian) first")
-	runs := flag.Int("runs", 3, "runs (medians are printed)")
+	hosts := flag.Int("hosts", 100, "simulated compute hosts of the runs; each agent holds a RabbitMQ connection")
+	runs := flag.Int("runs", 3, "runs with -hosts hosts (medians are printed); 0: only the fleet phase")
 	latN := flag.Int("latency-requests", 20, "sequential requests per run for the latency")
 	burst := flag.Int("burst", 100, "requests per run for the throughput")
-	clients := flag.Int("clients", 64, "concurrent webhook clients in the throughput phase")
+	clients := flag.Int("clients", 64, "concurrent webhook clients in the throughput phases")
+	fleet := flag.Int("fleet", 1000, "after the runs, set up this many hosts afresh and send one request for an instance on each, all at once (a RabbitMQ connection each: `make services` raises the broker's open-file limit); 0: skip")
 	verbose := flag.Bool("v", false, "log the bridge and agents to stderr")
-	timeout := flag.Duration("timeout", 12*time.Minute, "give up after this long (what the run made is removed)")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the throughput phases (bridge, agents, harness) to this file")
+	timeout := flag.Duration("timeout", 12*time.Minute, "give up on the runs, and on the fleet phase, after this long each (what it made is removed)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the first throughput phase (the fleet's with -runs 0: bridge, agents, harness) to this file")
 	flag.Parse()
-	// Ctrl-C or a timeout's SIGTERM ends the run; what it made is removed.
+	switch {
+	case *runs < 0 || *fleet < 0:
+		fail(errors.New("-runs and -fleet must not be negative"))
+	case *runs > 0 && (*hosts < 1 || *latN < 1 || *burst < 1):
+		fail(errors.New("-hosts, -latency-requests and -burst must be at least 1 when -runs is"))
+	case *runs == 0 && *fleet == 0:
+		fail(errors.New("nothing to do: -runs 0 and -fleet 0"))
+	}
+	// Ctrl-C or a timeout's SIGTERM ends the run; what it made is removed
+	// (further signals are ignored until then).
 	sctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ctx, cancel := context.WithTimeout(sctx, *timeout)
-	defer cancel()
-	h := &harness{nHosts: *hosts, clients: *clients, log: slog.New(slog.DiscardHandler), cpuProfile: *cpuProfile}
+	lg := slog.New(slog.DiscardHandler)
 	if *verbose {
-		h.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		lg = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	err := h.run(ctx, *runs, *latN, *burst)
-	h.cleanup()
+	// Each phase has a set-up of its own, removed before the next begins.
+	phase := func(nHosts int, fn func(*harness, context.Context) error) error {
+		ctx, cancel := context.WithTimeout(sctx, *timeout)
+		defer cancel()
+		h := &harness{nHosts: nHosts, clients: *clients, log: lg, cpuProfile: *cpuProfile}
+		*cpuProfile = "" // the first phase's
+		err := fn(h, ctx)
+		h.cleanup()
+		switch {
+		case err == nil:
+		case sctx.Err() != nil:
+			err = errors.New("interrupted; what the run made is removed")
+		case errors.Is(ctx.Err(), context.DeadlineExceeded):
+			err = fmt.Errorf("gave up after %s (-timeout); what the run made is removed: %w", *timeout, err)
+		}
+		return err
+	}
+	var err error
+	if *runs > 0 {
+		err = phase(*hosts, func(h *harness, ctx context.Context) error { return h.run(ctx, *runs, *latN, *burst) })
+	}
+	if err == nil && *fleet > 0 {
+		err = phase(*fleet, (*harness).fleet)
+	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench e2e:", err)
-		os.Exit(1)
+		fail(err)
 	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "bench e2e:", err)
+	os.Exit(1)
 }
 
 type host struct {
@@ -184,6 +246,8 @@ type harness struct {
 	keys                  *testkeys.Ring // signed commands, results and reports, as by default
 	cpuProfile            string
 	profiling             bool
+	setupTook             time.Duration
+	agentOpts             []string // more agent options (DEFAULT.x=y)
 }
 
 func (h *harness) cleanup() {
@@ -204,16 +268,23 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "..")
 }
 
-func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
+// setup makes the database, the hosts (providers, instances, fake hosts),
+// the bridge and the agents, with perHost instances on each host, and
+// waits until the bridge has taken the instances' instance.create.end.
+func (h *harness) setup(ctx context.Context, perHost int) error {
 	b := make([]byte, 4)
 	rand.Read(b)
 	h.id = hex.EncodeToString(b)
 	start := time.Now()
+	h.amqpURL = env("VGPU_TEST_RABBIT_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	h.transportURL = "rabbit://" + strings.TrimPrefix(h.amqpURL, "amqp://")
+	// Before anything is made: a broker out of sockets resets connections.
+	if err := brokerRoom(ctx, h.amqpURL, h.nHosts); err != nil {
+		return err
+	}
 	if err := h.database(ctx); err != nil {
 		return err
 	}
-	h.amqpURL = env("VGPU_TEST_RABBIT_URL", "amqp://guest:guest@127.0.0.1:5672/")
-	h.transportURL = "rabbit://" + strings.TrimPrefix(h.amqpURL, "amqp://")
 	phase := func(what string, t0 time.Time) {
 		fmt.Fprintf(os.Stderr, "  setup: %s in %s\n", what, time.Since(t0).Round(time.Millisecond))
 	}
@@ -223,7 +294,7 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 	}
 	phase("Placement providers", t0)
 	t0 = time.Now()
-	h.perHost = perHost(runs, latN, burst, h.nHosts)
+	h.perHost = perHost
 	if err := h.instances(ctx); err != nil {
 		return err
 	}
@@ -234,9 +305,6 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		return err
 	}
 	h.cleanups = append(h.cleanups, stop)
-	if err := h.queuesReady(ctx); err != nil {
-		return err
-	}
 	phase("bridge (first full Placement sync)", t0)
 	t0 = time.Now()
 	if err := h.agents(ctx); err != nil {
@@ -248,8 +316,16 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		return err
 	}
 	phase("instances' instance.create.end taken", t0)
+	h.setupTook = time.Since(start)
 	fmt.Printf("e2e direct path: %d hosts (vgpu-agent on a fake host each, two T4: T4-1Q and T4-2Q), %d instances, set up in %s\n",
-		h.nHosts, h.nHosts*h.perHost, time.Since(start).Round(time.Second))
+		h.nHosts, h.nHosts*h.perHost, h.setupTook.Round(time.Second))
+	return nil
+}
+
+func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
+	if err := h.setup(ctx, perHost(runs, latN, burst, h.nHosts)); err != nil {
+		return err
+	}
 
 	// Warm up: one request per 10 hosts.
 	if _, err := h.burst(ctx, max(h.nHosts/10, 1)); err != nil {
@@ -336,7 +412,134 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		return err
 	}
 	fmt.Printf("overbooked GPUs after the runs: %d of %d (Placement's usages against each GPU's total)\n", over, 2*len(h.hosts))
+	if over > 0 {
+		return fmt.Errorf("%d GPU(s) overbooked after the runs", over)
+	}
 	return nil
+}
+
+// fleet is the fleet phase: after a warm-up (one request per 10 hosts),
+// one request for an instance on each host, all sent at once by h.clients
+// clients; every one must succeed and no GPU may be overbooked.
+func (h *harness) fleet(ctx context.Context) error {
+	n := h.nHosts
+	warm := max(n/10, 1)
+	// Every agent scans its host for its reports, every 10 s for a change
+	// and every minute in full: 1,000 agents in one process would spend
+	// most of 2 cores on it (on real hosts each scans its own). Every 2
+	// minutes keeps the reports well within the bridge's stale_report_age
+	// (5 minutes); what a command changes is still reported at once.
+	h.agentOpts = []string{"DEFAULT.report_interval=2m", "DEFAULT.report_check_interval=2m"}
+	// Enough instances for the warm-up and one request per host (each
+	// instance is an allocation to make, and to delete).
+	if err := h.setup(ctx, (warm+n+n-1)/n); err != nil {
+		return err
+	}
+	if _, err := h.burst(ctx, warm); err != nil {
+		return fmt.Errorf("fleet warm-up: %w", err)
+	}
+	// The instances are taken round robin over the hosts: n in a row are
+	// on n distinct hosts.
+	cpu0 := sampleCPU(ctx, h.pool)
+	h.startProfile()
+	t0 := time.Now()
+	rate, err := h.burst(ctx, n)
+	if err != nil {
+		return fmt.Errorf("fleet: %d requests on %d hosts: %w", n, n, err)
+	}
+	took := time.Since(t0)
+	cpu := sampleCPU(ctx, h.pool).since(cpu0, n)
+	h.stopProfile()
+	over, err := h.overbooked(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("fleet: %d requests on %d hosts (one each, sent at once by %d clients): %d of %d succeeded, %.1f completed/s (all done in %s); CPU per request: bridge and agents %.1f ms, its Postgres %.1f ms, Placement (uwsgi and its Postgres) %.1f ms; overbooked GPUs: %d of %d; set up in %s\n",
+		n, n, h.clients, n, n, rate, took.Round(time.Millisecond), ms(cpu.bridge), ms(cpu.postgres), ms(cpu.placement), over, 2*n, h.setupTook.Round(time.Second))
+	if over > 0 {
+		return fmt.Errorf("fleet: %d of %d GPUs overbooked", over, 2*n)
+	}
+	return nil
+}
+
+// brokerRoom fails when the broker, if it runs on this machine and its
+// limits can be read, would not take n more AMQP connections (n agents and
+// the bridge's few): RabbitMQ takes sockets out of its open-file limit,
+// and one out of them resets connections, the harness's and everyone
+// else's.
+func brokerRoom(ctx context.Context, amqpURL string, n int) error {
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		return fmt.Errorf("VGPU_TEST_RABBIT_URL: %w", err)
+	}
+	if ip := net.ParseIP(u.Hostname()); u.Hostname() != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil // another machine's: its limits cannot be read from here
+	}
+	limit, used, from := brokerSockets(ctx)
+	if limit == 0 {
+		fmt.Fprintf(os.Stderr, "  setup: could not read the local RabbitMQ's limits (neither `rabbitmqctl status` nor /proc): %d connections unchecked\n", n)
+		return nil
+	}
+	const spare = 50 // the bridge's connections, the harness's and other clients'
+	fmt.Fprintf(os.Stderr, "  setup: RabbitMQ takes %d more connections (%s); %d hosts need %d\n", limit-used, from, n, n+spare)
+	if limit-used < n+spare {
+		return fmt.Errorf("RabbitMQ at %s takes %d more connections (%s), too few for %d agents (one connection each) and the bridge: "+
+			"raise its open-file limit first (`make services` restarts a broker it started without systemd with up to 65536; "+
+			"under systemd, Debian's unit sets LimitNOFILE=65536), or use fewer hosts", u.Host, limit-used, from, n)
+	}
+	return nil
+}
+
+// brokerSockets returns how many sockets the local RabbitMQ takes and how
+// many it uses, and where that was read: `rabbitmqctl status` knows (it
+// needs the Erlang cookie: root or the rabbitmq user); else the soft
+// open-file limit of its Erlang VM (/proc/PID/limits is readable by all),
+// of which RabbitMQ 3 gives sockets about 90% of what is left after 100.
+func brokerSockets(ctx context.Context) (limit, used int, from string) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(cctx, "rabbitmqctl", "status", "--formatter", "json").Output(); err == nil {
+		var st struct {
+			FD struct {
+				SocketsLimit int `json:"sockets_limit"`
+				SocketsUsed  int `json:"sockets_used"`
+				TotalLimit   int `json:"total_limit"`
+				TotalUsed    int `json:"total_used"`
+			} `json:"file_descriptors"`
+		}
+		if json.Unmarshal(out, &st) == nil {
+			if st.FD.SocketsLimit > 0 {
+				return st.FD.SocketsLimit, st.FD.SocketsUsed, "rabbitmqctl status: file_descriptors.sockets_limit"
+			}
+			if st.FD.TotalLimit > 0 { // RabbitMQ 4: no separate socket limit
+				return st.FD.TotalLimit, st.FD.TotalUsed, "rabbitmqctl status: file_descriptors.total_limit"
+			}
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if !strings.HasSuffix(args[0], "/beam.smp") || !strings.Contains(string(b), "\x00rabbit\x00") {
+			continue
+		}
+		lim, err := os.ReadFile(filepath.Join(filepath.Dir(p), "limits"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(lim), "\n") {
+			var soft int
+			if rest, ok := strings.CutPrefix(line, "Max open files"); ok {
+				if _, err := fmt.Sscan(rest, &soft); err == nil {
+					return max((soft-100)*9/10, 1), 0, fmt.Sprintf("open-file limit %d of beam.smp pid %s", soft, filepath.Base(filepath.Dir(p)))
+				}
+			}
+		}
+	}
+	return 0, 0, ""
 }
 
 func perHost(runs, latN, burst, hosts int) int {
@@ -418,18 +621,32 @@ func (h *harness) placementFleet(ctx context.Context) error {
 		h.hosts = append(h.hosts, &host{name: name, node: name + ".nodes.test", root: uuid.NewString(), gpu: uuid.NewString(), gpuB: uuid.NewString()})
 	}
 	h.cleanups = append(h.cleanups, func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		// About 8 Placement calls per host, 8 at a time.
+		cctx, cancel := context.WithTimeout(context.Background(), max(2*time.Minute, time.Duration(len(h.hosts))*300*time.Millisecond))
 		defer cancel()
-		parallel(len(h.claimed), 8, func(i int) error { //nolint:errcheck
-			allocations.Delete(cctx, h.sc, h.claimed[i]).ExtractErr() //nolint:errcheck
+		t0 := time.Now()
+		h.mu.Lock()
+		claimed := h.claimed
+		h.mu.Unlock()
+		parallel(len(claimed), 8, func(i int) error { //nolint:errcheck
+			allocations.Delete(cctx, h.sc, claimed[i]).ExtractErr() //nolint:errcheck
 			return nil
 		})
+		var left atomic.Int64
 		parallel(len(h.hosts), 8, func(i int) error { //nolint:errcheck
-			resourceproviders.Delete(cctx, h.sc, h.hosts[i].gpu).ExtractErr()  //nolint:errcheck
-			resourceproviders.Delete(cctx, h.sc, h.hosts[i].gpuB).ExtractErr() //nolint:errcheck
-			resourceproviders.Delete(cctx, h.sc, h.hosts[i].root).ExtractErr() //nolint:errcheck
+			for _, rp := range []string{h.hosts[i].gpu, h.hosts[i].gpuB, h.hosts[i].root} { // the root last
+				err := resourceproviders.Delete(cctx, h.sc, rp).ExtractErr()
+				if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+					left.Add(1)
+				}
+			}
 			return nil
 		})
+		if n := left.Load(); n > 0 {
+			fmt.Fprintf(os.Stderr, "bench e2e: %d Placement providers not deleted (names bench-%s-h*)\n", n, h.id)
+		} else {
+			fmt.Fprintf(os.Stderr, "  cleanup: %d consumers' allocations and %d providers deleted in %s\n", len(claimed), 3*len(h.hosts), time.Since(t0).Round(time.Millisecond))
+		}
 	})
 	return parallel(len(h.hosts), 8, func(i int) error {
 		hs := h.hosts[i]
@@ -476,7 +693,9 @@ func (h *harness) instances(ctx context.Context) error {
 	}
 	h.cleanups = append(h.cleanups, func() { os.RemoveAll(dir) })
 	project, user := strings.ReplaceAll(uuid.NewString(), "-", ""), strings.ReplaceAll(uuid.NewString(), "-", "")
-	for hi, hs := range h.hosts {
+	// Four at a time: a fake host is a few hundred files.
+	if err := parallel(len(h.hosts), 4, func(hi int) error {
+		hs := h.hosts[hi]
 		spec := fakehost.DefaultSpec()
 		spec.Host = hs.name
 		spec.VFIOGPUs = nil
@@ -497,9 +716,10 @@ func (h *harness) instances(ctx context.Context) error {
 			return err
 		}
 		hs.dir = filepath.Join(dir, hs.name)
-		if _, err := fakehost.Build(hs.dir, spec); err != nil {
-			return err
-		}
+		_, err := fakehost.Build(hs.dir, spec)
+		return err
+	}); err != nil {
+		return err
 	}
 	return h.novaCreated(ctx, project, user)
 }
@@ -576,6 +796,16 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 	if h.keys, err = testkeys.New(dir); err != nil {
 		return nil, err
 	}
+	// Every host is enrolled before the dispatcher reads the agents' keys,
+	// as an operator does before starting agents: a report under a key the
+	// dispatcher lacks while more hosts are being enrolled (it re-reads the
+	// file at most once a second) would be dropped, and the agent report
+	// again only report_interval (a minute) later.
+	for _, hs := range h.hosts {
+		if _, err := h.keys.Enrol(hs.name); err != nil {
+			return nil, err
+		}
+	}
 	rules := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(rules, []byte(benchPolicy), 0o644); err != nil {
 		return nil, err
@@ -605,6 +835,21 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 		return nil, err
 	}
 	h.results, h.reports = "vgpu-bench-"+h.id+".results", "vgpu-bench-"+h.id+".reports"
+	// The queues go last, after the bridge and the agents have stopped
+	// (cleanups run in reverse): the dispatcher's, and each host's, which
+	// the agent or the relay declares.
+	h.cleanups = append(h.cleanups, func() {
+		qs := []string{h.results, h.reports}
+		for _, hs := range h.hosts {
+			qs = append(qs, protocol.AgentQueue(hs.name))
+		}
+		t0 := time.Now()
+		if left := deleteQueues(h.amqpURL, qs); len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "bench e2e: %d of %d queues not deleted, e.g. %s (rabbitmqctl delete_queue NAME)\n", len(left), len(qs), left[0])
+		} else {
+			fmt.Fprintf(os.Stderr, "  cleanup: %d queues deleted in %s\n", len(qs), time.Since(t0).Round(time.Millisecond))
+		}
+	})
 	ring, err := h.keys.Keyring()
 	if err != nil {
 		return nil, err
@@ -614,6 +859,13 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 	for _, hs := range h.hosts {
 		dc.ResultsBindings = append(dc.ResultsBindings, protocol.ResultRoutingKey(hs.name))
 		dc.ReportsBindings = append(dc.ReportsBindings, protocol.ReportRoutingKey(hs.name))
+	}
+	// The queues and their bindings (two per host) before any agent
+	// starts, as the dispatcher declares them: an agent's first report
+	// must not go out while its binding is still to come (it would send it
+	// again only after a backoff).
+	if err := declare(h.amqpURL, dc); err != nil {
+		return nil, err
 	}
 	// The reports feed the catalog the pipeline places with, as in the
 	// bridge: a report must never rename T4-1Q's trait mid-run.
@@ -658,67 +910,100 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 		srv.Shutdown() //nolint:errcheck
 		rcancel()
 		wg.Wait()
-		if c, err := amqp.Dial(h.amqpURL); err == nil {
-			if ch, err := c.Channel(); err == nil {
-				ch.QueueDelete(h.results, false, false, false) //nolint:errcheck
-				ch.QueueDelete(h.reports, false, false, false) //nolint:errcheck
-				for _, hs := range h.hosts {
-					ch.QueueDelete(protocol.AgentQueue(hs.name), false, false, false) //nolint:errcheck
-				}
-			}
-			c.Close()
-		}
 	}, nil
 }
 
-// queuesReady waits for the dispatcher's reports queue, so that the
-// agents' first reports are not published before anything is bound.
-func (h *harness) queuesReady(ctx context.Context) error {
-	conn, err := amqp.Dial(h.amqpURL)
+// deleteQueues deletes the queues on 4 connections and returns those it
+// could not. A failed delete closes its channel (and a broker short of
+// sockets may reset the connection): each is tried 3 times, on a new
+// channel, or connection, as needed. A queue that is not there counts as
+// deleted.
+func deleteQueues(amqpURL string, queues []string) []string {
+	const conns = 4
+	var mu sync.Mutex
+	var left []string
+	var wg sync.WaitGroup
+	for k := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var conn *amqp.Connection
+			var ch *amqp.Channel
+			defer func() {
+				if conn != nil {
+					conn.Close()
+				}
+			}()
+			for i := k; i < len(queues); i += conns {
+				var err error
+				for try := range 3 {
+					if try > 0 {
+						time.Sleep(time.Duration(try) * 500 * time.Millisecond)
+					}
+					if conn == nil || conn.IsClosed() {
+						if conn, err = amqp.Dial(amqpURL); err != nil {
+							conn = nil
+							continue
+						}
+						ch = nil
+					}
+					if ch == nil || ch.IsClosed() {
+						if ch, err = conn.Channel(); err != nil {
+							ch = nil
+							continue
+						}
+					}
+					if _, err = ch.QueueDelete(queues[i], false, false, false); err == nil {
+						break
+					}
+				}
+				if err != nil {
+					mu.Lock()
+					left = append(left, queues[i])
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return left
+}
+
+// declare declares the exchange, and the dispatcher's queues with their
+// bindings, as the dispatcher does.
+func declare(amqpURL string, dc dispatch.Config) error {
+	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ch, err := conn.Channel()
-		if err != nil {
-			return err
-		}
-		_, err = ch.QueueDeclarePassive(h.reports, true, false, false, false, nil)
-		if err == nil {
-			ch.Close()
-			time.Sleep(300 * time.Millisecond) // the bindings follow the declare
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the dispatcher did not declare %s: %w", h.reports, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
 	}
+	return dispatch.Declare(ch, dc)
 }
 
 // agents starts one vgpu-agent per host, on its fake host, and waits for
-// every host's first report.
+// every host's first report. They start in a window: at most
+// agentWindow started and not yet reported. Started all at once, 1,000
+// agents share the CPU until none has finished starting, and their
+// connections' handshakes and heartbeats time out meanwhile.
 func (h *harness) agents(ctx context.Context) error {
+	const agentWindow = 16
 	actx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	h.cleanups = append(h.cleanups, func() { cancel(); wg.Wait() })
 	errc := make(chan error, len(h.hosts))
-	for _, hs := range h.hosts {
-		sec, err := h.keys.Enrol(hs.name)
+	start := func(hs *host) error {
+		sec, err := h.keys.Enrol(hs.name) // done in bridge: the host's options
 		if err != nil {
-			cancel()
 			return err
 		}
 		v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + hs.name, "DEFAULT.node=" + hs.node,
 			"DEFAULT.transport_url=" + h.transportURL, "DEFAULT.state_path=" + filepath.Join(hs.dir, "state"), "DEFAULT.listen=127.0.0.1:0",
-			"DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}, sec...)})
+			"DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}, append(h.agentOpts, sec...)...)})
 		if err != nil {
-			cancel()
 			return fmt.Errorf("agent config: %w", err)
 		}
 		wg.Add(1)
@@ -728,10 +1013,11 @@ func (h *harness) agents(ctx context.Context) error {
 				errc <- fmt.Errorf("agent %s: %w", hs.name, err)
 			}
 		}()
+		return nil
 	}
-	h.cleanups = append(h.cleanups, func() { cancel(); wg.Wait() })
-	within := max(2*time.Minute, time.Duration(len(h.hosts))*250*time.Millisecond) // 1,000 agents start in about 3 minutes on 2 cores
+	within := max(2*time.Minute, time.Duration(len(h.hosts))*250*time.Millisecond)
 	deadline := time.Now().Add(within)
+	started := 0
 	for {
 		var n int
 		if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM hosts WHERE report IS NOT NULL`).Scan(&n); err != nil {
@@ -740,15 +1026,20 @@ func (h *harness) agents(ctx context.Context) error {
 		if n >= len(h.hosts) {
 			return nil
 		}
+		for ; started < len(h.hosts) && started-n < agentWindow; started++ {
+			if err := start(h.hosts[started]); err != nil {
+				return err
+			}
+		}
 		select {
 		case err := <-errc:
 			return err
 		default:
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d agents reported within %s", n, len(h.hosts), within)
+			return fmt.Errorf("%d of %d agents reported within %s (%d started)", n, len(h.hosts), within, started)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -803,15 +1094,23 @@ func (h *harness) send(ctx context.Context, body []byte) (uuid.UUID, error) {
 }
 
 // waitAll waits until every request is final; it fails on any that did
-// not succeed, and returns the latest finished_at.
+// not succeed, and returns each one's finished_at. It polls every 2 ms for
+// one request (the next one of a sequence goes out sooner), else every
+// 50 ms for the requests still pending; the figures come from the rows'
+// timestamps, not from when it sees them.
 func (h *harness) waitAll(ctx context.Context, ids []uuid.UUID, within time.Duration) (map[uuid.UUID]time.Time, error) {
 	deadline := time.Now().Add(within)
+	every := 2 * time.Millisecond
+	if len(ids) > 1 {
+		every = 50 * time.Millisecond
+	}
+	done := map[uuid.UUID]time.Time{}
+	pending := ids
 	for {
-		rows, err := h.pool.Query(ctx, `SELECT id, state, coalesce(reason,''), finished_at FROM requests WHERE id = ANY($1)`, ids)
+		rows, err := h.pool.Query(ctx, `SELECT id, state, coalesce(reason,''), finished_at FROM requests WHERE id = ANY($1)`, pending)
 		if err != nil {
 			return nil, err
 		}
-		done := map[uuid.UUID]time.Time{}
 		var failed []string
 		for rows.Next() {
 			var id uuid.UUID
@@ -829,6 +1128,9 @@ func (h *harness) waitAll(ctx context.Context, ids []uuid.UUID, within time.Dura
 			}
 		}
 		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
 		if len(failed) > 0 {
 			return nil, fmt.Errorf("%d request(s) did not succeed, e.g. %s", len(failed), failed[0])
 		}
@@ -838,7 +1140,13 @@ func (h *harness) waitAll(ctx context.Context, ids []uuid.UUID, within time.Dura
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("%d of %d requests succeeded within %s", len(done), len(ids), within)
 		}
-		time.Sleep(2 * time.Millisecond)
+		pending = pending[:0:0]
+		for _, id := range ids {
+			if _, ok := done[id]; !ok {
+				pending = append(pending, id)
+			}
+		}
+		time.Sleep(every)
 	}
 }
 
@@ -915,7 +1223,7 @@ func (h *harness) burst(ctx context.Context, n int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	fin, err := h.waitAll(ctx, ids, 3*time.Minute)
+	fin, err := h.waitAll(ctx, ids, max(3*time.Minute, time.Duration(n)*200*time.Millisecond))
 	if err != nil {
 		return 0, err
 	}
