@@ -121,6 +121,14 @@ func ProcsCPU(match func(cmdline string) bool) time.Duration {
 	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
+// PidCPU is the CPU time process pid used so far (0 when it is gone).
+func PidCPU(pid int) time.Duration {
+	if pid <= 0 {
+		return 0
+	}
+	return time.Duration(procTicks(strconv.Itoa(pid))) * 10 * time.Millisecond
+}
+
 // procTicks is the user and system CPU time of process pid so far, in
 // clock ticks (0 when it is gone).
 func procTicks(pid string) int64 {

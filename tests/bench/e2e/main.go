@@ -2,12 +2,14 @@
 // bench): signed GPU_REQUEST webhooks → request and inbox row → policy →
 // Placement claim → outbox → RabbitMQ → vgpu-agent on a fake host
 // (attach_vgpu: create the mdev, attach it to the libvirt test driver's domain) →
-// results → request succeeded. Everything runs in this process against
-// the local Postgres, RabbitMQ and Placement: the bridge's webhook
-// endpoint, pipeline (default [pipeline] settings), relay and consumers,
-// and 100 simulated compute hosts, each a real vgpu-agent on its own fake
-// host with two T4 in Placement: one set to T4-1Q (16 per GPU), which the
-// requests attach, one to T4-2Q (8 per GPU), which profile changes move to.
+// results → request succeeded. The bridge's webhook endpoint, pipeline
+// (default [pipeline] settings), relay and consumers run in this process
+// against the local Postgres, RabbitMQ and Placement; 100 simulated
+// compute hosts, each a real vgpu-agent on its own fake host, run in a
+// second process (this program again, -agents-child), so that the CPU of
+// the bridge and of the agents are counted apart. Each host has two T4 in
+// Placement: one set to T4-1Q (16 per GPU), which the requests attach,
+// one to T4-2Q (8 per GPU), which profile changes move to.
 //
 // Each of 3 runs measures
 //
@@ -32,19 +34,21 @@
 // answering 202 at once. It prints each run and the medians, with the
 // ratios e2e p50 / broker round trip, e2e p50 / (claim + 2 round trips +
 // the agent's own attach), completed/s over Placement's own rate and over
-// bare 202/s, and the CPU per request of this process (bridge and agents),
-// its Postgres backends and Placement (uwsgi and its Postgres).
+// bare 202/s, and the CPU per request of this process (the bridge, and
+// the harness's webhook clients and polls), the agents' process, the
+// bridge's Postgres backends and Placement (uwsgi and its Postgres), with
+// the rate their sum allows on this machine's cores.
 //
 // Then the fleet phase (-fleet, default 1,000; 0 skips it) sets up afresh
-// as many hosts, each with its agent (all in this process, each with its
-// own RabbitMQ connection), and after a warm-up of one request per 10
+// as many hosts, each with its agent (all in the agents' process, each
+// with its own RabbitMQ connection), and after a warm-up of one request per 10
 // hosts sends one request for an instance on each host, all at once by
 // the same 64 clients. Every request must succeed and no GPU may be
 // overbooked (Placement's usage over its total), or the command fails; it
 // prints completed/s from the first POST to the last success and the CPU
 // per request as the throughput phase does. Its agents scan their hosts
 // for the periodic reports every 2 minutes instead of every 10 s (on real
-// hosts each scans its own; 1,000 in one process would take most of 2
+// hosts each scans its own; 1,000 on one machine would take most of 2
 // cores); what a command changes is still reported at once. -runs 0 runs
 // the fleet phase alone.
 //
@@ -163,8 +167,15 @@ func main() {
 	fleet := flag.Int("fleet", 1000, "after the runs, set up this many hosts afresh and send one request for an instance on each, all at once (a RabbitMQ connection each: `make services` raises the broker's open-file limit); 0: skip")
 	verbose := flag.Bool("v", false, "log the bridge and agents to stderr")
 	timeout := flag.Duration("timeout", 12*time.Minute, "give up on the runs, and on the fleet phase, after this long each (what it made is removed)")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the first throughput phase (the fleet's with -runs 0: bridge, agents, harness) to this file")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the first throughput phase (the fleet's with -runs 0: bridge and harness; the agents run in a process of their own) to this file")
+	child := flag.Bool("agents-child", false, "(internal) run the agents described on stdin, one JSON object a line, until stdin ends")
 	flag.Parse()
+	if *child {
+		if err := agentsChild(*verbose); err != nil {
+			fail(err)
+		}
+		return
+	}
 	switch {
 	case *runs < 0 || *fleet < 0:
 		fail(errors.New("-runs and -fleet must not be negative"))
@@ -246,6 +257,7 @@ type harness struct {
 	keys                  *testkeys.Ring // signed commands, results and reports, as by default
 	cpuProfile            string
 	profiling             bool
+	agentsPID             int // the agents' process
 	setupTook             time.Duration
 	agentOpts             []string // more agent options (DEFAULT.x=y)
 }
@@ -364,18 +376,18 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		if r.placementRate, err = h.placementBurst(ctx, burst); err != nil {
 			return err
 		}
-		cpu0 := sampleCPU(ctx, h.pool)
+		cpu0 := h.sampleCPU(ctx)
 		h.startProfile()
 		if r.rate, err = h.burst(ctx, burst); err != nil {
 			return err
 		}
-		r.cpu = sampleCPU(ctx, h.pool).since(cpu0, burst)
+		r.cpu = h.sampleCPU(ctx).since(cpu0, burst)
 		h.stopProfile()
 		r.completed = burst
 		r.bare = h.bare(ctx, 2*time.Second)
-		fmt.Printf("run %d: webhook→attached p50 %.1f ms p99 %.1f ms (%d sequential; agent attach_vgpu published→answered p50 %.1f ms) | profile change %s→%s p50 %.1f ms p99 %.1f ms (%d sequential), change/attach p50 %.2f× | broker round trip p50 %.2f ms | Placement claim PUT p50 %.1f ms | %d requests on %d hosts: %.1f completed/s (CPU per request: bridge %.1f ms, its Postgres %.1f ms, Placement %.1f ms) | Placement alone, %d concurrent PUTs: %.1f/s | bare 202: %.0f req/s\n",
+		fmt.Printf("run %d: webhook→attached p50 %.1f ms p99 %.1f ms (%d sequential; agent attach_vgpu published→answered p50 %.1f ms) | profile change %s→%s p50 %.1f ms p99 %.1f ms (%d sequential), change/attach p50 %.2f× | broker round trip p50 %.2f ms | Placement claim PUT p50 %.1f ms | %d requests on %d hosts: %.1f completed/s (CPU per request: %s) | Placement alone, %d concurrent PUTs: %.1f/s | bare 202: %.0f req/s\n",
 			i+1, ms(r.p50), ms(r.p99), latN, ms(r.agent), profile, profileB, ms(r.chP50), ms(r.chP99), r.changes, ms(r.chP50)/ms(r.p50),
-			ms(r.rtt), ms(r.claim), burst, h.nHosts, r.rate, ms(r.cpu.bridge), ms(r.cpu.postgres), ms(r.cpu.placement), burst, r.placementRate, r.bare)
+			ms(r.rtt), ms(r.claim), burst, h.nHosts, r.rate, r.cpu, burst, r.placementRate, r.bare)
 		rs = append(rs, r)
 	}
 	med := func(f func(result) float64) float64 { return benchkit.Median(rs, f) }
@@ -403,10 +415,10 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 	pRate := med(func(r result) float64 { return r.placementRate })
 	fmt.Printf("median of %d runs: webhook→attached p50 %.1f ms against claim PUT %.1f + 2 × broker round trip %.2f + agent's own attach %.1f = %.1f ms; ratio %.2f× (target ≤ 1.5×)\n",
 		len(rs), p50, claim, rtt, own, floor, p50/floor)
-	fmt.Printf("median of %d runs: %d requests on %d hosts %.1f completed/s against Placement alone %.1f concurrent PUTs/s; ratio %.2f× (target ≥ 0.8×); CPU per request: bridge %.1f ms, its Postgres %.1f ms, Placement (uwsgi and its Postgres) %.1f ms\n",
-		len(rs), burst, h.nHosts, rate, pRate, rate/pRate,
-		med(func(r result) float64 { return ms(r.cpu.bridge) }), med(func(r result) float64 { return ms(r.cpu.postgres) }),
-		med(func(r result) float64 { return ms(r.cpu.placement) }))
+	cpu := burstCPU{bridge: medD(rs, func(r result) time.Duration { return r.cpu.bridge }), agents: medD(rs, func(r result) time.Duration { return r.cpu.agents }),
+		postgres: medD(rs, func(r result) time.Duration { return r.cpu.postgres }), placement: medD(rs, func(r result) time.Duration { return r.cpu.placement })}
+	fmt.Printf("median of %d runs: %d requests on %d hosts %.1f completed/s against Placement alone %.1f concurrent PUTs/s; ratio %.2f× (target ≥ 0.8×); CPU per request: %s; %s\n",
+		len(rs), burst, h.nHosts, rate, pRate, rate/pRate, cpu, cpu.bound())
 	over, err := h.overbooked(ctx)
 	if err != nil {
 		return err
@@ -440,7 +452,7 @@ func (h *harness) fleet(ctx context.Context) error {
 	}
 	// The instances are taken round robin over the hosts: n in a row are
 	// on n distinct hosts.
-	cpu0 := sampleCPU(ctx, h.pool)
+	cpu0 := h.sampleCPU(ctx)
 	h.startProfile()
 	t0 := time.Now()
 	rate, err := h.burst(ctx, n)
@@ -448,14 +460,14 @@ func (h *harness) fleet(ctx context.Context) error {
 		return fmt.Errorf("fleet: %d requests on %d hosts: %w", n, n, err)
 	}
 	took := time.Since(t0)
-	cpu := sampleCPU(ctx, h.pool).since(cpu0, n)
+	cpu := h.sampleCPU(ctx).since(cpu0, n)
 	h.stopProfile()
 	over, err := h.overbooked(ctx)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("fleet: %d requests on %d hosts (one each, sent at once by %d clients): %d of %d succeeded, %.1f completed/s (all done in %s); CPU per request: bridge and agents %.1f ms, its Postgres %.1f ms, Placement (uwsgi and its Postgres) %.1f ms; overbooked GPUs: %d of %d; set up in %s\n",
-		n, n, h.clients, n, n, rate, took.Round(time.Millisecond), ms(cpu.bridge), ms(cpu.postgres), ms(cpu.placement), over, 2*n, h.setupTook.Round(time.Second))
+	fmt.Printf("fleet: %d requests on %d hosts (one each, sent at once by %d clients): %d of %d succeeded, %.1f completed/s (all done in %s); CPU per request: %s; %s; overbooked GPUs: %d of %d; set up in %s\n",
+		n, n, h.clients, n, n, rate, took.Round(time.Millisecond), cpu, cpu.bound(), over, 2*n, h.setupTook.Round(time.Second))
 	if over > 0 {
 		return fmt.Errorf("fleet: %d of %d GPUs overbooked", over, 2*n)
 	}
@@ -994,26 +1006,54 @@ func (h *harness) agents(ctx context.Context) error {
 	actx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	h.cleanups = append(h.cleanups, func() { cancel(); wg.Wait() })
-	errc := make(chan error, len(h.hosts))
+	errc := make(chan error, 1)
+	// The agents run in a process of their own (this program again, with
+	// -agents-child), so that the CPU of the bridge, of the agents and of
+	// Postgres are counted apart; on a real cloud each agent has a host.
+	self, err := os.Executable()
+	if err != nil {
+		cancel()
+		return err
+	}
+	cmd := exec.CommandContext(actx, self, "-agents-child", fmt.Sprintf("-v=%t", h.log.Enabled(context.Background(), slog.LevelInfo)))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		cancel()
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		cancel()
+		return fmt.Errorf("start the agents' process: %w", err)
+	}
+	h.agentsPID = cmd.Process.Pid
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := cmd.Wait(); err != nil && actx.Err() == nil {
+			errc <- fmt.Errorf("the agents' process ended: %w", err)
+		}
+	}()
+	// Closing stdin stops the agents; cancel (after a grace) kills them.
+	h.cleanups = append(h.cleanups, func() {
+		in.Close()
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cancel()
+		}
+	})
+	enc := json.NewEncoder(in)
 	start := func(hs *host) error {
 		sec, err := h.keys.Enrol(hs.name) // done in bridge: the host's options
 		if err != nil {
 			return err
 		}
-		v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + hs.name, "DEFAULT.node=" + hs.node,
+		return enc.Encode(childAgent{Dir: hs.dir, Overrides: append([]string{"DEFAULT.host=" + hs.name, "DEFAULT.node=" + hs.node,
 			"DEFAULT.transport_url=" + h.transportURL, "DEFAULT.state_path=" + filepath.Join(hs.dir, "state"), "DEFAULT.listen=127.0.0.1:0",
 			"DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"}, append(h.agentOpts, sec...)...)})
-		if err != nil {
-			return fmt.Errorf("agent config: %w", err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := agent.RunWith(actx, v, h.log, agent.RunOptions{FakeHostDir: hs.dir}); err != nil && actx.Err() == nil {
-				errc <- fmt.Errorf("agent %s: %w", hs.name, err)
-			}
-		}()
-		return nil
 	}
 	within := max(2*time.Minute, time.Duration(len(h.hosts))*250*time.Millisecond)
 	deadline := time.Now().Add(within)
@@ -1446,13 +1486,67 @@ func (h *harness) agentAttach(ctx context.Context, insts []string) time.Duration
 	return time.Duration(*med * float64(time.Second))
 }
 
-// burstCPU is CPU time per request: this process (the bridge and the
-// agents), the Postgres backends of its database, and Placement (its
-// uwsgi processes and their Postgres backends).
-type burstCPU struct{ bridge, postgres, placement time.Duration }
+// childAgent is one agent the agents' process runs: its options and its
+// fake host.
+type childAgent struct {
+	Dir       string   `json:"dir"`
+	Overrides []string `json:"overrides"`
+}
 
-func sampleCPU(ctx context.Context, pool *pgxpool.Pool) burstCPU {
-	return burstCPU{bridge: benchkit.ProcessCPU(), postgres: benchkit.BackendCPU(ctx, pool),
+// agentsChild is the agents' process: it starts an agent for each line of
+// stdin and stops them all when stdin ends.
+func agentsChild(verbose bool) error {
+	log := slog.New(slog.DiscardHandler)
+	if verbose {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	signal.Ignore(os.Interrupt) // the harness stops us (stdin ends) once it has cleaned up
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	dec := json.NewDecoder(os.Stdin)
+	for {
+		var a childAgent
+		if err := dec.Decode(&a); err != nil {
+			if !errors.Is(err, io.EOF) {
+				return fmt.Errorf("agents: read: %w", err)
+			}
+			break
+		}
+		v, err := agent.LoadConfig(conf.Source{Overrides: a.Overrides})
+		if err != nil {
+			return fmt.Errorf("agent config: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := agent.RunWith(ctx, v, log, agent.RunOptions{FakeHostDir: a.Dir}); err != nil && ctx.Err() == nil {
+				select {
+				case errc <- fmt.Errorf("agent in %s: %w", a.Dir, err):
+				default:
+				}
+			}
+		}()
+		select {
+		case err := <-errc:
+			return err
+		default:
+		}
+	}
+	cancel()
+	wg.Wait()
+	return nil
+}
+
+// burstCPU is CPU time per request: this process (the bridge, and the
+// harness's webhook clients and polls), the agents' process, the Postgres
+// backends of the bridge's database, and Placement (its uwsgi processes
+// and their Postgres backends).
+type burstCPU struct{ bridge, agents, postgres, placement time.Duration }
+
+func (h *harness) sampleCPU(ctx context.Context) burstCPU {
+	return burstCPU{bridge: benchkit.ProcessCPU(), agents: benchkit.PidCPU(h.agentsPID), postgres: benchkit.BackendCPU(ctx, h.pool),
 		placement: benchkit.ProcsCPU(func(cl string) bool {
 			return strings.Contains(cl, "127.0.0.1:8778") || strings.HasPrefix(cl, "postgres: ") && strings.Contains(cl, " placement placement ")
 		})}
@@ -1460,7 +1554,29 @@ func sampleCPU(ctx context.Context, pool *pgxpool.Pool) burstCPU {
 
 func (c burstCPU) since(c0 burstCPU, n int) burstCPU {
 	d := time.Duration(max(n, 1))
-	return burstCPU{bridge: (c.bridge - c0.bridge) / d, postgres: (c.postgres - c0.postgres) / d, placement: (c.placement - c0.placement) / d}
+	return burstCPU{bridge: (c.bridge - c0.bridge) / d, agents: (c.agents - c0.agents) / d,
+		postgres: (c.postgres - c0.postgres) / d, placement: (c.placement - c0.placement) / d}
+}
+
+// bound is the rate this machine's cores allow at c's CPU per request,
+// where every part's CPU is spent on the same cores.
+func (c burstCPU) bound() string {
+	total := c.bridge + c.agents + c.postgres + c.placement
+	if total <= 0 {
+		return "no CPU counted"
+	}
+	return fmt.Sprintf("in all %.1f ms, so %d cores allow at most %.1f/s (Placement's share alone %.1f/s)",
+		ms(total), runtime.NumCPU(), float64(runtime.NumCPU())*float64(time.Second)/float64(total),
+		float64(runtime.NumCPU())*float64(time.Second)/float64(max(c.placement, time.Microsecond)))
+}
+
+// medD is the median of get over runs.
+func medD[T any](runs []T, get func(T) time.Duration) time.Duration {
+	return time.Duration(benchkit.Median(runs, func(r T) float64 { return float64(get(r)) }))
+}
+
+func (c burstCPU) String() string {
+	return fmt.Sprintf("bridge %.1f ms, agents %.1f ms, its Postgres %.1f ms, Placement %.1f ms", ms(c.bridge), ms(c.agents), ms(c.postgres), ms(c.placement))
 }
 
 // bare is the closed-loop rate of a handler on the same server stack
