@@ -390,6 +390,11 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err 
 	if kind == KindRelease {
 		in.Profile, in.TypeID, in.Trait = "", "", ""
 	}
+	// A resize under way counts in the project's usage: lock it now, and
+	// stop if it moved since the decision read it.
+	if err := pipeline.LockQuota(ctx, tx); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(ctx, `INSERT INTO nova_resizes (request_id, instance_uuid, step, profile, type_id, trait, count, source_host,
 			nova_request_id, due_at, deadline_at, kind, untyped)
 		VALUES ($1, $2, 'resize', $3, $4, $5, $6, $7, $8, now(), now() + make_interval(secs => $9), $10, $11)`,

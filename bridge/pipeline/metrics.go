@@ -9,6 +9,7 @@ type metrics struct {
 	results       *prometheus.CounterVec
 	requests      *prometheus.CounterVec
 	compensations *prometheus.CounterVec
+	quotaRetries  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -26,9 +27,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Requests the pipeline finished after dispatching, by final state."}, []string{"state"}),
 		compensations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_pipeline_compensations_total",
 			Help: "Compensation steps: claim_released, mdev_removal_queued, vgpu_restored (a failed profile change brings the old vGPU back), restore_failed (it could not), resize_reverted (Nova path)."}, []string{"step"}),
+		quotaRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpu_bridge_pipeline_quota_retries_total",
+			Help: "Decisions taken again, locking their project's usage first, because that usage changed between their read and the lock."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.decide, m.claims, m.results, m.requests, m.compensations)
+		reg.MustRegister(m.events, m.decide, m.claims, m.results, m.requests, m.compensations, m.quotaRetries)
 	}
 	return m
 }

@@ -331,6 +331,7 @@ func (p *Processor) decideLocked(ctx context.Context, id int64, inst string) (ou
 	ctx = context.WithValue(ctx, preclaimsKey{}, pc)
 	err = p.rounds(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
 		outbox, closed = false, false
+		ctx = context.WithValue(ctx, quotaGuardKey{}, &quotaGuard{p: p, eager: pc.quotaEager})
 		row, ok, err := lockEvent(ctx, tx, id)
 		if err != nil || !ok {
 			return err
@@ -417,6 +418,11 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 			e.used = false
 		}
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return fn(ctx, tx) })
+		if errors.Is(err, errQuotaMoved) && !pc.quotaEager && round < maxClaimRounds {
+			pc.quotaEager = true // again, locking the project's usage before reading it
+			p.m.quotaRetries.Inc()
+			continue
+		}
 		if !errors.Is(err, errNeedClaims) || round >= maxClaimRounds {
 			return err
 		}
@@ -473,6 +479,9 @@ type preclaims struct {
 	needRelease  []Attachment       // releases the last round stopped for
 	needHoldings []string           // consumers whose holdings it stopped to read
 	released     map[uuid.UUID]bool // attachments whose claim was given back
+	// quotaEager: a round found its project's usage moved between its
+	// read and its lock (errQuotaMoved); the next ones lock first.
+	quotaEager bool
 	// holdings are the consumer's vGPU units as the first round read them:
 	// later rounds decide on the same view, not on one that shows the
 	// claims made for this very decision.
@@ -778,6 +787,13 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 			if err := p.notify(ctx, tx, reqID, f.Instance.UUID, []Step{s}); err != nil {
 				return err
 			}
+		}
+	}
+	if len(atts) > 0 {
+		// New vGPUs add to the project's usage: lock it now, and stop if
+		// it moved since the decision read it.
+		if err := LockQuota(ctx, tx); err != nil {
+			return err
 		}
 	}
 	if err := requests.AddAttachments(ctx, tx, reqID, atts); err != nil {

@@ -191,7 +191,9 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 			return true, nil
 		}
 	}
-	facts, st, err := p.loadFacts(ctx, w.Tx, ev, w.hosts)
+	// The project's usage is read without its lock: the decision takes
+	// the lock only if it adds to it (LockQuota).
+	facts, st, err := p.loadFacts(context.WithValue(ctx, lazyQuotaKey{}, true), w.Tx, ev, w.hosts)
 	if err != nil {
 		return false, fmt.Errorf("load facts: %w", err)
 	}

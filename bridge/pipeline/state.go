@@ -233,14 +233,12 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 		project = f.Instance.ProjectID
 	}
 	if project != "" {
-		// One decision of a project at a time reads and adds to its
-		// usage: the lock ends with this transaction (never held across
-		// a Placement or Nova call), after the decision's attachments or
-		// Nova resize are written, so the next one counts them.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-bridge/quota/' || $1, 0))`, project); err != nil {
-			return f, nil, fmt.Errorf("lock the usage of project %s: %w", project, err)
-		}
-		u, err := p.projectUsage(ctx, tx, project)
+		// One decision of a project at a time adds to its usage: the
+		// lock ends with this transaction (never held across a Placement
+		// or Nova call), after the decision's attachments or Nova resize
+		// are written, so the next one counts them. A decision's own
+		// round takes it only when it adds (quota.go).
+		u, err := p.readUsage(ctx, tx, project)
 		if err != nil {
 			return f, nil, err
 		}
