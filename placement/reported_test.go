@@ -28,3 +28,34 @@ func TestReportedTypes(t *testing.T) {
 		t.Errorf("ReportedTypes = %v, want %v", got, want)
 	}
 }
+
+// TestReportedTypeRule: the rule of ReportedTypes for one GPU, on strings
+// and on the bytes ReadReportedTypes scans.
+func TestReportedTypeRule(t *testing.T) {
+	tests := []struct {
+		active        int
+		first         string
+		types         int
+		offered, want string
+	}{
+		{1, "nvidia-232", 2, "nvidia-231", "nvidia-232"}, // vGPUs exist: their type
+		{3, "nvidia-232", 0, "", "nvidia-232"},
+		{0, "", 1, "nvidia-233", "nvidia-233"}, // none, one type offered
+		{0, "", 2, "nvidia-231", ""},           // several: Nova's choice
+		{0, "", 0, "", ""},
+		{1, "", 1, "nvidia-233", ""}, // a vGPU of no type says none
+	}
+	for _, tc := range tests {
+		if got := reportedType(tc.active, tc.first, tc.types, tc.offered); got != tc.want {
+			t.Errorf("reportedType(%d, %q, %d, %q) = %q, want %q", tc.active, tc.first, tc.types, tc.offered, got, tc.want)
+		}
+		if got := reportedType(tc.active, []byte(tc.first), tc.types, []byte(tc.offered)); string(got) != tc.want {
+			t.Errorf("reportedType(%d, %q, %d, %q) on bytes = %q, want %q", tc.active, tc.first, tc.types, tc.offered, got, tc.want)
+		}
+	}
+	for pci, want := range map[string]string{"0000:3b:00.0": "cmp1_pci_0000_3b_00_0", "0000:c1:00.4": "cmp1_pci_0000_c1_00_4", "": "cmp1_pci_"} {
+		if got := GPUProviderName("cmp1", pci); got != want {
+			t.Errorf("GPUProviderName(cmp1, %q) = %q, want %q", pci, got, want)
+		}
+	}
+}

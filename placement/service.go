@@ -1,19 +1,17 @@
 package placement
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
@@ -93,9 +91,11 @@ type Service struct {
 
 	consumers consumerCache // allocations and generations the bridge last read or wrote (consumers.go)
 
-	syncMu  sync.Mutex  // one sync at a time in this process
-	leading atomic.Bool // this replica holds the sync lock in Run
-	synced  atomic.Bool // the index holds the result of a full sync
+	syncMu     sync.Mutex    // one sync at a time in this process
+	leading    atomic.Bool   // this replica holds the sync lock in Run
+	synced     atomic.Bool   // the index holds the result of a full sync
+	loaded     chan struct{} // closed when synced first is (Loaded)
+	loadedOnce sync.Once
 
 	exMu         sync.RWMutex
 	excludeHosts []string          // node names
@@ -125,6 +125,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, cat *catalog.Catal
 		nodeOf:    map[string]string{},
 		consumers: consumerCache{max: defaultConsumerCache},
 		hostOf:    map[string]string{},
+		loaded:    make(chan struct{}),
 	}
 	s.engine = &engine.Engine{TypePrefix: cfg.TypePrefix}
 	if cat != nil {
@@ -233,9 +234,9 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.store == nil {
 		return s.runDirect(ctx)
 	}
-	s.loadMirror(ctx)
+	fresh := s.loadMirror(ctx)
 	go s.follow(ctx)
-	for ctx.Err() == nil {
+	for ; ctx.Err() == nil; fresh = false {
 		release, ok, err := s.store.Lock(ctx)
 		if err != nil {
 			s.log.Warn("placement: sync lock", logkey.Err, err)
@@ -249,7 +250,9 @@ func (s *Service) Run(ctx context.Context) error {
 				s.log.Warn("placement: sync loop stopped", logkey.Err, err)
 			}
 		}
-		s.refreshHosts(ctx)
+		if ok || !fresh { // (loadMirror has just read the hosts table)
+			s.refreshHosts(ctx)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(s.cfg.SyncInterval):
@@ -283,7 +286,7 @@ func (s *Service) lead(ctx context.Context) error {
 			wait = b.Next()
 		} else if full {
 			lastFull = time.Now()
-			s.synced.Store(true)
+			s.setSynced()
 		}
 		select {
 		case <-ctx.Done():
@@ -306,14 +309,14 @@ func (s *Service) follow(ctx context.Context) {
 				s.loadMirror(ctx)
 				return
 			}
-			ps, err := s.store.Load(ctx, ids...)
+			rs, err := s.store.Records(ctx, ids...)
 			if err != nil {
 				return
 			}
 			found := map[string]bool{}
-			for _, p := range ps {
-				found[p.UUID] = true
-				s.index.Apply(p)
+			for _, r := range rs {
+				found[r.UUID] = true
+				s.index.ApplyRecord(r)
 			}
 			for _, id := range ids {
 				if !found[id] {
@@ -333,7 +336,7 @@ func (s *Service) runDirect(ctx context.Context) error {
 		if _, err := s.syncDirect(ctx, nil); err != nil && ctx.Err() == nil {
 			s.log.Warn("placement sync failed", logkey.Err, err)
 		} else if err == nil {
-			s.synced.Store(true)
+			s.setSynced()
 		}
 		select {
 		case <-ctx.Done():
@@ -343,23 +346,36 @@ func (s *Service) runDirect(ctx context.Context) error {
 	}
 }
 
-// loadMirror loads the whole mirror into the index; once the mirror holds
-// a full sync, the index is ready for decisions.
-func (s *Service) loadMirror(ctx context.Context) {
+// loadMirror loads the whole mirror into the index, and reads the hosts
+// table (it reports whether it did); once the mirror holds a full sync,
+// the index is ready for decisions.
+func (s *Service) loadMirror(ctx context.Context) bool {
 	st, stErr := s.store.State(ctx)
-	all, err := s.store.Load(ctx)
+	all, err := s.store.Records(ctx)
 	if err != nil {
 		s.log.Warn("placement: cannot load mirror", logkey.Err, err)
-		return
+		return false
 	}
-	s.index.Load(all)
+	s.index.LoadRecords(all)
 	// The host ↔ node map before readiness: a decision for a named host
 	// made before it would find no GPU there.
 	s.refreshHosts(ctx)
 	if stErr == nil && st.LastFullAt != nil {
-		s.synced.Store(true)
+		s.setSynced()
 	}
+	return true
 }
+
+// setSynced records that the index holds the result of a full sync.
+func (s *Service) setSynced() {
+	s.synced.Store(true)
+	s.loadedOnce.Do(func() { close(s.loaded) })
+}
+
+// Loaded is closed once the index first holds the result of a full sync
+// (Ready): the mirror's load at start, or this replica's first full sync,
+// is over.
+func (s *Service) Loaded() <-chan struct{} { return s.loaded }
 
 // Ready reports whether decisions can be trusted: the index holds the
 // result of a full inventory sync (by this replica or another). Before
@@ -373,13 +389,29 @@ func (s *Service) Ready(context.Context) error {
 
 // RefreshHosts re-reads the hosts table now (drains, Nova's disabled
 // services, the host ↔ node map) instead of at the next sync round; the
-// bridge calls it when an operator or Nova changes them.
-func (s *Service) RefreshHosts(ctx context.Context) { s.refreshHosts(ctx) }
+// bridge calls it when an operator or Nova changes them. The types the
+// agents' reports fix, which neither changes, wait for the next round.
+func (s *Service) RefreshHosts(ctx context.Context) { s.readHosts(ctx) }
 
 // refreshHosts reads the agents' host table: the compute host ↔ node
-// mapping, and which hosts and GPUs to exclude (drained, disabled, or
-// with a report older than StaleReportAge).
+// mapping, which hosts and GPUs to exclude (drained, disabled, or with a
+// report older than StaleReportAge), and the types the reports fix.
 func (s *Service) refreshHosts(ctx context.Context) {
+	if s.store == nil {
+		return
+	}
+	s.readHosts(ctx)
+	reported, err := readReportedTypes(ctx, s.store.Pool(), s.index.Len())
+	if err != nil {
+		s.log.Debug("placement: hosts' reports", logkey.Err, err)
+		return
+	}
+	s.index.SetReportedTypes(reported)
+}
+
+// readHosts reads the compute host ↔ node mapping and which hosts and
+// GPUs to exclude.
+func (s *Service) readHosts(ctx context.Context) {
 	if s.store == nil {
 		return
 	}
@@ -417,21 +449,6 @@ func (s *Service) refreshHosts(ctx context.Context) {
 	s.exMu.Lock()
 	s.nodeOf, s.hostOf, s.excludeHosts, s.excludeGPUs = nodeOf, hostOf, ex, exg
 	s.exMu.Unlock()
-
-	reported := map[string]string{}
-	if rows, err := pool.Query(ctx, `SELECT coalesce(node, name), report FROM hosts WHERE report IS NOT NULL`); err == nil {
-		for rows.Next() {
-			var node string
-			var raw []byte
-			var r protocol.Report
-			if rows.Scan(&node, &raw) != nil || json.Unmarshal(raw, &r) != nil {
-				continue
-			}
-			maps.Copy(reported, ReportedTypes(cmp.Or(r.Node, node), r))
-		}
-		rows.Close()
-	}
-	s.index.SetReportedTypes(reported)
 }
 
 // ReportedTypes are the vGPU types an agent's report fixes for its GPUs,
@@ -442,18 +459,103 @@ func (s *Service) refreshHosts(ctx context.Context) {
 func ReportedTypes(node string, r protocol.Report) map[string]string {
 	out := map[string]string{}
 	for _, g := range r.GPUs {
-		var typ string
-		switch {
-		case len(g.Active) > 0:
-			typ = g.Active[0].TypeID
-		case len(g.Types) == 1:
-			typ = g.Types[0].ID
+		var active, offered string
+		if len(g.Active) > 0 {
+			active = g.Active[0].TypeID
 		}
-		if typ != "" && g.PCI != "" {
-			out[node+"_pci_"+strings.NewReplacer(":", "_", ".", "_").Replace(g.PCI)] = catalog.TraitFor(typ)
+		if len(g.Types) > 0 {
+			offered = g.Types[0].ID
+		}
+		if typ := reportedType(len(g.Active), active, len(g.Types), offered); len(typ) > 0 && g.PCI != "" {
+			out[GPUProviderName(node, g.PCI)] = catalog.TraitFor(typ)
 		}
 	}
 	return out
+}
+
+// reportedType is the type a report fixes for one GPU with active vGPUs,
+// the first of type first, and types offered, the first offered: empty
+// for none.
+func reportedType[S string | []byte](active int, first S, types int, offered S) S {
+	switch {
+	case active > 0:
+		return first
+	case types == 1:
+		return offered
+	}
+	var none S
+	return none
+}
+
+var pciUnderscores = strings.NewReplacer(":", "_", ".", "_")
+
+// GPUProviderName is the name Nova gives the resource provider of the GPU
+// at PCI address pci on node: node_pci_0000_3b_00_0.
+func GPUProviderName(node, pci string) string {
+	return node + "_pci_" + pciUnderscores.Replace(pci)
+}
+
+// reportedTypesSQL reads, for each GPU of each host's last report, what
+// ReportedTypes reads of it (and nothing else): the host's node (the
+// report's, else the row's), the GPU's address, its active vGPUs (how
+// many, the first one's type) and the types it offers (how many, the
+// first one's id). A fleet's reports are tens of MB of JSON, read every
+// sync round; Postgres picks these fields out of its binary jsonb instead
+// of sending the reports to be parsed here. (A report that is not what
+// protocol.Report marshals to yields the fields it has.)
+const reportedTypesSQL = `SELECT coalesce(nullif(h.report->>'node', ''), h.node, h.name), coalesce(g->>'pci', ''),
+	coalesce(jsonb_array_length(CASE jsonb_typeof(g->'active') WHEN 'array' THEN g->'active' END), 0),
+	coalesce(g->'active'->0->>'type_id', ''),
+	coalesce(jsonb_array_length(CASE jsonb_typeof(g->'types') WHEN 'array' THEN g->'types' END), 0),
+	coalesce(g->'types'->0->>'id', '')
+FROM hosts h CROSS JOIN LATERAL jsonb_array_elements(CASE jsonb_typeof(h.report->'gpus') WHEN 'array' THEN h.report->'gpus' ELSE '[]' END) AS g
+WHERE h.report IS NOT NULL`
+
+// ReadReportedTypes reads ReportedTypes of every host's last report (of
+// the report's node, else the hosts row's), as Index.SetReportedTypes
+// takes them.
+func ReadReportedTypes(ctx context.Context, pool *pgxpool.Pool) (map[string]string, error) {
+	return readReportedTypes(ctx, pool, 0)
+}
+
+// readReportedTypes is ReadReportedTypes expecting about n GPUs.
+func readReportedTypes(ctx context.Context, pool *pgxpool.Pool, n int) (map[string]string, error) {
+	rows, err := pool.Query(ctx, reportedTypesSQL)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out, traits := make(map[string]string, n), map[string]string{}
+	trait := func(typ []byte) string { // one string per type
+		t, ok := traits[string(typ)]
+		if !ok {
+			t = catalog.TraitFor(string(typ))
+			traits[string(typ)] = t
+		}
+		return t
+	}
+	// (scanned where the driver holds them: valid until the next row)
+	var node, pci, active, offered pgtype.DriverBytes
+	var nActive, nTypes int
+	var name []byte
+	scan := []any{&node, &pci, &nActive, &active, &nTypes, &offered}
+	for rows.Next() {
+		if err := rows.Scan(scan...); err != nil {
+			return nil, err
+		}
+		typ := reportedType(nActive, []byte(active), nTypes, []byte(offered))
+		if len(typ) == 0 || len(pci) == 0 {
+			continue
+		}
+		name = append(append(append(name[:0], node...), "_pci_"...), pci...)
+		for i, c := range name[len(name)-len(pci):] {
+			if c == ':' || c == '.' {
+				name[len(name)-len(pci)+i] = '_'
+			}
+		}
+		out[string(name)] = trait(typ)
+	}
+	return out, rows.Err()
 }
 
 // decide runs the engine with the current exclusions added.

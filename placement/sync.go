@@ -175,11 +175,11 @@ func (s *Syncer) Sync(ctx context.Context, full bool, progress Progress) (SyncSt
 	}
 	if full {
 		// Rebuild from Placement's answer rather than patching.
-		all, err := s.Store.Load(ctx)
+		all, err := s.Store.Records(ctx)
 		if err != nil {
 			return st, fmt.Errorf("sync: %w", err)
 		}
-		s.Index.Load(all)
+		s.Index.LoadRecords(all)
 	} else {
 		for _, p := range fetched {
 			s.Index.Apply(p)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -66,20 +67,99 @@ type hostSet struct {
 	hosts  []policy.Host
 	byName map[string]int
 	// guest is the NVIDIA driver each instance's guest loaded, as its
-	// host's agent reports it (by instance UUID).
-	guest map[string]string
+	// host's agent reports it (by instance UUID; one entry per vGPU of
+	// the fleet, so keyed by the UUID's 16 bytes, not its text).
+	guest map[uuid.UUID]string
 	at    time.Time
 }
 
 // HostFromReport turns an agent's report into the policy's view of a
 // host. It is pure; cat may be nil.
 func HostFromReport(r protocol.Report, cat Catalog) policy.Host {
+	hr := hostReport{Hypervisor: r.Hypervisor, DriverVersion: r.DriverVersion, GPUs: make([]reportGPU, len(r.GPUs))}
+	for i, g := range r.GPUs {
+		rg := reportGPU{PCI: g.PCI, Types: g.Types, UtilPercent: g.UtilPercent, Active: make([]reportVGPU, len(g.Active))}
+		for j, v := range g.Active {
+			rg.Active[j] = reportVGPU{TypeID: v.TypeID, InstanceUUID: v.InstanceUUID, GuestDriver: v.GuestDriver}
+		}
+		hr.GPUs[i] = rg
+	}
+	return newHostReader(cat).host(r.Host, &hr)
+}
+
+// hostReport is what the host view reads of an agent's report
+// (protocol.Report): a fleet's reports are tens of MB of JSON, read again
+// every HostsRefresh while events flow, and decoding only these fields
+// leaves the rest unallocated.
+type hostReport struct {
+	Hypervisor    string      `json:"hypervisor"`
+	DriverVersion string      `json:"driver_version"`
+	GPUs          []reportGPU `json:"gpus"`
+}
+
+type reportGPU struct {
+	PCI         string              `json:"pci"`
+	Types       []protocol.VGPUType `json:"types"`
+	Active      []reportVGPU        `json:"active"`
+	UtilPercent *float64            `json:"util_percent"`
+}
+
+type reportVGPU struct {
+	TypeID       string `json:"type_id"`
+	InstanceUUID string `json:"instance_uuid"`
+	GuestDriver  string `json:"guest_driver"`
+}
+
+// hostReader turns reports into policy hosts, keeping one string of each
+// value that repeats across the fleet (addresses, models, profiles,
+// versions) and parsing each profile name once.
+type hostReader struct {
+	cat     Catalog
+	strs    map[string]string
+	names   map[string]catalog.ParsedName // by type name; absent: not parsed yet
+	invalid map[string]bool               // type names that do not parse
+}
+
+func newHostReader(cat Catalog) *hostReader {
+	return &hostReader{cat: cat, strs: map[string]string{}, names: map[string]catalog.ParsedName{}, invalid: map[string]bool{}}
+}
+
+func (hr *hostReader) str(s string) string {
+	if v, ok := hr.strs[s]; ok {
+		return v
+	}
+	hr.strs[s] = s
+	return s
+}
+
+func (hr *hostReader) parse(name string) (catalog.ParsedName, bool) {
+	if pn, ok := hr.names[name]; ok {
+		return pn, true
+	}
+	if hr.invalid[name] {
+		return catalog.ParsedName{}, false
+	}
+	pn, err := catalog.ParseName(name)
+	if err != nil {
+		hr.invalid[name] = true
+		return pn, false
+	}
+	pn.GPU, pn.Name = hr.str(pn.GPU), hr.str(pn.Name)
+	hr.names[name] = pn
+	return pn, true
+}
+
+// host is HostFromReport of the host name's report r.
+func (hr *hostReader) host(name string, r *hostReport) policy.Host {
 	// Agents before the hypervisor was reported ran libvirt's QEMU driver.
-	h := policy.Host{Name: r.Host, Hypervisor: cmp.Or(r.Hypervisor, "KVM"), DriverVersion: r.DriverVersion}
+	h := policy.Host{Name: name, Hypervisor: hr.str(cmp.Or(r.Hypervisor, "KVM")), DriverVersion: hr.str(r.DriverVersion)}
+	if len(r.GPUs) > 0 {
+		h.GPUs = make([]policy.GPU, 0, len(r.GPUs))
+	}
 	for _, g := range r.GPUs {
-		pg := policy.GPU{Address: g.PCI, Used: len(g.Active)}
+		pg := policy.GPU{Address: hr.str(g.PCI), Used: len(g.Active)}
 		for _, t := range g.Types {
-			if pn, err := catalog.ParseName(t.Name); err == nil {
+			if pn, ok := hr.parse(t.Name); ok {
 				pg.Model = pn.GPU
 				break
 			}
@@ -89,13 +169,13 @@ func HostFromReport(r protocol.Report, cat Catalog) policy.Host {
 			for _, t := range g.Types {
 				if t.ID == typ {
 					pg.Capacity = t.MaxInstances
-					if pn, err := catalog.ParseName(t.Name); err == nil {
+					if pn, ok := hr.parse(t.Name); ok {
 						pg.Profile = pn.Name
 					}
 				}
 			}
-			if pg.Profile == "" && cat != nil {
-				if p, ok := cat.ByTypeID(typ); ok {
+			if pg.Profile == "" && hr.cat != nil {
+				if p, ok := hr.cat.ByTypeID(typ); ok {
 					pg.Profile, pg.Capacity = p.Name, p.MaxInstances
 				}
 			}
@@ -114,29 +194,36 @@ func loadHosts(ctx context.Context, q Querier, cat Catalog) (*hostSet, error) {
 		return nil, fmt.Errorf("read hosts: %w", err)
 	}
 	defer rows.Close()
-	hs := &hostSet{byName: map[string]int{}, guest: map[string]string{}, at: time.Now()}
+	hs := &hostSet{byName: map[string]int{}, guest: map[uuid.UUID]string{}, at: time.Now()}
+	hr := newHostReader(cat)
+	var name string
+	var raw pgtype.DriverBytes // valid until the next row: decoded, not copied
+	scan := []any{&name, &raw}
 	for rows.Next() {
-		var name string
-		var raw []byte
-		if err := rows.Scan(&name, &raw); err != nil {
+		if err := rows.Scan(scan...); err != nil {
 			return nil, fmt.Errorf("read hosts: %w", err)
 		}
-		var r protocol.Report
-		if json.Unmarshal(raw, &r) != nil {
-			continue
-		}
-		r.Host = name
-		for _, g := range r.GPUs {
-			for _, v := range g.Active {
-				if v.InstanceUUID != "" && v.GuestDriver != "" {
-					hs.guest[strings.ToLower(v.InstanceUUID)] = v.GuestDriver
-				}
-			}
-		}
-		hs.byName[name] = len(hs.hosts)
-		hs.hosts = append(hs.hosts, HostFromReport(r, cat))
+		hs.add(hr, name, raw)
 	}
 	return hs, rows.Err()
+}
+
+// add adds the host name with its last report raw (JSON), unless the
+// report does not decode.
+func (hs *hostSet) add(hr *hostReader, name string, raw []byte) {
+	var r hostReport
+	if json.Unmarshal(raw, &r) != nil {
+		return
+	}
+	for _, g := range r.GPUs {
+		for _, v := range g.Active {
+			if id, err := uuid.Parse(v.InstanceUUID); err == nil && v.GuestDriver != "" {
+				hs.guest[id] = hr.str(v.GuestDriver)
+			}
+		}
+	}
+	hs.byName[name] = len(hs.hosts)
+	hs.hosts = append(hs.hosts, hr.host(name, &r))
 }
 
 // Querier is what reads need of a transaction or pool.
@@ -155,7 +242,8 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	if ev.InstanceUUID == "" {
 		return f, st, nil
 	}
-	if _, err := uuid.Parse(ev.InstanceUUID); err != nil {
+	instance, err := uuid.Parse(ev.InstanceUUID)
+	if err != nil {
 		return f, st, nil
 	}
 	var flavor string
@@ -163,7 +251,7 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	var hostNode string
 	var lastReport *time.Time
 	var declared string
-	err := tx.QueryRow(ctx, `SELECT coalesce(i.project_id,''), coalesce(i.user_id,''), coalesce(i.host,''), coalesce(i.node,''),
+	err = tx.QueryRow(ctx, `SELECT coalesce(i.project_id,''), coalesce(i.user_id,''), coalesce(i.host,''), coalesce(i.node,''),
 			coalesce(i.vm_state,''), i.deleted_at IS NOT NULL OR coalesce(i.vm_state,'') = 'deleted', coalesce(i.flavor->>'name',''), i.vgpus,
 			coalesce(h.node,''), h.last_report_at, coalesce(i.guest_driver,'')
 		FROM instances i LEFT JOIN hosts h ON h.name = i.host WHERE i.uuid = $1`, ev.InstanceUUID).
@@ -196,7 +284,7 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	// declared in the server's metadata (an event's own field wins over
 	// both, in the policy).
 	in := policy.Instance{UUID: ev.InstanceUUID, ProjectID: f.Instance.ProjectID, Host: f.Instance.Host, Flavor: flavor, State: f.Instance.VMState,
-		GuestDriver: cmp.Or(hs.guest[strings.ToLower(ev.InstanceUUID)], declared)}
+		GuestDriver: cmp.Or(hs.guest[instance], declared)}
 	if f.Instance.Deleted {
 		in.State = "deleted"
 	}

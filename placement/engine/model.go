@@ -72,29 +72,32 @@ func (p *Provider) IsRoot() bool { return p.RootUUID == "" || p.RootUUID == p.UU
 type Host struct {
 	Name     string   // root provider name (the hypervisor node name)
 	RootUUID string   // root provider uuid
-	Traits   []string // root provider traits, sorted
+	Traits   []string // root provider traits, sorted; shared with other hosts': read-only
 }
 
 // HasTrait reports whether the host carries t.
 func (h *Host) HasTrait(t string) bool { return hasSorted(h.Traits, t) }
 
 // GPU is a physical GPU: a provider with vGPU inventory. Fields are
-// read-only for the engine.
+// read-only for the engine. (The index keeps one per GPU of the fleet:
+// TypeFromReport sits beside ID, in ID's padding, so that a GPU takes 176
+// bytes, not 192.) Traits and Types may share their backing array with
+// other GPUs': never append to them or write into them.
 type GPU struct {
-	ID         int32 // dense, stable while the GPU exists; ties rank by ID
-	UUID       string
-	Name       string
-	Host       *Host
-	Class      string    // resource class of its vGPU inventory
-	Inventory  Inventory // of Class
-	Used       int       // of Class
-	Generation int
-	Traits     []string // own traits, sorted
-	Types      []string // the vGPU type traits among Traits
+	ID int32 // dense, stable while the GPU exists; ties rank by ID
 	// TypeFromReport: the GPU's provider has no type trait in Placement;
 	// its one type trait in Traits and Types is the one its host's agent
 	// reports (the direct path can place on it; Nova's scheduler cannot).
 	TypeFromReport bool
+	UUID           string
+	Name           string
+	Host           *Host
+	Class          string    // resource class of its vGPU inventory
+	Inventory      Inventory // of Class
+	Used           int       // of Class
+	Generation     int
+	Traits         []string // own traits, sorted
+	Types          []string // the vGPU type traits among Traits
 }
 
 // Capacity is the allocatable amount of the GPU's vGPU class.

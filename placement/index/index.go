@@ -5,7 +5,8 @@
 package index
 
 import (
-	"maps"
+	"cmp"
+	"hash/maphash"
 	"slices"
 	"sort"
 	"strings"
@@ -36,14 +37,15 @@ type Index struct {
 	mu        sync.RWMutex
 	gpus      []*engine.GPU
 	freeIDs   []int32
-	byUUID    map[string]int32
+	byUUID    []int32                 // the IDs of the GPUs, by uuid (idOf): a fifth of a map's size
 	hosts     map[string]*engine.Host // by root uuid
 	hostGPUs  map[string][]int32      // by host name
 	keys      map[string]*bucketSet   // by own trait; "" = all
 	hostTrait map[string]int          // trait → hosts carrying it
 	types     map[string]int          // type trait → GPUs carrying it
 	providers int                     // providers seen in the last Load plus applied
-	reported  map[string]string       // GPU provider name → type trait its agent reports
+	reported  reportedTypes           // GPU provider name → type trait its agent reports
+	sets      TraitSets               // one slice per distinct trait set, shared by hosts and GPUs
 }
 
 var _ engine.State = (*Index)(nil)
@@ -64,86 +66,161 @@ func New(cfg Config) *Index {
 func (x *Index) reset() {
 	x.gpus = nil
 	x.freeIDs = nil
-	x.byUUID = map[string]int32{}
+	x.byUUID = nil
 	x.hosts = map[string]*engine.Host{}
 	x.hostGPUs = map[string][]int32{}
 	x.keys = map[string]*bucketSet{"": {}}
 	x.hostTrait = map[string]int{}
 	x.types = map[string]int{}
+	x.sets.Reset()
 }
 
-// class returns the vGPU class of p, if it has one.
-func (x *Index) class(p *engine.Provider) (string, engine.Inventory, bool) {
+// Record is what the index reads of a provider: an engine.Provider
+// without its maps, for loads of a whole fleet (mirror.Store.Records),
+// which would otherwise build two maps per GPU, and its allocations, only
+// to drop them. Records may share their Traits slices; the index never
+// writes into them nor keeps them.
+type Record struct {
+	UUID       string
+	Name       string
+	RootUUID   string // "" or UUID for a root provider
+	Generation int
+	Traits     []string // in any order
+	// Class is the provider's vGPU resource class: the first of the
+	// index's Classes it has an inventory of; "" for none (not a GPU).
+	Class     string
+	Inventory engine.Inventory // of Class
+	Used      int              // usage of Class
+}
+
+// IsRoot reports whether r is the root of its tree.
+func (r *Record) IsRoot() bool { return r.RootUUID == "" || r.RootUUID == r.UUID }
+
+func (r *Record) root() string {
+	if r.RootUUID == "" {
+		return r.UUID
+	}
+	return r.RootUUID
+}
+
+// Record returns what the index reads of p.
+func (x *Index) Record(p *engine.Provider) Record {
+	r := Record{UUID: p.UUID, Name: p.Name, RootUUID: p.RootUUID, Generation: p.Generation, Traits: p.Traits}
 	for _, c := range x.cfg.Classes {
 		if inv, ok := p.Inventory[c]; ok {
-			return c, inv, true
+			r.Class, r.Inventory, r.Used = c, inv, p.Usages[c]
+			break
 		}
 	}
-	return "", engine.Inventory{}, false
+	return r
 }
 
 // Load replaces the whole index with providers. GPU IDs follow the order
 // (host name, provider name, uuid).
 func (x *Index) Load(providers []engine.Provider) {
+	rs := make([]Record, len(providers))
+	for i := range providers {
+		rs[i] = x.Record(&providers[i])
+	}
+	x.LoadRecords(rs)
+}
+
+// LoadRecords is Load from records: it replaces the whole index with
+// them.
+func (x *Index) LoadRecords(rs []Record) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.reset()
-	x.providers = len(providers)
-	byUUID := make(map[string]*engine.Provider, len(providers))
-	for i := range providers {
-		byUUID[providers[i].UUID] = &providers[i]
-	}
-	for i := range providers {
-		p := &providers[i]
-		if p.IsRoot() {
-			x.setHostLocked(p)
+	x.providers = len(rs)
+	var gp []*Record
+	for i := range rs {
+		r := &rs[i]
+		if r.IsRoot() {
+			x.setHostLocked(r)
+		}
+		if r.Class != "" {
+			gp = append(gp, r)
 		}
 	}
-	var gp []*engine.Provider
-	for i := range providers {
-		if _, _, ok := x.class(&providers[i]); ok {
-			gp = append(gp, &providers[i])
-		}
-	}
-	name := func(p *engine.Provider) string {
-		if h, ok := x.hosts[root(p)]; ok {
+	name := func(r *Record) string {
+		if h, ok := x.hosts[r.root()]; ok {
 			return h.Name
 		}
 		return ""
 	}
-	sort.Slice(gp, func(i, j int) bool {
-		a, b := gp[i], gp[j]
-		if ha, hb := name(a), name(b); ha != hb {
-			return ha < hb
+	slices.SortFunc(gp, func(a, b *Record) int {
+		if c := strings.Compare(name(a), name(b)); c != 0 {
+			return c
 		}
-		if a.Name != b.Name {
-			return a.Name < b.Name
+		if c := strings.Compare(a.Name, b.Name); c != 0 {
+			return c
 		}
-		return a.UUID < b.UUID
+		return strings.Compare(a.UUID, b.UUID)
 	})
+	gp, byUUID := oneByUUID(gp)
 	x.gpus = make([]*engine.GPU, 0, len(gp))
-	for _, p := range gp {
-		x.upsertGPULocked(p)
+	for _, r := range gp {
+		x.insertGPULocked(r) // its ID is its place in gp
 	}
+	x.byUUID = byUUID
 }
 
-func root(p *engine.Provider) string {
-	if p.RootUUID == "" {
-		return p.UUID
+// oneByUUID makes the records of one uuid one GPU, as upserts in gp's
+// order would: in the place of the first, as the last says. It returns
+// the places in the result by uuid.
+func oneByUUID(gp []*Record) ([]*Record, []int32) {
+	order := func() []int32 {
+		byUUID := make([]int32, len(gp))
+		for i := range byUUID {
+			byUUID[i] = int32(i)
+		}
+		slices.SortFunc(byUUID, func(a, b int32) int {
+			if c := strings.Compare(gp[a].UUID, gp[b].UUID); c != 0 {
+				return c
+			}
+			return cmp.Compare(a, b)
+		})
+		return byUUID
 	}
-	return p.RootUUID
+	byUUID := order()
+	dup := false
+	for i := 0; i < len(byUUID); {
+		j := i + 1
+		for ; j < len(byUUID) && gp[byUUID[j]].UUID == gp[byUUID[i]].UUID; j++ {
+			gp[byUUID[i]], gp[byUUID[j]], dup = gp[byUUID[j]], nil, true
+		}
+		i = j
+	}
+	if !dup {
+		return gp, byUUID
+	}
+	gp = slices.DeleteFunc(gp, func(r *Record) bool { return r == nil })
+	return gp, order()
+}
+
+// idOf finds the GPU with provider uuid u; i is where it is, or would
+// be, in byUUID.
+func (x *Index) idOf(u string) (id int32, i int, ok bool) {
+	i, ok = slices.BinarySearchFunc(x.byUUID, u, func(id int32, u string) int { return strings.Compare(x.gpus[id].UUID, u) })
+	if ok {
+		id = x.byUUID[i]
+	}
+	return id, i, ok
 }
 
 // Apply inserts or updates one provider (a root, a GPU, or anything else).
-func (x *Index) Apply(p engine.Provider) {
+func (x *Index) Apply(p engine.Provider) { x.ApplyRecord(x.Record(&p)) }
+
+// ApplyRecord is Apply from a record.
+func (x *Index) ApplyRecord(r Record) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if p.IsRoot() {
-		x.setHostLocked(&p)
+	if r.IsRoot() {
+		x.setHostLocked(&r)
 	}
-	if _, _, ok := x.class(&p); ok {
-		x.upsertGPULocked(&p)
-	} else if id, ok := x.byUUID[p.UUID]; ok {
+	if r.Class != "" {
+		x.upsertGPULocked(&r)
+	} else if id, _, ok := x.idOf(r.UUID); ok {
 		x.removeGPULocked(id)
 	}
 }
@@ -152,7 +229,7 @@ func (x *Index) Apply(p engine.Provider) {
 func (x *Index) Remove(uuid string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if id, ok := x.byUUID[uuid]; ok {
+	if id, _, ok := x.idOf(uuid); ok {
 		x.removeGPULocked(id)
 	}
 	if h, ok := x.hosts[uuid]; ok {
@@ -169,7 +246,7 @@ func (x *Index) Remove(uuid string) {
 func (x *Index) SetUsage(uuid string, used, generation int) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	id, ok := x.byUUID[uuid]
+	id, _, ok := x.idOf(uuid)
 	if !ok {
 		return false
 	}
@@ -188,7 +265,7 @@ func (x *Index) SetUsage(uuid string, used, generation int) bool {
 func (x *Index) AddUsage(uuid string, delta int) (used, generation int, ok bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	id, ok := x.byUUID[uuid]
+	id, _, ok := x.idOf(uuid)
 	if !ok {
 		return 0, 0, false
 	}
@@ -201,7 +278,7 @@ func (x *Index) AddUsage(uuid string, delta int) (used, generation int, ok bool)
 	return n.Used, n.Generation, true
 }
 
-func (x *Index) setHostLocked(p *engine.Provider) {
+func (x *Index) setHostLocked(p *Record) {
 	h, ok := x.hosts[p.UUID]
 	if !ok {
 		h = &engine.Host{RootUUID: p.UUID}
@@ -227,9 +304,7 @@ func (x *Index) setHostLocked(p *engine.Provider) {
 		}
 		h.Name = p.Name
 	}
-	traits := slices.Clone(p.Traits)
-	sort.Strings(traits)
-	x.setHostTraitsLocked(h, traits)
+	x.setHostTraitsLocked(h, x.sets.Intern(p.Traits))
 }
 
 func mergeSorted(a, b []int32) []int32 {
@@ -261,27 +336,37 @@ func (x *Index) hostLocked(rootUUID string) *engine.Host {
 
 // typedLocked returns a GPU provider's traits and type traits: its own,
 // or, when it has no type trait, its own and the type its agent reports.
+// Both are shared (x.sets): Types is the run of Traits with the type
+// prefix (sorted, they are contiguous).
 func (x *Index) typedLocked(name string, own []string) (traits, types []string, fromReport bool) {
-	traits = slices.Clone(own)
-	sort.Strings(traits)
-	for _, t := range traits {
-		if strings.HasPrefix(t, x.cfg.TypePrefix) {
-			types = append(types, t)
+	traits = x.sets.Intern(own)
+	types = x.typesOf(traits)
+	if t := x.reported.get(name); len(types) == 0 && t != "" {
+		k, found := slices.BinarySearch(traits, t)
+		if !found {
+			with := make([]string, 0, len(traits)+1)
+			traits = x.sets.Intern(append(append(append(with, traits[:k]...), t), traits[k:]...))
 		}
-	}
-	if t := x.reported[name]; len(types) == 0 && t != "" {
-		traits = insertString(traits, t)
-		types, fromReport = []string{t}, true
+		types, fromReport = traits[k:k+1:k+1], true
 	}
 	return traits, types, fromReport
 }
 
-func insertString(s []string, v string) []string {
-	i, found := slices.BinarySearch(s, v)
-	if found {
-		return s
+// typesOf returns the type traits among sorted traits: a subslice, which
+// cannot be appended to in place.
+func (x *Index) typesOf(traits []string) []string {
+	i := 0
+	for i < len(traits) && !strings.HasPrefix(traits[i], x.cfg.TypePrefix) {
+		i++
 	}
-	return slices.Insert(s, i, v)
+	j := i
+	for j < len(traits) && strings.HasPrefix(traits[j], x.cfg.TypePrefix) {
+		j++
+	}
+	if i == j {
+		return nil
+	}
+	return traits[i:j:j]
 }
 
 // SetReportedTypes gives each GPU without a type trait in Placement the
@@ -290,10 +375,10 @@ func insertString(s []string, v string) []string {
 func (x *Index) SetReportedTypes(m map[string]string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if maps.Equal(m, x.reported) {
+	if x.reported.equal(m) {
 		return
 	}
-	x.reported = maps.Clone(m)
+	x.reported = x.keepReported(m)
 	for _, g := range x.gpus {
 		if g == nil {
 			continue
@@ -316,23 +401,93 @@ func (x *Index) SetReportedTypes(m map[string]string) {
 	}
 }
 
-func (x *Index) upsertGPULocked(p *engine.Provider) {
-	class, inv, _ := x.class(p)
+// reportedTypes maps GPU provider names to the type traits their
+// agents report: a slice sorted by name rather than a map, as it holds
+// one entry per GPU of the fleet (32 bytes each, where a map takes 40 to
+// 80).
+type reportedTypes []reportedType
+
+type reportedType struct{ name, trait string }
+
+func (r reportedTypes) find(name string) (int, bool) {
+	return slices.BinarySearchFunc(r, name, func(e reportedType, name string) int { return strings.Compare(e.name, name) })
+}
+
+// get returns the trait reported for the GPU provider name ("" for none).
+func (r reportedTypes) get(name string) string {
+	if i, ok := r.find(name); ok {
+		return r[i].trait
+	}
+	return ""
+}
+
+// equal reports whether r maps what m does.
+func (r reportedTypes) equal(m map[string]string) bool {
+	if len(r) != len(m) {
+		return false
+	}
+	for k, v := range m {
+		if i, ok := r.find(k); !ok || r[i].trait != v {
+			return false
+		}
+	}
+	return true
+}
+
+// keepReported copies m for x.reported: for the GPUs in the index, the
+// name is their Name (one string for both), and each trait one string.
+func (x *Index) keepReported(m map[string]string) reportedTypes {
+	out := make(reportedTypes, 0, len(m))
+	vals := map[string]string{}
+	val := func(v string) string {
+		if c, ok := vals[v]; ok {
+			return c
+		}
+		vals[v] = v
+		return v
+	}
+	for _, g := range x.gpus {
+		if g == nil {
+			continue
+		}
+		if t, ok := m[g.Name]; ok {
+			out = append(out, reportedType{g.Name, val(t)})
+		}
+	}
+	slices.SortFunc(out, func(a, b reportedType) int { return strings.Compare(a.name, b.name) })
+	out = slices.CompactFunc(out, func(a, b reportedType) bool { return a.name == b.name }) // (GPUs of one name)
+	if len(out) < len(m) {
+		n := len(out)
+		for k, t := range m {
+			if _, ok := out[:n].find(k); !ok {
+				out = append(out, reportedType{k, val(t)})
+			}
+		}
+		slices.SortFunc(out, func(a, b reportedType) int { return strings.Compare(a.name, b.name) })
+	}
+	return out
+}
+
+func (x *Index) newGPULocked(p *Record) *engine.GPU {
 	traits, types, fromReport := x.typedLocked(p.Name, p.Traits)
-	g := &engine.GPU{
+	return &engine.GPU{
 		UUID:       p.UUID,
 		Name:       p.Name,
-		Host:       x.hostLocked(root(p)),
-		Class:      class,
-		Inventory:  inv,
-		Used:       p.Usages[class],
+		Host:       x.hostLocked(p.root()),
+		Class:      p.Class,
+		Inventory:  p.Inventory,
+		Used:       p.Used,
 		Generation: p.Generation,
 		Traits:     traits,
 		Types:      types,
 
 		TypeFromReport: fromReport,
 	}
-	if id, ok := x.byUUID[p.UUID]; ok {
+}
+
+func (x *Index) upsertGPULocked(p *Record) {
+	g := x.newGPULocked(p)
+	if id, i, ok := x.idOf(p.UUID); ok {
 		old := x.gpus[id]
 		g.ID = id
 		x.unbucketLocked(old)
@@ -343,19 +498,32 @@ func (x *Index) upsertGPULocked(p *engine.Provider) {
 		}
 		x.gpus[id] = g
 	} else {
-		if n := len(x.freeIDs); n > 0 {
-			g.ID = x.freeIDs[n-1]
-			x.freeIDs = x.freeIDs[:n-1]
-			x.gpus[g.ID] = g
-		} else {
-			g.ID = int32(len(x.gpus))
-			x.gpus = append(x.gpus, g)
-		}
-		x.byUUID[p.UUID] = g.ID
-		x.hostGPUs[g.Host.Name] = insert(x.hostGPUs[g.Host.Name], g.ID)
+		x.addGPULocked(g)
+		x.byUUID = slices.Insert(x.byUUID, i, g.ID)
 	}
 	x.traitLocked(g)
 	x.bucketLocked(g)
+}
+
+// insertGPULocked adds a GPU of a Load (which keeps byUUID itself).
+func (x *Index) insertGPULocked(p *Record) {
+	g := x.newGPULocked(p)
+	x.addGPULocked(g)
+	x.traitLocked(g)
+	x.bucketLocked(g)
+}
+
+// addGPULocked gives a new GPU its ID and its place on its host.
+func (x *Index) addGPULocked(g *engine.GPU) {
+	if n := len(x.freeIDs); n > 0 {
+		g.ID = x.freeIDs[n-1]
+		x.freeIDs = x.freeIDs[:n-1]
+		x.gpus[g.ID] = g
+	} else {
+		g.ID = int32(len(x.gpus))
+		x.gpus = append(x.gpus, g)
+	}
+	x.hostGPUs[g.Host.Name] = insert(x.hostGPUs[g.Host.Name], g.ID)
 }
 
 func (x *Index) removeGPULocked(id int32) {
@@ -363,7 +531,9 @@ func (x *Index) removeGPULocked(id int32) {
 	x.unbucketLocked(g)
 	x.untraitLocked(g)
 	x.hostGPUs[g.Host.Name] = remove(x.hostGPUs[g.Host.Name], id)
-	delete(x.byUUID, g.UUID)
+	if _, i, ok := x.idOf(g.UUID); ok {
+		x.byUUID = slices.Delete(x.byUUID, i, i+1)
+	}
 	x.gpus[id] = nil
 	x.freeIDs = append(x.freeIDs, id)
 }
@@ -565,7 +735,7 @@ func (x *Index) GPUs() []engine.GPU {
 func (x *Index) Lookup(u string) (engine.GPU, bool) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	id, ok := x.byUUID[u]
+	id, _, ok := x.idOf(u)
 	if !ok {
 		return engine.GPU{}, false
 	}
@@ -580,4 +750,61 @@ func (x *Index) Len() int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return len(x.byUUID)
+}
+
+// TraitSets keeps one slice per distinct set of traits: a fleet's hosts
+// carry the same few dozen traits, its GPUs one type trait each, so
+// thousands of hosts and GPUs share a handful of slices instead of one
+// copy each. The slices are sorted and never written once made; their
+// capacity is their length, so that an append copies. The zero value is
+// ready; a TraitSets is not safe for concurrent use.
+type TraitSets struct {
+	seed maphash.Seed
+	m    map[uint64][][]string // by hash of the sorted set
+	n    int
+}
+
+// maxTraitSets bounds a TraitSets: past it, the sets start over (those in
+// use stay valid; later ones no longer share with them).
+const maxTraitSets = 4096
+
+// Reset forgets the sets.
+func (s *TraitSets) Reset() { s.m, s.n = nil, 0 }
+
+// Intern returns the shared sorted slice holding the traits of ts (nil
+// for none); ts itself is never kept.
+func (s *TraitSets) Intern(ts []string) []string {
+	if len(ts) == 0 {
+		return nil
+	}
+	if !slices.IsSorted(ts) {
+		ts = slices.Clone(ts)
+		slices.Sort(ts)
+	}
+	if s.m == nil {
+		if s.seed == (maphash.Seed{}) {
+			s.seed = maphash.MakeSeed()
+		}
+		s.m = map[uint64][][]string{}
+	}
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	for _, t := range ts {
+		h.WriteString(t)
+		h.WriteByte(0)
+	}
+	k := h.Sum64()
+	for _, c := range s.m[k] {
+		if slices.Equal(c, ts) {
+			return c
+		}
+	}
+	if s.n >= maxTraitSets {
+		s.m, s.n = map[uint64][][]string{}, 0
+	}
+	c := make([]string, len(ts))
+	copy(c, ts)
+	s.m[k] = append(s.m[k], c)
+	s.n++
+	return c
 }

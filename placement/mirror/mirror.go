@@ -5,18 +5,24 @@
 package mirror
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/index"
 )
 
 // Channel is the LISTEN/NOTIFY channel of mirror changes. The payload is
@@ -426,6 +432,189 @@ func (s *Store) Load(ctx context.Context, uuids ...string) ([]engine.Provider, e
 		out = append(out, *byID[id])
 	}
 	return out, nil
+}
+
+// Records reads providers back as the index keeps them (all of them when
+// uuids is empty): index.Load's input without what the index does not
+// read. Store.Load builds each provider's maps (inventories, usages, its
+// allocations, one map per consumer) and its aggregates, which for a
+// fleet of 10,000 hosts × 8 GPUs is most of the memory a load takes, only
+// for the index to drop them. Records reads only the inventory and usage
+// of the store's vGPU classes, no aggregates nor allocations, and scans
+// without a copy what it does not keep: a provider's uuid and name are one
+// string, a child's root uuid is its root's string, the names of traits
+// and classes one copy each, and hosts or GPUs with the same traits share
+// one slice (index.TraitSets).
+func (s *Store) Records(ctx context.Context, uuids ...string) ([]index.Record, error) {
+	// Of some providers: $1, the uuids. The vGPU classes follow.
+	var args []any
+	where, and := "", ""
+	if len(uuids) > 0 {
+		args = []any{uuids}
+		where, and = " WHERE uuid = ANY($1::uuid[])", " AND provider_uuid = ANY($1::uuid[])"
+	}
+	classArgs := append(slices.Clip(args), s.classes)
+	classes := fmt.Sprintf("$%d::text[]", len(classArgs))
+	var (
+		ids   [][16]byte // of recs, ascending
+		roots [][16]byte // recs' roots
+		recs  []index.Record
+		id    [16]byte
+		root  [16]byte
+		name  pgtype.DriverBytes
+		gen   int
+		text  []byte
+	)
+	// The slices at their size at once (not grown by copies: a fleet's
+	// records are tens of MB).
+	n := len(uuids)
+	if n == 0 {
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM placement_providers`).Scan(&n); err != nil {
+			return nil, fmt.Errorf("mirror records: %w", err)
+		}
+	}
+	ids, roots, recs = make([][16]byte, 0, n), make([][16]byte, 0, n), make([]index.Record, 0, n)
+	rows, err := s.pool.Query(ctx, `SELECT uuid, name, generation, root_uuid FROM placement_providers`+where+` ORDER BY uuid`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("mirror records: %w", err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&id, &name, &gen, &root}, func() error {
+		// The uuid's text and the name in one string.
+		text = append(uuidText(text[:0], id), name...)
+		both := string(text)
+		ids, roots = append(ids, id), append(roots, root)
+		recs = append(recs, index.Record{UUID: both[:36], Name: both[36:], Generation: gen})
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("mirror records: providers: %w", err)
+	}
+	if !slices.IsSortedFunc(ids, func(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) }) {
+		sort.Sort(byID{ids, roots, recs}) // (Postgres orders uuids by their bytes)
+	}
+	find := func(id [16]byte) *index.Record {
+		i, ok := slices.BinarySearchFunc(ids, id, func(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) })
+		if !ok {
+			return nil
+		}
+		return &recs[i]
+	}
+	for i := range recs {
+		if r := find(roots[i]); r != nil {
+			recs[i].RootUUID = r.UUID
+		} else {
+			recs[i].RootUUID = string(uuidText(nil, roots[i]))
+		}
+	}
+
+	// One copy of each trait and resource class name (a scanned string
+	// would be one per row), and of each set of traits.
+	names := map[string]string{}
+	intern := func(b []byte) string {
+		if v, ok := names[string(b)]; ok {
+			return v
+		}
+		v := string(b)
+		names[v] = v
+		return v
+	}
+	var sets index.TraitSets
+	var cur *index.Record
+	var buf []string
+	flush := func() {
+		if cur != nil {
+			cur.Traits = sets.Intern(buf)
+		}
+		buf = buf[:0]
+	}
+	var trait pgtype.DriverBytes
+	var last [16]byte
+	rows, err = s.pool.Query(ctx, `SELECT provider_uuid, trait FROM placement_traits WHERE true`+and+
+		` ORDER BY provider_uuid, trait COLLATE "C"`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("mirror records: traits: %w", err)
+	}
+	first := true
+	if _, err := pgx.ForEachRow(rows, []any{&id, &trait}, func() error {
+		if first || id != last {
+			flush()
+			cur, last, first = find(id), id, false
+		}
+		buf = append(buf, intern(trait))
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("mirror records: traits: %w", err)
+	}
+	flush()
+
+	// The inventory of the first vGPU class a provider has, then its usage.
+	rank := func(b []byte) int {
+		for i, c := range s.classes {
+			if string(b) == c {
+				return i
+			}
+		}
+		return -1
+	}
+	var rc pgtype.DriverBytes
+	var inv engine.Inventory
+	rows, err = s.pool.Query(ctx, `SELECT provider_uuid, resource_class, total, reserved, min_unit, max_unit, step_size, allocation_ratio
+		FROM placement_inventories WHERE resource_class = ANY(`+classes+`)`+and, classArgs...)
+	if err != nil {
+		return nil, fmt.Errorf("mirror records: inventories: %w", err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&id, &rc, &inv.Total, &inv.Reserved, &inv.MinUnit, &inv.MaxUnit, &inv.StepSize, &inv.AllocationRatio}, func() error {
+		r, k := find(id), rank(rc)
+		if r == nil || k < 0 {
+			return nil
+		}
+		if r.Class == "" || k < slices.Index(s.classes, r.Class) {
+			r.Class, r.Inventory = s.classes[k], inv
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("mirror records: inventories: %w", err)
+	}
+	var used int
+	rows, err = s.pool.Query(ctx, `SELECT provider_uuid, resource_class, used FROM placement_usages WHERE resource_class = ANY(`+classes+`)`+and, classArgs...)
+	if err != nil {
+		return nil, fmt.Errorf("mirror records: usages: %w", err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&id, &rc, &used}, func() error {
+		if r := find(id); r != nil && r.Class != "" && string(rc) == r.Class {
+			r.Used = used
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("mirror records: usages: %w", err)
+	}
+	return recs, nil
+}
+
+// uuidText appends the canonical text of a uuid to b.
+func uuidText(b []byte, id [16]byte) []byte {
+	b = hex.AppendEncode(b, id[:4])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, id[4:6])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, id[6:8])
+	b = append(b, '-')
+	b = hex.AppendEncode(b, id[8:10])
+	b = append(b, '-')
+	return hex.AppendEncode(b, id[10:])
+}
+
+// byID sorts Records' parallel slices by uuid.
+type byID struct {
+	ids, roots [][16]byte
+	recs       []index.Record
+}
+
+func (b byID) Len() int           { return len(b.ids) }
+func (b byID) Less(i, j int) bool { return bytes.Compare(b.ids[i][:], b.ids[j][:]) < 0 }
+func (b byID) Swap(i, j int) {
+	b.ids[i], b.ids[j] = b.ids[j], b.ids[i]
+	b.roots[i], b.roots[j] = b.roots[j], b.roots[i]
+	b.recs[i], b.recs[j] = b.recs[j], b.recs[i]
 }
 
 // Allocation is one consumer's holding on one provider.
