@@ -306,6 +306,39 @@ func (r *Reconciler) runLocked(ctx context.Context, res *RunResult) (kick bool, 
 	return kick, nil
 }
 
+// leanReport decodes what drift judges a host by from an agent's report:
+// its node and each GPU's address and vGPUs. A fleet's reports are tens of
+// MB of JSON; decoding all of each (types, metrics, processes) made every
+// run hold them all at once.
+func leanReport(raw []byte) (protocol.Report, error) {
+	var lr struct {
+		Node string `json:"node"`
+		GPUs []struct {
+			PCI    string `json:"pci"`
+			Active []struct {
+				MdevUUID     string `json:"mdev_uuid"`
+				TypeID       string `json:"type_id"`
+				InstanceUUID string `json:"instance_uuid"`
+				Owner        string `json:"owner"`
+			} `json:"active"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal(raw, &lr); err != nil {
+		return protocol.Report{}, err
+	}
+	r := protocol.Report{Node: lr.Node, GPUs: make([]protocol.GPU, len(lr.GPUs))}
+	for i, g := range lr.GPUs {
+		r.GPUs[i].PCI = g.PCI
+		if len(g.Active) > 0 {
+			r.GPUs[i].Active = make([]protocol.VGPU, len(g.Active))
+			for j, v := range g.Active {
+				r.GPUs[i].Active[j] = protocol.VGPU{MdevUUID: v.MdevUUID, TypeID: v.TypeID, InstanceUUID: v.InstanceUUID, Owner: v.Owner}
+			}
+		}
+	}
+	return r, nil
+}
+
 // release is a stale claim a repair gives back after the findings are
 // recorded.
 type release struct {
@@ -331,7 +364,7 @@ func (r *Reconciler) load(ctx context.Context, tx pgx.Tx) (*Snapshot, []string, 
 			rows.Close()
 			return nil, nil, err
 		}
-		if json.Unmarshal(raw, &h.Report) != nil {
+		if h.Report, err = leanReport(raw); err != nil {
 			continue
 		}
 		if at != nil {
