@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unique"
 
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 )
@@ -438,14 +439,7 @@ func (r reportedTypes) equal(m map[string]string) bool {
 // name is their Name (one string for both), and each trait one string.
 func (x *Index) keepReported(m map[string]string) reportedTypes {
 	out := make(reportedTypes, 0, len(m))
-	vals := map[string]string{}
-	val := func(v string) string {
-		if c, ok := vals[v]; ok {
-			return c
-		}
-		vals[v] = v
-		return v
-	}
+	val := func(v string) string { return unique.Make(v).Value() }
 	for _, g := range x.gpus {
 		if g == nil {
 			continue

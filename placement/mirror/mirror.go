@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unique"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -368,14 +369,7 @@ func (s *Store) Load(ctx context.Context, uuids ...string) ([]engine.Provider, e
 	// providers share a few dozen, and each scanned row is a string of its
 	// own (with 10,000 compute nodes of 30 traits each, 300,000 copies kept
 	// by the index).
-	names := map[string]string{}
-	intern := func(s string) string {
-		if v, ok := names[s]; ok {
-			return v
-		}
-		names[s] = s
-		return s
-	}
+	intern := func(s string) string { return unique.Make(s).Value() }
 	var u, c, t string
 	var inv engine.Inventory
 	var n int
