@@ -3,7 +3,7 @@
 // Placement claim → outbox → RabbitMQ → vgpu-agent on a fake host
 // (attach_vgpu: create the mdev, attach it to the libvirt test driver's domain) →
 // results → request succeeded. The bridge's webhook endpoint, pipeline
-// (default [pipeline] settings), relay and consumers run in this process
+// (default [pipeline] settings but 8 workers), relay and consumers run in this process
 // against the local Postgres, RabbitMQ and Placement; 100 simulated
 // compute hosts, each a real vgpu-agent on its own fake host, run in a
 // second process (this program again, -agents-child), so that the CPU of
