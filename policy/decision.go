@@ -73,6 +73,41 @@ type Decision struct {
 	Rules       []RuleTrace  `json:"rules"`
 	OtherRules  int          `json:"other_rules"` // rules listening to other event kinds
 	LoadUpdates []LoadUpdate `json:"load_updates,omitempty"`
+	// Held are the rules whose condition held but whose for: window or
+	// cooldown held them back, each with when its hold ends: what they
+	// would do is deferred, not dropped (Policy.EvaluateHeld).
+	Held []Hold `json:"held,omitempty"`
+}
+
+// Hold is a rule an evaluation held back, and when its hold ends.
+type Hold struct {
+	Rule  string    `json:"rule"`
+	Until time.Time `json:"until"`
+}
+
+// HeldRules returns the names of the rules held back, in rule order, and
+// the earliest time a hold ends: when the event is due to be evaluated
+// again. It returns nil and the zero time when nothing was held.
+func (d *Decision) HeldRules() ([]string, time.Time) {
+	var names []string
+	var until time.Time
+	for _, h := range d.Held {
+		names = append(names, h.Rule)
+		if until.IsZero() || h.Until.Before(until) {
+			until = h.Until
+		}
+	}
+	return names, until
+}
+
+// Fired reports whether any rule fired.
+func (d *Decision) Fired() bool {
+	for _, r := range d.Rules {
+		if r.Outcome == OutcomeFired {
+			return true
+		}
+	}
+	return false
 }
 
 // Explain renders the decision for people, one fact a line.
@@ -115,6 +150,9 @@ func (d *Decision) Explain() string {
 			b.WriteString(x.Reason)
 			b.WriteByte('\n')
 		}
+	}
+	for _, h := range d.Held {
+		fmt.Fprintf(&b, "  held back: rule %s until %s (evaluated again then)\n", h.Rule, h.Until.UTC().Format(time.RFC3339))
 	}
 	for _, r := range d.Refused {
 		b.WriteString("  refused ")

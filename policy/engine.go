@@ -53,7 +53,30 @@ type evaluation struct {
 
 // Evaluate decides what to do about an event. st and ls may be nil. It does
 // no I/O and, given the same inputs, returns the same decision.
+//
+// A rule whose condition holds but whose for: window or cooldown holds it
+// back is listed in the decision's Held, with the time its hold ends: the
+// caller evaluates the event again then (EvaluateHeld), so that what the
+// rule would do is not dropped when no further event comes.
 func (p *Policy) Evaluate(ev Event, st State, ls LoadState) *Decision {
+	return p.evaluate(ev, st, ls, nil)
+}
+
+// EvaluateHeld evaluates an event again for the rules an earlier decision
+// held back (Decision.Held): only the rules named in rules run, against
+// the state and load state given, at ev.Time (the time of the
+// re-evaluation); the others are listed as skipped. A rule held back
+// again is listed in Held again. Rules no longer in the policy are not
+// run.
+func (p *Policy) EvaluateHeld(ev Event, st State, ls LoadState, rules []string) *Decision {
+	only := make(map[string]bool, len(rules))
+	for _, r := range rules {
+		only[r] = true
+	}
+	return p.evaluate(ev, st, ls, only)
+}
+
+func (p *Policy) evaluate(ev Event, st State, ls LoadState, only map[string]bool) *Decision {
 	if st == nil {
 		st = emptyState{}
 	}
@@ -133,6 +156,11 @@ func (p *Policy) Evaluate(ev Event, st State, ls LoadState) *Decision {
 	raw := make([]Intent, 0, 4)
 	for i, r := range rules {
 		tr := RuleTrace{Rule: r.Name, Line: r.Line, Col: r.Col}
+		if only != nil && !only[r.Name] {
+			tr.Outcome, tr.Detail = OutcomeSkipped, "evaluated again for the rules held back only; this one was not"
+			d.Rules = append(d.Rules, tr)
+			continue
+		}
 		if !r.always {
 			tr.Values = r.values(e, act)
 		}
@@ -147,6 +175,9 @@ func (p *Policy) Evaluate(ev Event, st State, ls LoadState) *Decision {
 		default:
 			if ok, detail := e.loadGate(ls, r); !ok {
 				tr.Outcome, tr.Detail = detail.outcome, detail.text
+				if !detail.until.IsZero() {
+					d.Held = append(d.Held, Hold{Rule: r.Name, Until: detail.until})
+				}
 				break
 			}
 			tr.Outcome = OutcomeFired
@@ -301,6 +332,7 @@ func formatVal(v ref.Val) string {
 type gateDetail struct {
 	outcome Outcome
 	text    string
+	until   time.Time // when the hold ends (holding, cooldown)
 }
 
 // loadGate applies a load rule's "for" and "cooldown". It returns true
@@ -311,21 +343,21 @@ func (e *evaluation) loadGate(ls LoadState, r *rule) (bool, gateDetail) {
 	}
 	id := e.inst.UUID
 	if id == "" {
-		return false, gateDetail{OutcomeError, "a load rule needs the event's instance"}
+		return false, gateDetail{outcome: OutcomeError, text: "a load rule needs the event's instance"}
 	}
 	if r.For > 0 {
 		since, ok := ls.Since(id, r.Name)
 		if !ok || since.After(e.now) {
 			e.d.LoadUpdates = append(e.d.LoadUpdates, LoadUpdate{Op: LoadArm, Instance: id, Rule: r.Name, At: e.now})
-			return false, gateDetail{OutcomeHolding, fmt.Sprintf("condition holds since now; needs %s", r.For)}
+			return false, gateDetail{OutcomeHolding, fmt.Sprintf("condition holds since now; needs %s", r.For), e.now.Add(r.For)}
 		}
 		if held := e.now.Sub(since); held < r.For {
-			return false, gateDetail{OutcomeHolding, fmt.Sprintf("condition holds for %s of %s (since %s)", held, r.For, since.UTC().Format(time.RFC3339))}
+			return false, gateDetail{OutcomeHolding, fmt.Sprintf("condition holds for %s of %s (since %s)", held, r.For, since.UTC().Format(time.RFC3339)), since.Add(r.For)}
 		}
 	}
 	if r.Cooldown > 0 {
 		if last, ok := ls.LastChange(id); ok && e.now.Sub(last) < r.Cooldown {
-			return false, gateDetail{OutcomeCooldown, fmt.Sprintf("instance changed at %s; cooldown %s until %s", last.UTC().Format(time.RFC3339), r.Cooldown, last.Add(r.Cooldown).UTC().Format(time.RFC3339))}
+			return false, gateDetail{OutcomeCooldown, fmt.Sprintf("instance changed at %s; cooldown %s until %s", last.UTC().Format(time.RFC3339), r.Cooldown, last.Add(r.Cooldown).UTC().Format(time.RFC3339)), last.Add(r.Cooldown)}
 		}
 	}
 	if r.For > 0 {

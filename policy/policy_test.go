@@ -259,6 +259,81 @@ func TestHysteresis(t *testing.T) {
 	}
 }
 
+// TestHeldIsDeferred: an alert attaches, and its resolution comes inside
+// the release rule's cooldown. The decision drops nothing: it lists the
+// rule as held until the cooldown's end, and evaluating the event again
+// then (EvaluateHeld, only the held rules) releases the vGPU; before the
+// end it is held again. A for: window is a hold the same way.
+func TestHeldIsDeferred(t *testing.T) {
+	p, err := Load(strings.NewReader(`rules:
+  - name: resolved-alert-releases
+    on: [alert]
+    when: event.status == "resolved" && instance.vgpu_count > 0
+    cooldown: 20s
+    then: ['release()']
+  - name: note-resolved
+    on: [alert]
+    when: event.status == "resolved"
+    then: ['notify("resolved")']
+  - name: hot-for-a-while
+    on: [alert]
+    when: event.status == "firing"
+    for: 1m
+    then: ['notify("hot for a minute")']
+`), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fleet()
+	tr := NewTracker()
+	tr.Apply([]LoadUpdate{{Op: LoadChange, Instance: "vm-4q", At: t0}}) // the alert's attach
+	resolved := Event{Kind: KindAlert, Status: "resolved", InstanceUUID: "vm-4q", Time: t0.Add(3 * time.Second)}
+
+	d := p.Evaluate(resolved, st, tr)
+	rules, until := d.HeldRules()
+	if d.Rejected || len(rules) != 1 || rules[0] != "resolved-alert-releases" || !until.Equal(t0.Add(20*time.Second)) {
+		t.Fatalf("held %v until %s (rejected %v), want the release rule until the cooldown's end\n%s", rules, until, d.Rejected, d.Explain())
+	}
+	if strings.Contains(kinds(d), "release") {
+		t.Fatalf("released inside the cooldown: %s", kinds(d))
+	}
+
+	// Too early (a replica's clock): held again, nothing else runs twice.
+	early := resolved
+	early.Time = t0.Add(10 * time.Second)
+	d = p.EvaluateHeld(early, st, tr, rules)
+	if r, u := d.HeldRules(); len(r) != 1 || !u.Equal(until) || len(d.Intents) != 0 {
+		t.Fatalf("early re-evaluation: held %v until %s, intents %s\n%s", r, u, kinds(d), d.Explain())
+	}
+
+	// At the cooldown's end: the release, and only the held rule ran (the
+	// notify fired with the first evaluation).
+	again := resolved
+	again.Time = until
+	d = p.EvaluateHeld(again, st, tr, rules)
+	if got := kinds(d); got != "release T4-4Q x1 mode=nova-resize [rule resolved-alert-releases]" || len(d.Held) != 0 {
+		t.Fatalf("re-evaluation at the cooldown's end: %q held %v\n%s", got, d.Held, d.Explain())
+	}
+	for _, r := range d.Rules {
+		if r.Rule == "note-resolved" && r.Outcome != OutcomeSkipped {
+			t.Errorf("a rule that was not held ran again: %+v", r)
+		}
+	}
+
+	// A for: window: held until it would have held long enough.
+	firing := Event{Kind: KindAlert, Status: "firing", InstanceUUID: "vm-none", Time: t0}
+	d = p.Evaluate(firing, st, tr)
+	tr.Apply(d.LoadUpdates)
+	if r, u := d.HeldRules(); len(r) != 1 || r[0] != "hot-for-a-while" || !u.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("for: held %v until %s\n%s", r, u, d.Explain())
+	}
+	firing.Time = t0.Add(time.Minute)
+	d = p.EvaluateHeld(firing, st, tr, []string{"hot-for-a-while"})
+	if got := kinds(d); !strings.Contains(got, "hot for a minute") || len(d.Held) != 0 {
+		t.Fatalf("for: re-evaluated at the window's end: %q\n%s", got, d.Explain())
+	}
+}
+
 func TestLoadRuleNeedsInstance(t *testing.T) {
 	p := testPolicy(t)
 	d := p.Evaluate(Event{Kind: KindGPULoad, Metrics: map[string]float64{"gpu_util": 99}}, nil, NewTracker())

@@ -30,6 +30,12 @@ type InboxRow struct {
 	RequestID    string // webhook: the bridge's request id; nova: Nova's req-… id
 	ProjectID    string
 	Attempts     int
+	// DeferredFrom is, for a follow-up (a deferred evaluation, defer.go),
+	// the event first held back; DeferredRules the rules to evaluate
+	// again, and NotBefore when the follow-up was due.
+	DeferredFrom  int64
+	DeferredRules []string
+	NotBefore     time.Time
 	// observeOnly: operators set observe-only mode (read in the event's
 	// decision transaction).
 	observeOnly bool

@@ -150,6 +150,11 @@ const flavorVGPUs = "flavor"
 
 // PlanDecision turns a policy decision into steps. It is pure.
 func PlanDecision(d *policy.Decision, f Facts) Plan {
+	if len(d.Held) > 0 && !d.Fired() {
+		// Held back, nothing else decided: evaluated again when the hold
+		// ends (defer.go).
+		return Plan{Outcome: OutcomeDefer, Reason: deferReason(d)}
+	}
 	if d.Rejected {
 		if d.Code == policy.RefusalQuota {
 			return Plan{Outcome: OutcomeReject, Code: CodeQuota, Reason: d.Reason}

@@ -349,8 +349,11 @@ func (p *Processor) decideLocked(ctx context.Context, id int64, inst string) (ou
 					return fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
 				}
 			}
+			// A deferred evaluation waiting for its hold to end does not
+			// hold back the instance's later events (defer.go).
 			var earlier bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL)`,
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL
+				AND (deferred_from IS NULL OR not_before IS NULL OR not_before <= now()))`,
 				row.InstanceUUID, row.ID).Scan(&earlier); err != nil {
 				return err
 			}
@@ -571,10 +574,13 @@ func giveBack(ctx context.Context) {
 func lockEvent(ctx context.Context, tx pgx.Tx, id int64) (InboxRow, bool, error) {
 	var r InboxRow
 	var inst, reqID, proj *string
-	var occurred *time.Time
-	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, payload, request_id, project_id, attempts
+	var occurred, notBefore *time.Time
+	var deferredFrom *int64
+	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, payload, request_id, project_id, attempts,
+			deferred_from, deferred_rules, not_before
 		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id).
-		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.Payload, &reqID, &proj, &r.Attempts)
+		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.Payload, &reqID, &proj, &r.Attempts,
+			&deferredFrom, &r.DeferredRules, &notBefore)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -592,6 +598,12 @@ func lockEvent(ctx context.Context, tx pgx.Tx, id int64) (InboxRow, bool, error)
 	}
 	if occurred != nil {
 		r.OccurredAt = *occurred
+	}
+	if deferredFrom != nil {
+		r.DeferredFrom = *deferredFrom
+		if notBefore != nil {
+			r.NotBefore = *notBefore
+		}
 	}
 	return r, true, nil
 }

@@ -129,6 +129,18 @@ func (ReadRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 		return false, fmt.Errorf("read request %s: %w", id, err)
 	}
 	w.Request, w.HasRequest, w.State = id, true, requests.State(st)
+	if w.State.Final() && w.Row.FollowUp() {
+		// A deferred evaluation whose request a sibling event ended goes
+		// on without it; one whose request was cancelled ends here.
+		var code string
+		if err := w.Tx.QueryRow(ctx, `SELECT coalesce(code,'') FROM requests WHERE id = $1`, id).Scan(&code); err != nil {
+			return false, fmt.Errorf("read request %s: %w", id, err)
+		}
+		if code != requests.CodeCancelled {
+			w.Request, w.HasRequest, w.State = uuid.Nil, false, ""
+			return false, nil
+		}
+	}
 	if w.State.Final() {
 		w.p.m.events.WithLabelValues("skipped").Inc()
 		return true, nil
@@ -182,11 +194,31 @@ type Evaluate struct{}
 
 // Exec implements Stage.
 func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
-	p, ev := w.p, w.Event
+	p := w.p
 	pol := p.d.Policy.Policy()
+	if w.Row.FollowUp() {
+		ok, err := p.reevaluate(ctx, w, pol)
+		if err != nil {
+			return false, err
+		}
+		if !ok { // superseded: a request ends in Act, rejected
+			if w.HasRequest {
+				return false, nil
+			}
+			p.m.events.WithLabelValues(string(w.Plan.Outcome)).Inc()
+			return true, p.recordDecision(ctx, w.Tx, w.Row, nil, w.Decision, w.Plan)
+		}
+	}
+	ev := w.Event
+	evaluate := pol.Evaluate
+	if w.Row.FollowUp() {
+		evaluate = func(ev policy.Event, st policy.State, ls policy.LoadState) *policy.Decision {
+			return pol.EvaluateHeld(ev, st, ls, w.Row.DeferredRules)
+		}
+	}
 	if !w.HasRequest && !rebuildKind(ev.Kind) && ev.Kind != NovaKindPrefix+"instance.delete.end" {
 		// Most notifications: no rule listens, nothing to re-apply.
-		if d0 := pol.Evaluate(ev, nil, nil); len(d0.Rules) == 0 {
+		if d0 := evaluate(ev, nil, nil); len(d0.Rules) == 0 {
 			p.m.events.WithLabelValues(string(OutcomeNothing)).Inc()
 			return true, nil
 		}
@@ -201,8 +233,11 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("load policy state: %w", err)
 	}
+	if w.Row.FollowUp() {
+		facts.Rebuilt = false // re-attached when the event came
+	}
 	w.Facts, w.snap = facts, st
-	w.Decision = pol.Evaluate(ev, st, ls)
+	w.Decision = evaluate(ev, st, ls)
 	onlyFollowUps(w.Decision, ev.Kind)
 	w.Plan = PlanDecision(w.Decision, facts)
 	if w.Row.observeOnly && w.Plan.Outcome == OutcomeAct {
@@ -221,7 +256,7 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	if err := policystate.Apply(ctx, w.Tx, w.Decision.LoadUpdates); err != nil {
 		return false, fmt.Errorf("apply policy state: %w", err)
 	}
-	return true, nil
+	return true, p.deferHeld(ctx, w)
 }
 
 // OpenRequest makes a request for an event that acts without one (a
@@ -258,6 +293,12 @@ type Act struct {
 // Exec implements Stage.
 func (a Act) Exec(ctx context.Context, w *Work) (bool, error) {
 	p := w.p
+	if w.Plan.Outcome == OutcomeDefer {
+		if err := p.deferRequest(ctx, w); err != nil {
+			return false, fmt.Errorf("request %s: defer: %w", w.Request, err)
+		}
+		return false, nil
+	}
 	if w.Plan.Outcome != OutcomeAct {
 		if err := w.Notify(ctx, w.Plan.Steps); err != nil {
 			return false, fmt.Errorf("request %s: notify: %w", w.Request, err)
@@ -299,13 +340,17 @@ func (Record) Exec(ctx context.Context, w *Work) (bool, error) {
 	if err := policystate.Apply(ctx, w.Tx, w.Decision.LoadUpdates); err != nil {
 		return false, fmt.Errorf("request %s: apply policy state: %w", w.Request, err)
 	}
-	return true, nil
+	return true, w.p.deferHeld(ctx, w)
 }
 
 // run passes one locked event through the stages and marks it processed.
 func (p *Processor) run(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hostSet) (outbox bool, err error) {
 	w := &Work{Tx: tx, Row: row, p: p, hosts: hs}
-	if _, err := Stages(p.stages).Exec(ctx, w); err != nil {
+	stages := p.stages
+	if row.FollowUp() {
+		stages = reevaluationStages(stages)
+	}
+	if _, err := Stages(stages).Exec(ctx, w); err != nil {
 		return false, fmt.Errorf("event %d: %w", row.ID, err)
 	}
 	if w.closed {
