@@ -44,7 +44,8 @@ type Ingest struct {
 	LastEventAt     *time.Time `json:"last_event_at"`
 	EventAgeSeconds *float64   `json:"event_age_seconds"`
 	// PendingEvents are inbox rows not processed yet; the oldest of them
-	// waits since OldestPendingAt.
+	// waits since OldestPendingAt. A deferred evaluation (a follow-up a
+	// policy cooldown holds back) counts once it is due.
 	PendingEvents           int        `json:"pending_events"`
 	OldestPendingAt         *time.Time `json:"oldest_pending_at"`
 	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds"`
@@ -188,7 +189,8 @@ func readIngest(ctx context.Context, tx pgx.Tx, now time.Time, in *Ingest) error
 		in.EventAgeSeconds = since(now, *in.LastEventAt)
 	}
 	// The partial index events_unprocessed_idx serves both.
-	if err := tx.QueryRow(ctx, `WITH p AS (SELECT count(*) AS n, min(id) AS first FROM events WHERE processed_at IS NULL)
+	if err := tx.QueryRow(ctx, `WITH p AS (SELECT count(*) AS n, min(id) AS first FROM events WHERE processed_at IS NULL
+			AND (deferred_from IS NULL OR not_before IS NULL OR not_before <= now()))
 		SELECT p.n, e.received_at FROM p LEFT JOIN events e ON e.id = p.first`).Scan(&in.PendingEvents, &in.OldestPendingAt); err != nil {
 		return fmt.Errorf("status: pending events: %w", err)
 	}
@@ -196,7 +198,7 @@ func readIngest(ctx context.Context, tx pgx.Tx, now time.Time, in *Ingest) error
 		in.OldestPendingAgeSeconds = since(now, *in.OldestPendingAt)
 	}
 	if err := tx.QueryRow(ctx, `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM processed_at - received_at)::float8)
-		FROM (SELECT processed_at, received_at FROM events WHERE processed_at IS NOT NULL ORDER BY id DESC LIMIT $1) r`, lagSample).
+		FROM (SELECT processed_at, received_at FROM events WHERE processed_at IS NOT NULL AND deferred_from IS NULL ORDER BY id DESC LIMIT $1) r`, lagSample).
 		Scan(&in.ProcessingLagSeconds); err != nil {
 		return fmt.Errorf("status: processing lag: %w", err)
 	}
