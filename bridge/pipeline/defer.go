@@ -41,6 +41,9 @@ import (
 // allocations read, a Nova move followed, vGPUs re-attached after a
 // rebuild) happened when it was first processed and are not repeated.
 //
+// The bridge's own bridge.vgpu_load events are not deferred: they come
+// again every load_interval while the instance has samples (periodic).
+//
 // A follow-up is an inbox row of its own: it survives a restart, is
 // picked up by any replica, starts with no attempts (a deferral is not a
 // failed attempt and never reaches max_attempts), and gets its own
@@ -107,7 +110,7 @@ func reevaluationStages(stages []Stage) []Stage {
 // request_id is Nova's); otherwise the request ends with what fired.
 func (p *Processor) deferHeld(ctx context.Context, w *Work) error {
 	rules, until := w.Decision.HeldRules()
-	if len(rules) == 0 {
+	if len(rules) == 0 || periodic(w.Row) {
 		return nil
 	}
 	keep := w.Plan.Outcome == OutcomeDefer || !w.Row.Webhook()
@@ -119,6 +122,15 @@ func (p *Processor) deferHeld(ctx context.Context, w *Work) error {
 		return fmt.Errorf("defer event %d until %s: %w", w.Row.ID, until.UTC().Format(time.RFC3339), err)
 	}
 	return nil
+}
+
+// periodic reports whether the row's source sends it again by itself: the
+// bridge writes an instance's bridge.vgpu_load every [pipeline]
+// load_interval while its window has samples, so a rule it held back is
+// evaluated again on fresh samples anyway; and once the samples stop,
+// nothing says the condition still holds.
+func periodic(row InboxRow) bool {
+	return row.Source == BridgeSource && row.EventType == EventVGPULoad
 }
 
 // superseded returns the id of a newer event of the same kind about the

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,6 +152,54 @@ func TestCooldownDeferredSuperseded(t *testing.T) {
 	if atts := w.attachments(inst); len(atts) != 1 || atts[0].state != pipeline.AttAttached {
 		t.Fatalf("attachments after the superseded release = %+v, want the one still attached", atts)
 	}
+}
+
+// TestCooldownDeferralSurvivesRestart: the deferral is in Postgres. The
+// replica that deferred the release stops before the cooldown ends; a new
+// replica, with nothing in memory, carries the release out when it ends.
+func TestCooldownDeferralSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	w := newWorldWith(t, testsvc.DirectPolicy(strings.Replace(alertRules, "cooldown: 2s", "cooldown: 10s", 1)))
+	w.startAgent()
+	r1 := w.startBridge(replicaOpts{name: "r1"})
+	inst := w.domains[3].UUID
+
+	t0 := time.Now()
+	fire := w.submitAlert(inst, "firing", t0, t0)
+	if r := w.wait(fire, 60*time.Second); r.State != requests.Succeeded {
+		t.Fatalf("firing alert %s: %s (%s: %s)", fire, r.State, r.Code, r.Reason)
+	}
+	resolve := w.submitAlert(inst, "resolved", t0, time.Now())
+	var followUp int64
+	w.waitFor(30*time.Second, "the resolve deferred", func() bool {
+		err := w.pool.QueryRow(w.ctx, `SELECT id FROM events WHERE request_id = $1 AND deferred_from IS NOT NULL`, resolve.String()).Scan(&followUp)
+		return err == nil
+	})
+	r1.stop()
+	r, err := w.requests.Get(w.ctx, resolve)
+	testsvc.Must(t, err, "get request")
+	if r.State != requests.Accepted || r.Phase != pipeline.PhaseDeferred || !strings.Contains(r.Reason, "deferred until") {
+		t.Fatalf("the deferred request: %s phase %q (%s), want accepted, phase %s, naming when", r.State, r.Phase, r.Reason, pipeline.PhaseDeferred)
+	}
+	var processed bool
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT processed_at IS NOT NULL FROM events WHERE id = $1`, followUp).Scan(&processed), "follow-up")
+	if processed {
+		t.Fatalf("the follow-up was processed before the cooldown's end")
+	}
+
+	w.startBridge(replicaOpts{name: "r2"})
+	if r := w.wait(resolve, 60*time.Second); r.State != requests.Succeeded {
+		t.Fatalf("resolved alert %s after the restart: %s (%s: %s), want the release carried out", resolve, r.State, r.Code, r.Reason)
+	}
+	var replica string
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT replica FROM decisions WHERE event_id = $1`, followUp).Scan(&replica), "follow-up decision")
+	if replica != "r2" {
+		t.Errorf("the follow-up was decided by %q, want the new replica r2", replica)
+	}
+	w.waitFor(30*time.Second, "the vGPU released", func() bool {
+		atts := w.attachments(inst)
+		return len(atts) == 1 && atts[0].state == pipeline.AttReleased
+	})
 }
 
 // waitFor polls cond until it holds or within runs out.

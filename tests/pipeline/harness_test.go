@@ -225,6 +225,9 @@ type bridgeReplica struct {
 	svc  *placement.Service
 	proc *pipeline.Processor
 	disp *dispatch.Dispatcher
+	// stop ends the replica's pipeline and dispatcher (as at the test's
+	// end); what they committed stays in Postgres.
+	stop func()
 }
 
 type replicaOpts struct {
@@ -303,7 +306,9 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 			}
 		}()
 	}
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	var once sync.Once
+	r.stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(r.stop)
 	return r
 }
 
