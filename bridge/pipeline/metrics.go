@@ -15,7 +15,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpu_bridge_pipeline_events_total",
-			Help: "Inbox events processed by outcome: act, reject, fail, nothing, skipped (request already final), error (retried)."}, []string{"outcome"}),
+			Help: "Inbox events processed by outcome: act, reject, fail, nothing, defer (held back by a cooldown or for: window, evaluated again when it ends), skipped (request already final), error (retried)."}, []string{"outcome"}),
 		decide: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "vgpu_bridge_pipeline_decide_seconds",
 			Help:    "Time to process one inbox event: policy, Placement claim and the decision's transaction.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
