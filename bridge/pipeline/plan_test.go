@@ -401,3 +401,23 @@ func TestPlanFrameRateLimit(t *testing.T) {
 		t.Errorf("attach_vgpu params %s: %v", cs[0].Params, err)
 	}
 }
+
+// TestPlanDefersHeldRules: a decision that held a rule back and fired
+// none is deferred to the hold's end, with the rule and the time in the
+// reason; one where another rule fired acts on what fired.
+func TestPlanDefersHeldRules(t *testing.T) {
+	until := time.Date(2026, 1, 2, 3, 4, 25, 0, time.UTC)
+	held := &policy.Decision{Intents: []policy.Intent{},
+		Rules: []policy.RuleTrace{{Rule: "resolved-releases", Outcome: policy.OutcomeCooldown, Detail: "cooldown 20s until 2026-01-02T03:04:25Z"}},
+		Held:  []policy.Hold{{Rule: "resolved-releases", Until: until}}}
+	p := PlanDecision(held, Facts{Instance: known("cmp1")})
+	if p.Outcome != OutcomeDefer || !strings.Contains(p.Reason, "deferred until 2026-01-02T03:04:25Z") || !strings.Contains(p.Reason, "rule resolved-releases") {
+		t.Errorf("held, nothing fired: %+v", p)
+	}
+	mixed := *held
+	mixed.Rules = append(mixed.Rules, policy.RuleTrace{Rule: "attach", Outcome: policy.OutcomeFired})
+	mixed.Intents = []policy.Intent{attach(policy.ModeDirectLive)}
+	if p := PlanDecision(&mixed, Facts{Instance: known("cmp1")}); p.Outcome != OutcomeAct {
+		t.Errorf("held, another rule fired: %+v, want it acted on", p)
+	}
+}

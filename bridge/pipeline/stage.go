@@ -240,6 +240,10 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	w.Decision = evaluate(ev, st, ls)
 	onlyFollowUps(w.Decision, ev.Kind)
 	w.Plan = PlanDecision(w.Decision, facts)
+	if w.Plan.Outcome == OutcomeDefer && periodic(w.Row) {
+		// Evaluated again with the next one (defer.go).
+		w.Plan = Plan{Outcome: OutcomeNothing, Code: CodeNoAction, Reason: nothingReason(w.Decision)}
+	}
 	if w.Row.observeOnly && w.Plan.Outcome == OutcomeAct {
 		w.Plan = observe(w.Plan, facts) // decide and explain, act on nothing
 	}
