@@ -47,10 +47,12 @@ import (
 // A follow-up is an inbox row of its own: it survives a restart, is
 // picked up by any replica, starts with no attempts (a deferral is not a
 // failed attempt and never reaches max_attempts), and gets its own
-// decision row. While it waits it does not hold back its instance's later
-// events (they are decided in order among themselves, and a newer one of
-// the same kind supersedes it); once due it takes its place in the
-// instance's order like any event.
+// decision row. While it waits (or backs off after a failed attempt) it
+// does not hold back its instance's later events: they are decided in
+// order among themselves, and a newer one of the same kind supersedes it,
+// so holding them for a whole cooldown would only delay them (a delete,
+// an alert firing again). Once due it takes its place in the instance's
+// order like any event.
 //
 // A request whose event is deferred with nothing else decided stays
 // accepted, in phase deferred, with the rules held and the time of the
