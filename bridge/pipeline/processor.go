@@ -572,9 +572,10 @@ func lockEvent(ctx context.Context, tx pgx.Tx, id int64) (InboxRow, bool, error)
 	var r InboxRow
 	var inst, reqID, proj *string
 	var occurred *time.Time
-	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, payload, request_id, project_id, attempts
+	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, received_at, payload, request_id,
+			project_id, attempts
 		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id).
-		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.Payload, &reqID, &proj, &r.Attempts)
+		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.ReceivedAt, &r.Payload, &reqID, &proj, &r.Attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
