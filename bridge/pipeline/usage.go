@@ -19,7 +19,7 @@ import (
 // the event, and runs in observe-only mode too (accounting acts on
 // nothing).
 //
-// Nova's time is bounded by the bridge's clock (usageTime): an interval
+// Nova's time is bounded by the bridge's clock (novaTime): an interval
 // never ends after the bridge received its end, so a clock running ahead
 // adds no seconds. A delete ends the instance's intervals whatever its
 // time, never before they began, and after the bridge received a delete
@@ -42,17 +42,21 @@ func (AccountFlavor) Exec(ctx context.Context, w *Work) (bool, error) {
 			h.VGPUs, h.Deleted = nil, true
 		}
 	}
-	_, err := requests.SyncFlavorUsage(ctx, w.Tx, h, usageTime(w.Row, w.p.cfg.ClockSkewTolerance))
+	_, err := requests.SyncFlavorUsage(ctx, w.Tx, h, novaTime(w.Row, w.p.cfg.ClockSkewTolerance))
 	return false, err
 }
 
-// usageTime is the time a Nova event is accounted at: Nova's timestamp,
-// kept between tol before the bridge received the event and its receipt.
-// A notification that waited in the broker longer than tol is accounted
-// from tol before it was received.
-func usageTime(row InboxRow, tol time.Duration) time.Time {
-	if row.ReceivedAt.IsZero() {
+// novaTime is the time a Nova event is taken to have happened, for its
+// usage and as the policy's clock: Nova's timestamp, kept between tol
+// before the bridge received the event and its receipt. A notification
+// that waited in the broker longer than tol counts from tol before it was
+// received; one without a timestamp is taken at its receipt.
+func novaTime(row InboxRow, tol time.Duration) time.Time {
+	switch {
+	case row.ReceivedAt.IsZero():
 		return row.OccurredAt
+	case row.OccurredAt.IsZero():
+		return row.ReceivedAt
 	}
 	return clock.Clamp(row.OccurredAt, row.ReceivedAt.Add(-tol), row.ReceivedAt)
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/novatest"
@@ -86,5 +87,30 @@ func TestFlavorHolding(t *testing.T) {
 	}
 	if _, ok := p.flavorHolding(sampleRow(t, "flavor-create", nil)); ok {
 		t.Error("a flavor notification was read as an instance event")
+	}
+}
+
+// A Nova event's time is Nova's timestamp within [receipt - tolerance,
+// receipt], however far off the sender's clock is.
+func TestNovaTime(t *testing.T) {
+	recv := time.Date(2026, 12, 6, 4, 0, 0, 0, time.UTC)
+	const tol = 5 * time.Minute
+	for _, c := range []struct {
+		name     string
+		occurred time.Time
+		want     time.Time
+	}{
+		{"on time", recv.Add(-time.Second), recv.Add(-time.Second)},
+		{"5s ahead", recv.Add(5 * time.Second), recv},
+		{"30 days ahead", recv.AddDate(0, 0, 30), recv},
+		{"300 years ahead", recv.AddDate(300, 0, 0), recv},
+		{"4m behind", recv.Add(-4 * time.Minute), recv.Add(-4 * time.Minute)},
+		{"an hour behind", recv.Add(-time.Hour), recv.Add(-tol)},
+		{"30 days behind", recv.AddDate(0, 0, -30), recv.Add(-tol)},
+		{"no timestamp", time.Time{}, recv},
+	} {
+		if got := novaTime(InboxRow{OccurredAt: c.occurred, ReceivedAt: recv}, tol); !got.Equal(c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }
