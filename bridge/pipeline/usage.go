@@ -46,6 +46,22 @@ func (AccountFlavor) Exec(ctx context.Context, w *Work) (bool, error) {
 	return false, err
 }
 
+// eventTime is the time the policy evaluates a row at. A sender's time
+// (an alert's startsAt or endsAt) is never later than the bridge's
+// receipt, however far ahead its clock; a Nova notification's is novaTime;
+// the bridge's own rows keep theirs.
+func eventTime(row InboxRow, tol time.Duration) time.Time {
+	switch {
+	case row.Source == BridgeSource:
+		return row.OccurredAt
+	case !row.Webhook():
+		return novaTime(row, tol)
+	case !row.ReceivedAt.IsZero() && row.OccurredAt.After(row.ReceivedAt):
+		return row.ReceivedAt
+	}
+	return row.OccurredAt
+}
+
 // novaTime is the time a Nova event is taken to have happened, for its
 // usage and as the policy's clock: Nova's timestamp, kept between tol
 // before the bridge received the event and its receipt. A notification

@@ -114,3 +114,25 @@ func TestNovaTime(t *testing.T) {
 		}
 	}
 }
+
+// The policy's clock for a row: a sender's time never after the bridge's
+// receipt, Nova's novaTime, the bridge's own as it is.
+func TestEventTime(t *testing.T) {
+	recv := time.Date(2026, 12, 6, 4, 0, 0, 0, time.UTC)
+	const tol = 5 * time.Minute
+	hourAgo, farAhead := recv.Add(-time.Hour), time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name, source   string
+		occurred, want time.Time
+	}{
+		{"alert started an hour ago", "webhook:am", hourAgo, hourAgo},
+		{"alert stamped in 9999", "webhook:am", farAhead, recv},
+		{"nova an hour behind", "nova", hourAgo, recv.Add(-tol)},
+		{"nova in 9999", "nova", farAhead, recv},
+		{"the bridge's own", BridgeSource, hourAgo, hourAgo},
+	} {
+		if got := eventTime(InboxRow{Source: c.source, OccurredAt: c.occurred, ReceivedAt: recv}, tol); !got.Equal(c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
