@@ -62,6 +62,13 @@ var (
 	optNotifStallAfter = Options.Duration("notifications", "stall_after", 30*time.Second, time.Second, time.Hour,
 		"When commits of notifications to Postgres have failed for this long with none succeeding, /readyz fails "+
 			"naming the error (the messages wait unacknowledged on the broker). Example: 1m")
+	optNotifClockSkew = Options.Duration("notifications", "clock_skew_tolerance", ingest.DefaultClockSkewTolerance, time.Second, 24*time.Hour,
+		"How far a notification's timestamp may be from the bridge's clock when the bridge received it. Nova's "+
+			"timestamps order an instance's state and date its vGPU usage, within these bounds: state is never "+
+			"ordered by a time later than this after receipt; a usage interval begins and ends no earlier than this "+
+			"before receipt and never after it. Raise it when notifications can wait longer in the broker (the "+
+			"bridge stopped for an upgrade): a notification that waited longer is accounted from this long before "+
+			"it was received. Example: 10m")
 	optNotifSSLCA = Options.String("notifications", "ssl_ca_file", "",
 		"PEM CA bundle to verify RabbitMQ's certificate with (TLS transport URLs: rabbit+ssl:// or ?ssl=1); empty uses "+
 			"the system's. Example: /etc/ssl/certs/rabbitmq-ca.pem")
@@ -158,6 +165,7 @@ func NotificationsConfig(v *conf.Values, tu *conf.TransportURL) (ingest.Config, 
 	c.ReconnectMin = optNotifReconnectMin.Get(v)
 	c.ReconnectMax = optNotifReconnectMax.Get(v)
 	c.StallAfter = optNotifStallAfter.Get(v)
+	c.ClockSkewTolerance = optNotifClockSkew.Get(v)
 	if tu.TLS {
 		tc, err := conf.ClientTLS(conf.TLSFiles{CAFile: optNotifSSLCA.Get(v),
 			CertFile: optNotifSSLCert.Get(v), KeyFile: optNotifSSLKey.Get(v)})

@@ -78,6 +78,8 @@ func PipelineConfig(v *conf.Values, replica string) pipeline.Config {
 		StaleReportAge:   optPlacementStaleReportAge.Get(v),
 		LoadInterval:     cmp.Or(optPipelineLoadInterval.Get(v), -1), // 0: off
 		LoadWindow:       optPipelineLoadWindow.Get(v),
+
+		ClockSkewTolerance: optNotifClockSkew.Get(v),
 	}
 }
 

@@ -73,6 +73,10 @@ type Config struct {
 	// StallAfter: when commits to Postgres have failed for this long with
 	// none succeeding, Ready fails (messages wait unacked on the broker).
 	StallAfter time.Duration
+	// ClockSkewTolerance is how far Nova's clocks may run ahead of the
+	// bridge's: an event's state is ordered by its timestamp, but never by
+	// a time later than this after the bridge received it.
+	ClockSkewTolerance time.Duration
 
 	// OnApplied, when set, is called for each new (non-duplicate) event
 	// inside the batch's transaction, after the instance state is updated.
@@ -106,6 +110,7 @@ func DefaultConfig() Config {
 		ConnectionName:     "vgpu-bridge notifications",
 		ShutdownGrace:      10 * time.Second,
 		StallAfter:         30 * time.Second,
+		ClockSkewTolerance: DefaultClockSkewTolerance,
 	}
 }
 
@@ -128,7 +133,12 @@ func (c *Config) setDefaults() {
 	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, d.ShutdownGrace)
 	c.ConnectionName = cmp.Or(c.ConnectionName, d.ConnectionName)
 	c.StallAfter = cmp.Or(c.StallAfter, d.StallAfter)
+	c.ClockSkewTolerance = cmp.Or(c.ClockSkewTolerance, d.ClockSkewTolerance)
 }
+
+// DefaultClockSkewTolerance is [notifications] clock_skew_tolerance's
+// default.
+const DefaultClockSkewTolerance = 5 * time.Minute
 
 // Validate reports the first impossible setting.
 func (c *Config) Validate() error {

@@ -1,6 +1,8 @@
 package ingest
 
 import (
+	"time"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
@@ -21,7 +23,7 @@ const upsertService = `INSERT INTO hosts AS h (name, node, disabled, forced_down
 // queueService queues the hosts update of a nova-compute service
 // notification (service.create, service.update, service.delete); other
 // binaries change nothing.
-func queueService(b *pgx.Batch, m *nova.Message, p *nova.ServiceStatus) bool {
+func queueService(b *pgx.Batch, m *nova.Message, p *nova.ServiceStatus, at time.Time) bool {
 	if p.Binary != "nova-compute" || p.Host == "" {
 		return false
 	}
@@ -38,6 +40,6 @@ func queueService(b *pgx.Batch, m *nova.Message, p *nova.ServiceStatus) bool {
 	case !disabled:
 		reason = ""
 	}
-	b.Queue(upsertService, p.Host, disabled, p.ForcedDown, reason, m.Timestamp)
+	b.Queue(upsertService, p.Host, disabled, p.ForcedDown, reason, at)
 	return true
 }

@@ -24,6 +24,14 @@ import (
 // columns (new_flavor, fault, deleted_at) take the newest event that set or
 // cleared them, applied iff that event is newer than the stored state —
 // which is what applying the events one by one would give.
+//
+// An event's time is Nova's timestamp bounded by the bridge's clock
+// (Event.At): a host whose clock runs far ahead cannot make its event the
+// newest for days. A delete is terminal whatever its time: a delete that
+// is not newer than the state (a host whose clock runs behind another's)
+// still sets deleted_at and vm_state 'deleted' (applyDeletes), and once
+// vm_state is 'deleted' no event changes it again. Both rules give the
+// same state folded as one by one.
 
 // action is a fold of set/clear changes to one optional column.
 type action struct {
@@ -50,6 +58,16 @@ type snapshot struct {
 	deleted action
 	created *time.Time
 	events  []*Event
+	// deleteEv is the batch's first delete of the instance (isDelete), in
+	// delivery order; deletedAt the time it gives.
+	deleteEv  *Event
+	deletedAt time.Time
+}
+
+// isDelete reports whether ev says the instance is gone: Nova's
+// instance.delete.end, or any snapshot in vm_state deleted.
+func isDelete(ev *Event, in *nova.Instance) bool {
+	return ev.Message.EventType == "instance.delete.end" || in.State == "deleted"
 }
 
 func instanceOf(p nova.Payload) (*nova.Instance, *nova.Flavor, bool) {
@@ -80,44 +98,55 @@ func foldSnapshots(evs []*Event) (out []*snapshot, stale int) {
 		}
 		m := ev.Message
 		rank := m.Event.Phase.Rank()
+		at := ev.At
 		s := by[in.UUID]
 		if s == nil {
 			s = &snapshot{uuid: in.UUID}
 			by[in.UUID] = s
 			out = append(out, s)
-		} else if !newer(m.Timestamp, rank, s.at, s.rank) {
+		}
+		if s.deleteEv == nil && isDelete(ev, in) {
+			s.deleteEv = ev
+			s.deletedAt = at
+			if d := in.DeletedAt.Ptr(); d != nil {
+				s.deletedAt = ev.bounded(*d)
+			}
+		}
+		if s.newest != nil && !newer(at, rank, s.at, s.rank) {
 			stale++ // an event delivered earlier in the batch is as new
 			continue
 		}
 		s.events = append(s.events, ev)
-		s.newest, s.in, s.at, s.rank = ev, in, m.Timestamp, rank
+		s.newest, s.in, s.at, s.rank = ev, in, at, rank
 		if in.Flavor != nil {
 			s.flavor = in.Flavor
 		}
 		switch {
 		case newFlavor != nil:
 			v, _ := json.Marshal(newFlavor)
-			s.nf.take("set", v, m.Timestamp, rank)
+			s.nf.take("set", v, at, rank)
 		case m.Event.Phase == nova.PhaseEnd && strings.HasPrefix(m.Event.Action, "resize") && m.Event.Action != "resize_prep":
-			s.nf.take("clear", nil, m.Timestamp, rank)
+			s.nf.take("clear", nil, at, rank)
 		}
 		switch {
 		case in.Fault != nil:
 			v, _ := json.Marshal(in.Fault)
-			s.fault.take("set", v, m.Timestamp, rank)
+			s.fault.take("set", v, at, rank)
 		case rank == nova.PhaseEnd.Rank():
-			s.fault.take("clear", nil, m.Timestamp, rank)
+			s.fault.take("clear", nil, at, rank)
 		}
 		// deleted_at is set once by Nova; the newest event carrying it wins.
 		if d := in.DeletedAt.Ptr(); d != nil {
-			v, _ := json.Marshal(d)
-			s.deleted.take("set", v, m.Timestamp, rank)
+			v, _ := json.Marshal(ev.bounded(*d))
+			s.deleted.take("set", v, at, rank)
 		} else if m.EventType == "instance.delete.end" {
-			v, _ := json.Marshal(m.Timestamp)
-			s.deleted.take("set", v, m.Timestamp, rank)
+			v, _ := json.Marshal(at)
+			s.deleted.take("set", v, at, rank)
 		}
-		if c := in.CreatedAt.Ptr(); c != nil && (s.created == nil || c.Before(*s.created)) {
-			s.created = c
+		if c := in.CreatedAt.Ptr(); c != nil {
+			if c := ev.bounded(*c); s.created == nil || c.Before(*s.created) {
+				s.created = &c
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].uuid < out[j].uuid })
@@ -147,7 +176,8 @@ const insertSnapshots = `INSERT INTO instances (uuid, project_id, user_id, host,
 
 const updateSnapshots = `UPDATE instances AS i SET
 		project_id = NULLIF(x.pj, ''), user_id = NULLIF(x.us, ''), host = x.h, node = x.nd,
-		vm_state = NULLIF(x.vs, ''), task_state = x.tsk, power_state = NULLIF(x.ps, ''),
+		vm_state = CASE WHEN i.vm_state = 'deleted' THEN i.vm_state ELSE NULLIF(x.vs, '') END,
+		task_state = CASE WHEN i.vm_state = 'deleted' THEN NULL ELSE x.tsk END, power_state = NULLIF(x.ps, ''),
 		flavor = COALESCE(x.fl::jsonb, i.flavor),
 		vgpu_demand = CASE WHEN x.fl IS NULL THEN i.vgpu_demand ELSE x.dm::jsonb END,
 		vgpus = CASE WHEN x.fl IS NULL THEN i.vgpus ELSE x.vg END,
@@ -229,7 +259,50 @@ func applySnapshots(ctx context.Context, tx pgx.Tx, snaps []*snapshot) (stale in
 			}
 		}
 	}
+	deleted, err := applyDeletes(ctx, tx, snaps)
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range snaps {
+		if ev := s.deleteEv; ev != nil && !ev.Applied && deleted[strings.ToLower(s.uuid)] {
+			ev.Applied = true // counted stale above or by the fold
+			stale--
+		}
+	}
 	return stale, nil
+}
+
+// applyDeletes makes each instance a delete of the batch names deleted,
+// whatever the delete's time: deleted_at (when not set yet), vm_state
+// deleted, no task. A delete that was the newest event has done so
+// already, and changes nothing here.
+const applyDeletesSQL = `UPDATE instances AS i SET deleted_at = COALESCE(i.deleted_at, x.dl), vm_state = 'deleted', task_state = NULL,
+		updated_at = now()
+	FROM unnest($1::text[], $2::timestamptz[]) AS x(u, dl)
+	WHERE i.uuid = x.u::uuid AND (i.deleted_at IS NULL OR i.vm_state IS DISTINCT FROM 'deleted' OR i.task_state IS NOT NULL)
+	RETURNING i.uuid::text`
+
+func applyDeletes(ctx context.Context, tx pgx.Tx, snaps []*snapshot) (map[string]bool, error) {
+	var uuids []string
+	var at []time.Time
+	for _, s := range snaps {
+		if s.deleteEv != nil {
+			uuids, at = append(uuids, s.uuid), append(at, s.deletedAt)
+		}
+	}
+	if len(uuids) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, applyDeletesSQL, uuids, at)
+	if err != nil {
+		return nil, fmt.Errorf("instance deletes: %w", err)
+	}
+	done := map[string]bool{}
+	var id string
+	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { done[strings.ToLower(id)] = true; return nil }); err != nil {
+		return nil, fmt.Errorf("instance deletes: %w", err)
+	}
+	return done, nil
 }
 
 // snapshotArgs are the arrays of insertSnapshots and updateSnapshots.

@@ -31,6 +31,22 @@ type Event struct {
 	// Applied is true when the event changed instance or flavor state;
 	// false for an event older than the state already held.
 	Applied bool
+	// At is the time the event's state is ordered by: Nova's timestamp,
+	// but never later than ClockSkewTolerance after the bridge received
+	// it (ReceivedAt), so a clock running ahead cannot hold the state.
+	At time.Time
+	// ReceivedAt is when the bridge received the event (events.received_at,
+	// Postgres's clock); Horizon is ReceivedAt + ClockSkewTolerance, the
+	// latest time the event's times are taken to say.
+	ReceivedAt, Horizon time.Time
+}
+
+// bounded is t, no later than the event's Horizon.
+func (ev *Event) bounded(t time.Time) time.Time {
+	if t.After(ev.Horizon) {
+		return ev.Horizon
+	}
+	return t
 }
 
 // Dead-letter reasons (the "reason" label of the dead-letter metric).
@@ -147,7 +163,7 @@ func (c *Consumer) applyBatch(ctx context.Context, items []*item) (batchResult, 
 				$9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
 				AS x(m, e, u, o, p, pub, pr, rq, grq, pj, us, st, dt)
 			ON CONFLICT (source, message_id) DO NOTHING
-			RETURNING id, message_id`,
+			RETURNING id, message_id, received_at`,
 			c.cfg.Source, ids, types, uuids, occurred, payloads, pubs, prios, reqs, greqs, projs, users, stats, details)
 		if err != nil {
 			return res, fmt.Errorf("insert events: %w", err)
@@ -156,11 +172,14 @@ func (c *Consumer) applyBatch(ctx context.Context, items []*item) (batchResult, 
 		for rows.Next() {
 			var id int64
 			var mid string
-			if err := rows.Scan(&id, &mid); err != nil {
+			var recv time.Time
+			if err := rows.Scan(&id, &mid, &recv); err != nil {
 				rows.Close()
 				return res, err
 			}
-			seen[mid].ID = id
+			ev := seen[mid]
+			ev.ID, ev.ReceivedAt, ev.Horizon = id, recv, recv.Add(c.cfg.ClockSkewTolerance)
+			ev.At = ev.bounded(ev.Message.Timestamp)
 			inserted++
 		}
 		rows.Close()
@@ -263,7 +282,8 @@ const upsertTask = `INSERT INTO instances AS i (uuid, project_id, user_id, vm_st
 		last_event_type, last_event_at, last_event_rank, last_message_id, updated_at)
 	VALUES ($1, NULLIF($2, ''), NULLIF($3, ''), NULLIF($4, ''), $5, $6, $7, $8, $9, $10, $11, $12, now())
 	ON CONFLICT (uuid) DO UPDATE SET
-		vm_state = COALESCE(EXCLUDED.vm_state, i.vm_state), task_state = NULL, fault = EXCLUDED.fault,
+		vm_state = CASE WHEN i.vm_state = 'deleted' THEN i.vm_state ELSE COALESCE(EXCLUDED.vm_state, i.vm_state) END,
+		task_state = NULL, fault = EXCLUDED.fault,
 		project_id = COALESCE(i.project_id, EXCLUDED.project_id), user_id = COALESCE(i.user_id, EXCLUDED.user_id),
 		flavor = COALESCE(i.flavor, EXCLUDED.flavor),
 		vgpu_demand = CASE WHEN i.flavor IS NULL THEN EXCLUDED.vgpu_demand ELSE i.vgpu_demand END,
@@ -301,12 +321,12 @@ func queueState(b *pgx.Batch, ev *Event) bool {
 			}
 		}
 		b.Queue(upsertTask, p.InstanceUUID, projectID, userID, p.State, flavor, demand, vgpus, jsonOrNil(p.Reason),
-			m.EventType, m.Timestamp, rank, m.MessageID)
+			m.EventType, ev.At, rank, m.MessageID)
 		return true
 	case *nova.Flavor:
 		var deleted *time.Time
 		if m.EventType == "flavor.delete" {
-			deleted = &m.Timestamp
+			deleted = &ev.At
 		}
 		specs, _ := json.Marshal(p.ExtraSpecs)
 		d, err := nova.ParseExtraSpecs(p.ExtraSpecs)
@@ -319,10 +339,10 @@ func queueState(b *pgx.Batch, ev *Event) bool {
 			demand, _ = json.Marshal(d)
 		}
 		b.Queue(upsertFlavor, p.FlavorID, p.Name, p.VCPUs, p.MemoryMB, p.IsPublic, specs, demand, demandUnits(d),
-			specErr, m.Timestamp, deleted)
+			specErr, ev.At, deleted)
 		return true
 	case *nova.ServiceStatus:
-		return queueService(b, m, p)
+		return queueService(b, m, p, ev.At)
 	}
 	return false
 }

@@ -60,6 +60,11 @@ type Config struct {
 	// LoadWindow is how far back those events' metrics look (at most 2h,
 	// the samples kept).
 	LoadWindow time.Duration
+	// ClockSkewTolerance bounds the times of Nova's notifications in the
+	// usage they account ([notifications] clock_skew_tolerance): an
+	// interval begins or ends no earlier than this before the bridge
+	// received the event, and never after it.
+	ClockSkewTolerance time.Duration
 }
 
 // DefaultConfig returns the defaults of the [pipeline] options.
@@ -77,6 +82,8 @@ func DefaultConfig() Config {
 		HostsRefresh:     5 * time.Second,
 		LoadInterval:     time.Minute,
 		LoadWindow:       30 * time.Minute,
+
+		ClockSkewTolerance: 5 * time.Minute,
 	}
 }
 
@@ -84,6 +91,9 @@ func (c *Config) setDefaults() {
 	d := DefaultConfig()
 	if c.PollInterval <= 0 {
 		c.PollInterval = d.PollInterval
+	}
+	if c.ClockSkewTolerance <= 0 {
+		c.ClockSkewTolerance = d.ClockSkewTolerance
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = d.BatchSize

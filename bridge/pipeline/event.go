@@ -25,7 +25,8 @@ type InboxRow struct {
 	MessageID    string
 	EventType    string // Nova's event_type, or the webhook type (GPU_REQUEST)
 	InstanceUUID string
-	OccurredAt   time.Time
+	OccurredAt   time.Time // the source's own time (Nova's timestamp)
+	ReceivedAt   time.Time // when the bridge received it (its own clock)
 	Payload      json.RawMessage
 	RequestID    string // webhook: the bridge's request id; nova: Nova's req-… id
 	ProjectID    string

@@ -576,10 +576,10 @@ func lockEvent(ctx context.Context, tx pgx.Tx, id int64) (InboxRow, bool, error)
 	var inst, reqID, proj *string
 	var occurred, notBefore *time.Time
 	var deferredFrom *int64
-	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, payload, request_id, project_id, attempts,
-			deferred_from, deferred_rules, not_before
+	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, received_at, payload, request_id,
+			project_id, attempts, deferred_from, deferred_rules, not_before
 		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id).
-		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.Payload, &reqID, &proj, &r.Attempts,
+		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.ReceivedAt, &r.Payload, &reqID, &proj, &r.Attempts,
 			&deferredFrom, &r.DeferredRules, &notBefore)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil

@@ -149,13 +149,16 @@ func (ReadRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 }
 
 // ReadEvent maps the inbox row to the policy's event. A row that does not
-// map closes as failed, and so does its request.
+// map closes as failed, and so does its request. The event's time, the
+// policy's clock for it (cooldowns, windows), is bounded by the bridge's
+// receipt (eventTime).
 type ReadEvent struct{}
 
 // Exec implements Stage.
 func (ReadEvent) Exec(ctx context.Context, w *Work) (bool, error) {
 	ev, err := MapEvent(w.Row)
 	if err == nil {
+		ev.Time = eventTime(w.Row, w.p.cfg.ClockSkewTolerance)
 		w.Event = ev
 		return false, nil
 	}

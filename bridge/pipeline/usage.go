@@ -3,8 +3,11 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/clock"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
 
@@ -15,6 +18,12 @@ import (
 // a delete each end one interval and begin the next. It never finishes
 // the event, and runs in observe-only mode too (accounting acts on
 // nothing).
+//
+// Nova's time is bounded by the bridge's clock (novaTime): an interval
+// never ends after the bridge received its end, so a clock running ahead
+// adds no seconds. A delete ends the instance's intervals whatever its
+// time, never before they began, and after the bridge received a delete
+// no later event gives the instance vGPUs again.
 type AccountFlavor struct{}
 
 // Exec implements Stage.
@@ -23,8 +32,49 @@ func (AccountFlavor) Exec(ctx context.Context, w *Work) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	_, err := requests.SyncFlavorUsage(ctx, w.Tx, h, w.Row.OccurredAt)
+	if len(h.VGPUs) > 0 {
+		var gone bool
+		if err := w.Tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND source = $3
+				AND event_type = 'instance.delete.end')`, w.Row.InstanceUUID, w.Row.ID, w.Row.Source).Scan(&gone); err != nil {
+			return false, fmt.Errorf("deletes of %s: %w", w.Row.InstanceUUID, err)
+		}
+		if gone {
+			h.VGPUs, h.Deleted = nil, true
+		}
+	}
+	_, err := requests.SyncFlavorUsage(ctx, w.Tx, h, novaTime(w.Row, w.p.cfg.ClockSkewTolerance))
 	return false, err
+}
+
+// eventTime is the time the policy evaluates a row at. A sender's time
+// (an alert's startsAt or endsAt) is never later than the bridge's
+// receipt, however far ahead its clock; a Nova notification's is novaTime;
+// the bridge's own rows keep theirs.
+func eventTime(row InboxRow, tol time.Duration) time.Time {
+	switch {
+	case row.Source == BridgeSource:
+		return row.OccurredAt
+	case !row.Webhook():
+		return novaTime(row, tol)
+	case !row.ReceivedAt.IsZero() && row.OccurredAt.After(row.ReceivedAt):
+		return row.ReceivedAt
+	}
+	return row.OccurredAt
+}
+
+// novaTime is the time a Nova event is taken to have happened, for its
+// usage and as the policy's clock: Nova's timestamp, kept between tol
+// before the bridge received the event and its receipt. A notification
+// that waited in the broker longer than tol counts from tol before it was
+// received; one without a timestamp is taken at its receipt.
+func novaTime(row InboxRow, tol time.Duration) time.Time {
+	switch {
+	case row.ReceivedAt.IsZero():
+		return row.OccurredAt
+	case row.OccurredAt.IsZero():
+		return row.ReceivedAt
+	}
+	return clock.Clamp(row.OccurredAt, row.ReceivedAt.Add(-tol), row.ReceivedAt)
 }
 
 // flavorHolding reads what the instance's flavor gives it from a Nova
@@ -50,7 +100,8 @@ func (p *Processor) flavorHolding(row InboxRow) (requests.FlavorHolding, bool) {
 	default:
 		return requests.FlavorHolding{}, false
 	}
-	h := requests.FlavorHolding{Instance: row.InstanceUUID, Project: in.TenantID, User: in.UserID}
+	h := requests.FlavorHolding{Instance: row.InstanceUUID, Project: in.TenantID, User: in.UserID,
+		Deleted: row.EventType == "instance.delete.end" || in.State == "deleted"}
 	if in.Host != nil {
 		h.Host = *in.Host
 	}

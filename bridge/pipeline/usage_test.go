@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/novatest"
@@ -86,5 +87,52 @@ func TestFlavorHolding(t *testing.T) {
 	}
 	if _, ok := p.flavorHolding(sampleRow(t, "flavor-create", nil)); ok {
 		t.Error("a flavor notification was read as an instance event")
+	}
+}
+
+// A Nova event's time is Nova's timestamp within [receipt - tolerance,
+// receipt], however far off the sender's clock is.
+func TestNovaTime(t *testing.T) {
+	recv := time.Date(2026, 12, 6, 4, 0, 0, 0, time.UTC)
+	const tol = 5 * time.Minute
+	for _, c := range []struct {
+		name     string
+		occurred time.Time
+		want     time.Time
+	}{
+		{"on time", recv.Add(-time.Second), recv.Add(-time.Second)},
+		{"5s ahead", recv.Add(5 * time.Second), recv},
+		{"30 days ahead", recv.AddDate(0, 0, 30), recv},
+		{"300 years ahead", recv.AddDate(300, 0, 0), recv},
+		{"4m behind", recv.Add(-4 * time.Minute), recv.Add(-4 * time.Minute)},
+		{"an hour behind", recv.Add(-time.Hour), recv.Add(-tol)},
+		{"30 days behind", recv.AddDate(0, 0, -30), recv.Add(-tol)},
+		{"no timestamp", time.Time{}, recv},
+	} {
+		if got := novaTime(InboxRow{OccurredAt: c.occurred, ReceivedAt: recv}, tol); !got.Equal(c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// The policy's clock for a row: a sender's time never after the bridge's
+// receipt, Nova's novaTime, the bridge's own as it is.
+func TestEventTime(t *testing.T) {
+	recv := time.Date(2026, 12, 6, 4, 0, 0, 0, time.UTC)
+	const tol = 5 * time.Minute
+	hourAgo, farAhead := recv.Add(-time.Hour), time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name, source   string
+		occurred, want time.Time
+	}{
+		{"alert started an hour ago", "webhook:am", hourAgo, hourAgo},
+		{"alert stamped in 9999", "webhook:am", farAhead, recv},
+		{"nova an hour behind", "nova", hourAgo, recv.Add(-tol)},
+		{"nova in 9999", "nova", farAhead, recv},
+		{"the bridge's own", BridgeSource, hourAgo, hourAgo},
+	} {
+		if got := eventTime(InboxRow{Source: c.source, OccurredAt: c.occurred, ReceivedAt: recv}, tol); !got.Equal(c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }

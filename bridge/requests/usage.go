@@ -6,7 +6,8 @@ package requests
 // (MarkReleased, ReleaseStale, MarkFailed), in the same statement as the
 // attachment's change. A flavor's vGPUs follow Nova's notifications
 // (SyncFlavorUsage, called by the pipeline for each instance event), at
-// the time Nova says the event happened. So nothing rolled back is
+// the time Nova says the event happened, bounded by when the bridge
+// received it (pipeline.AccountFlavor). So nothing rolled back is
 // accounted, and the seconds do not depend on when, or by which replica,
 // an event was processed.
 
@@ -49,6 +50,9 @@ type FlavorVGPU struct {
 type FlavorHolding struct {
 	Instance, Project, User, Host, Flavor string
 	VGPUs                                 []FlavorVGPU
+	// Deleted: the instance is gone (Nova deleted it). Its intervals end
+	// whatever the event's time, and never before they began.
+	Deleted bool
 }
 
 // HoldsVGPU reports whether an instance in Nova vm_state state holds its
@@ -101,11 +105,20 @@ func cmpStr(a, b string) int {
 // SyncFlavorUsage makes the instance's open flavor intervals match h as
 // of at (Nova's time of the event): when they differ, the open ones end
 // at at and h's begin there. An event older than the open intervals (one
-// delivered out of order) changes nothing. It reports whether it changed
-// anything.
+// delivered out of order) changes nothing, except a delete (h.Deleted):
+// it ends them at at, or where they began if at is earlier. It reports
+// whether it changed anything.
 func SyncFlavorUsage(ctx context.Context, tx pgx.Tx, h FlavorHolding, at time.Time) (bool, error) {
 	if at.IsZero() {
 		at = time.Now()
+	}
+	if h.Deleted {
+		tag, err := tx.Exec(ctx, `UPDATE vgpu_usage SET ended_at = greatest(started_at, $2)
+			WHERE instance_uuid = $1 AND path = 'flavor' AND ended_at IS NULL`, h.Instance, at)
+		if err != nil {
+			return false, fmt.Errorf("close flavor usage of deleted %s: %w", h.Instance, err)
+		}
+		return tag.RowsAffected() > 0, nil
 	}
 	if len(h.VGPUs) == 0 {
 		// Most events: an instance without vGPUs, one statement.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/clock"
 )
 
 // Header names of the two HMAC schemes and of idempotency.
@@ -204,9 +205,9 @@ func (s *source) verifyHMAC(h http.Header, payload []byte, now time.Time) (key s
 		if err != nil {
 			return "", false, authFail("bad_timestamp", "webhook-timestamp: %v", err)
 		}
-		if d := now.Sub(t); d > s.cfg.TimestampTolerance || -d > s.cfg.TimestampTolerance {
-			return "", false, authFail("timestamp_skew", "webhook-timestamp is %s away from the server's clock; at most %s is allowed",
-				d.Round(time.Second).Abs(), s.cfg.TimestampTolerance)
+		if !clock.Within(t, now, s.cfg.TimestampTolerance) {
+			return "", false, authFail("timestamp_skew", "webhook-timestamp is %s of the server's clock; at most %s either way is allowed",
+				clock.Offset(t, now), s.cfg.TimestampTolerance)
 		}
 		sigs, err := ParseStandardSignatures(sig)
 		if err != nil {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/clock"
 )
 
 // The reference vector of the Standard Webhooks specification (its test
@@ -57,6 +59,10 @@ func TestStandardWebhooksReferenceVector(t *testing.T) {
 		{"4m59s later", at.Add(4*time.Minute + 59*time.Second), refPayload, refSignature, ""},
 		{"5m1s later", at.Add(5*time.Minute + time.Second), refPayload, refSignature, "timestamp_skew"},
 		{"5m1s earlier", at.Add(-5*time.Minute - time.Second), refPayload, refSignature, "timestamp_skew"},
+		// Past what a time.Duration holds (about 292 years): compared as
+		// times, never as a difference that overflows.
+		{"300 years ahead of the server", at.AddDate(-300, 0, 0), refPayload, refSignature, "timestamp_skew"},
+		{"300 years behind the server", at.AddDate(300, 0, 0), refPayload, refSignature, "timestamp_skew"},
 		{"body changed", at, `{"test": 2432232315}`, refSignature, "bad_signature"},
 		{"only v1a", at, refPayload, "v1a,abc", "bad_signature"},
 	} {
@@ -206,9 +212,23 @@ func FuzzParseStandardSignatures(f *testing.F) {
 func FuzzParseTimestamp(f *testing.F) {
 	f.Add("1614265330")
 	f.Add("-5")
+	f.Add("999999999999")
+	f.Add("11060000000")
+	now := time.Unix(1614265330, 0)
+	const tol = 5 * 60
 	f.Fuzz(func(t *testing.T, s string) {
-		if ts, err := ParseTimestamp(s); err == nil && ts.Unix() < 0 {
+		ts, err := ParseTimestamp(s)
+		if err != nil {
+			return
+		}
+		if ts.Unix() < 0 {
 			t.Fatalf("negative time from %q", s)
+		}
+		// The skew check agrees with whole seconds compared as integers
+		// (at most 12 digits: no overflow), however far the time is.
+		d := ts.Unix() - now.Unix()
+		if want := d >= -tol && d <= tol; clock.Within(ts, now, tol*time.Second) != want {
+			t.Fatalf("%q (%d s from now): Within = %v, want %v", s, d, !want, want)
 		}
 	})
 }

@@ -41,6 +41,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/clock"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
@@ -506,10 +507,10 @@ func (e *Endpoint) handle(c echo.Context) error {
 	}
 	// 401: a signed timestamp in the body past the tolerance.
 	if !p.signedAt.IsZero() {
-		if d := now.Sub(p.signedAt); d > src.cfg.TimestampTolerance || -d > src.cfg.TimestampTolerance {
+		if !clock.Within(p.signedAt, now, src.cfg.TimestampTolerance) {
 			return e.refuse(c, name, remote, "timestamp_skew", &api.ProblemDetails{Status: http.StatusUnauthorized,
-				Detail: fmt.Sprintf("the body's timestamp is %s away from the server's clock; at most %s is allowed",
-					d.Round(time.Second).Abs(), src.cfg.TimestampTolerance)})
+				Detail: fmt.Sprintf("the body's timestamp is %s of the server's clock; at most %s either way is allowed",
+					clock.Offset(p.signedAt, now), src.cfg.TimestampTolerance)})
 		}
 	}
 	// 403: instances of projects the source may not act on: its

@@ -175,6 +175,65 @@ func TestOutOfOrder(t *testing.T) {
 	}
 }
 
+// TestClockSkewState: Nova's timestamps order an instance's state only
+// within the bridge's clock. An event stamped 30 days ahead holds the state
+// for no longer than the tolerance after the bridge received it, and a
+// delete stamped before the instance's newest event (its host's clock
+// behind) still deletes it, in a batch of its own or with the others.
+func TestClockSkewState(t *testing.T) {
+	r := newRig(t)
+	cfg := r.config(r.amqpURL)
+	cfg.ClockSkewTolerance = time.Second
+	r.declare(cfg)
+	r.start(cfg)
+	state := func(uuid string) (vm string, deleted bool) {
+		t.Helper()
+		testsvc.Must(t, r.pool.QueryRow(context.Background(), `SELECT vm_state, deleted_at IS NOT NULL FROM instances WHERE uuid = $1`,
+			uuid).Scan(&vm, &deleted), "instance "+uuid)
+		return vm, deleted
+	}
+	events := `SELECT count(*) FROM events WHERE instance_uuid = $1`
+
+	ahead := "8f0a4b6c-6a6e-4b1e-9c3a-0d1b2c3d4e5f"
+	r.publish(infoKey, instanceMsg(t, "a1", "instance.power_on.end", ahead, "active", "hostA", nil, time.Now().AddDate(0, 0, 30)))
+	r.waitCount(1, 30*time.Second, events, ahead)
+	// Published once the first is stored, stamped past its receipt plus
+	// the tolerance: newer, whatever the first one's stamp says.
+	r.publish(infoKey, instanceMsg(t, "a2", "instance.power_off.end", ahead, "stopped", "hostA", nil, time.Now().Add(2*time.Second)))
+	r.waitCount(2, 30*time.Second, events, ahead)
+	if vm, _ := state(ahead); vm != "stopped" {
+		t.Errorf("after an event stamped 30 days ahead and a later one: vm_state %q, want stopped", vm)
+	}
+
+	for _, c := range []struct {
+		name, uuid string
+		skew       time.Duration
+		together   bool
+	}{
+		{"an hour behind, alone", "9f0a4b6c-6a6e-4b1e-9c3a-0d1b2c3d4e51", -time.Hour, false},
+		{"5s behind, alone", "9f0a4b6c-6a6e-4b1e-9c3a-0d1b2c3d4e52", -5 * time.Second, false},
+		{"an hour behind, with the create", "9f0a4b6c-6a6e-4b1e-9c3a-0d1b2c3d4e53", -time.Hour, true},
+		{"30 days behind, with the create", "9f0a4b6c-6a6e-4b1e-9c3a-0d1b2c3d4e54", -30 * 24 * time.Hour, true},
+	} {
+		create := instanceMsg(t, c.uuid+"-c", "instance.create.end", c.uuid, "active", "hostA", nil, time.Now())
+		del := instanceMsg(t, c.uuid+"-d", "instance.delete.end", c.uuid, "deleted", "hostB", nil, time.Now().Add(c.skew))
+		if c.together {
+			r.publish(infoKey, create, del)
+		} else {
+			r.publish(infoKey, create)
+			r.waitCount(1, 30*time.Second, events, c.uuid)
+			r.publish(infoKey, del)
+		}
+		r.waitCount(2, 30*time.Second, events, c.uuid)
+		// A later event of the instance (stamped ahead) does not undo it.
+		r.publish(infoKey, instanceMsg(t, c.uuid+"-u", "instance.power_on.end", c.uuid, "active", "hostA", nil, time.Now().Add(time.Hour)))
+		r.waitCount(3, 30*time.Second, events, c.uuid)
+		if vm, deleted := state(c.uuid); vm != "deleted" || !deleted {
+			t.Errorf("delete %s: vm_state %q, deleted %v; want deleted", c.name, vm, deleted)
+		}
+	}
+}
+
 // TestGuestDriverMetadata: the guest driver declared in the server's
 // metadata follows the newest notification; a payload without metadata
 // keeps it, an older notification does not overwrite it, and a value that

@@ -111,6 +111,40 @@ func TestSyncFlavorUsage(t *testing.T) {
 	}
 }
 
+// A delete ends the open intervals whatever its time: stamped before they
+// began (a host's clock behind), it ends them where they began, never
+// before; an older event that is not a delete still changes nothing.
+func TestSyncFlavorUsageDeleteStampedEarly(t *testing.T) {
+	pool := db(t)
+	ctx := context.Background()
+	inst := uuid.NewString()
+	t0 := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	t4 := []requests.FlavorVGPU{{Profile: "T4-4Q", VGPUType: "nvidia-232", ResourceClass: "VGPU", Amount: 1}}
+	for _, s := range []struct {
+		name    string
+		h       requests.FlavorHolding
+		at      time.Time
+		changed bool
+	}{
+		{"launch", requests.FlavorHolding{Instance: inst, Host: "cmp1", Flavor: "g1", VGPUs: t4}, t0, true},
+		{"an older event without vGPUs", requests.FlavorHolding{Instance: inst, Host: "cmp1", Flavor: "g1"}, t0.Add(-time.Minute), false},
+		{"deleted, stamped an hour early", requests.FlavorHolding{Instance: inst, Host: "cmp1", Flavor: "g1", Deleted: true}, t0.Add(-time.Hour), true},
+		{"deleted again", requests.FlavorHolding{Instance: inst, Deleted: true}, t0.Add(time.Hour), false},
+	} {
+		inTx(t, pool, func(tx pgx.Tx) error {
+			changed, err := requests.SyncFlavorUsage(ctx, tx, s.h, s.at)
+			if err == nil && changed != s.changed {
+				t.Errorf("%s: changed = %v, want %v", s.name, changed, s.changed)
+			}
+			return err
+		})
+	}
+	got := flavorIntervals(t, pool, inst)
+	if len(got) != 1 || !got[0].start.Equal(t0) || got[0].end == nil || !got[0].end.Equal(t0) {
+		t.Fatalf("intervals = %+v; want one from and to %v", got, t0)
+	}
+}
+
 // seedAttachment records a request created at created and its pending
 // attachment, as the pipeline does before the agent answers.
 func seedAttachment(t *testing.T, pool *pgxpool.Pool, inst string, created time.Time) (reqID, attID uuid.UUID) {

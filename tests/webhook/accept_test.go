@@ -73,9 +73,19 @@ func TestAcceptStandardWebhooksAndClockSkew(t *testing.T) {
 		{"6m late", -6 * time.Minute, false},
 		{"6m early", 6 * time.Minute, false},
 		{"a day late", -24 * time.Hour, false},
+		// Beyond what a time.Duration holds (about 292 years).
+		{"300 years early", 0, false},
+		{"at the epoch", 0, false}, // the earliest webhook-timestamp can say
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			a := e.postStd("batch", secretNew, nativeBody(""), "msg_"+strings.ReplaceAll(c.name, " ", "_"), now.Add(c.skew))
+			at := now.Add(c.skew)
+			switch c.name {
+			case "300 years early":
+				at = now.AddDate(300, 0, 0)
+			case "at the epoch":
+				at = time.Unix(0, 0)
+			}
+			a := e.postStd("batch", secretNew, nativeBody(""), "msg_"+strings.ReplaceAll(c.name, " ", "_"), at)
 			if c.ok {
 				e.want202(a)
 			} else {

@@ -108,7 +108,12 @@ func TestBodyTimestamp(t *testing.T) {
 	now := time.Now()
 	e.want202(e.postHub("batch", secretNew, nativeBody(`"timestamp":"`+now.UTC().Format(time.RFC3339)+`"`), "t1"))
 	e.want202(e.postHub("batch", secretNew, nativeBody(`"timestamp":`+strconv.FormatInt(now.Unix(), 10)), "t2"))
-	for i, ts := range []string{`"` + now.Add(-2*time.Minute).UTC().Format(time.RFC3339) + `"`, strconv.FormatInt(now.Add(5*time.Minute).Unix(), 10)} {
+	// Beyond what a time.Duration holds (about 292 years) ahead, and the
+	// earliest time a body may say, in both forms: refused like any other
+	// skew.
+	for i, ts := range []string{`"` + now.Add(-2*time.Minute).UTC().Format(time.RFC3339) + `"`, strconv.FormatInt(now.Add(5*time.Minute).Unix(), 10),
+		`"` + now.AddDate(300, 0, 0).UTC().Format(time.RFC3339) + `"`, strconv.FormatInt(now.AddDate(300, 0, 0).Unix(), 10),
+		`"9999-12-31T23:59:59Z"`, `253402300799`, `"1970-01-01T00:00:00Z"`, `0`} {
 		wantProblem(t, e.postHub("batch", secretNew, nativeBody(`"timestamp":`+ts), fmt.Sprintf("t%d", i+3)), http.StatusUnauthorized, "timestamp_skew")
 	}
 	for i, ts := range []string{`"yesterday"`, `-5`, `1.5`, `true`, `"2026-13-01T00:00:00Z"`} {
