@@ -2,7 +2,7 @@
 // : external schedulers and monitoring ask for or give back
 // vGPU. It sits on the network edge, so it refuses precisely, in a fixed
 // order (unknown source 404, address 403, rate 429, content type 415, size
-// 413, auth 401 (503 while a jwt source has no keys), not JSON 400, schema
+// 413, auth 401 (503 while a jwt source's keys cannot be fetched), not JSON 400, schema
 // 422, projects 403, idempotency conflict 409), and
 // answers 202 only once the request and its events are committed to
 // Postgres. Commits are grouped: concurrent requests share a transaction,
