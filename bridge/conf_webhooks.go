@@ -149,7 +149,8 @@ func init() {
 			Help: "With auth = jwt: a claim (a Keystone project id or an array of them) that narrows allowed_projects per " +
 				"token: the request acts only on instances of the token's projects (that are also in allowed_projects, " +
 				"when that is set), others are refused 403 (project_not_allowed); a token without the claim is refused " +
-				"401 (missing_projects_claim). Empty: tokens are not narrowed. Example: projects"},
+				"401 (missing_projects_claim). The same projects narrow the requests the token reads (GET /v1/requests/{id}), and " +
+				"each token's sub and projects have idempotency keys of their own. Empty: tokens are not narrowed. Example: projects"},
 		conf.Option{Name: "timestamp_tolerance", Kind: conf.KindDuration, Default: "5m", Min: float64(10 * time.Second), Max: float64(time.Hour), HasRange: true,
 			Help: "Standard Webhooks: the largest difference between webhook-timestamp and the bridge's clock. Example: 5m"},
 	)

@@ -467,8 +467,8 @@ func TestHangingKeystone(t *testing.T) {
 func TestPrincipalKeyedByIDs(t *testing.T) {
 	exp := t0.Add(time.Hour)
 	f := &fakeValidator{tokens: map[string]*TokenInfo{
-		"d1": {UserID: "u-1", UserName: "alice", ProjectID: "p-1", ProjectName: "research", Roles: []string{"member"}, ExpiresAt: exp},
-		"d2": {UserID: "u-2", UserName: "alice", ProjectID: "p-2", ProjectName: "research", Roles: []string{"member"}, ExpiresAt: exp},
+		"d1":  {UserID: "u-1", UserName: "alice", ProjectID: "p-1", ProjectName: "research", Roles: []string{"member"}, ExpiresAt: exp},
+		"d2":  {UserID: "u-2", UserName: "alice", ProjectID: "p-2", ProjectName: "research", Roles: []string{"member"}, ExpiresAt: exp},
 		"sys": {UserID: "u-3", UserName: "mon", System: true, Roles: []string{"reader"}, ExpiresAt: exp},
 	}}
 	a, _ := newAuth(t, f, nil)

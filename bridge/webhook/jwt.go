@@ -5,6 +5,8 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,6 +75,23 @@ type jwtGrant struct {
 	// source names one (scoped).
 	projects []string
 	scoped   bool
+	// subject is the token's sub.
+	subject string
+}
+
+// keySpace is the idempotency-key space of a scoped grant: one source
+// serves several tenants, each with keys of its own, told apart by the
+// token's sub and projects (hashed: the claim may name many).
+func (g jwtGrant) keySpace() string {
+	if !g.scoped {
+		return ""
+	}
+	b, _ := json.Marshal(struct {
+		Sub      string   `json:"sub"`
+		Projects []string `json:"projects"`
+	}{g.subject, slices.Sorted(slices.Values(g.projects))})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
 }
 
 // clip shortens a value from a token for a refusal's detail.
@@ -186,7 +205,7 @@ func (v *jwtVerifier) verify(ctx context.Context, tok string, now time.Time) (jw
 	if !ok {
 		return jwtGrant{}, authFail("bad_token", "the %q claim must be a string or an array of at most %d strings", v.projectsClaim, maxClaimProjects)
 	}
-	return jwtGrant{projects: projects, scoped: true}, nil
+	return jwtGrant{projects: projects, scoped: true, subject: c.Subject}, nil
 }
 
 // checkLifetime refuses a token valid for longer than maxLifetime: from

@@ -883,3 +883,24 @@ func TestJWTBoundToSource(t *testing.T) {
 		t.Errorf("one audience at two issuers: %v", err)
 	}
 }
+
+func TestJWTGrantKeySpace(t *testing.T) {
+	a := jwtGrant{scoped: true, subject: "s", projects: []string{"p1", "p2"}}
+	if got := (jwtGrant{subject: "s"}).keySpace(); got != "" {
+		t.Errorf("unscoped grant: key space %q, want none", got)
+	}
+	same := jwtGrant{scoped: true, subject: "s", projects: []string{"p2", "p1"}}
+	if a.keySpace() == "" || a.keySpace() != same.keySpace() {
+		t.Errorf("the same projects in another order: %q and %q", a.keySpace(), same.keySpace())
+	}
+	for _, other := range []jwtGrant{
+		{scoped: true, subject: "t", projects: []string{"p1", "p2"}},
+		{scoped: true, subject: "s", projects: []string{"p1"}},
+		{scoped: true, subject: "s", projects: []string{"p1p2"}},
+		{scoped: true, subject: "s\x00p1", projects: []string{"p2"}},
+	} {
+		if other.keySpace() == a.keySpace() {
+			t.Errorf("%+v shares %+v's key space", other, a)
+		}
+	}
+}

@@ -547,6 +547,9 @@ func (e *Endpoint) handle(c echo.Context) error {
 			return e.refuse(c, name, remote, "project_not_allowed", &api.ProblemDetails{Status: http.StatusForbidden, Detail: refusal})
 		}
 	}
+	if an.space != "" {
+		p.src = src.keySpace(an.space)
+	}
 	p.key, p.bodyOnly = key, bodyOnly
 	p.hash = sha256.Sum256(body)
 	// Commit, then 202; or 409 for a key reused with another body.
@@ -564,6 +567,15 @@ func (e *Endpoint) handle(c echo.Context) error {
 		e.m.accepted.WithLabelValues(name).Inc()
 	}
 	return c.JSONBlob(res.status, res.body)
+}
+
+// keySpace is src as a commit sees it for a caller with a key space of
+// its own (space): its idempotency keys (and Alertmanager alerts) are
+// kept apart from the other callers' of the source; its requests and
+// events are the source's.
+func (src *source) keySpace(space string) *source {
+	return &source{cfg: Source{Name: src.cfg.Name + "#" + space, Format: src.cfg.Format}, label: src.label,
+		event: cmp.Or(src.event, src.cfg.Name)}
 }
 
 // storeUnavailable is the 503 of a request that could not be checked or

@@ -238,3 +238,46 @@ func TestJWTBoundToSourceAndLifetime(t *testing.T) {
 		t.Errorf("%d requests stored, want 2", n)
 	}
 }
+
+// TestJWTTenantsKeySpaces: tenants sharing a jwt source (tokens of other
+// projects, or another sub) each have their own idempotency keys: the same
+// Idempotency-Key makes a request of each, not a 409 for the other's, and
+// each retry replays its own answer.
+func TestJWTTenantsKeySpaces(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	testsvc.Must(t, err, "ec key")
+	p := newIDP(t)
+	p.publish(t, map[string]any{"k1": key})
+	s := jwtSourceOf("tenants", p.URL)
+	s.JWTProjectsClaim = "projects"
+	e := newEnv(t, []webhook.Source{s})
+	vms := map[string]string{"proj-a": uuid.NewString(), "proj-b": uuid.NewString()}
+	for proj, vm := range vms {
+		_, err := e.pool.Exec(context.Background(), `INSERT INTO instances (uuid, project_id, host) VALUES ($1, $2, 'cmp1')`, vm, proj)
+		testsvc.Must(t, err, "instance")
+	}
+	post := func(sub, proj string, body []byte) answer {
+		tok := signJWT(t, key, jose.ES256, "k1", tokenClaims(time.Now(), map[string]any{"projects": proj, "sub": sub}))
+		return e.do(http.MethodPost, "/v1/webhooks/tenants", body, map[string]string{"Authorization": "Bearer " + tok, "Idempotency-Key": "job-1"})
+	}
+	body := func(proj string) []byte {
+		return []byte(`{"type":"GPU_REQUEST","vm_id":"` + vms[proj] + `","workload":"training","vgpu_profile":"T4-4Q"}`)
+	}
+	idA := e.want202(post("scheduler", "proj-a", body("proj-a")))
+	idB := e.want202(post("scheduler", "proj-b", body("proj-b")))
+	if idA == idB {
+		t.Fatal("both tenants got one request")
+	}
+	for proj, id := range map[string]uuid.UUID{"proj-a": idA, "proj-b": idB} {
+		a := post("scheduler", proj, body(proj))
+		if a.status != http.StatusAccepted || a.header.Get("Idempotent-Replayed") != "true" || a.json(t)["request_id"] != id.String() {
+			t.Errorf("%s's retry: %d %s, want its own first answer (%s)", proj, a.status, a.body, id)
+		}
+	}
+	// Another client (sub) of the same project: its own keys too.
+	e.want202(post("other-client", "proj-a", body("proj-a")))
+	wantProblem(t, post("scheduler", "proj-a", body("proj-b")), http.StatusForbidden, "project_not_allowed")
+	if n := e.count(`SELECT count(*) FROM requests`); n != 3 {
+		t.Errorf("%d requests stored, want 3", n)
+	}
+}
