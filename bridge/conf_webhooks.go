@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -75,7 +76,7 @@ func init() {
 			Help: "How the source authenticates: hmac (X-Hub-Signature-256, a signed body acting once, or Standard Webhooks " +
 				"headers), bearer (Authorization: Bearer), mtls (a client certificate signed by [webhooks] client_ca_file), " +
 				"jwt (Authorization: Bearer with a JWT signed RS256, ES256 or EdDSA by a key of jwks_url or jwks_file, " +
-				"with jwt_issuer and jwt_audience). Example: hmac"},
+				"with jwt_issuer and jwt_audience, valid for at most jwt_max_lifetime). Example: hmac"},
 		conf.Option{Name: "format", Kind: conf.KindChoice, Default: "native", Choices: []string{"native", "alertmanager"},
 			Help: "Payload format: native or alertmanager (Alertmanager's webhook_config; needs auth = bearer, jwt or mtls). Example: alertmanager"},
 		conf.Option{Name: "secret_files", Kind: conf.KindList,
@@ -121,12 +122,20 @@ func init() {
 		conf.Option{Name: "jwt_issuer", Kind: conf.KindString,
 			Help: "With auth = jwt: the iss every token must carry, exactly. Example: https://keycloak.example.org/realms/hpc"},
 		conf.Option{Name: "jwt_audience", Kind: conf.KindString,
-			Help: "With auth = jwt: the value the token's aud (a string or an array) must hold. Example: vgpu-bridge"},
+			Help: "With auth = jwt: the value the token's aud (a string or an array) must hold: it binds a token to this " +
+				"source. Empty: vgpu-bridge:webhook:NAME, NAME being the source's. Two jwt sources with the same jwt_issuer " +
+				"must not share one (a token for one would be accepted by the other). Example: vgpu-bridge:webhook:batch-scheduler"},
+		conf.Option{Name: "jwt_max_lifetime", Kind: conf.KindDuration, Default: "1h", Min: float64(time.Minute), Max: float64(webhook.MaxJWTMaxLifetime), HasRange: true,
+			Help: "With auth = jwt: the longest a token may be valid for, from its iat (or nbf; from now without either) to " +
+				"its exp; a longer-lived token is refused 401 (token_lifetime_too_long), so a leaked token is of use for a " +
+				"bounded time. Example: 1h"},
 		conf.Option{Name: "jwks_url", Kind: conf.KindString,
 			Help: "With auth = jwt: the JWKS (the issuer's public keys), fetched over https (http only to a loopback host; " +
 				"at most 1 MiB within 10 s; redirects are not followed) when first needed, again every jwks_refresh_interval, " +
-				"and at once when a token names a kid the keys in hand lack, so a key rotation needs no restart; fetches are " +
-				"at least 10 s apart. A failed fetch keeps the keys in hand; with none, tokens are refused 503 (jwks_unavailable). " +
+				"and when a token names a kid the keys in hand lack, so a key rotation needs no restart. One fetch at a time: " +
+				"requests that need it wait for it as long as they last, and tokens whose kid is in hand never wait; fetches " +
+				"are at least 10 s apart, and after failures in a row back off up to 5 minutes. A failed fetch keeps the keys " +
+				"in hand; with none, or for a kid they lack, tokens are refused 503 (jwks_unavailable, with Retry-After). " +
 				"Set this or jwks_file. Example: https://keycloak.example.org/realms/hpc/protocol/openid-connect/certs"},
 		conf.Option{Name: "jwks_file", Kind: conf.KindString,
 			Help: "With auth = jwt: a file holding the JWKS, in place of jwks_url; read again when its modification time " +
@@ -140,7 +149,8 @@ func init() {
 			Help: "With auth = jwt: a claim (a Keystone project id or an array of them) that narrows allowed_projects per " +
 				"token: the request acts only on instances of the token's projects (that are also in allowed_projects, " +
 				"when that is set), others are refused 403 (project_not_allowed); a token without the claim is refused " +
-				"401 (missing_projects_claim). Empty: tokens are not narrowed. Example: projects"},
+				"401 (missing_projects_claim). The same projects narrow the requests the token reads (GET /v1/requests/{id}), and " +
+				"each token's sub and projects have idempotency keys of their own. Empty: tokens are not narrowed. Example: projects"},
 		conf.Option{Name: "timestamp_tolerance", Kind: conf.KindDuration, Default: "5m", Min: float64(10 * time.Second), Max: float64(time.Hour), HasRange: true,
 			Help: "Standard Webhooks: the largest difference between webhook-timestamp and the bridge's clock. Example: 5m"},
 	)
@@ -158,6 +168,7 @@ func validateWebhooks(v *conf.Values) conf.Errors {
 		errs = append(errs, &conf.Error{Section: "webhooks", Option: "tls_key_file", Value: optWHTLSKey.Get(v), Problem: "tls_cert_file and tls_key_file go together"})
 	}
 	shared := webhooksShareAPI(v)
+	audiences := map[[2]string]string{} // a jwt source's issuer and audience → its name
 	for _, in := range v.Instances(webhookSourcePrefix) {
 		sec := webhookSourcePrefix + ":" + in.Name
 		bad := func(opt, val, problem string) {
@@ -177,9 +188,13 @@ func validateWebhooks(v *conf.Values) conf.Errors {
 			if in.String("jwt_issuer") == "" {
 				bad("jwt_issuer", "", "is required with auth = jwt; allowed: the iss of the tokens, e.g. https://keycloak.example.org/realms/hpc")
 			}
-			if in.String("jwt_audience") == "" {
-				bad("jwt_audience", "", "is required with auth = jwt; allowed: the aud the tokens carry, e.g. vgpu-bridge")
+			aud := cmp.Or(in.String("jwt_audience"), webhook.DefaultJWTAudience(in.Name))
+			k := [2]string{in.String("jwt_issuer"), aud}
+			if other, ok := audiences[k]; ok {
+				bad("jwt_audience", aud, fmt.Sprintf("is [%s:%s]'s too, of the same jwt_issuer: a token for one would be accepted by the other; "+
+					"allowed: an audience of this source's own, e.g. %s", webhookSourcePrefix, other, webhook.DefaultJWTAudience(in.Name)))
 			}
+			audiences[k] = in.Name
 			switch u, f := in.String("jwks_url"), in.String("jwks_file"); {
 			case u == "" && f == "":
 				bad("jwks_url", "", "auth = jwt needs jwks_url or jwks_file")
@@ -271,6 +286,7 @@ func WebhookSources(v *conf.Values) ([]webhook.Source, error) {
 			TimestampTolerance: in.Duration("timestamp_tolerance"), AllowedProjects: in.List("allowed_projects"),
 			JWTIssuer: in.String("jwt_issuer"), JWTAudience: in.String("jwt_audience"), JWKSURL: in.String("jwks_url"),
 			JWKSFile: in.String("jwks_file"), JWKSRefresh: in.Duration("jwks_refresh_interval"), JWTLeeway: in.Duration("jwt_leeway"),
+			JWTMaxLifetime:   in.Duration("jwt_max_lifetime"),
 			JWTProjectsClaim: in.String("jwt_projects_claim"),
 		}
 		for _, pair := range in.List("alert_metrics") {

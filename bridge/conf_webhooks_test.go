@@ -14,8 +14,9 @@ import (
 )
 
 // TestWebhookJWTConfig: a [webhook_source:NAME] with auth = jwt needs
-// jwt_issuer, jwt_audience and exactly one of jwks_url (https, or http to
-// loopback) and jwks_file, and maps to webhook.Source.
+// jwt_issuer and exactly one of jwks_url (https, or http to loopback) and
+// jwks_file, an audience no other source of its issuer has, and maps to
+// webhook.Source.
 func TestWebhookJWTConfig(t *testing.T) {
 	dir := t.TempDir()
 	load := func(section string) (*conf.Values, error) {
@@ -40,7 +41,14 @@ func TestWebhookJWTConfig(t *testing.T) {
 		{"loopback http", good + "jwks_url = http://127.0.0.1:8080/certs\n", ""},
 		{"alertmanager", good + "format = alertmanager\njwks_url = https://idp.example.org/certs\n", ""},
 		{"no issuer", "auth = jwt\njwt_audience = a\njwks_url = https://idp.example.org/certs\n", "jwt_issuer"},
-		{"no audience", "auth = jwt\njwt_issuer = i\njwks_url = https://idp.example.org/certs\n", "jwt_audience"},
+		{"no audience: one of its own", "auth = jwt\njwt_issuer = i\njwks_url = https://idp.example.org/certs\n", ""},
+		{"two sources of one issuer, one audience", good + "jwks_url = https://idp.example.org/certs\n[webhook_source:idp2]\n" +
+			good + "jwks_url = https://idp.example.org/certs\n", "[webhook_source:idp]'s too"},
+		{"two sources of one issuer, default audiences", "auth = jwt\njwt_issuer = i\njwks_url = https://idp.example.org/certs\n" +
+			"[webhook_source:idp2]\nauth = jwt\njwt_issuer = i\njwks_url = https://idp.example.org/certs\n", ""},
+		{"the default audience of another, taken", "auth = jwt\njwt_issuer = i\njwks_url = https://idp.example.org/certs\n" +
+			"[webhook_source:idp2]\nauth = jwt\njwt_issuer = i\njwt_audience = vgpu-bridge:webhook:idp\njwks_url = https://idp.example.org/certs\n", "jwt_audience"},
+		{"lifetime too long", good + "jwks_url = https://idp.example.org/certs\njwt_max_lifetime = 48h\n", "jwt_max_lifetime"},
 		{"no keys", good, "auth = jwt needs jwks_url or jwks_file"},
 		{"both", good + "jwks_url = https://idp.example.org/certs\njwks_file = /etc/jwks.json\n", "not both"},
 		{"http elsewhere", good + "jwks_url = http://idp.example.org/certs\n", "only to a loopback host"},
@@ -74,7 +82,7 @@ func TestWebhookJWTConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if srcs, _ = WebhookSources(v); srcs[0].JWTLeeway != time.Minute {
-		t.Errorf("default leeway %s, want 1m", srcs[0].JWTLeeway)
+	if srcs, _ = WebhookSources(v); srcs[0].JWTLeeway != time.Minute || srcs[0].JWTMaxLifetime != time.Hour {
+		t.Errorf("default leeway %s and max lifetime %s, want 1m and 1h", srcs[0].JWTLeeway, srcs[0].JWTMaxLifetime)
 	}
 }

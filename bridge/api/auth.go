@@ -66,10 +66,25 @@ const (
 
 // Principal is the authenticated caller of a request.
 type Principal struct {
+	// Name is for people: logs, the audit log ("alice@project-a"). It
+	// need not be unique (Keystone names are unique only per domain).
 	Name string
+	// ID identifies the caller where Name might not (Keystone: the user
+	// id @ the project id); empty when Name does (static tokens). Key
+	// is what state of the caller is keyed by.
+	ID   string
 	Role Role
 	// Project limits what the caller sees; empty means all projects.
 	Project string
+}
+
+// Key identifies the caller for what is kept per caller (idempotency
+// keys, limits): ID, or Name when it has none.
+func (p *Principal) Key() string {
+	if p.ID != "" {
+		return p.ID
+	}
+	return p.Name
 }
 
 // Allows reports whether p may use a route requiring a.

@@ -4,12 +4,14 @@
 // An Authenticator validates the X-Auth-Token (or Authorization: Bearer)
 // of a request with Keystone's identity v3 API, keeps the answer in a
 // bounded cache until the token expires or the cache TTL ends (failures a
-// shorter while), maps Keystone role names to the API's reader and admin
+// shorter while; a validation Keystone did not answer, a few seconds),
+// maps Keystone role names to the API's reader and admin
 // roles, and limits a non-admin, project-scoped caller to its project.
 // Tokens are never logged, and the cache keys on their SHA-256.
 package keystoneauth
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -17,6 +19,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -186,6 +189,9 @@ func (o *outcome) result() (*api.Principal, error) {
 		p := *o.principal
 		return &p, nil
 	}
+	if o.status == http.StatusServiceUnavailable {
+		return nil, unavailable(o.detail)
+	}
 	return nil, refusal(o.status, o.code, o.detail)
 }
 
@@ -211,15 +217,32 @@ func (a *Authenticator) Authenticate(r *http.Request) (*api.Principal, error) {
 		return o.result()
 	}
 	a.lookups.WithLabelValues("miss").Inc()
-	// One validation per token at a time; it outlives a caller that
-	// goes away, since others may wait on it.
-	v, err, _ := a.group.Do(string(key[:]), func() (any, error) {
+	// One validation per token at a time, bounded by the timeout; it
+	// outlives a caller that goes away, since others may wait on it.
+	// Each caller waits only as long as its own request lasts.
+	ch := a.group.DoChan(string(key[:]), func() (any, error) {
 		return a.validate(context.WithoutCancel(r.Context()), tok, key)
 	})
-	if err != nil {
-		return nil, err
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		return res.Val.(*outcome).result()
+	case <-r.Context().Done():
+		return nil, unavailable("Keystone did not validate the token before the request ended; try again")
 	}
-	return v.(*outcome).result()
+}
+
+// outageRetry is how long a token whose validation Keystone did not answer
+// is answered 503 without asking again: its callers are told to retry
+// after it (Retry-After), and a hanging Keystone is not asked back to back.
+const outageRetry = 5 * time.Second
+
+func unavailable(detail string) *api.ProblemDetails {
+	return &api.ProblemDetails{Status: http.StatusServiceUnavailable, Title: "Service Unavailable",
+		Code: "identity_unavailable", Detail: detail,
+		Headers: map[string]string{"Retry-After": strconv.Itoa(int(outageRetry / time.Second))}}
 }
 
 func (a *Authenticator) validate(ctx context.Context, tok string, key [32]byte) (*outcome, error) {
@@ -238,9 +261,10 @@ func (a *Authenticator) validate(ctx context.Context, tok string, key [32]byte) 
 	if err != nil {
 		a.validations.WithLabelValues("error").Inc()
 		a.log.Warn("keystone token validation failed", logkey.Err, err.Error())
-		return nil, &api.ProblemDetails{Status: http.StatusServiceUnavailable, Title: "Service Unavailable",
-			Code: "identity_unavailable", Detail: "Keystone could not validate the token; try again",
-			Headers: map[string]string{"Retry-After": "5"}}
+		o := &outcome{status: http.StatusServiceUnavailable, code: "identity_unavailable",
+			detail: "Keystone could not validate the token; try again"}
+		a.remember(key, o, now, now.Add(outageRetry))
+		return o, nil
 	}
 	o := a.outcome(info)
 	until := now.Add(a.cfg.CacheTTL)
@@ -264,37 +288,42 @@ func (a *Authenticator) remember(key [32]byte, o *outcome, now, until time.Time)
 }
 
 // outcome maps a valid token's roles and scope to a principal or a 403.
+// The principal's name is the user's and project's names, for people; its
+// id their ids, unique across domains, for what is kept per caller.
 func (a *Authenticator) outcome(ti *TokenInfo) *outcome {
-	name := ti.UserName
-	if name == "" {
-		name = ti.UserID
-	}
+	name, id := cmp.Or(ti.UserName, ti.UserID), ti.UserID
+	scope := ""
 	switch {
 	case ti.ProjectID != "":
-		pn := ti.ProjectName
-		if pn == "" {
-			pn = ti.ProjectID
-		}
-		name += "@" + pn
+		name += "@" + cmp.Or(ti.ProjectName, ti.ProjectID)
+		scope = "@" + ti.ProjectID
 	case ti.System:
 		name += "@system"
+		scope = "@system"
 	case ti.DomainID != "":
 		name += "@domain:" + ti.DomainID
+		scope = "@domain:" + ti.DomainID
+	}
+	if id != "" {
+		id += scope
+	}
+	who := func(role api.Role, project string) *outcome {
+		return &outcome{principal: &api.Principal{Name: name, ID: id, Role: role, Project: project}}
 	}
 	if hasAny(ti.Roles, a.admin) {
-		return &outcome{principal: &api.Principal{Name: name, Role: api.RoleAdmin}}
+		return who(api.RoleAdmin, "")
 	}
 	if hasAny(ti.Roles, a.fleet) {
-		return &outcome{principal: &api.Principal{Name: name, Role: api.RoleReader}}
+		return who(api.RoleReader, "")
 	}
 	if hasAny(ti.Roles, a.reader) {
 		switch {
 		case ti.System:
-			return &outcome{principal: &api.Principal{Name: name, Role: api.RoleReader}}
+			return who(api.RoleReader, "")
 		case ti.ProjectID != "" && hasAny(ti.Roles, a.member):
-			return &outcome{principal: &api.Principal{Name: name, Role: api.RoleMember, Project: ti.ProjectID}}
+			return who(api.RoleMember, ti.ProjectID)
 		case ti.ProjectID != "":
-			return &outcome{principal: &api.Principal{Name: name, Role: api.RoleReader, Project: ti.ProjectID}}
+			return who(api.RoleReader, ti.ProjectID)
 		}
 		return &outcome{status: http.StatusForbidden, code: "forbidden",
 			detail: "a reader needs a project-scoped (or system-scoped) token; this one is scoped to no project"}

@@ -293,13 +293,18 @@ func TestInvalidCachedBriefly(t *testing.T) {
 	}
 }
 
-// Keystone outages answer 503, are not cached, and never log the token.
-func TestOutageNotCachedNorLogged(t *testing.T) {
+// Keystone outages answer 503, are remembered for the few seconds of
+// Retry-After only (not asked again back to back), and never log the
+// token.
+func TestOutageBrieflyCachedNotLogged(t *testing.T) {
 	var buf bytes.Buffer
 	f := &fakeValidator{err: errors.New("dial tcp 127.0.0.1:5000: connect: connection refused")}
-	a, _ := newAuth(t, f, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&buf, nil)) })
+	a, clk := newAuth(t, f, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&buf, nil)) })
 	const tok = "gAAAAABsecret-token-value"
-	for range 2 {
+	for i := range 4 {
+		if i == 2 {
+			clk.Add(outageRetry)
+		}
 		_, err := a.Authenticate(request(tok))
 		var p *api.ProblemDetails
 		if !errors.As(err, &p) || p.Status != 503 || p.Code != "identity_unavailable" || p.Headers["Retry-After"] == "" {
@@ -310,7 +315,15 @@ func TestOutageNotCachedNorLogged(t *testing.T) {
 		}
 	}
 	if got := f.calls.Load(); got != 2 {
-		t.Errorf("Keystone asked %d times, want 2 (outages are not cached)", got)
+		t.Errorf("Keystone asked %d times, want 2 (once, and again after Retry-After)", got)
+	}
+	f.mu.Lock()
+	f.err = nil
+	f.tokens = map[string]*TokenInfo{tok: {UserName: "a", ProjectID: "p", Roles: []string{"member"}, ExpiresAt: t0.Add(time.Hour)}}
+	f.mu.Unlock()
+	clk.Add(outageRetry)
+	if _, err := a.Authenticate(request(tok)); err != nil {
+		t.Errorf("Keystone back: %v", err)
 	}
 	if e := counter(t, a.validations.WithLabelValues("error")); e != 2 {
 		t.Errorf("metrics: %v errors, want 2", e)
@@ -391,5 +404,86 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 	if _, err := New(Config{Validator: &fakeValidator{}}); err == nil {
 		t.Error("no roles accepted")
+	}
+}
+
+// TestHangingKeystone: while Keystone hangs, the callers of one token share
+// one validation and each is answered 503 when its own request ends, the
+// validation still under way; once it fails, the token is answered 503
+// for a few seconds without asking Keystone again.
+func TestHangingKeystone(t *testing.T) {
+	f := &fakeValidator{tokens: map[string]*TokenInfo{}, err: errors.New("i/o timeout"), gate: make(chan struct{})}
+	a, clk := newAuth(t, f, func(c *Config) { c.Timeout = time.Hour })
+	const n = 100
+	ctx, cancel := context.WithCancel(context.Background())
+	codes := make(chan int, n)
+	for range n {
+		go func() {
+			_, err := a.Authenticate(request("tok").WithContext(ctx))
+			codes <- status(err)
+		}()
+	}
+	for f.calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	got := map[int]int{}
+	timeout := time.After(30 * time.Second)
+	for range n {
+		select {
+		case c := <-codes:
+			got[c]++
+		case <-timeout:
+			t.Fatalf("callers still waiting after their request ended (answered: %v)", got)
+		}
+	}
+	if got[http.StatusServiceUnavailable] != n {
+		t.Errorf("answers %v, want %d × 503", got, n)
+	}
+	if c := f.calls.Load(); c != 1 {
+		t.Errorf("Keystone asked %d times, want 1", c)
+	}
+	close(f.gate) // the validation fails
+	for a.CacheLen() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for range 20 {
+		if _, err := a.Authenticate(request("tok")); status(err) != http.StatusServiceUnavailable {
+			t.Fatalf("after the failed validation: %v, want 503", err)
+		}
+	}
+	if c := f.calls.Load(); c != 1 {
+		t.Errorf("Keystone asked %d times right after it failed, want once in all", c)
+	}
+	clk.Add(outageRetry)
+	a.Authenticate(request("tok"))
+	if c := f.calls.Load(); c != 2 {
+		t.Errorf("Keystone asked %d times after Retry-After, want 2", c)
+	}
+}
+
+// TestPrincipalKeyedByIDs: callers of the same user and project names in
+// two domains share a name (for people) but not a key (ids).
+func TestPrincipalKeyedByIDs(t *testing.T) {
+	exp := t0.Add(time.Hour)
+	f := &fakeValidator{tokens: map[string]*TokenInfo{
+		"d1":  {UserID: "u-1", UserName: "alice", ProjectID: "p-1", ProjectName: "research", Roles: []string{"member"}, ExpiresAt: exp},
+		"d2":  {UserID: "u-2", UserName: "alice", ProjectID: "p-2", ProjectName: "research", Roles: []string{"member"}, ExpiresAt: exp},
+		"sys": {UserID: "u-3", UserName: "mon", System: true, Roles: []string{"reader"}, ExpiresAt: exp},
+	}}
+	a, _ := newAuth(t, f, nil)
+	keys := map[string]string{}
+	for tok, want := range map[string]string{"d1": "u-1@p-1", "d2": "u-2@p-2", "sys": "u-3@system"} {
+		p, err := a.Authenticate(request(tok))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.ID != want || p.Key() != want {
+			t.Errorf("%s: id %q, key %q, want %q", tok, p.ID, p.Key(), want)
+		}
+		keys[tok] = p.Name
+	}
+	if keys["d1"] != "alice@research" || keys["d2"] != keys["d1"] {
+		t.Errorf("names %v, want alice@research for both", keys)
 	}
 }

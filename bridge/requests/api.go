@@ -23,7 +23,11 @@ func OpenAPI() []byte { return openapiFragment }
 // SourceAuthenticator checks that an HTTP request carries the credentials
 // of a webhook source; package webhook implements it.
 type SourceAuthenticator interface {
-	AuthenticateSource(r *http.Request, source string) error
+	// AuthenticateSource returns, when scoped, the projects the
+	// credentials are limited to (a jwt source's token naming its
+	// projects): they read only the source's requests about instances of
+	// those projects.
+	AuthenticateSource(r *http.Request, source string) (projects []string, scoped bool, err error)
 }
 
 // Handler serves the request routes.
@@ -94,8 +98,21 @@ func (h *Handler) get(c echo.Context) error {
 	isSource := h.sources != nil && name != req.Source
 	var srcErr error
 	if isSource {
-		if srcErr = h.sources.AuthenticateSource(r, name); srcErr == nil {
+		var projects []string
+		var scoped bool
+		if projects, scoped, srcErr = h.sources.AuthenticateSource(r, name); srcErr == nil {
 			api.SetPrincipal(c, &api.Principal{Name: req.Source})
+			if scoped {
+				// One source, several tenants: a token limited to some
+				// projects reads their requests only.
+				ok, err := h.store.InProjects(r.Context(), req, projects)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return notFound(raw)
+				}
+			}
 			return c.JSON(http.StatusOK, req)
 		}
 	}

@@ -318,6 +318,9 @@ type authn struct {
 	// projects claim of a jwt source's token.
 	projects []string
 	scoped   bool
+	// space, when set, is the caller's own idempotency-key space within
+	// the source (jwtGrant.keySpace).
+	space string
 }
 
 // authenticate checks r's credentials over payload (the body for POST).
@@ -342,7 +345,7 @@ func (s *source) authenticate(r *http.Request, payload []byte, now time.Time) (a
 		if err != nil {
 			return authn{}, err
 		}
-		a.projects, a.scoped = g.projects, g.scoped
+		a.projects, a.scoped, a.space = g.projects, g.scoped, g.keySpace()
 	default:
 		return authn{}, authFail("misconfigured", "source has no usable auth")
 	}

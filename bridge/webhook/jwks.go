@@ -26,6 +26,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
@@ -183,12 +184,20 @@ func (ks *keySet) hasKID(kid string) bool {
 }
 
 // jwks holds a jwt source's keys: from its jwks_url, fetched when first
-// needed, again in the background once older than refresh, and at once
-// when a token names a kid the set lacks; or from its jwks_file, read
-// again when the file's modification time or size changes (looked at
-// once a second at most) and on SIGHUP.
-// Fetches are at least minInterval apart, whatever asks for them. A load
-// that fails keeps the keys in hand.
+// needed, again in the background once older than refresh, and when a
+// token names a kid the set lacks; or from its jwks_file, read again when
+// the file's modification time or size changes (looked at once a second at
+// most) and on SIGHUP.
+//
+// Fetches of the url are single and bounded: one at a time, whatever asks
+// for it, each within jwksFetchTimeout; the next one no sooner than
+// minInterval after the last ended, and after a failure no sooner than a
+// backoff (internal/backoff) that doubles with each failure in a row, up
+// to maxJWKSBackoff.
+// A request that needs a fetch (no keys yet, or an unknown kid) waits for
+// the one in flight for as long as its own context allows, never for a
+// second one; a token whose kid is in hand never waits. A load that fails
+// keeps the keys in hand.
 type jwks struct {
 	source      string // the source's name, for logs
 	url         string
@@ -199,15 +208,26 @@ type jwks struct {
 	log         *slog.Logger
 	now         func() time.Time
 
-	set        atomic.Pointer[keySet]
-	refreshing atomic.Bool
+	set atomic.Pointer[keySet]
 	// fileLooked is when (Unix ns) the file was last looked at: at most
 	// once per fileLookInterval, not on every request.
 	fileLooked atomic.Int64
-	mu         sync.Mutex // one load at a time; guards tried and bad
-	tried      time.Time  // the last fetch of url
+	mu         sync.Mutex // guards the fields below; never held across a fetch
+	inflight   *flight    // the fetch under way, if any
+	next       time.Time  // no fetch starts before
+	failures   int        // fetches failed in a row
 	bad        fileStamp  // the file's last version that did not load
 }
+
+// flight is one fetch of a jwks_url; done is closed when it ends, after
+// failed is set.
+type flight struct {
+	done   chan struct{}
+	failed bool
+}
+
+// maxJWKSBackoff bounds the wait after fetches that failed in a row.
+const maxJWKSBackoff = 5 * time.Minute
 
 func newJWKS(s *Source, log *slog.Logger, now func() time.Time) *jwks {
 	j := &jwks{source: s.Name, url: s.JWKSURL, file: s.JWKSFile, refresh: s.JWKSRefresh, minInterval: s.JWKSMinInterval,
@@ -241,77 +261,114 @@ func (j *jwks) where() string {
 	return "jwks_url"
 }
 
-// keys returns the set to verify a token naming kid with; nil when there
-// is none at all.
-func (j *jwks) keys(ctx context.Context, kid string) *keySet {
-	ks := j.set.Load()
+// keys returns the set to verify a token naming kid with (nil when there
+// is none at all), and whether the set could not be brought up to date
+// for it: the fetch it needed failed, was held back after a failure, or
+// did not end before ctx did.
+func (j *jwks) keys(ctx context.Context, kid string) (ks *keySet, unavailable bool) {
+	ks = j.set.Load()
 	if j.file != "" {
 		if ks == nil || j.fileDue() && j.fileChanged(ks) {
 			ks = j.loadFile(false)
 		}
-		return ks
+		return ks, false
 	}
-	// A client hanging up does not cut a fetch short (that would cost
-	// the next minInterval); the fetch's timeout bounds it.
-	ctx = context.WithoutCancel(ctx)
-	switch {
-	case ks == nil:
-		ks = j.fetch(ctx, nil)
-	case kid != "" && !ks.hasKID(kid):
-		// A rotation at the issuer: its new key is not known yet.
-		ks = j.fetch(ctx, ks)
-	case j.now().Sub(ks.at) >= j.refresh:
-		j.refreshInBackground(ks)
+	if ks != nil && (kid == "" || ks.hasKID(kid)) {
+		if j.now().Sub(ks.at) >= j.refresh {
+			j.start(false)
+		}
+		return ks, false
 	}
-	return ks
+	// No keys yet, or a rotation at the issuer: its new key is not
+	// known yet.
+	f, failed := j.start(true)
+	if f == nil {
+		return j.set.Load(), failed
+	}
+	select {
+	case <-f.done:
+		return j.set.Load(), f.failed
+	case <-ctx.Done():
+		return j.set.Load(), true
+	}
 }
 
-// fetch loads the url unless the set changed since the caller saw seen
-// (another fetch got there first) or the last fetch was less than
-// minInterval ago, and returns the set then in hand.
-func (j *jwks) fetch(ctx context.Context, seen *keySet) *keySet {
+// retryIn is how long until the next fetch may start (at least a second).
+func (j *jwks) retryIn() time.Duration {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if cur := j.set.Load(); cur != seen {
-		return cur
-	}
-	now := j.now()
-	if !j.tried.IsZero() && now.Sub(j.tried) < j.minInterval {
-		return seen
-	}
-	j.tried = now
-	ks, err := j.get(ctx)
-	if err != nil {
-		if seen != nil {
-			j.log.Warn("webhook: cannot fetch the JWKS; keeping the keys in hand", logkey.Source, j.source,
-				"jwks", j.where(), "keys_age", now.Sub(seen.at).Round(time.Second).String(), logkey.Err, err)
-		} else {
-			j.log.Error("webhook: cannot fetch the JWKS; the source's tokens are refused until it can", logkey.Source, j.source,
-				"jwks", j.where(), logkey.Err, err)
-		}
-		return seen
-	}
-	ks.at = now
-	j.set.Store(ks)
-	j.log.Info("webhook: JWKS loaded", logkey.Source, j.source, "jwks", j.where(), "keys", len(ks.keys))
-	return ks
+	return max(j.next.Sub(j.now()), time.Second)
 }
 
-func (j *jwks) refreshInBackground(seen *keySet) {
-	if !j.refreshing.CompareAndSwap(false, true) {
-		return
+// start returns the fetch in flight, or starts one when none is and the
+// last ended long enough ago. It returns nil when no fetch is to be waited
+// for, with whether the last one failed. Without wait, a fetch that is
+// started runs in the background.
+func (j *jwks) start(wait bool) (f *flight, lastFailed bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.inflight != nil {
+		if !wait {
+			return nil, false
+		}
+		return j.inflight, false
 	}
-	go func() {
-		defer j.refreshing.Store(false)
-		j.fetch(context.Background(), seen)
-	}()
+	if j.now().Before(j.next) {
+		return nil, j.failures > 0
+	}
+	f = &flight{done: make(chan struct{})}
+	j.inflight = f
+	// The fetch is nobody's request: a caller that gives up or hangs up
+	// does not cut it short (others wait on it); jwksFetchTimeout does.
+	go j.run(f, j.set.Load())
+	return f, false
+}
+
+// run makes fetch f and records its outcome.
+func (j *jwks) run(f *flight, seen *keySet) {
+	ks, err := j.get(context.Background())
+	now := j.now()
+	j.mu.Lock()
+	if err == nil {
+		ks.at = now
+		j.set.Store(ks)
+		j.failures = 0
+		j.next = now.Add(j.minInterval)
+	} else {
+		j.failures++
+		// Never sooner than after a success; then doubling, jittered.
+		j.next = now.Add(max(j.minInterval, backoff.Policy{Min: j.minInterval, Max: maxJWKSBackoff}.Delay(j.failures-1)))
+	}
+	next := j.next
+	j.inflight = nil
+	j.mu.Unlock()
+	f.failed = err != nil
+	close(f.done)
+	switch {
+	case err == nil:
+		j.log.Info("webhook: JWKS loaded", logkey.Source, j.source, "jwks", j.where(), "keys", len(ks.keys))
+	case seen != nil:
+		j.log.Warn("webhook: cannot fetch the JWKS; keeping the keys in hand", logkey.Source, j.source,
+			"jwks", j.where(), "keys_age", now.Sub(seen.at).Round(time.Second).String(),
+			"next_fetch_in", next.Sub(now).Round(time.Second).String(), logkey.Err, err)
+	default:
+		j.log.Error("webhook: cannot fetch the JWKS; the source's tokens are refused until it can", logkey.Source, j.source,
+			"jwks", j.where(), "next_fetch_in", next.Sub(now).Round(time.Second).String(), logkey.Err, err)
+	}
 }
 
 // prefetch loads the url's keys when none are in hand (at start, so that
-// an unreachable issuer is reported at once); ctx ending stops it.
+// an unreachable issuer is reported at once); it waits until the fetch
+// ends or ctx does.
 func (j *jwks) prefetch(ctx context.Context) {
-	if j.url != "" && j.set.Load() == nil {
-		j.fetch(ctx, nil)
+	if j.url == "" || j.set.Load() != nil {
+		return
+	}
+	if f, _ := j.start(true); f != nil {
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+		}
 	}
 }
 

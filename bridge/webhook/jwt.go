@@ -5,8 +5,11 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -30,19 +33,30 @@ const (
 	MaxJWTLeeway = 5 * time.Minute
 	// maxClaimProjects bounds the projects a token may name.
 	maxClaimProjects = 1000
+	// DefaultJWTMaxLifetime is jwt_max_lifetime's default: the longest
+	// a token may be valid for, from iat (or nbf) to exp.
+	DefaultJWTMaxLifetime = time.Hour
+	// MaxJWTMaxLifetime bounds jwt_max_lifetime.
+	MaxJWTMaxLifetime = 24 * time.Hour
 )
+
+// DefaultJWTAudience is the audience a jwt source's tokens must name when
+// it sets no jwt_audience: one of its own, so that a token issued for one
+// source is refused by every other.
+func DefaultJWTAudience(source string) string { return "vgpu-bridge:webhook:" + source }
 
 // jwtVerifier checks the tokens of an auth = jwt source.
 type jwtVerifier struct {
 	issuer        string
 	audience      string
 	leeway        time.Duration
+	maxLifetime   time.Duration
 	projectsClaim string
 	keys          *jwks
 }
 
 func newJWTVerifier(s *Source, log *slog.Logger, now func() time.Time) (*jwtVerifier, error) {
-	v := &jwtVerifier{issuer: s.JWTIssuer, audience: s.JWTAudience, leeway: s.JWTLeeway,
+	v := &jwtVerifier{issuer: s.JWTIssuer, audience: s.JWTAudience, leeway: s.JWTLeeway, maxLifetime: s.JWTMaxLifetime,
 		projectsClaim: s.JWTProjectsClaim, keys: newJWKS(s, log, now)}
 	if s.JWKSFile != "" {
 		ks, err := readJWKSFile(s.JWKSFile)
@@ -61,6 +75,23 @@ type jwtGrant struct {
 	// source names one (scoped).
 	projects []string
 	scoped   bool
+	// subject is the token's sub.
+	subject string
+}
+
+// keySpace is the idempotency-key space of a scoped grant: one source
+// serves several tenants, each with keys of its own, told apart by the
+// token's sub and projects (hashed: the claim may name many).
+func (g jwtGrant) keySpace() string {
+	if !g.scoped {
+		return ""
+	}
+	b, _ := json.Marshal(struct {
+		Sub      string   `json:"sub"`
+		Projects []string `json:"projects"`
+	}{g.subject, slices.Sorted(slices.Values(g.projects))})
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
 }
 
 // clip shortens a value from a token for a refusal's detail.
@@ -75,8 +106,10 @@ func clip(s string) string {
 // signature by a key of the source's JWKS (the one its kid names; a token
 // without a kid is tried against each key of its algorithm, at most
 // maxKeysWithoutKID), iss, aud, exp (required), nbf and iat (not in the
-// future), each time with the leeway, and the projects claim when the
-// source names one. Keys a token carries itself (jwk, jku, x5c, x5u) are
+// future), each time with the leeway, the lifetime (exp after iat, or nbf,
+// or now without either, by at most maxLifetime), and the projects claim
+// when the source names one. A token whose kid is not among the keys in
+// hand waits, at most until ctx ends, for the fetch that looks for it. Keys a token carries itself (jwk, jku, x5c, x5u) are
 // never used. The token is never logged.
 func (v *jwtVerifier) verify(ctx context.Context, tok string, now time.Time) (jwtGrant, *authError) {
 	if tok == "" {
@@ -97,13 +130,20 @@ func (v *jwtVerifier) verify(ctx context.Context, tok string, now time.Time) (jw
 	}
 	h := sig.Signatures[0].Header
 	alg := jose.SignatureAlgorithm(h.Algorithm)
-	ks := v.keys.keys(ctx, h.KeyID)
+	ks, unavailable := v.keys.keys(ctx, h.KeyID)
 	if ks == nil {
 		return jwtGrant{}, &authError{reason: "jwks_unavailable", status: http.StatusServiceUnavailable,
-			retryAfter: v.keys.minInterval,
+			retryAfter: v.keys.retryIn(),
 			detail:     "the keys that verify this source's tokens could not be loaded; retry later"}
 	}
 	cands, kidKnown := ks.candidates(h.KeyID, alg)
+	if unavailable && !kidKnown && h.KeyID != "" {
+		// Perhaps a key the issuer has just rotated to: the sender
+		// retries rather than gives up.
+		return jwtGrant{}, &authError{reason: "jwks_unavailable", status: http.StatusServiceUnavailable,
+			retryAfter: v.keys.retryIn(),
+			detail:     fmt.Sprintf("kid %q is not among the keys in hand, and the source's JWKS could not be fetched to look for it; retry later", clip(h.KeyID))}
+	}
 	switch {
 	case len(cands) == 0 && kidKnown:
 		return jwtGrant{}, authFail("bad_algorithm", "key %q does not sign with %s", clip(h.KeyID), alg)
@@ -147,6 +187,9 @@ func (v *jwtVerifier) verify(ctx context.Context, tok string, now time.Time) (jw
 	default:
 		return jwtGrant{}, authFail("bad_token", "the claims do not validate")
 	}
+	if aerr := v.checkLifetime(&c, now); aerr != nil {
+		return jwtGrant{}, aerr
+	}
 	if v.projectsClaim == "" {
 		return jwtGrant{}, nil
 	}
@@ -162,7 +205,32 @@ func (v *jwtVerifier) verify(ctx context.Context, tok string, now time.Time) (jw
 	if !ok {
 		return jwtGrant{}, authFail("bad_token", "the %q claim must be a string or an array of at most %d strings", v.projectsClaim, maxClaimProjects)
 	}
-	return jwtGrant{projects: projects, scoped: true}, nil
+	return jwtGrant{projects: projects, scoped: true, subject: c.Subject}, nil
+}
+
+// checkLifetime refuses a token valid for longer than maxLifetime: from
+// its iat, or its nbf, to its exp; without either, from now (with the
+// leeway, for the issuer's clock).
+func (v *jwtVerifier) checkLifetime(c *jwt.Claims, now time.Time) *authError {
+	if v.maxLifetime <= 0 {
+		return nil
+	}
+	exp := c.Expiry.Time()
+	var life time.Duration
+	var from string
+	switch {
+	case c.IssuedAt != nil:
+		life, from = exp.Sub(c.IssuedAt.Time()), "iat"
+	case c.NotBefore != nil:
+		life, from = exp.Sub(c.NotBefore.Time()), "nbf"
+	default:
+		life, from = exp.Sub(now)-v.leeway, "now (the token has no iat)"
+	}
+	if life > v.maxLifetime {
+		return authFail("token_lifetime_too_long", "the token is valid for %s from %s to exp; this source accepts at most %s (jwt_max_lifetime)",
+			life.Round(time.Second), from, v.maxLifetime)
+	}
+	return nil
 }
 
 // claimStrings reads a claim that is a string or an array of strings;

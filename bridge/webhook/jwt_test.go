@@ -29,6 +29,9 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 )
 
 const (
@@ -415,8 +418,8 @@ func TestJWKSFetchFailures(t *testing.T) {
 
 	_, err := v.verify(context.Background(), tok(), clk.now())
 	wantReason(t, err, "jwks_unavailable")
-	if err.status != http.StatusServiceUnavailable || err.retryAfter != defaultJWKSMinInterval {
-		t.Errorf("jwks_unavailable: status %d, retry after %s; want 503 after 10s", err.status, err.retryAfter)
+	if err.status != http.StatusServiceUnavailable || err.retryAfter < defaultJWKSMinInterval || err.retryAfter > defaultJWKSMinInterval*5/4 {
+		t.Errorf("jwks_unavailable: status %d, retry after %s; want 503 after 10s (+25 %% jitter at most)", err.status, err.retryAfter)
 	}
 	_, err = v.verify(context.Background(), tok(), clk.now())
 	wantReason(t, err, "jwks_unavailable")
@@ -425,12 +428,16 @@ func TestJWKSFetchFailures(t *testing.T) {
 	}
 
 	srv.serve(good)
-	clk.add(10 * time.Second)
+	clk.add(v.keys.retryIn())
 	_, err = v.verify(context.Background(), tok(), clk.now())
 	wantReason(t, err, "")
 
+	var lastWait time.Duration
 	// Each failure keeps the keys in hand: an error status, a body over
-	// 1 MiB, a JWKS with no usable key, an issuer that is gone.
+	// 1 MiB, a JWKS with no usable key, an issuer that is gone. A kid
+	// the keys lack is then 503 jwks_unavailable (perhaps the issuer
+	// rotated to it: the sender retries), not a 401; and the next fetch
+	// waits longer after each failure in a row.
 	for _, fail := range []func(){
 		func() { srv.status.Store(http.StatusBadGateway) },
 		func() {
@@ -440,15 +447,28 @@ func TestJWKSFetchFailures(t *testing.T) {
 		func() { srv.serve([]byte(`<html>`)) },
 	} {
 		fail()
-		clk.add(11 * time.Second)
+		clk.add(v.keys.retryIn())
 		before := srv.gets.Load()
 		_, err = v.verify(context.Background(), mint(t, k.edOther, jose.EdDSA, "rotated", claimsAt(clk.now())), clk.now())
-		wantReason(t, err, "unknown_key")
+		wantReason(t, err, "jwks_unavailable")
 		if srv.gets.Load() != before+1 {
 			t.Fatal("the unknown kid did not fetch")
 		}
+		wait := v.keys.retryIn()
+		if wait < lastWait {
+			t.Errorf("the wait after a failure in a row shrank: %s after %s", wait, lastWait)
+		}
+		lastWait = wait
+		_, err = v.verify(context.Background(), mint(t, k.edOther, jose.EdDSA, "rotated", claimsAt(clk.now())), clk.now())
+		wantReason(t, err, "jwks_unavailable")
+		if srv.gets.Load() != before+1 {
+			t.Fatal("a fetch again right after a failed one")
+		}
 		_, err = v.verify(context.Background(), tok(), clk.now())
 		wantReason(t, err, "")
+	}
+	if lastWait < 4*defaultJWKSMinInterval {
+		t.Errorf("after four failures in a row the next fetch waits %s, want it backed off (at least 40s)", lastWait)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -709,7 +729,9 @@ func TestCheckJWTSource(t *testing.T) {
 		{"http to ::1", func(s *Source) { s.JWKSURL = "http://[::1]:80/certs" }, ""},
 		{"alertmanager", func(s *Source) { s.Format = FormatAlertmanager }, ""},
 		{"no issuer", func(s *Source) { s.JWTIssuer = "" }, "jwt_issuer"},
-		{"no audience", func(s *Source) { s.JWTAudience = "" }, "jwt_audience"},
+		{"no audience: one of its own", func(s *Source) { s.JWTAudience = "" }, ""},
+		{"lifetime too long", func(s *Source) { s.JWTMaxLifetime = 25 * time.Hour }, "jwt_max_lifetime"},
+		{"negative lifetime", func(s *Source) { s.JWTMaxLifetime = -time.Second }, "jwt_max_lifetime"},
 		{"no keys", func(s *Source) { s.JWKSURL = "" }, "exactly one of jwks_url and jwks_file"},
 		{"both", func(s *Source) { s.JWKSFile = "/etc/jwks.json" }, "exactly one of jwks_url and jwks_file"},
 		{"http elsewhere", func(s *Source) { s.JWKSURL = "http://idp.example.org/certs" }, "loopback"},
@@ -726,8 +748,12 @@ func TestCheckJWTSource(t *testing.T) {
 			if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
 				t.Fatalf("checkSource: %v, want %q", err, tc.wantErr)
 			}
-			if err == nil && (s.JWKSRefresh != defaultJWKSRefresh || s.JWKSMinInterval != defaultJWKSMinInterval) {
-				t.Errorf("defaults not set: %s, %s", s.JWKSRefresh, s.JWKSMinInterval)
+			if err == nil && (s.JWKSRefresh != defaultJWKSRefresh || s.JWKSMinInterval != defaultJWKSMinInterval ||
+				s.JWTMaxLifetime != DefaultJWTMaxLifetime || s.JWTAudience == "") {
+				t.Errorf("defaults not set: %s, %s, %s, %q", s.JWKSRefresh, s.JWKSMinInterval, s.JWTMaxLifetime, s.JWTAudience)
+			}
+			if err == nil && tc.name == "no audience: one of its own" && s.JWTAudience != "vgpu-bridge:webhook:idp" {
+				t.Errorf("default audience %q, want vgpu-bridge:webhook:idp", s.JWTAudience)
 			}
 		})
 	}
@@ -765,7 +791,7 @@ func FuzzJWTVerify(f *testing.F) {
 		f.Add(seed)
 	}
 	reasons := []string{"missing_token", "bad_token", "bad_algorithm", "unknown_key", "bad_signature", "wrong_issuer",
-		"wrong_audience", "token_expired", "token_not_yet_valid", "missing_projects_claim"}
+		"wrong_audience", "token_expired", "token_not_yet_valid", "token_lifetime_too_long", "missing_projects_claim"}
 	f.Fuzz(func(t *testing.T, tok string) {
 		g, err := v.verify(context.Background(), tok, now)
 		if err == nil {
@@ -775,4 +801,106 @@ func FuzzJWTVerify(f *testing.F) {
 			t.Fatalf("reason %q for %q", err.reason, tok)
 		}
 	})
+}
+
+// TestJWTLifetime: a token valid for longer than jwt_max_lifetime (from
+// its iat, or nbf, or now without either, to its exp) is refused.
+func TestJWTLifetime(t *testing.T) {
+	k := keys(t)
+	now := time.Unix(1_800_000_000, 0)
+	clk := &fakeClock{t: now}
+	srv := newJWKSServer(t, jwksOf(t, map[string]any{"a": k.ec}))
+	def := testVerifier(t, Source{JWKSURL: srv.URL, JWTLeeway: time.Minute}, clk, nil)
+	short := testVerifier(t, Source{JWKSURL: srv.URL, JWTMaxLifetime: 10 * time.Minute}, clk, nil)
+	at := func(d time.Duration) int64 { return now.Add(d).Unix() }
+	for _, tc := range []struct {
+		name string
+		v    *jwtVerifier
+		c    map[string]any
+		want string
+	}{
+		{"an hour from iat", def, claimsAt(now, set("exp", at(time.Hour))), ""},
+		{"an hour and a second", def, claimsAt(now, set("exp", at(time.Hour+time.Second))), "token_lifetime_too_long"},
+		{"issued long ago, expiring soon", def, claimsAt(now, set("iat", at(-48*time.Hour))), "token_lifetime_too_long"},
+		{"a year", def, claimsAt(now, set("exp", at(365*24*time.Hour))), "token_lifetime_too_long"},
+		{"far in the future", def, claimsAt(now, set("exp", int64(1)<<50)), "token_lifetime_too_long"},
+		{"no iat: from nbf", def, claimsAt(now, del("iat"), set("nbf", at(-2*time.Hour))), "token_lifetime_too_long"},
+		{"no iat, no nbf: from now", def, claimsAt(now, del("iat"), del("nbf"), set("exp", at(2*time.Hour))), "token_lifetime_too_long"},
+		{"no iat, no nbf: an hour from now, within the leeway", def, claimsAt(now, del("iat"), del("nbf"), set("exp", at(time.Hour+30*time.Second))), ""},
+		{"per source: 10 minutes", short, claimsAt(now, set("exp", at(10*time.Minute))), ""},
+		{"per source: 11 minutes", short, claimsAt(now, set("exp", at(11*time.Minute))), "token_lifetime_too_long"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.v.verify(context.Background(), mint(t, k.ec, jose.ES256, "a", tc.c), now)
+			wantReason(t, err, tc.want)
+			if err != nil && !strings.Contains(err.detail, "jwt_max_lifetime") {
+				t.Errorf("detail %q does not name jwt_max_lifetime", err.detail)
+			}
+		})
+	}
+}
+
+// TestJWTBoundToSource: a token names the source it is for. Without
+// jwt_audience a source's audience is its own, so a token for one source
+// of an issuer is refused by another; two sources of one issuer cannot
+// share an audience.
+func TestJWTBoundToSource(t *testing.T) {
+	k := keys(t)
+	now := time.Unix(1_800_000_000, 0)
+	srv := newJWKSServer(t, jwksOf(t, map[string]any{"a": k.ec}))
+	src := func(name, aud string) Source {
+		return Source{Name: name, Auth: AuthJWT, JWTIssuer: testIssuer, JWTAudience: aud, JWKSURL: srv.URL, Rate: 1, Burst: 1}
+	}
+	build := func(ss ...Source) (*Endpoint, error) {
+		return New(Config{Sources: ss, Store: &requests.Store{}, Pool: &pgxpool.Pool{}, Now: func() time.Time { return now }})
+	}
+	e, err := build(src("alpha", ""), src("beta", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokFor := func(aud any) string { return mint(t, k.ec, jose.ES256, "a", claimsAt(now, set("aud", aud))) }
+	for _, tc := range []struct {
+		source string
+		aud    any
+		want   string
+	}{
+		{"alpha", "vgpu-bridge:webhook:alpha", ""},
+		{"beta", "vgpu-bridge:webhook:beta", ""},
+		{"beta", "vgpu-bridge:webhook:alpha", "wrong_audience"},
+		{"alpha", []string{"vgpu-bridge:webhook:beta"}, "wrong_audience"},
+		{"alpha", testAudience, "wrong_audience"},
+	} {
+		_, err := e.sources[tc.source].jwt.verify(context.Background(), tokFor(tc.aud), now)
+		wantReason(t, err, tc.want)
+	}
+	if _, err := build(src("alpha", "vgpu-bridge"), src("beta", "vgpu-bridge")); err == nil ||
+		!strings.Contains(err.Error(), `source "beta"`) || !strings.Contains(err.Error(), "own jwt_audience") {
+		t.Errorf("two sources of one issuer sharing an audience: %v, want refused", err)
+	}
+	other := src("beta", "vgpu-bridge")
+	other.JWTIssuer = "https://other.example.org"
+	if _, err := build(src("alpha", "vgpu-bridge"), other); err != nil {
+		t.Errorf("one audience at two issuers: %v", err)
+	}
+}
+
+func TestJWTGrantKeySpace(t *testing.T) {
+	a := jwtGrant{scoped: true, subject: "s", projects: []string{"p1", "p2"}}
+	if got := (jwtGrant{subject: "s"}).keySpace(); got != "" {
+		t.Errorf("unscoped grant: key space %q, want none", got)
+	}
+	same := jwtGrant{scoped: true, subject: "s", projects: []string{"p2", "p1"}}
+	if a.keySpace() == "" || a.keySpace() != same.keySpace() {
+		t.Errorf("the same projects in another order: %q and %q", a.keySpace(), same.keySpace())
+	}
+	for _, other := range []jwtGrant{
+		{scoped: true, subject: "t", projects: []string{"p1", "p2"}},
+		{scoped: true, subject: "s", projects: []string{"p1"}},
+		{scoped: true, subject: "s", projects: []string{"p1p2"}},
+		{scoped: true, subject: "s\x00p1", projects: []string{"p2"}},
+	} {
+		if other.keySpace() == a.keySpace() {
+			t.Errorf("%+v shares %+v's key space", other, a)
+		}
+	}
 }

@@ -79,9 +79,10 @@ func (e *Endpoint) operatorRequest(c echo.Context) error {
 	}
 	body := buf.Bytes()
 	now := e.cfg.Now()
-	// One source per caller: its idempotency keys are its own; its events
-	// say "api", whoever asked.
-	src := &source{cfg: Source{Name: OperatorSource + ":" + who.Name, Format: FormatNative,
+	// One source per caller, by its id (names may repeat across Keystone
+	// domains): its idempotency keys are its own; its events say "api",
+	// whoever asked.
+	src := &source{cfg: Source{Name: OperatorSource + ":" + who.Key(), Format: FormatNative,
 		TimestampTolerance: 5 * time.Minute}, label: requests.WebhookSourcePrefix + OperatorSource, event: OperatorSource}
 	p, bad := e.build(src, body, now)
 	key := r.Header.Get(HeaderIdempotencyKey)

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -67,8 +68,10 @@ func jwtChange(src Source, s Source) string {
 	switch {
 	case s.JWTIssuer != src.JWTIssuer:
 		return "jwt_issuer"
-	case s.JWTAudience != src.JWTAudience:
+	case cmp.Or(s.JWTAudience, DefaultJWTAudience(s.Name)) != src.JWTAudience:
 		return "jwt_audience"
+	case s.JWTMaxLifetime != 0 && s.JWTMaxLifetime != src.JWTMaxLifetime:
+		return "jwt_max_lifetime"
 	case s.JWKSURL != src.JWKSURL:
 		return "jwks_url"
 	case s.JWKSFile != src.JWKSFile:

@@ -43,3 +43,29 @@ func TestSetCredentials(t *testing.T) {
 		t.Error("tokens after the rotation are not the new ones")
 	}
 }
+
+// TestJWTReloadDefaults: a reload of a jwt source as configured (no
+// jwt_audience: its default) changes nothing that needs a restart; another
+// audience or lifetime does.
+func TestJWTReloadDefaults(t *testing.T) {
+	raw := Source{Name: "idp", Auth: AuthJWT, JWTIssuer: "https://idp.example.org", JWKSURL: "https://idp.example.org/certs",
+		JWTMaxLifetime: DefaultJWTMaxLifetime, Rate: 1, Burst: 1}
+	in := raw
+	if err := checkSource(&in); err != nil {
+		t.Fatal(err)
+	}
+	e := &Endpoint{sources: map[string]*source{"idp": {cfg: in}}}
+	if err := e.CheckCredentials([]Source{raw}); err != nil {
+		t.Errorf("the same source again: %v", err)
+	}
+	for opt, mod := range map[string]func(*Source){
+		"jwt_audience":     func(s *Source) { s.JWTAudience = "other" },
+		"jwt_max_lifetime": func(s *Source) { s.JWTMaxLifetime = 2 * DefaultJWTMaxLifetime },
+	} {
+		s := raw
+		mod(&s)
+		if err := e.CheckCredentials([]Source{s}); err == nil || !strings.Contains(err.Error(), "changing "+opt+" needs a restart") {
+			t.Errorf("%s changed: %v", opt, err)
+		}
+	}
+}

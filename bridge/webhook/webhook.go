@@ -2,7 +2,7 @@
 // : external schedulers and monitoring ask for or give back
 // vGPU. It sits on the network edge, so it refuses precisely, in a fixed
 // order (unknown source 404, address 403, rate 429, content type 415, size
-// 413, auth 401 (503 while a jwt source has no keys), not JSON 400, schema
+// 413, auth 401 (503 while a jwt source's keys cannot be fetched), not JSON 400, schema
 // 422, projects 403, idempotency conflict 409), and
 // answers 202 only once the request and its events are committed to
 // Postgres. Commits are grouped: concurrent requests share a transaction,
@@ -115,13 +115,18 @@ type Source struct {
 	// JWT (auth = jwt): tokens (Authorization: Bearer) signed with
 	// RS256, ES256 or EdDSA by a key of the JWKS at JWKSURL or in
 	// JWKSFile (exactly one), whose iss is JWTIssuer and whose aud holds
-	// JWTAudience. JWTLeeway is the clock skew allowed on exp, nbf and
-	// iat (0: none; at most MaxJWTLeeway).
-	JWTIssuer   string
-	JWTAudience string
-	JWKSURL     string
-	JWKSFile    string
-	JWTLeeway   time.Duration
+	// JWTAudience (DefaultJWTAudience of the source's name when empty;
+	// no two jwt sources of one issuer may share one). JWTLeeway is the
+	// clock skew allowed on exp, nbf and iat (0: none; at most
+	// MaxJWTLeeway); JWTMaxLifetime the longest a token may be valid
+	// for, exp − iat (DefaultJWTMaxLifetime when 0; at most
+	// MaxJWTMaxLifetime).
+	JWTIssuer      string
+	JWTAudience    string
+	JWKSURL        string
+	JWKSFile       string
+	JWTLeeway      time.Duration
+	JWTMaxLifetime time.Duration
 	// JWKSRefresh is the age at which keys fetched from JWKSURL are
 	// fetched again (5m); JWKSMinInterval the least time between two
 	// fetches (10s), tokens with a kid the keys lack included.
@@ -236,6 +241,7 @@ func New(cfg Config) (*Endpoint, error) {
 		queue: make(chan *pending, 8192)}
 	e.bufs.New = func() any { return new(bytes.Buffer) }
 	var errs []error
+	audiences := map[[2]string]string{} // a jwt source's issuer and audience → its name
 	for _, s := range cfg.Sources {
 		if _, dup := e.sources[s.Name]; dup {
 			errs = append(errs, fmt.Errorf("source %q twice", s.Name))
@@ -249,6 +255,15 @@ func New(cfg Config) (*Endpoint, error) {
 			lim: newLimiters(s.Rate, s.Burst, s.ClientRate, s.ClientBurst, cfg.MaxClients)}
 		src.creds.Store(newCredentials(s.Secrets, s.Tokens))
 		if s.Auth == AuthJWT {
+			// A token names the source it is for: one that another
+			// source would accept too could be replayed there.
+			k := [2]string{s.JWTIssuer, s.JWTAudience}
+			if other, ok := audiences[k]; ok {
+				errs = append(errs, fmt.Errorf("source %q: jwt_audience %q of issuer %q is source %q's too: a token issued for one "+
+					"would be accepted by the other; give each source its own jwt_audience", s.Name, s.JWTAudience, s.JWTIssuer, other))
+				continue
+			}
+			audiences[k] = s.Name
 			v, err := newJWTVerifier(&s, cfg.Logger, cfg.Now)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("source %q: jwks_file: %w", s.Name, err))
@@ -330,12 +345,18 @@ func checkJWT(s *Source) error {
 	switch {
 	case s.JWTIssuer == "":
 		return errors.New("auth = jwt needs jwt_issuer")
-	case s.JWTAudience == "":
-		return errors.New("auth = jwt needs jwt_audience")
 	case (s.JWKSURL == "") == (s.JWKSFile == ""):
 		return errors.New("auth = jwt needs exactly one of jwks_url and jwks_file")
 	case s.JWTLeeway < 0 || s.JWTLeeway > MaxJWTLeeway:
 		return fmt.Errorf("jwt_leeway must be between 0 and %s", MaxJWTLeeway)
+	case s.JWTMaxLifetime < 0 || s.JWTMaxLifetime > MaxJWTMaxLifetime:
+		return fmt.Errorf("jwt_max_lifetime must be between 0 (%s) and %s", DefaultJWTMaxLifetime, MaxJWTMaxLifetime)
+	}
+	if s.JWTAudience == "" {
+		s.JWTAudience = DefaultJWTAudience(s.Name)
+	}
+	if s.JWTMaxLifetime == 0 {
+		s.JWTMaxLifetime = DefaultJWTMaxLifetime
 	}
 	if s.JWKSURL != "" {
 		if err := CheckJWKSURL(s.JWKSURL); err != nil {
@@ -527,6 +548,9 @@ func (e *Endpoint) handle(c echo.Context) error {
 			return e.refuse(c, name, remote, "project_not_allowed", &api.ProblemDetails{Status: http.StatusForbidden, Detail: refusal})
 		}
 	}
+	if an.space != "" {
+		p.src = src.keySpace(an.space)
+	}
 	p.key, p.bodyOnly = key, bodyOnly
 	p.hash = sha256.Sum256(body)
 	// Commit, then 202; or 409 for a key reused with another body.
@@ -544,6 +568,15 @@ func (e *Endpoint) handle(c echo.Context) error {
 		e.m.accepted.WithLabelValues(name).Inc()
 	}
 	return c.JSONBlob(res.status, res.body)
+}
+
+// keySpace is src as a commit sees it for a caller with a key space of
+// its own (space): its idempotency keys (and Alertmanager alerts) are
+// kept apart from the other callers' of the source; its requests and
+// events are the source's.
+func (src *source) keySpace(space string) *source {
+	return &source{cfg: Source{Name: src.cfg.Name + "#" + space, Format: src.cfg.Format}, label: src.label,
+		event: cmp.Or(src.event, src.cfg.Name)}
 }
 
 // storeUnavailable is the 503 of a request that could not be checked or
@@ -634,21 +667,27 @@ type EventPayload = requests.WebhookEvent
 
 // AuthenticateSource implements requests.SourceAuthenticator: a source
 // reads its requests with its own credentials. HMAC sources sign the text
-// "GET <path>" in place of a body.
-func (e *Endpoint) AuthenticateSource(r *http.Request, name string) error {
+// "GET <path>" in place of a body. A jwt source's token that names its
+// projects (jwt_projects_claim) is limited to them, as when it sends:
+// those of the claim that allowed_projects (when set) holds.
+func (e *Endpoint) AuthenticateSource(r *http.Request, name string) (projects []string, scoped bool, _ error) {
 	src := e.sources[name]
 	if src == nil {
-		return errors.New("no such source")
+		return nil, false, errors.New("no such source")
 	}
 	addr, ok := clientIP(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), src.cfg.TrustedProxies)
 	if !ok || (len(src.cfg.AllowedCIDRs) > 0 && !inAny(src.cfg.AllowedCIDRs, addr)) {
-		return errors.New("address_not_allowed")
+		return nil, false, errors.New("address_not_allowed")
 	}
 	payload := []byte(r.Method + " " + r.URL.Path)
-	if _, aerr := src.authenticate(r, payload, e.cfg.Now()); aerr != nil {
-		return aerr
+	an, aerr := src.authenticate(r, payload, e.cfg.Now())
+	if aerr != nil {
+		return nil, false, aerr
 	}
-	return nil
+	if an.scoped {
+		return narrowProjects(src.cfg.AllowedProjects, an.projects), true, nil
+	}
+	return nil, false, nil
 }
 
 var _ requests.SourceAuthenticator = (*Endpoint)(nil)

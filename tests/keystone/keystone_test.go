@@ -306,7 +306,11 @@ func TestKeystoneAuth(t *testing.T) {
 			t.Errorf("problem %v", p)
 		}
 		w.proxy.Restore(t)
-		c.expect(200, "GET", "/v1/instances", tok, "carol, keystone back") // the outage was not cached
+		// The outage is remembered for its Retry-After (5 s), then
+		// Keystone is asked again.
+		waitUntil(t, time.Minute, "carol accepted with keystone back", func() bool {
+			return c.do("GET", "/v1/instances", tok).status == 200
+		})
 	})
 
 	t.Run("metrics", func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -240,6 +241,7 @@ func TestJWTProjectsClaim(t *testing.T) {
 	s.AllowedProjects = []string{"proj-a", "proj-b"}
 	open := jwtSourceOf("open", p.URL) // no allowed_projects: the claim alone scopes
 	open.JWTProjectsClaim = "projects"
+	open.JWTAudience = "vgpu-bridge-open" // its own: a token is bound to one source
 	e := newEnv(t, []webhook.Source{s, open})
 	vms := map[string]string{"proj-a": uuid.NewString(), "proj-b": uuid.NewString(), "proj-c": uuid.NewString()}
 	for proj, vm := range vms {
@@ -248,6 +250,9 @@ func TestJWTProjectsClaim(t *testing.T) {
 	}
 	post := func(source string, projects any, vm string) answer {
 		changes := map[string]any{"projects": projects}
+		if source == "open" {
+			changes["aud"] = open.JWTAudience
+		}
 		tok := signJWT(t, key, jose.ES256, "k1", tokenClaims(time.Now(), changes))
 		body := []byte(`{"type":"GPU_REQUEST","vm_id":"` + vm + `","workload":"training","vgpu_profile":"T4-4Q","nonce":"` + uuid.NewString() + `"}`)
 		return e.do(http.MethodPost, "/v1/webhooks/"+source, body, map[string]string{"Authorization": "Bearer " + tok, "Idempotency-Key": uuid.NewString()})
@@ -296,11 +301,12 @@ func TestJWTKeysUnavailable(t *testing.T) {
 	}
 	a := post()
 	wantProblem(t, a, http.StatusServiceUnavailable, "jwks_unavailable")
-	if a.header.Get("Retry-After") != "10" {
-		t.Errorf("Retry-After %q, want 10", a.header.Get("Retry-After"))
+	ra, err := strconv.Atoi(a.header.Get("Retry-After"))
+	if err != nil || ra < 1 || ra > 13 {
+		t.Errorf("Retry-After %q, want the next fetch's time: 10 s after the failure, with jitter", a.header.Get("Retry-After"))
 	}
 	p.down.Store(false)
-	skew.Add(int64(11 * time.Second))
+	skew.Add(int64(time.Duration(ra+1) * time.Second))
 	e.want202(post())
 	if !strings.Contains(e.logs.String(), "cannot fetch the JWKS") {
 		t.Error("the failed fetch was not logged")
