@@ -3,6 +3,8 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -367,7 +369,7 @@ func (c *Consumer) demote(it *item, err error) *item {
 		return c.deadLetter(it.src, it.tag, ReasonSchema, detail, it.msgID)
 	case !it.minimal:
 		c.log.Warn("dead letter refused by the database; keeping a minimal one", logkey.MessageID, it.msgID, logkey.Err, err)
-		return &item{tag: it.tag, reason: it.reason, minimal: true,
+		return &item{tag: it.tag, reason: it.reason, minimal: true, dedupeKey: it.dedupeKey,
 			detail:  cleanText("dead letter refused by the database (" + err.Error() + "); first refusal: " + it.detail),
 			headers: []byte("{}")}
 	}
@@ -494,7 +496,7 @@ func (c *Consumer) decode(d *amqp.Delivery) *item {
 // deadLetter makes the dead letter of delivery d: its body (capped at
 // DeadLetterMaxBytes, tokens redacted) and delivery headers.
 func (c *Consumer) deadLetter(d *amqp.Delivery, tag uint64, reason, detail, msgID string) *item {
-	it := &item{tag: tag, reason: reason, detail: cleanText(detail), msgID: msgID, src: d}
+	it := &item{tag: tag, reason: reason, detail: cleanText(detail), msgID: msgID, src: d, dedupeKey: dedupeKey(msgID, d.Body)}
 	it.raw = d.Body
 	if len(it.raw) > c.cfg.DeadLetterMaxBytes {
 		it.raw, it.truncated = it.raw[:c.cfg.DeadLetterMaxBytes], true
@@ -505,6 +507,17 @@ func (c *Consumer) deadLetter(d *amqp.Delivery, tag uint64, reason, detail, msgI
 		"content_type": d.ContentType, "size": len(d.Body),
 	})
 	return it
+}
+
+// dedupeKey is a dead letter's key of uniqueness within its source: its
+// message_id when it decoded far enough to have one, else the SHA-256 of
+// the body as delivered (a redelivery carries the same bytes).
+func dedupeKey(msgID string, body []byte) string {
+	if msgID != "" {
+		return "id:" + msgID
+	}
+	sum := sha256.Sum256(body)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // watchSilence logs a hint naming Nova's settings when no notification

@@ -53,3 +53,31 @@ func TestReplayStillRefusedByDatabase(t *testing.T) {
 		t.Errorf("%d events of the refused body", n)
 	}
 }
+
+// TestDeadLetterKeptOnce: a message dead-lettered and delivered again (a
+// publisher's retry, a redelivery after a consumer died before its
+// acknowledgement), in the same batch or a later one, is kept as one dead
+// letter: on its message_id, or on its body's digest when it has none.
+func TestDeadLetterKeptOnce(t *testing.T) {
+	r := newRig(t)
+	cfg := r.config(r.amqpURL)
+	r.declare(cfg)
+	ts := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	const uuid = "5b1e5a6c-0b43-4bd8-9a2f-2a3cbd7e6f10"
+	garbage := []byte("not json, no message id")
+	poison := poisoned(t, "poison-1", uuid, `\"bad\":\"\\ud800\"`, ts)
+	r.publish(infoKey, garbage, poison, garbage, []byte("other garbage"))
+	run := r.start(cfg)
+	r.waitCount(3, 30*time.Second, `SELECT count(*) FROM dead_letters`)
+	r.publish(infoKey, poison, garbage, instanceMsg(t, "ok-after", "instance.update", uuid, "active", "h1", nil, ts.Add(time.Second)))
+	r.waitCount(1, 30*time.Second, `SELECT count(*) FROM events WHERE message_id = 'ok-after'`)
+	if n := r.count(`SELECT count(*) FROM dead_letters`); n != 3 {
+		t.Errorf("%d dead letters, want 3: each message kept once however often delivered", n)
+	}
+	if n := r.count(`SELECT count(*) FROM dead_letters WHERE message_id = 'poison-1'`); n != 1 {
+		t.Errorf("%d dead letters of message poison-1, want 1", n)
+	}
+	if got := run.metric("vgpu_bridge_notifications_dead_letters_total"); got != 3 {
+		t.Errorf("dead letters metric %v, want 3", got)
+	}
+}
