@@ -30,6 +30,11 @@ type ProblemDetails struct {
 	Code          string         `json:"code,omitempty"`
 	RequestID     string         `json:"request_id,omitempty"`
 	InvalidParams []InvalidParam `json:"invalid_params,omitempty"`
+	// FirstRequestID and StatusURL name the bridge request a refused
+	// retry made the first time (a webhook body sent again: 409
+	// replayed), so that its sender can follow it.
+	FirstRequestID string `json:"first_request_id,omitempty"`
+	StatusURL      string `json:"status_url,omitempty"`
 	// Headers are added to the answer (e.g. Retry-After); not serialised.
 	Headers map[string]string `json:"-"`
 }

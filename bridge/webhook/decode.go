@@ -63,6 +63,11 @@ type Native struct {
 	// Nonce is anything the sender puts in to make an identical request
 	// a new body (a signed body acts at most once).
 	Nonce string `json:"nonce,omitempty"`
+	// EventID is the sender's own id of the event (1 to 255 printable
+	// ASCII characters): the request's idempotency key when it sends no
+	// Idempotency-Key (or webhook-id, X-GitHub-Delivery), so a sender
+	// that retries without a key is not doubled.
+	EventID string `json:"event_id,omitempty"`
 }
 
 // driverRE is an NVIDIA driver version: 550, 550.54 or 550.54.15.
@@ -181,7 +186,7 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 	sort.Strings(names)
 	for _, k := range names {
 		switch k {
-		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce", "guest_driver":
+		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce", "guest_driver", "event_id":
 		default:
 			add(k, "unknown field")
 		}
@@ -307,6 +312,13 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 			add("nonce", "must be 1 to %d bytes", maxNonce)
 		}
 		n.Nonce = s
+	}
+
+	if s, ok := str("event_id"); ok {
+		if !validKey(s) {
+			add("event_id", "must be 1 to 255 printable ASCII characters")
+		}
+		n.EventID = s
 	}
 	return n, bad
 }

@@ -99,6 +99,8 @@ func corpusSeeds(f *testing.F) {
 	f.Add([]byte(`{"type":"GPU_REQUEST","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","workload":"training","count":1,"metrics":{"u":0.9}}`))
 	f.Add([]byte(`{"alerts":[{"status":"firing","labels":{"instance_uuid":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e"}}]}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"type":"GPU_RELEASE","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","event_id":"job-4711/attempt-1"}`))
+	f.Add([]byte(`{"type":"GPU_RELEASE","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","event_id":"caf\u00e9\u0000"}`))
 	f.Add([]byte(`{"metrics":{"a":1e999}}`))
 }
 
@@ -118,6 +120,10 @@ func FuzzDecodeNative(f *testing.F) {
 		}
 		if _, err := json.Marshal(n); err != nil {
 			t.Fatalf("accepted body does not re-encode: %v", err)
+		}
+		// An event id is a usable idempotency key.
+		if n.EventID != "" && !validKey(n.EventID) {
+			t.Fatalf("accepted event_id %q", n.EventID)
 		}
 	})
 }
