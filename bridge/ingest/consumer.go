@@ -40,6 +40,11 @@ type Consumer struct {
 
 	failingSince atomic.Int64 // unix nanoseconds of the first failed commit since the last success; 0: none
 	lastErr      atomic.Value // string: the last commit error
+	// retryNow cuts a failed commit's backoff short (Ready asks for it),
+	// and attempts counts commit attempts, so that Ready can wait for the
+	// one it asked for.
+	retryNow chan struct{}
+	attempts atomic.Int64
 }
 
 // New returns a Consumer. reg may be nil (no metrics exported).
@@ -54,7 +59,7 @@ func New(cfg Config, pool *pgxpool.Pool, reg prometheus.Registerer, log *slog.Lo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &Consumer{cfg: cfg, pool: pool, log: log, started: time.Now()}
+	c := &Consumer{cfg: cfg, pool: pool, log: log, started: time.Now(), retryNow: make(chan struct{}, 1)}
 	c.m = newMetrics(reg, c.sinceLast, func() float64 {
 		if c.connected.Load() {
 			return 1
@@ -398,6 +403,8 @@ func (c *Consumer) retryWait(ctx context.Context, err error, attempt, n int) err
 		return err
 	case <-time.After(d):
 		return nil
+	case <-c.retryNow:
+		return nil
 	}
 }
 
@@ -406,6 +413,7 @@ func (c *Consumer) retryWait(ctx context.Context, err error, attempt, n int) err
 func (c *Consumer) apply(ctx context.Context, items []*item) error {
 	start := time.Now()
 	res, err := c.applyBatch(ctx, items)
+	defer c.attempts.Add(1)
 	if err != nil {
 		c.failed(err)
 		return err
@@ -435,15 +443,36 @@ func (c *Consumer) failed(err error) {
 
 // Ready fails while commits to Postgres have failed, none succeeding, for
 // longer than StallAfter: messages are then held on the broker, unacked.
-func (c *Consumer) Ready(context.Context) error {
+// While they fail it does not report a stale state: it cuts the retry's
+// backoff short and waits (as long as ctx allows) for that attempt, so
+// the first check after Postgres is back is ready.
+func (c *Consumer) Ready(ctx context.Context) error {
 	since := c.failingSince.Load()
 	if since == 0 {
 		return nil
 	}
-	d := time.Since(time.Unix(0, since))
-	if d < c.cfg.StallAfter {
+	if time.Since(time.Unix(0, since)) < c.cfg.StallAfter {
 		return nil
 	}
+	n := c.attempts.Load()
+	select {
+	case c.retryNow <- struct{}{}:
+	default:
+	}
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for c.attempts.Load() == n && c.failingSince.Load() != 0 {
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			continue
+		}
+		break
+	}
+	if since = c.failingSince.Load(); since == 0 {
+		return nil
+	}
+	d := time.Since(time.Unix(0, since))
 	msg, _ := c.lastErr.Load().(string)
 	return fmt.Errorf("notification commits failing for %s: %s", d.Round(time.Second), msg)
 }
