@@ -16,6 +16,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
 
 // Event types of the native body.
@@ -32,9 +33,10 @@ var Types = []string{TypeRequest, TypeRelease, TypeResize, TypeLoad}
 // Workloads lists the workload classes.
 var Workloads = []string{"training", "inference", "rendering", "vdi", "gaming"}
 
-// Limits of the native body.
+// Limits of the native body. MaxCount, the vGPUs one request may ask
+// for, is the bound a flavor's vGPUs have too (nova.MaxVGPUsPerInstance).
 const (
-	MaxCount      = 16
+	MaxCount      = nova.MaxVGPUsPerInstance
 	maxMetrics    = 64
 	maxMetricKey  = 128
 	maxMetricText = 1024

@@ -24,6 +24,7 @@ func TestDecodeNative(t *testing.T) {
 		{"braced uuid", `{"type":"GPU_LOAD","vm_id":"{8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e}"}`, []string{"vm_id"}},
 		{"count fraction", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","count":1.5}`, []string{"count"}},
 		{"count zero", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","count":0}`, []string{"count"}},
+		{"count past the bound", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","count":1000000}`, []string{"count"}},
 		{"nested metric", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","metrics":{"a":{"b":1},"c":null}}`, []string{"metrics.a", "metrics.c"}},
 		{"callback off list", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","callback_url":"http://jobs.example.org.evil.com/"}`, []string{"callback_url"}},
 		{"callback userinfo", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","callback_url":"https://u:p@scheduler.example.org/"}`, []string{"callback_url"}},
