@@ -90,16 +90,19 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 			detail = m
 		}
 		p = &ProblemDetails{Status: he.Code, Title: http.StatusText(he.Code), Detail: detail}
+		if he.Code == http.StatusMethodNotAllowed {
+			// echo has set Allow: the methods the route takes.
+			p.Code = "method_not_allowed"
+			p.Detail = "this route takes " + c.Response().Header().Get(echo.HeaderAllow)
+		}
 	default:
 		s.log.ErrorContext(c.Request().Context(), "request failed", slog.String(logkey.RequestID, RequestID(c)),
 			slog.String("path", c.Request().URL.Path), slog.Any("err", err))
 		p = &ProblemDetails{Status: http.StatusInternalServerError, Title: "Internal Server Error",
 			Detail: "the server failed; the log holds the details under this request_id"}
 	}
-	if c.Request().Method == http.MethodHead {
-		c.NoContent(p.Status) //nolint:errcheck
-		return
-	}
+	// HEAD gets the same status and headers (problem+json, Allow on a
+	// 405); net/http drops the body.
 	if werr := WriteProblem(c, p); werr != nil {
 		s.log.Debug("write problem", "err", werr)
 	}
