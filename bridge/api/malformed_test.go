@@ -59,9 +59,9 @@ func TestHEADAndMalformedRequestsAreProblems(t *testing.T) {
 
 	for name, raw := range map[string]string{
 		"control character in a value": "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Trace: a\x01b\r\n\r\n",
-		"space in a name":               "GET /healthz HTTP/1.1\r\nHost: x\r\nX Trace: ab\r\n\r\n",
-		"bad Content-Length":            "POST /v1/things HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
-		"bad Host":                      "GET /healthz HTTP/1.1\r\nHost: x y\r\n\r\n",
+		"space in a name":              "GET /healthz HTTP/1.1\r\nHost: x\r\nX Trace: ab\r\n\r\n",
+		"bad Content-Length":           "POST /v1/things HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+		"bad Host":                     "GET /healthz HTTP/1.1\r\nHost: x y\r\n\r\n",
 	} {
 		t.Run(name, func(t *testing.T) {
 			c, err := net.Dial("tcp", s.Addr())
