@@ -22,6 +22,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
@@ -63,6 +64,7 @@ type wiring struct {
 	tu      *conf.TransportURL
 	ctl     *controls.Store // operators' pause, observe-only and drains
 	wake    waker
+	disp    *dispatch.Dispatcher // set by setupPipeline
 }
 
 // waker wakes the pipeline when events are stored. The pipeline is built
@@ -147,9 +149,8 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	rl.api(v, &ac)
 	srv := api.New(ac)
 	srv.AddCheck("database", func(ctx context.Context) error { return pool.Ping(ctx) })
-	srv.AddCheck("broker", brokerCheck(tu))
 	if ownNotifBroker {
-		srv.AddCheck("notifications_broker", brokerCheck(ntu))
+		srv.AddCheck("notifications_broker", brokerCheck(ntu, nil))
 	}
 
 	var comps []component
@@ -157,6 +158,14 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	// (wiring: features)
 	w := &wiring{v: v, replica: replica, pool: pool, srv: srv, reg: reg, log: log, rl: rl, tu: tu,
 		ctl: controls.NewStore(pool, reg, log.With("component", "controls"))}
+	// The broker is ready when this replica's own session to it (the
+	// dispatcher's, set by setupPipeline before the server starts) is up.
+	srv.AddCheck("broker", brokerCheck(tu, func() api.Checker {
+		if w.disp == nil {
+			return nil
+		}
+		return w.disp.Ready
+	}))
 	// Policy: the rules, their reload loop, POST /v1/policy/explain.
 	pol, polComp, err := setupPolicy(w, nil, nil, nil)
 	if err != nil {
@@ -285,13 +294,21 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, auto bool, log *slog.L
 	return nil
 }
 
-// brokerCheck dials the broker (AMQP handshake included) at most every
-// few seconds and reports the last outcome.
-func brokerCheck(tu *conf.TransportURL) api.Checker {
+// brokerCheck reports the broker's state. When own gives a check of this
+// replica's own session (the dispatcher's connection), that decides, at
+// once: a dispatcher reconnecting is not ready even while a new
+// connection would succeed. Otherwise it dials the broker (AMQP handshake
+// included) at most every few seconds and reports the last outcome.
+func brokerCheck(tu *conf.TransportURL, own func() api.Checker) api.Checker {
 	var mu sync.Mutex
 	var last time.Time
 	var lastErr error
 	return func(ctx context.Context) error {
+		if own != nil {
+			if c := own(); c != nil {
+				return c(ctx)
+			}
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		if time.Since(last) < 3*time.Second {

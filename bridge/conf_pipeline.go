@@ -154,6 +154,7 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		return nil, err
 	}
 	rl.setDispatcher(disp) // SIGHUP: [security] keys (reload.go)
+	w.disp = disp          // the broker's readiness (bridge.go)
 	w.wake.set(proc.Wake)
 	run := func(ctx context.Context) error {
 		defer pipePool.Close()

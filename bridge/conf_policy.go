@@ -21,7 +21,8 @@ var (
 	optPolicyRulesFile = Options.String("policy", "rules_file", defaultRulesFile,
 		"The policy: workload -> vGPU profile preferences, project quotas and attach modes, and CEL rules that turn "+
 			"events into intents (see etc/vgpu-bridge/rules.yaml). Checked at start (a broken file stops the bridge) "+
-			"and reloaded on SIGHUP and when it changes (a broken new file is refused, the active policy stays). "+
+			"and reloaded on SIGHUP and when it changes (a broken new file is refused, the active policy stays); a SIGHUP "+
+			"after this option changed reads the new path. "+
 			"Validate with `vgpu-bridge policy check FILE`. Until 0.1 the default was /etc/vgpu-bridge/policy.yaml "+
 			"(a name oslo.policy uses for API access rules): when this default is absent and that file exists, it is "+
 			"read, with a deprecation warning. Example: /etc/vgpu-bridge/rules.yaml")
@@ -116,6 +117,9 @@ func setupPolicy(w *wiring, cat *catalog.Catalog, state func() policy.State, loa
 	if err != nil {
 		return nil, component{}, err
 	}
+	if w.rl != nil {
+		w.rl.setPolicy(h) // SIGHUP: a new [policy] rules_file (reload.go)
+	}
 	reg := srv.Registry()
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vgpu_bridge_policy_reloads_total",
@@ -145,7 +149,7 @@ func setupPolicy(w *wiring, cat *catalog.Catalog, state func() policy.State, loa
 				if err := h.Reload(); err != nil {
 					log.Error("policy reload refused on SIGHUP; keeping the active policy", "err", err.Error())
 				} else {
-					log.Info("policy reloaded on SIGHUP", "policy", h.Policy().Hash())
+					log.Info("policy reloaded on SIGHUP", "file", h.RulesFile(), "policy", h.Policy().Hash())
 				}
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,6 +22,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
 // Reload (SIGHUP) swaps the secrets of a running bridge without closing a
@@ -31,7 +33,12 @@ import (
 //     certificates (used from the next TLS handshake);
 //   - every [webhook_source:NAME] secret_files and token_files;
 //   - [security] signing_key_file with key_id (the next commands are signed
-//     with the new key) and agent_keys_file.
+//     with the new key) and agent_keys_file;
+//   - [policy] rules_file: a new path is read (checked first, like the
+//     secrets); the file in use is read again on SIGHUP anyway.
+//
+// Every other option whose value changed is logged at warning level by
+// name, "changed; needs a restart", and keeps its start value.
 //
 // A reload is all or nothing: every new file is read and checked first,
 // and one that fails keeps every secret in use and logs why. What cannot
@@ -53,6 +60,7 @@ type reloader struct {
 	whCert   *certHolder
 	webhooks *webhook.Endpoint
 	disp     *dispatch.Dispatcher
+	policy   *policy.Holder
 }
 
 func newReloader(v *conf.Values, reg prometheus.Registerer, log *slog.Logger) *reloader {
@@ -96,6 +104,13 @@ func (r *reloader) setWebhooks(ep *webhook.Endpoint) {
 	if r != nil {
 		r.webhooks = ep
 	}
+}
+
+// setPolicy lets a reload apply a new [policy] rules_file.
+func (r *reloader) setPolicy(h *policy.Holder) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.policy = h
 }
 
 func (r *reloader) setDispatcher(d *dispatch.Dispatcher) {
@@ -146,6 +161,7 @@ type staged struct {
 	whCert   *tls.Certificate
 	sources  []webhook.Source
 	keys     *dispatch.Keys
+	rules    string // a new [policy] rules_file, checked
 	changed  []string
 	restarts []string
 }
@@ -181,10 +197,19 @@ func (r *reloader) reload(v *conf.Values) error {
 			r.log.Error("reload: [security] keys", "err", err.Error())
 		}
 	}
+	if s.rules != "" {
+		// Checked in stage; a file broken since keeps the active policy.
+		if err := r.policy.SetRulesFile(s.rules); err != nil {
+			r.log.Error("reload: [policy] rules_file", "err", err.Error())
+		}
+	}
 	r.reloads.WithLabelValues("ok").Inc()
 	attrs := []any{logkey.Changed, s.changed}
 	if s.keys != nil && s.keys.Signer != nil {
 		attrs = append(attrs, "key_id", s.keys.Signer.KeyID())
+	}
+	for _, name := range s.restarts {
+		r.log.Warn(name+" changed; needs a restart (the value the bridge started with stays in use)", "option", name)
 	}
 	if len(s.restarts) > 0 {
 		attrs = append(attrs, logkey.NeedsRestart, s.restarts)
@@ -272,11 +297,47 @@ func (r *reloader) stage(v *conf.Values) (*staged, error) {
 			}
 		}
 	}
+	if r.policy != nil {
+		// A new rules file is read from its new path, not the old one.
+		if path, _ := RulesFile(v); path != r.policy.RulesFile() {
+			if err := r.policy.Check(path); err != nil {
+				errs = append(errs, fmt.Errorf("[policy] rules_file: %w", err))
+			} else {
+				s.rules = path
+				s.changed = append(s.changed, "[policy] rules_file")
+			}
+		}
+	}
+	// Every other option whose value changed is reported: nothing is
+	// taken silently as if applied.
+	for _, name := range v.Changed(r.start) {
+		if reloadable(name) || (name == "[policy] rules_file" && r.policy != nil) || slices.ContainsFunc(s.restarts, func(x string) bool { return strings.HasPrefix(x, name) }) {
+			continue
+		}
+		s.restarts = append(s.restarts, name)
+	}
 	slices.Sort(s.restarts)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	return s, nil
+}
+
+// reloadable reports whether a reload applies a change of the option
+// named "[section] name" (Values.Changed): the secrets' files it re-reads.
+// [policy] rules_file is applied too when the bridge runs a policy (stage).
+// Everything else keeps its start value until a restart.
+func reloadable(name string) bool {
+	switch name {
+	case "[api] token_file", "[api] tls_cert_file", "[api] tls_key_file",
+		"[webhooks] tls_cert_file", "[webhooks] tls_key_file",
+		"[security] signing_key_file", "[security] key_id", "[security] agent_keys_file":
+		return true
+	}
+	if rest, ok := strings.CutPrefix(name, "[webhook_source:"); ok {
+		return strings.HasSuffix(rest, "] secret_files") || strings.HasSuffix(rest, "] token_files")
+	}
+	return false
 }
 
 // swapAuth is an api.Authenticator whose implementation a reload swaps.

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
 func TestReloadTokensAllOrNothing(t *testing.T) {
@@ -86,5 +88,110 @@ func TestReloadTokensAllOrNothing(t *testing.T) {
 				t.Errorf("needs restart %v, want %v", s.restarts, tc.wantRetry)
 			}
 		})
+	}
+}
+
+// TestReloadReportsEveryChangedOption: a SIGHUP that changes an option a
+// reload does not apply ([policy] rules_file, a rate, a webhook source's
+// rate) says so, at warning level and by name ("changed; needs a
+// restart"), instead of logging a plain success; options it applies (the
+// token file) and options left as they were are not reported.
+func TestReloadReportsEveryChangedOption(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte("token-one-0123456789 admin ops\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens2 := filepath.Join(dir, "tokens2")
+	if err := os.WriteFile(tokens2, []byte("token-two-0123456789 admin ops\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	load := func(extra ...string) *conf.Values {
+		t.Helper()
+		v, err := LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.transport_url=rabbit://u:p@127.0.0.1:5672/",
+			"database.connection=postgres://u@127.0.0.1/db"}, extra...)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	v := load("api.token_file="+tokens, "policy.rules_file=/etc/vgpu-bridge/rules.yaml")
+	ac, err := APIConfig(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	r := newReloader(v, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
+	r.api(v, &ac)
+	nv := load("api.token_file="+tokens2, "policy.rules_file=/etc/vgpu-bridge/rules-v2.yaml", "dispatch.reconnect_max=1m")
+	if err := r.reload(nv); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"[policy] rules_file", "[dispatch] reconnect_max"} {
+		if !strings.Contains(logs.String(), "level=WARN msg=\""+name+" changed; needs a restart") {
+			t.Errorf("no warning naming %s:\n%s", name, logs.String())
+		}
+	}
+	if strings.Contains(logs.String(), "[api] token_file changed; needs a restart") {
+		t.Errorf("the applied token_file is reported as needing a restart:\n%s", logs.String())
+	}
+	if s, _ := r.stage(nv); strings.Join(s.restarts, ",") != "[dispatch] reconnect_max,[policy] rules_file" {
+		t.Errorf("needs restart %v", s.restarts)
+	}
+}
+
+// TestReloadAppliesNewRulesFile: a SIGHUP that names another [policy]
+// rules_file reads the new path (not the old file again); a new path whose
+// file is broken refuses the reload, and the policy in use stays.
+func TestReloadAppliesNewRulesFile(t *testing.T) {
+	etc, err := filepath.Abs("../etc/vgpu-bridge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := os.ReadFile(filepath.Join(etc, "rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	v2 := filepath.Join(dir, "rules-v2.yaml")
+	if err := os.WriteFile(v2, append(append([]byte(nil), shipped...), []byte("\n# v2\n")...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	broken := filepath.Join(dir, "broken.yaml")
+	if err := os.WriteFile(broken, []byte("rules: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	load := func(rules string) *conf.Values {
+		t.Helper()
+		v, err := LoadConfig(conf.Source{Overrides: []string{"DEFAULT.transport_url=rabbit://u:p@127.0.0.1:5672/",
+			"database.connection=postgres://u@127.0.0.1/db", "api.auth_strategy=noauth", "policy.rules_file=" + rules,
+			"policy.profiles_file=" + filepath.Join(etc, "profiles.yaml"), "policy.driver_compat_file=" + filepath.Join(etc, "driver-compat.yaml")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	v := load(filepath.Join(etc, "rules.yaml"))
+	h, err := policy.NewHolder(PolicyConfig(v), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	r := newReloader(v, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
+	r.setPolicy(h)
+	if err := r.reload(load(broken)); err == nil || !strings.Contains(err.Error(), "rules_file") {
+		t.Errorf("reload with a broken new rules file: %v, want refused naming rules_file", err)
+	}
+	if h.RulesFile() != filepath.Join(etc, "rules.yaml") {
+		t.Errorf("rules file in use %s after a refused reload", h.RulesFile())
+	}
+	if err := r.reload(load(v2)); err != nil {
+		t.Fatal(err)
+	}
+	if h.RulesFile() != v2 {
+		t.Errorf("rules file in use %s, want the new path %s", h.RulesFile(), v2)
+	}
+	if strings.Contains(logs.String(), "rules_file changed; needs a restart") {
+		t.Errorf("an applied rules_file is reported as needing a restart:\n%s", logs.String())
 	}
 }

@@ -10,6 +10,16 @@ import (
 // ResourceVGPU is Placement's standard resource class for vGPUs.
 const ResourceVGPU = "VGPU"
 
+// MaxVGPUsPerInstance bounds the vGPUs one instance may ask for: in a
+// flavor (VGPU and CUSTOM_* resources over all its groups) and in a
+// request's count: 16, the most vGPUs NVIDIA's vGPU software assigns to
+// one VM. More is a typo or an attack, never a placement to look for.
+const MaxVGPUsPerInstance = 16
+
+// isVGPUClass reports whether rc is a vGPU resource class: VGPU, or a
+// custom class (how clouds model mdev types).
+func isVGPUClass(rc string) bool { return rc == ResourceVGPU || strings.HasPrefix(rc, "CUSTOM_") }
+
 // Demand is the Placement request a flavor's extra specs make: the
 // unsuffixed group ("resources:", "trait:") and the granular groups
 // ("resourcesN:", "traitN:"), plus group_policy. Only the keys Placement
@@ -108,6 +118,7 @@ func ParseExtraSpecs(specs map[string]string) (Demand, error) {
 		}
 		return g
 	}
+	total, lastVGPUKey := 0, "" // vGPUs over all groups, and the last key asking for some
 	// Iterate in key order so the first error is deterministic.
 	keys := make([]string, 0, len(specs))
 	for k := range specs {
@@ -141,6 +152,12 @@ func ParseExtraSpecs(specs map[string]string) (Demand, error) {
 			if n == 0 {
 				continue
 			}
+			if isVGPUClass(rc) {
+				if n > MaxVGPUsPerInstance {
+					return Demand{}, &SpecError{key, val, fmt.Sprintf("at most %d vGPUs per instance (NVIDIA's maximum per VM)", MaxVGPUsPerInstance)}
+				}
+				total, lastVGPUKey = total+n, key
+			}
 			g := group(suffix)
 			if g.Resources == nil {
 				g.Resources = map[string]int{}
@@ -168,6 +185,10 @@ func ParseExtraSpecs(specs map[string]string) (Demand, error) {
 				return Demand{}, &SpecError{key, val, `want "required" or "forbidden"`}
 			}
 		}
+	}
+	if total > MaxVGPUsPerInstance {
+		return Demand{}, &SpecError{lastVGPUKey, specs[lastVGPUKey],
+			fmt.Sprintf("the flavor asks for %d vGPUs over its groups; at most %d per instance (NVIDIA's maximum per VM)", total, MaxVGPUsPerInstance)}
 	}
 	for _, g := range groups {
 		d.Groups = append(d.Groups, *g)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
@@ -62,6 +63,25 @@ func TestParseExtraSpecs(t *testing.T) {
 	}
 }
 
+// TestParseExtraSpecsBoundsVGPUs: a flavor asking for more vGPUs than
+// one VM can have, in one group or over several, is refused naming the
+// bound; as many as that bound is accepted.
+func TestParseExtraSpecsBoundsVGPUs(t *testing.T) {
+	_, err := nova.ParseExtraSpecs(map[string]string{"resources1:VGPU": "9", "resources2:CUSTOM_NVIDIA_232": "8"})
+	var se *nova.SpecError
+	if !errors.As(err, &se) || se.Key != "resources2:CUSTOM_NVIDIA_232" || !strings.Contains(se.Reason, "at most 16") {
+		t.Errorf("17 vGPUs over two groups: %v, want a SpecError naming the bound", err)
+	}
+	_, err = nova.ParseExtraSpecs(map[string]string{"resources:VGPU": "1000000"})
+	if !errors.As(err, &se) || !strings.Contains(se.Reason, "at most 16 vGPUs per instance") {
+		t.Errorf("resources:VGPU=1000000: %v, want a SpecError naming the bound", err)
+	}
+	d, err := nova.ParseExtraSpecs(map[string]string{"resources1:VGPU": "8", "resources2:VGPU": "8", "resources:VCPU": "1000000"})
+	if err != nil || d.VGPUs() != 16 {
+		t.Errorf("16 vGPUs and many VCPUs: %+v %v, want accepted", d, err)
+	}
+}
+
 func TestParseExtraSpecsErrors(t *testing.T) {
 	for _, tc := range []struct {
 		key, value string
@@ -79,6 +99,9 @@ func TestParseExtraSpecsErrors(t *testing.T) {
 		{"trait:CUSTOM_NVIDIA_232", "Required"},
 		{"trait1:custom_x", "required"},
 		{"group_policy", "strict"},
+		{"resources:VGPU", "1000000"},
+		{"resources:VGPU", "17"},
+		{"resources3:CUSTOM_NVIDIA_232", "1000000"},
 	} {
 		_, err := nova.ParseExtraSpecs(map[string]string{tc.key: tc.value, "hw:cpu_policy": "dedicated"})
 		var se *nova.SpecError
@@ -97,6 +120,8 @@ func FuzzParseExtraSpecs(f *testing.F) {
 	f.Add("resources1:VGPU", "2", "group_policy", "isolate")
 	f.Add("resources:CUSTOM_NVIDIA_T4_4Q", "1", "trait2:HW_GPU_API_VULKAN", "forbidden")
 	f.Add("hw:watchdog_action", "reset", "resources:VGPU", "-3")
+	f.Add("resources:VGPU", "1000000", "resources1:VGPU", "1")
+	f.Add("resources1:VGPU", "9", "resources2:CUSTOM_NVIDIA_232", "9")
 	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string) {
 		d, err := nova.ParseExtraSpecs(map[string]string{k1: v1, k2: v2})
 		if err != nil {
@@ -108,6 +133,13 @@ func FuzzParseExtraSpecs(f *testing.F) {
 		}
 		if d.VGPUs() < 0 {
 			t.Fatalf("negative VGPUs: %+v", d)
+		}
+		n := d.VGPUs()
+		for _, c := range d.CustomResources() {
+			n += c
+		}
+		if n > nova.MaxVGPUsPerInstance {
+			t.Fatalf("accepted %d vGPUs, more than %d: %+v", n, nova.MaxVGPUsPerInstance, d)
 		}
 		for _, g := range d.Groups {
 			for rc, n := range g.Resources {

@@ -128,6 +128,40 @@ func (h *Holder) reloadLocked() error {
 	return nil
 }
 
+// RulesFile is the rules file in use.
+func (h *Holder) RulesFile() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cfg.RulesFile
+}
+
+// Check builds the policy of the rules file at path with the holder's
+// other files and catalog, without installing it.
+func (h *Holder) Check(path string) error {
+	h.mu.Lock()
+	cfg := h.cfg
+	h.mu.Unlock()
+	cfg.RulesFile = path
+	if _, err := Build(cfg, h.cat); err != nil {
+		return fmt.Errorf("rules file %s: %w", path, err)
+	}
+	return nil
+}
+
+// SetRulesFile makes the rules file at path the one in use, and loads it;
+// on error the active policy and its file stay.
+func (h *Holder) SetRulesFile(path string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := h.cfg.RulesFile
+	h.cfg.RulesFile = path
+	if err := h.reloadLocked(); err != nil {
+		h.cfg.RulesFile = old
+		return err
+	}
+	return nil
+}
+
 // Watch polls the rules file's modification time and content hash every
 // interval and reloads when it changed; it returns when ctx ends. Errors
 // are logged, and the old policy stays.
@@ -156,7 +190,7 @@ func (h *Holder) Watch(ctx context.Context, interval time.Duration, log *slog.Lo
 			}
 			// Remember the broken content so it is not retried every tick.
 			h.mu.Lock()
-			if data, err := os.ReadFile(h.cfg.RulesFile); err == nil {
+			if data, err := os.ReadFile(h.cfg.RulesFile); err == nil { // under mu: SetRulesFile changes it
 				h.sum = sha256.Sum256(data)
 			}
 			if st, err := os.Stat(h.cfg.RulesFile); err == nil {
@@ -170,7 +204,8 @@ func (h *Holder) Watch(ctx context.Context, interval time.Duration, log *slog.Lo
 }
 
 func (h *Holder) changed() (bool, error) {
-	st, err := os.Stat(h.cfg.RulesFile)
+	path := h.RulesFile()
+	st, err := os.Stat(path)
 	if err != nil {
 		return false, err
 	}
@@ -180,7 +215,7 @@ func (h *Holder) changed() (bool, error) {
 	if st.ModTime().Equal(mtime) {
 		return false, nil
 	}
-	data, err := os.ReadFile(h.cfg.RulesFile)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return false, err
 	}

@@ -75,7 +75,11 @@ func (s *Server) inputMW(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 		}
 		if len(bad) == 0 && len(q) > 0 {
-			if known, ok := s.queryParams(r.Method, c.Path()); ok {
+			method := r.Method
+			if method == http.MethodHead {
+				method = http.MethodGet
+			}
+			if known, ok := s.queryParams(method, c.Path()); ok {
 				for k := range q {
 					if !known[k] {
 						bad = append(bad, InvalidParam{Name: k, Reason: "unknown query parameter" + knownList(known)})

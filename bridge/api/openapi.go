@@ -126,7 +126,11 @@ func (s *Server) Undescribed() []string {
 			continue
 		}
 		p := OpenAPIPath(r.Path)
-		if _, ok := doc.Paths[p][strings.ToLower(r.Method)]; !ok {
+		method := r.Method
+		if method == http.MethodHead {
+			method = http.MethodGet // HEAD is GET without the body (Handle)
+		}
+		if _, ok := doc.Paths[p][strings.ToLower(method)]; !ok {
 			out = append(out, r.Method+" "+p)
 		}
 	}

@@ -30,6 +30,11 @@ type ProblemDetails struct {
 	Code          string         `json:"code,omitempty"`
 	RequestID     string         `json:"request_id,omitempty"`
 	InvalidParams []InvalidParam `json:"invalid_params,omitempty"`
+	// FirstRequestID and StatusURL name the bridge request a refused
+	// retry made the first time (a webhook body sent again: 409
+	// replayed), so that its sender can follow it.
+	FirstRequestID string `json:"first_request_id,omitempty"`
+	StatusURL      string `json:"status_url,omitempty"`
 	// Headers are added to the answer (e.g. Retry-After); not serialised.
 	Headers map[string]string `json:"-"`
 }
@@ -85,16 +90,19 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 			detail = m
 		}
 		p = &ProblemDetails{Status: he.Code, Title: http.StatusText(he.Code), Detail: detail}
+		if he.Code == http.StatusMethodNotAllowed {
+			// echo has set Allow: the methods the route takes.
+			p.Code = "method_not_allowed"
+			p.Detail = "this route takes " + c.Response().Header().Get(echo.HeaderAllow)
+		}
 	default:
 		s.log.ErrorContext(c.Request().Context(), "request failed", slog.String(logkey.RequestID, RequestID(c)),
 			slog.String("path", c.Request().URL.Path), slog.Any("err", err))
 		p = &ProblemDetails{Status: http.StatusInternalServerError, Title: "Internal Server Error",
 			Detail: "the server failed; the log holds the details under this request_id"}
 	}
-	if c.Request().Method == http.MethodHead {
-		c.NoContent(p.Status) //nolint:errcheck
-		return
-	}
+	// HEAD gets the same status and headers (problem+json, Allow on a
+	// 405); net/http drops the body.
 	if werr := WriteProblem(c, p); werr != nil {
 		s.log.Debug("write problem", "err", werr)
 	}

@@ -124,7 +124,7 @@ func (s *Server) Echo() *echo.Echo { return s.e }
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
 // Handle registers a route. The access level decides which callers pass
-// the authentication middleware.
+// the authentication middleware. A GET route answers HEAD too.
 func (s *Server) Handle(method, path string, access Access, h echo.HandlerFunc, mw ...echo.MiddlewareFunc) {
 	s.docMu.Lock()
 	if s.access == nil {
@@ -137,6 +137,11 @@ func (s *Server) Handle(method, path string, access Access, h echo.HandlerFunc, 
 		mws = append([]echo.MiddlewareFunc{s.bodyLimitMW(s.cfg.MaxBodyBytes), bodyMW}, mws...)
 	}
 	s.e.Add(method, path, h, mws...)
+	if method == http.MethodGet {
+		// HEAD is GET without the body (net/http drops what the handler
+		// writes), with the same checks.
+		s.e.Add(http.MethodHead, path, h, mws...)
+	}
 }
 
 // AddCheck adds a readiness check; /readyz fails naming it when it fails.
@@ -217,6 +222,8 @@ func (s *Server) Start() error {
 	}
 	if s.cfg.TLSConfig != nil {
 		ln = tls.NewListener(ln, s.cfg.TLSConfig)
+	} else {
+		ln = problemListener{ln} // net/http's own refusals as problem+json (malformed.go)
 	}
 	s.lnMu.Lock()
 	s.ln = ln

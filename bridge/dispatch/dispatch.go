@@ -211,6 +211,15 @@ type Dispatcher struct {
 	// keyset starts as the Config's keys; SetKeys replaces it.
 	keyset atomic.Pointer[Keys]
 	ring   ringFile // KeyringFile re-read on an unknown key
+	// conn is the state Ready reports: connected, or since when not and
+	// why (a session that ended, a dial that failed).
+	conn atomic.Pointer[connState]
+}
+
+type connState struct {
+	up    bool
+	since time.Time
+	err   string
 }
 
 // New builds a dispatcher.
@@ -233,7 +242,32 @@ func New(cfg Config, d Deps) (*Dispatcher, error) {
 	}
 	x := &Dispatcher{cfg: cfg, d: d, log: d.Log, kick: make(chan struct{}, 1), m: newMetrics(d.Registry)}
 	x.keyset.Store(&Keys{Signer: cfg.Signer, Keyring: cfg.Keyring, KeyringFile: cfg.KeyringFile, RequireSigned: cfg.RequireSigned})
+	x.conn.Store(&connState{since: time.Now(), err: "not connected yet"})
 	return x, nil
+}
+
+// Ready fails while the dispatcher has no broker session (before the
+// first, and from the moment one ends until the next is up, however long
+// its reconnect backoff): commands cannot be sent nor results taken then,
+// whether or not a fresh connection to the broker would succeed.
+func (x *Dispatcher) Ready(context.Context) error {
+	st := x.conn.Load()
+	if st.up {
+		return nil
+	}
+	return fmt.Errorf("dispatcher disconnected for %s: %s", time.Since(st.since).Round(time.Second), st.err)
+}
+
+func (x *Dispatcher) setDown(err error) {
+	msg := "the session ended"
+	if err != nil {
+		msg = err.Error() // dial errors name their URL redacted
+	}
+	since := time.Now()
+	if old := x.conn.Load(); !old.up {
+		since = old.since
+	}
+	x.conn.Store(&connState{since: since, err: msg})
 }
 
 // Kick wakes the relay: new commands are in the outbox.
@@ -254,7 +288,11 @@ func (x *Dispatcher) Run(ctx context.Context) error {
 			x.m.reconnects.Inc()
 			x.log.Warn("dispatch: broker session ended; reconnecting", logkey.Err, err, "in", wait)
 		},
-	}.Run(ctx, func(ctx context.Context, n int) (bool, error) { return false, x.session(ctx, n) })
+	}.Run(ctx, func(ctx context.Context, n int) (bool, error) {
+		err := x.session(ctx, n)
+		x.setDown(err)
+		return false, err
+	})
 	return nil
 }
 
@@ -324,6 +362,8 @@ func (x *Dispatcher) session(ctx context.Context, attempt int) error {
 		return err
 	}
 	x.log.Info("dispatch: connected", logkey.Queue, x.cfg.ResultsQueue+","+x.cfg.ReportsQueue)
+	x.conn.Store(&connState{up: true, since: time.Now()})
+	defer x.setDown(nil) // at once, before the connection is closed; Run records why
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)

@@ -3,6 +3,8 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,6 +40,11 @@ type Consumer struct {
 
 	failingSince atomic.Int64 // unix nanoseconds of the first failed commit since the last success; 0: none
 	lastErr      atomic.Value // string: the last commit error
+	// retryNow cuts a failed commit's backoff short (Ready asks for it),
+	// and attempts counts commit attempts, so that Ready can wait for the
+	// one it asked for.
+	retryNow chan struct{}
+	attempts atomic.Int64
 }
 
 // New returns a Consumer. reg may be nil (no metrics exported).
@@ -52,7 +59,7 @@ func New(cfg Config, pool *pgxpool.Pool, reg prometheus.Registerer, log *slog.Lo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &Consumer{cfg: cfg, pool: pool, log: log, started: time.Now()}
+	c := &Consumer{cfg: cfg, pool: pool, log: log, started: time.Now(), retryNow: make(chan struct{}, 1)}
 	c.m = newMetrics(reg, c.sinceLast, func() float64 {
 		if c.connected.Load() {
 			return 1
@@ -367,7 +374,7 @@ func (c *Consumer) demote(it *item, err error) *item {
 		return c.deadLetter(it.src, it.tag, ReasonSchema, detail, it.msgID)
 	case !it.minimal:
 		c.log.Warn("dead letter refused by the database; keeping a minimal one", logkey.MessageID, it.msgID, logkey.Err, err)
-		return &item{tag: it.tag, reason: it.reason, minimal: true,
+		return &item{tag: it.tag, reason: it.reason, minimal: true, dedupeKey: it.dedupeKey,
 			detail:  cleanText("dead letter refused by the database (" + err.Error() + "); first refusal: " + it.detail),
 			headers: []byte("{}")}
 	}
@@ -396,6 +403,8 @@ func (c *Consumer) retryWait(ctx context.Context, err error, attempt, n int) err
 		return err
 	case <-time.After(d):
 		return nil
+	case <-c.retryNow:
+		return nil
 	}
 }
 
@@ -404,6 +413,7 @@ func (c *Consumer) retryWait(ctx context.Context, err error, attempt, n int) err
 func (c *Consumer) apply(ctx context.Context, items []*item) error {
 	start := time.Now()
 	res, err := c.applyBatch(ctx, items)
+	defer c.attempts.Add(1)
 	if err != nil {
 		c.failed(err)
 		return err
@@ -433,15 +443,36 @@ func (c *Consumer) failed(err error) {
 
 // Ready fails while commits to Postgres have failed, none succeeding, for
 // longer than StallAfter: messages are then held on the broker, unacked.
-func (c *Consumer) Ready(context.Context) error {
+// While they fail it does not report a stale state: it cuts the retry's
+// backoff short and waits (as long as ctx allows) for that attempt, so
+// the first check after Postgres is back is ready.
+func (c *Consumer) Ready(ctx context.Context) error {
 	since := c.failingSince.Load()
 	if since == 0 {
 		return nil
 	}
-	d := time.Since(time.Unix(0, since))
-	if d < c.cfg.StallAfter {
+	if time.Since(time.Unix(0, since)) < c.cfg.StallAfter {
 		return nil
 	}
+	n := c.attempts.Load()
+	select {
+	case c.retryNow <- struct{}{}:
+	default:
+	}
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for c.attempts.Load() == n && c.failingSince.Load() != 0 {
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			continue
+		}
+		break
+	}
+	if since = c.failingSince.Load(); since == 0 {
+		return nil
+	}
+	d := time.Since(time.Unix(0, since))
 	msg, _ := c.lastErr.Load().(string)
 	return fmt.Errorf("notification commits failing for %s: %s", d.Round(time.Second), msg)
 }
@@ -494,7 +525,7 @@ func (c *Consumer) decode(d *amqp.Delivery) *item {
 // deadLetter makes the dead letter of delivery d: its body (capped at
 // DeadLetterMaxBytes, tokens redacted) and delivery headers.
 func (c *Consumer) deadLetter(d *amqp.Delivery, tag uint64, reason, detail, msgID string) *item {
-	it := &item{tag: tag, reason: reason, detail: cleanText(detail), msgID: msgID, src: d}
+	it := &item{tag: tag, reason: reason, detail: cleanText(detail), msgID: msgID, src: d, dedupeKey: dedupeKey(msgID, d.Body)}
 	it.raw = d.Body
 	if len(it.raw) > c.cfg.DeadLetterMaxBytes {
 		it.raw, it.truncated = it.raw[:c.cfg.DeadLetterMaxBytes], true
@@ -505,6 +536,17 @@ func (c *Consumer) deadLetter(d *amqp.Delivery, tag uint64, reason, detail, msgI
 		"content_type": d.ContentType, "size": len(d.Body),
 	})
 	return it
+}
+
+// dedupeKey is a dead letter's key of uniqueness within its source: its
+// message_id when it decoded far enough to have one, else the SHA-256 of
+// the body as delivered (a redelivery carries the same bytes).
+func dedupeKey(msgID string, body []byte) string {
+	if msgID != "" {
+		return "id:" + msgID
+	}
+	sum := sha256.Sum256(body)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // watchSilence logs a hint naming Nova's settings when no notification

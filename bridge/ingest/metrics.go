@@ -18,7 +18,7 @@ func newMetrics(reg prometheus.Registerer, sinceLast, connected func() float64) 
 	m := &metrics{
 		received:     prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "received_total", Help: "Nova notifications delivered by RabbitMQ (redeliveries included)."}),
 		applied:      prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "applied_total", Help: "New notifications committed to the inbox."}),
-		duplicates:   prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "duplicates_total", Help: "Notifications whose message_id was already in the inbox."}),
+		duplicates:   prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "duplicates_total", Help: "Notifications whose message_id was already in the inbox, or dead letters already kept (see dead_letters_total)."}),
 		stale:        prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "stale_total", Help: "New notifications older than the state already held (recorded, state unchanged)."}),
 		unrecognized: prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "unrecognized_total", Help: "Notifications of an unknown event type or payload major version (recorded, not applied)."}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{Name: ns + "dead_letters_total",

@@ -18,7 +18,8 @@ type ReplayResult struct {
 	MessageID string
 	EventType string
 	// Reason and Detail say why the body is still refused (neither
-	// Accepted nor Duplicate); nothing was written then.
+	// Accepted nor Duplicate): by decoding and validation, or by Postgres
+	// (a value it cannot store); nothing was written then.
 	Reason, Detail string
 }
 
@@ -28,7 +29,9 @@ func (c *Consumer) Source() string { return c.cfg.Source }
 // Replay runs a dead letter's stored body through the same decoding,
 // validation and inbox write as a delivery (deduplicated on message_id,
 // state applied, OnApplied called). A body still refused is not written
-// again as a dead letter.
+// again as a dead letter. A body Postgres refuses as data (a value it
+// cannot store) is answered as refused, with Postgres's reason, not as an
+// error: retrying it cannot succeed.
 func (c *Consumer) Replay(ctx context.Context, raw []byte) (ReplayResult, error) {
 	it := c.decode(&amqp.Delivery{Body: raw, Exchange: "replay", RoutingKey: "replay"})
 	if it.ev == nil {
@@ -37,6 +40,10 @@ func (c *Consumer) Replay(ctx context.Context, raw []byte) (ReplayResult, error)
 	out := ReplayResult{MessageID: it.ev.Message.MessageID, EventType: it.ev.Message.EventType}
 	start := time.Now()
 	res, err := c.applyBatch(ctx, []*item{it})
+	if isDataError(err) {
+		out.Reason, out.Detail = ReasonSchema, cleanText("database refused it: "+err.Error())
+		return out, nil
+	}
 	if err != nil {
 		return out, fmt.Errorf("replay %s: %w", out.MessageID, err)
 	}

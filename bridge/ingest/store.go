@@ -70,6 +70,10 @@ type item struct {
 	truncated      bool
 	headers        []byte
 	minimal        bool // the last resort: no body, no delivery headers
+	// dedupeKey keeps a dead letter once per source however often its
+	// message is delivered: "id:" and its message_id, else "sha256:" and
+	// the digest of the body as delivered (see dedupeKey).
+	dedupeKey string
 }
 
 type batchResult struct {
@@ -93,9 +97,9 @@ func (c *Consumer) applyBatch(ctx context.Context, items []*item) (batchResult, 
 
 	// Dead letters.
 	var dl struct {
-		reason, detail, msgID, headers []string
-		raw                            [][]byte
-		trunc                          []bool
+		reason, detail, msgID, headers, keys []string
+		raw                                  [][]byte
+		trunc                                []bool
 	}
 	for _, it := range items {
 		if it.ev != nil {
@@ -107,16 +111,35 @@ func (c *Consumer) applyBatch(ctx context.Context, items []*item) (batchResult, 
 		dl.raw = append(dl.raw, it.raw)
 		dl.trunc = append(dl.trunc, it.truncated)
 		dl.headers = append(dl.headers, string(it.headers))
-		res.dead[it.reason]++
+		dl.keys = append(dl.keys, it.dedupeKey)
 	}
 	if len(dl.reason) > 0 {
-		_, err := tx.Exec(ctx, `INSERT INTO dead_letters (source, reason, detail, message_id, raw, raw_truncated, headers)
-			SELECT $1, r, d, NULLIF(m, ''), b, t, h::jsonb
-			FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::bool[], $7::text[]) AS x(r, d, m, b, t, h)`,
-			c.cfg.Source, dl.reason, dl.detail, dl.msgID, dl.raw, dl.trunc, dl.headers)
+		// A message delivered again is kept once (dead_letters_dedupe_idx):
+		// the copies count as duplicates.
+		rows, err := tx.Query(ctx, `INSERT INTO dead_letters (source, reason, detail, message_id, raw, raw_truncated, headers, dedupe_key)
+			SELECT $1, r, d, NULLIF(m, ''), b, t, h::jsonb, NULLIF(k, '')
+			FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[], $6::bool[], $7::text[], $8::text[]) AS x(r, d, m, b, t, h, k)
+			ON CONFLICT (source, dedupe_key) DO NOTHING
+			RETURNING reason`,
+			c.cfg.Source, dl.reason, dl.detail, dl.msgID, dl.raw, dl.trunc, dl.headers, dl.keys)
 		if err != nil {
 			return res, fmt.Errorf("insert dead letters: %w", err)
 		}
+		kept := 0
+		for rows.Next() {
+			var r string
+			if err := rows.Scan(&r); err != nil {
+				rows.Close()
+				return res, err
+			}
+			res.dead[r]++
+			kept++
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return res, fmt.Errorf("insert dead letters: %w", err)
+		}
+		res.duplicates += len(dl.reason) - kept
 	}
 
 	// Inbox, deduplicated within the batch first.

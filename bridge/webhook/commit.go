@@ -68,6 +68,7 @@ type pending struct {
 	// its digest is claimed so that the body acts at most once.
 	bodyOnly bool
 	signedAt time.Time // the body's own timestamp, if it has one
+	eventID  string    // the body's own event id, if it has one (Native.EventID)
 	done     chan result
 }
 
@@ -77,7 +78,10 @@ type result struct {
 	replay   bool
 	conflict bool
 	replayed bool // a body-signed request's body was accepted before under another key
-	err      error
+	// first is the request that body made (replayed): the same source
+	// sent it, so the sender may follow it.
+	first uuid.UUID
+	err   error
 }
 
 // commit hands p to the committers and waits for its outcome.
@@ -463,7 +467,7 @@ func (e *Endpoint) tryCommitTx(ctx context.Context, batch []*pending) ([]result,
 		var freeSrcs, freeKeys []string
 		kept := create[:0]
 		for _, p := range create {
-			if !replayed[p] {
+			if _, ok := replayed[p]; !ok {
 				kept = append(kept, p)
 				continue
 			}
@@ -473,8 +477,8 @@ func (e *Endpoint) tryCommitTx(ctx context.Context, batch []*pending) ([]result,
 		}
 		create = kept
 		for i, p := range batch {
-			if replayed[p] {
-				res[i] = result{replayed: true}
+			if first, ok := replayed[p]; ok {
+				res[i] = result{replayed: true, first: first}
 			}
 		}
 		if len(freeSrcs) > 0 {
@@ -506,8 +510,11 @@ func (e *Endpoint) tryCommitTx(ctx context.Context, batch []*pending) ([]result,
 		p := batch[i]
 		k := keyRef{p.src.cfg.Name, p.key}
 		l := batch[leaders[k]]
-		if replayed[l] {
+		if first, ok := replayed[l]; ok {
 			res[i] = result{replayed: p.hash == l.hash, conflict: p.hash != l.hash}
+			if res[i].replayed {
+				res[i].first = first
+			}
 			continue
 		}
 		if inserted[k] {
@@ -548,10 +555,12 @@ type bodyRef struct {
 // claimBodies claims the digests of the bodies signed alone among create
 // (pending.bodyOnly) for the idempotency TTL, taking over expired claims.
 // It returns those whose body was claimed before, by another transaction
-// or by an earlier request of create.
-func (e *Endpoint) claimBodies(ctx context.Context, tx pgx.Tx, create []*pending) (map[*pending]bool, error) {
-	replayed := map[*pending]bool{}
+// or by an earlier request of create, each with the request that claim
+// made (claims are per source: it is the same source's request).
+func (e *Endpoint) claimBodies(ctx context.Context, tx pgx.Tx, create []*pending) (map[*pending]uuid.UUID, error) {
+	replayed := map[*pending]uuid.UUID{}
 	first := map[bodyRef]*pending{}
+	var later []*pending // bodies an earlier request of create holds
 	var srcs, keys []string
 	var ids [][16]byte
 	var hashes [][]byte
@@ -561,7 +570,7 @@ func (e *Endpoint) claimBodies(ctx context.Context, tx pgx.Tx, create []*pending
 		}
 		b := bodyRef{p.src.cfg.Name, p.hash}
 		if _, ok := first[b]; ok {
-			replayed[p] = true
+			later = append(later, p)
 			continue
 		}
 		first[b] = p
@@ -571,7 +580,7 @@ func (e *Endpoint) claimBodies(ctx context.Context, tx pgx.Tx, create []*pending
 		return replayed, nil
 	}
 	// ON CONFLICT waits for a concurrent transaction claiming the same
-	// body; a live claim is left alone and not returned.
+	// body; a live claim is left alone (and locked) and not returned.
 	rows, err := tx.Query(ctx, `INSERT INTO webhook_signed_bodies (source, body_sha256, key, request_id, expires_at)
 		SELECT s, h, k, id, now() + make_interval(secs => $5)
 		FROM unnest($1::text[], $2::bytea[], $3::text[], $4::uuid[]) AS t(s, h, k, id)
@@ -597,10 +606,46 @@ func (e *Endpoint) claimBodies(ctx context.Context, tx pgx.Tx, create []*pending
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("signed bodies: %w", err)
 	}
+	holder := map[bodyRef]uuid.UUID{}
+	var heldSrcs []string
+	var heldHashes [][]byte
+	for b, p := range first {
+		if claimed[b] {
+			holder[b] = p.req.ID
+			continue
+		}
+		heldSrcs, heldHashes = append(heldSrcs, b.source), append(heldHashes, b.hash[:])
+	}
+	if len(heldSrcs) > 0 {
+		// The requests of the claims held before.
+		rows, err := tx.Query(ctx, `SELECT w.source, w.body_sha256, w.request_id FROM webhook_signed_bodies w
+			JOIN unnest($1::text[], $2::bytea[]) AS t(s, h) ON w.source = t.s AND w.body_sha256 = t.h`, heldSrcs, heldHashes)
+		if err != nil {
+			return nil, fmt.Errorf("signed bodies: %w", err)
+		}
+		for rows.Next() {
+			var b bodyRef
+			var h []byte
+			var id uuid.UUID
+			if err := rows.Scan(&b.source, &h, &id); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			copy(b.hash[:], h)
+			holder[b] = id
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("signed bodies: %w", err)
+		}
+	}
 	for b, p := range first {
 		if !claimed[b] {
-			replayed[p] = true
+			replayed[p] = holder[b]
 		}
+	}
+	for _, p := range later {
+		replayed[p] = holder[bodyRef{p.src.cfg.Name, p.hash}]
 	}
 	return replayed, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
 
 // Event types of the native body.
@@ -32,9 +33,10 @@ var Types = []string{TypeRequest, TypeRelease, TypeResize, TypeLoad}
 // Workloads lists the workload classes.
 var Workloads = []string{"training", "inference", "rendering", "vdi", "gaming"}
 
-// Limits of the native body.
+// Limits of the native body. MaxCount, the vGPUs one request may ask
+// for, is the bound a flavor's vGPUs have too (nova.MaxVGPUsPerInstance).
 const (
-	MaxCount      = 16
+	MaxCount      = nova.MaxVGPUsPerInstance
 	maxMetrics    = 64
 	maxMetricKey  = 128
 	maxMetricText = 1024
@@ -63,6 +65,11 @@ type Native struct {
 	// Nonce is anything the sender puts in to make an identical request
 	// a new body (a signed body acts at most once).
 	Nonce string `json:"nonce,omitempty"`
+	// EventID is the sender's own id of the event (1 to 255 printable
+	// ASCII characters): the request's idempotency key when it sends no
+	// Idempotency-Key (or webhook-id, X-GitHub-Delivery), so a sender
+	// that retries without a key is not doubled.
+	EventID string `json:"event_id,omitempty"`
 }
 
 // driverRE is an NVIDIA driver version: 550, 550.54 or 550.54.15.
@@ -181,7 +188,7 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 	sort.Strings(names)
 	for _, k := range names {
 		switch k {
-		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce", "guest_driver":
+		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce", "guest_driver", "event_id":
 		default:
 			add(k, "unknown field")
 		}
@@ -307,6 +314,13 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 			add("nonce", "must be 1 to %d bytes", maxNonce)
 		}
 		n.Nonce = s
+	}
+
+	if s, ok := str("event_id"); ok {
+		if !validKey(s) {
+			add("event_id", "must be 1 to 255 printable ASCII characters")
+		}
+		n.EventID = s
 	}
 	return n, bad
 }

@@ -24,6 +24,7 @@ func TestDecodeNative(t *testing.T) {
 		{"braced uuid", `{"type":"GPU_LOAD","vm_id":"{8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e}"}`, []string{"vm_id"}},
 		{"count fraction", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","count":1.5}`, []string{"count"}},
 		{"count zero", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","count":0}`, []string{"count"}},
+		{"count past the bound", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","count":1000000}`, []string{"count"}},
 		{"nested metric", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","metrics":{"a":{"b":1},"c":null}}`, []string{"metrics.a", "metrics.c"}},
 		{"callback off list", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","callback_url":"http://jobs.example.org.evil.com/"}`, []string{"callback_url"}},
 		{"callback userinfo", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","callback_url":"https://u:p@scheduler.example.org/"}`, []string{"callback_url"}},
@@ -99,6 +100,8 @@ func corpusSeeds(f *testing.F) {
 	f.Add([]byte(`{"type":"GPU_REQUEST","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","workload":"training","count":1,"metrics":{"u":0.9}}`))
 	f.Add([]byte(`{"alerts":[{"status":"firing","labels":{"instance_uuid":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e"}}]}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"type":"GPU_RELEASE","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","event_id":"job-4711/attempt-1"}`))
+	f.Add([]byte(`{"type":"GPU_RELEASE","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","event_id":"caf\u00e9\u0000"}`))
 	f.Add([]byte(`{"metrics":{"a":1e999}}`))
 }
 
@@ -118,6 +121,10 @@ func FuzzDecodeNative(f *testing.F) {
 		}
 		if _, err := json.Marshal(n); err != nil {
 			t.Fatalf("accepted body does not re-encode: %v", err)
+		}
+		// An event id is a usable idempotency key.
+		if n.EventID != "" && !validKey(n.EventID) {
+			t.Fatalf("accepted event_id %q", n.EventID)
 		}
 	})
 }

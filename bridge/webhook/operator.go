@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	_ "embed"
 	"encoding/json"
@@ -103,13 +104,13 @@ func (e *Endpoint) operatorRequest(c echo.Context) error {
 				Detail: fmt.Sprintf("instance %s is not in project %s (or the bridge does not know it yet)", p.events[0].vm, who.Project)}
 		}
 	}
-	p.key = key
+	p.key = cmp.Or(key, p.eventID)
 	p.hash = sha256.Sum256(body)
 	res := e.commit(r.Context(), p)
 	if res.err != nil {
 		e.log.Error("requests: commit failed", logkey.Err, res.err)
 	}
-	if prob := commitRefusal(res); prob != nil {
+	if prob := e.commitRefusal(res); prob != nil {
 		return prob
 	}
 	if res.replay {

@@ -551,14 +551,15 @@ func (e *Endpoint) handle(c echo.Context) error {
 	if an.space != "" {
 		p.src = src.keySpace(an.space)
 	}
-	p.key, p.bodyOnly = key, bodyOnly
+	// A sender without a key of its scheme names the event in the body.
+	p.key, p.bodyOnly = cmp.Or(key, p.eventID), bodyOnly
 	p.hash = sha256.Sum256(body)
 	// Commit, then 202; or 409 for a key reused with another body.
 	res := e.commit(r.Context(), p)
 	if res.err != nil {
 		e.log.Error("webhook commit failed", logkey.Source, name, "err", res.err)
 	}
-	if prob := commitRefusal(res); prob != nil {
+	if prob := e.commitRefusal(res); prob != nil {
 		return e.refuse(c, name, remote, prob.Code, prob)
 	}
 	if res.replay {
@@ -588,7 +589,7 @@ func storeUnavailable(what string) *api.ProblemDetails {
 
 // commitRefusal is the problem of a commit that neither created nor
 // replayed a request; nil when it did one of them.
-func commitRefusal(res result) *api.ProblemDetails {
+func (e *Endpoint) commitRefusal(res result) *api.ProblemDetails {
 	switch {
 	case res.err != nil:
 		return storeUnavailable("stored")
@@ -596,9 +597,15 @@ func commitRefusal(res result) *api.ProblemDetails {
 		return &api.ProblemDetails{Status: http.StatusConflict, Code: "idempotency_conflict",
 			Detail: "this Idempotency-Key (or webhook-id) was used with another body within the last day"}
 	case res.replayed:
-		return &api.ProblemDetails{Status: http.StatusConflict, Code: "replayed",
+		p := &api.ProblemDetails{Status: http.StatusConflict, Code: "replayed",
 			Detail: "this signed body was accepted within the last day under another idempotency key (or none): " +
-				"a signed body acts once; to repeat a request, vary its body (a timestamp or a nonce)"}
+				"a signed body acts once; first_request_id is the request it made; to repeat a request, vary its body (a timestamp or a nonce)"}
+		if res.first != uuid.Nil {
+			// The same source sent it (claims are per source).
+			p.FirstRequestID = res.first.String()
+			p.StatusURL = e.cfg.PublicURL + "/v1/requests/" + p.FirstRequestID
+		}
+		return p
 	}
 	return nil
 }
@@ -643,7 +650,7 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 		}
 		u := uuid.MustParse(n.VMID)
 		p.req.Kind, p.req.InstanceUUID, p.req.CallbackURL = n.Type, &u, n.CallbackURL
-		p.signedAt = n.Timestamp
+		p.signedAt, p.eventID = n.Timestamp, n.EventID
 		p.req.Body, _ = json.Marshal(n)
 		p.events = []eventRow{{vm: n.VMID, at: now, payload: EventPayload{RequestID: id, Source: evSource,
 			Type: n.Type, VMID: n.VMID, Workload: n.Workload, VGPUProfile: n.VGPUProfile, Count: n.Count,

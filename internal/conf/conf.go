@@ -557,6 +557,46 @@ func (v *Values) Source(section, name string) string { return v.source[section+"
 // Instances returns the templated sections [prefix:NAME], sorted by name.
 func (v *Values) Instances(prefix string) []*Instance { return v.instances[prefix] }
 
+// Changed names what differs between v and old, as "[section] name" for
+// plain options and "[prefix:NAME] name" for templated ones; a templated
+// section that only one of them has is named "[prefix:NAME]". Values are
+// compared as loaded (a value equal to the default it replaces is no
+// change). The order is stable.
+func (v *Values) Changed(old *Values) []string {
+	var out []string
+	for _, o := range v.set.Options() {
+		if fmt.Sprint(v.vals[o.key()]) != fmt.Sprint(old.vals[o.key()]) {
+			out = append(out, "["+o.Section+"] "+o.Name)
+		}
+	}
+	for _, prefix := range v.set.templatePrefixes() {
+		had := map[string]*Instance{}
+		for _, in := range old.instances[prefix] {
+			had[in.Name] = in
+		}
+		for _, in := range v.instances[prefix] {
+			was, ok := had[in.Name]
+			delete(had, in.Name)
+			if !ok {
+				out = append(out, "["+prefix+":"+in.Name+"]")
+				continue
+			}
+			for _, o := range v.set.templateOptions(prefix) {
+				if fmt.Sprint(in.vals[o.Name]) != fmt.Sprint(was.vals[o.Name]) {
+					out = append(out, "["+prefix+":"+in.Name+"] "+o.Name)
+				}
+			}
+		}
+		gone := make([]string, 0, len(had))
+		for name := range had {
+			gone = append(gone, "["+prefix+":"+name+"]")
+		}
+		sort.Strings(gone)
+		out = append(out, gone...)
+	}
+	return out
+}
+
 // Dump returns "[section] name = value (source)" lines for logging, with
 // secrets masked.
 func (v *Values) Dump() []string {
