@@ -26,6 +26,12 @@ var (
 			"and events backed off for a retry. Example: 100ms")
 	optPipelineBatch = Options.Int("pipeline", "batch_size", 100, 1, 10000,
 		"Most inbox events one poll takes; each is decided in its own transaction. Example: 200")
+	optPipelineProjectShare = Options.Int("pipeline", "project_share", 25, 1, 10000,
+		"Most inbox events of one project (the instance's) one poll takes; the projects with events waiting take "+
+			"turns in each batch, oldest first. So one project's backlog cannot hold up the others: an event of another "+
+			"project is decided after at most this many of the backlog's events once a poll took it (and after what is "+
+			"left of the batch in progress when it arrived, at most as many again). A project alone in the inbox is "+
+			"taken this many events a poll. At least batch_size turns it off. Example: 50")
 	optPipelineWorkers = Options.Int("pipeline", "workers", 4, 1, 64,
 		"Events of different instances decided concurrently by this replica (events of one instance always go in "+
 			"inbox order). The pipeline has a pool of its own of workers + 2 connections. Example: 8")
@@ -69,6 +75,7 @@ func PipelineConfig(v *conf.Values, replica string) pipeline.Config {
 		Replica:          replica,
 		PollInterval:     optPipelinePoll.Get(v),
 		BatchSize:        optPipelineBatch.Get(v),
+		ProjectShare:     optPipelineProjectShare.Get(v),
 		Workers:          optPipelineWorkers.Get(v),
 		RequestTimeout:   optPipelineRequestTimeout.Get(v),
 		WatchdogInterval: optPipelineWatchdog.Get(v),

@@ -35,6 +35,11 @@ type Config struct {
 	PollInterval time.Duration
 	// BatchSize is how many inbox rows one poll takes.
 	BatchSize int
+	// ProjectShare is the most rows of one project a poll takes (at most
+	// BatchSize): while one project's backlog waits, another project's
+	// event is decided after at most this many of the backlog's events
+	// once it is in the batch (ProcessOnce).
+	ProjectShare int
 	// Workers process events of different instances concurrently.
 	Workers int
 	// RequestTimeout is how long the agents have to finish a request's
@@ -67,6 +72,7 @@ func DefaultConfig() Config {
 	return Config{
 		PollInterval:     200 * time.Millisecond,
 		BatchSize:        100,
+		ProjectShare:     25,
 		Workers:          4,
 		RequestTimeout:   2 * time.Minute,
 		WatchdogInterval: time.Second,
@@ -87,6 +93,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = d.BatchSize
+	}
+	if c.ProjectShare <= 0 {
+		c.ProjectShare = d.ProjectShare
 	}
 	if c.Workers <= 0 {
 		c.Workers = d.Workers

@@ -187,32 +187,66 @@ type candidate struct {
 	instance string
 }
 
+// inboxBatch reads the next batch: at most ProjectShare waiting events of
+// each project (events of no known project count as the project ""),
+// projects in the order of their oldest waiting event, and at most
+// BatchSize events in all. A project with a backlog walks the index
+// events_unprocessed_project_idx once (one probe per project that has
+// unprocessed events), so the cost does not grow with the backlog.
+const inboxBatch = `WITH RECURSIVE projects(k) AS (
+		(SELECT coalesce(project_id, '') FROM events WHERE processed_at IS NULL ORDER BY coalesce(project_id, '') LIMIT 1)
+		UNION ALL
+		SELECT (SELECT coalesce(project_id, '') FROM events
+			WHERE processed_at IS NULL AND coalesce(project_id, '') > projects.k ORDER BY coalesce(project_id, '') LIMIT 1)
+		FROM projects WHERE projects.k IS NOT NULL
+	), heads AS (
+		SELECT projects.k, h.id AS head FROM projects CROSS JOIN LATERAL (
+			SELECT id FROM events WHERE processed_at IS NULL AND coalesce(project_id, '') = projects.k
+				AND (not_before IS NULL OR not_before <= now())
+			ORDER BY id LIMIT 1) h
+		WHERE projects.k IS NOT NULL
+		ORDER BY h.id LIMIT $1
+	)
+	SELECT heads.k, e.id, e.inst FROM heads CROSS JOIN LATERAL (
+		SELECT id, coalesce(instance_uuid::text, '') AS inst FROM events
+		WHERE processed_at IS NULL AND coalesce(project_id, '') = heads.k AND (not_before IS NULL OR not_before <= now())
+		ORDER BY id LIMIT $2) e
+	ORDER BY heads.head, e.id`
+
 // ProcessOnce takes one batch of unprocessed inbox rows and processes
-// them; events of one instance in order, instances concurrently. It
-// returns how many events it closed.
+// them; events of one instance in order, instances concurrently. The
+// batch is fair between projects: it holds at most ProjectShare events of
+// one project, and the projects take turns in it (the first event of each,
+// then the second, …), so one project's backlog neither fills a batch nor
+// goes first in it. It returns how many events it closed.
 func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 	if p.paused(ctx, "pipeline") {
 		return 0, nil // events wait in the inbox until resumed
 	}
-	rows, err := p.d.Pool.Query(ctx, `SELECT id, coalesce(instance_uuid::text,'') FROM events
-		WHERE processed_at IS NULL AND (not_before IS NULL OR not_before <= now())
-		ORDER BY id LIMIT $1`, p.cfg.BatchSize)
+	rows, err := p.d.Pool.Query(ctx, inboxBatch, p.cfg.BatchSize, min(p.cfg.ProjectShare, p.cfg.BatchSize))
 	if err != nil {
 		return 0, fmt.Errorf("poll inbox: %w", err)
 	}
-	var cands []candidate
+	var byProject [][]candidate // in the order of their oldest event
+	last := "\x00"
 	for rows.Next() {
+		var k string
 		var c candidate
-		if err := rows.Scan(&c.id, &c.instance); err != nil {
+		if err := rows.Scan(&k, &c.id, &c.instance); err != nil {
 			rows.Close()
 			return 0, err
 		}
-		cands = append(cands, c)
+		if k != last || len(byProject) == 0 {
+			byProject = append(byProject, nil)
+			last = k
+		}
+		byProject[len(byProject)-1] = append(byProject[len(byProject)-1], c)
 	}
 	rows.Close()
-	if err := rows.Err(); err != nil || len(cands) == 0 {
+	if err := rows.Err(); err != nil || len(byProject) == 0 {
 		return 0, err
 	}
+	cands := interleave(byProject, p.cfg.BatchSize)
 	// One group per instance (its events in order), one per event without.
 	type group struct {
 		inst string
@@ -232,6 +266,11 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 			order = append(order, g)
 		}
 		g.ids = append(g.ids, c.id)
+	}
+	for _, g := range order {
+		// An instance's events may sit under two projects (a webhook's
+		// before the bridge knew the instance, and Nova's): in id order.
+		slices.Sort(g.ids)
 	}
 	work := make(chan *group)
 	var done atomic.Int64
@@ -261,6 +300,25 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 	close(work)
 	wg.Wait()
 	return int(done.Load()), nil
+}
+
+// interleave takes the projects' candidates in turns, the first of each
+// project, then the second, and so on, up to n.
+func interleave(byProject [][]candidate, n int) []candidate {
+	var out []candidate
+	for i := 0; len(out) < n; i++ {
+		took := false
+		for _, cs := range byProject {
+			if i < len(cs) && len(out) < n {
+				out = append(out, cs[i])
+				took = true
+			}
+		}
+		if !took {
+			break
+		}
+	}
+	return out
 }
 
 // madeClaim is a Placement claim made during one event's transaction; it
