@@ -33,12 +33,11 @@ type Config struct {
 	// PollInterval is how often the inbox is looked at when nothing woke
 	// the processor.
 	PollInterval time.Duration
-	// BatchSize is how many inbox rows one poll takes.
+	// BatchSize is the most inbox rows one poll takes.
 	BatchSize int
 	// ProjectShare is the most rows of one project a poll takes (at most
-	// BatchSize): while one project's backlog waits, another project's
-	// event is decided after at most this many of the backlog's events
-	// once it is in the batch (ProcessOnce).
+	// BatchSize), so at most that many of one project's events are ever
+	// queued ahead of another project's (ProcessOnce).
 	ProjectShare int
 	// Workers process events of different instances concurrently.
 	Workers int

@@ -5,33 +5,51 @@ import (
 	"testing"
 )
 
-func TestInterleave(t *testing.T) {
-	c := func(ids ...int64) []candidate {
-		var out []candidate
-		for _, id := range ids {
-			out = append(out, candidate{id: id})
+// The projects take turns; an instance's events go one at a time and in
+// order; a dropped instance's events leave the turns.
+func TestTurns(t *testing.T) {
+	s := newTurns()
+	for _, c := range []struct {
+		project string
+		id      int64
+		inst    string
+	}{
+		{"a", 1, "x"}, {"a", 2, "x"}, {"a", 3, "y"}, {"a", 4, "z"}, {"a", 5, "z"},
+		{"b", 10, "q"}, {"b", 11, "r"},
+		{"", 20, ""}, {"", 21, ""},
+		{"a", 1, "x"}, // seen: not queued twice
+	} {
+		s.add(c.project, candidate{id: c.id, instance: c.inst})
+	}
+	if s.queued != 9 {
+		t.Fatalf("queued = %d, want 9", s.queued)
+	}
+	take := func(n int) []int64 {
+		var out []int64
+		for range n {
+			c, ok := s.next()
+			if !ok {
+				break
+			}
+			out = append(out, c.id)
 		}
 		return out
 	}
-	for _, tc := range []struct {
-		name      string
-		byProject [][]candidate
-		n         int
-		want      []int64
-	}{
-		{"turns", [][]candidate{c(1, 2, 3), c(10, 11)}, 10, []int64{1, 10, 2, 11, 3}},
-		{"bounded", [][]candidate{c(1, 2, 3), c(10, 11), c(20)}, 4, []int64{1, 10, 20, 2}},
-		{"one project", [][]candidate{c(5, 6, 7)}, 2, []int64{5, 6}},
-		{"none", nil, 5, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var got []int64
-			for _, x := range interleave(tc.byProject, tc.n) {
-				got = append(got, x.id)
-			}
-			if !slices.Equal(got, tc.want) {
-				t.Errorf("interleave = %v, want %v", got, tc.want)
-			}
-		})
+	// a, b, "" in turns; x's second event waits for its first.
+	if got, want := take(5), []int64{1, 10, 20, 3, 11}; !slices.Equal(got, want) {
+		t.Fatalf("first turns = %v, want %v", got, want)
+	}
+	s.finished(candidate{id: 1, instance: "x"})
+	if got, want := take(2), []int64{21, 2}; !slices.Equal(got, want) {
+		t.Fatalf("next turns = %v, want %v", got, want)
+	}
+	// z's first event, then z is busy: nothing else can go.
+	if got, want := take(3), []int64{4}; !slices.Equal(got, want) {
+		t.Fatalf("then = %v, want %v", got, want)
+	}
+	s.finished(candidate{id: 4, instance: "z"})
+	s.drop("z") // 4 was not decided: 5 waits for the next call
+	if _, ok := s.next(); ok || s.queued != 0 {
+		t.Fatalf("after the drop: %d queued, want none", s.queued)
 	}
 }

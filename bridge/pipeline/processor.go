@@ -213,112 +213,211 @@ const inboxBatch = `WITH RECURSIVE projects(k) AS (
 		ORDER BY id LIMIT $2) e
 	ORDER BY heads.head, e.id`
 
-// ProcessOnce takes one batch of unprocessed inbox rows and processes
-// them; events of one instance in order, instances concurrently. The
-// batch is fair between projects: it holds at most ProjectShare events of
-// one project, and the projects take turns in it (the first event of each,
-// then the second, …), so one project's backlog neither fills a batch nor
-// goes first in it. It returns how many events it closed.
+// repollGap is the least time between two looks at the inbox that a wake
+// (a commit) asks for while events are being decided; a look because the
+// queue runs low is not held back.
+const repollGap = 5 * time.Millisecond
+
+// ProcessOnce decides the inbox's events until none is ready; it returns
+// how many events it closed. Its workers take the projects' events in
+// turns (one of each project with events queued, then the next), events
+// of one instance one at a time and in order. It looks at the inbox
+// (inboxBatch) again when its queue runs low and, while deciding, when a
+// commit wakes it, so that an event of another project joins the turns
+// within milliseconds instead of waiting behind a backlog. A look queues
+// at most ProjectShare events of a project, so no more than that many of
+// one project's events are ever queued ahead of another's.
 func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 	if p.paused(ctx, "pipeline") {
 		return 0, nil // events wait in the inbox until resumed
 	}
+	s := newTurns()
+	if err := p.poll(ctx, s); err != nil || s.queued == 0 {
+		return 0, err
+	}
+	type outcome struct {
+		c   candidate
+		ok  bool
+		err error
+	}
+	work := make(chan candidate)
+	results := make(chan outcome)
+	var wg sync.WaitGroup
+	for range p.cfg.Workers {
+		wg.Go(func() {
+			for c := range work {
+				ok, err := p.processOne(ctx, c.id, c.instance)
+				results <- outcome{c, ok, err}
+			}
+		})
+	}
+	defer func() { close(work); wg.Wait() }()
+	n, inflight := 0, 0
+	lastPoll := time.Now()
+	woken := false
+	for {
+		for inflight < p.cfg.Workers && ctx.Err() == nil {
+			c, ok := s.next()
+			if !ok {
+				break
+			}
+			inflight++
+			work <- c
+		}
+		if inflight == 0 {
+			if ctx.Err() != nil {
+				return n, nil
+			}
+			if err := p.poll(ctx, s); err != nil || s.queued == 0 {
+				return n, err
+			}
+			lastPoll, woken = time.Now(), false
+			continue
+		}
+		var again <-chan time.Time
+		var t *time.Timer
+		if woken {
+			t = time.NewTimer(time.Until(lastPoll.Add(repollGap)))
+			again = t.C
+		}
+		select {
+		case o := <-results:
+			inflight--
+			s.finished(o.c)
+			switch {
+			case o.err != nil:
+				p.log.Warn("pipeline: event not processed", logkey.Event, o.c.id, logkey.Err, o.err)
+				s.drop(o.c.instance) // keep the instance's order: the rest waits
+			case !o.ok:
+				s.drop(o.c.instance)
+			default:
+				n++
+				delete(s.seen, o.c.id) // closed: no look returns it again
+			}
+		case <-p.wake:
+			woken = true
+		case <-again:
+		}
+		if t != nil {
+			t.Stop()
+		}
+		low := s.queued < p.cfg.Workers
+		if ctx.Err() == nil && (low || woken && time.Since(lastPoll) >= repollGap) {
+			if err := p.poll(ctx, s); err != nil {
+				p.log.Warn("pipeline: inbox poll failed", logkey.Err, err)
+			}
+			lastPoll, woken = time.Now(), false
+		}
+	}
+}
+
+// poll queues the inbox's next events (inboxBatch) that s has not seen.
+func (p *Processor) poll(ctx context.Context, s *turns) error {
 	rows, err := p.d.Pool.Query(ctx, inboxBatch, p.cfg.BatchSize, min(p.cfg.ProjectShare, p.cfg.BatchSize))
 	if err != nil {
-		return 0, fmt.Errorf("poll inbox: %w", err)
+		return fmt.Errorf("poll inbox: %w", err)
 	}
-	var byProject [][]candidate // in the order of their oldest event
-	last := "\x00"
+	defer rows.Close()
 	for rows.Next() {
 		var k string
 		var c candidate
 		if err := rows.Scan(&k, &c.id, &c.instance); err != nil {
-			rows.Close()
-			return 0, err
+			return err
 		}
-		if k != last || len(byProject) == 0 {
-			byProject = append(byProject, nil)
-			last = k
-		}
-		byProject[len(byProject)-1] = append(byProject[len(byProject)-1], c)
+		s.add(k, c)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil || len(byProject) == 0 {
-		return 0, err
-	}
-	cands := interleave(byProject, p.cfg.BatchSize)
-	// One group per instance (its events in order), one per event without.
-	type group struct {
-		inst string
-		ids  []int64
-	}
-	groups := map[string]*group{}
-	var order []*group
-	for _, c := range cands {
-		k := c.instance
-		if k == "" {
-			k = fmt.Sprintf("#%d", c.id)
-		}
-		g, ok := groups[k]
-		if !ok {
-			g = &group{inst: c.instance}
-			groups[k] = g
-			order = append(order, g)
-		}
-		g.ids = append(g.ids, c.id)
-	}
-	for _, g := range order {
-		// An instance's events may sit under two projects (a webhook's
-		// before the bridge knew the instance, and Nova's): in id order.
-		slices.Sort(g.ids)
-	}
-	work := make(chan *group)
-	var done atomic.Int64
-	var wg sync.WaitGroup
-	for range min(p.cfg.Workers, len(order)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for g := range work {
-				for _, id := range g.ids {
-					ok, err := p.processOne(ctx, id, g.inst)
-					if err != nil {
-						p.log.Warn("pipeline: event not processed", logkey.Event, id, logkey.Err, err)
-						break // keep the instance's order: the rest waits
-					}
-					if !ok {
-						break
-					}
-					done.Add(1)
-				}
-			}
-		}()
-	}
-	for _, g := range order {
-		work <- g
-	}
-	close(work)
-	wg.Wait()
-	return int(done.Load()), nil
+	return rows.Err()
 }
 
-// interleave takes the projects' candidates in turns, the first of each
-// project, then the second, and so on, up to n.
-func interleave(byProject [][]candidate, n int) []candidate {
-	var out []candidate
-	for i := 0; len(out) < n; i++ {
-		took := false
-		for _, cs := range byProject {
-			if i < len(cs) && len(out) < n {
-				out = append(out, cs[i])
-				took = true
-			}
-		}
-		if !took {
-			break
-		}
+// turns is what ProcessOnce has queued, by project: the projects take
+// turns, each giving its oldest event whose instance is not being
+// decided.
+type turns struct {
+	order  []string // projects with events queued, in turn order
+	queues map[string][]candidate
+	next_  int             // index in order of the project whose turn is next
+	seen   map[int64]bool  // queued, being decided, or given up on in this call
+	busy   map[string]bool // instances being decided
+	queued int
+}
+
+func newTurns() *turns {
+	return &turns{queues: map[string][]candidate{}, seen: map[int64]bool{}, busy: map[string]bool{}}
+}
+
+func (s *turns) add(project string, c candidate) {
+	if s.seen[c.id] {
+		return
 	}
-	return out
+	s.seen[c.id] = true
+	if _, ok := s.queues[project]; !ok {
+		s.order = append(s.order, project)
+	}
+	s.queues[project] = append(s.queues[project], c)
+	s.queued++
+}
+
+// next takes the next event to decide, or false when every queued event's
+// instance is being decided (or none is queued).
+func (s *turns) next() (candidate, bool) {
+	for range len(s.order) {
+		if s.next_ >= len(s.order) {
+			s.next_ = 0
+		}
+		proj := s.order[s.next_]
+		q := s.queues[proj]
+		for i, c := range q {
+			if c.instance != "" && s.busy[c.instance] {
+				continue
+			}
+			if c.instance != "" {
+				s.busy[c.instance] = true
+			}
+			s.queues[proj] = append(q[:i:i], q[i+1:]...)
+			s.queued--
+			if len(s.queues[proj]) == 0 {
+				s.remove(s.next_)
+			} else {
+				s.next_++
+			}
+			return c, true
+		}
+		s.next_++
+	}
+	return candidate{}, false
+}
+
+// remove takes the project at i out of the turns.
+func (s *turns) remove(i int) {
+	delete(s.queues, s.order[i])
+	s.order = slices.Delete(s.order, i, i+1)
+}
+
+// finished records that c's instance is no longer being decided.
+func (s *turns) finished(c candidate) {
+	delete(s.busy, c.instance)
+}
+
+// drop gives up on the queued events of instance in this call: an earlier
+// one was not decided, and its later ones wait (the next call takes them).
+func (s *turns) drop(instance string) {
+	if instance == "" {
+		return
+	}
+	for i := 0; i < len(s.order); {
+		proj := s.order[i]
+		q := slices.DeleteFunc(s.queues[proj], func(c candidate) bool { return c.instance == instance })
+		s.queued -= len(s.queues[proj]) - len(q)
+		s.queues[proj] = q
+		if len(q) == 0 {
+			s.remove(i)
+			if s.next_ > i {
+				s.next_--
+			}
+			continue
+		}
+		i++
+	}
 }
 
 // madeClaim is a Placement claim made during one event's transaction; it

@@ -22,27 +22,24 @@ import (
 )
 
 // TestFairBetweenProjects: project A floods the inbox (POST /v1/requests
-// by a member of A, and a webhook source for A's instances: 480 events,
-// many batches), the pipeline is through part of it, and project B then
-// makes ten requests. Each of B's requests is decided before more than K
-// (the documented [pipeline] project_share) of A's waiting backlog: the
-// pipeline's batches take at most K events of a project, the projects
-// taking turns. Before, a batch was the oldest events, so B's requests
-// waited for the whole backlog. It asserts the order of the decisions
+// by a member of A, and a webhook source for A's instances: 480 events),
+// the pipeline is deciding them, and project B then makes ten requests.
+// Each of B's requests is decided before more than K (the documented
+// [pipeline] project_share) of A's backlog: the pipeline's workers take the
+// projects' events in turns, and it looks at the inbox again when a commit
+// wakes it. Before, a batch was the oldest events, so B's requests waited
+// for the whole backlog. It asserts the order of the decisions
 // (decisions.id), not times.
 func TestFairBetweenProjects(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	r := w.startBridge(replicaOpts{name: "fair", noRun: true}) // the test runs the polls
+	r := w.startBridge(replicaOpts{name: "fair", noRun: true}) // the pipeline runs once the flood is in
 	k := pipeline.DefaultConfig().ProjectShare
-	if b := pipeline.DefaultConfig().BatchSize; k >= b {
-		t.Fatalf("project_share %d is not below batch_size %d: nothing to test", k, b)
-	}
 	projB := "b" + w.project[1:]
 	var instA, instB []string
 	for i := range 40 {
 		instA = append(instA, uuid.NewString())
-		if i < 3 {
+		if i < 10 {
 			instB = append(instB, uuid.NewString())
 		}
 	}
@@ -53,7 +50,7 @@ func TestFairBetweenProjects(t *testing.T) {
 			testsvc.Must(t, err, "instance row")
 		}
 	}
-	url := w.serveRequests(map[string]string{"member-a": "member alice " + w.project, "member-b": "member bob " + projB})
+	url := w.serveRequests(map[string]string{"member-a": "member alice " + w.project, "member-b": "member bob " + projB}, r.proc.Wake)
 
 	// A's flood: 240 through the API and 240 webhooks, 16 at a time.
 	const perRoute = 240
@@ -90,84 +87,70 @@ func TestFairBetweenProjects(t *testing.T) {
 	}
 
 	// The pipeline works through part of the backlog, then B asks.
-	for range 2 {
-		_, err := r.proc.ProcessOnce(w.ctx)
-		testsvc.Must(t, err, "process")
+	ctx, cancel := context.WithCancel(w.ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.proc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	decided := func() (last int64, n int) {
+		testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT coalesce(max(id), 0), count(*) FROM decisions`).Scan(&last, &n), "decisions so far")
+		return last, n
 	}
-	var mark int64
-	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT coalesce(max(id), 0) FROM decisions`).Scan(&mark), "decisions so far")
-	var waiting int
-	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM events WHERE processed_at IS NULL`).Scan(&waiting), "backlog")
-	if waiting < 4*k {
-		t.Fatalf("only %d of A's events still wait: the flood is too small to tell", waiting)
-	}
-	var quiet []uuid.UUID
-	for i := range 10 {
-		id, err := w.postRequest(url, "member-b", instB[i%len(instB)])
-		testsvc.Must(t, err, "B's request")
-		quiet = append(quiet, id)
-	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		n, err := r.proc.ProcessOnce(w.ctx)
-		testsvc.Must(t, err, "process")
-		var left int
-		testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM events WHERE processed_at IS NULL`).Scan(&left), "backlog")
-		if left == 0 {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		if _, n := decided(); n >= 2*k {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d events still wait", left)
+			t.Fatal("the pipeline did not start on A's backlog")
 		}
-		if n == 0 {
-			time.Sleep(50 * time.Millisecond) // a retry's backoff
+	}
+	type asked struct {
+		id   uuid.UUID
+		mark int64 // the last decision when it was accepted
+	}
+	var quiet []asked
+	waiting := 0
+	for i := range 10 {
+		id, err := w.postRequest(url, "member-b", instB[i%len(instB)])
+		testsvc.Must(t, err, "B's request")
+		mark, n := decided()
+		if i == 0 {
+			waiting = 2*perRoute - n
+		}
+		quiet = append(quiet, asked{id, mark})
+	}
+	if waiting < 4*k {
+		t.Fatalf("only %d of A's events waited when B asked: the flood is too small to tell", waiting)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if _, n := decided(); n == 2*perRoute+len(quiet) {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, n := decided()
+			t.Fatalf("%d of %d requests decided", n, 2*perRoute+len(quiet))
 		}
 	}
 
-	// The decisions after B asked, in order.
-	rows, err := w.pool.Query(w.ctx, `SELECT request_id FROM decisions WHERE id > $1 AND request_id IS NOT NULL ORDER BY id`, mark)
-	testsvc.Must(t, err, "decisions")
-	var order []uuid.UUID
-	for rows.Next() {
-		var id uuid.UUID
-		testsvc.Must(t, rows.Scan(&id), "scan")
-		order = append(order, id)
-	}
-	testsvc.Must(t, rows.Err(), "decisions")
-	floodBefore := map[uuid.UUID]int{}
-	seen := 0
-	for _, id := range order {
-		if _, ok := flood.Load(id); ok {
-			seen++
-		} else {
-			floodBefore[id] = seen
-		}
-	}
+	// A's decisions between each of B's requests and its decision.
 	var before []int
-	for _, id := range quiet {
-		before = append(before, floodBefore[id])
-	}
-	t.Logf("K = %d; %d of A's events waited when B asked; A's decisions before each of B's: %v", k, waiting, before)
-	for i, id := range quiet {
-		n, ok := floodBefore[id]
-		switch {
-		case !ok:
-			t.Errorf("B's request %d (%s) was not decided", i, id)
-		case n > k:
+	for i, q := range quiet {
+		var n int
+		testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM decisions f
+			WHERE f.id > $1 AND f.id < (SELECT id FROM decisions WHERE request_id = $2)
+			  AND f.request_id::text = ANY($3)`, q.mark, q.id, floodIDs(&flood)).Scan(&n), "order")
+		before = append(before, n)
+		if n > k {
 			t.Errorf("B's request %d was decided after %d of A's backlog, more than K = %d", i, n, k)
 		}
 	}
-	var undecided int
-	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM requests r WHERE NOT EXISTS (SELECT 1 FROM decisions d WHERE d.request_id = r.id)`).Scan(&undecided), "undecided")
-	if undecided != 0 {
-		t.Errorf("%d requests without a decision", undecided)
-	}
+	t.Logf("K = %d; %d of A's events waited when B asked; A's decisions before each of B's: %v", k, waiting, before)
 }
 
 // serveRequests starts the operator API's POST /v1/requests and a webhook
 // source "flood" (bearer token "flood-token-0123456789") over the world's
-// database; tokens are "TOKEN" → "ROLE NAME PROJECT" lines.
-func (w *world) serveRequests(tokens map[string]string) string {
+// database, calling onCommitted after each commit as the bridge wakes its
+// pipeline; tokens are "TOKEN" → "ROLE NAME PROJECT" lines.
+func (w *world) serveRequests(tokens map[string]string, onCommitted func()) string {
 	t := w.t
 	tf := filepath.Join(t.TempDir(), "api-tokens")
 	var b bytes.Buffer
@@ -178,7 +161,7 @@ func (w *world) serveRequests(tokens map[string]string) string {
 	auth, err := api.LoadTokenFile(tf)
 	testsvc.Must(t, err, "token file")
 	srv := api.New(api.Config{Listen: "127.0.0.1:0", Auth: auth})
-	ep, err := webhook.New(webhook.Config{Store: requests.NewStore(w.pool, "test"), Pool: w.pool,
+	ep, err := webhook.New(webhook.Config{Store: requests.NewStore(w.pool, "test"), Pool: w.pool, OnCommitted: onCommitted,
 		Sources: []webhook.Source{{Name: "flood", Auth: webhook.AuthBearer, Tokens: []string{"flood-token-0123456789"},
 			Rate: 1e6, Burst: 1e6}}})
 	testsvc.Must(t, err, "webhook endpoint")
@@ -236,5 +219,11 @@ func (w *world) postHook(url, inst string) (uuid.UUID, error) {
 func syncMapKeys(m *sync.Map) []any {
 	var out []any
 	m.Range(func(k, _ any) bool { out = append(out, k); return true })
+	return out
+}
+
+func floodIDs(m *sync.Map) []string {
+	var out []string
+	m.Range(func(k, _ any) bool { out = append(out, k.(uuid.UUID).String()); return true })
 	return out
 }
