@@ -20,9 +20,11 @@
 //     through the webhook; each one's decision time is from the commit
 //     of the request (requests.created_at) to the transaction that
 //     decided it (decisions.created_at), both Postgres's clock;
-//  2. quiet under a flood: project A sends -flood requests (6,000) as
-//     fast as 32 clients go, over both routes, and once a third of them
-//     is in, B sends as in (1);
+//  2. quiet behind a flood: project A sends -flood requests (6,000) as
+//     fast as 32 clients go, over both routes, and once they are all in
+//     (the pipeline deciding them, the rest waiting in the inbox), B
+//     sends as in (1). What the flood's accepting costs the machine is not
+//     what is measured: on 2 shared cores it slows everything alike.
 //
 // and prints B's p50 and p99 decision time in each, the ratio of the p99s
 // (target ≤ 2), the backlog A left in the inbox when B's last request
@@ -87,7 +89,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "bench fairness:", err)
 			os.Exit(1)
 		}
-		fmt.Printf("run %d: quiet alone p50 %s p99 %s; under a flood of %d: p50 %s p99 %s (A's backlog %d when B's last was decided); p99 ratio %.2f\n",
+		fmt.Printf("run %d: quiet alone p50 %s p99 %s; under a flood of %d: p50 %s p99 %s (A's backlog %d when B's last was accepted); p99 ratio %.2f\n",
 			i+1, ms(f.aloneP50), ms(f.aloneP99), *flood, ms(f.floodP50), ms(f.floodP99), f.backlog, f.ratio)
 		all = append(all, f)
 	}
@@ -197,11 +199,8 @@ func run(flood, quiet int, quietRate float64) (figures, error) {
 		return f, err
 	}
 
-	// The flood, and B once a third of it is in.
-	var sent atomic.Int64
-	third := make(chan struct{})
-	var once sync.Once
-	floodErr := make(chan error, 1)
+	// The flood, then B while A's backlog waits.
+	var failed atomic.Pointer[error]
 	var fwg sync.WaitGroup
 	jobs := make(chan int)
 	for range 32 {
@@ -212,30 +211,18 @@ func run(flood, quiet int, quietRate float64) (figures, error) {
 					path, tok = "/v1/webhooks/flood", hookToken
 				}
 				if _, err := post(ctx, client, base+path, tok, instA[i%len(instA)]); err != nil {
-					select {
-					case floodErr <- err:
-					default:
-					}
-					continue
-				}
-				if sent.Add(1) >= int64(flood/3) {
-					once.Do(func() { close(third) })
+					failed.CompareAndSwap(nil, &err)
 				}
 			}
 		})
 	}
-	go func() {
-		for i := range flood {
-			jobs <- i
-		}
-		close(jobs)
-	}()
-	select {
-	case <-third:
-	case err := <-floodErr:
-		return f, err
-	case <-ctx.Done():
-		return f, ctx.Err()
+	for i := range flood {
+		jobs <- i
+	}
+	close(jobs)
+	fwg.Wait()
+	if err := failed.Load(); err != nil {
+		return f, *err
 	}
 	under, err := sendQuiet(ctx, client, base, instB, quiet, quietRate)
 	if err != nil {
@@ -243,12 +230,6 @@ func run(flood, quiet int, quietRate float64) (figures, error) {
 	}
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE processed_at IS NULL AND project_id = $1`, projA).Scan(&f.backlog); err != nil {
 		return f, err
-	}
-	fwg.Wait()
-	select {
-	case err := <-floodErr:
-		return f, err
-	default:
 	}
 	if f.floodP50, f.floodP99, err = decisionTimes(ctx, pool, under); err != nil {
 		return f, err
