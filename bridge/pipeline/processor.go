@@ -185,14 +185,18 @@ func (p *Processor) hostView(ctx context.Context) *hostSet {
 type candidate struct {
 	id       int64
 	instance string
+	project  string // "" for an event of no known project
 }
 
-// inboxBatch reads the next batch: at most ProjectShare waiting events of
-// each project (events of no known project count as the project ""),
-// projects in the order of their oldest waiting event, and at most
-// BatchSize events in all. A project with a backlog walks the index
-// events_unprocessed_project_idx once (one probe per project that has
-// unprocessed events), so the cost does not grow with the backlog.
+// inboxBatch reads the inbox's next events, at most $1: the projects that
+// have ready events, the one with the oldest first (at most $1 of them),
+// and of each its first ready events after id $4[i] (0 when the project
+// is not in $3), at most $5[i] (or $2) of them; the first event of each
+// project, then the second, and so on. ProcessOnce passes, per project, the last
+// event it queued and the room left in the project's share, so a look
+// reads only what is new. Events of no known project count as the project
+// "". The projects are walked on events_unprocessed_project_idx, one probe
+// each, so the cost does not grow with a backlog.
 const inboxBatch = `WITH RECURSIVE projects(k) AS (
 		(SELECT coalesce(project_id, '') FROM events WHERE processed_at IS NULL ORDER BY coalesce(project_id, '') LIMIT 1)
 		UNION ALL
@@ -206,17 +210,26 @@ const inboxBatch = `WITH RECURSIVE projects(k) AS (
 			ORDER BY id LIMIT 1) h
 		WHERE projects.k IS NOT NULL
 		ORDER BY h.id LIMIT $1
+	), queued AS (
+		SELECT * FROM unnest($3::text[], $4::bigint[], $5::int[]) AS q(k, after, room)
 	)
-	SELECT heads.k, e.id, e.inst FROM heads CROSS JOIN LATERAL (
+	SELECT heads.k, e.id, e.inst FROM heads LEFT JOIN queued ON queued.k = heads.k CROSS JOIN LATERAL (
 		SELECT id, coalesce(instance_uuid::text, '') AS inst FROM events
 		WHERE processed_at IS NULL AND coalesce(project_id, '') = heads.k AND (not_before IS NULL OR not_before <= now())
-		ORDER BY id LIMIT $2) e
-	ORDER BY heads.head, e.id`
+			AND id > coalesce(queued.after, 0)
+		ORDER BY id LIMIT coalesce(queued.room, $2)) e
+	ORDER BY row_number() OVER (PARTITION BY heads.k ORDER BY e.id), heads.head
+	LIMIT $1`
 
-// repollGap is the least time between two looks at the inbox that a wake
-// (a commit) asks for while events are being decided; a look because the
+// minRepoll and maxRepoll bound the least time between two looks at the
+// inbox that a wake (a commit) asks for while events are being decided:
+// ten times what the last look took, so that a slow look (thousands of
+// projects with a backlog) is not run back to back. A look because the
 // queue runs low is not held back.
-const repollGap = 5 * time.Millisecond
+const (
+	minRepoll = 5 * time.Millisecond
+	maxRepoll = 20 * time.Millisecond
+)
 
 // ProcessOnce decides the inbox's events until none is ready; it returns
 // how many events it closed. Its workers take the projects' events in
@@ -224,15 +237,17 @@ const repollGap = 5 * time.Millisecond
 // of one instance one at a time and in order. It looks at the inbox
 // (inboxBatch) again when its queue runs low and, while deciding, when a
 // commit wakes it, so that an event of another project joins the turns
-// within milliseconds instead of waiting behind a backlog. A look queues
-// at most ProjectShare events of a project, so no more than that many of
-// one project's events are ever queued ahead of another's.
+// within milliseconds instead of waiting behind a backlog. At most
+// ProjectShare events of a project are queued or being decided at a time,
+// so no more than that many of one project's events go ahead of another
+// project's event once a look found it.
 func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 	if p.paused(ctx, "pipeline") {
 		return 0, nil // events wait in the inbox until resumed
 	}
-	s := newTurns()
-	if err := p.poll(ctx, s); err != nil || s.queued == 0 {
+	s := newTurns(min(p.cfg.ProjectShare, p.cfg.BatchSize))
+	took, err := p.poll(ctx, s)
+	if err != nil || s.queued == 0 {
 		return 0, err
 	}
 	type outcome struct {
@@ -268,22 +283,23 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 			if ctx.Err() != nil {
 				return n, nil
 			}
-			if err := p.poll(ctx, s); err != nil || s.queued == 0 {
+			if took, err = p.poll(ctx, s); err != nil || s.queued == 0 {
 				return n, err
 			}
 			lastPoll, woken = time.Now(), false
 			continue
 		}
+		gap := min(max(minRepoll, 10*took), maxRepoll)
 		var again <-chan time.Time
 		var t *time.Timer
 		if woken {
-			t = time.NewTimer(time.Until(lastPoll.Add(repollGap)))
+			t = time.NewTimer(time.Until(lastPoll.Add(gap)))
 			again = t.C
 		}
 		select {
 		case o := <-results:
 			inflight--
-			s.finished(o.c)
+			s.finished(o.c, o.ok && o.err == nil)
 			switch {
 			case o.err != nil:
 				p.log.Warn("pipeline: event not processed", logkey.Event, o.c.id, logkey.Err, o.err)
@@ -292,7 +308,6 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 				s.drop(o.c.instance)
 			default:
 				n++
-				delete(s.seen, o.c.id) // closed: no look returns it again
 			}
 		case <-p.wake:
 			woken = true
@@ -302,8 +317,8 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 			t.Stop()
 		}
 		low := s.queued < p.cfg.Workers
-		if ctx.Err() == nil && (low || woken && time.Since(lastPoll) >= repollGap) {
-			if err := p.poll(ctx, s); err != nil {
+		if ctx.Err() == nil && (low || woken && time.Since(lastPoll) >= gap) {
+			if took, err = p.poll(ctx, s); err != nil {
 				p.log.Warn("pipeline: inbox poll failed", logkey.Err, err)
 			}
 			lastPoll, woken = time.Now(), false
@@ -311,49 +326,86 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 	}
 }
 
-// poll queues the inbox's next events (inboxBatch) that s has not seen.
-func (p *Processor) poll(ctx context.Context, s *turns) error {
-	rows, err := p.d.Pool.Query(ctx, inboxBatch, p.cfg.BatchSize, min(p.cfg.ProjectShare, p.cfg.BatchSize))
+// poll queues the inbox's next events (inboxBatch) and returns how long
+// the look took.
+func (p *Processor) poll(ctx context.Context, s *turns) (time.Duration, error) {
+	start := time.Now()
+	// Now and then a look from each project's first event: events before
+	// the last one queued that became ready since (a retry's backoff
+	// ended) are not left for the next call.
+	full := time.Since(s.lastFull) >= fullLook
+	if full {
+		s.lastFull = start
+	}
+	var ks []string
+	var after []int64
+	var room []int32
+	for k, st := range s.projects {
+		last := st.last
+		if full {
+			last = 0
+		}
+		ks, after, room = append(ks, k), append(after, last), append(room, int32(max(s.share-st.held, 0)))
+	}
+	rows, err := p.d.Pool.Query(ctx, inboxBatch, p.cfg.BatchSize, s.share, ks, after, room)
 	if err != nil {
-		return fmt.Errorf("poll inbox: %w", err)
+		return time.Since(start), fmt.Errorf("poll inbox: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var k string
 		var c candidate
-		if err := rows.Scan(&k, &c.id, &c.instance); err != nil {
-			return err
+		if err := rows.Scan(&c.project, &c.id, &c.instance); err != nil {
+			return time.Since(start), err
 		}
-		s.add(k, c)
+		s.add(c)
 	}
-	return rows.Err()
+	return time.Since(start), rows.Err()
 }
 
 // turns is what ProcessOnce has queued, by project: the projects take
-// turns, each giving its oldest event whose instance is not being
+// turns, each giving its oldest queued event whose instance is not being
 // decided.
 type turns struct {
-	order  []string // projects with events queued, in turn order
-	queues map[string][]candidate
-	next_  int             // index in order of the project whose turn is next
-	seen   map[int64]bool  // queued, being decided, or given up on in this call
-	busy   map[string]bool // instances being decided
-	queued int
+	share    int
+	order    []string // projects with events queued, in turn order
+	queues   map[string][]candidate
+	turn     int                      // index in order of the project whose turn is next
+	projects map[string]*projectState // every project met in this call
+	seen     map[int64]bool           // queued, being decided, or given up on in this call
+	busy     map[string]bool          // instances being decided
+	queued   int
+	lastFull time.Time // the last look from each project's first event
 }
 
-func newTurns() *turns {
-	return &turns{queues: map[string][]candidate{}, seen: map[int64]bool{}, busy: map[string]bool{}}
+// fullLook is how often a look starts from each project's first ready
+// event rather than after the last one queued.
+const fullLook = time.Second
+
+type projectState struct {
+	last int64 // the last event queued
+	held int   // events queued or being decided
 }
 
-func (s *turns) add(project string, c candidate) {
+func newTurns(share int) *turns {
+	return &turns{share: share, queues: map[string][]candidate{}, projects: map[string]*projectState{},
+		seen: map[int64]bool{}, busy: map[string]bool{}, lastFull: time.Now()}
+}
+
+func (s *turns) add(c candidate) {
 	if s.seen[c.id] {
 		return
 	}
 	s.seen[c.id] = true
-	if _, ok := s.queues[project]; !ok {
-		s.order = append(s.order, project)
+	st := s.projects[c.project]
+	if st == nil {
+		st = &projectState{}
+		s.projects[c.project] = st
 	}
-	s.queues[project] = append(s.queues[project], c)
+	st.last, st.held = max(st.last, c.id), st.held+1
+	if _, ok := s.queues[c.project]; !ok {
+		s.order = append(s.order, c.project)
+	}
+	s.queues[c.project] = append(s.queues[c.project], c)
 	s.queued++
 }
 
@@ -361,10 +413,10 @@ func (s *turns) add(project string, c candidate) {
 // instance is being decided (or none is queued).
 func (s *turns) next() (candidate, bool) {
 	for range len(s.order) {
-		if s.next_ >= len(s.order) {
-			s.next_ = 0
+		if s.turn >= len(s.order) {
+			s.turn = 0
 		}
-		proj := s.order[s.next_]
+		proj := s.order[s.turn]
 		q := s.queues[proj]
 		for i, c := range q {
 			if c.instance != "" && s.busy[c.instance] {
@@ -376,13 +428,13 @@ func (s *turns) next() (candidate, bool) {
 			s.queues[proj] = append(q[:i:i], q[i+1:]...)
 			s.queued--
 			if len(s.queues[proj]) == 0 {
-				s.remove(s.next_)
+				s.remove(s.turn)
 			} else {
-				s.next_++
+				s.turn++
 			}
 			return c, true
 		}
-		s.next_++
+		s.turn++
 	}
 	return candidate{}, false
 }
@@ -393,9 +445,13 @@ func (s *turns) remove(i int) {
 	s.order = slices.Delete(s.order, i, i+1)
 }
 
-// finished records that c's instance is no longer being decided.
-func (s *turns) finished(c candidate) {
+// finished records that c is no longer being decided; closed: it was.
+func (s *turns) finished(c candidate, closed bool) {
 	delete(s.busy, c.instance)
+	s.projects[c.project].held--
+	if closed {
+		delete(s.seen, c.id) // no look returns it again
+	}
 }
 
 // drop gives up on the queued events of instance in this call: an earlier
@@ -407,12 +463,14 @@ func (s *turns) drop(instance string) {
 	for i := 0; i < len(s.order); {
 		proj := s.order[i]
 		q := slices.DeleteFunc(s.queues[proj], func(c candidate) bool { return c.instance == instance })
-		s.queued -= len(s.queues[proj]) - len(q)
+		gone := len(s.queues[proj]) - len(q)
+		s.queued -= gone
+		s.projects[proj].held -= gone
 		s.queues[proj] = q
 		if len(q) == 0 {
 			s.remove(i)
-			if s.next_ > i {
-				s.next_--
+			if s.turn > i {
+				s.turn--
 			}
 			continue
 		}
