@@ -123,8 +123,10 @@ func newProjectLimiters(r float64, burst int, now func() time.Time) *projectLimi
 }
 
 // allow takes one token from the bucket of each project; it takes none
-// when one of them has none and returns how long to wait then.
-func (l *projectLimiters) allow(projects []string) (bool, time.Duration) {
+// when one of them has none and returns how long to wait then. With
+// always, it takes them all the same, into debt where a bucket has none:
+// the request is accepted and the project's next ones wait the longer.
+func (l *projectLimiters) allow(projects []string, always bool) (bool, time.Duration) {
 	if l == nil || len(projects) == 0 {
 		return true, 0
 	}
@@ -143,7 +145,7 @@ func (l *projectLimiters) allow(projects []string) (bool, time.Duration) {
 		}
 		b.seen = now
 		r := b.lim.ReserveN(now, 1)
-		if d := r.DelayFrom(now); !r.OK() || d > 0 {
+		if d := r.DelayFrom(now); !always && (!r.OK() || d > 0) {
 			r.CancelAt(now)
 			for _, taken := range res {
 				taken.CancelAt(now)
@@ -204,14 +206,16 @@ func (e *Endpoint) projects(ctx context.Context, p *pending) ([]string, error) {
 // limitProjects takes a token of each project p acts on (the projects of
 // its instances, as the bridge knows them); nil when there was one for
 // each, else the 429 to answer. An instance the bridge does not know yet
-// counts for no project.
+// counts for no project. An Alertmanager message is never refused for it
+// (Alertmanager does not retry a 429: its alerts would wait for the next
+// repeat); it takes its tokens all the same.
 func (e *Endpoint) limitProjects(ctx context.Context, p *pending) *api.ProblemDetails {
 	projs, err := e.projects(ctx, p)
 	if err != nil {
 		e.log.Error("webhook: cannot read the instances' projects", "err", err)
 		return storeUnavailable("checked")
 	}
-	if ok, wait := e.projectLim.allow(projs); !ok {
+	if ok, wait := e.projectLim.allow(projs, p.src.cfg.Format == FormatAlertmanager); !ok {
 		ra := min(retryAfter(wait), 3600)
 		return &api.ProblemDetails{Status: http.StatusTooManyRequests, Title: "Too Many Requests", Code: CodeRateLimitedProject,
 			Detail:  fmt.Sprintf("the instance's project has made too many requests; retry in %d s", ra),

@@ -22,7 +22,7 @@ func TestProjectLimitersAllOrNothing(t *testing.T) {
 		{[]string{"c"}, true}, // another project is not held back
 		{nil, true},           // no known project: no limit
 	} {
-		ok, wait := l.allow(tc.projects)
+		ok, wait := l.allow(tc.projects, false)
 		if ok != tc.ok {
 			t.Fatalf("step %d %v: allowed = %v, want %v", i, tc.projects, ok, tc.ok)
 		}
@@ -30,11 +30,18 @@ func TestProjectLimitersAllOrNothing(t *testing.T) {
 			t.Errorf("step %d: refused without a wait", i)
 		}
 	}
+	// Taken all the same: accepted, and b's bucket in debt.
+	if ok, _ := l.allow([]string{"b"}, true); !ok {
+		t.Error("always: refused")
+	}
+	if ok, wait := l.allow([]string{"b"}, false); ok || wait < 1000*time.Second {
+		t.Errorf("after the debt: allowed %v, wait %s; want refused for over 1000 s (two tokens at 0.001/s)", ok, wait)
+	}
 	if newProjectLimiters(0, 10, time.Now) != nil {
 		t.Error("rate 0 should turn the limit off")
 	}
 	var off *projectLimiters
-	if ok, _ := off.allow([]string{"a"}); !ok {
+	if ok, _ := off.allow([]string{"a"}, false); !ok {
 		t.Error("no limiter refused")
 	}
 }

@@ -22,14 +22,14 @@ import (
 // while project B's requests are still accepted. Before, nothing limited a
 // project (a member sent 20,000 requests in 8 s), and the webhook events
 // carried no project. An instance the bridge does not know counts for no
-// project.
+// project; an Alertmanager message is accepted and spends the budget.
 func TestProjectRateLimit(t *testing.T) {
 	const burst = 3
 	tf := filepath.Join(t.TempDir(), "api-tokens")
 	testsvc.Must(t, os.WriteFile(tf, []byte("member-a-token member alice proj-a\nmember-b-token member bob proj-b\n"), 0o600), "token file")
 	members, err := api.LoadTokenFile(tf)
 	testsvc.Must(t, err, "token file")
-	e := newEnv(t, []webhook.Source{batchSource()}, func(wc *webhook.Config, ac *api.Config) {
+	e := newEnv(t, []webhook.Source{batchSource(), alertSource()}, func(wc *webhook.Config, ac *api.Config) {
 		wc.ProjectRate, wc.ProjectBurst = 0.0001, burst // no refill within the test
 		ac.Auth = members
 	})
@@ -66,6 +66,12 @@ func TestProjectRateLimit(t *testing.T) {
 	e.want202(operator("member-b-token", instB))
 	e.want202(hook(instB))
 	e.want202(operator("member-b-token", instB))
+	// An Alertmanager message is not refused for A's rate (Alertmanager
+	// does not retry a 429); it is accepted and spends A's budget.
+	msg := []byte(`{"version":"4","status":"firing","receiver":"vgpu","groupKey":"g","alerts":[` +
+		`{"status":"firing","labels":{"alertname":"GPUBusy","instance_uuid":"` + instA + `"},"startsAt":"2026-12-03T10:00:00Z","fingerprint":"f1"}]}`)
+	e.want202(e.do(http.MethodPost, "/v1/webhooks/alerts", msg, map[string]string{"Authorization": "Bearer " + amToken}))
+	wantProblem(t, operator("member-a-token", instA), http.StatusTooManyRequests, webhook.CodeRateLimitedProject)
 	// An instance the bridge does not know is in no project's bucket.
 	e.want202(hook(unknown))
 	if got := e.metric("vgpu_bridge_webhook_refused_total", `reason="rate_limited_project",source="batch"`); got != 1 {
