@@ -62,4 +62,8 @@ func TestTurns(t *testing.T) {
 	if s.projects["a"].last != 5 || !s.seen[5] || s.seen[1] {
 		t.Errorf("a: last %d, seen 5 %v, seen 1 %v; want 5, true (dropped), false (closed)", s.projects["a"].last, s.seen[5], s.seen[1])
 	}
+	// What was given up on may come back after a full look.
+	if !s.dropped[4] || !s.dropped[5] || len(s.dropped) != 2 {
+		t.Errorf("dropped = %v, want 4 and 5", s.dropped)
+	}
 }

@@ -238,9 +238,10 @@ const (
 // (inboxBatch) again when its queue runs low and, while deciding, when a
 // commit wakes it, so that an event of another project joins the turns
 // within milliseconds instead of waiting behind a backlog. At most
-// ProjectShare events of a project are queued or being decided at a time,
-// so no more than that many of one project's events go ahead of another
-// project's event once a look found it.
+// ProjectShare events of a project are queued or being decided at a time
+// (a full look, once a second, may add the project's older events that
+// became ready again), so no more than that many of one project's events
+// go ahead of another project's event once a look found it.
 func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 	if p.paused(ctx, "pipeline") {
 		return 0, nil // events wait in the inbox until resumed
@@ -332,20 +333,26 @@ func (p *Processor) poll(ctx context.Context, s *turns) (time.Duration, error) {
 	start := time.Now()
 	// Now and then a look from each project's first event: events before
 	// the last one queued that became ready since (a retry's backoff
-	// ended) are not left for the next call.
+	// ended) are not left for the next call, which a steady stream of
+	// events may hold off for long;
 	full := time.Since(s.lastFull) >= fullLook
 	if full {
+		// and the events given up on may be taken again.
 		s.lastFull = start
+		for id := range s.dropped {
+			delete(s.seen, id)
+		}
+		clear(s.dropped)
 	}
 	var ks []string
 	var after []int64
 	var room []int32
 	for k, st := range s.projects {
-		last := st.last
+		last, r := st.last, max(s.share-st.held, 0)
 		if full {
-			last = 0
+			last, r = 0, s.share // the project's first share of events, queued ones included
 		}
-		ks, after, room = append(ks, k), append(after, last), append(room, int32(max(s.share-st.held, 0)))
+		ks, after, room = append(ks, k), append(after, last), append(room, int32(r))
 	}
 	rows, err := p.d.Pool.Query(ctx, inboxBatch, p.cfg.BatchSize, s.share, ks, after, room)
 	if err != nil {
@@ -372,6 +379,7 @@ type turns struct {
 	turn     int                      // index in order of the project whose turn is next
 	projects map[string]*projectState // every project met in this call
 	seen     map[int64]bool           // queued, being decided, or given up on in this call
+	dropped  map[int64]bool           // given up on since the last full look
 	busy     map[string]bool          // instances being decided
 	queued   int
 	lastFull time.Time // the last look from each project's first event
@@ -388,7 +396,7 @@ type projectState struct {
 
 func newTurns(share int) *turns {
 	return &turns{share: share, queues: map[string][]candidate{}, projects: map[string]*projectState{},
-		seen: map[int64]bool{}, busy: map[string]bool{}, lastFull: time.Now()}
+		seen: map[int64]bool{}, dropped: map[int64]bool{}, busy: map[string]bool{}, lastFull: time.Now()}
 }
 
 func (s *turns) add(c candidate) {
@@ -445,24 +453,33 @@ func (s *turns) remove(i int) {
 	s.order = slices.Delete(s.order, i, i+1)
 }
 
-// finished records that c is no longer being decided; closed: it was.
+// finished records that c is no longer being decided; closed: it was,
+// else it is given up on until the next full look.
 func (s *turns) finished(c candidate, closed bool) {
 	delete(s.busy, c.instance)
 	s.projects[c.project].held--
 	if closed {
 		delete(s.seen, c.id) // no look returns it again
+	} else {
+		s.dropped[c.id] = true
 	}
 }
 
-// drop gives up on the queued events of instance in this call: an earlier
-// one was not decided, and its later ones wait (the next call takes them).
+// drop gives up on the queued events of instance until the next full
+// look: an earlier one was not decided, and its later ones wait.
 func (s *turns) drop(instance string) {
 	if instance == "" {
 		return
 	}
 	for i := 0; i < len(s.order); {
 		proj := s.order[i]
-		q := slices.DeleteFunc(s.queues[proj], func(c candidate) bool { return c.instance == instance })
+		q := slices.DeleteFunc(s.queues[proj], func(c candidate) bool {
+			if c.instance == instance {
+				s.dropped[c.id] = true
+				return true
+			}
+			return false
+		})
 		gone := len(s.queues[proj]) - len(q)
 		s.queued -= gone
 		s.projects[proj].held -= gone
