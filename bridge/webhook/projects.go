@@ -45,25 +45,21 @@ func newProjectOf(pool *pgxpool.Pool, now func() time.Time) *projectOf {
 	return &projectOf{pool: pool, now: now, known: map[uuid.UUID]string{}, unknown: map[uuid.UUID]time.Time{}}
 }
 
-// lookup returns the project of each of ids that the bridge knows ("" for
-// an instance it knows without a project).
-func (c *projectOf) lookup(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]string, error) {
+// cached returns what is remembered of id: its project (known), or that
+// the bridge did not know it a moment ago (fresh), or neither. c.mu held.
+func (c *projectOf) cached(id uuid.UUID, now time.Time) (project string, known, fresh bool) {
+	if p, ok := c.known[id]; ok {
+		return p, true, false
+	}
+	at, ok := c.unknown[id]
+	return "", false, ok && now.Sub(at) <= unknownTTL && !now.Before(at)
+}
+
+// fetch reads the projects of ids, which the cache does not hold, and
+// remembers them ("" for an instance the bridge knows without a project).
+func (c *projectOf) fetch(ctx context.Context, ids []uuid.UUID, now time.Time) (map[uuid.UUID]string, error) {
 	out := make(map[uuid.UUID]string, len(ids))
-	var miss []uuid.UUID
-	now := c.now()
-	c.mu.Lock()
-	for _, id := range ids {
-		if p, ok := c.known[id]; ok {
-			out[id] = p
-		} else if at, ok := c.unknown[id]; !ok || now.Sub(at) > unknownTTL || now.Before(at) {
-			miss = append(miss, id)
-		}
-	}
-	c.mu.Unlock()
-	if len(miss) == 0 {
-		return out, nil
-	}
-	rows, err := c.pool.Query(ctx, `SELECT uuid, coalesce(project_id, '') FROM instances WHERE uuid = ANY($1)`, miss)
+	rows, err := c.pool.Query(ctx, `SELECT uuid, coalesce(project_id, '') FROM instances WHERE uuid = ANY($1)`, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -81,13 +77,13 @@ func (c *projectOf) lookup(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.known)+len(miss) > maxInstances {
+	if len(c.known)+len(ids) > maxInstances {
 		clear(c.known)
 	}
-	if len(c.unknown)+len(miss) > maxInstances {
+	if len(c.unknown)+len(ids) > maxInstances {
 		clear(c.unknown)
 	}
-	for _, id := range miss {
+	for _, id := range ids {
 		if p, ok := out[id]; ok {
 			c.known[id] = p
 			delete(c.unknown, id)
@@ -172,32 +168,43 @@ func (l *projectLimiters) sweep(now time.Time) {
 }
 
 // projects looks up the projects of p's instances, writes them into its
-// events (events.project_id, by which the pipeline shares its batches
-// between projects) and returns the distinct ones.
+// events (events.project_id, by which the pipeline shares its work between
+// projects) and returns the distinct ones. Instances seen before cost no
+// query; the others one query for all.
 func (e *Endpoint) projects(ctx context.Context, p *pending) ([]string, error) {
-	ids := make([]uuid.UUID, 0, len(p.events))
-	for _, ev := range p.events {
-		if ev.err == nil {
-			ids = append(ids, ev.vmUUID)
-		}
-	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	found, err := e.projectOf.lookup(ctx, ids)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
+	c := e.projectOf
+	now := c.now()
+	var miss []uuid.UUID
+	c.mu.Lock()
 	for i := range p.events {
 		ev := &p.events[i]
-		proj, ok := found[ev.vmUUID]
-		if !ok || ev.err != nil {
+		if ev.err != nil {
 			continue
 		}
-		ev.project = proj
-		if proj != "" && !slices.Contains(out, proj) {
-			out = append(out, proj)
+		proj, known, fresh := c.cached(ev.vmUUID, now)
+		switch {
+		case known:
+			ev.project = proj
+		case !fresh:
+			miss = append(miss, ev.vmUUID)
+		}
+	}
+	c.mu.Unlock()
+	if len(miss) > 0 {
+		found, err := c.fetch(ctx, miss, now)
+		if err != nil {
+			return nil, err
+		}
+		for i := range p.events {
+			if proj, ok := found[p.events[i].vmUUID]; ok && p.events[i].err == nil {
+				p.events[i].project = proj
+			}
+		}
+	}
+	var out []string
+	for _, ev := range p.events {
+		if ev.project != "" && !slices.Contains(out, ev.project) {
+			out = append(out, ev.project)
 		}
 	}
 	return out, nil
