@@ -35,6 +35,14 @@ var (
 		"Largest request header block accepted. Example: 65536")
 	optAPIMaxBodyBytes = Options.Int("api", "max_body_bytes", 1<<20, 1<<10, 64<<20,
 		"Largest request body the operator API reads. Example: 1048576")
+	optAPIProjectRate = Options.Float("api", "project_rate", 50, 0, 1e6,
+		"Requests per second each project may make, over POST /v1/requests and every webhook source together: a "+
+			"request takes a token of the project of each instance it names (an instance the bridge does not know yet "+
+			"counts for none). Past it they are refused with 429 (code rate_limited_project, Retry-After), so one "+
+			"project's flood cannot fill the inbox before the others; Alertmanager messages are not refused (Alertmanager "+
+			"does not retry a 429) but spend the tokens. Per replica. 0 turns the limit off. Example: 20")
+	optAPIProjectBurst = Options.Int("api", "project_burst", 200, 1, 1000000,
+		"Requests a project may make at once above project_rate. Example: 500")
 	optAPITLSCert = Options.String("api", "tls_cert_file", "",
 		"PEM certificate (chain) to serve the API over TLS (1.2 with ECDHE AEAD suites, or 1.3); empty serves plain HTTP. "+
 			"Re-read with tls_key_file on SIGHUP (renewal without a restart). Example: /etc/vgpu-bridge/tls/api.crt")

@@ -25,7 +25,13 @@ var (
 			"notifications a replica stores wake its own pipeline at once; the poll finds those stored by other replicas "+
 			"and events backed off for a retry. Example: 100ms")
 	optPipelineBatch = Options.Int("pipeline", "batch_size", 100, 1, 10000,
-		"Most inbox events one poll takes; each is decided in its own transaction. Example: 200")
+		"Most inbox events one look at the inbox takes, the first of each project first (see project_share); each "+
+			"is decided in its own transaction. Example: 200")
+	optPipelineProjectShare = Options.Int("pipeline", "project_share", 25, 1, 10000,
+		"Most inbox events of one project (the instance's) that each replica's pipeline holds queued or being "+
+			"decided at a time (at most batch_size). Its workers take the projects' events in turns and it looks at the "+
+			"inbox again when a commit wakes it, so while one project's backlog waits, another project's event is "+
+			"decided before more than this many of the backlog's. Example: 50")
 	optPipelineWorkers = Options.Int("pipeline", "workers", 4, 1, 64,
 		"Events of different instances decided concurrently by this replica (events of one instance always go in "+
 			"inbox order). The pipeline has a pool of its own of workers + 2 connections. Example: 8")
@@ -69,6 +75,7 @@ func PipelineConfig(v *conf.Values, replica string) pipeline.Config {
 		Replica:          replica,
 		PollInterval:     optPipelinePoll.Get(v),
 		BatchSize:        optPipelineBatch.Get(v),
+		ProjectShare:     optPipelineProjectShare.Get(v),
 		Workers:          optPipelineWorkers.Get(v),
 		RequestTimeout:   optPipelineRequestTimeout.Get(v),
 		WatchdogInterval: optPipelineWatchdog.Get(v),

@@ -350,6 +350,8 @@ func WebhookConfig(v *conf.Values) (webhook.Config, error) {
 		BatchSize:      optWHBatchSize.Get(v),
 		CommitWorkers:  optWHCommitWorkers.Get(v),
 		CommitTimeout:  optWHWriteTimeout.Get(v) * 2 / 3,
+		ProjectRate:    optAPIProjectRate.Get(v),
+		ProjectBurst:   optAPIProjectBurst.Get(v),
 		Callbacks: webhook.CallbackConfig{
 			PollInterval: optWHCallbackPoll.Get(v),
 			Timeout:      optWHCallbackTimeout.Get(v),

@@ -75,8 +75,9 @@ func RecordChange(ctx context.Context, tx pgx.Tx, c Change) error {
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload)
-		VALUES ($1, $2, $3, $4, now(), $5) ON CONFLICT (source, message_id) DO NOTHING`,
+	if _, err := tx.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, project_id)
+		VALUES ($1, $2, $3, $4, now(), $5,
+			(SELECT project_id FROM instances WHERE uuid = $4)) ON CONFLICT (source, message_id) DO NOTHING`,
 		BridgeSource, EventVGPUChanged+":"+c.Request.String(), EventVGPUChanged, c.Instance, b); err != nil {
 		return fmt.Errorf("request %s: record the change of instance %s: %w", c.Request, c.Instance, err)
 	}

@@ -33,8 +33,12 @@ type Config struct {
 	// PollInterval is how often the inbox is looked at when nothing woke
 	// the processor.
 	PollInterval time.Duration
-	// BatchSize is how many inbox rows one poll takes.
+	// BatchSize is the most inbox rows one poll takes.
 	BatchSize int
+	// ProjectShare is the most rows of one project a poll takes (at most
+	// BatchSize), so at most that many of one project's events are ever
+	// queued ahead of another project's (ProcessOnce).
+	ProjectShare int
 	// Workers process events of different instances concurrently.
 	Workers int
 	// RequestTimeout is how long the agents have to finish a request's
@@ -72,6 +76,7 @@ func DefaultConfig() Config {
 	return Config{
 		PollInterval:     200 * time.Millisecond,
 		BatchSize:        100,
+		ProjectShare:     25,
 		Workers:          4,
 		RequestTimeout:   2 * time.Minute,
 		WatchdogInterval: time.Second,
@@ -97,6 +102,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = d.BatchSize
+	}
+	if c.ProjectShare <= 0 {
+		c.ProjectShare = d.ProjectShare
 	}
 	if c.Workers <= 0 {
 		c.Workers = d.Workers

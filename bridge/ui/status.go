@@ -188,7 +188,7 @@ func readIngest(ctx context.Context, tx pgx.Tx, now time.Time, in *Ingest) error
 	if in.LastEventAt != nil {
 		in.EventAgeSeconds = since(now, *in.LastEventAt)
 	}
-	// The partial index events_unprocessed_idx serves both.
+	// The partial index events_unprocessed_project_idx serves both.
 	if err := tx.QueryRow(ctx, `WITH p AS (SELECT count(*) AS n, min(id) AS first FROM events WHERE processed_at IS NULL
 			AND (deferred_from IS NULL OR not_before IS NULL OR not_before <= now()))
 		SELECT p.n, e.received_at FROM p LEFT JOIN events e ON e.id = p.first`).Scan(&in.PendingEvents, &in.OldestPendingAt); err != nil {

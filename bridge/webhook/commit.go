@@ -33,6 +33,9 @@ type eventRow struct {
 	vmUUID uuid.UUID
 	json   string
 	err    error
+	// project is the instance's project (events.project_id), "" when
+	// the bridge did not know it when the request came.
+	project string
 }
 
 // encodeEvents gives each event its inbox message id and JSON payload.
@@ -293,7 +296,7 @@ func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []re
 // queueCreate queues the requests of create and their inbox events.
 func (e *Endpoint) queueCreate(b *pgx.Batch, create []*pending) error {
 	reqs := make([]requests.Request, len(create))
-	var evSrc, evMsg, evType, evPayload, evReq []string
+	var evSrc, evMsg, evType, evPayload, evReq, evProj []string
 	var evInst [][16]byte
 	var evAt []time.Time
 	for j, p := range create {
@@ -310,16 +313,17 @@ func (e *Endpoint) queueCreate(b *pgx.Batch, create []*pending) error {
 			evAt = append(evAt, ev.at)
 			evPayload = append(evPayload, ev.json)
 			evReq = append(evReq, id)
+			evProj = append(evProj, ev.project)
 		}
 	}
 	if err := e.store.QueueCreate(b, reqs); err != nil {
 		return err
 	}
 	if len(evSrc) > 0 {
-		b.Queue(`INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id)
-			SELECT s, m, t, i, o, p::jsonb, r
-			FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::timestamptz[], $6::text[], $7::text[])
-			  AS x(s, m, t, i, o, p, r)`, evSrc, evMsg, evType, evInst, evAt, evPayload, evReq)
+		b.Queue(`INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id, project_id)
+			SELECT s, m, t, i, o, p::jsonb, r, NULLIF(pj, '')
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::timestamptz[], $6::text[], $7::text[], $8::text[])
+			  AS x(s, m, t, i, o, p, r, pj)`, evSrc, evMsg, evType, evInst, evAt, evPayload, evReq, evProj)
 	}
 	return nil
 }

@@ -104,6 +104,9 @@ func (e *Endpoint) operatorRequest(c echo.Context) error {
 				Detail: fmt.Sprintf("instance %s is not in project %s (or the bridge does not know it yet)", p.events[0].vm, who.Project)}
 		}
 	}
+	if prob := e.limitProjects(r.Context(), p); prob != nil {
+		return prob
+	}
 	p.key = cmp.Or(key, p.eventID)
 	p.hash = sha256.Sum256(body)
 	res := e.commit(r.Context(), p)

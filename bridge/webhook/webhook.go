@@ -3,7 +3,7 @@
 // vGPU. It sits on the network edge, so it refuses precisely, in a fixed
 // order (unknown source 404, address 403, rate 429, content type 415, size
 // 413, auth 401 (503 while a jwt source's keys cannot be fetched), not JSON 400, schema
-// 422, projects 403, idempotency conflict 409), and
+// 422, projects 403, the projects' rate 429, idempotency conflict 409), and
 // answers 202 only once the request and its events are committed to
 // Postgres. Commits are grouped: concurrent requests share a transaction,
 // and each answer still waits for its own commit.
@@ -161,9 +161,14 @@ type Config struct {
 	CommitTimeout time.Duration
 	// MaxClients bounds the per-address rate limiters kept per source.
 	MaxClients int
-	Callbacks  CallbackConfig
-	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// ProjectRate (requests/s) and ProjectBurst are each project's bucket,
+	// shared by every source and POST /v1/requests: a request takes a
+	// token of the project of each of its instances. Zero: no limit.
+	ProjectRate  float64
+	ProjectBurst int
+	Callbacks    CallbackConfig
+	Registerer   prometheus.Registerer
+	Logger       *slog.Logger
 	// OnCommitted, when set, is called after a commit that stored new
 	// events, so the pipeline decides at once instead of at its next poll.
 	OnCommitted func()
@@ -223,6 +228,10 @@ type Endpoint struct {
 	queue   chan *pending
 	m       *metrics
 	client  *http.Client
+	// projectOf knows the instances' projects; projectLim limits each
+	// project (nil: no limit).
+	projectOf  *projectOf
+	projectLim *projectLimiters
 
 	bufs sync.Pool
 	// waiting counts handlers between handing a request to the committers
@@ -240,6 +249,8 @@ func New(cfg Config) (*Endpoint, error) {
 	e := &Endpoint{cfg: cfg, log: cfg.Logger, sources: map[string]*source{}, store: cfg.Store, pool: cfg.Pool,
 		queue: make(chan *pending, 8192)}
 	e.bufs.New = func() any { return new(bytes.Buffer) }
+	e.projectOf = newProjectOf(cfg.Pool, cfg.Now)
+	e.projectLim = newProjectLimiters(cfg.ProjectRate, cfg.ProjectBurst, cfg.Now)
 	var errs []error
 	audiences := map[[2]string]string{} // a jwt source's issuer and audience → its name
 	for _, s := range cfg.Sources {
@@ -547,6 +558,10 @@ func (e *Endpoint) handle(c echo.Context) error {
 		} else if refusal != "" {
 			return e.refuse(c, name, remote, "project_not_allowed", &api.ProblemDetails{Status: http.StatusForbidden, Detail: refusal})
 		}
+	}
+	// 429: the project of the instances has made too many requests.
+	if prob := e.limitProjects(r.Context(), p); prob != nil {
+		return e.refuse(c, name, remote, prob.Code, prob)
 	}
 	if an.space != "" {
 		p.src = src.keySpace(an.space)

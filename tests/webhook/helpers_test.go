@@ -122,6 +122,7 @@ func newEnvDB(t *testing.T, dbURL string, sources []webhook.Source, opts ...opti
 	testsvc.Must(t, err, "webhook.New")
 	srv := api.New(ac)
 	ep.Register(srv)
+	ep.RegisterOperator(srv) // POST /v1/requests, with ac.Auth's credentials
 	requests.NewHandler(store, auth, ep, log).Register(srv)
 	testsvc.Must(t, srv.Start(), "start server")
 	ctx, cancel := context.WithCancel(context.Background())
