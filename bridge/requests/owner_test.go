@@ -41,9 +41,9 @@ var owners = map[string]string{
 	"bridge_notifications":   "bridge/notify",
 	"dead_letters":           "bridge/ingest",
 	"instances":              "bridge/ingest",
-	"instance_load":          "bridge/ingest",
+	"instance_load":          "bridge/dispatch",
 	"hosts":                  "bridge/ingest",
-	"gpus":                   "bridge/ingest",
+	"gpus":                   "placement/mirror",
 	"flavors":                "bridge/ingest",
 	"drift_runs":             "bridge/drift",
 	"drift_findings":         "bridge/drift",
@@ -63,11 +63,35 @@ var owners = map[string]string{
 	"placement_sync_state":  "placement/mirror",
 }
 
+// sharedWriters lists, by table, the packages besides its owner that
+// still write it, and why. Each is a debt (the write belongs behind a
+// verb of the owner), never the place for a new writer: a write by a
+// package neither owns nor is listed here fails TestOneOwner.
+var sharedWriters = map[string]map[string]string{
+	"hosts": {
+		"bridge/dispatch": "an agent's report records its host",
+		"bridge/controls": "drain and undrain",
+	},
+	"gpus": {
+		"bridge/dispatch": "an agent's report records its GPUs",
+		"bridge/controls": "drain and undrain",
+	},
+	"dead_letters": {
+		"bridge/dispatch": "an agent message it cannot read",
+		"bridge/controls": "replay, and the retention purge",
+	},
+	"instance_load":        {"bridge/pipeline": "forgets the load windows it no longer reads"},
+	"diagnostics":          {"bridge/controls": "the retention purge"},
+	"bridge_notifications": {"bridge/controls": "the retention purge"},
+	"vgpu_usage_periods":   {"bridge/requests": "PurgeUsage deletes the closed periods with the usage they froze"},
+}
+
 // dynamicWriters lists the packages allowed to write a table named at run
 // time, with why. Anywhere else, SQL that writes a table whose name is not
 // in the source fails TestOneOwner, since nobody could tell its owner.
 var dynamicWriters = map[string]string{
-	"bridge/requests": "PurgeFinal deletes the rows of every table with a foreign key to a purged request",
+	"bridge/requests":  "PurgeFinal deletes the rows of every table with a foreign key to a purged request",
+	"placement/mirror": "clears its own placement_* child rows of the providers it rewrites",
 }
 
 // tableWrite finds a statement that writes a table: the verb, then the
@@ -89,8 +113,8 @@ type write struct {
 }
 
 // TestOneOwner fails when a production package writes (INSERT, UPDATE,
-// DELETE, TRUNCATE, COPY) a table it does not own (owners), or a table
-// named at run time outside dynamicWriters. It reads the SQL as the code
+// DELETE, TRUNCATE, COPY) a table it does not own (owners, sharedWriters),
+// or a table named at run time outside dynamicWriters. It reads the SQL as the code
 // builds it: string literals and constants, concatenations with +,
 // fmt.Sprintf formats with their arguments, fragments ending in a verb
 // (a helper adding the name) and pgx CopyFrom. Tests and their fixtures
@@ -115,6 +139,13 @@ func TestOneOwner(t *testing.T) {
 			t.Errorf("owners lists %s, which no migration creates", tb)
 		}
 	}
+	for tb, pkgs := range sharedWriters {
+		for pkg := range pkgs {
+			if owners[tb] == "" || owners[tb] == pkg {
+				t.Errorf("sharedWriters lists %s for %s, which has no other owner", pkg, tb)
+			}
+		}
+	}
 	writes, checked := scanWrites(t, root, known)
 	if checked < 50 {
 		t.Fatalf("only %d Go files checked under %s; the walk is broken", checked, root)
@@ -127,7 +158,7 @@ func TestOneOwner(t *testing.T) {
 			}
 		case !known[w.table]:
 			t.Errorf("%s: writes %s, which no migration creates", w.pos, w.table)
-		case owners[w.table] != w.pkg:
+		case owners[w.table] != w.pkg && sharedWriters[w.table][w.pkg] == "":
 			t.Errorf("%s: writes %s, owned by %s; call that package's verbs", w.pos, w.table, owners[w.table])
 		}
 	}
