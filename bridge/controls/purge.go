@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
@@ -162,12 +164,11 @@ func (s *Store) RunPurge(ctx context.Context, r Retention) error {
 
 // purgeDeadLetters deletes dead letters received before cutoff.
 func purgeDeadLetters(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
-	tag, err := tx.Exec(ctx, `DELETE FROM dead_letters WHERE id IN (SELECT id FROM dead_letters WHERE received_at < $1
-		ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, n)
+	d, err := ingest.PurgeDeadLetters(ctx, tx, cutoff, n)
 	if err != nil {
 		return nil, err
 	}
-	return Purged{"dead_letters": tag.RowsAffected()}, nil
+	return Purged{"dead_letters": d}, nil
 }
 
 // purgeAudit deletes audit rows written before cutoff.
@@ -217,10 +218,9 @@ func purgeDiagnostics(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (
 
 // purgeNotifications deletes published notifications sent before cutoff.
 func purgeNotifications(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
-	tag, err := tx.Exec(ctx, `DELETE FROM bridge_notifications WHERE id IN (SELECT id FROM bridge_notifications
-		WHERE sent_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, n)
+	d, err := notify.PurgeSent(ctx, tx, cutoff, n)
 	if err != nil {
 		return nil, err
 	}
-	return Purged{"bridge_notifications": tag.RowsAffected()}, nil
+	return Purged{"bridge_notifications": d}, nil
 }

@@ -76,14 +76,10 @@ var sharedWriters = map[string]map[string]string{
 		"bridge/dispatch": "an agent's report records its GPUs",
 		"bridge/controls": "drain and undrain",
 	},
-	"dead_letters": {
-		"bridge/dispatch": "an agent message it cannot read",
-		"bridge/controls": "replay, and the retention purge",
-	},
-	"instance_load":        {"bridge/pipeline": "forgets the load windows it no longer reads"},
-	"diagnostics":          {"bridge/controls": "the retention purge"},
-	"bridge_notifications": {"bridge/controls": "the retention purge"},
-	"vgpu_usage_periods":   {"bridge/requests": "PurgeUsage deletes the closed periods with the usage they froze"},
+	"dead_letters":       {"bridge/dispatch": "an agent message it cannot read"},
+	"instance_load":      {"bridge/pipeline": "forgets the load windows it no longer reads"},
+	"diagnostics":        {"bridge/controls": "the retention purge"},
+	"vgpu_usage_periods": {"bridge/requests": "PurgeUsage deletes the closed periods with the usage they froze"},
 }
 
 // dynamicWriters lists the packages allowed to write a table named at run
