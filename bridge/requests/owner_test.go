@@ -330,6 +330,13 @@ func (s *sqlScan) sprintf(format string, args []ast.Expr) string {
 		}
 		j := i + 1
 		for j < len(format) && strings.IndexByte("+-# 0123456789.[]*", format[j]) >= 0 {
+			if format[j] == '[' { // an explicit argument index, %[2]s
+				if k := strings.IndexByte(format[j:], ']'); k > 0 {
+					if x, err := strconv.Atoi(format[j+1 : j+k]); err == nil {
+						n = x - 1
+					}
+				}
+			}
 			j++
 		}
 		if j >= len(format) {
@@ -366,16 +373,14 @@ func (s *sqlScan) scan(f *ast.File) {
 			if sel, ok := n.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == "CopyFrom" && len(n.Args) > 1 {
 				s.copyFrom(n.Args[1])
 			}
+			if v, ok := s.value(n); ok { // a Sprintf
+				s.check(n.Pos(), v)
+				return false
+			}
 		case *ast.BasicLit, *ast.BinaryExpr:
 			if v, ok := s.value(n.(ast.Expr)); ok {
 				s.check(n.Pos(), v)
 				return false // the parts are read with the whole
-			}
-		}
-		if call, ok := n.(*ast.CallExpr); ok {
-			if v, ok := s.value(call); ok {
-				s.check(call.Pos(), v)
-				return false
 			}
 		}
 		return true
@@ -486,6 +491,7 @@ func TestOneOwnerPattern(t *testing.T) {
 		{"sprintf const", "fmt.Sprintf(\"UPDATE %s SET x = 1\", auditTable)", []string{"audit_log"}},
 		{"sprintf literal", "fmt.Sprintf(`INSERT INTO %s (a) VALUES (%d)`, \"events\", n)", []string{"events"}},
 		{"sprintf var", "fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1)`, t, c)", []string{""}},
+		{"sprintf index", "fmt.Sprintf(`DELETE FROM %[2]s WHERE %[1]s < $1`, col, \"dead_letters\")", []string{"dead_letters"}},
 		{"sprintf format const", "fmt.Sprintf(insertAudit, 1)", []string{"audit_log"}},
 		{"helper fragment", "exec(ctx, \"INSERT INTO\", name, cols)", []string{""}},
 		{"copy", "tx.CopyFrom(ctx, pgx.Identifier{\"events\"}, cols, src)", []string{"events"}},
