@@ -7,6 +7,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/placementapi"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
@@ -115,6 +116,9 @@ func setupPlacement(ctx context.Context, w *wiring, cat *catalog.Catalog) (*plac
 	pc, err := PlacementConfig(v, replica)
 	if err != nil {
 		return nil, component{}, err
+	}
+	if pool != nil {
+		pc.Auditor = requests.Auditor{DB: pool, Actor: "vgpu-bridge/" + replica}
 	}
 	svc, err := placement.New(ctx, pc, pool, cat, log.With("component", "placement"))
 	if err != nil {

@@ -49,6 +49,16 @@ type Config struct {
 	ConsumerType string
 	// Replica names this process in the sync state (default hostname).
 	Replica string
+	// Auditor records the changes the service makes in Placement (a
+	// trait it adds); nil records none. The bridge hands in its audit
+	// log's writer.
+	Auditor Auditor
+}
+
+// Auditor records a change the service made in Placement: what it did
+// (action) to which object, and the detail (JSON-encoded).
+type Auditor interface {
+	Audit(ctx context.Context, action, objectType, objectID string, detail any) error
 }
 
 func (c *Config) defaults() {

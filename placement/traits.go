@@ -2,7 +2,6 @@ package placement
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -52,10 +51,9 @@ func (s *Service) AddTypeTraits(ctx context.Context) (int, error) {
 		}
 		added++
 		s.log.Info("placement: type trait added from the agent's report", "provider", g.Name, "trait", t)
-		if s.store != nil {
-			detail, _ := json.Marshal(map[string]string{"trait": t, "provider": g.Name, "source": "agent report"})
-			if _, err := s.store.Pool().Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, detail)
-				VALUES ($1, 'placement.trait_add', 'resource_provider', $2, $3)`, "vgpu-bridge/"+s.cfg.Replica, g.UUID, detail); err != nil {
+		if s.cfg.Auditor != nil {
+			detail := map[string]string{"trait": t, "provider": g.Name, "source": "agent report"}
+			if err := s.cfg.Auditor.Audit(ctx, "placement.trait_add", "resource_provider", g.UUID, detail); err != nil {
 				return added, fmt.Errorf("audit the trait of %s: %w", g.Name, err)
 			}
 		}

@@ -2,9 +2,8 @@ package controls
 
 import (
 	"context"
-	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 )
 
 // Actor is who changes something, and under which OpenStack request id.
@@ -22,18 +21,10 @@ type Entry struct {
 	Detail     any // JSON-encoded
 }
 
-// execer is what writes: a pool, a connection or a transaction.
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// Audit writes e in q (the change's own transaction).
-func Audit(ctx context.Context, q execer, e Entry) error {
-	_, err := q.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail, global_request_id)
-		VALUES ($1, $2, $3, $4, nullif($5, ''), $6, coalesce(nullif($5, ''), nullif(current_setting('vgpu.global_request_id', true), '')))`,
-		e.Actor.Name, e.Action, e.ObjectType, e.ObjectID, e.Actor.RequestID, jsonDetail(e.Detail))
-	if err != nil {
-		return fmt.Errorf("audit %s %s/%s: %w", e.Action, e.ObjectType, e.ObjectID, err)
-	}
-	return nil
+// Audit writes e in q (the change's own transaction), through the audit
+// log's owner: the row's global request id is the actor's, or else the
+// transaction's.
+func Audit(ctx context.Context, q requests.Execer, e Entry) error {
+	return requests.Audit(ctx, q, requests.Entry{Actor: e.Actor.Name, Action: e.Action, ObjectType: e.ObjectType, ObjectID: e.ObjectID,
+		RequestID: e.Actor.RequestID, GlobalRequestID: e.Actor.RequestID, Detail: jsonDetail(e.Detail)})
 }

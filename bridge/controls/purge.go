@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
@@ -80,12 +82,12 @@ func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, er
 		purge func(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error)
 	}{
 		{"events", r.Events, `SELECT count(*) FROM events WHERE processed_at IS NOT NULL AND received_at < $1`, purgeEvents},
-		{"dead_letters", r.DeadLetters, `SELECT count(*) FROM dead_letters WHERE received_at < $1`, simplePurge("dead_letters", "id", "received_at")},
+		{"dead_letters", r.DeadLetters, `SELECT count(*) FROM dead_letters WHERE received_at < $1`, purgeDeadLetters},
 		{"requests", r.Requests, `SELECT count(*) FROM requests r WHERE ` + requests.FinalOld,
 			func(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
 				return requests.PurgeFinal(ctx, tx, cutoff, n)
 			}},
-		{"audit_log", r.Audit, `SELECT count(*) FROM audit_log WHERE at < $1`, simplePurge("audit_log", "id", "at")},
+		{"audit_log", r.Audit, `SELECT count(*) FROM audit_log WHERE at < $1`, purgeAudit},
 		{"diagnostics", r.Diagnostics, `SELECT count(*) FROM diagnostics WHERE requested_at < $1`, purgeDiagnostics},
 		{"bridge_notifications", r.Notifications, `SELECT count(*) FROM bridge_notifications WHERE sent_at < $1`, purgeNotifications},
 		{"vgpu_usage", r.Usage, `SELECT count(*) FROM vgpu_usage u WHERE ` + requests.UsageOld,
@@ -160,15 +162,22 @@ func (s *Store) RunPurge(ctx context.Context, r Retention) error {
 	}
 }
 
-func simplePurge(table, key, at string) func(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
-	q := fmt.Sprintf(`DELETE FROM %[1]s WHERE %[2]s IN (SELECT %[2]s FROM %[1]s WHERE %[3]s < $1 ORDER BY %[3]s LIMIT $2 FOR UPDATE SKIP LOCKED)`, table, key, at)
-	return func(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
-		tag, err := tx.Exec(ctx, q, cutoff, n)
-		if err != nil {
-			return nil, err
-		}
-		return Purged{table: tag.RowsAffected()}, nil
+// purgeDeadLetters deletes dead letters received before cutoff.
+func purgeDeadLetters(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
+	d, err := ingest.PurgeDeadLetters(ctx, tx, cutoff, n)
+	if err != nil {
+		return nil, err
 	}
+	return Purged{"dead_letters": d}, nil
+}
+
+// purgeAudit deletes audit rows written before cutoff.
+func purgeAudit(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
+	d, err := requests.PurgeAudit(ctx, tx, cutoff, n)
+	if err != nil {
+		return nil, err
+	}
+	return Purged{"audit_log": d}, nil
 }
 
 func purgeEvents(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
@@ -181,18 +190,7 @@ func purgeEvents(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purge
 	if err != nil || len(ids) == 0 {
 		return Purged{"events": 0}, err
 	}
-	out := Purged{}
-	d, err := requests.DeleteEventDecisions(ctx, tx, ids)
-	if err != nil {
-		return nil, err
-	}
-	out["decisions"] = d
-	tag, err := tx.Exec(ctx, `DELETE FROM events WHERE id = ANY($1)`, ids)
-	if err != nil {
-		return nil, err
-	}
-	out["events"] = tag.RowsAffected()
-	return out, nil
+	return requests.PurgeEvents(ctx, tx, ids)
 }
 
 // purgeDiagnostics deletes old diagnostics records (their bundles) and
@@ -220,10 +218,9 @@ func purgeDiagnostics(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (
 
 // purgeNotifications deletes published notifications sent before cutoff.
 func purgeNotifications(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (Purged, error) {
-	tag, err := tx.Exec(ctx, `DELETE FROM bridge_notifications WHERE id IN (SELECT id FROM bridge_notifications
-		WHERE sent_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, n)
+	d, err := notify.PurgeSent(ctx, tx, cutoff, n)
 	if err != nil {
 		return nil, err
 	}
-	return Purged{"bridge_notifications": tag.RowsAffected()}, nil
+	return Purged{"bridge_notifications": d}, nil
 }

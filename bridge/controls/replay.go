@@ -10,6 +10,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
@@ -83,8 +84,7 @@ func (a *API) replay(c echo.Context) error {
 		}
 	}
 	err = pgx.BeginFunc(ctx, a.Store.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `UPDATE dead_letters SET replayed_at = now(), replayed_by = $2, replay_event_id = nullif($3, 0) WHERE id = $1`,
-			id, who.Name, out.EventID); err != nil {
+		if err := ingest.MarkReplayed(ctx, tx, id, who.Name, out.EventID); err != nil {
 			return err
 		}
 		return Audit(ctx, tx, Entry{Actor: who, Action: "dead_letter.replay", ObjectType: "dead_letter", ObjectID: obj,

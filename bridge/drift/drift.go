@@ -829,13 +829,8 @@ func (r *Reconciler) recordRelease(ctx context.Context, tx pgx.Tx, f Finding, o 
 
 func (r *Reconciler) audit(ctx context.Context, tx pgx.Tx, action string, id int64, req string, detail map[string]any) error {
 	d, _ := json.Marshal(detail)
-	var rq *string
-	if req != "" {
-		rq = &req
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-		VALUES ($1, $2, 'drift_finding', $3, $4, $5)`, "vgpu-bridge/"+r.cfg.Replica, action, fmt.Sprint(id), rq, d)
-	return err
+	return requests.Audit(ctx, tx, requests.Entry{Actor: "vgpu-bridge/" + r.cfg.Replica, Action: action, ObjectType: "drift_finding",
+		ObjectID: fmt.Sprint(id), RequestID: req, Detail: d})
 }
 
 func (r *Reconciler) refreshGauge(ctx context.Context) error {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -54,4 +55,23 @@ func (c *Consumer) Replay(ctx context.Context, raw []byte) (ReplayResult, error)
 	}
 	out.Accepted, out.EventID = true, it.ev.ID
 	return out, nil
+}
+
+// MarkReplayed records in tx that dead letter id was replayed by who,
+// into inbox event eventID (0: none).
+func MarkReplayed(ctx context.Context, tx pgx.Tx, id int64, who string, eventID int64) error {
+	_, err := tx.Exec(ctx, `UPDATE dead_letters SET replayed_at = now(), replayed_by = $2, replay_event_id = nullif($3, 0) WHERE id = $1`,
+		id, who, eventID)
+	return err
+}
+
+// PurgeDeadLetters deletes up to n dead letters received before cutoff
+// (the retention purge); it returns how many.
+func PurgeDeadLetters(ctx context.Context, tx pgx.Tx, cutoff time.Time, n int) (int64, error) {
+	tag, err := tx.Exec(ctx, `DELETE FROM dead_letters WHERE id IN (SELECT id FROM dead_letters WHERE received_at < $1
+		ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, n)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
 
@@ -178,16 +179,9 @@ func (c *Consumer) applyBatch(ctx context.Context, items []*item) (batchResult, 
 				details[i] = &ev.Detail
 			}
 		}
-		rows, err := tx.Query(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload,
-				publisher_id, priority, request_id, global_request_id, project_id, user_id, status, detail, processed_at)
-			SELECT $1, m, e, u::uuid, o, p::jsonb, pub, pr, NULLIF(rq, ''), NULLIF(grq, ''), NULLIF(pj, ''), NULLIF(us, ''), st, dt,
-				CASE WHEN st IS NULL THEN NULL ELSE now() END
-			FROM unnest($2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[], $7::text[], $8::text[],
-				$9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
-				AS x(m, e, u, o, p, pub, pr, rq, grq, pj, us, st, dt)
-			ON CONFLICT (source, message_id) DO NOTHING
-			RETURNING id, message_id, received_at`,
-			c.cfg.Source, ids, types, uuids, occurred, payloads, pubs, prios, reqs, greqs, projs, users, stats, details)
+		rows, err := requests.InsertNotifications(ctx, tx, &requests.Notifications{Source: c.cfg.Source, MessageIDs: ids, Types: types,
+			Instances: uuids, Occurred: occurred, Payloads: payloads, Publishers: pubs, Priorities: prios, RequestIDs: reqs,
+			GlobalRequestIDs: greqs, Projects: projs, Users: users, Statuses: stats, Details: details})
 		if err != nil {
 			return res, fmt.Errorf("insert events: %w", err)
 		}

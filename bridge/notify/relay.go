@@ -373,3 +373,14 @@ func Envelope(messageID uuid.UUID, publisherID, eventType, priority string, payl
 	}
 	return json.Marshal(map[string]string{"oslo.version": "2.0", "oslo.message": string(msg)})
 }
+
+// PurgeSent deletes up to n notifications sent before cutoff (the
+// retention purge); it returns how many.
+func PurgeSent(ctx context.Context, q Execer, cutoff time.Time, n int) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM bridge_notifications WHERE id IN (SELECT id FROM bridge_notifications
+		WHERE sent_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, n)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}

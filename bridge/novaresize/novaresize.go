@@ -395,11 +395,9 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err 
 	if err := pipeline.LockQuota(ctx, tx); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO nova_resizes (request_id, instance_uuid, step, profile, type_id, trait, count, source_host,
-			nova_request_id, due_at, deadline_at, kind, untyped)
-		VALUES ($1, $2, 'resize', $3, $4, $5, $6, $7, $8, now(), now() + make_interval(secs => $9), $10, $11)`,
-		reqID, f.Instance.UUID, in.Profile, in.TypeID, in.Trait, n, f.Instance.Host, NovaRequestID(reqID), (p.cfg.ResizeTimeout + p.cfg.CallLease).Seconds(),
-		kind, untyped); err != nil {
+	if err := requests.CreateNovaResize(ctx, tx, requests.NovaResize{Request: reqID, Instance: f.Instance.UUID, Profile: in.Profile,
+		TypeID: in.TypeID, Trait: in.Trait, Count: n, SourceHost: f.Instance.Host, NovaRequestID: NovaRequestID(reqID),
+		Deadline: p.cfg.ResizeTimeout + p.cfg.CallLease, Kind: string(kind), Untyped: untyped}); err != nil {
 		return fmt.Errorf("record the resize: %w", err)
 	}
 	reason := fmt.Sprintf("resize through Nova to a flavor with %d × %s", n, in.Profile)
@@ -503,32 +501,17 @@ func (r resizeRow) what() string {
 	return fmt.Sprintf("%d × %s", r.Count, r.Profile)
 }
 
-// setStep moves a row to step; deadline 0 clears it, due sets the next
-// call's time (nil: no call due).
-func setStep(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, step string, deadline time.Duration, due bool, sets string, args ...any) error {
-	q := `UPDATE nova_resizes SET step = $2, updated_at = now(),
-		deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) ELSE NULL END,
-		due_at = CASE WHEN $4 THEN now() ELSE NULL END,
-		finished_at = CASE WHEN $2 = 'done' THEN now() ELSE NULL END` + sets + ` WHERE request_id = $1`
-	_, err := tx.Exec(ctx, q, append([]any{reqID, step, deadline.Seconds(), due}, args...)...)
-	if err != nil {
-		return fmt.Errorf("nova resize %s → %s: %w", reqID, step, err)
-	}
-	return nil
-}
-
 func (p *Path) auditNova(ctx context.Context, tx pgx.Tx, r resizeRow, action string, detail map[string]any) error {
 	detail["nova_request_id"] = r.NovaRequestID
 	d, _ := json.Marshal(detail)
-	_, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-		VALUES ($1, $2, 'instance', $3, $4, $5)`, p.actor(), action, r.Instance, r.RequestID.String(), d)
-	return err
+	return requests.Audit(ctx, tx, requests.Entry{Actor: p.actor(), Action: action, ObjectType: "instance", ObjectID: r.Instance,
+		RequestID: r.RequestID.String(), Detail: d})
 }
 
 // finishFailed ends a resize and fails its request (unless it already ended).
 func (p *Path) finishFailed(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) (err error) {
 	defer wrapErr(&err, "end resize %s as failed", r.RequestID)
-	if err := setStep(ctx, tx, r.RequestID, stepDone, 0, false, ""); err != nil {
+	if err := requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepDone}); err != nil {
 		return err
 	}
 	if r.RequestState.Final() {
@@ -540,7 +523,7 @@ func (p *Path) finishFailed(ctx context.Context, tx pgx.Tx, r resizeRow, code, r
 
 func (p *Path) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how string) (err error) {
 	defer wrapErr(&err, "end resize %s as succeeded", r.RequestID)
-	if err := setStep(ctx, tx, r.RequestID, stepDone, 0, false, ""); err != nil {
+	if err := requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepDone}); err != nil {
 		return err
 	}
 	reason := fmt.Sprintf("resized through Nova to flavor %s (%s) on host %s; the agent verified the vGPU; %s",
@@ -571,7 +554,8 @@ func (p *Path) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how 
 // reason once Nova reverted.
 func (p *Path) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, reason string) (err error) {
 	defer wrapErr(&err, "revert resize %s", r.RequestID)
-	if err := setStep(ctx, tx, r.RequestID, stepRevert, 0, true, ", fail_code = $5, fail_reason = $6, attempts = 0", code, reason); err != nil {
+	if err := requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepRevert, Due: true,
+		Fail: &requests.ResizeFailure{Code: code, Reason: reason}, ResetAttempts: true}); err != nil {
 		return err
 	}
 	if !r.RequestState.Final() {
@@ -591,7 +575,7 @@ func (p *Path) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, re
 func (p *Path) finished(ctx context.Context, tx pgx.Tx, r resizeRow, host string) (outbox bool, err error) {
 	if (r.Overdue || r.DeadlinePassed) && p.cfg.OnDeadline == OnDeadlineRevert {
 		r.TargetHost = host
-		if _, err := tx.Exec(ctx, `UPDATE nova_resizes SET target_host = $2 WHERE request_id = $1`, r.RequestID, host); err != nil {
+		if err := requests.SetResizeTarget(ctx, tx, r.RequestID, host); err != nil {
 			return false, err
 		}
 		return false, p.startRevert(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova finished the resize to %s on host %s after its deadline (%s); "+
@@ -600,7 +584,7 @@ func (p *Path) finished(ctx context.Context, tx pgx.Tx, r resizeRow, host string
 	if r.Kind != KindRelease {
 		return true, p.queueVerify(ctx, tx, r, host)
 	}
-	if err := setStep(ctx, tx, r.RequestID, stepConfirm, 0, true, ", target_host = $5, attempts = 0", host); err != nil {
+	if err := requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepConfirm, Due: true, TargetHost: host, ResetAttempts: true}); err != nil {
 		return false, err
 	}
 	if !r.RequestState.Final() {
@@ -629,7 +613,8 @@ func (p *Path) queueVerify(ctx context.Context, tx pgx.Tx, r resizeRow, host str
 	if err := pipeline.QueueAction(ctx, tx, r.RequestID, c); err != nil {
 		return err
 	}
-	if err := setStep(ctx, tx, r.RequestID, stepVerifying, p.cfg.VerifyTimeout, false, ", target_host = $5, verify_command_id = $6", host, c.ID); err != nil {
+	if err := requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepVerifying, Deadline: p.cfg.VerifyTimeout,
+		TargetHost: host, VerifyCommand: c.ID}); err != nil {
 		return err
 	}
 	if !r.RequestState.Final() {
@@ -688,7 +673,7 @@ func (p *Path) event(ctx context.Context, w *pipeline.Work) (handled, outbox boo
 		}
 		if r.FlavorName == "" {
 			r.FlavorName = pl.flavor
-			if _, err := tx.Exec(ctx, `UPDATE nova_resizes SET flavor_name = $2 WHERE request_id = $1`, r.RequestID, pl.flavor); err != nil {
+			if err := requests.SetResizeFlavorName(ctx, tx, r.RequestID, pl.flavor); err != nil {
 				return false, false, err
 			}
 		}
@@ -785,9 +770,8 @@ func (p *Path) tenantResize(ctx context.Context, w *pipeline.Work, finish bool) 
 	}
 	d, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "flavor": pl.flavor, "vgpus": pl.vgpus,
 		"traits": pl.traits, "host": pl.host, "gpu": v.GPU, "profile": v.Profile, "nova_request_id": row.RequestID})
-	_, err = tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-		VALUES ($1, 'vgpu_recorded', 'instance', $2, NULL, $3)`, p.actor(), row.InstanceUUID, d)
-	return err
+	return requests.Audit(ctx, tx, requests.Entry{Actor: p.actor(), Action: "vgpu_recorded", ObjectType: "instance",
+		ObjectID: row.InstanceUUID, Detail: d})
 }
 
 // result takes the agent's answer to a verify_vgpu of the Nova path.
@@ -811,7 +795,7 @@ func (p *Path) result(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kin
 	if r.RequestState.Final() {
 		return true, p.startRevert(ctx, tx, r, CodeVerifyFailed, "the request ended while the agent verified the vGPU")
 	}
-	if err := setStep(ctx, tx, r.RequestID, stepConfirm, 0, true, ", attempts = 0"); err != nil {
+	if err := requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepConfirm, Due: true, ResetAttempts: true}); err != nil {
 		return true, err
 	}
 	if _, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, PhaseConfirming,
@@ -879,9 +863,7 @@ func (p *Path) due(ctx context.Context) (_ bool, err error) {
 		}
 		found = true
 		r.Attempts++
-		_, err = tx.Exec(ctx, `UPDATE nova_resizes SET due_at = now() + make_interval(secs => $2), attempts = $3, updated_at = now() WHERE request_id = $1`,
-			r.RequestID, p.cfg.CallLease.Seconds(), r.Attempts)
-		return err
+		return requests.LeaseResizeCall(ctx, tx, r.RequestID, p.cfg.CallLease, r.Attempts)
 	})
 	if err != nil || !found {
 		return found, err
@@ -916,9 +898,7 @@ func (p *Path) retryOrFail(op string, err error, failCode string) callOutcome {
 	return callOutcome{audit: map[string]any{"call": op, "error": err.Error()}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
 		if computeapi.IsRetryable(err) && r.Attempts < p.cfg.MaxAttempts {
 			wait := backoff.Policy{Min: p.cfg.RetryMin, Max: p.cfg.RetryMax}.Delay(r.Attempts - 1)
-			_, e := tx.Exec(ctx, `UPDATE nova_resizes SET due_at = now() + make_interval(secs => $2), last_error = $3, updated_at = now() WHERE request_id = $1`,
-				r.RequestID, wait.Seconds(), err.Error())
-			return e
+			return requests.RetryResizeCall(ctx, tx, r.RequestID, wait, err.Error())
 		}
 		reason := fmt.Sprintf("%s: %v", op, err)
 		if r.Step == stepRevert {
@@ -957,7 +937,7 @@ func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Serve
 	if r.RequestState.Final() {
 		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "the request ended before the resize"},
 			apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-				return setStep(ctx, tx, r.RequestID, stepDone, 0, false, "")
+				return requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepDone})
 			}}
 	}
 	if srv.Resizing() || (r.ResizeSent && r.onTarget(srv.Flavor)) {
@@ -968,7 +948,7 @@ func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Serve
 				apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
 					if srv.Status == "VERIFY_RESIZE" {
 						r.FlavorName = srv.Flavor.Name
-						if _, err := tx.Exec(ctx, `UPDATE nova_resizes SET flavor_name = $2 WHERE request_id = $1`, r.RequestID, srv.Flavor.Name); err != nil {
+						if err := requests.SetResizeFlavorName(ctx, tx, r.RequestID, srv.Flavor.Name); err != nil {
 							return err
 						}
 						_, err := p.finished(ctx, tx, r, srv.Host)
@@ -1007,7 +987,7 @@ func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Serve
 	// Committed before the call: should the bridge die before recording
 	// the outcome, the next attempt follows the resize under way instead
 	// of calling again.
-	if _, err := p.pool.Exec(ctx, `UPDATE nova_resizes SET resize_sent_at = now() WHERE request_id = $1`, r.RequestID); err != nil {
+	if err := requests.MarkResizeSent(ctx, p.pool, r.RequestID); err != nil {
 		return p.retryOrFail("record the resize call", &computeapi.Error{Op: "record", Kind: computeapi.KindRetryable, Err: err}, CodeNovaError)
 	}
 	if err := p.nova.Resize(ctx, srv.ID, fl.ID, r.NovaRequestID); err != nil {
@@ -1022,8 +1002,8 @@ func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Serve
 
 func (p *Path) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, flavorID, flavorName, oldFlavor string) (err error) {
 	defer wrapErr(&err, "resize %s called", r.RequestID)
-	if err := setStep(ctx, tx, r.RequestID, stepResizing, p.cfg.ResizeTimeout, false,
-		", flavor_id = nullif($5,''), flavor_name = $6, old_flavor = $7, last_error = NULL", flavorID, flavorName, oldFlavor); err != nil {
+	if err := requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepResizing, Deadline: p.cfg.ResizeTimeout,
+		Called: &requests.ResizeCall{FlavorID: flavorID, FlavorName: flavorName, OldFlavor: oldFlavor}}); err != nil {
 		return err
 	}
 	to := r.RequestState
@@ -1049,7 +1029,7 @@ func (p *Path) callConfirm(ctx context.Context, r resizeRow, srv computeapi.Serv
 			return p.retryOrFail("confirm resize", err, CodeNovaError)
 		}
 		return callOutcome{audit: map[string]any{"call": "confirm_resize", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return setStep(ctx, tx, r.RequestID, stepConfirming, p.cfg.ConfirmTimeout, false, "")
+			return requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepConfirming, Deadline: p.cfg.ConfirmTimeout})
 		}}
 	case !srv.Resizing() && r.onTarget(srv.Flavor):
 		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "confirmed already"}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
@@ -1058,7 +1038,7 @@ func (p *Path) callConfirm(ctx context.Context, r resizeRow, srv computeapi.Serv
 	case srv.Resizing():
 		// resize_confirming: an earlier attempt's call is running.
 		return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return setStep(ctx, tx, r.RequestID, stepConfirming, p.cfg.ConfirmTimeout, false, "")
+			return requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepConfirming, Deadline: p.cfg.ConfirmTimeout})
 		}}
 	}
 	return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
@@ -1074,11 +1054,11 @@ func (p *Path) callRevert(ctx context.Context, r resizeRow, srv computeapi.Serve
 			return p.retryOrFail("revert resize", err, CodeNovaError)
 		}
 		return callOutcome{audit: map[string]any{"call": "revert_resize", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return setStep(ctx, tx, r.RequestID, stepReverting, p.cfg.ConfirmTimeout, false, "")
+			return requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepReverting, Deadline: p.cfg.ConfirmTimeout})
 		}}
 	case srv.Resizing():
 		return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return setStep(ctx, tx, r.RequestID, stepReverting, p.cfg.ConfirmTimeout, false, "")
+			return requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepReverting, Deadline: p.cfg.ConfirmTimeout})
 		}}
 	}
 	return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "nothing to revert"}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
@@ -1113,10 +1093,7 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 		// A resize past its deadline is overdue from now on, whatever the
 		// read of the server finds: a late resize_finish.end meanwhile is
 		// handled as late.
-		_, err = tx.Exec(ctx, `UPDATE nova_resizes SET deadline_at = now() + make_interval(secs => $2), updated_at = now(),
-				overdue_at = CASE WHEN step = 'resizing' THEN coalesce(overdue_at, now()) ELSE overdue_at END
-			WHERE request_id = $1`, lease.RequestID, p.cfg.CallLease.Seconds())
-		return err
+		return requests.LeaseResizeLook(ctx, tx, lease.RequestID, p.cfg.CallLease)
 	})
 	if err != nil || !found {
 		return found, err
@@ -1131,9 +1108,7 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 		}
 		if err := srvErr; err != nil && !computeapi.IsNotFound(err) {
 			// Try again at the next look, a little later.
-			_, e := tx.Exec(ctx, `UPDATE nova_resizes SET deadline_at = now() + make_interval(secs => $2), last_error = $3 WHERE request_id = $1`,
-				r.RequestID, p.cfg.RetryMax.Seconds(), err.Error())
-			return e
+			return requests.RetryResizeLook(ctx, tx, r.RequestID, p.cfg.RetryMax, err.Error())
 		}
 		if computeapi.IsNotFound(srvErr) {
 			return p.finishFailed(ctx, tx, r, pipeline.CodeNoInstance, fmt.Sprintf("Nova has no server %s any more", r.Instance))
@@ -1169,7 +1144,7 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 			case !srv.Resizing() && r.onTarget(srv.Flavor):
 				return p.finishSucceeded(ctx, tx, r, "the server is on the new flavor (no confirm notification seen)")
 			case srv.Status == "VERIFY_RESIZE": // the confirm call was lost: make it again
-				return setStep(ctx, tx, r.RequestID, stepConfirm, 0, true, ", attempts = 0")
+				return requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepConfirm, Due: true, ResetAttempts: true})
 			case srv.Resizing():
 				return p.followOverdue(ctx, tx, r, fmt.Sprintf("Nova has not confirmed the resize within %s (server: %s); the bridge follows it to its end",
 					p.cfg.ConfirmTimeout, state))
@@ -1178,7 +1153,7 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 		default: // reverting
 			switch {
 			case srv.Status == "VERIFY_RESIZE": // the revert call was lost: make it again
-				return setStep(ctx, tx, r.RequestID, stepRevert, 0, true, ", attempts = 0")
+				return requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepRevert, Due: true, ResetAttempts: true})
 			case srv.Resizing():
 				return p.followOverdue(ctx, tx, r, fmt.Sprintf("Nova has not reverted the resize within %s (server: %s); the bridge follows it to its end",
 					p.cfg.ConfirmTimeout, state))
@@ -1192,8 +1167,7 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 // deadline: the server is read again every OverdueCheck, and the request
 // (unless it ended) shows phase overdue with why.
 func (p *Path) followOverdue(ctx context.Context, tx pgx.Tx, r resizeRow, why string) error {
-	if _, err := tx.Exec(ctx, `UPDATE nova_resizes SET deadline_at = now() + make_interval(secs => $2), updated_at = now() WHERE request_id = $1`,
-		r.RequestID, p.cfg.OverdueCheck.Seconds()); err != nil {
+	if err := requests.FollowResizeAt(ctx, tx, r.RequestID, p.cfg.OverdueCheck); err != nil {
 		return fmt.Errorf("follow resize %s: %w", r.RequestID, err)
 	}
 	if r.RequestState.Final() || r.RequestPhase == PhaseOverdue || r.RequestPhase == pipeline.PhaseCompensating {

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
@@ -75,10 +76,8 @@ func RecordChange(ctx context.Context, tx pgx.Tx, c Change) error {
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, project_id)
-		VALUES ($1, $2, $3, $4, now(), $5,
-			(SELECT project_id FROM instances WHERE uuid = $4)) ON CONFLICT (source, message_id) DO NOTHING`,
-		BridgeSource, EventVGPUChanged+":"+c.Request.String(), EventVGPUChanged, c.Instance, b); err != nil {
+	if err := requests.QueueEvent(ctx, tx, requests.Event{Source: BridgeSource, MessageID: EventVGPUChanged + ":" + c.Request.String(),
+		Type: EventVGPUChanged, Instance: c.Instance, Payload: b}); err != nil {
 		return fmt.Errorf("request %s: record the change of instance %s: %w", c.Request, c.Instance, err)
 	}
 	return nil

@@ -116,11 +116,7 @@ func (p *Processor) deferHeld(ctx context.Context, w *Work) error {
 		return nil
 	}
 	keep := w.Plan.Outcome == OutcomeDefer || !w.Row.Webhook()
-	if _, err := w.Tx.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload,
-			publisher_id, priority, request_id, global_request_id, project_id, user_id, not_before, deferred_from, deferred_rules)
-		SELECT source, message_id || '#deferred-' || id, event_type, instance_uuid, occurred_at, payload,
-			publisher_id, priority, CASE WHEN $2 THEN request_id END, global_request_id, project_id, user_id, $3, coalesce(deferred_from, id), $4
-		FROM events WHERE id = $1`, w.Row.ID, keep, until, rules); err != nil {
+	if err := requests.DeferEvent(ctx, w.Tx, w.Row.ID, keep, until, rules); err != nil {
 		return fmt.Errorf("defer event %d until %s: %w", w.Row.ID, until.UTC().Format(time.RFC3339), err)
 	}
 	return nil

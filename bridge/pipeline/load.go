@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -180,13 +181,12 @@ func (p *Processor) LoadOnce(ctx context.Context) (int, error) {
 		if len(ids) == 0 {
 			return nil
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, project_id)
-			SELECT $1, m, $2, i::uuid, now(), p::jsonb, nullif(pj, '') FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) AS t(i, m, p, pj)
-			ON CONFLICT (source, message_id) DO NOTHING`, BridgeSource, EventVGPULoad, ids, msgs, payloads, projects)
+		n, err := requests.QueueLoadEvents(ctx, tx, requests.LoadEvents{Source: BridgeSource, Type: EventVGPULoad,
+			Instances: ids, MessageIDs: msgs, Payloads: payloads, ProjectIDs: projects})
 		if err != nil {
 			return fmt.Errorf("write load events: %w", err)
 		}
-		written = int(tag.RowsAffected())
+		written = int(n)
 		return nil
 	})
 	return written, err

@@ -63,10 +63,8 @@ func RecordMaintenance(ctx context.Context, q requests.Execer, e MaintenanceEven
 	if err != nil {
 		return err
 	}
-	if _, err := q.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, project_id)
-		VALUES ($1, $2, $3, $4, now(), $5,
-			(SELECT project_id FROM instances WHERE uuid = $4)) ON CONFLICT (source, message_id) DO NOTHING`,
-		BridgeSource, EventMaintenance+":"+e.Request.String(), EventMaintenance, e.Instance, b); err != nil {
+	if err := requests.QueueEvent(ctx, q, requests.Event{Source: BridgeSource, MessageID: EventMaintenance + ":" + e.Request.String(),
+		Type: EventMaintenance, Instance: e.Instance, Payload: b}); err != nil {
 		return fmt.Errorf("maintenance %s of %s: record the event: %w", e.Half, e.Instance, err)
 	}
 	return nil

@@ -1089,8 +1089,8 @@ func (p *Processor) notify(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, inst
 			continue
 		}
 		detail, _ := json.Marshal(map[string]any{"message": s.Intent.Message, "rule": s.Intent.Rule, "why": s.Intent.Why})
-		if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-			VALUES ($1, 'notify', 'instance', $2, $3, $4)`, p.actor(), orDefault(instance, "-"), reqID.String(), detail); err != nil {
+		if err := requests.Audit(ctx, tx, requests.Entry{Actor: p.actor(), Action: "notify", ObjectType: "instance",
+			ObjectID: orDefault(instance, "-"), RequestID: reqID.String(), Detail: detail}); err != nil {
 			return err
 		}
 	}
@@ -1175,8 +1175,8 @@ func (p *Processor) auditReleased(ctx context.Context, tx pgx.Tx, reqID uuid.UUI
 	for _, c := range claims {
 		detail, _ := json.Marshal(map[string]any{"claim_released": map[string]any{"provider": c.provider, "class": c.class, "amount": c.amount},
 			"reason": why})
-		if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-			VALUES ($1, 'compensate', 'instance', $2, $3, $4)`, p.actor(), c.consumer, reqID.String(), detail); err != nil {
+		if err := requests.Audit(ctx, tx, requests.Entry{Actor: p.actor(), Action: "compensate", ObjectType: "instance",
+			ObjectID: c.consumer, RequestID: reqID.String(), Detail: detail}); err != nil {
 			return err
 		}
 	}

@@ -87,8 +87,8 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 		}
 		if purpose == PurposeCompensation {
 			detail, _ := json.Marshal(map[string]any{"command_id": r.CommandID, "kind": kind, "status": r.Status, "code": r.Code, "message": r.Message})
-			if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-				VALUES ($1, 'compensation_result', 'command', $2, $3, $4)`, p.actor(), r.CommandID, reqID.String(), detail); err != nil {
+			if err := requests.Audit(ctx, tx, requests.Entry{Actor: p.actor(), Action: "compensation_result", ObjectType: "command",
+				ObjectID: r.CommandID, RequestID: reqID.String(), Detail: detail}); err != nil {
 				return err
 			}
 			if kind == string(protocol.AttachVGPU) && r.Status != protocol.Succeeded && attID != nil {
@@ -309,8 +309,8 @@ func (p *Processor) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, 
 			return err
 		}
 		d, _ := json.Marshal(detail)
-		if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-			VALUES ($1, 'compensate', 'attachment', $2, $3, $4)`, p.actor(), a.ID.String(), reqID.String(), d); err != nil {
+		if err := requests.Audit(ctx, tx, requests.Entry{Actor: p.actor(), Action: "compensate", ObjectType: "attachment",
+			ObjectID: a.ID.String(), RequestID: reqID.String(), Detail: d}); err != nil {
 			return err
 		}
 	}
@@ -352,8 +352,8 @@ func (p *Processor) restoreReleases(ctx context.Context, tx pgx.Tx, reqID uuid.U
 		}
 		d, _ := json.Marshal(map[string]any{"reason": reason, "commands": []string{string(protocol.AttachVGPU) + " " + cs[0].ID},
 			"profile": a.Profile, "gpu": a.PCIAddress})
-		if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-			VALUES ($1, 'restore', 'attachment', $2, $3, $4)`, p.actor(), a.ID.String(), reqID.String(), d); err != nil {
+		if err := requests.Audit(ctx, tx, requests.Entry{Actor: p.actor(), Action: "restore", ObjectType: "attachment",
+			ObjectID: a.ID.String(), RequestID: reqID.String(), Detail: d}); err != nil {
 			return err
 		}
 		p.m.compensations.WithLabelValues("vgpu_restored").Inc()
@@ -385,8 +385,8 @@ func (p *Processor) restoreFailed(ctx context.Context, tx pgx.Tx, reqID, attID u
 		return err
 	}
 	d, _ := json.Marshal(map[string]any{"reason": reason, "profile": a.Profile, "gpu": a.PCIAddress, "provider": a.Provider})
-	if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-		VALUES ($1, 'restore_failed', 'attachment', $2, $3, $4)`, p.actor(), a.ID.String(), reqID.String(), d); err != nil {
+	if err := requests.Audit(ctx, tx, requests.Entry{Actor: p.actor(), Action: "restore_failed", ObjectType: "attachment",
+		ObjectID: a.ID.String(), RequestID: reqID.String(), Detail: d}); err != nil {
 		return err
 	}
 	p.m.compensations.WithLabelValues("restore_failed").Inc()
@@ -498,9 +498,8 @@ func (p *Processor) undoLate(ctx context.Context, tx pgx.Tx, reqID, attID uuid.U
 		kinds = append(kinds, string(c.c.Kind)+" "+c.c.ID)
 	}
 	d, _ := json.Marshal(map[string]any{"reason": "a late result said the agent did it after the request had ended", "commands": kinds})
-	_, err = tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-		VALUES ($1, 'compensate', 'attachment', $2, $3, $4)`, p.actor(), attID.String(), reqID.String(), d)
-	return err
+	return requests.Audit(ctx, tx, requests.Entry{Actor: p.actor(), Action: "compensate", ObjectType: "attachment",
+		ObjectID: attID.String(), RequestID: reqID.String(), Detail: d})
 }
 
 // CheckDeadlines fails the requests whose deadline passed without every

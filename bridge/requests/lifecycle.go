@@ -3,9 +3,11 @@ package requests
 // The lifecycle verbs. This package alone writes the request lifecycle:
 // requests (with their audit rows, Transition), the decisions taken for
 // inbox events, the outbox of commands, the vGPU attachments, their usage
-// (usage.go) and the processed state of inbox events. Everyone else calls these verbs, in
-// their own transaction; TestOneOwner fails when a production package
-// writes those tables itself.
+// (usage.go), the inbox itself (events.go), the audit log (audit.go), the
+// Nova-path resizes (resize.go) and the callbacks (callbacks.go). Everyone
+// else calls these verbs, in their own transaction; TestOneOwner fails when
+// a production package writes a table it does not own (owner_test.go maps
+// each table to its owner).
 
 import (
 	"context"

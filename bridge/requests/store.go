@@ -7,7 +7,9 @@
 // Transition is the single place that changes a request's state: it checks
 // the move, writes the audit row in the caller's transaction and, on a
 // final state, queues the request's callback (delivered by package
-// webhook). The package also serves GET /v1/requests/{id} and
+// webhook). It is the one writer of the records that hang off requests
+// (the inbox, the audit log, Nova-path resizes, callbacks: lifecycle.go).
+// The package also serves GET /v1/requests/{id} and
 // POST /v1/requests/{id}/cancel.
 package requests
 

@@ -12,8 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
@@ -83,14 +82,8 @@ func (c *CallbackConfig) client() *http.Client {
 	}
 }
 
-type dueCallback struct {
-	id        int64
-	requestID uuid.UUID
-	source    string
-	url       string
-	payload   []byte
-	attempts  int
-}
+// dueCallback is a callback claimed for delivery.
+type dueCallback = requests.DueCallback
 
 func (e *Endpoint) callbackLoop(ctx context.Context) {
 	t := time.NewTicker(e.cfg.Callbacks.PollInterval)
@@ -119,25 +112,9 @@ func (e *Endpoint) callbackLoop(ctx context.Context) {
 // deliverDue claims due callbacks for a lease and delivers them.
 func (e *Endpoint) deliverDue(ctx context.Context) (int, error) {
 	cc := e.cfg.Callbacks
-	rows, err := e.pool.Query(ctx, `UPDATE request_callbacks SET next_attempt_at = now() + make_interval(secs => $1)
-		WHERE id IN (SELECT id FROM request_callbacks WHERE state = 'pending' AND next_attempt_at <= now()
-		             ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-		RETURNING id, request_id, source, url, payload, attempts`, cc.Lease.Seconds(), cc.Parallel)
+	due, err := requests.ClaimCallbacks(ctx, e.pool, cc.Lease, cc.Parallel)
 	if err != nil {
-		return 0, fmt.Errorf("claim callbacks: %w", err)
-	}
-	var due []dueCallback
-	for rows.Next() {
-		var d dueCallback
-		if err := rows.Scan(&d.id, &d.requestID, &d.source, &d.url, &d.payload, &d.attempts); err != nil {
-			rows.Close()
-			return 0, err
-		}
-		due = append(due, d)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("claim callbacks: %w", err)
+		return 0, err
 	}
 	var wg sync.WaitGroup
 	for _, d := range due {
@@ -145,7 +122,7 @@ func (e *Endpoint) deliverDue(ctx context.Context) (int, error) {
 		go func() {
 			defer wg.Done()
 			if err := e.deliver(ctx, d); err != nil && ctx.Err() == nil {
-				e.log.Warn("callback bookkeeping", "callback", d.id, "err", err)
+				e.log.Warn("callback bookkeeping", "callback", d.ID, "err", err)
 			}
 		}()
 	}
@@ -155,29 +132,29 @@ func (e *Endpoint) deliverDue(ctx context.Context) (int, error) {
 
 // deliver makes one attempt and records it.
 func (e *Endpoint) deliver(ctx context.Context, d dueCallback) error {
-	attempt := d.attempts + 1
-	src := e.sources[d.source]
+	attempt := d.Attempts + 1
+	src := e.sources[d.Source]
 	var refusal string
-	u, err := url.Parse(d.url)
+	u, err := url.Parse(d.URL)
 	switch {
 	case src == nil:
-		refusal = fmt.Sprintf("source %q is no longer configured", d.source)
+		refusal = fmt.Sprintf("source %q is no longer configured", d.Source)
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil:
 		refusal = "not an http or https URL without user information"
 	case !hostAllowed(src.cfg.CallbackHosts, u.Hostname()):
-		refusal = fmt.Sprintf("host %q is not on the callback_hosts allowlist of source %q", u.Hostname(), d.source)
+		refusal = fmt.Sprintf("host %q is not on the callback_hosts allowlist of source %q", u.Hostname(), d.Source)
 	}
 	if refusal != "" {
 		// Never contacted: recorded as an attempt without an answer.
-		e.m.callbacks.WithLabelValues(d.source, "refused").Inc()
-		e.log.Warn("callback refused", logkey.Source, d.source, "request", d.requestID, logkey.Reason, refusal)
+		e.m.callbacks.WithLabelValues(d.Source, "refused").Inc()
+		e.log.Warn("callback refused", logkey.Source, d.Source, "request", d.RequestID, logkey.Reason, refusal)
 		return e.recordAttempt(ctx, d, attempt, 0, refusal, 0, "refused", 0)
 	}
 	start := time.Now()
 	code, aerr := e.post(ctx, src, d)
 	dur := time.Since(start)
 	if aerr == nil && code >= 200 && code < 300 {
-		e.m.callbacks.WithLabelValues(d.source, "delivered").Inc()
+		e.m.callbacks.WithLabelValues(d.Source, "delivered").Inc()
 		return e.recordAttempt(ctx, d, attempt, code, "", dur, "delivered", 0)
 	}
 	msg := ""
@@ -187,11 +164,11 @@ func (e *Endpoint) deliver(ctx context.Context, d dueCallback) error {
 		msg = "answered " + strconv.Itoa(code)
 	}
 	if attempt >= e.cfg.Callbacks.MaxAttempts {
-		e.m.callbacks.WithLabelValues(d.source, "failed").Inc()
-		e.log.Warn("callback failed for good", logkey.Source, d.source, "request", d.requestID, "attempts", attempt, "err", msg)
+		e.m.callbacks.WithLabelValues(d.Source, "failed").Inc()
+		e.log.Warn("callback failed for good", logkey.Source, d.Source, "request", d.RequestID, "attempts", attempt, "err", msg)
 		return e.recordAttempt(ctx, d, attempt, code, msg, dur, "failed", 0)
 	}
-	e.m.callbacks.WithLabelValues(d.source, "retry").Inc()
+	e.m.callbacks.WithLabelValues(d.Source, "retry").Inc()
 	// attempt ≥ 1 attempts failed: the first retry waits BackoffMin.
 	wait := backoff.Policy{Min: e.cfg.Callbacks.BackoffMin, Max: e.cfg.Callbacks.BackoffMax}.Delay(attempt - 1)
 	return e.recordAttempt(ctx, d, attempt, code, msg, dur, "pending", wait)
@@ -200,11 +177,11 @@ func (e *Endpoint) deliver(ctx context.Context, d dueCallback) error {
 func (e *Endpoint) post(ctx context.Context, src *source, d dueCallback) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Callbacks.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(d.payload))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.URL, bytes.NewReader(d.Payload))
 	if err != nil {
 		return 0, err
 	}
-	SignCallback(req.Header, src.current(), "cb_"+strconv.FormatInt(d.id, 10), e.cfg.Now(), d.payload)
+	SignCallback(req.Header, src.current(), "cb_"+strconv.FormatInt(d.ID, 10), e.cfg.Now(), d.Payload)
 	resp, err := e.client.Do(req)
 	if err != nil {
 		var ue *url.Error
@@ -257,14 +234,8 @@ func (e *Endpoint) recordAttempt(ctx context.Context, d dueCallback, attempt, co
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, `INSERT INTO request_callback_attempts (callback_id, attempt, status_code, error, duration_ms)
-		VALUES ($1, $2, $3, $4, $5)`, d.id, attempt, codeArg, errArg, dur.Milliseconds()); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `UPDATE request_callbacks SET attempts = $2, state = $3, last_error = $4,
-		next_attempt_at = now() + make_interval(secs => $5),
-		finished_at = CASE WHEN $3 = 'pending' THEN NULL ELSE now() END
-		WHERE id = $1`, d.id, attempt, state, errArg, wait.Seconds()); err != nil {
+	if err := requests.RecordCallbackAttempt(ctx, tx, requests.CallbackAttempt{Callback: d.ID, Attempt: attempt, StatusCode: codeArg,
+		Error: errArg, Duration: dur, State: state, Wait: wait}); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)

@@ -296,9 +296,7 @@ func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []re
 // queueCreate queues the requests of create and their inbox events.
 func (e *Endpoint) queueCreate(b *pgx.Batch, create []*pending) error {
 	reqs := make([]requests.Request, len(create))
-	var evSrc, evMsg, evType, evPayload, evReq, evProj []string
-	var evInst [][16]byte
-	var evAt []time.Time
+	var evs requests.WebhookEvents
 	for j, p := range create {
 		reqs[j] = p.req
 		id := p.req.ID.String()
@@ -306,25 +304,13 @@ func (e *Endpoint) queueCreate(b *pgx.Batch, create []*pending) error {
 			if ev.err != nil {
 				return ev.err
 			}
-			evSrc = append(evSrc, p.src.label)
-			evMsg = append(evMsg, ev.msgID)
-			evType = append(evType, ev.payload.Type)
-			evInst = append(evInst, [16]byte(ev.vmUUID))
-			evAt = append(evAt, ev.at)
-			evPayload = append(evPayload, ev.json)
-			evReq = append(evReq, id)
-			evProj = append(evProj, ev.project)
+			evs.Add(p.src.label, ev.msgID, ev.payload.Type, [16]byte(ev.vmUUID), ev.at, ev.json, id, ev.project)
 		}
 	}
 	if err := e.store.QueueCreate(b, reqs); err != nil {
 		return err
 	}
-	if len(evSrc) > 0 {
-		b.Queue(`INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id, project_id)
-			SELECT s, m, t, i, o, p::jsonb, r, NULLIF(pj, '')
-			FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::timestamptz[], $6::text[], $7::text[], $8::text[])
-			  AS x(s, m, t, i, o, p, r, pj)`, evSrc, evMsg, evType, evInst, evAt, evPayload, evReq, evProj)
-	}
+	requests.QueueWebhookEvents(b, &evs)
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
@@ -51,6 +52,7 @@ func newSyncCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			pc.Auditor = requests.Auditor{DB: pool, Actor: "vgpu-bridge/" + pc.Replica}
 			svc, err := placement.New(ctx, pc, pool, nil, log)
 			if err != nil {
 				return err

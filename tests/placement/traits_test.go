@@ -11,6 +11,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/traits"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/placementfleet"
@@ -31,7 +32,8 @@ func TestTypeFromReportAndTraitAdded(t *testing.T) {
 	}
 	pool := testsvc.Pool(t, testsvc.MigratedPostgres(t))
 	s, err := placement.New(ctx, placement.Config{Client: placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin"},
-		SyncInterval: 200 * time.Millisecond, AddTypeTraits: true, Replica: "traits-test"}, pool, catalog.New(), nil)
+		SyncInterval: 200 * time.Millisecond, AddTypeTraits: true, Replica: "traits-test",
+		Auditor: requests.Auditor{DB: pool, Actor: "vgpu-bridge/traits-test"}}, pool, catalog.New(), nil)
 	testsvc.Must(t, err, "service")
 	sc := s.Client().ServiceClient()
 	t.Cleanup(func() { traits.Delete(context.Background(), sc, trait) }) //nolint:errcheck // after the providers go
