@@ -209,7 +209,7 @@ SHARE_DIR=$STATE_DIR/share
 
 ssh_opts() {
 	echo -i "$SSH_KEY" -p "$SSH_PORT" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
-		-o LogLevel=ERROR -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=10 \
+		-o LogLevel=ERROR -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 \
 		-o ControlMaster=auto -o ControlPath="$SSH_CTL" -o ControlPersist=600
 }
 vm_ssh() { ssh $(ssh_opts) root@127.0.0.1 "$@"; }
@@ -257,7 +257,7 @@ cmd_up() {
 	: >"$SERIAL_LOG"
 	qemu-system-x86_64 -name vgpu-bridge-lab \
 		-machine q35,accel=tcg -cpu max -smp "$CPUS" -m "$MEM" \
-		-device intel-iommu \
+		-device intel-iommu,intremap=off \
 		-kernel "/boot/vmlinuz-$KVER" -initrd "$CACHE/initramfs.img" \
 		-append "console=ttyS0 rdinit=/init intel_iommu=on net.ifnames=0 systemd.unit=lab.target panic=-1" \
 		-virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
