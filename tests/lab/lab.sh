@@ -212,7 +212,7 @@ ssh_opts() {
 		-o LogLevel=ERROR -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 \
 		-o ControlMaster=auto -o ControlPath="$SSH_CTL" -o ControlPersist=600
 }
-vm_ssh() { ssh $(ssh_opts) root@127.0.0.1 "$@"; }
+vm_ssh() { ssh $(ssh_opts) root@127.0.0.1 "$@" 8>&-; } # fd 8: the lock of `up`; a master must not keep it
 qemu_running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 vm_answers() { qemu_running && [ -f "$SSH_KEY" ] && vm_ssh true </dev/null 2>/dev/null; }
 
@@ -266,7 +266,7 @@ cmd_up() {
 		-netdev user,id=n0,hostfwd=tcp:127.0.0.1:"$SSH_PORT"-:22 -device virtio-net-pci,netdev=n0 \
 		-device edu,addr=0x10 \
 		-display none -monitor none -serial file:"$SERIAL_LOG" \
-		-no-reboot -daemonize -pidfile "$PIDFILE"
+		-no-reboot -daemonize -pidfile "$PIDFILE" 8>&- # the VM outlives `up` and its lock
 	local i
 	for ((i = 0; i < BOOT_TIMEOUT; i++)); do
 		if vm_answers; then
