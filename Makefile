@@ -39,6 +39,18 @@ test: services ## Start the services, run unit and integration tests with the ra
 	CI=$${CI:-} $(GO) test -race -timeout $(TEST_TIMEOUT) -count=1 ./...
 	bash tests/fuzz.sh $(TEST_FUZZTIME)
 
+.PHONY: lab
+lab: ## Bring up the lab VM (tests/lab/lab.sh up: Debian's kernel, systemd, libvirtd, sample mdev drivers under QEMU)
+	bash tests/lab/lab.sh up
+
+.PHONY: lab-down
+lab-down: ## Power the lab VM off
+	bash tests/lab/lab.sh down
+
+.PHONY: lab-test
+lab-test: ## Run the tests against the lab VM (brings it up first; not part of `make test`)
+	$(GO) test -tags lab -timeout 40m -count=1 -v ./tests/lab/
+
 .PHONY: fuzz
 fuzz: ## Run every Go fuzz target for FUZZTIME each (default 1m)
 	bash tests/fuzz.sh $(FUZZTIME)
