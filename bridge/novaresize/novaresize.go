@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
@@ -242,30 +243,11 @@ func (p *Path) TakeResult(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host,
 	return p.result(ctx, tx, reqID, host, kind, res)
 }
 
-// Phases of a Nova-path request.
-const (
-	PhaseResizing   = "resizing"
-	PhaseVerifying  = "verifying"
-	PhaseConfirming = "confirming"
-	// PhaseOverdue: Nova still resizes past the step's deadline; the
-	// bridge follows the resize to its end.
-	PhaseOverdue = "overdue"
-)
-
 // Kinds of a Nova-path resize (nova_resizes.kind).
 const (
 	KindAttach  = "attach"  // from a flavor without vGPU to one with
 	KindResize  = "resize"  // to a flavor with another profile or count
 	KindRelease = "release" // to the flavor without vGPU
-)
-
-// Request codes of the Nova-native path.
-const (
-	CodeNoFlavor     = "no_flavor"     // no flavor carries the vGPU; the reason names the one to create
-	CodeNovaFailed   = "nova_failed"   // Nova could not resize (NoValidHost, a compute error)
-	CodeNovaError    = "nova_error"    // Nova's API refused a call
-	CodeNovaTimeout  = "nova_timeout"  // a step did not end by its deadline
-	CodeVerifyFailed = "verify_failed" // the agent did not find the vGPU; the resize was reverted
 )
 
 // Steps of nova_resizes.
@@ -317,20 +299,20 @@ func (p *Path) verifiableHosts(ctx context.Context, q pipeline.Querier, exclude 
 // Act runs a plan with a Nova resize step in the decision's transaction
 // (pipeline.Actor): checks, the dry run, and the nova_resizes row whose
 // resize call the loop makes. Failures end the request (Work.Fail).
-func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err error) {
+func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err error) {
 	defer wrapErr(&err, "resize through Nova")
 	tx, reqID, f := w.Tx, w.Request, w.Facts
 	fail := func(code, reason string) error { return w.Fail(ctx, code, reason) }
 	if p.nova == nil {
-		return fail(pipeline.CodeNovaPath, "the Nova-native path needs Nova's API: set [nova] endpoint_override and token_file, or [openstack] cloud")
+		return fail(flow.CodeNovaPath, "the Nova-native path needs Nova's API: set [nova] endpoint_override and token_file, or [openstack] cloud")
 	}
 	for _, o := range w.Plan.Steps {
 		switch o.Kind {
-		case pipeline.StepNotify:
-			if err := w.Notify(ctx, []pipeline.Step{o}); err != nil {
+		case flow.StepNotify:
+			if err := w.Notify(ctx, []flow.Step{o}); err != nil {
 				return err
 			}
-		case pipeline.StepNovaResize:
+		case flow.StepNovaResize:
 		default:
 			w.Plan.Notes = append(w.Plan.Notes, fmt.Sprintf("%s: not applied with a Nova resize in the same decision", o.Kind))
 		}
@@ -342,7 +324,7 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err 
 	case policy.IntentRelease:
 		kind, n = KindRelease, 0
 		if f.Instance.FlavorVGPUs == 0 {
-			return fail(pipeline.CodeUnsupported, fmt.Sprintf("instance %s has no vGPU from its flavor to give back", f.Instance.UUID))
+			return fail(flow.CodeUnsupported, fmt.Sprintf("instance %s has no vGPU from its flavor to give back", f.Instance.UUID))
 		}
 	case policy.IntentResize:
 		kind = KindResize
@@ -351,21 +333,21 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err 
 		}
 	default:
 		if f.Instance.FlavorVGPUs > 0 {
-			return fail(pipeline.CodeUnsupported, fmt.Sprintf("instance %s already has %d vGPU(s) from its flavor; "+
+			return fail(flow.CodeUnsupported, fmt.Sprintf("instance %s already has %d vGPU(s) from its flavor; "+
 				"a GPU_RESIZE (policy intent resize) changes them through Nova, a GPU_RELEASE gives them back", f.Instance.UUID, f.Instance.FlavorVGPUs))
 		}
 	}
 	if len(f.Attachments) > 0 {
 		// A resize rewrites the instance's allocations: the bridge's own
 		// claims would have to follow (move.go) while it resizes.
-		return fail(pipeline.CodeUnsupported, fmt.Sprintf("instance %s holds %d direct-path vGPU(s); release them before a resize through Nova, or use attach_mode direct-live",
+		return fail(flow.CodeUnsupported, fmt.Sprintf("instance %s holds %d direct-path vGPU(s); release them before a resize through Nova, or use attach_mode direct-live",
 			f.Instance.UUID, len(f.Attachments)))
 	}
 	var busy uuid.UUID
 	err = tx.QueryRow(ctx, `SELECT request_id FROM nova_resizes WHERE instance_uuid = $1 AND step <> 'done'`, f.Instance.UUID).Scan(&busy)
 	switch {
 	case err == nil:
-		return fail(pipeline.CodeBusy, fmt.Sprintf("request %s is resizing this instance through Nova; retry when it is finished", busy))
+		return fail(flow.CodeBusy, fmt.Sprintf("request %s is resizing this instance through Nova; retry when it is finished", busy))
 	case !errors.Is(err, pgx.ErrNoRows):
 		return err
 	}
@@ -383,7 +365,7 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err 
 			return pipeline.Retry(fmt.Errorf("dry run: %w", err))
 		}
 		if !fits {
-			return fail(pipeline.CodeNoCapacity, fmt.Sprintf("no GPU of a host whose agent reports has %d free unit(s) of %s (%s) in Placement; "+
+			return fail(flow.CodeNoCapacity, fmt.Sprintf("no GPU of a host whose agent reports has %d free unit(s) of %s (%s) in Placement; "+
 				"Nova's scheduler would answer NoValidHost (or pick a host the bridge cannot verify), so Nova was not called", n, in.Profile, in.Trait))
 		}
 	}
@@ -409,7 +391,7 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s pipeline.Step) (err 
 	if len(w.Plan.Notes) > 0 {
 		reason += "; " + strings.Join(w.Plan.Notes, "; ")
 	}
-	if err := w.Decided(ctx, pipeline.PhaseQueued, reason); err != nil {
+	if err := w.Decided(ctx, flow.PhaseQueued, reason); err != nil {
 		return err
 	}
 	p.kick()
@@ -575,7 +557,7 @@ func (p *Path) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, re
 		return err
 	}
 	if !r.RequestState.Final() {
-		if _, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, pipeline.PhaseCompensating, "reverting the resize: "+reason, code); err != nil {
+		if _, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, flow.PhaseCompensating, "reverting the resize: "+reason, code); err != nil {
 			return err
 		}
 	}
@@ -594,7 +576,7 @@ func (p *Path) finished(ctx context.Context, tx pgx.Tx, r resizeRow, host string
 		if _, err := tx.Exec(ctx, `UPDATE nova_resizes SET target_host = $2 WHERE request_id = $1`, r.RequestID, host); err != nil {
 			return false, err
 		}
-		return false, p.startRevert(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova finished the resize to %s on host %s after its deadline (%s); "+
+		return false, p.startRevert(ctx, tx, r, flow.CodeNovaTimeout, fmt.Sprintf("Nova finished the resize to %s on host %s after its deadline (%s); "+
 			"reverting it as [nova] on_deadline = revert says", cmp.Or(r.FlavorName, "the new flavor"), host, p.cfg.ResizeTimeout))
 	}
 	if r.Kind != KindRelease {
@@ -608,7 +590,7 @@ func (p *Path) finished(ctx context.Context, tx pgx.Tx, r resizeRow, host string
 		if to == requests.Decided {
 			to = requests.Dispatched
 		}
-		if _, err := p.reqs.Transition(ctx, tx, r.RequestID, to, PhaseConfirming,
+		if _, err := p.reqs.Transition(ctx, tx, r.RequestID, to, flow.PhaseConfirming,
 			fmt.Sprintf("Nova finished the resize to %s (no vGPU) on host %s; confirming it", cmp.Or(r.FlavorName, "the new flavor"), host), ""); err != nil {
 			return false, err
 		}
@@ -637,7 +619,7 @@ func (p *Path) queueVerify(ctx context.Context, tx pgx.Tx, r resizeRow, host str
 		if to == requests.Decided {
 			to = requests.Dispatched
 		}
-		if _, err := p.reqs.Transition(ctx, tx, r.RequestID, to, PhaseVerifying,
+		if _, err := p.reqs.Transition(ctx, tx, r.RequestID, to, flow.PhaseVerifying,
 			fmt.Sprintf("Nova finished the resize to %s on host %s; the agent verifies the vGPU", cmp.Or(r.FlavorName, "the new flavor"), host), ""); err != nil {
 			return err
 		}
@@ -684,7 +666,7 @@ func (p *Path) event(ctx context.Context, w *pipeline.Work) (handled, outbox boo
 		}
 		if r.RequestState.Final() {
 			r.TargetHost = host
-			return true, false, p.startRevert(ctx, tx, r, CodeNovaFailed, "the request ended while Nova resized")
+			return true, false, p.startRevert(ctx, tx, r, flow.CodeNovaFailed, "the request ended while Nova resized")
 		}
 		if r.FlavorName == "" {
 			r.FlavorName = pl.flavor
@@ -699,14 +681,14 @@ func (p *Path) event(ctx context.Context, w *pipeline.Work) (handled, outbox boo
 		if why == "" {
 			why = "no reason given"
 		}
-		return true, false, p.finishFailed(ctx, tx, r, CodeNovaFailed,
+		return true, false, p.finishFailed(ctx, tx, r, flow.CodeNovaFailed,
 			fmt.Sprintf("Nova could not resize instance %s to flavor %s (%s): %s", r.Instance, cmp.Or(r.FlavorName, "?"), et, why))
 	case confirmed && (r.Step == stepConfirm || r.Step == stepConfirming):
 		return true, false, p.finishSucceeded(ctx, tx, r, "Nova confirmed the resize")
 	case reverted && (r.Step == stepRevert || r.Step == stepReverting):
-		return true, false, p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
+		return true, false, p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, flow.CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
 	case novaErr && (r.Step == stepConfirm || r.Step == stepConfirming || r.Step == stepRevert || r.Step == stepReverting):
-		return true, false, p.finishFailed(ctx, tx, r, CodeNovaFailed,
+		return true, false, p.finishFailed(ctx, tx, r, flow.CodeNovaFailed,
 			fmt.Sprintf("Nova failed while %s the resize of instance %s (%s): %s", map[bool]string{true: "confirming", false: "reverting"}[r.Step == stepConfirm || r.Step == stepConfirming],
 				r.Instance, et, cmp.Or(pl.reason, "no reason given")))
 	}
@@ -806,15 +788,15 @@ func (p *Path) result(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kin
 		return true, err
 	}
 	if res.Status != protocol.Succeeded {
-		return true, p.startRevert(ctx, tx, r, CodeVerifyFailed, pipeline.DescribeResult(host, kind, res))
+		return true, p.startRevert(ctx, tx, r, flow.CodeVerifyFailed, pipeline.DescribeResult(host, kind, res))
 	}
 	if r.RequestState.Final() {
-		return true, p.startRevert(ctx, tx, r, CodeVerifyFailed, "the request ended while the agent verified the vGPU")
+		return true, p.startRevert(ctx, tx, r, flow.CodeVerifyFailed, "the request ended while the agent verified the vGPU")
 	}
 	if err := setStep(ctx, tx, r.RequestID, stepConfirm, 0, true, ", attempts = 0"); err != nil {
 		return true, err
 	}
-	if _, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, PhaseConfirming,
+	if _, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, flow.PhaseConfirming,
 		fmt.Sprintf("the agent of host %s verified %s; confirming the resize", host, r.what()), ""); err != nil {
 		return true, err
 	}
@@ -936,11 +918,11 @@ func (p *Path) callNova(ctx context.Context, r resizeRow) callOutcome {
 	srv, err := nc.Server(cctx, r.Instance, id)
 	if computeapi.IsNotFound(err) {
 		return callOutcome{audit: map[string]any{"call": "get server", "error": err.Error()}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return p.finishFailed(ctx, tx, r, pipeline.CodeNoInstance, fmt.Sprintf("Nova has no server %s", r.Instance))
+			return p.finishFailed(ctx, tx, r, flow.CodeNoInstance, fmt.Sprintf("Nova has no server %s", r.Instance))
 		}}
 	}
 	if err != nil {
-		return p.retryOrFail("get server", err, CodeNovaError)
+		return p.retryOrFail("get server", err, flow.CodeNovaError)
 	}
 	state := map[string]any{"status": srv.Status, "task_state": srv.TaskState, "host": srv.Host, "flavor": srv.Flavor.Name}
 	switch r.Step {
@@ -982,13 +964,13 @@ func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Serve
 				}}
 		}
 		return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return p.finishFailed(ctx, tx, r, pipeline.CodeBusy, fmt.Sprintf("server %s is being resized already (status %s, task state %s); retry when it is finished",
+			return p.finishFailed(ctx, tx, r, flow.CodeBusy, fmt.Sprintf("server %s is being resized already (status %s, task state %s); retry when it is finished",
 				r.Instance, srv.Status, cmp.Or(srv.TaskState, "none")))
 		}}
 	}
 	flavors, err := p.nova.Flavors(ctx, r.NovaRequestID)
 	if err != nil {
-		return p.retryOrFail("list flavors", err, CodeNovaError)
+		return p.retryOrFail("list flavors", err, flow.CodeNovaError)
 	}
 	var fl computeapi.Flavor
 	if r.Kind == KindRelease {
@@ -1001,17 +983,17 @@ func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Serve
 	}
 	if err != nil {
 		return callOutcome{audit: map[string]any{"call": "none", "server": state, "error": err.Error()}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-			return p.finishFailed(ctx, tx, r, CodeNoFlavor, err.Error())
+			return p.finishFailed(ctx, tx, r, flow.CodeNoFlavor, err.Error())
 		}}
 	}
 	// Committed before the call: should the bridge die before recording
 	// the outcome, the next attempt follows the resize under way instead
 	// of calling again.
 	if _, err := p.pool.Exec(ctx, `UPDATE nova_resizes SET resize_sent_at = now() WHERE request_id = $1`, r.RequestID); err != nil {
-		return p.retryOrFail("record the resize call", &computeapi.Error{Op: "record", Kind: computeapi.KindRetryable, Err: err}, CodeNovaError)
+		return p.retryOrFail("record the resize call", &computeapi.Error{Op: "record", Kind: computeapi.KindRetryable, Err: err}, flow.CodeNovaError)
 	}
 	if err := p.nova.Resize(ctx, srv.ID, fl.ID, r.NovaRequestID); err != nil {
-		code := CodeNovaError
+		code := flow.CodeNovaError
 		return p.retryOrFail(fmt.Sprintf("resize to flavor %s (%s)", fl.Name, fl.ID), err, code)
 	}
 	return callOutcome{audit: map[string]any{"call": "resize", "flavor_id": fl.ID, "flavor": fl.Name, "old_flavor": srv.Flavor.Name, "server": state},
@@ -1030,7 +1012,7 @@ func (p *Path) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, flavorI
 	if to == requests.Decided {
 		to = requests.Dispatched
 	}
-	_, err = p.reqs.Transition(ctx, tx, r.RequestID, to, PhaseResizing,
+	_, err = p.reqs.Transition(ctx, tx, r.RequestID, to, flow.PhaseResizing,
 		fmt.Sprintf("Nova resizes the server from flavor %s to %s (%s)", cmp.Or(oldFlavor, "?"), flavorName, r.what()), "")
 	return err
 }
@@ -1046,7 +1028,7 @@ func (p *Path) callConfirm(ctx context.Context, r resizeRow, srv computeapi.Serv
 	switch {
 	case srv.Status == "VERIFY_RESIZE":
 		if err := p.nova.ConfirmResize(ctx, srv.ID, r.NovaRequestID); err != nil {
-			return p.retryOrFail("confirm resize", err, CodeNovaError)
+			return p.retryOrFail("confirm resize", err, flow.CodeNovaError)
 		}
 		return callOutcome{audit: map[string]any{"call": "confirm_resize", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
 			return setStep(ctx, tx, r.RequestID, stepConfirming, p.cfg.ConfirmTimeout, false, "")
@@ -1062,7 +1044,7 @@ func (p *Path) callConfirm(ctx context.Context, r resizeRow, srv computeapi.Serv
 		}}
 	}
 	return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-		return p.finishFailed(ctx, tx, r, CodeNovaFailed, fmt.Sprintf("cannot confirm the resize: server %s is %s (task state %s) on flavor %s%s",
+		return p.finishFailed(ctx, tx, r, flow.CodeNovaFailed, fmt.Sprintf("cannot confirm the resize: server %s is %s (task state %s) on flavor %s%s",
 			r.Instance, srv.Status, cmp.Or(srv.TaskState, "none"), srv.Flavor.Name, faultSuffix(srv.Fault)))
 	}}
 }
@@ -1071,7 +1053,7 @@ func (p *Path) callRevert(ctx context.Context, r resizeRow, srv computeapi.Serve
 	switch {
 	case srv.Status == "VERIFY_RESIZE":
 		if err := p.nova.RevertResize(ctx, srv.ID, r.NovaRequestID); err != nil {
-			return p.retryOrFail("revert resize", err, CodeNovaError)
+			return p.retryOrFail("revert resize", err, flow.CodeNovaError)
 		}
 		return callOutcome{audit: map[string]any{"call": "revert_resize", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
 			return setStep(ctx, tx, r.RequestID, stepReverting, p.cfg.ConfirmTimeout, false, "")
@@ -1082,7 +1064,7 @@ func (p *Path) callRevert(ctx context.Context, r resizeRow, srv computeapi.Serve
 		}}
 	}
 	return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "nothing to revert"}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-		return p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, CodeVerifyFailed),
+		return p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, flow.CodeVerifyFailed),
 			fmt.Sprintf("%s; the server is %s on flavor %s", r.FailReason, srv.Status, srv.Flavor.Name))
 	}}
 }
@@ -1136,7 +1118,7 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 			return e
 		}
 		if computeapi.IsNotFound(srvErr) {
-			return p.finishFailed(ctx, tx, r, pipeline.CodeNoInstance, fmt.Sprintf("Nova has no server %s any more", r.Instance))
+			return p.finishFailed(ctx, tx, r, flow.CodeNoInstance, fmt.Sprintf("Nova has no server %s any more", r.Instance))
 		}
 		state := fmt.Sprintf("status %s, task state %s, flavor %s%s", srv.Status, cmp.Or(srv.TaskState, "none"), srv.Flavor.Name, faultSuffix(srv.Fault))
 		if err := p.auditNova(ctx, tx, r, "nova_deadline", map[string]any{"step": r.Step, "server": state}); err != nil {
@@ -1156,13 +1138,13 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 				r.TargetHost = srv.Host
 				return p.finishSucceeded(ctx, tx, r, "the server was found on the flavor after the deadline (confirmed by someone else, or by Nova's resize_confirm_window)")
 			}
-			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not finish the resize to %s within %s and the server is no longer resizing (server: %s)",
+			return p.finishFailed(ctx, tx, r, flow.CodeNovaTimeout, fmt.Sprintf("Nova did not finish the resize to %s within %s and the server is no longer resizing (server: %s)",
 				cmp.Or(r.FlavorName, "?"), p.cfg.ResizeTimeout, state))
 		case stepVerifying:
 			if err := requests.CancelUnsent(ctx, tx, r.RequestID); err != nil {
 				return err
 			}
-			return p.startRevert(ctx, tx, r, pipeline.CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer verify_vgpu within %s; is vgpu-agent running there and consuming %s?",
+			return p.startRevert(ctx, tx, r, flow.CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer verify_vgpu within %s; is vgpu-agent running there and consuming %s?",
 				r.TargetHost, p.cfg.VerifyTimeout, protocol.AgentQueue(r.TargetHost)))
 		case stepConfirming:
 			switch {
@@ -1174,7 +1156,7 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 				return p.followOverdue(ctx, tx, r, fmt.Sprintf("Nova has not confirmed the resize within %s (server: %s); the bridge follows it to its end",
 					p.cfg.ConfirmTimeout, state))
 			}
-			return p.finishFailed(ctx, tx, r, CodeNovaTimeout, fmt.Sprintf("Nova did not confirm the resize within %s (server: %s)", p.cfg.ConfirmTimeout, state))
+			return p.finishFailed(ctx, tx, r, flow.CodeNovaTimeout, fmt.Sprintf("Nova did not confirm the resize within %s (server: %s)", p.cfg.ConfirmTimeout, state))
 		default: // reverting
 			switch {
 			case srv.Status == "VERIFY_RESIZE": // the revert call was lost: make it again
@@ -1183,7 +1165,7 @@ func (p *Path) deadline(ctx context.Context) (_ bool, err error) {
 				return p.followOverdue(ctx, tx, r, fmt.Sprintf("Nova has not reverted the resize within %s (server: %s); the bridge follows it to its end",
 					p.cfg.ConfirmTimeout, state))
 			}
-			return p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
+			return p.finishFailed(ctx, tx, r, cmp.Or(r.FailCode, flow.CodeVerifyFailed), r.FailReason+"; Nova reverted the resize")
 		}
 	})
 }
@@ -1196,11 +1178,11 @@ func (p *Path) followOverdue(ctx context.Context, tx pgx.Tx, r resizeRow, why st
 		r.RequestID, p.cfg.OverdueCheck.Seconds()); err != nil {
 		return fmt.Errorf("follow resize %s: %w", r.RequestID, err)
 	}
-	if r.RequestState.Final() || r.RequestPhase == PhaseOverdue || r.RequestPhase == pipeline.PhaseCompensating {
+	if r.RequestState.Final() || r.RequestPhase == flow.PhaseOverdue || r.RequestPhase == flow.PhaseCompensating {
 		return nil
 	}
 	p.log.Warn("nova resize: past its deadline, followed to its end", logkey.RequestID, r.RequestID, logkey.Instance, r.Instance, "step", r.Step)
-	_, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, PhaseOverdue, why, "")
+	_, err := p.reqs.Transition(ctx, tx, r.RequestID, r.RequestState, flow.PhaseOverdue, why, "")
 	return err
 }
 
