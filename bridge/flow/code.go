@@ -25,6 +25,8 @@ const (
 	// CodeSuperseded ends a deferred request that a newer event of the
 	// same kind about the same instance superseded.
 	CodeSuperseded = "superseded"
+	// CodeCancelled is the code of a request an operator cancelled.
+	CodeCancelled = "cancelled"
 )
 
 // Request codes of the Nova-native path.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
 )
@@ -48,7 +47,7 @@ func (p *Path) callConfirm(ctx context.Context, r resizeRow, srv computeapi.Serv
 		// Cancelled after the verification: undo rather than confirm.
 		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "the request ended before the confirm"},
 			apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
-				return p.startRevert(ctx, tx, r, requests.CodeCancelled, "the request ended before the resize was confirmed")
+				return p.startRevert(ctx, tx, r, flow.CodeCancelled, "the request ended before the resize was confirmed")
 			}}
 	}
 	switch {

@@ -137,7 +137,7 @@ func (ReadRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 		if err := w.Tx.QueryRow(ctx, `SELECT coalesce(code,'') FROM requests WHERE id = $1`, id).Scan(&code); err != nil {
 			return false, fmt.Errorf("read request %s: %w", id, err)
 		}
-		if code != requests.CodeCancelled {
+		if code != flow.CodeCancelled {
 			w.Request, w.HasRequest, w.State = uuid.Nil, false, ""
 			return false, nil
 		}

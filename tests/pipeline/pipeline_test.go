@@ -281,7 +281,7 @@ func TestCancelCompensates(t *testing.T) {
 	}
 	// What POST /v1/requests/{id}/cancel does.
 	testsvc.Must(t, w.requests.Do(w.ctx, func(tx pgx.Tx) error {
-		_, err := w.requests.Transition(w.ctx, tx, id, requests.Failed, "", "cancelled by admin", requests.CodeCancelled)
+		_, err := w.requests.Transition(w.ctx, tx, id, requests.Failed, "", "cancelled by admin", flow.CodeCancelled)
 		return err
 	}), "cancel")
 	deadline = time.Now().Add(20 * time.Second)
