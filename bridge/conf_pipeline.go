@@ -10,6 +10,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/diagnostics"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -154,7 +155,7 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
 		// Results carrying a diagnostics bundle are stored by diagnostics; the rest go to the pipeline.
 		Results: diagnostics.Results{Store: &diagnostics.Store{Pool: pipePool, Log: log.With("component", "diagnostics")}, Next: proc},
-		Catalog: pol.Catalog(), Phase: pipeline.PhaseOf, Log: log.With("component", "dispatch"), Registry: reg,
+		Catalog: pol.Catalog(), Phase: flow.PhaseOf, Log: log.With("component", "dispatch"), Registry: reg,
 		Hold: ctl.Hold}) // operators' pause / observe-only hold the outbox
 	if err != nil {
 		pipePool.Close()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 )
 
 // Kind names a difference between Placement, the hosts and the bridge.
@@ -39,13 +40,6 @@ const (
 
 // Kinds lists every kind.
 var Kinds = []Kind{OrphanMdev, MissingDevice, StaleClaim, UnclaimedDevice, UnknownInstance}
-
-// Attachment states of vgpu_attachments the reconciler reads.
-const (
-	attPending   = "pending"
-	attAttached  = "attached"
-	attReleasing = "releasing"
-)
 
 // HostView is one compute host as its agent last reported it.
 type HostView struct {
@@ -184,7 +178,7 @@ func Detect(s *Snapshot) []Finding {
 		}
 		k := cp{a.Instance, a.Provider}
 		held[k] += max(a.Amount, 1)
-		if a.State == attAttached {
+		if a.State == flow.AttAttached {
 			attached[k] += max(a.Amount, 1)
 		}
 		attIDs[k] = append(attIDs[k], a.ID)
@@ -247,7 +241,7 @@ func Detect(s *Snapshot) []Finding {
 
 	// The bridge's attached vGPUs against the hosts' reports.
 	for _, a := range s.Attachments {
-		if a.State != attAttached {
+		if a.State != flow.AttAttached {
 			continue
 		}
 		h, ok := s.Hosts[a.Host]

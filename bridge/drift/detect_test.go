@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 )
 
 const (
@@ -31,7 +32,7 @@ func base(now time.Time) *Snapshot {
 
 func TestDetect(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	att := AttachmentView{ID: mdev1, Instance: instA, Host: "h1", Provider: provA, PCI: pciA, Class: "VGPU", Amount: 1, State: attAttached, UpdatedAt: now.Add(-time.Minute)}
+	att := AttachmentView{ID: mdev1, Instance: instA, Host: "h1", Provider: provA, PCI: pciA, Class: "VGPU", Amount: 1, State: flow.AttAttached, UpdatedAt: now.Add(-time.Minute)}
 	active := func(s *Snapshot, v ...protocol.VGPU) {
 		h := s.Hosts["h1"]
 		h.Report.GPUs[0].Active = v

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
@@ -23,10 +24,6 @@ type Controls interface {
 }
 
 var _ Controls = (*controls.Store)(nil)
-
-// CodeObserveOnly closes a request decided while observe-only mode is on:
-// its reason says what would have been done.
-const CodeObserveOnly = "observe_only"
 
 // paused reports whether operators paused the pipeline; errors count as
 // not paused (the gate in each decision's transaction decides again).
@@ -65,26 +62,26 @@ func (p *Processor) gate(ctx context.Context, tx pgx.Tx, row *InboxRow) (context
 
 // observe turns a plan that would act into a rejection explaining what it
 // would have done: observe-only mode decides and explains, acts on nothing.
-func observe(plan Plan, f Facts) Plan {
+func observe(plan flow.Plan, f Facts) flow.Plan {
 	var would []string
 	for _, s := range plan.Steps {
 		switch s.Kind {
-		case StepAttach:
+		case flow.StepAttach:
 			would = append(would, fmt.Sprintf("attach %d × %s (%s) on host %s", max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, f.Instance.Host))
-		case StepRelease:
+		case flow.StepRelease:
 			for _, a := range s.Release {
 				would = append(would, fmt.Sprintf("release %s (mdev %s) on %s", a.Profile, a.ID, a.Host))
 			}
-		case StepReattach:
+		case flow.StepReattach:
 			for _, a := range s.Release {
 				would = append(would, fmt.Sprintf("attach %s (mdev %s) again on %s", a.Profile, a.ID, a.Host))
 			}
-		case StepCommand:
+		case flow.StepCommand:
 			would = append(would, fmt.Sprintf("%s on %s", s.Command, s.Host))
-		case StepNovaResize:
+		case flow.StepNovaResize:
 			would = append(would, fmt.Sprintf("resize through Nova to a flavor with %d × %s (%s), on host %s or where Nova's scheduler puts it",
 				max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, s.Host))
-		case StepNotify:
+		case flow.StepNotify:
 		default:
 			would = append(would, string(s.Kind))
 		}
@@ -92,11 +89,11 @@ func observe(plan Plan, f Facts) Plan {
 	if len(would) == 0 {
 		would = append(would, "nothing an agent would have been sent")
 	}
-	plan.Outcome, plan.Code = OutcomeReject, CodeObserveOnly
+	plan.Outcome, plan.Code = flow.OutcomeReject, flow.CodeObserveOnly
 	plan.Reason = "observe-only mode: would have: " + strings.Join(would, "; ")
-	var keep []Step
+	var keep []flow.Step
 	for _, s := range plan.Steps {
-		if s.Kind == StepNotify {
+		if s.Kind == flow.StepNotify {
 			keep = append(keep, s)
 		}
 	}

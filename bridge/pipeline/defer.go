@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -61,18 +62,6 @@ import (
 // with what they did, and the follow-up, carrying no request, opens one
 // of its own if it acts (as for a notification).
 
-// OutcomeDefer is the plan of a decision that held rules back and fired
-// none: the event is evaluated again when the hold ends.
-const OutcomeDefer Outcome = "defer"
-
-// PhaseDeferred is the phase of an accepted request whose event waits for
-// a cooldown or for: window to end (its reason says until when).
-const PhaseDeferred = "deferred"
-
-// CodeSuperseded ends a deferred request that a newer event of the same
-// kind about the same instance superseded.
-const CodeSuperseded = "superseded"
-
 // FollowUp reports whether the row is a deferred evaluation (a follow-up
 // of an event a cooldown or for: window held back).
 func (r InboxRow) FollowUp() bool { return r.DeferredFrom != 0 }
@@ -115,7 +104,7 @@ func (p *Processor) deferHeld(ctx context.Context, w *Work) error {
 	if len(rules) == 0 || periodic(w.Row) {
 		return nil
 	}
-	keep := w.Plan.Outcome == OutcomeDefer || !w.Row.Webhook()
+	keep := w.Plan.Outcome == flow.OutcomeDefer || !w.Row.Webhook()
 	if err := requests.DeferEvent(ctx, w.Tx, w.Row.ID, keep, until, rules); err != nil {
 		return fmt.Errorf("defer event %d until %s: %w", w.Row.ID, until.UTC().Format(time.RFC3339), err)
 	}
@@ -167,11 +156,11 @@ func (p *Processor) reevaluate(ctx context.Context, w *Work, pol *policy.Policy)
 	ev := w.Event
 	w.Decision = &policy.Decision{Kind: ev.Kind, Instance: ev.InstanceUUID, Project: ev.ProjectID, Time: ev.Time, Policy: pol.Hash(),
 		Intents: []policy.Intent{}, Rules: []policy.RuleTrace{}}
-	w.Plan = Plan{Outcome: OutcomeNothing, Code: CodeSuperseded,
+	w.Plan = flow.Plan{Outcome: flow.OutcomeNothing, Code: flow.CodeSuperseded,
 		Reason: fmt.Sprintf("superseded by event %d, a newer %s about the instance, received before the hold of rule(s) %s ended: the latest state wins",
 			by, ev.Kind, strings.Join(w.Row.DeferredRules, ", "))}
 	if w.HasRequest {
-		w.Plan.Outcome = OutcomeReject
+		w.Plan.Outcome = flow.OutcomeReject
 	}
 	return false, nil
 }
@@ -182,6 +171,6 @@ func (p *Processor) deferRequest(ctx context.Context, w *Work) error {
 	if w.State != requests.Accepted {
 		return nil // a sibling event of the request already decided it
 	}
-	_, err := p.d.Requests.Transition(ctx, w.Tx, w.Request, requests.Accepted, PhaseDeferred, w.Plan.Reason, "")
+	_, err := p.d.Requests.Transition(ctx, w.Tx, w.Request, requests.Accepted, flow.PhaseDeferred, w.Plan.Reason, "")
 	return err
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
@@ -92,7 +93,7 @@ func (p *Processor) handleMaintenance(ctx context.Context, tx pgx.Tx, row InboxR
 		return false, false, err
 	}
 	fail := func(reason string) (bool, bool, error) {
-		plan := Plan{Outcome: OutcomeFail, Code: CodeEventFailed, Reason: reason}
+		plan := flow.Plan{Outcome: flow.OutcomeFail, Code: flow.CodeEventFailed, Reason: reason}
 		if err := p.closeWithout(ctx, tx, row, m.Request, requests.Accepted, plan); err != nil {
 			return false, false, err
 		}
@@ -101,19 +102,19 @@ func (p *Processor) handleMaintenance(ctx context.Context, tx pgx.Tx, row InboxR
 	if !f.Instance.Known || f.Instance.Deleted {
 		return fail("the instance is not known (or deleted)")
 	}
-	plan := Plan{Outcome: OutcomeAct}
+	plan := flow.Plan{Outcome: flow.OutcomeAct}
 	switch m.Half {
 	case MaintenanceDetach:
-		var attached []Attachment
+		var attached []flow.Attachment
 		for _, a := range f.Attachments {
-			if a.State == AttAttached {
+			if a.State == flow.AttAttached {
 				attached = append(attached, a)
 			}
 		}
 		if len(attached) == 0 {
 			return fail("the instance has no attached vGPU of the bridge's")
 		}
-		plan.Steps = []Step{{Kind: StepRelease, Release: attached, Host: attached[0].Host}}
+		plan.Steps = []flow.Step{{Kind: flow.StepRelease, Release: attached, Host: attached[0].Host}}
 	case MaintenanceAttach:
 		if m.Host != "" && m.Host != f.Instance.Host {
 			f.Instance.Host, f.Instance.Node = m.Host, cmp.Or(m.Node, m.Host)
@@ -124,7 +125,7 @@ func (p *Processor) handleMaintenance(ctx context.Context, tx pgx.Tx, row InboxR
 		}
 		mode := moveMode(f.Instance.VMState)
 		for _, v := range m.VGPUs {
-			plan.Steps = append(plan.Steps, Step{Kind: StepAttach, Mode: mode, Host: f.Instance.Host,
+			plan.Steps = append(plan.Steps, flow.Step{Kind: flow.StepAttach, Mode: mode, Host: f.Instance.Host,
 				Intent: policy.Intent{Kind: policy.IntentAttach, Rule: "maintenance", Instance: m.Instance, Profile: v.Profile, TypeID: v.TypeID,
 					Trait: v.Trait, Count: max(v.Amount, 1), Mode: policy.ModeDirectLive,
 					Why: fmt.Sprintf("vGPU %s applied again on host %s after host maintenance moved the instance", v.Profile, f.Instance.Host)}})

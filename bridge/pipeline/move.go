@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
@@ -81,9 +82,9 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 	if err != nil {
 		return false, false, err
 	}
-	var attached []Attachment
+	var attached []flow.Attachment
 	for _, a := range f.Attachments {
-		if a.State == AttAttached {
+		if a.State == flow.AttAttached {
 			attached = append(attached, a)
 		}
 	}
@@ -102,7 +103,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 		}
 	}
 	// Which vGPUs moved: off the instance's host, or without their claim.
-	var moved []Attachment
+	var moved []flow.Attachment
 	need := map[string]int{}
 	for _, a := range attached {
 		need[a.Provider] += a.Amount
@@ -112,7 +113,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 			moved = append(moved, a)
 		}
 	}
-	var reapply []Attachment
+	var reapply []flow.Attachment
 	if !offload {
 		reapply = append(reapply, moved...)
 		if ev.Kind == NovaKindPrefix+"instance.unshelve.end" {
@@ -142,7 +143,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 				moved[i].Provider = ""
 			}
 		}
-		plan := Plan{Outcome: OutcomeAct, Steps: []Step{{Kind: StepRelease, Release: moved, RemoveOnly: true, Host: moved[0].Host}}}
+		plan := flow.Plan{Outcome: flow.OutcomeAct, Steps: []flow.Step{{Kind: flow.StepRelease, Release: moved, RemoveOnly: true, Host: moved[0].Host}}}
 		if err := p.act(ctx, tx, row, id, requests.Accepted, &policy.Decision{Kind: ev.Kind}, &plan, f); err != nil {
 			return false, false, err
 		}
@@ -150,7 +151,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 
 	// The re-apply on the instance's current host.
 	var reqID *uuid.UUID
-	plan := Plan{Outcome: OutcomeAct}
+	plan := flow.Plan{Outcome: flow.OutcomeAct}
 	if len(reapply) > 0 {
 		id := uuid.New()
 		reqID = &id
@@ -159,13 +160,13 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 		}
 		mode := moveMode(f.Instance.VMState)
 		for _, a := range reapply {
-			plan.Steps = append(plan.Steps, Step{Kind: StepAttach, Mode: mode, Host: f.Instance.Host,
+			plan.Steps = append(plan.Steps, flow.Step{Kind: flow.StepAttach, Mode: mode, Host: f.Instance.Host,
 				Intent: policy.Intent{Kind: policy.IntentAttach, Rule: "move", Instance: a.InstanceUUID, Profile: a.Profile, TypeID: a.TypeID,
 					Trait: a.Trait, Count: max(a.Amount, 1), Mode: policy.ModeDirectLive,
 					Why: fmt.Sprintf("vGPU %s (mdev %s) applied again on host %s after %s", a.Profile, a.ID, f.Instance.Host, why)}})
 		}
 		if problem, code := hostProblem(f); problem != "" {
-			plan = Plan{Outcome: OutcomeFail, Code: code, Reason: "the vGPUs cannot follow the instance: " + problem}
+			plan = flow.Plan{Outcome: flow.OutcomeFail, Code: code, Reason: "the vGPUs cannot follow the instance: " + problem}
 			if err := p.closeWithout(ctx, tx, row, id, requests.Accepted, plan); err != nil {
 				return false, false, err
 			}
@@ -230,7 +231,7 @@ func (p *Processor) moveRequest(ctx context.Context, tx pgx.Tx, row InboxRow, id
 
 // shelvedAttachments are the instance's vGPUs released by a shelve
 // offload, to apply again at the unshelve.
-func shelvedAttachments(ctx context.Context, q Querier, instance string) ([]Attachment, error) {
+func shelvedAttachments(ctx context.Context, q Querier, instance string) ([]flow.Attachment, error) {
 	rows, err := q.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments
 		WHERE instance_uuid = $1 AND shelved AND state IN ('releasing','released') ORDER BY created_at, id`, instance)
 	if err != nil {

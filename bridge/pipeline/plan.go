@@ -10,21 +10,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
-
-// Attachment states (vgpu_attachments.state), kept by package requests.
-const (
-	AttPending   = requests.AttPending
-	AttAttached  = requests.AttAttached
-	AttReleasing = requests.AttReleasing
-	AttReleased  = requests.AttReleased
-	AttFailed    = requests.AttFailed
-)
-
-// Attachment is a direct-path vGPU (requests.Attachment).
-type Attachment = requests.Attachment
 
 // InstanceFacts is what the bridge knows of the event's instance.
 type InstanceFacts struct {
@@ -43,7 +31,7 @@ type InstanceFacts struct {
 // Facts are the inputs of planning besides the decision.
 type Facts struct {
 	Instance    InstanceFacts
-	Attachments []Attachment // the instance's active ones (pending, attached, releasing)
+	Attachments []flow.Attachment // the instance's active ones (pending, attached, releasing)
 	// LastReport is when the instance's host last reported; zero when it
 	// never did (such a host is not held stale).
 	LastReport time.Time
@@ -64,106 +52,26 @@ type Facts struct {
 // move (MoveEvents, move.go).
 var RebuildEvents = []string{"instance.reboot.end", "instance.power_on.end", "instance.unshelve.end", "instance.rebuild.end"}
 
-// StepKind names what a step does.
-type StepKind string
-
-// Step kinds.
-const (
-	StepAttach   StepKind = "attach"   // claim in Placement, attach_vgpu (which creates the mdev)
-	StepRelease  StepKind = "release"  // detach_vgpu, remove_mdev, then the claim is released
-	StepCommand  StepKind = "command"  // one agent command (set_vm_limits, set_vgpu_scheduler)
-	StepReattach StepKind = "reattach" // attach_vgpu again after Nova rebuilt the domain
-	StepNotify   StepKind = "notify"   // recorded only
-)
-
-// Step is one thing to do for a decision.
-type Step struct {
-	Kind   StepKind
-	Intent policy.Intent
-	// attach: the agent's attach mode.
-	Mode string
-	// release: the attachments to take back; RemoveOnly when the domain is
-	// gone (the instance was deleted).
-	Release    []Attachment
-	RemoveOnly bool
-	// command
-	Command protocol.Kind
-	Params  any
-	Host    string
-}
-
-// Outcome is what the plan does with the request.
-type Outcome string
-
-// Outcomes of a plan.
-const (
-	OutcomeAct     Outcome = "act"     // steps to run
-	OutcomeReject  Outcome = "reject"  // the policy (or a refusal) said no
-	OutcomeFail    Outcome = "fail"    // the bridge cannot do what was decided
-	OutcomeNothing Outcome = "nothing" // no rule asked for a change
-)
-
-// Request codes the pipeline sets.
-const (
-	CodePolicyRejected = "policy_rejected"
-	CodeRefused        = "refused"
-	CodeQuota          = "quota" // the project's quota refused it
-	CodeNoAction       = "no_action"
-	CodeNovaPath       = "nova_path_unavailable"
-	CodeUnsupported    = "unsupported_intent"
-	CodeNoInstance     = "unknown_instance"
-	CodeNoHost         = "no_host"
-	CodeHostStale      = "host_stale"
-	CodeNoCapacity     = "no_capacity"
-	CodePlacement      = "placement_error"
-	CodeBusy           = "change_in_progress"
-	CodeAgentTimeout   = "agent_timeout"
-	CodeAgentFailed    = "agent_failed"
-	CodeAgentRefused   = "agent_refused"
-	CodeEventFailed    = "event_failed"
-	CodeNotPublished   = "not_published"
-)
-
-// Plan is what the pipeline does about one decision.
-type Plan struct {
-	Outcome Outcome
-	Code    string
-	Reason  string
-	Steps   []Step
-	// Notes are refusals of the planner that did not stop the plan.
-	Notes []string
-}
-
-// Actions reports whether the plan has steps that change something.
-func (p Plan) Actions() bool {
-	for _, s := range p.Steps {
-		if s.Kind != StepNotify {
-			return true
-		}
-	}
-	return false
-}
-
 // flavorVGPUs marks, in PlanDecision's busy set, the vGPUs of the
 // instance's flavor as taken by a Nova-path step.
 const flavorVGPUs = "flavor"
 
 // PlanDecision turns a policy decision into steps. It is pure.
-func PlanDecision(d *policy.Decision, f Facts) Plan {
+func PlanDecision(d *policy.Decision, f Facts) flow.Plan {
 	if len(d.Held) > 0 && !d.Fired() {
 		// Held back, nothing else decided: evaluated again when the hold
 		// ends (defer.go).
-		return Plan{Outcome: OutcomeDefer, Reason: deferReason(d)}
+		return flow.Plan{Outcome: flow.OutcomeDefer, Reason: deferReason(d)}
 	}
 	if d.Rejected {
 		if d.Code == policy.RefusalQuota {
-			return Plan{Outcome: OutcomeReject, Code: CodeQuota, Reason: d.Reason}
+			return flow.Plan{Outcome: flow.OutcomeReject, Code: flow.CodeQuota, Reason: d.Reason}
 		}
-		return Plan{Outcome: OutcomeReject, Code: CodePolicyRejected, Reason: d.Reason}
+		return flow.Plan{Outcome: flow.OutcomeReject, Code: flow.CodePolicyRejected, Reason: d.Reason}
 	}
-	var p Plan
-	fail := func(code, reason string) Plan {
-		return Plan{Outcome: OutcomeFail, Code: code, Reason: reason}
+	var p flow.Plan
+	fail := func(code, reason string) flow.Plan {
+		return flow.Plan{Outcome: flow.OutcomeFail, Code: code, Reason: reason}
 	}
 	busy := map[string]bool{} // attachments already taken by a release step
 	for _, in := range d.Intents {
@@ -175,9 +83,9 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 					return fail(code, why)
 				}
 				if in.Trait == "" {
-					return fail(CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
+					return fail(flow.CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
 				}
-				p.Steps = append(p.Steps, Step{Kind: StepNovaResize, Intent: in, Host: f.Instance.Host})
+				p.Steps = append(p.Steps, flow.Step{Kind: flow.StepNovaResize, Intent: in, Host: f.Instance.Host})
 				p.Notes = append(p.Notes, frameRateNote(in)...)
 				continue
 			}
@@ -185,18 +93,18 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 				return fail(code, why)
 			}
 			if in.Trait == "" {
-				return fail(CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
+				return fail(flow.CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
 			}
-			p.Steps = append(p.Steps, Step{Kind: StepAttach, Intent: in, Mode: agentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
+			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepAttach, Intent: in, Mode: agentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
 		case policy.IntentRelease:
-			var take []Attachment
+			var take []flow.Attachment
 			var inFlight bool
 			for _, a := range f.Attachments {
 				if busy[a.ID.String()] {
 					continue
 				}
-				if a.State != AttAttached {
-					inFlight = inFlight || a.State == AttPending || a.State == AttReleasing
+				if a.State != flow.AttAttached {
+					inFlight = inFlight || a.State == flow.AttPending || a.State == flow.AttReleasing
 					continue
 				}
 				if in.Profile != "" && a.Profile != "" && a.Profile != in.Profile {
@@ -209,7 +117,7 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 			}
 			if len(take) == 0 {
 				if inFlight {
-					return fail(CodeBusy, "a change of this instance's vGPUs is still in progress; retry when it is finished")
+					return fail(flow.CodeBusy, "a change of this instance's vGPUs is still in progress; retry when it is finished")
 				}
 				if f.Instance.FlavorVGPUs > 0 && !f.Deleting && !busy[flavorVGPUs] {
 					// The vGPUs of its flavor go back through Nova: a resize to
@@ -218,7 +126,7 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 						return fail(code, why)
 					}
 					busy[flavorVGPUs] = true
-					p.Steps = append(p.Steps, Step{Kind: StepNovaResize, Intent: in, Host: f.Instance.Host})
+					p.Steps = append(p.Steps, flow.Step{Kind: flow.StepNovaResize, Intent: in, Host: f.Instance.Host})
 					continue
 				}
 				p.Notes = append(p.Notes, "release: the instance holds no vGPU")
@@ -227,7 +135,7 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 			for _, a := range take {
 				busy[a.ID.String()] = true
 			}
-			p.Steps = append(p.Steps, Step{Kind: StepRelease, Intent: in, Release: take, RemoveOnly: f.Deleting, Host: take[0].Host})
+			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepRelease, Intent: in, Release: take, RemoveOnly: f.Deleting, Host: take[0].Host})
 		case policy.IntentSetLimits:
 			if f.Deleting || f.Instance.Host == "" {
 				p.Notes = append(p.Notes, "set_limits: the instance has no host")
@@ -238,7 +146,7 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 				p.Notes = append(p.Notes, "set_limits: "+err.Error())
 				continue
 			}
-			p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.SetVMLimits, Host: f.Instance.Host,
+			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepCommand, Intent: in, Command: protocol.SetVMLimits, Host: f.Instance.Host,
 				Params: protocol.LimitParams{CPUMax: in.CPUMax, MemoryHigh: mem}})
 		case policy.IntentTune:
 			if in.Scheduler == "" && in.ClocksMHz == 0 {
@@ -249,7 +157,7 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 			if len(gpus) == 0 {
 				seen := map[string]bool{}
 				for _, a := range f.Attachments {
-					if a.PCIAddress != "" && !seen[a.PCIAddress] && a.State != AttReleasing {
+					if a.PCIAddress != "" && !seen[a.PCIAddress] && a.State != flow.AttReleasing {
 						seen[a.PCIAddress] = true
 						gpus = append(gpus, a.PCIAddress)
 					}
@@ -261,26 +169,28 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 			}
 			for _, g := range gpus {
 				if in.Scheduler != "" {
-					p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.SetVGPUScheduler, Host: f.Instance.Host,
+					p.Steps = append(p.Steps, flow.Step{Kind: flow.StepCommand, Intent: in, Command: protocol.SetVGPUScheduler, Host: f.Instance.Host,
 						Params: protocol.SchedulerParams{GPUPCI: g, Policy: in.Scheduler, TimesliceUs: uint32(max(in.TimesliceUS, 0))}})
 				}
 				switch {
 				case in.ClocksMHz > 0: // the SM clock; the agent keeps the memory clock
-					p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.SetClocks, Host: f.Instance.Host,
+					p.Steps = append(p.Steps, flow.Step{Kind: flow.StepCommand, Intent: in, Command: protocol.SetClocks, Host: f.Instance.Host,
 						Params: protocol.ClockParams{GPUPCI: g, SMMHz: uint32(in.ClocksMHz)}})
 				case in.ClocksMHz < 0: // back to the GPU's defaults
-					p.Steps = append(p.Steps, Step{Kind: StepCommand, Intent: in, Command: protocol.ResetClocks, Host: f.Instance.Host,
+					p.Steps = append(p.Steps, flow.Step{Kind: flow.StepCommand, Intent: in, Command: protocol.ResetClocks, Host: f.Instance.Host,
 						Params: protocol.ClockParams{GPUPCI: g}})
 				}
 			}
 		case policy.IntentNotify:
-			p.Steps = append(p.Steps, Step{Kind: StepNotify, Intent: in})
+			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepNotify, Intent: in})
 		case policy.IntentResize:
 			if in.Trait == "" {
-				return fail(CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
+				return fail(flow.CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
 			}
 			direct := in.Mode == policy.ModeDirectLive || in.Mode == policy.ModeDirectCold
-			held := slices.ContainsFunc(f.Attachments, func(a Attachment) bool { return !busy[a.ID.String()] && a.State != AttReleased && a.State != AttFailed })
+			held := slices.ContainsFunc(f.Attachments, func(a flow.Attachment) bool {
+				return !busy[a.ID.String()] && a.State != flow.AttReleased && a.State != flow.AttFailed
+			})
 			if !held && (f.Instance.FlavorVGPUs > 0 || !direct) {
 				// The vGPU is the flavor's (or, on the Nova path, there is
 				// none yet): Nova resizes to the flavor of the same sizes with
@@ -290,7 +200,7 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 					return fail(code, why)
 				}
 				busy[flavorVGPUs] = true
-				p.Steps = append(p.Steps, Step{Kind: StepNovaResize, Intent: in, Host: f.Instance.Host})
+				p.Steps = append(p.Steps, flow.Step{Kind: flow.StepNovaResize, Intent: in, Host: f.Instance.Host})
 				p.Notes = append(p.Notes, frameRateNote(in)...)
 				continue
 			}
@@ -302,13 +212,13 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 			// attached on a GPU of the host that offers the profile (claimed
 			// before anything is sent). On a failure the old ones come back
 			// (compensate).
-			var old []Attachment
+			var old []flow.Attachment
 			for _, a := range f.Attachments {
 				switch {
 				case busy[a.ID.String()]:
-				case a.State == AttPending || a.State == AttReleasing:
-					return fail(CodeBusy, "a change of this instance's vGPUs is still in progress; retry when it is finished")
-				case a.State == AttAttached:
+				case a.State == flow.AttPending || a.State == flow.AttReleasing:
+					return fail(flow.CodeBusy, "a change of this instance's vGPUs is still in progress; retry when it is finished")
+				case a.State == flow.AttAttached:
 					old = append(old, a)
 				}
 			}
@@ -320,34 +230,34 @@ func PlanDecision(d *policy.Decision, f Facts) Plan {
 				busy[a.ID.String()] = true
 			}
 			in.Count = len(old)
-			p.Steps = append(p.Steps, Step{Kind: StepRelease, Intent: in, Release: old, Host: old[0].Host},
-				Step{Kind: StepAttach, Intent: in, Mode: agentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
+			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepRelease, Intent: in, Release: old, Host: old[0].Host},
+				flow.Step{Kind: flow.StepAttach, Intent: in, Mode: agentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
 		}
 	}
 	if f.Rebuilt && !f.Deleting {
-		var again []Attachment
+		var again []flow.Attachment
 		for _, a := range f.Attachments {
-			if a.State == AttAttached && a.Host == f.Instance.Host && !busy[a.ID.String()] {
+			if a.State == flow.AttAttached && a.Host == f.Instance.Host && !busy[a.ID.String()] {
 				again = append(again, a)
 			}
 		}
 		if len(again) > 0 {
-			p.Steps = append(p.Steps, Step{Kind: StepReattach, Release: again, Host: f.Instance.Host})
+			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepReattach, Release: again, Host: f.Instance.Host})
 		}
 	}
 	if p.Actions() {
-		p.Outcome = OutcomeAct
+		p.Outcome = flow.OutcomeAct
 		return p
 	}
 	switch {
 	case len(d.Refused) > 0 && d.Refused[0].Code == policy.RefusalQuota:
-		p.Outcome, p.Code, p.Reason = OutcomeReject, CodeQuota, d.Refused[0].Reason
+		p.Outcome, p.Code, p.Reason = flow.OutcomeReject, flow.CodeQuota, d.Refused[0].Reason
 	case len(d.Refused) > 0:
-		p.Outcome, p.Code, p.Reason = OutcomeReject, CodeRefused, d.Refused[0].Reason
+		p.Outcome, p.Code, p.Reason = flow.OutcomeReject, flow.CodeRefused, d.Refused[0].Reason
 	case len(p.Notes) > 0:
-		p.Outcome, p.Code, p.Reason = OutcomeReject, CodeRefused, p.Notes[0]
+		p.Outcome, p.Code, p.Reason = flow.OutcomeReject, flow.CodeRefused, p.Notes[0]
 	default:
-		p.Outcome, p.Code, p.Reason = OutcomeNothing, CodeNoAction, nothingReason(d)
+		p.Outcome, p.Code, p.Reason = flow.OutcomeNothing, flow.CodeNoAction, nothingReason(d)
 	}
 	return p
 }
@@ -360,7 +270,7 @@ func hostProblem(f Facts) (string, string) {
 	}
 	if in := f.Instance; !f.LastReport.IsZero() && f.StaleAge > 0 && f.Now.Sub(f.LastReport) > f.StaleAge {
 		return fmt.Sprintf("host %s last reported at %s, more than %s ago: its agent looks down", in.Host,
-			f.LastReport.UTC().Format(time.RFC3339), f.StaleAge), CodeHostStale
+			f.LastReport.UTC().Format(time.RFC3339), f.StaleAge), flow.CodeHostStale
 	}
 	return "", ""
 }
@@ -448,7 +358,7 @@ func NewCommand(kind protocol.Kind, host, requestID, instance string, params any
 // attaches it, and removes it again should the attach fail (create_mdev
 // remains for pre-creating devices). One command is one broker and one
 // Postgres round trip fewer than create_mdev followed by attach_vgpu.
-func AttachCommands(a Attachment, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
+func AttachCommands(a flow.Attachment, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
 	c, err := NewCommand(protocol.AttachVGPU, a.Host, requestID, a.InstanceUUID,
 		protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: a.Mode, FrameRateLimit: a.FrameRateLimit},
 		issued, expires)
@@ -460,7 +370,7 @@ func AttachCommands(a Attachment, requestID string, issued, expires time.Time) (
 
 // ReleaseCommands take an attachment back: detach_vgpu (unless the domain
 // is gone), then remove_mdev.
-func ReleaseCommands(a Attachment, removeOnly bool, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
+func ReleaseCommands(a flow.Attachment, removeOnly bool, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
 	var out []protocol.Command
 	mdev := a.ID.String()
 	if !removeOnly {
@@ -483,32 +393,28 @@ func ReleaseCommands(a Attachment, removeOnly bool, requestID string, issued, ex
 	return append(out, c), nil
 }
 
-// StepNovaResize resizes the server through Nova to a flavor with the
-// intent's vGPU.
-const StepNovaResize StepKind = "nova_resize"
-
 // novaHostProblem is hostProblem for the Nova path: Nova chooses the
 // host, so the current host's agent may be stale.
 func novaHostProblem(f Facts) (string, string) {
 	in := f.Instance
 	switch {
 	case !in.Known:
-		return fmt.Sprintf("instance %s is not known to the bridge (no Nova notification about it yet)", in.UUID), CodeNoInstance
+		return fmt.Sprintf("instance %s is not known to the bridge (no Nova notification about it yet)", in.UUID), flow.CodeNoInstance
 	case in.Deleted:
-		return fmt.Sprintf("instance %s is deleted", in.UUID), CodeNoInstance
+		return fmt.Sprintf("instance %s is deleted", in.UUID), flow.CodeNoInstance
 	case in.Host == "":
-		return fmt.Sprintf("instance %s has no compute host (not scheduled yet, or shelved)", in.UUID), CodeNoHost
+		return fmt.Sprintf("instance %s has no compute host (not scheduled yet, or shelved)", in.UUID), flow.CodeNoHost
 	}
 	return "", ""
 }
 
-func novaStep(steps []Step) (Step, bool) {
+func novaStep(steps []flow.Step) (flow.Step, bool) {
 	for _, s := range steps {
-		if s.Kind == StepNovaResize {
+		if s.Kind == flow.StepNovaResize {
 			return s, true
 		}
 	}
-	return Step{}, false
+	return flow.Step{}, false
 }
 
 // frameRateNote says why a workload's frame-rate limiter is not applied on

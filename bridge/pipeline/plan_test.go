@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -23,8 +24,8 @@ func attach(mode policy.AttachMode) policy.Intent {
 	return policy.Intent{Kind: policy.IntentAttach, Instance: inst, Profile: "T4-4Q", TypeID: "nvidia-232", Trait: "CUSTOM_NVIDIA_232", Count: 1, Mode: mode}
 }
 
-func att(state, profile string) Attachment {
-	return Attachment{ID: uuid.New(), InstanceUUID: inst, Host: "cmp1", Provider: "rp", Class: "VGPU", Amount: 1, PCIAddress: "0000:3b:00.0",
+func att(state, profile string) flow.Attachment {
+	return flow.Attachment{ID: uuid.New(), InstanceUUID: inst, Host: "cmp1", Provider: "rp", Class: "VGPU", Amount: 1, PCIAddress: "0000:3b:00.0",
 		TypeID: "nvidia-232", Profile: profile, Mode: protocol.ModeLive, State: state}
 }
 
@@ -43,81 +44,81 @@ func TestPlanDecision(t *testing.T) {
 		name    string
 		d       policy.Decision
 		f       Facts
-		outcome Outcome
+		outcome flow.Outcome
 		code    string
-		steps   []StepKind
+		steps   []flow.StepKind
 		mode    string
 		inWhy   string
 	}{
 		{name: "rejected by policy", d: policy.Decision{Rejected: true, Reason: "instance is deleted"}, f: Facts{Instance: known("cmp1")},
-			outcome: OutcomeReject, code: CodePolicyRejected, inWhy: "deleted"},
+			outcome: flow.OutcomeReject, code: flow.CodePolicyRejected, inWhy: "deleted"},
 		{name: "rejected by the quota", d: policy.Decision{Rejected: true, Reason: "project p would hold 5 vGPUs", Code: policy.RefusalQuota},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeQuota, inWhy: "would hold"},
+			f: Facts{Instance: known("cmp1")}, outcome: flow.OutcomeReject, code: flow.CodeQuota, inWhy: "would hold"},
 		{name: "direct resize: release, then attach", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
-			f:       Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q")}},
-			outcome: OutcomeAct, steps: []StepKind{StepRelease, StepAttach}},
+			f:       Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{att(flow.AttAttached, "T4-4Q")}},
+			outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepRelease, flow.StepAttach}},
 		{name: "direct resize while a change is in flight", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
-			f:       Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q"), att(AttPending, "T4-4Q")}},
-			outcome: OutcomeFail, code: CodeBusy},
+			f:       Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{att(flow.AttAttached, "T4-4Q"), att(flow.AttPending, "T4-4Q")}},
+			outcome: flow.OutcomeFail, code: flow.CodeBusy},
 		{name: "direct resize with no vGPU", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeRefused, inWhy: "holds no vGPU to change"},
+			f: Facts{Instance: known("cmp1")}, outcome: flow.OutcomeReject, code: flow.CodeRefused, inWhy: "holds no vGPU to change"},
 		{name: "a flavor's vGPU changes through Nova whatever the mode", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeDirectLive)}},
-			f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1)}, outcome: OutcomeAct, steps: []StepKind{StepNovaResize}},
+			f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1)}, outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepNovaResize}},
 		{name: "a direct vGPU changes on the direct path whatever the mode", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeNovaResize)}},
-			f:       Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q")}},
-			outcome: OutcomeAct, steps: []StepKind{StepRelease, StepAttach}},
+			f:       Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{att(flow.AttAttached, "T4-4Q")}},
+			outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepRelease, flow.StepAttach}},
 		{name: "nova resize of an instance without vGPU", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeNovaResize)}},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeAct, steps: []StepKind{StepNovaResize}},
+			f: Facts{Instance: known("cmp1")}, outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepNovaResize}},
 		{name: "nova resize of an unknown instance", d: policy.Decision{Intents: []policy.Intent{resize(policy.ModeNovaResize)}},
-			f: Facts{Instance: InstanceFacts{UUID: inst}}, outcome: OutcomeFail, code: CodeNoInstance},
+			f: Facts{Instance: InstanceFacts{UUID: inst}}, outcome: flow.OutcomeFail, code: flow.CodeNoInstance},
 		{name: "direct live attach", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}}, f: Facts{Instance: known("cmp1")},
-			outcome: OutcomeAct, steps: []StepKind{StepAttach}, mode: protocol.ModeLive},
+			outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepAttach}, mode: protocol.ModeLive},
 		{name: "live attach to a stopped server changes its definition", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}},
-			f: Facts{Instance: InstanceFacts{UUID: inst, Host: "cmp1", VMState: "stopped", Known: true}}, outcome: OutcomeAct, steps: []StepKind{StepAttach}, mode: protocol.ModeConfig},
+			f: Facts{Instance: InstanceFacts{UUID: inst, Host: "cmp1", VMState: "stopped", Known: true}}, outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepAttach}, mode: protocol.ModeConfig},
 		{name: "cold attach", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectCold)}}, f: Facts{Instance: known("cmp1")},
-			outcome: OutcomeAct, steps: []StepKind{StepAttach}, mode: protocol.ModeCold},
+			outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepAttach}, mode: protocol.ModeCold},
 		{name: "nova path resizes", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeNovaResize)}}, f: Facts{Instance: known("cmp1")},
-			outcome: OutcomeAct, steps: []StepKind{StepNovaResize}},
+			outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepNovaResize}},
 		{name: "nova path on a stale host: Nova chooses the host", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeNovaResize)}},
 			f:       Facts{Instance: known("cmp1"), LastReport: now.Add(-10 * time.Minute), Now: now, StaleAge: 5 * time.Minute},
-			outcome: OutcomeAct, steps: []StepKind{StepNovaResize}},
+			outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepNovaResize}},
 		{name: "nova path, no host", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeNovaResize)}}, f: Facts{Instance: known("")},
-			outcome: OutcomeFail, code: CodeNoHost},
+			outcome: flow.OutcomeFail, code: flow.CodeNoHost},
 		{name: "unknown instance", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}}, f: Facts{Instance: InstanceFacts{UUID: inst}},
-			outcome: OutcomeFail, code: CodeNoInstance, inWhy: "not known"},
+			outcome: flow.OutcomeFail, code: flow.CodeNoInstance, inWhy: "not known"},
 		{name: "no host", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}}, f: Facts{Instance: known("")},
-			outcome: OutcomeFail, code: CodeNoHost},
+			outcome: flow.OutcomeFail, code: flow.CodeNoHost},
 		{name: "stale host", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}},
 			f:       Facts{Instance: known("cmp1"), LastReport: now.Add(-10 * time.Minute), Now: now, StaleAge: 5 * time.Minute},
-			outcome: OutcomeFail, code: CodeHostStale, inWhy: "cmp1 last reported"},
+			outcome: flow.OutcomeFail, code: flow.CodeHostStale, inWhy: "cmp1 last reported"},
 		{name: "fresh host", d: policy.Decision{Intents: []policy.Intent{attach(policy.ModeDirectLive)}},
 			f:       Facts{Instance: known("cmp1"), LastReport: now.Add(-time.Minute), Now: now, StaleAge: 5 * time.Minute},
-			outcome: OutcomeAct, steps: []StepKind{StepAttach}, mode: protocol.ModeLive},
+			outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepAttach}, mode: protocol.ModeLive},
 		{name: "release what is attached", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Profile: "T4-4Q", Count: 1}}},
-			f: Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttAttached, "T4-4Q")}}, outcome: OutcomeAct, steps: []StepKind{StepRelease}},
+			f: Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{att(flow.AttAttached, "T4-4Q")}}, outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepRelease}},
 		{name: "release with nothing attached", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Count: 1}}},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeRefused, inWhy: "holds no vGPU"},
+			f: Facts{Instance: known("cmp1")}, outcome: flow.OutcomeReject, code: flow.CodeRefused, inWhy: "holds no vGPU"},
 		{name: "release of a flavor's vGPU through Nova", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease}}},
-			f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1)}, outcome: OutcomeAct, steps: []StepKind{StepNovaResize}},
+			f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1)}, outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepNovaResize}},
 		{name: "release of a deleted instance's flavor vGPU", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease}}},
-			f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1), Deleting: true}, outcome: OutcomeReject, code: CodeRefused},
+			f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1), Deleting: true}, outcome: flow.OutcomeReject, code: flow.CodeRefused},
 		{name: "release takes direct vGPUs before the flavor's", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Count: 1}}},
-			f:       Facts{Instance: withFlavorVGPUs(known("cmp1"), 1), Attachments: []Attachment{att(AttAttached, "T4-4Q")}},
-			outcome: OutcomeAct, steps: []StepKind{StepRelease}},
+			f:       Facts{Instance: withFlavorVGPUs(known("cmp1"), 1), Attachments: []flow.Attachment{att(flow.AttAttached, "T4-4Q")}},
+			outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepRelease}},
 		{name: "release while attaching", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Count: 1}}},
-			f: Facts{Instance: known("cmp1"), Attachments: []Attachment{att(AttPending, "T4-4Q")}}, outcome: OutcomeFail, code: CodeBusy},
+			f: Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{att(flow.AttPending, "T4-4Q")}}, outcome: flow.OutcomeFail, code: flow.CodeBusy},
 		{name: "resize not in this build", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentResize, Profile: "T4-8Q"}}},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeFail, code: CodeUnsupported},
+			f: Facts{Instance: known("cmp1")}, outcome: flow.OutcomeFail, code: flow.CodeUnsupported},
 		{name: "limits", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentSetLimits, CPUMax: "800000 100000", MemoryHigh: "64G"}}},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeAct, steps: []StepKind{StepCommand}},
+			f: Facts{Instance: known("cmp1")}, outcome: flow.OutcomeAct, steps: []flow.StepKind{flow.StepCommand}},
 		{name: "notify only", d: policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentNotify, Message: "hi"}}},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeNothing, code: CodeNoAction, steps: []StepKind{StepNotify}},
+			f: Facts{Instance: known("cmp1")}, outcome: flow.OutcomeNothing, code: flow.CodeNoAction, steps: []flow.StepKind{flow.StepNotify}},
 		{name: "refused by policy", d: policy.Decision{Refused: []policy.Refusal{{Reason: "quota: 4 vGPUs per project"}}},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeReject, code: CodeRefused, inWhy: "quota"},
-		{name: "no rule", d: policy.Decision{Kind: "webhook.GPU_LOAD"}, f: Facts{Instance: known("cmp1")}, outcome: OutcomeNothing, code: CodeNoAction,
+			f: Facts{Instance: known("cmp1")}, outcome: flow.OutcomeReject, code: flow.CodeRefused, inWhy: "quota"},
+		{name: "no rule", d: policy.Decision{Kind: "webhook.GPU_LOAD"}, f: Facts{Instance: known("cmp1")}, outcome: flow.OutcomeNothing, code: flow.CodeNoAction,
 			inWhy: "no policy rule listens"},
 		{name: "load rule holding", d: policy.Decision{Rules: []policy.RuleTrace{{Rule: "scale-up", Outcome: policy.OutcomeHolding, Detail: "held 1m of 5m"}}},
-			f: Facts{Instance: known("cmp1")}, outcome: OutcomeNothing, code: CodeNoAction, inWhy: "scale-up: held 1m of 5m"},
+			f: Facts{Instance: known("cmp1")}, outcome: flow.OutcomeNothing, code: flow.CodeNoAction, inWhy: "scale-up: held 1m of 5m"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -128,7 +129,7 @@ func TestPlanDecision(t *testing.T) {
 			if tt.inWhy != "" && !strings.Contains(got.Reason, tt.inWhy) {
 				t.Errorf("reason %q does not contain %q", got.Reason, tt.inWhy)
 			}
-			var kinds []StepKind
+			var kinds []flow.StepKind
 			for _, s := range got.Steps {
 				kinds = append(kinds, s.Kind)
 			}
@@ -142,7 +143,7 @@ func TestPlanDecision(t *testing.T) {
 	}
 }
 
-func stepNames(ks []StepKind) []string {
+func stepNames(ks []flow.StepKind) []string {
 	out := make([]string, len(ks))
 	for i, k := range ks {
 		out[i] = string(k)
@@ -151,35 +152,35 @@ func stepNames(ks []StepKind) []string {
 }
 
 func TestPlanReleaseTakesCountAndProfile(t *testing.T) {
-	a1, a2, a3 := att(AttAttached, "T4-4Q"), att(AttAttached, "T4-8Q"), att(AttAttached, "T4-4Q")
+	a1, a2, a3 := att(flow.AttAttached, "T4-4Q"), att(flow.AttAttached, "T4-8Q"), att(flow.AttAttached, "T4-4Q")
 	d := &policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Profile: "T4-4Q", Count: 1}}}
-	p := PlanDecision(d, Facts{Instance: known("cmp1"), Attachments: []Attachment{a1, a2, a3}})
+	p := PlanDecision(d, Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{a1, a2, a3}})
 	if len(p.Steps) != 1 || len(p.Steps[0].Release) != 1 || p.Steps[0].Release[0].ID != a1.ID {
 		t.Fatalf("steps %+v, want a release of the first T4-4Q only", p.Steps)
 	}
 	d = &policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentRelease, Count: 3}}}
-	p = PlanDecision(d, Facts{Instance: known("cmp1"), Attachments: []Attachment{a1, a2, a3}, Deleting: true})
+	p = PlanDecision(d, Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{a1, a2, a3}, Deleting: true})
 	if len(p.Steps[0].Release) != 3 || !p.Steps[0].RemoveOnly {
 		t.Fatalf("release of a deleted instance: %+v", p.Steps[0])
 	}
 }
 
 func TestPlanReattachAfterRebuild(t *testing.T) {
-	a1, a2 := att(AttAttached, "T4-4Q"), att(AttPending, "T4-4Q")
+	a1, a2 := att(flow.AttAttached, "T4-4Q"), att(flow.AttPending, "T4-4Q")
 	a1.Host = "cmp1"
-	p := PlanDecision(&policy.Decision{Kind: "nova.instance.power_on.end"}, Facts{Instance: known("cmp1"), Attachments: []Attachment{a1, a2}, Rebuilt: true})
-	if p.Outcome != OutcomeAct || len(p.Steps) != 1 || p.Steps[0].Kind != StepReattach || len(p.Steps[0].Release) != 1 || p.Steps[0].Release[0].ID != a1.ID {
+	p := PlanDecision(&policy.Decision{Kind: "nova.instance.power_on.end"}, Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{a1, a2}, Rebuilt: true})
+	if p.Outcome != flow.OutcomeAct || len(p.Steps) != 1 || p.Steps[0].Kind != flow.StepReattach || len(p.Steps[0].Release) != 1 || p.Steps[0].Release[0].ID != a1.ID {
 		t.Fatalf("plan %+v, want one reattach of the attached vGPU", p)
 	}
 	// Moved to another host (its claim went with Nova's move): not here.
-	p = PlanDecision(&policy.Decision{}, Facts{Instance: known("cmp2"), Attachments: []Attachment{a1}, Rebuilt: true})
-	if p.Outcome != OutcomeNothing {
+	p = PlanDecision(&policy.Decision{}, Facts{Instance: known("cmp2"), Attachments: []flow.Attachment{a1}, Rebuilt: true})
+	if p.Outcome != flow.OutcomeNothing {
 		t.Fatalf("plan %+v, want nothing", p)
 	}
 }
 
 func TestCommands(t *testing.T) {
-	a := att(AttPending, "T4-4Q")
+	a := att(flow.AttPending, "T4-4Q")
 	now := time.Now()
 	cs, err := AttachCommands(a, "req", now, now.Add(time.Minute))
 	if err != nil {
@@ -308,9 +309,9 @@ func TestNovaHostProblem(t *testing.T) {
 		code string
 	}{
 		{InstanceFacts{UUID: inst, Host: "cmp1", Known: true}, ""},
-		{InstanceFacts{UUID: inst}, CodeNoInstance},
-		{InstanceFacts{UUID: inst, Host: "cmp1", Known: true, Deleted: true}, CodeNoInstance},
-		{InstanceFacts{UUID: inst, Known: true}, CodeNoHost},
+		{InstanceFacts{UUID: inst}, flow.CodeNoInstance},
+		{InstanceFacts{UUID: inst, Host: "cmp1", Known: true, Deleted: true}, flow.CodeNoInstance},
+		{InstanceFacts{UUID: inst, Known: true}, flow.CodeNoHost},
 	}
 	for _, tc := range tests {
 		if _, code := novaHostProblem(Facts{Instance: tc.f}); code != tc.code {
@@ -346,7 +347,7 @@ func TestPlanTuneClocks(t *testing.T) {
 					t.Errorf("set_clocks params %+v", c)
 				}
 			}
-			if p.Outcome != OutcomeAct || len(got) != len(tc.want) {
+			if p.Outcome != flow.OutcomeAct || len(got) != len(tc.want) {
 				t.Fatalf("outcome %s, commands %v; want %v", p.Outcome, got, tc.want)
 			}
 			for i := range got {
@@ -356,7 +357,7 @@ func TestPlanTuneClocks(t *testing.T) {
 			}
 		})
 	}
-	if p := PlanDecision(&policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentTune, GPUs: []string{"0000:3b:00.0"}}}}, Facts{Instance: known("cmp1")}); p.Outcome == OutcomeAct {
+	if p := PlanDecision(&policy.Decision{Intents: []policy.Intent{{Kind: policy.IntentTune, GPUs: []string{"0000:3b:00.0"}}}}, Facts{Instance: known("cmp1")}); p.Outcome == flow.OutcomeAct {
 		t.Errorf("a tune with nothing to set acts: %+v", p)
 	}
 }
@@ -378,7 +379,7 @@ func TestPlanFrameRateLimit(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.in.FrameRateLimit = &off
 			p := PlanDecision(&policy.Decision{Intents: []policy.Intent{tt.in}}, tt.f)
-			if p.Outcome != OutcomeAct {
+			if p.Outcome != flow.OutcomeAct {
 				t.Fatalf("outcome %s: %s", p.Outcome, p.Reason)
 			}
 			noted := len(p.Notes) == 1 && strings.Contains(p.Notes[0], "frame_rate_limit: not applied") && strings.Contains(p.Notes[0], "Nova creates")
@@ -390,7 +391,7 @@ func TestPlanFrameRateLimit(t *testing.T) {
 			}
 		})
 	}
-	a := att(AttAttached, "T4-4Q")
+	a := att(flow.AttAttached, "T4-4Q")
 	a.FrameRateLimit = &off
 	cs, err := AttachCommands(a, "r", time.Now(), time.Now().Add(time.Minute))
 	if err != nil {
@@ -411,13 +412,13 @@ func TestPlanDefersHeldRules(t *testing.T) {
 		Rules: []policy.RuleTrace{{Rule: "resolved-releases", Outcome: policy.OutcomeCooldown, Detail: "cooldown 20s until 2026-01-02T03:04:25Z"}},
 		Held:  []policy.Hold{{Rule: "resolved-releases", Until: until}}}
 	p := PlanDecision(held, Facts{Instance: known("cmp1")})
-	if p.Outcome != OutcomeDefer || !strings.Contains(p.Reason, "deferred until 2026-01-02T03:04:25Z") || !strings.Contains(p.Reason, "rule resolved-releases") {
+	if p.Outcome != flow.OutcomeDefer || !strings.Contains(p.Reason, "deferred until 2026-01-02T03:04:25Z") || !strings.Contains(p.Reason, "rule resolved-releases") {
 		t.Errorf("held, nothing fired: %+v", p)
 	}
 	mixed := *held
 	mixed.Rules = append(mixed.Rules, policy.RuleTrace{Rule: "attach", Outcome: policy.OutcomeFired})
 	mixed.Intents = []policy.Intent{attach(policy.ModeDirectLive)}
-	if p := PlanDecision(&mixed, Facts{Instance: known("cmp1")}); p.Outcome != OutcomeAct {
+	if p := PlanDecision(&mixed, Facts{Instance: known("cmp1")}); p.Outcome != flow.OutcomeAct {
 		t.Errorf("held, another rule fired: %+v, want it acted on", p)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
@@ -697,7 +698,7 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 // releaseFor gives back attachment a's claim in Placement: a release made
 // before this round counts as done; else it is recorded as needed and
 // errNeedClaims stops the round.
-func (p *Processor) releaseFor(ctx context.Context, a Attachment) error {
+func (p *Processor) releaseFor(ctx context.Context, a flow.Attachment) error {
 	pc := preclaimsIn(ctx)
 	if pc.released[a.ID] {
 		return nil
@@ -711,7 +712,7 @@ func (p *Processor) releaseFor(ctx context.Context, a Attachment) error {
 type preclaims struct {
 	entries      []*preclaim
 	need         []claimNeed        // what the last round stopped for
-	needRelease  []Attachment       // releases the last round stopped for
+	needRelease  []flow.Attachment  // releases the last round stopped for
 	needHoldings []string           // consumers whose holdings it stopped to read
 	released     map[uuid.UUID]bool // attachments whose claim was given back
 	// quotaEager: a round found its project's usage moved between its
@@ -734,8 +735,8 @@ type claimNeed struct {
 	ctx     context.Context // the decision's, with its request ids for Placement's logs
 	key     string
 	f       Facts
-	s       Step
-	planned []Attachment
+	s       flow.Step
+	planned []flow.Attachment
 }
 
 type preclaimsKey struct{}
@@ -770,7 +771,7 @@ func (pc *preclaims) unused() []madeClaim {
 
 // claimFor returns the claim of attach step s made before this round, or
 // records it as needed and returns errNeedClaims.
-func (p *Processor) claimFor(ctx context.Context, f Facts, s Step, planned []Attachment) ([]madeClaim, error) {
+func (p *Processor) claimFor(ctx context.Context, f Facts, s flow.Step, planned []flow.Attachment) ([]madeClaim, error) {
 	pc := preclaimsIn(ctx)
 	key := fmt.Sprintf("%s|%s|%s|%d|%d", f.Instance.UUID, f.Instance.Node, s.Intent.Trait, max(s.Intent.Count, 1), len(planned))
 	for _, e := range pc.entries {
@@ -864,7 +865,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 			return err
 		}
 		if reqID, ok := row.BridgeRequest(); ok {
-			return p.failRequest(ctx, tx, reqID, CodeEventFailed,
+			return p.failRequest(ctx, tx, reqID, flow.CodeEventFailed,
 				fmt.Sprintf("the bridge gave up after %d attempts: %v", attempts, cause), nil)
 		}
 		return nil
@@ -874,7 +875,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 // closeWithout ends a request whose decision does nothing: rejected, or
 // failed when the bridge cannot act. A request with several events (an
 // Alertmanager group) waits for its last one.
-func (p *Processor) closeWithout(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State, plan Plan) error {
+func (p *Processor) closeWithout(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State, plan flow.Plan) error {
 	if state != requests.Accepted {
 		return nil // a sibling event already decided it
 	}
@@ -887,28 +888,28 @@ func (p *Processor) closeWithout(ctx context.Context, tx pgx.Tx, row InboxRow, r
 		return nil
 	}
 	to := requests.Rejected
-	if plan.Outcome == OutcomeFail {
+	if plan.Outcome == flow.OutcomeFail {
 		to = requests.Failed
 	}
 	_, err := p.d.Requests.Transition(ctx, tx, reqID, to, "", plan.Reason, plan.Code)
 	return err
 }
 
-func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow, reqID *uuid.UUID, d *policy.Decision, plan Plan) error {
+func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow, reqID *uuid.UUID, d *policy.Decision, plan flow.Plan) error {
 	doc, err := json.Marshal(struct {
 		*policy.Decision
 		Plan struct {
-			Outcome Outcome  `json:"outcome"`
-			Code    string   `json:"code,omitempty"`
-			Reason  string   `json:"reason,omitempty"`
-			Notes   []string `json:"notes,omitempty"`
+			Outcome flow.Outcome `json:"outcome"`
+			Code    string       `json:"code,omitempty"`
+			Reason  string       `json:"reason,omitempty"`
+			Notes   []string     `json:"notes,omitempty"`
 		} `json:"plan"`
 		Explanation string `json:"explanation"`
 	}{Decision: d, Plan: struct {
-		Outcome Outcome  `json:"outcome"`
-		Code    string   `json:"code,omitempty"`
-		Reason  string   `json:"reason,omitempty"`
-		Notes   []string `json:"notes,omitempty"`
+		Outcome flow.Outcome `json:"outcome"`
+		Code    string       `json:"code,omitempty"`
+		Reason  string       `json:"reason,omitempty"`
+		Notes   []string     `json:"notes,omitempty"`
 	}{plan.Outcome, plan.Code, plan.Reason, plan.Notes}, Explanation: d.Explain()})
 	if err != nil {
 		return err
@@ -918,7 +919,7 @@ func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow,
 		inst = &row.InstanceUUID
 	}
 	return requests.RecordDecision(ctx, tx, requests.Decision{EventID: row.ID, RequestID: reqID, InstanceUUID: inst,
-		Policy: d.Policy, Rejected: plan.Outcome == OutcomeReject, Reason: plan.Reason, Doc: doc, Replica: p.cfg.Replica})
+		Policy: d.Policy, Rejected: plan.Outcome == flow.OutcomeReject, Reason: plan.Reason, Doc: doc, Replica: p.cfg.Replica})
 }
 
 // act runs an OutcomeAct plan: claims, attachment rows, commands and the
@@ -926,7 +927,7 @@ func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow,
 // plan into a failure (plan.Outcome is set to OutcomeFail) after the claims
 // already made are released.
 func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State,
-	d *policy.Decision, plan *Plan, f Facts) error {
+	d *policy.Decision, plan *flow.Plan, f Facts) error {
 	now := time.Now()
 	deadline := now.Add(p.cfg.RequestTimeout)
 	var seq int
@@ -935,12 +936,12 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 	}
 	var claims []madeClaim
 	var cmds []outCmd
-	var atts []Attachment
-	var release []Attachment
+	var atts []flow.Attachment
+	var release []flow.Attachment
 	var summary []string
 	for _, s := range plan.Steps {
 		switch s.Kind {
-		case StepAttach:
+		case flow.StepAttach:
 			made, err := p.claimFor(ctx, f, s, atts)
 			claims = append(claims, made...)
 			if errors.Is(err, errNeedClaims) {
@@ -948,9 +949,9 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 			}
 			if err != nil {
 				if errors.Is(err, ErrNoCapacity) || errors.Is(err, errNoAddress) {
-					code := CodeNoCapacity
+					code := flow.CodeNoCapacity
 					if errors.Is(err, errNoAddress) {
-						code = CodePlacement
+						code = flow.CodePlacement
 					}
 					reason := fmt.Sprintf("no GPU of host %s (node %s) can take %d × %s (%s): %v", f.Instance.Host, f.Instance.Node,
 						max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, err)
@@ -958,15 +959,15 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 					if err := p.auditReleased(ctx, tx, reqID, claims, reason); err != nil {
 						return err
 					}
-					plan.Outcome, plan.Code, plan.Reason, plan.Steps = OutcomeFail, code, reason, nil
+					plan.Outcome, plan.Code, plan.Reason, plan.Steps = flow.OutcomeFail, code, reason, nil
 					return p.closeWithout(ctx, tx, row, reqID, state, *plan)
 				}
 				return errRetry{fmt.Errorf("claim %d × %s on node %s: %w", max(s.Intent.Count, 1), s.Intent.Profile, f.Instance.Node, err)}
 			}
 			for _, mc := range made {
-				a := Attachment{ID: uuid.New(), InstanceUUID: f.Instance.UUID, RequestID: reqID, Host: f.Instance.Host, Node: f.Instance.Node,
+				a := flow.Attachment{ID: uuid.New(), InstanceUUID: f.Instance.UUID, RequestID: reqID, Host: f.Instance.Host, Node: f.Instance.Node,
 					Provider: mc.provider, Class: mc.class, Amount: 1, HeldAfter: mc.held, PCIAddress: p.d.Placement.GPUAddress(mc.provider),
-					TypeID: s.Intent.TypeID, Profile: s.Intent.Profile, Trait: s.Intent.Trait, Mode: s.Mode, State: AttPending,
+					TypeID: s.Intent.TypeID, Profile: s.Intent.Profile, Trait: s.Intent.Trait, Mode: s.Mode, State: flow.AttPending,
 					FrameRateLimit: s.Intent.FrameRateLimit}
 				for u := 0; u < mc.amount; u++ {
 					b := a
@@ -990,7 +991,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 				}
 				summary = append(summary, fmt.Sprintf("attach %d × %s on %s GPU %s%s", mc.amount, s.Intent.Profile, f.Instance.Host, a.PCIAddress, frl))
 			}
-		case StepRelease:
+		case flow.StepRelease:
 			for _, a := range s.Release {
 				cs, err := ReleaseCommands(a, s.RemoveOnly, reqID.String(), now, deadline)
 				if err != nil {
@@ -1004,7 +1005,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 				}
 				summary = append(summary, fmt.Sprintf("release %s (mdev %s) on %s", a.Profile, a.ID, a.Host))
 			}
-		case StepReattach:
+		case flow.StepReattach:
 			for _, a := range s.Release {
 				c, err := NewCommand(protocol.AttachVGPU, a.Host, reqID.String(), a.InstanceUUID,
 					protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: agentMode(policy.ModeDirectLive, f.Instance.VMState),
@@ -1018,7 +1019,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 				cmds = append(cmds, outCmd{c: c, seq: seq, attachment: &id})
 				summary = append(summary, fmt.Sprintf("attach %s (mdev %s) again after Nova rebuilt the domain", a.Profile, a.ID))
 			}
-		case StepCommand:
+		case flow.StepCommand:
 			c, err := NewCommand(s.Command, s.Host, reqID.String(), f.Instance.UUID, s.Params, now, deadline)
 			if err != nil {
 				plan.Notes = append(plan.Notes, fmt.Sprintf("%s: %v", s.Command, err))
@@ -1027,8 +1028,8 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 			seq++
 			cmds = append(cmds, outCmd{c: c, seq: seq})
 			summary = append(summary, string(s.Command))
-		case StepNotify:
-			if err := p.notify(ctx, tx, reqID, f.Instance.UUID, []Step{s}); err != nil {
+		case flow.StepNotify:
+			if err := p.notify(ctx, tx, reqID, f.Instance.UUID, []flow.Step{s}); err != nil {
 				return err
 			}
 		}
@@ -1053,7 +1054,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 	}
 	if len(cmds) == 0 {
 		// Only notes and notifications: nothing for the agents.
-		plan.Outcome, plan.Code = OutcomeReject, CodeNoAction
+		plan.Outcome, plan.Code = flow.OutcomeReject, flow.CodeNoAction
 		if plan.Reason == "" {
 			plan.Reason = joinNonEmpty("; ", plan.Notes...)
 		}
@@ -1083,9 +1084,9 @@ func rebuildKind(kind string) bool {
 }
 
 // notify records the plan's notify steps in the audit log.
-func (p *Processor) notify(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, instance string, steps []Step) error {
+func (p *Processor) notify(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, instance string, steps []flow.Step) error {
 	for _, s := range steps {
-		if s.Kind != StepNotify {
+		if s.Kind != flow.StepNotify {
 			continue
 		}
 		detail, _ := json.Marshal(map[string]any{"message": s.Intent.Message, "rule": s.Intent.Rule, "why": s.Intent.Why})
@@ -1111,11 +1112,11 @@ var errNoAddress = errors.New("the GPU provider's name carries no PCI address (<
 // claim claims the units of an attach step, or adopts units an
 // interrupted earlier attempt claimed for this consumer but recorded
 // nowhere.
-func (p *Processor) claim(ctx context.Context, f Facts, s Step, planned []Attachment) ([]madeClaim, error) {
+func (p *Processor) claim(ctx context.Context, f Facts, s flow.Step, planned []flow.Attachment) ([]madeClaim, error) {
 	n := max(s.Intent.Count, 1)
 	known := map[string]int{}
 	for _, a := range f.Attachments {
-		if a.State != AttFailed && a.State != AttReleased {
+		if a.State != flow.AttFailed && a.State != flow.AttReleased {
 			known[a.Provider] += a.Amount
 		}
 	}

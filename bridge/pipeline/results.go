@@ -12,35 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
-
-// Phases of a request in flight (requests.phase).
-const (
-	PhaseQueued       = "queued"
-	PhaseCreating     = "creating_mdev"
-	PhaseAttaching    = "attaching"
-	PhaseDetaching    = "detaching"
-	PhaseRemoving     = "removing_mdev"
-	PhaseApplying     = "applying"
-	PhaseCompensating = "compensating"
-)
-
-// PhaseOf is the phase of a request while command kind k runs.
-func PhaseOf(k protocol.Kind) string {
-	switch k {
-	case protocol.CreateMdev:
-		return PhaseCreating
-	case protocol.AttachVGPU:
-		return PhaseAttaching
-	case protocol.DetachVGPU:
-		return PhaseDetaching
-	case protocol.RemoveMdev:
-		return PhaseRemoving
-	}
-	return PhaseApplying
-}
 
 // ResultTaker takes the agent results of requests another package runs
 // (the Nova-native resize's verify_vgpu), in HandleResult's transaction
@@ -116,9 +91,9 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 			return nil
 		}
 		if r.Status != protocol.Succeeded {
-			code := CodeAgentFailed
+			code := flow.CodeAgentFailed
 			if r.Status == protocol.Refused {
-				code = CodeAgentRefused
+				code = flow.CodeAgentRefused
 			}
 			outbox = true
 			return p.failRequest(ctx, tx, *reqID, code, DescribeResult(host, kind, r), attID)
@@ -132,14 +107,14 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 			return err
 		}
 		if state == requests.Decided {
-			if _, err := p.d.Requests.Transition(ctx, tx, *reqID, requests.Dispatched, PhaseOf(protocol.Kind(kind)), "", ""); err != nil {
+			if _, err := p.d.Requests.Transition(ctx, tx, *reqID, requests.Dispatched, flow.PhaseOf(protocol.Kind(kind)), "", ""); err != nil {
 				return err
 			}
 			state = requests.Dispatched
 		}
 		if nextKind != nil {
 			outbox = true
-			_, err := p.d.Requests.Transition(ctx, tx, *reqID, state, PhaseOf(protocol.Kind(*nextKind)), "", "")
+			_, err := p.d.Requests.Transition(ctx, tx, *reqID, state, flow.PhaseOf(protocol.Kind(*nextKind)), "", "")
 			return err
 		}
 		if openFailed {
@@ -244,7 +219,7 @@ func (p *Processor) failRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID,
 		return nil
 	}
 	if state != requests.Accepted {
-		if _, err := p.d.Requests.Transition(ctx, tx, reqID, state, PhaseCompensating, reason, code); err != nil {
+		if _, err := p.d.Requests.Transition(ctx, tx, reqID, state, flow.PhaseCompensating, reason, code); err != nil {
 			return err
 		}
 	}
@@ -426,7 +401,7 @@ func (p *Processor) compensateEnded(ctx context.Context) (int, error) {
 
 // undoCommands queues the compensation of an attachment: detach_vgpu when
 // its attach_vgpu was sent, remove_mdev when its create_mdev was.
-func (p *Processor) undoCommands(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, a Attachment, now time.Time, seq *int) ([]outCmd, error) {
+func (p *Processor) undoCommands(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, a flow.Attachment, now time.Time, seq *int) ([]outCmd, error) {
 	rows, err := tx.Query(ctx, `SELECT kind FROM commands WHERE attachment_id = $1 AND purpose = 'action' AND sent_at IS NOT NULL
 		AND coalesce(result_status, '') NOT IN ('failed', 'refused')`, a.ID)
 	if err != nil {
@@ -448,7 +423,7 @@ func (p *Processor) undoCommands(ctx context.Context, tx pgx.Tx, reqID uuid.UUID
 	return p.queueUndo(ctx, tx, reqID, a, sent[string(protocol.AttachVGPU)], sent[string(protocol.CreateMdev)] || sent[string(protocol.AttachVGPU)], now, seq)
 }
 
-func (p *Processor) queueUndo(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, a Attachment, detach, remove bool, now time.Time, seq *int) ([]outCmd, error) {
+func (p *Processor) queueUndo(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, a flow.Attachment, detach, remove bool, now time.Time, seq *int) ([]outCmd, error) {
 	if !detach && !remove {
 		return nil, nil
 	}
@@ -482,7 +457,7 @@ func (p *Processor) undoLate(ctx context.Context, tx pgx.Tx, reqID, attID uuid.U
 	if err != nil || len(atts) == 0 {
 		return err
 	}
-	if atts[0].State != AttFailed {
+	if atts[0].State != flow.AttFailed {
 		return nil
 	}
 	var seq int
@@ -548,16 +523,16 @@ func (p *Processor) timeoutReason(ctx context.Context, tx pgx.Tx, id uuid.UUID) 
 		WHERE c.request_id = $1 AND c.purpose = 'action' AND (c.finished_at IS NULL OR c.result_status IN ('expired','cancelled'))
 		ORDER BY c.seq LIMIT 1`, id).Scan(&cmdID, &kind, &host, &sentAt, &deadline)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return CodeAgentTimeout, fmt.Sprintf("the request did not finish within %s", p.cfg.RequestTimeout), nil
+		return flow.CodeAgentTimeout, fmt.Sprintf("the request did not finish within %s", p.cfg.RequestTimeout), nil
 	}
 	if err != nil {
 		return "", "", err
 	}
 	if sentAt == nil {
-		return CodeNotPublished, fmt.Sprintf("command %s (%s) for host %s could not be published to RabbitMQ before the deadline %s",
+		return flow.CodeNotPublished, fmt.Sprintf("command %s (%s) for host %s could not be published to RabbitMQ before the deadline %s",
 			kind, cmdID, host, deadline.UTC().Format(time.RFC3339)), nil
 	}
-	return CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer %s (command %s, sent %s) by the deadline %s; is vgpu-agent running there and consuming %s?",
+	return flow.CodeAgentTimeout, fmt.Sprintf("the agent of host %s did not answer %s (command %s, sent %s) by the deadline %s; is vgpu-agent running there and consuming %s?",
 		host, kind, cmdID, sentAt.UTC().Format(time.RFC3339), deadline.UTC().Format(time.RFC3339), protocol.AgentQueue(host)), nil
 }
 

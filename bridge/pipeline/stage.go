@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
@@ -47,7 +48,7 @@ func (ss Stages) Exec(ctx context.Context, w *Work) (bool, error) {
 // either records what it will do and moves the request to decided, or
 // ends the request with Work.Fail.
 type Actor interface {
-	Act(ctx context.Context, w *Work, s Step) error
+	Act(ctx context.Context, w *Work, s flow.Step) error
 }
 
 // DefaultStages are the stages of the direct path alone: what a
@@ -70,7 +71,7 @@ type Work struct {
 
 	Event    policy.Event
 	Decision *policy.Decision
-	Plan     Plan
+	Plan     flow.Plan
 	Facts    Facts
 
 	// Outbox is set by a stage that queued commands for the agents.
@@ -85,12 +86,12 @@ type Work struct {
 // Fail ends the request without acting: the plan becomes a failure with
 // code and reason (a request with further events waits for its last).
 func (w *Work) Fail(ctx context.Context, code, reason string) error {
-	w.Plan.Outcome, w.Plan.Code, w.Plan.Reason, w.Plan.Steps = OutcomeFail, code, reason, nil
+	w.Plan.Outcome, w.Plan.Code, w.Plan.Reason, w.Plan.Steps = flow.OutcomeFail, code, reason, nil
 	return w.p.closeWithout(ctx, w.Tx, w.Row, w.Request, w.State, w.Plan)
 }
 
 // Notify records the notify steps among steps in the audit log.
-func (w *Work) Notify(ctx context.Context, steps []Step) error {
+func (w *Work) Notify(ctx context.Context, steps []flow.Step) error {
 	return w.p.notify(ctx, w.Tx, w.Request, w.Facts.Instance.UUID, steps)
 }
 
@@ -136,7 +137,7 @@ func (ReadRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 		if err := w.Tx.QueryRow(ctx, `SELECT coalesce(code,'') FROM requests WHERE id = $1`, id).Scan(&code); err != nil {
 			return false, fmt.Errorf("read request %s: %w", id, err)
 		}
-		if code != requests.CodeCancelled {
+		if code != flow.CodeCancelled {
 			w.Request, w.HasRequest, w.State = uuid.Nil, false, ""
 			return false, nil
 		}
@@ -163,7 +164,7 @@ func (ReadEvent) Exec(ctx context.Context, w *Work) (bool, error) {
 		return false, nil
 	}
 	if w.HasRequest {
-		if err := w.p.failRequest(ctx, w.Tx, w.Request, CodeEventFailed, err.Error(), nil); err != nil {
+		if err := w.p.failRequest(ctx, w.Tx, w.Request, flow.CodeEventFailed, err.Error(), nil); err != nil {
 			return false, err
 		}
 	}
@@ -222,7 +223,7 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	if !w.HasRequest && !rebuildKind(ev.Kind) && ev.Kind != NovaKindPrefix+"instance.delete.end" {
 		// Most notifications: no rule listens, nothing to re-apply.
 		if d0 := evaluate(ev, nil, nil); len(d0.Rules) == 0 {
-			p.m.events.WithLabelValues(string(OutcomeNothing)).Inc()
+			p.m.events.WithLabelValues(string(flow.OutcomeNothing)).Inc()
 			return true, nil
 		}
 	}
@@ -243,14 +244,14 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	w.Decision = evaluate(ev, st, ls)
 	onlyFollowUps(w.Decision, ev.Kind)
 	w.Plan = PlanDecision(w.Decision, facts)
-	if w.Plan.Outcome == OutcomeDefer && periodic(w.Row) {
+	if w.Plan.Outcome == flow.OutcomeDefer && periodic(w.Row) {
 		// Evaluated again with the next one (defer.go).
-		w.Plan = Plan{Outcome: OutcomeNothing, Code: CodeNoAction, Reason: nothingReason(w.Decision)}
+		w.Plan = flow.Plan{Outcome: flow.OutcomeNothing, Code: flow.CodeNoAction, Reason: nothingReason(w.Decision)}
 	}
-	if w.Row.observeOnly && w.Plan.Outcome == OutcomeAct {
+	if w.Row.observeOnly && w.Plan.Outcome == flow.OutcomeAct {
 		w.Plan = observe(w.Plan, facts) // decide and explain, act on nothing
 	}
-	if w.HasRequest || w.Plan.Outcome == OutcomeAct {
+	if w.HasRequest || w.Plan.Outcome == flow.OutcomeAct {
 		return false, nil
 	}
 	p.m.events.WithLabelValues(string(w.Plan.Outcome)).Inc()
@@ -300,13 +301,13 @@ type Act struct {
 // Exec implements Stage.
 func (a Act) Exec(ctx context.Context, w *Work) (bool, error) {
 	p := w.p
-	if w.Plan.Outcome == OutcomeDefer {
+	if w.Plan.Outcome == flow.OutcomeDefer {
 		if err := p.deferRequest(ctx, w); err != nil {
 			return false, fmt.Errorf("request %s: defer: %w", w.Request, err)
 		}
 		return false, nil
 	}
-	if w.Plan.Outcome != OutcomeAct {
+	if w.Plan.Outcome != flow.OutcomeAct {
 		if err := w.Notify(ctx, w.Plan.Steps); err != nil {
 			return false, fmt.Errorf("request %s: notify: %w", w.Request, err)
 		}
@@ -318,7 +319,7 @@ func (a Act) Exec(ctx context.Context, w *Work) (bool, error) {
 	var err error
 	if s, ok := novaStep(w.Plan.Steps); ok {
 		if a.NovaResize == nil {
-			err = w.Fail(ctx, CodeNovaPath, fmt.Sprintf("attach mode %s (the Nova-native path) needs Nova's API: set [nova] endpoint_override and token_file, "+
+			err = w.Fail(ctx, flow.CodeNovaPath, fmt.Sprintf("attach mode %s (the Nova-native path) needs Nova's API: set [nova] endpoint_override and token_file, "+
 				"or [openstack] cloud; or set attach_mode: direct-live or direct-cold for this project or profile in the policy", orDefault(string(s.Intent.Mode), "nova-resize")))
 		} else {
 			err = a.NovaResize.Act(ctx, w, s)
@@ -329,7 +330,7 @@ func (a Act) Exec(ctx context.Context, w *Work) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("decide request %s: %w", w.Request, err)
 	}
-	w.Outbox = w.Outbox || w.Plan.Outcome == OutcomeAct
+	w.Outbox = w.Outbox || w.Plan.Outcome == flow.OutcomeAct
 	return false, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
@@ -291,7 +292,7 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	counts := map[string]int{}
 	var order []string
 	for _, a := range atts {
-		if a.State == AttReleasing {
+		if a.State == flow.AttReleasing {
 			continue
 		}
 		if _, ok := counts[a.Profile]; !ok {
@@ -335,7 +336,7 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	return f, st, nil
 }
 
-func activeAttachments(ctx context.Context, q Querier, instance string) ([]Attachment, error) {
+func activeAttachments(ctx context.Context, q Querier, instance string) ([]flow.Attachment, error) {
 	rows, err := q.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments
 		WHERE instance_uuid = $1 AND state IN ('pending','attached','releasing') ORDER BY created_at, id`, instance)
 	if err != nil {

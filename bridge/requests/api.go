@@ -12,6 +12,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 )
 
 //go:embed openapi.json
@@ -176,7 +177,7 @@ func (h *Handler) cancel(c echo.Context) error {
 	var out Request
 	err = h.store.Do(c.Request().Context(), func(tx pgx.Tx) error {
 		var err error
-		out, err = h.store.transition(c.Request().Context(), tx, actor, id, Failed, "", "cancelled by "+actor, CodeCancelled)
+		out, err = h.store.transition(c.Request().Context(), tx, actor, id, Failed, "", "cancelled by "+actor, flow.CodeCancelled)
 		return err
 	})
 	switch {

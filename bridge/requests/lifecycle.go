@@ -17,6 +17,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 )
 
 // Execer is what a verb writes through: a transaction, or the pool for a
@@ -165,49 +167,17 @@ func Sent(ctx context.Context, q Execer, id uuid.UUID, signed []byte) error {
 	return nil
 }
 
-// Attachment states (vgpu_attachments.state).
-const (
-	AttPending   = "pending"   // claimed in Placement, commands queued
-	AttAttached  = "attached"  // the agent created and attached the mdev
-	AttReleasing = "releasing" // detach and remove queued
-	AttReleased  = "released"  // removed and the claim released
-	AttFailed    = "failed"    // the attach failed and was compensated
-)
-
-// Attachment is a direct-path vGPU: a Placement claim in the instance's
-// consumer and the mdev (ID) the agent creates for it.
-type Attachment struct {
-	ID           uuid.UUID
-	InstanceUUID string
-	RequestID    uuid.UUID
-	Host         string // compute service host
-	Node         string // root provider name
-	Provider     string // GPU provider uuid
-	Class        string
-	Amount       int
-	HeldAfter    int
-	PCIAddress   string
-	TypeID       string
-	Profile      string
-	Trait        string
-	Mode         string // protocol.ModeLive | ModeConfig | ModeCold
-	State        string
-	// FrameRateLimit is the workload's frame-rate limiter (nil: the
-	// driver's default), sent with every attach of this vGPU.
-	FrameRateLimit *bool
-}
-
 // AttachmentColumns are the columns ScanAttachments reads, in order.
 const AttachmentColumns = `id, instance_uuid::text, coalesce(request_id, '00000000-0000-0000-0000-000000000000'::uuid), host, coalesce(node,''),
 	coalesce(provider_uuid::text,''), coalesce(resource_class,''), amount, coalesce(held_after,0), coalesce(pci_address,''),
 	coalesce(type_id,''), coalesce(profile,''), coalesce(trait,''), coalesce(mode,''), state, frame_rate_limit`
 
 // ScanAttachments reads rows of AttachmentColumns and closes rows.
-func ScanAttachments(rows pgx.Rows) ([]Attachment, error) {
+func ScanAttachments(rows pgx.Rows) ([]flow.Attachment, error) {
 	defer rows.Close()
-	var out []Attachment
+	var out []flow.Attachment
 	for rows.Next() {
-		var a Attachment
+		var a flow.Attachment
 		if err := rows.Scan(&a.ID, &a.InstanceUUID, &a.RequestID, &a.Host, &a.Node, &a.Provider, &a.Class, &a.Amount, &a.HeldAfter,
 			&a.PCIAddress, &a.TypeID, &a.Profile, &a.Trait, &a.Mode, &a.State, &a.FrameRateLimit); err != nil {
 			return nil, fmt.Errorf("read attachments: %w", err)
@@ -221,7 +191,7 @@ func ScanAttachments(rows pgx.Rows) ([]Attachment, error) {
 }
 
 // AddAttachments records the vGPUs request reqID claimed, as pending.
-func AddAttachments(ctx context.Context, q Execer, reqID uuid.UUID, atts []Attachment) error {
+func AddAttachments(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.Attachment) error {
 	for _, a := range atts {
 		if _, err := q.Exec(ctx, `INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
 				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit)

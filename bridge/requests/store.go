@@ -72,9 +72,6 @@ func Allowed(from, to State) bool {
 	return false
 }
 
-// CodeCancelled is the code of a request an operator cancelled.
-const CodeCancelled = "cancelled"
-
 // Request is one request and its state.
 type Request struct {
 	ID             uuid.UUID       `json:"id"`

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -70,7 +70,7 @@ func TestCooldownDefersRelease(t *testing.T) {
 	if r := w.wait(fire, 60*time.Second); r.State != requests.Succeeded {
 		t.Fatalf("firing alert %s: %s (%s: %s)", fire, r.State, r.Code, r.Reason)
 	}
-	if atts := w.attachments(inst); len(atts) != 1 || atts[0].state != pipeline.AttAttached {
+	if atts := w.attachments(inst); len(atts) != 1 || atts[0].state != flow.AttAttached {
 		t.Fatalf("attachments after the firing alert = %+v, want one attached", atts)
 	}
 
@@ -82,7 +82,7 @@ func TestCooldownDefersRelease(t *testing.T) {
 	}
 	w.waitFor(30*time.Second, "the vGPU released", func() bool {
 		atts := w.attachments(inst)
-		return len(atts) == 1 && atts[0].state == pipeline.AttReleased
+		return len(atts) == 1 && atts[0].state == flow.AttReleased
 	})
 	if n := vgpuUnits(w.allocations(inst)); n != 0 {
 		t.Errorf("VGPU units left in Placement after the deferred release: %d", n)
@@ -106,8 +106,8 @@ func TestCooldownDefersRelease(t *testing.T) {
 		decs = append(decs, d)
 	}
 	testsvc.Must(t, rows.Err(), "decisions")
-	if len(decs) != 2 || decs[0].outcome != string(pipeline.OutcomeDefer) || decs[0].from != 0 ||
-		decs[1].outcome != string(pipeline.OutcomeAct) || decs[1].from == 0 || decs[1].rules != "resolved-alert-releases" || decs[1].attempts != 0 {
+	if len(decs) != 2 || decs[0].outcome != string(flow.OutcomeDefer) || decs[0].from != 0 ||
+		decs[1].outcome != string(flow.OutcomeAct) || decs[1].from == 0 || decs[1].rules != "resolved-alert-releases" || decs[1].attempts != 0 {
 		t.Errorf("decisions of the resolved alert: %+v; want a deferral, then the follow-up's release (no attempts counted)", decs)
 	}
 	var phases []string
@@ -118,8 +118,8 @@ func TestCooldownDefersRelease(t *testing.T) {
 		testsvc.Must(t, prow.Scan(&p), "scan transition")
 		phases = append(phases, p)
 	}
-	if len(phases) == 0 || phases[0] != pipeline.PhaseDeferred {
-		t.Errorf("the request's transitions went through phases %v; want %q first", phases, pipeline.PhaseDeferred)
+	if len(phases) == 0 || phases[0] != flow.PhaseDeferred {
+		t.Errorf("the request's transitions went through phases %v; want %q first", phases, flow.PhaseDeferred)
 	}
 }
 
@@ -145,11 +145,11 @@ func TestCooldownDeferredSuperseded(t *testing.T) {
 	resolve := w.submitAlert(inst, "resolved", t0, t0.Add(500*time.Millisecond))
 	refire := w.submitAlert(inst, "firing", t0.Add(time.Second), t0.Add(time.Second))
 	r := w.wait(resolve, 60*time.Second)
-	if r.State != requests.Rejected || r.Code != pipeline.CodeSuperseded {
-		t.Fatalf("resolved alert %s: %s (%s: %s), want rejected %s", resolve, r.State, r.Code, r.Reason, pipeline.CodeSuperseded)
+	if r.State != requests.Rejected || r.Code != flow.CodeSuperseded {
+		t.Fatalf("resolved alert %s: %s (%s: %s), want rejected %s", resolve, r.State, r.Code, r.Reason, flow.CodeSuperseded)
 	}
 	w.wait(refire, 60*time.Second)
-	if atts := w.attachments(inst); len(atts) != 1 || atts[0].state != pipeline.AttAttached {
+	if atts := w.attachments(inst); len(atts) != 1 || atts[0].state != flow.AttAttached {
 		t.Fatalf("attachments after the superseded release = %+v, want the one still attached", atts)
 	}
 }
@@ -178,8 +178,8 @@ func TestCooldownDeferralSurvivesRestart(t *testing.T) {
 	r1.stop()
 	r, err := w.requests.Get(w.ctx, resolve)
 	testsvc.Must(t, err, "get request")
-	if r.State != requests.Accepted || r.Phase != pipeline.PhaseDeferred || !strings.Contains(r.Reason, "deferred until") {
-		t.Fatalf("the deferred request: %s phase %q (%s), want accepted, phase %s, naming when", r.State, r.Phase, r.Reason, pipeline.PhaseDeferred)
+	if r.State != requests.Accepted || r.Phase != flow.PhaseDeferred || !strings.Contains(r.Reason, "deferred until") {
+		t.Fatalf("the deferred request: %s phase %q (%s), want accepted, phase %s, naming when", r.State, r.Phase, r.Reason, flow.PhaseDeferred)
 	}
 	var processed bool
 	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT processed_at IS NOT NULL FROM events WHERE id = $1`, followUp).Scan(&processed), "follow-up")
@@ -198,7 +198,7 @@ func TestCooldownDeferralSurvivesRestart(t *testing.T) {
 	}
 	w.waitFor(30*time.Second, "the vGPU released", func() bool {
 		atts := w.attachments(inst)
-		return len(atts) == 1 && atts[0].state == pipeline.AttReleased
+		return len(atts) == 1 && atts[0].state == flow.AttReleased
 	})
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
@@ -312,7 +313,7 @@ func TestDrift(t *testing.T) {
 	if n := vgpuUnits(al); n != 0 || al[w.root]["VCPU"] != 2 {
 		t.Errorf("allocations of the deleted instance after the repair: %v, want VCPU/MEMORY_MB only", al)
 	}
-	if st := w.attachments(inst4)[0].state; st != pipeline.AttReleased {
+	if st := w.attachments(inst4)[0].state; st != flow.AttReleased {
 		t.Errorf("attachment of the deleted instance: %s, want released", st)
 	}
 	runOnce(t, rec)

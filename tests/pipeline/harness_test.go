@@ -32,6 +32,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
@@ -284,7 +285,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	}
 	r.disp, err = dispatch.New(dc,
 		dispatch.Deps{Pool: w.pool, Requests: requests.NewStore(w.pool, "vgpu-bridge/"+o.name), Results: r.proc,
-			Catalog: w.holder.Catalog(), Phase: pipeline.PhaseOf, Log: logger(), Registry: o.registry})
+			Catalog: w.holder.Catalog(), Phase: flow.PhaseOf, Log: logger(), Registry: o.registry})
 	testsvc.Must(t, err, "dispatch")
 	kick = r.disp.Kick
 	if o.noRun {

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -45,7 +45,7 @@ func TestAgentLoadDrivesRules(t *testing.T) {
 	atts := w.attachments(inst)
 	var now []attachmentRow
 	for _, a := range atts {
-		if a.state == pipeline.AttAttached {
+		if a.state == flow.AttAttached {
 			now = append(now, a)
 		}
 	}
@@ -66,7 +66,7 @@ func TestAgentLoadDrivesRules(t *testing.T) {
 		t.Fatalf("idle release %s: %s (%s: %s)", down.ID, down.State, down.Code, down.Reason)
 	}
 	for _, a := range w.attachments(inst) {
-		if a.state == pipeline.AttAttached || a.state == pipeline.AttPending {
+		if a.state == flow.AttAttached || a.state == flow.AttPending {
 			t.Errorf("after the idle release: %+v", a)
 		}
 	}

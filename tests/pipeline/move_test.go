@@ -20,8 +20,8 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
@@ -324,10 +324,10 @@ func (m *moveWorld) checkOnB(inst string, old attFull) attFull {
 	for _, a := range m.atts(inst) {
 		switch {
 		case a.id == old.id:
-			if a.state != pipeline.AttReleased {
+			if a.state != flow.AttReleased {
 				m.t.Errorf("old vGPU %s: %s, want released", a.id, a.state)
 			}
-		case a.state == pipeline.AttAttached:
+		case a.state == flow.AttAttached:
 			live = append(live, a)
 		}
 	}
@@ -446,7 +446,7 @@ func TestMoveShelveOffloadUnshelve(t *testing.T) {
 		t.Fatalf("release at shelve offload: %+v", r)
 	}
 	a := m.atts(inst)
-	if len(a) != 1 || a[0].state != pipeline.AttReleased || !a[0].shelved {
+	if len(a) != 1 || a[0].state != flow.AttReleased || !a[0].shelved {
 		t.Fatalf("after the offload: %+v, want one released and shelved", a)
 	}
 	if m.mdevOn(m.fake, old.id) {
@@ -486,7 +486,7 @@ func TestMoveResizeSameHost(t *testing.T) {
 	}
 	var live []attFull
 	for _, a := range m.atts(inst) {
-		if a.state == pipeline.AttAttached {
+		if a.state == flow.AttAttached {
 			live = append(live, a)
 		}
 	}

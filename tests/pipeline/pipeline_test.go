@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -32,7 +32,7 @@ func TestDirectAttach(t *testing.T) {
 		t.Fatalf("request %s: %s (%s: %s)", id, r.State, r.Code, r.Reason)
 	}
 	atts := w.attachments(inst)
-	if len(atts) != 1 || atts[0].state != pipeline.AttAttached {
+	if len(atts) != 1 || atts[0].state != flow.AttAttached {
 		t.Fatalf("attachments = %+v, want one attached", atts)
 	}
 	a := atts[0]
@@ -121,8 +121,8 @@ func TestAgentNeverAnswers(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	r := w.wait(id, 30*time.Second)
-	if r.State != requests.Failed || r.Code != pipeline.CodeAgentTimeout {
-		t.Fatalf("request: %s code %q (%s); want failed %s", r.State, r.Code, r.Reason, pipeline.CodeAgentTimeout)
+	if r.State != requests.Failed || r.Code != flow.CodeAgentTimeout {
+		t.Fatalf("request: %s code %q (%s); want failed %s", r.State, r.Code, r.Reason, flow.CodeAgentTimeout)
 	}
 	for _, s := range []string{w.host, "did not answer", "attach_vgpu"} {
 		if !strings.Contains(r.Reason, s) {
@@ -140,7 +140,7 @@ func TestAgentNeverAnswers(t *testing.T) {
 		t.Errorf("compensate audit rows = %d, want 1", n)
 	}
 	atts := w.attachments(inst)
-	if len(atts) != 1 || atts[0].state != pipeline.AttFailed {
+	if len(atts) != 1 || atts[0].state != flow.AttFailed {
 		t.Errorf("attachments = %+v, want one failed", atts)
 	}
 	// remove_mdev is queued for the mdev attach_vgpu may have made.
@@ -186,7 +186,7 @@ func TestRelease(t *testing.T) {
 	if n := vgpuUnits(al); n != 0 || al[w.root]["VCPU"] != 2 {
 		t.Errorf("allocations after release = %v, want VCPU/MEMORY_MB only", al)
 	}
-	if st := w.attachments(inst)[0].state; st != pipeline.AttReleased {
+	if st := w.attachments(inst)[0].state; st != flow.AttReleased {
 		t.Errorf("attachment state %s, want released", st)
 	}
 	w.reportedActive(a.id, inst, false, 30*time.Second)
@@ -281,7 +281,7 @@ func TestCancelCompensates(t *testing.T) {
 	}
 	// What POST /v1/requests/{id}/cancel does.
 	testsvc.Must(t, w.requests.Do(w.ctx, func(tx pgx.Tx) error {
-		_, err := w.requests.Transition(w.ctx, tx, id, requests.Failed, "", "cancelled by admin", requests.CodeCancelled)
+		_, err := w.requests.Transition(w.ctx, tx, id, requests.Failed, "", "cancelled by admin", flow.CodeCancelled)
 		return err
 	}), "cancel")
 	deadline = time.Now().Add(20 * time.Second)
@@ -294,7 +294,7 @@ func TestCancelCompensates(t *testing.T) {
 	if n := vgpuUnits(w.allocations(inst)); n != 0 {
 		t.Errorf("VGPU still claimed after the cancel: %d", n)
 	}
-	if atts := w.attachments(inst); len(atts) != 1 || atts[0].state != pipeline.AttFailed {
+	if atts := w.attachments(inst); len(atts) != 1 || atts[0].state != flow.AttFailed {
 		t.Errorf("attachments %+v, want one failed", atts)
 	}
 }

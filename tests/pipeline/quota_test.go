@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -47,7 +47,7 @@ func TestQuotaHoldsUnderConcurrency(t *testing.T) {
 		switch {
 		case r.State == requests.Succeeded:
 			ok++
-		case r.State == requests.Rejected && r.Code == pipeline.CodeQuota:
+		case r.State == requests.Rejected && r.Code == flow.CodeQuota:
 			rejected++
 		default:
 			t.Errorf("request %d: %s (%s: %s), want succeeded or rejected with code quota", i, r.State, r.Code, r.Reason)
@@ -93,7 +93,7 @@ func TestQuotaCountsNovaResizesInFlight(t *testing.T) {
 	testsvc.Must(t, err, "nova resize in flight")
 	one := w.wait(w.submit("GPU_REQUEST", w.domains[4].UUID, map[string]any{"vgpu_profile": "T4-4Q"}), 60*time.Second)
 	two := w.wait(w.submit("GPU_REQUEST", w.domains[5].UUID, map[string]any{"vgpu_profile": "T4-4Q"}), 60*time.Second)
-	if one.State != requests.Succeeded || two.State != requests.Rejected || two.Code != pipeline.CodeQuota {
+	if one.State != requests.Succeeded || two.State != requests.Rejected || two.Code != flow.CodeQuota {
 		t.Errorf("with 3 vGPUs resizing in: first %s (%s), second %s (%s: %s); want succeeded, then rejected with code quota",
 			one.State, one.Code, two.State, two.Code, two.Reason)
 	}
@@ -114,7 +114,7 @@ func TestQuotaCountsFlavorFramebuffer(t *testing.T) {
 	testsvc.Must(t, err, "flavor vGPU")
 	one := w.wait(w.submit("GPU_REQUEST", w.domains[4].UUID, map[string]any{"vgpu_profile": "T4-4Q"}), 60*time.Second)
 	two := w.wait(w.submit("GPU_REQUEST", w.domains[5].UUID, map[string]any{"vgpu_profile": "T4-4Q"}), 60*time.Second)
-	if one.State != requests.Succeeded || two.State != requests.Rejected || two.Code != pipeline.CodeQuota {
+	if one.State != requests.Succeeded || two.State != requests.Rejected || two.Code != flow.CodeQuota {
 		t.Errorf("with a flavor's T4-4Q in the project: first %s (%s: %s), second %s (%s: %s); want succeeded, then rejected with code quota",
 			one.State, one.Code, one.Reason, two.State, two.Code, two.Reason)
 	}

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -58,7 +58,7 @@ func TestRebuildSameHostReattaches(t *testing.T) {
 		t.Errorf("commands of the re-attach: %q, want %q", kinds, want)
 	}
 	a := m.atts(inst)
-	if len(a) != 1 || a[0].id != old.id || a[0].state != pipeline.AttAttached || a[0].host != m.host || a[0].provider != old.provider {
+	if len(a) != 1 || a[0].id != old.id || a[0].state != flow.AttAttached || a[0].host != m.host || a[0].provider != old.provider {
 		t.Errorf("attachments after the rebuild: %+v, want only %+v", a, old)
 	}
 	al := m.allocations(inst)

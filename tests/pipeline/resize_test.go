@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -66,9 +66,9 @@ func TestDirectResize(t *testing.T) {
 	var attached []attachmentRow
 	for _, a := range w.attachments(inst) {
 		switch {
-		case a.id == old.id && a.state != pipeline.AttReleased:
+		case a.id == old.id && a.state != flow.AttReleased:
 			t.Errorf("the old vGPU is %s, want released", a.state)
-		case a.id != old.id && a.state == pipeline.AttAttached:
+		case a.id != old.id && a.state == flow.AttAttached:
 			attached = append(attached, a)
 		}
 	}
@@ -102,7 +102,7 @@ func TestDirectResize(t *testing.T) {
 func TestDirectResizeFailureRestores(t *testing.T) {
 	t.Parallel()
 	w, inst, old, id, r := resizeToT42Q(t, "nvidia-222")
-	if r.State != requests.Failed || (r.Code != pipeline.CodeAgentFailed && r.Code != pipeline.CodeAgentRefused) {
+	if r.State != requests.Failed || (r.Code != flow.CodeAgentFailed && r.Code != flow.CodeAgentRefused) {
 		t.Fatalf("resize onto a full GPU: %s (%s: %s), want failed by the agent", r.State, r.Code, r.Reason)
 	}
 	// The restore runs after the request ended: wait for it.
@@ -115,10 +115,10 @@ func TestDirectResizeFailureRestores(t *testing.T) {
 		t.Errorf("Placement after the failed resize: %v, want VGPU 1 on gpuA only (the old claim)", al)
 	}
 	for _, a := range w.attachments(inst) {
-		if a.id == old.id && a.state != pipeline.AttAttached {
+		if a.id == old.id && a.state != flow.AttAttached {
 			t.Errorf("the old vGPU is %s, want attached", a.state)
 		}
-		if a.id != old.id && a.state != pipeline.AttFailed {
+		if a.id != old.id && a.state != flow.AttFailed {
 			t.Errorf("the new vGPU is %s, want failed", a.state)
 		}
 	}
@@ -164,7 +164,7 @@ func TestFailedRestoreIsRecorded(t *testing.T) {
 	testsvc.Must(t, err, "handle the restore's result")
 
 	atts := w.attachments(inst)
-	if len(atts) != 1 || atts[0].state != pipeline.AttFailed {
+	if len(atts) != 1 || atts[0].state != flow.AttFailed {
 		t.Fatalf("attachments %+v, want the old one failed", atts)
 	}
 	if al := w.allocations(inst); al[w.gpus[gpuA]]["VGPU"] != 0 {
@@ -194,7 +194,7 @@ func TestDirectResizeNeedsRetype(t *testing.T) {
 
 	id := w.submit("GPU_RESIZE", inst, map[string]any{"vgpu_profile": "T4-8Q"}) // no GPU is set to T4-8Q
 	r := w.wait(id, 60*time.Second)
-	if r.State != requests.Failed || r.Code != pipeline.CodeNoCapacity || !strings.Contains(r.Reason, "needs_retype") || !strings.Contains(r.Reason, gpuB) {
+	if r.State != requests.Failed || r.Code != flow.CodeNoCapacity || !strings.Contains(r.Reason, "needs_retype") || !strings.Contains(r.Reason, gpuB) {
 		t.Fatalf("resize to a profile no GPU offers: %s (%s: %s); want no_capacity, needs_retype naming %s", r.State, r.Code, r.Reason, gpuB)
 	}
 	var sent int
@@ -202,7 +202,7 @@ func TestDirectResizeNeedsRetype(t *testing.T) {
 	if sent != 0 {
 		t.Errorf("%d commands for a change that cannot be placed", sent)
 	}
-	if atts := w.attachments(inst); len(atts) != 1 || atts[0].id != old.id || atts[0].state != pipeline.AttAttached {
+	if atts := w.attachments(inst); len(atts) != 1 || atts[0].id != old.id || atts[0].state != flow.AttAttached {
 		t.Errorf("attachments %+v, want the old one attached", atts)
 	}
 	if al := w.allocations(inst); al[w.gpus[gpuA]]["VGPU"] != 1 || al[w.gpus[gpuB]]["VGPU"] != 0 {

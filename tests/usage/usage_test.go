@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/usage"
@@ -164,7 +165,7 @@ func seedAttachment(t *testing.T, pool *pgxpool.Pool, inst string, created time.
 		if _, err := tx.Exec(ctx, `UPDATE requests SET created_at = $2 WHERE id = $1`, reqID, created); err != nil {
 			return err
 		}
-		return requests.AddAttachments(ctx, tx, reqID, []requests.Attachment{{ID: attID, InstanceUUID: inst, Host: "cmp1", Class: "VGPU",
+		return requests.AddAttachments(ctx, tx, reqID, []flow.Attachment{{ID: attID, InstanceUUID: inst, Host: "cmp1", Class: "VGPU",
 			Amount: 1, Profile: "T4-4Q", TypeID: "nvidia-232", Mode: "live", Provider: uuid.NewString()}})
 	})
 	return reqID, attID

@@ -118,6 +118,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
@@ -882,7 +883,7 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 	// The reports feed the catalog the pipeline places with, as in the
 	// bridge: a report must never rename T4-1Q's trait mid-run.
 	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/bench"), Results: proc,
-		Phase: pipeline.PhaseOf, Catalog: holder.Catalog(), Log: h.log})
+		Phase: flow.PhaseOf, Catalog: holder.Catalog(), Log: h.log})
 	if err != nil {
 		return nil, err
 	}

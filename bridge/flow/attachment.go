@@ -1,0 +1,35 @@
+package flow
+
+import "github.com/google/uuid"
+
+// Attachment states (vgpu_attachments.state).
+const (
+	AttPending   = "pending"   // claimed in Placement, commands queued
+	AttAttached  = "attached"  // the agent created and attached the mdev
+	AttReleasing = "releasing" // detach and remove queued
+	AttReleased  = "released"  // removed and the claim released
+	AttFailed    = "failed"    // the attach failed and was compensated
+)
+
+// Attachment is a direct-path vGPU: a Placement claim in the instance's
+// consumer and the mdev (ID) the agent creates for it.
+type Attachment struct {
+	ID           uuid.UUID
+	InstanceUUID string
+	RequestID    uuid.UUID
+	Host         string // compute service host
+	Node         string // root provider name
+	Provider     string // GPU provider uuid
+	Class        string
+	Amount       int
+	HeldAfter    int
+	PCIAddress   string
+	TypeID       string
+	Profile      string
+	Trait        string
+	Mode         string // protocol.ModeLive | ModeConfig | ModeCold
+	State        string
+	// FrameRateLimit is the workload's frame-rate limiter (nil: the
+	// driver's default), sent with every attach of this vGPU.
+	FrameRateLimit *bool
+}
