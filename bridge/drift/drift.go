@@ -36,6 +36,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift/driftwire"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
@@ -180,18 +181,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 }
 
 // RunResult sums up one run.
-type RunResult struct {
-	ID           int64     `json:"id"`
-	Replica      string    `json:"replica"`
-	StartedAt    time.Time `json:"started_at"`
-	FinishedAt   time.Time `json:"finished_at"`
-	Findings     int       `json:"findings"`
-	New          int       `json:"new_findings"`
-	Resolved     int       `json:"resolved"`
-	Repairs      int       `json:"repairs"`
-	SkippedHosts []string  `json:"skipped_hosts"`
-	Error        string    `json:"error,omitempty"`
-}
+type RunResult = driftwire.RunResult
 
 // RunOnce runs the reconciler now, unless another replica runs it
 // (ErrBusy).
