@@ -40,6 +40,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
@@ -166,18 +167,12 @@ func (r *Reconciler) Config() Config { return r.cfg }
 // Run runs the reconciler every interval until ctx ends. The first run
 // waits one interval: a starting bridge has not heard from its agents yet.
 func (r *Reconciler) Run(ctx context.Context) error {
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	wake.Every(ctx, r.cfg.Interval, func(ctx context.Context) {
 		if _, err := r.RunOnce(ctx); err != nil && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
 			r.log.Warn("drift: run failed", logkey.Err, err)
 		}
-	}
+	})
+	return nil
 }
 
 // RunResult sums up one run.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // CallbackConfig configures callback delivery.
@@ -93,14 +94,7 @@ type dueCallback struct {
 }
 
 func (e *Endpoint) callbackLoop(ctx context.Context) {
-	t := time.NewTicker(e.cfg.Callbacks.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	wake.Every(ctx, e.cfg.Callbacks.PollInterval, func(ctx context.Context) {
 		for {
 			n, err := e.deliverDue(ctx)
 			if err != nil {
@@ -113,7 +107,7 @@ func (e *Endpoint) callbackLoop(ctx context.Context) {
 				break
 			}
 		}
-	}
+	})
 }
 
 // deliverDue claims due callbacks for a lease and delivers them.
