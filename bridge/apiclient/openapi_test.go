@@ -10,11 +10,11 @@ import (
 	"time"
 )
 
-// TestTypesMatchOpenAPI checks the client's wire types that are not the
-// server's own (those are shared through the …wire packages) against the
+// TestTypesMatchOpenAPI checks the client's wire types against the
 // schemas of /v1/openapi.json, which the server packages serve from their
 // openapi.json files: every field the client reads is a property of the
-// schema, of the same JSON type.
+// schema, of the same JSON type. Types the client shares with the server
+// (the …wire packages) are checked too, for what the client adds.
 func TestTypesMatchOpenAPI(t *testing.T) {
 	schemas := map[string]map[string]any{}
 	files, err := filepath.Glob("../*/openapi.json")
