@@ -7,28 +7,19 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls/controlswire"
 )
 
 // Controls is the answer of GET and POST /v1/controls.
 type Controls struct {
-	Paused       bool            `json:"paused"`
-	ObserveOnly  bool            `json:"observe_only"`
-	Reason       string          `json:"reason,omitempty"`
-	Actor        string          `json:"actor,omitempty"`
-	RequestID    string          `json:"request_id,omitempty"`
-	PausedAt     *time.Time      `json:"paused_at,omitempty"`
-	ObserveSince *time.Time      `json:"observe_since,omitempty"`
-	UpdatedAt    time.Time       `json:"updated_at"`
-	Changed      bool            `json:"changed"`
-	Raw          json.RawMessage `json:"-"`
+	controlswire.Mode
+	Changed bool            `json:"changed"`
+	Raw     json.RawMessage `json:"-"`
 }
 
 // ControlsChange is the body of POST /v1/controls; nil keeps a switch.
-type ControlsChange struct {
-	Paused      *bool  `json:"paused,omitempty"`
-	ObserveOnly *bool  `json:"observe_only,omitempty"`
-	Reason      string `json:"reason"`
-}
+type ControlsChange = controlswire.Change
 
 // Controls returns the global switches.
 func (c *Client) Controls(ctx context.Context) (Controls, error) {
@@ -91,17 +82,7 @@ func (c *Client) SetDrain(ctx context.Context, kind DrainKind, name, reason stri
 }
 
 // AuditRecord is one audit log row.
-type AuditRecord struct {
-	ID              int64           `json:"id"`
-	At              time.Time       `json:"at"`
-	Actor           string          `json:"actor"`
-	Action          string          `json:"action"`
-	ObjectType      string          `json:"object_type"`
-	ObjectID        string          `json:"object_id"`
-	RequestID       *string         `json:"request_id"`
-	GlobalRequestID *string         `json:"global_request_id"`
-	Detail          json.RawMessage `json:"detail"`
-}
+type AuditRecord = controlswire.AuditRecord
 
 // AuditList is a page of GET /v1/audit, oldest first.
 type AuditList struct {
@@ -175,12 +156,8 @@ func (c *Client) Profiles(ctx context.Context, series, gpu string) (ProfileList,
 
 // ReplayResult is the answer of POST /v1/dead-letters/{id}/replay.
 type ReplayResult struct {
-	DeadLetterID int64           `json:"dead_letter_id"`
-	Outcome      string          `json:"outcome"` // accepted | duplicate
-	EventID      int64           `json:"event_id,omitempty"`
-	MessageID    string          `json:"message_id,omitempty"`
-	EventType    string          `json:"event_type,omitempty"`
-	Raw          json.RawMessage `json:"-"`
+	controlswire.ReplayAnswer
+	Raw json.RawMessage `json:"-"`
 }
 
 // ReplayDeadLetter runs a dead letter's body through ingest again (admin).

@@ -4,10 +4,11 @@ package apiclient
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/diagnostics/diagnosticswire"
 )
 
 // MaxBundleBytes bounds a diagnostics bundle's download (the agents'
@@ -16,22 +17,7 @@ const MaxBundleBytes = 64 << 20
 
 // Diagnostics is a diagnostics request (POST /v1/hosts/{name}/diagnostics,
 // GET /v1/diagnostics/{id}).
-type Diagnostics struct {
-	ID          string          `json:"id"`
-	Host        string          `json:"host"`
-	Instance    string          `json:"instance,omitempty"`
-	RequestedBy string          `json:"requested_by"`
-	RequestedAt time.Time       `json:"requested_at"`
-	ExpiresAt   time.Time       `json:"expires_at"`
-	CompletedAt *time.Time      `json:"completed_at,omitempty"`
-	Status      string          `json:"status"` // pending | complete | failed
-	Error       string          `json:"error,omitempty"`
-	Size        int64           `json:"size,omitempty"`
-	SHA256      string          `json:"sha256,omitempty"`
-	Manifest    json.RawMessage `json:"manifest,omitempty"`
-	CommandID   string          `json:"command_id"`
-	BundleHref  string          `json:"bundle_href,omitempty"`
-}
+type Diagnostics = diagnosticswire.Diagnostics
 
 // RequestDiagnostics asks host's agent for a bundle (admin); instance
 // may be empty, timeout 0 takes the bridge's default.

@@ -3,14 +3,15 @@ package apiclient
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
-	"github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/keystonereg"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 )
 
 // ServiceType is the bridge's service type in Keystone's catalog
@@ -37,31 +38,29 @@ func CloudTokenSource(cloud string, opts ...clouds.ParseOption) TokenSource {
 // The endpoint is "" when the catalog has none.
 func CloudLogin(cloud string, opts ...clouds.ParseOption) Login {
 	return func(ctx context.Context) (string, string, error) {
-		ao, eo, tlsCfg, err := clouds.Parse(append([]clouds.ParseOption{clouds.WithCloudName(cloud)}, opts...)...)
+		c, err := osclient.ParseCloud(cloud, opts...)
 		if err != nil {
 			return "", "", fmt.Errorf("clouds.yaml: %w", err)
 		}
-		ao.AllowReauth = false
-		pc, err := openstack.NewClient(ao.IdentityEndpoint)
-		if err != nil {
-			return "", "", fmt.Errorf("cloud %s: auth_url %q: %w", cloud, ao.IdentityEndpoint, err)
-		}
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		if tlsCfg != nil {
-			tr.TLSClientConfig = tlsCfg.Clone()
+		c.Auth.AllowReauth = false
+		if c.TLS == nil {
+			c.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
 		} else {
-			tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+			c.TLS = c.TLS.Clone()
 		}
-		pc.HTTPClient = http.Client{Transport: tr, Timeout: 30 * time.Second}
-		if err := openstack.Authenticate(ctx, pc, ao); err != nil {
-			return "", "", fmt.Errorf("cloud %s: Keystone login at %s: %w", cloud, ao.IdentityEndpoint, err)
+		pc, err := c.Login(ctx, http.Client{Timeout: 30 * time.Second})
+		if errors.Is(err, osclient.ErrAuthURL) {
+			return "", "", fmt.Errorf("cloud %s: %w", cloud, err)
+		}
+		if err != nil {
+			return "", "", fmt.Errorf("cloud %s: Keystone login at %s: %w", cloud, c.Auth.IdentityEndpoint, err)
 		}
 		tok := pc.Token()
 		if tok == "" {
 			return "", "", fmt.Errorf("cloud %s: Keystone answered no token", cloud)
 		}
-		eo.Type = ServiceType
-		endpoint, _ := pc.EndpointLocator(eo) // none: the caller needs a URL of its own
+		c.Endpoint.Type = ServiceType
+		endpoint, _ := pc.EndpointLocator(c.Endpoint) // none: the caller needs a URL of its own
 		return tok, endpoint, nil
 	}
 }

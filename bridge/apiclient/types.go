@@ -3,6 +3,9 @@ package apiclient
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest/ingestwire"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook/webhookwire"
 )
 
 // Request states (GET /v1/openapi.json).
@@ -89,28 +92,8 @@ type GPUFilter struct {
 
 // Instance is a Nova instance as the bridge knows it from notifications.
 type Instance struct {
-	UUID             string          `json:"uuid"`
-	ProjectID        *string         `json:"project_id"`
-	UserID           *string         `json:"user_id"`
-	Host             *string         `json:"host"`
-	Node             *string         `json:"node"`
-	DisplayName      *string         `json:"display_name"`
-	AvailabilityZone *string         `json:"availability_zone"`
-	VMState          *string         `json:"vm_state"`
-	TaskState        *string         `json:"task_state"`
-	PowerState       *string         `json:"power_state"`
-	Flavor           json.RawMessage `json:"flavor"`
-	NewFlavor        json.RawMessage `json:"new_flavor"`
-	VGPUDemand       json.RawMessage `json:"vgpu_demand"`
-	VGPUs            int             `json:"vgpus"`
-	HasVGPU          bool            `json:"has_vgpu"`
-	Fault            json.RawMessage `json:"fault"`
-	LastEventType    *string         `json:"last_event_type"`
-	LastEventAt      *time.Time      `json:"last_event_at"`
-	DeletedAt        *time.Time      `json:"deleted_at"`
-	CreatedAt        time.Time       `json:"created_at"`
-	UpdatedAt        time.Time       `json:"updated_at"`
-	Raw              json.RawMessage `json:"-"`
+	ingestwire.Instance
+	Raw json.RawMessage `json:"-"`
 }
 
 // InstanceList is a page of GET /v1/instances.
@@ -164,23 +147,7 @@ type RequestFilter struct {
 }
 
 // Event is an inbox record.
-type Event struct {
-	ID              int64           `json:"id"`
-	Source          string          `json:"source"`
-	MessageID       string          `json:"message_id"`
-	EventType       string          `json:"event_type"`
-	InstanceUUID    *string         `json:"instance_uuid"`
-	PublisherID     *string         `json:"publisher_id"`
-	Priority        *string         `json:"priority"`
-	RequestID       *string         `json:"request_id"`
-	GlobalRequestID *string         `json:"global_request_id"`
-	OccurredAt      *time.Time      `json:"occurred_at"`
-	ReceivedAt      time.Time       `json:"received_at"`
-	ProcessedAt     *time.Time      `json:"processed_at"`
-	Status          *string         `json:"status"`
-	Detail          *string         `json:"detail"`
-	Payload         json.RawMessage `json:"payload,omitempty"`
-}
+type Event = ingestwire.EventRecord
 
 // EventList is a page of GET /v1/events, oldest first.
 type EventList struct {
@@ -201,18 +168,7 @@ type EventFilter struct {
 }
 
 // DeadLetter is a message that could not be accepted.
-type DeadLetter struct {
-	ID           int64           `json:"id"`
-	Source       string          `json:"source"`
-	Reason       string          `json:"reason"`
-	Detail       *string         `json:"detail"`
-	MessageID    *string         `json:"message_id"`
-	Raw          string          `json:"raw"`
-	RawEncoding  string          `json:"raw_encoding"`
-	RawTruncated bool            `json:"raw_truncated"`
-	Headers      json.RawMessage `json:"headers"`
-	ReceivedAt   time.Time       `json:"received_at"`
-}
+type DeadLetter = ingestwire.DeadLetter
 
 // DeadLetterList is a page of GET /v1/dead-letters, newest first.
 type DeadLetterList struct {
@@ -307,12 +263,7 @@ type Intent struct {
 }
 
 // Skipped is an alert a webhook answer left out, with why.
-type Skipped struct {
-	Index       int    `json:"index"`
-	Fingerprint string `json:"fingerprint,omitempty"`
-	AlertName   string `json:"alertname,omitempty"`
-	Reason      string `json:"reason"`
-}
+type Skipped = webhookwire.Skipped
 
 // WebhookAnswer is the 202 answer of POST /v1/webhooks/{source}.
 type WebhookAnswer struct {

@@ -6,58 +6,20 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/usage/usagewire"
 )
 
 // UsageGroups are the group_by names of GET /v1/usage, in the order the
 // bridge answers them.
-var UsageGroups = []string{"project", "user", "instance", "profile", "vgpu_type", "host", "path"}
+var UsageGroups = usagewire.Groups
 
 // UsageRow is one group's usage; only the group_by fields are set.
-type UsageRow struct {
-	ProjectID    string `json:"project_id,omitempty"`
-	UserID       string `json:"user_id,omitempty"`
-	InstanceUUID string `json:"instance_uuid,omitempty"`
-	Profile      string `json:"profile,omitempty"`
-	VGPUType     string `json:"vgpu_type,omitempty"`
-	Host         string `json:"host,omitempty"`
-	Path         string `json:"path,omitempty"`
-	// VGPUSeconds is the seconds held times the vGPUs, rounded to the second.
-	VGPUSeconds int64 `json:"vgpu_seconds"`
-}
-
-// Group returns the row's value of group_by name g ("" when absent).
-func (r UsageRow) Group(g string) string {
-	switch g {
-	case "project":
-		return r.ProjectID
-	case "user":
-		return r.UserID
-	case "instance":
-		return r.InstanceUUID
-	case "profile":
-		return r.Profile
-	case "vgpu_type":
-		return r.VGPUType
-	case "host":
-		return r.Host
-	case "path":
-		return r.Path
-	}
-	return ""
-}
+type UsageRow = usagewire.Row
 
 // UsageReport is the answer of GET /v1/usage.
 type UsageReport struct {
-	Start       time.Time `json:"start"`
-	End         time.Time `json:"end"`
-	AuditPeriod string    `json:"audit_period"`
-	// ClosedThrough is the end of the last closed audit period; nil when
-	// none is closed yet.
-	ClosedThrough *time.Time `json:"closed_through"`
-	GroupBy       []string   `json:"group_by"`
-	Usage         []UsageRow `json:"usage"`
-	Total         int64      `json:"total_vgpu_seconds"`
-
+	usagewire.Report
 	Raw json.RawMessage `json:"-"`
 }
 

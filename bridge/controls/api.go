@@ -15,6 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls/controlswire"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
@@ -186,17 +187,7 @@ func (a *API) drainGPU(drain bool) echo.HandlerFunc {
 }
 
 // AuditRecord is one audit_log row as the API answers it.
-type AuditRecord struct {
-	ID              int64           `json:"id"`
-	At              time.Time       `json:"at"`
-	Actor           string          `json:"actor"`
-	Action          string          `json:"action"`
-	ObjectType      string          `json:"object_type"`
-	ObjectID        string          `json:"object_id"`
-	RequestID       *string         `json:"request_id"`
-	GlobalRequestID *string         `json:"global_request_id"`
-	Detail          json.RawMessage `json:"detail"`
-}
+type AuditRecord = controlswire.AuditRecord
 
 // AuditList is a page of audit records, oldest first.
 type AuditList struct {

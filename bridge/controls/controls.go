@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls/controlswire"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
@@ -34,26 +35,10 @@ const gateLock int64 = 0x7667707563746c73 // "vgpuctls"
 const NotifyChannel = "vgpu_controls"
 
 // Mode is the global switches.
-type Mode struct {
-	Paused       bool       `json:"paused"`
-	ObserveOnly  bool       `json:"observe_only"`
-	Reason       string     `json:"reason,omitempty"`
-	Actor        string     `json:"actor,omitempty"`
-	RequestID    string     `json:"request_id,omitempty"`
-	PausedAt     *time.Time `json:"paused_at,omitempty"`
-	ObserveSince *time.Time `json:"observe_since,omitempty"`
-	UpdatedAt    time.Time  `json:"updated_at"`
-}
-
-// Holds reports whether the outbox is held (paused or observe-only).
-func (m Mode) Holds() bool { return m.Paused || m.ObserveOnly }
+type Mode = controlswire.Mode
 
 // Change is a request to change the mode; nil fields keep their value.
-type Change struct {
-	Paused      *bool  `json:"paused,omitempty"`
-	ObserveOnly *bool  `json:"observe_only,omitempty"`
-	Reason      string `json:"reason"`
-}
+type Change = controlswire.Change
 
 // Gate is what the pipeline learns about one event in its transaction.
 type Gate struct {

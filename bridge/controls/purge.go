@@ -13,6 +13,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // purgeLock is the session advisory lock that makes one replica purge at
@@ -140,14 +141,10 @@ func (s *Store) RunPurge(ctx context.Context, r Retention) error {
 	if r.Interval <= 0 || (r.Events <= 0 && r.DeadLetters <= 0 && r.Requests <= 0 && r.Audit <= 0 && r.Diagnostics <= 0 && r.Notifications <= 0 && r.Usage <= 0) {
 		return nil // nothing to purge, ever
 	}
-	t := time.NewTimer(time.Minute) // let the replica settle first
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	if !wake.Wait(ctx, nil, time.Minute) { // let the replica settle first
+		return nil
+	}
+	return wake.Loop(ctx, nil, func(ctx context.Context) (time.Duration, error) {
 		_, err := s.Purge(ctx, r, false)
 		switch {
 		case errors.Is(err, ErrPurgeBusy):
@@ -158,8 +155,8 @@ func (s *Store) RunPurge(ctx context.Context, r Retention) error {
 		case err == nil:
 			s.m.purgeRuns.WithLabelValues("done").Inc()
 		}
-		t.Reset(r.Interval)
-	}
+		return r.Interval, nil
+	})
 }
 
 // purgeDeadLetters deletes dead letters received before cutoff.

@@ -10,20 +10,13 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls/controlswire"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // ReplayAnswer is the answer of POST /v1/dead-letters/{id}/replay.
-type ReplayAnswer struct {
-	DeadLetterID int64 `json:"dead_letter_id"`
-	// Outcome: accepted (a new inbox event), duplicate (the inbox held the
-	// message id already: nothing new).
-	Outcome   string `json:"outcome"`
-	EventID   int64  `json:"event_id,omitempty"`
-	MessageID string `json:"message_id,omitempty"`
-	EventType string `json:"event_type,omitempty"`
-}
+type ReplayAnswer = controlswire.ReplayAnswer
 
 func (a *API) replay(c echo.Context) error {
 	ctx := c.Request().Context()

@@ -28,6 +28,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/diagnostics/diagnosticswire"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
@@ -47,22 +48,7 @@ const DefaultTimeout = 10 * time.Minute
 var ErrNotFound = errors.New("not found")
 
 // Diagnostics is one record, without its bundle.
-type Diagnostics struct {
-	ID          string          `json:"id"`
-	Host        string          `json:"host"`
-	Instance    string          `json:"instance,omitempty"`
-	RequestedBy string          `json:"requested_by"`
-	RequestedAt time.Time       `json:"requested_at"`
-	ExpiresAt   time.Time       `json:"expires_at"`
-	CompletedAt *time.Time      `json:"completed_at,omitempty"`
-	Status      string          `json:"status"`
-	Error       string          `json:"error,omitempty"`
-	Size        int64           `json:"size,omitempty"`
-	SHA256      string          `json:"sha256,omitempty"`
-	Manifest    json.RawMessage `json:"manifest,omitempty"`
-	CommandID   string          `json:"command_id"`
-	BundleHref  string          `json:"bundle_href,omitempty"`
-}
+type Diagnostics = diagnosticswire.Diagnostics
 
 // Store reads and writes diagnostics records.
 type Store struct {

@@ -35,6 +35,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 )
 
@@ -206,7 +207,7 @@ type Dispatcher struct {
 	cfg  Config
 	d    Deps
 	log  *slog.Logger
-	kick chan struct{}
+	kick wake.Waker
 	m    *metrics
 	// keyset starts as the Config's keys; SetKeys replaces it.
 	keyset atomic.Pointer[Keys]
@@ -240,7 +241,7 @@ func New(cfg Config, d Deps) (*Dispatcher, error) {
 	if d.Phase == nil {
 		d.Phase = func(k protocol.Kind) string { return string(k) }
 	}
-	x := &Dispatcher{cfg: cfg, d: d, log: d.Log, kick: make(chan struct{}, 1), m: newMetrics(d.Registry)}
+	x := &Dispatcher{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry)}
 	x.keyset.Store(&Keys{Signer: cfg.Signer, Keyring: cfg.Keyring, KeyringFile: cfg.KeyringFile, RequireSigned: cfg.RequireSigned})
 	x.conn.Store(&connState{since: time.Now(), err: "not connected yet"})
 	return x, nil
@@ -271,12 +272,7 @@ func (x *Dispatcher) setDown(err error) {
 }
 
 // Kick wakes the relay: new commands are in the outbox.
-func (x *Dispatcher) Kick() {
-	select {
-	case x.kick <- struct{}{}:
-	default:
-	}
-}
+func (x *Dispatcher) Kick() { x.kick.Wake() }
 
 // Run connects, declares the topology, relays and consumes until ctx
 // ends, reconnecting with capped exponential backoff.

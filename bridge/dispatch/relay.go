@@ -15,6 +15,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // queueGrace keeps a command in its agent's queue a little past its
@@ -23,36 +24,21 @@ const queueGrace = time.Minute
 
 func (x *Dispatcher) relayLoop(ctx context.Context, ch *amqp.Channel) error {
 	declared := map[string]bool{}
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-x.kick:
-		}
+	return wake.Loop(ctx, x.kick.C(), func(ctx context.Context) (time.Duration, error) {
 		n, err := x.relayOnce(ctx, ch, declared)
 		if err != nil {
 			if ch.IsClosed() {
-				return err
+				return 0, err
 			}
 			if ctx.Err() == nil {
 				x.log.Warn("dispatch: relay round failed", logkey.Err, err)
 			}
 		}
-		next := x.cfg.RelayInterval
 		if n >= x.cfg.RelayBatch {
-			next = 0
+			return 0, nil
 		}
-		if !t.Stop() {
-			select {
-			case <-t.C:
-			default:
-			}
-		}
-		t.Reset(next)
-	}
+		return x.cfg.RelayInterval, nil
+	})
 }
 
 type outRow struct {

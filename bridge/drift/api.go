@@ -6,37 +6,19 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift/driftwire"
 )
 
 //go:embed openapi.json
 var openAPI []byte
 
 // Record is a finding as GET /v1/drift answers it.
-type Record struct {
-	ID              int64      `json:"id"`
-	Kind            string     `json:"kind"`
-	Host            *string    `json:"host"`
-	ProviderUUID    *string    `json:"provider_uuid"`
-	PCIAddress      *string    `json:"pci_address"`
-	InstanceUUID    *string    `json:"instance_uuid"`
-	MdevUUID        *string    `json:"mdev_uuid"`
-	Detail          string     `json:"detail"`
-	Repairable      bool       `json:"repairable"`
-	Repaired        bool       `json:"repaired"`
-	Repair          *string    `json:"repair"`
-	RepairRequestID *string    `json:"repair_request_id"`
-	RepairedAt      *time.Time `json:"repaired_at"`
-	FirstSeen       time.Time  `json:"first_seen"`
-	LastSeen        time.Time  `json:"last_seen"`
-	Seen            int        `json:"seen"`
-	ResolvedAt      *time.Time `json:"resolved_at"`
-}
+type Record = driftwire.Record
 
 // Answer is the body of GET /v1/drift.
 type Answer struct {

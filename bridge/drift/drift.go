@@ -36,9 +36,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift/driftwire"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
@@ -165,33 +167,16 @@ func (r *Reconciler) Config() Config { return r.cfg }
 // Run runs the reconciler every interval until ctx ends. The first run
 // waits one interval: a starting bridge has not heard from its agents yet.
 func (r *Reconciler) Run(ctx context.Context) error {
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	wake.Every(ctx, r.cfg.Interval, func(ctx context.Context) {
 		if _, err := r.RunOnce(ctx); err != nil && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
 			r.log.Warn("drift: run failed", logkey.Err, err)
 		}
-	}
+	})
+	return nil
 }
 
 // RunResult sums up one run.
-type RunResult struct {
-	ID           int64     `json:"id"`
-	Replica      string    `json:"replica"`
-	StartedAt    time.Time `json:"started_at"`
-	FinishedAt   time.Time `json:"finished_at"`
-	Findings     int       `json:"findings"`
-	New          int       `json:"new_findings"`
-	Resolved     int       `json:"resolved"`
-	Repairs      int       `json:"repairs"`
-	SkippedHosts []string  `json:"skipped_hosts"`
-	Error        string    `json:"error,omitempty"`
-}
+type RunResult = driftwire.RunResult
 
 // RunOnce runs the reconciler now, unless another replica runs it
 // (ErrBusy).

@@ -23,6 +23,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
 
@@ -559,15 +560,8 @@ func (c *Consumer) watchSilence(ctx context.Context) {
 	if period < 10*time.Millisecond {
 		period = 10 * time.Millisecond
 	}
-	t := time.NewTicker(period)
-	defer t.Stop()
 	var warnedAt int64 = -1
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	wake.Every(ctx, period, func(context.Context) {
 		last := c.lastMsg.Load()
 		silent := time.Duration(c.sinceLast() * float64(time.Second))
 		if silent >= c.cfg.SilenceWarning && last != warnedAt {
@@ -578,7 +572,7 @@ func (c *Consumer) watchSilence(ctx context.Context) {
 				"topics "+fmt.Sprint(c.cfg.BindingKeys),
 				logkey.SilentFor, silent.Round(time.Second), logkey.Queue, c.cfg.Queue)
 		}
-	}
+	})
 }
 
 // tokenRE finds the value of oslo's flattened _context_auth_token (also

@@ -2,7 +2,6 @@ package keystoneauth
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,9 +11,10 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack"
-	"github.com/gophercloud/gophercloud/v2/openstack/config"
 	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/tokens"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 )
 
 // KeystoneConfig says how the bridge reaches Keystone to validate tokens.
@@ -37,11 +37,8 @@ type KeystoneConfig struct {
 // the bridge's credentials from clouds.yaml. It logs in at the first
 // validation, and again when its own token expires.
 type Keystone struct {
-	cfg  KeystoneConfig
-	ao   gophercloud.AuthOptions
-	eo   gophercloud.EndpointOpts
-	tls  *tls.Config
-	name string
+	cfg   KeystoneConfig
+	cloud osclient.Cloud
 
 	mu       sync.Mutex
 	sc       *gophercloud.ServiceClient
@@ -62,12 +59,11 @@ func NewKeystone(cfg KeystoneConfig) (*Keystone, error) {
 	if cfg.LoginRetry <= 0 {
 		cfg.LoginRetry = 5 * time.Second
 	}
-	ao, eo, tlsCfg, err := clouds.Parse(append([]clouds.ParseOption{clouds.WithCloudName(cfg.Cloud)}, cfg.ParseOptions...)...)
+	cloud, err := osclient.ParseCloud(cfg.Cloud, cfg.ParseOptions...)
 	if err != nil {
 		return nil, fmt.Errorf("keystone: clouds.yaml cloud %q: %w", cfg.Cloud, err)
 	}
-	ao.AllowReauth = true
-	return &Keystone{cfg: cfg, ao: ao, eo: eo, tls: tlsCfg, name: cfg.Cloud}, nil
+	return &Keystone{cfg: cfg, cloud: cloud}, nil
 }
 
 func (k *Keystone) client(ctx context.Context) (*gophercloud.ServiceClient, error) {
@@ -82,15 +78,15 @@ func (k *Keystone) client(ctx context.Context) (*gophercloud.ServiceClient, erro
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 16
 	hc := http.Client{Timeout: k.cfg.Timeout, Transport: tr}
-	pc, err := config.NewProviderClient(ctx, k.ao, config.WithHTTPClient(hc), config.WithTLSConfig(k.tls))
+	pc, err := k.cloud.Login(ctx, hc)
 	if err == nil {
 		var sc *gophercloud.ServiceClient
-		if sc, err = openstack.NewIdentityV3(pc, k.eo); err == nil {
+		if sc, err = openstack.NewIdentityV3(pc, k.cloud.Endpoint); err == nil {
 			k.sc, k.lastErr = sc, nil
 			return sc, nil
 		}
 	}
-	k.lastErr = fmt.Errorf("keystone: log in as cloud %q at %s: %w", k.name, k.ao.IdentityEndpoint, err)
+	k.lastErr = fmt.Errorf("keystone: log in as cloud %q at %s: %w", k.cloud.Name, k.cloud.Auth.IdentityEndpoint, err)
 	k.lastFail = time.Now()
 	return nil, k.lastErr
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
 )
 
@@ -94,7 +95,7 @@ type Runner struct {
 
 	mu      sync.Mutex
 	running map[uuid.UUID]bool
-	kick    chan struct{}
+	kick    wake.Waker
 }
 
 var runnerActor = controls.Actor{Name: "vgpu-bridge/maintenance"}
@@ -102,19 +103,12 @@ var runnerActor = controls.Actor{Name: "vgpu-bridge/maintenance"}
 func (r *Runner) poll() time.Duration { return cmp.Or(r.Cfg.Poll, time.Second) }
 
 // Kick makes Run look for running operations now.
-func (r *Runner) Kick() {
-	r.init()
-	select {
-	case r.kick <- struct{}{}:
-	default:
-	}
-}
+func (r *Runner) Kick() { r.kick.Wake() }
 
 func (r *Runner) init() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.kick == nil {
-		r.kick = make(chan struct{}, 1)
+	if r.running == nil {
 		r.running = map[uuid.UUID]bool{}
 	}
 	if r.Log == nil {
@@ -127,9 +121,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.init()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	t := time.NewTicker(cmp.Or(r.Cfg.Scan, 10*time.Second))
-	defer t.Stop()
-	for {
+	scan := cmp.Or(r.Cfg.Scan, 10*time.Second)
+	wake.Loop(ctx, r.kick.C(), func(ctx context.Context) (time.Duration, error) { //nolint:errcheck // the round never fails
 		ids, err := r.Store.Running(ctx)
 		if err != nil && ctx.Err() == nil {
 			r.Log.Warn("maintenance: cannot list running operations", logkey.Err, err)
@@ -151,13 +144,9 @@ func (r *Runner) Run(ctx context.Context) error {
 				}
 			}()
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		case <-r.kick:
-		}
-	}
+		return scan, nil
+	})
+	return ctx.Err()
 }
 
 // Drive runs one operation to its end: its VMs (Concurrency at once; with

@@ -20,6 +20,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // Drivers, as oslo.messaging's [oslo_messaging_notifications] driver.
@@ -159,10 +160,7 @@ func (r *Relay) session(ctx context.Context, attempt int) (bool, error) {
 	}
 	if !ok {
 		// Another replica publishes; try again after a while.
-		select {
-		case <-ctx.Done():
-		case <-time.After(r.cfg.Poll):
-		}
+		wake.Wait(ctx, nil, r.cfg.Poll)
 		return false, errNotLeader
 	}
 	defer release()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
@@ -108,23 +109,14 @@ func LoadMetrics(samples []loadSample, now time.Time, window time.Duration) (map
 
 // runLoad evaluates the instances' load every LoadInterval until ctx ends.
 func (p *Processor) runLoad(ctx context.Context) {
-	t := time.NewTicker(p.cfg.LoadInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	wake.Every(ctx, p.cfg.LoadInterval, func(ctx context.Context) {
 		n, err := p.LoadOnce(ctx)
 		if err != nil && ctx.Err() == nil {
 			p.log.Warn("pipeline: load evaluation failed", logkey.Err, err)
-			continue
-		}
-		if n > 0 {
+		} else if n > 0 {
 			p.Wake()
 		}
-	}
+	})
 }
 
 // LoadOnce writes a bridge.vgpu_load event for each instance whose window

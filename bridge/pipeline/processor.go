@@ -24,6 +24,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -59,7 +60,7 @@ type Processor struct {
 	cfg   Config
 	d     Deps
 	log   *slog.Logger
-	wake  chan struct{}
+	wake  wake.Waker
 	hosts atomic.Pointer[hostSet]
 	m     *metrics
 	// stages decide about each event, results take agent results of
@@ -90,7 +91,7 @@ func New(cfg Config, d Deps) (*Processor, error) {
 		d.Log.Warn("pipeline: fewer workers than configured, to leave the pool room", "workers", max(mc-2, 1), "configured", cfg.Workers, "pool", mc)
 		cfg.Workers = max(mc-2, 1)
 	}
-	p := &Processor{cfg: cfg, d: d, log: d.Log, wake: make(chan struct{}, 1), m: newMetrics(d.Registry), stages: DefaultStages()}
+	p := &Processor{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry), stages: DefaultStages()}
 	p.hosts.Store(&hostSet{byName: map[string]int{}})
 	return p, nil
 }
@@ -104,12 +105,7 @@ func (p *Processor) Use(stages []Stage, results ...ResultTaker) {
 }
 
 // Wake makes the inbox loop look at the inbox now.
-func (p *Processor) Wake() {
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
-}
+func (p *Processor) Wake() { p.wake.Wake() }
 
 // Run processes the inbox and watches deadlines until ctx ends.
 func (p *Processor) Run(ctx context.Context) error {
@@ -141,31 +137,16 @@ func (p *Processor) Run(ctx context.Context) error {
 		}()
 	}
 	defer wg.Wait()
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-p.wake:
-		}
+	return wake.Loop(ctx, p.wake.C(), func(ctx context.Context) (time.Duration, error) {
 		n, err := p.ProcessOnce(ctx)
 		if err != nil && ctx.Err() == nil {
 			p.log.Warn("pipeline: inbox poll failed", logkey.Err, err)
 		}
-		next := p.cfg.PollInterval
 		if n > 0 {
-			next = 0 // more may be waiting
+			return 0, nil // more may be waiting
 		}
-		if !t.Stop() {
-			select {
-			case <-t.C:
-			default:
-			}
-		}
-		t.Reset(next)
-	}
+		return p.cfg.PollInterval, nil
+	})
 }
 
 // refreshHosts re-reads the agents' reports when the cached view is old.
@@ -311,7 +292,7 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 			default:
 				n++
 			}
-		case <-p.wake:
+		case <-p.wake.C():
 			woken = true
 		case <-again:
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/usage/usagewire"
 )
 
 //go:embed openapi.json
@@ -46,7 +47,7 @@ var groupColumns = map[string]string{
 }
 
 // groupOrder is the order of columns in answers whatever the order asked.
-var groupOrder = []string{"project", "user", "instance", "profile", "vgpu_type", "host", "path"}
+var groupOrder = usagewire.Groups
 
 // DefaultGroupBy is group_by when none is given.
 var DefaultGroupBy = []string{"project", "instance", "profile"}
@@ -61,29 +62,10 @@ type Query struct {
 }
 
 // Row is one group's usage.
-type Row struct {
-	Project     string `json:"project_id,omitempty"`
-	User        string `json:"user_id,omitempty"`
-	Instance    string `json:"instance_uuid,omitempty"`
-	Profile     string `json:"profile,omitempty"`
-	VGPUType    string `json:"vgpu_type,omitempty"`
-	Host        string `json:"host,omitempty"`
-	Path        string `json:"path,omitempty"`
-	VGPUSeconds int64  `json:"vgpu_seconds"`
-}
+type Row = usagewire.Row
 
 // Report is GET /v1/usage's answer.
-type Report struct {
-	Start       time.Time `json:"start"`
-	End         time.Time `json:"end"`
-	AuditPeriod string    `json:"audit_period"`
-	// ClosedThrough is the end of the last closed audit period (nil: none
-	// closed yet); usage after it may still change as late events arrive.
-	ClosedThrough *time.Time `json:"closed_through"`
-	GroupBy       []string   `json:"group_by"`
-	Usage         []Row      `json:"usage"`
-	Total         int64      `json:"total_vgpu_seconds"`
-}
+type Report = usagewire.Report
 
 func (a *API) now() time.Time {
 	if a.Now != nil {
@@ -196,22 +178,7 @@ func (a *API) Report(ctx context.Context, q Query) (Report, error) {
 	_, err = pgx.ForEachRow(rows, dst, func() error {
 		var r Row
 		for i, g := range groups {
-			switch g {
-			case "project":
-				r.Project = vals[i]
-			case "user":
-				r.User = vals[i]
-			case "instance":
-				r.Instance = vals[i]
-			case "profile":
-				r.Profile = vals[i]
-			case "vgpu_type":
-				r.VGPUType = vals[i]
-			case "host":
-				r.Host = vals[i]
-			case "path":
-				r.Path = vals[i]
-			}
+			r.SetGroup(g, vals[i])
 		}
 		r.VGPUSeconds = secs
 		rep.Total = total

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // Closer closes audit periods once they have ended: it freezes each usage
@@ -44,20 +45,14 @@ func (c *Closer) Run(ctx context.Context) error {
 		start := c.Period.Start(time.Now())
 		every = min(time.Minute, c.Period.Next(start).Sub(start))
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
+	return wake.Loop(ctx, nil, func(ctx context.Context) (time.Duration, error) {
 		if n, err := c.CloseDue(ctx, time.Now()); err != nil {
 			c.log().Warn("usage: closing audit periods failed", logkey.Err, err)
 		} else if n > 0 {
 			c.log().Info("usage: audit periods closed", "periods", n)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		return every, nil
+	})
 }
 
 func (c *Closer) log() *slog.Logger {

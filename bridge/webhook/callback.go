@@ -15,6 +15,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // CallbackConfig configures callback delivery.
@@ -86,14 +87,7 @@ func (c *CallbackConfig) client() *http.Client {
 type dueCallback = requests.DueCallback
 
 func (e *Endpoint) callbackLoop(ctx context.Context) {
-	t := time.NewTicker(e.cfg.Callbacks.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	wake.Every(ctx, e.cfg.Callbacks.PollInterval, func(ctx context.Context) {
 		for {
 			n, err := e.deliverDue(ctx)
 			if err != nil {
@@ -106,7 +100,7 @@ func (e *Endpoint) callbackLoop(ctx context.Context) {
 				break
 			}
 		}
-	}
+	})
 }
 
 // deliverDue claims due callbacks for a lease and delivers them.

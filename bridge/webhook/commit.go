@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // CodeNoInstance is the code of an Alertmanager request none of whose
@@ -642,22 +643,15 @@ func (e *Endpoint) claimBodies(ctx context.Context, tx pgx.Tx, create []*pending
 
 // janitor forgets expired idempotency keys and body digests.
 func (e *Endpoint) janitor(ctx context.Context) {
-	t := time.NewTicker(10 * time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_idempotency WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
-				e.log.Warn("forget expired idempotency keys", "err", err)
-			}
-			if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_signed_bodies WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
-				e.log.Warn("forget expired signed bodies", "err", err)
-			}
-			if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_alerts WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
-				e.log.Warn("forget expired alerts", "err", err)
-			}
+	wake.Every(ctx, 10*time.Minute, func(ctx context.Context) {
+		if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_idempotency WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
+			e.log.Warn("forget expired idempotency keys", "err", err)
 		}
-	}
+		if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_signed_bodies WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
+			e.log.Warn("forget expired signed bodies", "err", err)
+		}
+		if _, err := e.pool.Exec(ctx, `DELETE FROM webhook_alerts WHERE expires_at < now()`); err != nil && ctx.Err() == nil {
+			e.log.Warn("forget expired alerts", "err", err)
+		}
+	})
 }

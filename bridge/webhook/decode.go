@@ -16,6 +16,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook/webhookwire"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
 
@@ -405,12 +406,7 @@ type amMessage struct {
 type Alert = requests.WebhookAlert
 
 // Skipped names an alert that was not turned into an event.
-type Skipped struct {
-	Index       int    `json:"index"`
-	Fingerprint string `json:"fingerprint,omitempty"`
-	AlertName   string `json:"alertname,omitempty"`
-	Reason      string `json:"reason"`
-}
+type Skipped = webhookwire.Skipped
 
 // AlertEvent is an alert that names an instance.
 type AlertEvent struct {

@@ -17,10 +17,10 @@ import (
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
-	"github.com/gophercloud/gophercloud/v2/openstack/config"
 	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 	"github.com/spf13/cobra"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
 )
@@ -299,37 +299,32 @@ func computeClient(ctx context.Context, g *globals, o flavorPlanOpts) (*gophercl
 			return nil, err
 		}
 	}
-	var sc *gophercloud.ServiceClient
+	cfg := osclient.Config{Endpoint: o.computeURL, Token: o.computeToken, Type: "compute", FromCatalog: openstack.NewComputeV2,
+		HTTPClient: hc, Microversion: flavorMicroversion}
 	if o.computeToken != "" {
-		pc := &gophercloud.ProviderClient{HTTPClient: *hc}
-		pc.SetToken(o.computeToken)
-		sc = &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: gophercloud.NormalizeURL(o.computeURL), Type: "compute"}
-	} else {
-		cloud := g.cloudName()
-		opts := []clouds.ParseOption{clouds.WithCloudName(cloud)}
-		if g.cacert != "" {
-			opts = append(opts, clouds.WithCACertPath(g.cacert))
-		}
-		ao, eo, tlsc, err := clouds.Parse(opts...)
-		if err != nil {
-			return nil, fmt.Errorf("clouds.yaml: %w", err)
-		}
-		ao.AllowReauth = true
-		pc, err := config.NewProviderClient(ctx, ao, config.WithHTTPClient(*hc), config.WithTLSConfig(tlsc))
-		if err != nil {
-			err = fmt.Errorf("cloud %s: Keystone login at %s: %w", cloud, ao.IdentityEndpoint, err)
-			if u := asUnreachable(err); u != nil {
-				return nil, u
-			}
-			return nil, err
-		}
-		if o.computeURL != "" {
-			sc = &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: gophercloud.NormalizeURL(o.computeURL), Type: "compute"}
-		} else if sc, err = openstack.NewComputeV2(pc, eo); err != nil {
-			return nil, fmt.Errorf("cloud %s: compute endpoint: %w", cloud, err)
-		}
+		return cfg.Static(), nil
 	}
-	sc.Microversion = flavorMicroversion
+	cloud := g.cloudName()
+	var opts []clouds.ParseOption
+	if g.cacert != "" {
+		opts = append(opts, clouds.WithCACertPath(g.cacert))
+	}
+	c, err := osclient.ParseCloud(cloud, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("clouds.yaml: %w", err)
+	}
+	pc, err := c.Login(ctx, *hc)
+	if err != nil {
+		err = fmt.Errorf("cloud %s: Keystone login at %s: %w", cloud, c.Auth.IdentityEndpoint, err)
+		if u := asUnreachable(err); u != nil {
+			return nil, u
+		}
+		return nil, err
+	}
+	sc, err := cfg.Service(pc, c.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("cloud %s: %w", cloud, err)
+	}
 	return sc, nil
 }
 

@@ -196,9 +196,9 @@ func TestUsageAccounting(t *testing.T) {
 		var total int64
 		got := map[key]int64{}
 		for _, r := range rep.Usage {
-			got[key{r.Instance, r.Profile}] += r.VGPUSeconds
+			got[key{r.InstanceUUID, r.Profile}] += r.VGPUSeconds
 			total += r.VGPUSeconds
-			if r.Project != "" || r.Host != "" || r.Path != "" {
+			if r.ProjectID != "" || r.Host != "" || r.Path != "" {
 				t.Errorf("%s: row %+v has columns not grouped by", what, r)
 			}
 		}

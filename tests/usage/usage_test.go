@@ -292,8 +292,8 @@ func TestReport(t *testing.T) {
 		t.Fatalf("usage = %+v", rep.Usage)
 	}
 	for _, r := range rep.Usage {
-		if want[[2]string{r.Project, r.Profile}] != r.VGPUSeconds {
-			t.Errorf("%s %s = %d, want %d", r.Project, r.Profile, r.VGPUSeconds, want[[2]string{r.Project, r.Profile}])
+		if want[[2]string{r.ProjectID, r.Profile}] != r.VGPUSeconds {
+			t.Errorf("%s %s = %d, want %d", r.ProjectID, r.Profile, r.VGPUSeconds, want[[2]string{r.ProjectID, r.Profile}])
 		}
 	}
 	if rep.Total != 18000 {
@@ -304,7 +304,7 @@ func TestReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Usage) != 1 || rep.Usage[0].VGPUSeconds < 9 || rep.Usage[0].VGPUSeconds > 12 || rep.Usage[0].Instance != c {
+	if len(rep.Usage) != 1 || rep.Usage[0].VGPUSeconds < 9 || rep.Usage[0].VGPUSeconds > 12 || rep.Usage[0].InstanceUUID != c {
 		t.Errorf("an open interval counts up to now: %+v", rep.Usage)
 	}
 }
