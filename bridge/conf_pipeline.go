@@ -20,46 +20,49 @@ import (
 )
 
 var (
-	optPipelinePoll = Options.Duration("pipeline", "poll_interval", 200*time.Millisecond, 10*time.Millisecond, time.Minute,
+	optPipelinePoll = pipelineOptions.Duration("pipeline", "poll_interval", 200*time.Millisecond, 10*time.Millisecond, time.Minute,
 		"How often each replica looks at the inbox (events not processed yet) when nothing woke it. The webhooks and "+
 			"notifications a replica stores wake its own pipeline at once; the poll finds those stored by other replicas "+
 			"and events backed off for a retry. Example: 100ms")
-	optPipelineBatch = Options.Int("pipeline", "batch_size", 100, 1, 10000,
+	optPipelineBatch = pipelineOptions.Int("pipeline", "batch_size", 100, 1, 10000,
 		"Most inbox events one poll takes; each is decided in its own transaction. Example: 200")
-	optPipelineWorkers = Options.Int("pipeline", "workers", 4, 1, 64,
+	optPipelineWorkers = pipelineOptions.Int("pipeline", "workers", 4, 1, 64,
 		"Events of different instances decided concurrently by this replica (events of one instance always go in "+
 			"inbox order). The pipeline has a pool of its own of workers + 2 connections. Example: 8")
-	optPipelineRequestTimeout = Options.Duration("pipeline", "request_timeout", 2*time.Minute, 5*time.Second, 24*time.Hour,
+	optPipelineRequestTimeout = pipelineOptions.Duration("pipeline", "request_timeout", 2*time.Minute, 5*time.Second, 24*time.Hour,
 		"Deadline of a request once decided: its agent commands must all be answered by then, or the request fails "+
 			"(code agent_timeout, naming the host and command) and is compensated (Placement claim released, "+
 			"remove_mdev queued). Also the expiry of its commands. Example: 5m")
-	optPipelineWatchdog = Options.Duration("pipeline", "deadline_check_interval", time.Second, 100*time.Millisecond, 10*time.Minute,
+	optPipelineWatchdog = pipelineOptions.Duration("pipeline", "deadline_check_interval", time.Second, 100*time.Millisecond, 10*time.Minute,
 		"How often requests past their deadline are looked for (replicas share the work). Example: 5s")
-	optPipelineMaxAttempts = Options.Int("pipeline", "max_attempts", 5, 1, 100,
+	optPipelineMaxAttempts = pipelineOptions.Int("pipeline", "max_attempts", 5, 1, 100,
 		"Attempts at an event whose processing fails (Placement or database unavailable) before the event is closed "+
 			"with status failed and its request fails (code event_failed). Example: 10")
-	optPipelineRetryMin = Options.Duration("pipeline", "retry_min", time.Second, 10*time.Millisecond, time.Hour,
+	optPipelineRetryMin = pipelineOptions.Duration("pipeline", "retry_min", time.Second, 10*time.Millisecond, time.Hour,
 		"First wait before an event is tried again; it doubles (with jitter) up to retry_max. Example: 2s")
-	optPipelineRetryMax = Options.Duration("pipeline", "retry_max", time.Minute, 10*time.Millisecond, 24*time.Hour,
+	optPipelineRetryMax = pipelineOptions.Duration("pipeline", "retry_max", time.Minute, 10*time.Millisecond, 24*time.Hour,
 		"Longest wait between attempts at an event. Example: 5m")
-	optPipelineLoadInterval = Options.Duration("pipeline", "load_interval", time.Minute, 0, time.Hour,
+	optPipelineLoadInterval = pipelineOptions.Duration("pipeline", "load_interval", time.Minute, 0, time.Hour,
 		"How often the vGPU load the agents report becomes a bridge.vgpu_load event per instance (the policy's load "+
 			"rules run on it, with their for:, hysteresis and cooldown); one replica does it. 0 turns it off. Example: 30s")
-	optPipelineLoadWindow = Options.Duration("pipeline", "load_window", 30*time.Minute, time.Minute, 2*time.Hour,
+	optPipelineLoadWindow = pipelineOptions.Duration("pipeline", "load_window", 30*time.Minute, time.Minute, 2*time.Hour,
 		"How far back a bridge.vgpu_load event's metrics look (gpu_util_avg, _min, _max over it). Example: 10m")
 )
 
-func init() {
-	Options.SectionHelp("pipeline", "The decision loop: inbox -> policy -> Placement claim -> outbox, request deadlines "+
+// pipelineOptions are the options declared in this file; Options assembles them
+// into the daemon's set with validatePipeline.
+var pipelineOptions = conf.NewGroup().
+	SectionHelp("pipeline", "The decision loop: inbox -> policy -> Placement claim -> outbox, request deadlines "+
 		"and compensation. Every replica runs it; rows are shared with SKIP LOCKED.")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		var errs conf.Errors
-		if optPipelineRetryMax.Get(v) < optPipelineRetryMin.Get(v) {
-			errs = append(errs, &conf.Error{Section: "pipeline", Option: "retry_max", Value: optPipelineRetryMax.Get(v).String(),
-				Problem: "is below retry_min; allowed: at least retry_min"})
-		}
-		return errs
-	})
+
+// validatePipeline tests relations between the options of this file.
+func validatePipeline(v *conf.Values) conf.Errors {
+	var errs conf.Errors
+	if optPipelineRetryMax.Get(v) < optPipelineRetryMin.Get(v) {
+		errs = append(errs, &conf.Error{Section: "pipeline", Option: "retry_max", Value: optPipelineRetryMax.Get(v).String(),
+			Problem: "is below retry_min; allowed: at least retry_min"})
+	}
+	return errs
 }
 
 // PipelineConfig maps [pipeline] (and [placement] stale_report_age) to
