@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/usage"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
@@ -121,8 +122,8 @@ func setupAccounting(w *wiring, ntu *conf.TransportURL, tc *tls.Config) ([]compo
 		DeclareQueues:   optOutDeclareQueues.Get(w.v),
 		PublisherID:     "vgpu-bridge:" + cmp.Or(w.replica, host),
 		Poll:            optOutPoll.Get(w.v),
-		ReconnectMin:    optNotifReconnectMin.Get(w.v),
-		ReconnectMax:    optNotifReconnectMax.Get(w.v),
+		ReconnectMin:    ingest.ConfigFrom(w.v).ReconnectMin,
+		ReconnectMax:    ingest.ConfigFrom(w.v).ReconnectMax,
 		Replica:         w.replica,
 	}
 	if tu.TLS {

@@ -43,7 +43,7 @@ func DriftConfig(v *conf.Values, replica string) drift.Config {
 		Interval:       optDriftInterval.Get(v),
 		Repair:         optDriftRepair.Get(v),
 		RepairGrace:    optDriftRepairGrace.Get(v),
-		StaleReportAge: optPlacementStaleReportAge.Get(v),
+		StaleReportAge: placement.StaleReportAge(v),
 		CommandTimeout: optDriftCommandTimeout.Get(v),
 	}
 }

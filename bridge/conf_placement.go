@@ -38,9 +38,6 @@ var (
 		"Time between full syncs, which re-read every provider. Example: 6h")
 	optPlacementSyncConcurrency = placementOptions.Int("placement", "sync_concurrency", 8, 1, 64,
 		"Parallel Placement reads during a sync. Example: 16")
-	optPlacementStaleReportAge = placementOptions.Duration("placement", "stale_report_age", 5*time.Minute, 10*time.Second, 24*time.Hour,
-		"A host whose last agent report is older than this is left out of placement decisions "+
-			"(hosts that never reported are not). Example: 3m")
 	optPlacementConsumerType = placementOptions.String("placement", "consumer_type", "INSTANCE",
 		"consumer_type written with direct-path claims (microversion 1.38+). Example: INSTANCE")
 )
@@ -97,7 +94,7 @@ func PlacementConfig(v *conf.Values, replica string) (placement.Config, error) {
 		SyncInterval:     optPlacementSyncInterval.Get(v),
 		FullSyncInterval: optPlacementFullSyncInterval.Get(v),
 		SyncConcurrency:  optPlacementSyncConcurrency.Get(v),
-		StaleReportAge:   optPlacementStaleReportAge.Get(v),
+		StaleReportAge:   placement.StaleReportAge(v),
 		ConsumerType:     optPlacementConsumerType.Get(v),
 		AddTypeTraits:    optPlacementAddTypeTraits.Get(v),
 		Replica:          replica,

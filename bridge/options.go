@@ -1,7 +1,10 @@
 package bridge
 
 import (
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 // SampleTitle heads etc/vgpu-bridge/bridge.conf.sample.
@@ -32,10 +35,12 @@ func Options() *conf.Set {
 		keystoneOptions.WithCheck(validateKeystone),
 		maintenanceOptions,
 		notificationsOptions.WithCheck(validateNotifications),
+		ingest.Options(),
 		novaOptions.WithCheck(validateNova),
 		openstackOptions,
-		pipelineOptions.WithCheck(validatePipeline),
+		pipeline.Options(),
 		placementOptions.WithCheck(validatePlacement),
+		placement.Options(),
 		policyOptions.WithCheck(validatePolicy),
 		retentionOptions.WithCheck(validateRetention),
 		securityOptions.WithCheck(validateSecurity),
