@@ -1,7 +1,10 @@
 package bridge
 
 import (
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
@@ -30,13 +33,14 @@ func Options() *conf.Set {
 		apiOptions.WithCheck(validateAPI),
 		databaseOptions.WithCheck(validateDatabase),
 		defaultOptions.WithCheck(validateDefault),
-		dispatchOptions.WithCheck(validateDispatch),
-		driftOptions,
+		dispatch.Options(),
+		drift.Options(),
 		keystoneOptions.WithCheck(validateKeystone),
 		maintenanceOptions,
 		notificationsOptions.WithCheck(validateNotifications),
 		ingest.Options(),
 		novaOptions.WithCheck(validateNova),
+		novaresize.Options(),
 		openstackOptions,
 		pipeline.Options(),
 		placementOptions.WithCheck(validatePlacement),

@@ -6,7 +6,10 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
@@ -29,6 +32,9 @@ func TestDefaultConfigsAreTheOptionsDefaults(t *testing.T) {
 	}{
 		{"pipeline", PipelineConfig(v, ""), pipeline.DefaultConfig()},
 		{"ingest", ingest.ConfigFrom(v), ingest.DefaultConfig()},
+		{"dispatch", dispatch.ConfigFrom(v), dispatch.DefaultConfig()},
+		{"drift", DriftConfig(v, ""), drift.DefaultConfig()},
+		{"novaresize", novaresize.ConfigFrom(v), func() novaresize.Config { c := novaresize.DefaultConfig(); c.CallLease = 0; return c }()},
 	} {
 		if !reflect.DeepEqual(c.got, c.want) {
 			t.Errorf("%s: from an empty file\n%+v\nDefaultConfig\n%+v", c.feature, c.got, c.want)
