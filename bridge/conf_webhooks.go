@@ -47,25 +47,6 @@ var (
 		"How long a separate listener keeps an idle keep-alive connection. Example: 60s")
 	optWHMaxHeaderBytes = webhooksOptions.Int("webhooks", "max_header_bytes", 16<<10, 4<<10, 1<<20,
 		"Largest request header block a separate listener accepts. Example: 16384")
-	optWHPublicURL = webhooksOptions.String("webhooks", "public_url", "",
-		"Scheme, host and port senders reach the bridge at; status_url in answers starts with it. Empty answers "+
-			"a path (/v1/requests/ID). Example: https://vgpu-bridge.example.org:9443")
-	optWHIdempotencyTTL = webhooksOptions.Duration("webhooks", "idempotency_ttl", 24*time.Hour, time.Minute, 30*24*time.Hour,
-		"How long an Idempotency-Key (or webhook-id) is remembered per source. Example: 24h")
-	optWHBatchSize = webhooksOptions.Int("webhooks", "commit_batch_size", 256, 1, 10000,
-		"Most webhooks committed in one transaction (group commit; each 202 still waits for its commit). Example: 256")
-	optWHCommitWorkers = webhooksOptions.Int("webhooks", "commit_workers", 1, 1, 64,
-		"Transactions committing webhooks at once (database connections used). One commits whatever queued during the previous commit, so batches grow with the load; more commit smaller batches side by side, at more CPU per request, which pays only where Postgres has cores and storage to spare. Example: 1")
-	optWHCallbackTimeout = webhooksOptions.Duration("webhooks", "callback_timeout", 10*time.Second, time.Second, 5*time.Minute,
-		"How long one callback POST may take. Example: 10s")
-	optWHCallbackAttempts = webhooksOptions.Int("webhooks", "callback_max_attempts", 12, 1, 1000,
-		"Attempts before a callback is given up (each is recorded). Example: 12")
-	optWHCallbackBackoffMin = webhooksOptions.Duration("webhooks", "callback_backoff_min", 5*time.Second, 100*time.Millisecond, time.Hour,
-		"Wait after the first failed callback attempt; it doubles after each failure, with jitter. Example: 5s")
-	optWHCallbackBackoffMax = webhooksOptions.Duration("webhooks", "callback_backoff_max", 10*time.Minute, time.Second, 24*time.Hour,
-		"Longest wait between callback attempts. Example: 10m")
-	optWHCallbackPoll = webhooksOptions.Duration("webhooks", "callback_poll_interval", time.Second, 10*time.Millisecond, time.Minute,
-		"How often due callbacks are looked for. Example: 1s")
 )
 
 // webhooksOptions are the options declared in this file; Options assembles them
@@ -336,28 +317,18 @@ func WebhookSources(v *conf.Values) ([]webhook.Source, error) {
 	return out, nil
 }
 
-// WebhookConfig maps [webhooks] and the sources to webhook.Config (without
-// store, pool, registry and logger).
+// WebhookConfig is webhook.Config (the endpoint's [webhooks] options are
+// package webhook's) with the sources and a commit timeout of two thirds
+// of write_timeout (without store, pool, registry and logger).
 func WebhookConfig(v *conf.Values) (webhook.Config, error) {
 	srcs, err := WebhookSources(v)
 	if err != nil {
 		return webhook.Config{}, err
 	}
-	return webhook.Config{
-		Sources:        srcs,
-		PublicURL:      optWHPublicURL.Get(v),
-		IdempotencyTTL: optWHIdempotencyTTL.Get(v),
-		BatchSize:      optWHBatchSize.Get(v),
-		CommitWorkers:  optWHCommitWorkers.Get(v),
-		CommitTimeout:  optWHWriteTimeout.Get(v) * 2 / 3,
-		Callbacks: webhook.CallbackConfig{
-			PollInterval: optWHCallbackPoll.Get(v),
-			Timeout:      optWHCallbackTimeout.Get(v),
-			MaxAttempts:  optWHCallbackAttempts.Get(v),
-			BackoffMin:   optWHCallbackBackoffMin.Get(v),
-			BackoffMax:   optWHCallbackBackoffMax.Get(v),
-		},
-	}, nil
+	c := webhook.ConfigFrom(v)
+	c.Sources = srcs
+	c.CommitTimeout = optWHWriteTimeout.Get(v) * 2 / 3
+	return c, nil
 }
 
 func loadClientCAs(path string) (*x509.CertPool, error) {

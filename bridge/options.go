@@ -6,6 +6,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
@@ -49,6 +50,7 @@ func Options() *conf.Set {
 		retentionOptions.WithCheck(validateRetention),
 		securityOptions.WithCheck(validateSecurity),
 		webhooksOptions.WithCheck(validateWebhooks),
+		webhook.Options(),
 	)
 }
 

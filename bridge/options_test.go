@@ -11,6 +11,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
@@ -34,6 +35,11 @@ func TestDefaultConfigsAreTheOptionsDefaults(t *testing.T) {
 		{"ingest", ingest.ConfigFrom(v), ingest.DefaultConfig()},
 		{"dispatch", dispatch.ConfigFrom(v), dispatch.DefaultConfig()},
 		{"drift", DriftConfig(v, ""), drift.DefaultConfig()},
+		{"webhook", webhook.ConfigFrom(v), func() webhook.Config {
+			c := webhook.DefaultConfig()
+			c.CommitTimeout, c.MaxClients, c.Callbacks.Lease, c.Callbacks.Parallel = 0, 0, 0, 0
+			return c
+		}()},
 		{"novaresize", novaresize.ConfigFrom(v), func() novaresize.Config { c := novaresize.DefaultConfig(); c.CallLease = 0; return c }()},
 	} {
 		if !reflect.DeepEqual(c.got, c.want) {
