@@ -3,6 +3,9 @@ package agent
 import (
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/executor"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/journal"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
@@ -44,6 +47,7 @@ var defaultOptions = conf.NewGroup().
 // Renamed and removed options are listed here, each still read with a
 // warning for one release:
 //
+//	s := conf.NewSet("VGPU_AGENT", ...)
 //	s.Deprecated("old_section", "old_name", "new_section", "new_name")
 //
 // (new_name "" for an option that was removed). None so far.
@@ -51,6 +55,9 @@ func Options() *conf.Set {
 	return conf.NewSet("VGPU_AGENT",
 		amqpOptions.WithCheck(checkAMQP),
 		commandsOptions,
+		executor.Options(),
+		journal.OptionGroup(),
+		transport.Options(),
 		devicesOptions.WithCheck(checkDevices),
 		diagnosticsOptions,
 		libvirtOptions,

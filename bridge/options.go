@@ -17,14 +17,17 @@ const SampleTitle = "vgpu-bridge: sample configuration (/etc/vgpu-bridge/bridge.
 // ReferenceTitle heads the documentation's reference of bridge.conf.
 const ReferenceTitle = "vgpu-bridge configuration (bridge.conf)"
 
-// Options assembles the options of vgpu-bridge. Each section's options are
-// declared once, with their defaults, in a file conf_<section>.go of this
-// package next to the code that turns them into a feature's Config; the
-// checks of relations between them go with them, in this order.
+// Options assembles the options of vgpu-bridge. Each option is declared
+// once, with its default, in a conf.Group: a feature package's own
+// (pipeline.Options, whose DefaultConfig is built from the same
+// declarations), or a file conf_<section>.go of this package for what the
+// bridge's wiring reads itself; the checks of relations between options
+// go with their group, and run in this order.
 //
 // Renamed and removed options are listed here, each still read with a
 // warning for one release:
 //
+//	s := conf.NewSet("VGPU_BRIDGE", ...)
 //	s.Deprecated("old_section", "old_name", "new_section", "new_name")
 //
 // (new_name "" for an option that was removed). None so far.
