@@ -12,7 +12,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/keys"
 )
 
-
 func newKeysCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "keys",

@@ -15,7 +15,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 )
 
-
 func newKeystoneCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "keystone",

@@ -10,7 +10,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 )
 
-
 func newMigrateCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "migrate",

@@ -15,7 +15,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
-
 // policyFiles resolves the three policy files: flags first, then the
 // configuration, then files next to the rules file.
 type policyFiles struct {

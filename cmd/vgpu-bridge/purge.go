@@ -14,7 +14,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 )
 
-
 func newPurgeCmd(g *globals) *cobra.Command {
 	var dryRun bool
 	var timeout time.Duration

@@ -16,7 +16,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
-
 func newSyncCmd(g *globals) *cobra.Command {
 	var full bool
 	var timeout time.Duration

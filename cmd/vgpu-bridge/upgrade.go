@@ -9,7 +9,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 )
 
-
 func newUpgradeCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "upgrade",
