@@ -110,7 +110,7 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	if o.Drivers == nil {
 		defer drv.Close()
 	}
-	j, err := journal.Open(journalPath, journal.Options{Retention: optJournalRetention.Get(v)})
+	j, err := journal.Open(journalPath, journal.OptionsFrom(v))
 	if err != nil {
 		return err
 	}
@@ -125,13 +125,14 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 
 	scanner := drv.Scanner(v)
 	reg.MustRegister(metrics.New(scanner, 0))
-	ex, err := executor.New(executor.Config{Host: host, Journal: j, Sysfs: drv.Sysfs,
-		Domains: domains{conn: drv.Libvirt, hp: drv.HotPlug}, GPUs: drv.GPU,
-		Limiter:   limiter{conn: drv.Libvirt, cg: drv.Cgroup},
-		Diagnoser: drv.Diagnoser(v), Bundler: drv.Bundler(v, j),
-		Health: &healthCache{scan: scanner, ttl: 5 * time.Second}, Allow: drv.Allow,
-		ColdShutdownTimeout: optColdShutdownTimeout.Get(v), ClockSkew: optClockSkew.Get(v),
-		CommandTimeout: optCommandTimeout.Get(v), Log: log, Registerer: reg, AfterStep: o.AfterStep})
+	ec := executor.ConfigFrom(v) // cold_shutdown_timeout, command_timeout, command_clock_skew
+	ec.Host, ec.Journal, ec.Sysfs = host, j, drv.Sysfs
+	ec.Domains, ec.GPUs = domains{conn: drv.Libvirt, hp: drv.HotPlug}, drv.GPU
+	ec.Limiter = limiter{conn: drv.Libvirt, cg: drv.Cgroup}
+	ec.Diagnoser, ec.Bundler = drv.Diagnoser(v), drv.Bundler(v, j)
+	ec.Health, ec.Allow = &healthCache{scan: scanner, ttl: 5 * time.Second}, drv.Allow
+	ec.Log, ec.Registerer, ec.AfterStep = log, reg, o.AfterStep
+	ex, err := executor.New(ec)
 	if err != nil {
 		return err
 	}
@@ -210,12 +211,11 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 		}
 		tlsFn = func() (*tls.Config, error) { return TLSConfig(v) }
 	}
-	loop, err := transport.New(transport.Config{URLs: tu.AMQPURLs(), Redacted: tu.Redacted(), Host: host,
-		TLS: tlsFn, Verifier: sec, Signer: sec,
-		Prefetch: optPrefetch.Get(v), MaxBackoff: optReconnectMax.Get(v),
-		ReportInterval: optReportInterval.Get(v), ReportCheckInterval: optReportCheckInterval.Get(v),
-		StopGrace: optShutdownTimeout.Get(v), Log: log, Registerer: reg},
-		ex, reporter{scan: scanner, journal: j}, ex.Changed())
+	tc := transport.ConfigFrom(v) // command_prefetch, reconnect_max_backoff, report_*
+	tc.URLs, tc.Redacted, tc.Host = tu.AMQPURLs(), tu.Redacted(), host
+	tc.TLS, tc.Verifier, tc.Signer = tlsFn, sec, sec
+	tc.StopGrace, tc.Log, tc.Registerer = optShutdownTimeout.Get(v), log, reg
+	loop, err := transport.New(tc, ex, reporter{scan: scanner, journal: j}, ex.Changed())
 	if err != nil {
 		return err
 	}

@@ -10,29 +10,32 @@ import (
 // amqps:// or has ?ssl=1. The names follow oslo.messaging's
 // [oslo_messaging_rabbit] ssl_* options so nova.conf's values can be copied.
 var (
-	optSSLCAFile = Options.String("amqp", "ssl_ca_file", "",
+	optSSLCAFile = amqpOptions.String("amqp", "ssl_ca_file", "",
 		"PEM file of the CA certificates that sign RabbitMQ's server certificates; they replace the system's roots. "+
 			"Empty: the system's roots. The server certificate is always verified. Example: /etc/ssl/rabbitmq/ca.pem")
-	optSSLCertFile = Options.String("amqp", "ssl_cert_file", "",
+	optSSLCertFile = amqpOptions.String("amqp", "ssl_cert_file", "",
 		"PEM client certificate presented to RabbitMQ (for ssl_options.fail_if_no_peer_cert = true). Goes with "+
 			"ssl_key_file. Read at each connection, so a renewed certificate is used at the next one. "+
 			"Example: /etc/vgpu-bridge/tls/agent.crt")
-	optSSLKeyFile = Options.String("amqp", "ssl_key_file", "",
+	optSSLKeyFile = amqpOptions.String("amqp", "ssl_key_file", "",
 		"PEM private key of ssl_cert_file; must not be readable by others. Example: /etc/vgpu-bridge/tls/agent.key")
-	optSSLServerName = Options.String("amqp", "ssl_server_name", "",
+	optSSLServerName = amqpOptions.String("amqp", "ssl_server_name", "",
 		"Name RabbitMQ's certificate must carry (SAN), when it differs from the host in transport_url (e.g. brokers "+
 			"reached by IP address). Empty: each broker's host name from transport_url. Example: rabbit.example.org")
 )
 
-func init() {
-	Options.SectionHelp("amqp", "TLS to RabbitMQ (transport_url rabbit+ssl://, amqps:// or ?ssl=1).")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		if (optSSLCertFile.Get(v) == "") != (optSSLKeyFile.Get(v) == "") {
-			return conf.Errors{{Section: "amqp", Option: "ssl_key_file", Value: optSSLKeyFile.Get(v),
-				Problem: "ssl_cert_file and ssl_key_file go together"}}
-		}
-		return nil
-	})
+// amqpOptions are the options declared in this file; Options assembles them
+// into the daemon's set with checkAMQP.
+var amqpOptions = conf.NewGroup().
+	SectionHelp("amqp", "TLS to RabbitMQ (transport_url rabbit+ssl://, amqps:// or ?ssl=1).")
+
+// checkAMQP tests relations between the options of this file.
+func checkAMQP(v *conf.Values) conf.Errors {
+	if (optSSLCertFile.Get(v) == "") != (optSSLKeyFile.Get(v) == "") {
+		return conf.Errors{{Section: "amqp", Option: "ssl_key_file", Value: optSSLKeyFile.Get(v),
+			Problem: "ssl_cert_file and ssl_key_file go together"}}
+	}
+	return nil
 }
 
 // tlsFiles returns the [amqp] TLS settings.

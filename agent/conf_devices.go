@@ -10,31 +10,34 @@ import (
 )
 
 var (
-	optEnabledTypes = Options.List("devices", "enabled_types", "",
+	optEnabledTypes = devicesOptions.List("devices", "enabled_types", "",
 		"vGPU types the agent may create and attach, in Nova's vocabulary (copy nova-compute's [devices] "+
 			"enabled_mdev_types). With one type every GPU offers it; with several, each type needs a [mdev_<type>] "+
 			"section listing its GPUs, and GPUs listed nowhere are not touched. Empty: the agent reports the host but "+
 			"creates nothing (with --fake-host: everything is allowed). Vendor-VFIO types may be given as 1428 or nvidia-1428. "+
 			"Example: nvidia-232,nvidia-233")
-	optEnabledMdevTypes = Options.List("devices", "enabled_mdev_types", "",
+	optEnabledMdevTypes = devicesOptions.List("devices", "enabled_mdev_types", "",
 		"Nova's name for enabled_types, accepted so nova.conf's [devices] section can be copied as is; "+
 			"the two lists are merged. Example: nvidia-232")
 )
 
-func init() {
-	Options.SectionHelp("devices", "Which vGPU types this host offers, with Nova's option names.")
-	Options.Template("mdev_", "Per-type GPU list, as Nova's [mdev_<type>] sections: [mdev_nvidia-232] device_addresses = 0000:3b:00.0.",
+// devicesOptions are the options declared in this file; Options assembles them
+// into the daemon's set with checkDevices.
+var devicesOptions = conf.NewGroup().
+	SectionHelp("devices", "Which vGPU types this host offers, with Nova's option names.").
+	Template("mdev_", "Per-type GPU list, as Nova's [mdev_<type>] sections: [mdev_nvidia-232] device_addresses = 0000:3b:00.0.",
 		conf.Option{Name: "device_addresses", Kind: conf.KindList, Default: "",
 			Help: "PCI addresses of the GPUs (or vendor-VFIO VFs/PFs) that offer this type; any of the sysfs, NVML or libvirt spellings. Example: 0000:84:00.0,0000:85:00.0"},
 		conf.Option{Name: "max_instances", Kind: conf.KindInt, Default: "0", Min: 0, Max: 1024, HasRange: true,
 			Help: "Accepted for compatibility with Nova's section; the agent reads capacity from the driver. Example: 24"},
 	)
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		if _, err := AllowList(v); err != nil {
-			return conf.Errors{{Section: "devices", Option: "enabled_types", Problem: err.Error()}}
-		}
-		return nil
-	})
+
+// checkDevices tests relations between the options of this file.
+func checkDevices(v *conf.Values) conf.Errors {
+	if _, err := AllowList(v); err != nil {
+		return conf.Errors{{Section: "devices", Option: "enabled_types", Problem: err.Error()}}
+	}
+	return nil
 }
 
 // AllowList builds the device allow-list from [devices] and [mdev_<type>].

@@ -11,28 +11,29 @@ import (
 
 // [diagnostics] options of the collect_diagnostics bundle.
 var (
-	optDiagMaxBundleBytes = Options.Int("diagnostics", "max_bundle_bytes", diagbundle.DefaultMaxBytes, 64<<10, 64<<20,
+	optDiagMaxBundleBytes = diagnosticsOptions.Int("diagnostics", "max_bundle_bytes", diagbundle.DefaultMaxBytes, 64<<10, 64<<20,
 		"Upper bound on a diagnostics bundle (the tar.gz `vgpuctl diagnose` fetches through the bridge). When the parts "+
 			"are larger, the largest are truncated first (logs keep their newest lines) and MANIFEST.json says so. "+
 			"Example: 8388608")
-	optDiagBugReportTool = Options.String("diagnostics", "bug_report_tool", "nvidia-bug-report.sh",
+	optDiagBugReportTool = diagnosticsOptions.String("diagnostics", "bug_report_tool", "nvidia-bug-report.sh",
 		"NVIDIA's bug report script, by name (looked up on PATH) or path; run with --output-file into a temporary "+
 			"directory. When it is not found the bundle says so and goes on. Example: /usr/bin/nvidia-bug-report.sh")
-	optDiagBugReportTimeout = Options.Duration("diagnostics", "bug_report_timeout", 5*time.Minute, time.Second, time.Hour,
+	optDiagBugReportTimeout = diagnosticsOptions.Duration("diagnostics", "bug_report_timeout", 5*time.Minute, time.Second, time.Hour,
 		"How long nvidia-bug-report.sh may run before it is killed and its part skipped. Example: 2m")
-	optDiagKernelLog = Options.String("diagnostics", "kernel_log_file", "",
+	optDiagKernelLog = diagnosticsOptions.String("diagnostics", "kernel_log_file", "",
 		"A file holding the kernel log whose NVRM lines the bundle keeps; empty runs dmesg. Example: /var/log/kern.log")
-	optDiagLogFile = Options.String("diagnostics", "log_file", "",
+	optDiagLogFile = diagnosticsOptions.String("diagnostics", "log_file", "",
 		"The agent's own log file (when its standard error goes to a file), whose tail the bundle keeps; URL "+
 			"passwords in it are masked. Empty leaves the part out (read journald instead). "+
 			"Example: /var/log/vgpu-bridge/agent.log")
 )
 
-func init() {
-	Options.SectionHelp("diagnostics", "What the collect_diagnostics bundle gathers (vgpuctl diagnose HOST): "+
+// diagnosticsOptions are the options declared in this file; Options assembles them
+// into the daemon's set.
+var diagnosticsOptions = conf.NewGroup().
+	SectionHelp("diagnostics", "What the collect_diagnostics bundle gathers (vgpuctl diagnose HOST): "+
 		"diagnose checks, nvidia-bug-report.sh, domain XML, NVRM kernel lines, mdev and VF sysfs state, the agent's "+
 		"log tail, journal, version and configuration (secrets masked; *_file options show the path, never the content).")
-}
 
 // diagnosticsSettings are the [diagnostics] options.
 type diagnosticsSettings struct {

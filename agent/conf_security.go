@@ -18,41 +18,44 @@ import (
 
 // [security]: signed commands, results and reports (agent/protocol/sign.go).
 var (
-	optRequireSigned = Options.Choice("security", "require_signed_commands", "true", []string{"true", "false", "auto"},
+	optRequireSigned = securityOptions.Choice("security", "require_signed_commands", "true", []string{"true", "false", "auto"},
 		"Whether a command without a signature is refused (code bad_signature). true (the default) needs "+
 			"bridge_keys_file. false is an explicit opt-out for a lab or a switch-over: signed commands are still "+
 			"verified when bridge_keys_file is set (a bad signature, unknown key or expired key is refused) but "+
 			"unsigned ones run, each logged and counted in vgpu_agent_commands_unsigned_total. auto (deprecated, "+
 			"the former default) is the same as true. Example: true")
-	optSignResults = Options.Bool("security", "sign_results", true,
+	optSignResults = securityOptions.Bool("security", "sign_results", true,
 		"Whether results and reports are signed. true (the default) needs signing_key_file and key_id "+
 			"(vgpu-bridge keys enrol HOST on the bridge's host writes them). false is an explicit opt-out: they go "+
 			"unsigned, which a bridge that requires signed results drops. Example: true")
-	optBridgeKeysFile = Options.String("security", "bridge_keys_file", "",
+	optBridgeKeysFile = securityOptions.String("security", "bridge_keys_file", "",
 		"The bridge's public keys this agent trusts for commands: PEM \"PUBLIC KEY\" blocks (openssl pkey -pubout), "+
 			"each with a \"Key-Id:\" header and, for a key being rotated out, \"Not-After: <RFC 3339 time>\" (end of its "+
 			"grace period). Several keys may be trusted at once. Re-read on SIGHUP. Must not be world-writable. "+
 			"Example: /etc/vgpu-bridge/bridge-keys.pem")
-	optSigningKeyFile = Options.String("security", "signing_key_file", "",
+	optSigningKeyFile = securityOptions.String("security", "signing_key_file", "",
 		"This host's private key, which signs the results and reports it sends: PEM PKCS#8 Ed25519 "+
 			"(openssl genpkey -algorithm ed25519). The bridge trusts its public key with \"Host: <this host>\". "+
 			"Mode 0600 or 0640. Re-read on SIGHUP. Required unless sign_results = false. "+
 			"Example: /etc/vgpu-bridge/agent.key")
-	optKeyID = Options.String("security", "key_id", "",
+	optKeyID = securityOptions.String("security", "key_id", "",
 		"The key id of signing_key_file, carried in key_id of every result and report; it must match the Key-Id of "+
 			"the entry in the bridge's keyring. Change it with the key: SIGHUP reads both again. Example: compute-0012-2025a")
 )
 
-func init() {
-	Options.SectionHelp("security", "Signed commands (verified with the bridge's keys) and signed results and reports (this host's key).")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		var errs conf.Errors
-		if (optSigningKeyFile.Get(v) == "") != (optKeyID.Get(v) == "") {
-			errs = append(errs, &conf.Error{Section: "security", Option: "key_id", Value: optKeyID.Get(v),
-				Problem: "signing_key_file and key_id go together"})
-		}
-		return errs
-	})
+// securityOptions are the options declared in this file; Options assembles them
+// into the daemon's set with checkSecurity.
+var securityOptions = conf.NewGroup().
+	SectionHelp("security", "Signed commands (verified with the bridge's keys) and signed results and reports (this host's key).")
+
+// checkSecurity tests relations between the options of this file.
+func checkSecurity(v *conf.Values) conf.Errors {
+	var errs conf.Errors
+	if (optSigningKeyFile.Get(v) == "") != (optKeyID.Get(v) == "") {
+		errs = append(errs, &conf.Error{Section: "security", Option: "key_id", Value: optKeyID.Get(v),
+			Problem: "signing_key_file and key_id go together"})
+	}
+	return errs
 }
 
 // CheckSigning reports what the agent lacks to verify commands and sign

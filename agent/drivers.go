@@ -85,13 +85,6 @@ type hostSettings struct {
 	Allow       inventory.AllowList
 }
 
-// hostSettingsFrom is set by the host-driver option files; the default
-// is the plain production layout with NVML and an empty allow-list.
-var hostSettingsFrom = func(*conf.Values) (hostSettings, error) {
-	return hostSettings{LibvirtURI: "qemu:///system", SysfsRoot: "/sys", CgroupRoot: "/sys/fs/cgroup",
-		ProcRoot: "/proc", NVMLBackend: "nvml"}, nil
-}
-
 // OpenDrivers opens the host drivers the configuration names. NVML is
 // optional: when it cannot start, the agent runs on without GPUs (and says
 // why in its reports).

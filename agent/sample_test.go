@@ -9,7 +9,7 @@ import (
 // The sample in etc/ is generated; `make genconfig` refreshes it.
 func TestSampleConfigIsCurrent(t *testing.T) {
 	var b bytes.Buffer
-	if err := Options.WriteSample(&b, SampleTitle); err != nil {
+	if err := Options().WriteSample(&b, SampleTitle); err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile("../etc/vgpu-bridge/agent.conf.sample")
@@ -24,7 +24,7 @@ func TestSampleConfigIsCurrent(t *testing.T) {
 // The documentation's configuration reference is generated too.
 func TestReferenceIsCurrent(t *testing.T) {
 	var b bytes.Buffer
-	if err := Options.WriteReference(&b, ReferenceTitle); err != nil {
+	if err := Options().WriteReference(&b, ReferenceTitle); err != nil {
 		t.Fatal(err)
 	}
 	got, err := os.ReadFile("../doc/source/reference/agent-config.rst")

@@ -30,6 +30,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 // Build information (package internal/version).
@@ -221,7 +222,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	}
 	comps = append(comps, driftComp)
 	// Dashboard: /ui (embedded page over /v1) and GET /v1/status (ingest lag, agent reports).
-	ui.New(ui.Config{Pool: pool, StaleReportAge: optPlacementStaleReportAge.Get(v), Version: Version}).Register(srv)
+	ui.New(ui.Config{Pool: pool, StaleReportAge: placement.StaleReportAge(v), Version: Version}).Register(srv)
 
 	if err := srv.Start(); err != nil {
 		return err

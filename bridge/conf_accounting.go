@@ -7,72 +7,76 @@ import (
 	"os"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/usage"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 var (
-	optOutDriver = Options.Choice("oslo_messaging_notifications", "driver", notify.DriverMessagingV2,
+	optOutDriver = accountingOptions.Choice("oslo_messaging_notifications", "driver", notify.DriverMessagingV2,
 		[]string{notify.DriverMessagingV2, notify.DriverNoop},
 		"How the bridge's own notifications (vgpu.attach.*, vgpu.detach.*, vgpu.resize.*, vgpu.request.error, vgpu.exists) "+
 			"leave: messagingv2 publishes them in oslo.messaging's versioned format; noop discards them. Example: noop")
-	optOutTransportURL = Options.Secret("oslo_messaging_notifications", "transport_url",
+	optOutTransportURL = accountingOptions.Secret("oslo_messaging_notifications", "transport_url",
 		"The RabbitMQ the bridge publishes its own notifications to. Empty uses the broker of [notifications] "+
 			"(Nova's notifications), which defaults to [DEFAULT] transport_url. Example: rabbit://vgpu:secret@notify1:5672/notifications")
-	optOutTransportURLFile = Options.String("oslo_messaging_notifications", "transport_url_file", "",
+	optOutTransportURLFile = accountingOptions.String("oslo_messaging_notifications", "transport_url_file", "",
 		"A file holding [oslo_messaging_notifications] transport_url. Wins over transport_url. "+
 			"Example: /etc/vgpu-bridge/secrets/notifications_out_transport_url")
-	optOutExchange = Options.String("oslo_messaging_notifications", "exchange", "vgpu_bridge",
+	optOutExchange = accountingOptions.String("oslo_messaging_notifications", "exchange", "vgpu_bridge",
 		"The topic exchange the bridge publishes to (oslo.messaging's control_exchange; a listener's Target exchange). "+
 			"Example: vgpu_bridge")
-	optOutExchangeDurable = Options.Bool("oslo_messaging_notifications", "exchange_durable", false,
+	optOutExchangeDurable = accountingOptions.Bool("oslo_messaging_notifications", "exchange_durable", false,
 		"Declare the exchange (and queues, with declare_queues) durable. Must equal the consumers' "+
 			"[oslo_messaging_rabbit] amqp_durable_queues, or the broker refuses with 406 PRECONDITION_FAILED. Example: true")
-	optOutTopics = Options.List("oslo_messaging_notifications", "topics", "versioned_notifications",
+	optOutTopics = accountingOptions.List("oslo_messaging_notifications", "topics", "versioned_notifications",
 		"Topics the notifications go to; each message is published with routing key TOPIC.PRIORITY "+
 			"(versioned_notifications.info, versioned_notifications.error) for every topic. Example: versioned_notifications")
-	optOutDeclareQueues = Options.Bool("oslo_messaging_notifications", "declare_queues", false,
+	optOutDeclareQueues = accountingOptions.Bool("oslo_messaging_notifications", "declare_queues", false,
 		"Declare and bind a queue named after each routing key, as oslo.messaging's notifier does, so notifications wait "+
 			"there until a consumer reads them; nobody reading them makes the queues grow. Off: the broker drops what no "+
 			"consumer's queue is bound for. Example: true")
-	optOutPoll = Options.Duration("oslo_messaging_notifications", "poll_interval", 5*time.Second, 100*time.Millisecond, time.Hour,
+	optOutPoll = accountingOptions.Duration("oslo_messaging_notifications", "poll_interval", 5*time.Second, 100*time.Millisecond, time.Hour,
 		"Longest wait before the relay looks for unsent notifications; a commit that queued some wakes it at once "+
 			"(Postgres NOTIFY). Example: 10s")
 
-	optAcctPeriod = Options.String("accounting", "audit_period", "hour",
+	optAcctPeriod = accountingOptions.String("accounting", "audit_period", "hour",
 		"Length of an audit period, as Nova's instance_usage_audit_period: hour, day, month, year, or a duration that "+
 			"divides a day (15m). When one ends, its usage is closed and one vgpu.exists per vGPU held in it is sent. Example: day")
-	optAcctCloseDelay = Options.Duration("accounting", "close_delay", 5*time.Minute, 0, 24*time.Hour,
+	optAcctCloseDelay = accountingOptions.Duration("accounting", "close_delay", 5*time.Minute, 0, 24*time.Hour,
 		"How long after its end an audit period is closed: events from before the end that reach the bridge later "+
 			"than this (a notification held up in the broker, an agent's late result) still correct GET /v1/usage but "+
 			"not the vgpu.exists already sent. Example: 15m")
-	optAcctExists = Options.Bool("accounting", "exists_notifications", true,
+	optAcctExists = accountingOptions.Bool("accounting", "exists_notifications", true,
 		"Send vgpu.exists for each vGPU held in a closed audit period. Example: false")
 )
 
-func init() {
-	Options.SectionHelp("oslo_messaging_notifications", "The bridge's own notifications, in oslo.messaging's versioned "+
+// accountingOptions are the options declared in this file; Options assembles them
+// into the daemon's set with validateAccounting.
+var accountingOptions = conf.NewGroup().
+	SectionHelp("oslo_messaging_notifications", "The bridge's own notifications, in oslo.messaging's versioned "+
 		"format, on an exchange of their own (doc: accounting). Each is queued in the transaction of the change it "+
-		"reports and published once committed.")
-	Options.SectionHelp("accounting", "vGPU usage accounting: GET /v1/usage, vgpuctl usage and the audit periods closed "+
+		"reports and published once committed.").
+	SectionHelp("accounting", "vGPU usage accounting: GET /v1/usage, vgpuctl usage and the audit periods closed "+
 		"with vgpu.exists notifications.")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		var errs conf.Errors
-		if u := optOutTransportURL.Get(v); u != "" && optOutTransportURLFile.Get(v) == "" {
-			if _, err := conf.ParseTransportURL(u); err != nil {
-				errs = append(errs, &conf.Error{Section: "oslo_messaging_notifications", Option: "transport_url", Value: u, Secret: true,
-					Problem: err.Error()})
-			}
+
+// validateAccounting tests relations between the options of this file.
+func validateAccounting(v *conf.Values) conf.Errors {
+	var errs conf.Errors
+	if u := optOutTransportURL.Get(v); u != "" && optOutTransportURLFile.Get(v) == "" {
+		if _, err := conf.ParseTransportURL(u); err != nil {
+			errs = append(errs, &conf.Error{Section: "oslo_messaging_notifications", Option: "transport_url", Value: u, Secret: true,
+				Problem: err.Error()})
 		}
-		if len(optOutTopics.Get(v)) == 0 {
-			errs = append(errs, &conf.Error{Section: "oslo_messaging_notifications", Option: "topics", Problem: "must not be empty"})
-		}
-		if _, err := usage.ParsePeriod(optAcctPeriod.Get(v)); err != nil {
-			errs = append(errs, &conf.Error{Section: "accounting", Option: "audit_period", Value: optAcctPeriod.Get(v), Problem: err.Error()})
-		}
-		return errs
-	})
+	}
+	if len(optOutTopics.Get(v)) == 0 {
+		errs = append(errs, &conf.Error{Section: "oslo_messaging_notifications", Option: "topics", Problem: "must not be empty"})
+	}
+	if _, err := usage.ParsePeriod(optAcctPeriod.Get(v)); err != nil {
+		errs = append(errs, &conf.Error{Section: "accounting", Option: "audit_period", Value: optAcctPeriod.Get(v), Problem: err.Error()})
+	}
+	return errs
 }
 
 // OutTransportURL is the broker the bridge publishes its own
@@ -118,8 +122,8 @@ func setupAccounting(w *wiring, ntu *conf.TransportURL, tc *tls.Config) ([]compo
 		DeclareQueues:   optOutDeclareQueues.Get(w.v),
 		PublisherID:     "vgpu-bridge:" + cmp.Or(w.replica, host),
 		Poll:            optOutPoll.Get(w.v),
-		ReconnectMin:    optNotifReconnectMin.Get(w.v),
-		ReconnectMax:    optNotifReconnectMax.Get(w.v),
+		ReconnectMin:    ingest.ConfigFrom(w.v).ReconnectMin,
+		ReconnectMax:    ingest.ConfigFrom(w.v).ReconnectMax,
 		Replica:         w.replica,
 	}
 	if tu.TLS {

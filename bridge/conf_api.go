@@ -14,41 +14,41 @@ import (
 )
 
 var (
-	optAPIListen = Options.String("api", "listen", "127.0.0.1:9797",
+	optAPIListen = apiOptions.String("api", "listen", "127.0.0.1:9797",
 		"Address (host:port) of the operator API, /metrics and the health checks. Example: 0.0.0.0:9797")
-	optAPIAuth = Options.Choice("api", "auth_strategy", "token", []string{"noauth", "token", "keystone"},
+	optAPIAuth = apiOptions.Choice("api", "auth_strategy", "token", []string{"noauth", "token", "keystone"},
 		"How operator API callers are authenticated: token checks X-Auth-Token (or Authorization: Bearer) "+
 			"against token_file; keystone validates it with Keystone (see [keystone]); noauth lets everyone in "+
 			"as admin and is for labs only. Example: token")
-	optAPITokenFile = Options.String("api", "token_file", "",
+	optAPITokenFile = apiOptions.String("api", "token_file", "",
 		"With auth_strategy = token: a file of lines \"TOKEN ROLE [NAME [PROJECT]]\", ROLE being reader, member (a "+
 			"reader of PROJECT that may also POST /v1/requests for its instances) or admin; "+
 			"a reader with a PROJECT sees only that project's instances, requests, allocations and events and no fleet "+
 			"route (x-vgpu-access in /v1/openapi.json); one without is a fleet reader. Re-read on SIGHUP (a file that does not load keeps the tokens in use). Example: /etc/vgpu-bridge/secrets/api-tokens")
-	optAPIReadHeaderTimeout = Options.Duration("api", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,
+	optAPIReadHeaderTimeout = apiOptions.Duration("api", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,
 		"How long a client may take to send the request headers (cuts off slowloris clients). Example: 5s")
-	optAPIReadTimeout = Options.Duration("api", "read_timeout", 30*time.Second, time.Second, 10*time.Minute,
+	optAPIReadTimeout = apiOptions.Duration("api", "read_timeout", 30*time.Second, time.Second, 10*time.Minute,
 		"How long a client may take to send a whole request. Example: 30s")
-	optAPIWriteTimeout = Options.Duration("api", "write_timeout", 30*time.Second, time.Second, 10*time.Minute,
+	optAPIWriteTimeout = apiOptions.Duration("api", "write_timeout", 30*time.Second, time.Second, 10*time.Minute,
 		"How long an answer may take to write. Example: 30s")
-	optAPIMaxHeaderBytes = Options.Int("api", "max_header_bytes", 64<<10, 4<<10, 1<<20,
+	optAPIMaxHeaderBytes = apiOptions.Int("api", "max_header_bytes", 64<<10, 4<<10, 1<<20,
 		"Largest request header block accepted. Example: 65536")
-	optAPIMaxBodyBytes = Options.Int("api", "max_body_bytes", 1<<20, 1<<10, 64<<20,
+	optAPIMaxBodyBytes = apiOptions.Int("api", "max_body_bytes", 1<<20, 1<<10, 64<<20,
 		"Largest request body the operator API reads. Example: 1048576")
-	optAPIProjectRate = Options.Float("api", "project_rate", 50, 0, 1e6,
+	optAPIProjectRate = apiOptions.Float("api", "project_rate", 50, 0, 1e6,
 		"Requests per second each project may make, over POST /v1/requests and every webhook source together: a "+
 			"request takes a token of the project of each instance it names (an instance the bridge does not know yet "+
 			"counts for none). Past it they are refused with 429 (code rate_limited_project, Retry-After), so one "+
 			"project's flood cannot fill the inbox before the others; Alertmanager messages are not refused (Alertmanager "+
 			"does not retry a 429) but spend the tokens. Per replica. 0 turns the limit off. Example: 20")
-	optAPIProjectBurst = Options.Int("api", "project_burst", 200, 1, 1000000,
+	optAPIProjectBurst = apiOptions.Int("api", "project_burst", 200, 1, 1000000,
 		"Requests a project may make at once above project_rate. Example: 500")
-	optAPITLSCert = Options.String("api", "tls_cert_file", "",
+	optAPITLSCert = apiOptions.String("api", "tls_cert_file", "",
 		"PEM certificate (chain) to serve the API over TLS (1.2 with ECDHE AEAD suites, or 1.3); empty serves plain HTTP. "+
 			"Re-read with tls_key_file on SIGHUP (renewal without a restart). Example: /etc/vgpu-bridge/tls/api.crt")
-	optAPITLSKey = Options.String("api", "tls_key_file", "",
+	optAPITLSKey = apiOptions.String("api", "tls_key_file", "",
 		"PEM private key of tls_cert_file. Example: /etc/vgpu-bridge/tls/api.key")
-	optAPIClientCA = Options.String("api", "tls_client_ca_file", "",
+	optAPIClientCA = apiOptions.String("api", "tls_client_ca_file", "",
 		"With TLS: a PEM CA bundle; every client of the API listener must then present a certificate it signs "+
 			"(mutual TLS, on top of auth_strategy). When webhooks share this listener, their senders need one too. "+
 			"Example: /etc/vgpu-bridge/tls/operators-ca.crt")
@@ -73,26 +73,29 @@ func serverTLS(certFile, keyFile string) (*tls.Config, error) {
 	}, nil
 }
 
-func init() {
-	Options.SectionHelp("api", "The operator API (described at GET /v1/openapi.json), /metrics, /healthz and /readyz.")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		var errs conf.Errors
-		if l := optAPIListen.Get(v); l != "" {
-			if _, _, err := net.SplitHostPort(l); err != nil {
-				errs = append(errs, &conf.Error{Section: "api", Option: "listen", Value: l, Problem: "not host:port; allowed: e.g. 127.0.0.1:9797"})
-			}
+// apiOptions are the options declared in this file; Options assembles them
+// into the daemon's set with validateAPI.
+var apiOptions = conf.NewGroup().
+	SectionHelp("api", "The operator API (described at GET /v1/openapi.json), /metrics, /healthz and /readyz.")
+
+// validateAPI tests relations between the options of this file.
+func validateAPI(v *conf.Values) conf.Errors {
+	var errs conf.Errors
+	if l := optAPIListen.Get(v); l != "" {
+		if _, _, err := net.SplitHostPort(l); err != nil {
+			errs = append(errs, &conf.Error{Section: "api", Option: "listen", Value: l, Problem: "not host:port; allowed: e.g. 127.0.0.1:9797"})
 		}
-		if optAPIAuth.Get(v) == "token" && optAPITokenFile.Get(v) == "" {
-			errs = append(errs, &conf.Error{Section: "api", Option: "token_file", Problem: "is required when auth_strategy = token; allowed: a file of \"TOKEN ROLE\" lines"})
-		}
-		if (optAPITLSCert.Get(v) == "") != (optAPITLSKey.Get(v) == "") {
-			errs = append(errs, &conf.Error{Section: "api", Option: "tls_key_file", Value: optAPITLSKey.Get(v), Problem: "tls_cert_file and tls_key_file go together"})
-		}
-		if optAPIClientCA.Get(v) != "" && optAPITLSCert.Get(v) == "" {
-			errs = append(errs, &conf.Error{Section: "api", Option: "tls_client_ca_file", Value: optAPIClientCA.Get(v), Problem: "needs tls_cert_file (client certificates are a TLS feature)"})
-		}
-		return errs
-	})
+	}
+	if optAPIAuth.Get(v) == "token" && optAPITokenFile.Get(v) == "" {
+		errs = append(errs, &conf.Error{Section: "api", Option: "token_file", Problem: "is required when auth_strategy = token; allowed: a file of \"TOKEN ROLE\" lines"})
+	}
+	if (optAPITLSCert.Get(v) == "") != (optAPITLSKey.Get(v) == "") {
+		errs = append(errs, &conf.Error{Section: "api", Option: "tls_key_file", Value: optAPITLSKey.Get(v), Problem: "tls_cert_file and tls_key_file go together"})
+	}
+	if optAPIClientCA.Get(v) != "" && optAPITLSCert.Get(v) == "" {
+		errs = append(errs, &conf.Error{Section: "api", Option: "tls_client_ca_file", Value: optAPIClientCA.Get(v), Problem: "needs tls_cert_file (client certificates are a TLS feature)"})
+	}
+	return errs
 }
 
 // APIConfig maps [api] to api.Config (without logger, registry, version).

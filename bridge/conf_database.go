@@ -10,35 +10,38 @@ import (
 )
 
 var (
-	optDBConnection = Options.Secret("database", "connection",
+	optDBConnection = databaseOptions.Secret("database", "connection",
 		"The bridge's Postgres database as a URL (libpq form). "+
 			"Example: postgres://vgpu:secret@db.example.org:5432/vgpu_bridge?sslmode=verify-full")
-	optDBConnectionFile = Options.String("database", "connection_file", "",
+	optDBConnectionFile = databaseOptions.String("database", "connection_file", "",
 		"A file holding the connection URL, so the password stays out of this file. Wins over connection. "+
 			"Example: /etc/vgpu-bridge/secrets/database")
-	optDBMaxConns = Options.Int("database", "max_connections", 16, 1, 1000,
+	optDBMaxConns = databaseOptions.Int("database", "max_connections", 16, 1, 1000,
 		"Most connections this replica opens. Example: 32")
-	optDBConnectTimeout = Options.Duration("database", "connect_timeout", 5*time.Second, 100*time.Millisecond, 5*time.Minute,
+	optDBConnectTimeout = databaseOptions.Duration("database", "connect_timeout", 5*time.Second, 100*time.Millisecond, 5*time.Minute,
 		"How long one connection attempt may take. Example: 10s")
-	optDBAutoMigrate = Options.Bool("database", "auto_migrate", false,
+	optDBAutoMigrate = databaseOptions.Bool("database", "auto_migrate", false,
 		"Apply pending migrations when serve starts. Off by default: operators run "+
 			"`vgpu-bridge migrate up` during an upgrade, and serve refuses to start on an old schema. Example: true")
 )
 
-func init() {
-	Options.SectionHelp("database", "The bridge's Postgres database: inventory mirror, instances, requests, outbox, inbox, audit.")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		if optDBConnection.Get(v) == "" && optDBConnectionFile.Get(v) == "" {
-			return conf.Errors{{Section: "database", Option: "connection", Problem: "is required (or set connection_file); allowed: postgres://user:pass@host:5432/db"}}
+// databaseOptions are the options declared in this file; Options assembles them
+// into the daemon's set with validateDatabase.
+var databaseOptions = conf.NewGroup().
+	SectionHelp("database", "The bridge's Postgres database: inventory mirror, instances, requests, outbox, inbox, audit.")
+
+// validateDatabase tests relations between the options of this file.
+func validateDatabase(v *conf.Values) conf.Errors {
+	if optDBConnection.Get(v) == "" && optDBConnectionFile.Get(v) == "" {
+		return conf.Errors{{Section: "database", Option: "connection", Problem: "is required (or set connection_file); allowed: postgres://user:pass@host:5432/db"}}
+	}
+	if c := optDBConnection.Get(v); c != "" && optDBConnectionFile.Get(v) == "" {
+		if _, err := pgxpool.ParseConfig(c); err != nil {
+			return conf.Errors{{Section: "database", Option: "connection", Value: c, Secret: true,
+				Problem: "not a Postgres URL; allowed: postgres://user:pass@host:5432/db?sslmode=..."}}
 		}
-		if c := optDBConnection.Get(v); c != "" && optDBConnectionFile.Get(v) == "" {
-			if _, err := pgxpool.ParseConfig(c); err != nil {
-				return conf.Errors{{Section: "database", Option: "connection", Value: c, Secret: true,
-					Problem: "not a Postgres URL; allowed: postgres://user:pass@host:5432/db?sslmode=..."}}
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // StoreConfig maps [database] to store.Config.

@@ -7,39 +7,42 @@ import (
 )
 
 var (
-	optTransportURL = Options.Secret(conf.DefaultSection, "transport_url",
+	optTransportURL = defaultOptions.Secret(conf.DefaultSection, "transport_url",
 		"The RabbitMQ that carries Nova's notifications and the agents' commands, in oslo.messaging form. "+
 			"Several hosts are tried in order; the path is the virtual host. Use the same URL as Nova's "+
 			"[DEFAULT] transport_url, or a dedicated account with the permissions of etc/rabbitmq/. "+
 			"Example: rabbit://vgpu:secret@rabbit1:5672,vgpu:secret@rabbit2:5672/openstack")
-	optTransportURLFile = Options.String(conf.DefaultSection, "transport_url_file", "",
+	optTransportURLFile = defaultOptions.String(conf.DefaultSection, "transport_url_file", "",
 		"A file holding transport_url (so the password stays out of this file). Wins over transport_url. "+
 			"Example: /etc/vgpu-bridge/secrets/transport_url")
-	optHost = Options.String(conf.DefaultSection, "host", "",
+	optHost = defaultOptions.String(conf.DefaultSection, "host", "",
 		"Name of this bridge replica in logs and locks. Empty means the machine's host name. Example: bridge-1")
-	optDebug = Options.Bool(conf.DefaultSection, "debug", false,
+	optDebug = defaultOptions.Bool(conf.DefaultSection, "debug", false,
 		"Log at debug level. Example: true")
-	optLogFormat = Options.Choice(conf.DefaultSection, "log_format", "json", []string{"json", "text"},
+	optLogFormat = defaultOptions.Choice(conf.DefaultSection, "log_format", "json", []string{"json", "text"},
 		"Format of the log lines written to standard error (journald keeps them). Example: text")
-	optShutdownTimeout = Options.Duration(conf.DefaultSection, "shutdown_timeout", 30*time.Second, time.Second, 10*time.Minute,
+	optShutdownTimeout = defaultOptions.Duration(conf.DefaultSection, "shutdown_timeout", 30*time.Second, time.Second, 10*time.Minute,
 		"How long a SIGTERM may take: in-flight requests and batches finish within it. Example: 1m")
 )
 
-func init() {
-	Options.SectionHelp(conf.DefaultSection, "Process-wide settings.")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		if optTransportURLFile.Get(v) != "" {
-			return nil
-		}
-		u := optTransportURL.Get(v)
-		if u == "" {
-			return conf.Errors{{Section: conf.DefaultSection, Option: "transport_url", Problem: "is required (or set transport_url_file); allowed: rabbit://user:pass@host:5672/vhost"}}
-		}
-		if _, err := conf.ParseTransportURL(u); err != nil {
-			return conf.Errors{{Section: conf.DefaultSection, Option: "transport_url", Value: u, Secret: true, Problem: err.Error()}}
-		}
+// defaultOptions are the options declared in this file; Options assembles them
+// into the daemon's set with validateDefault.
+var defaultOptions = conf.NewGroup().
+	SectionHelp(conf.DefaultSection, "Process-wide settings.")
+
+// validateDefault tests relations between the options of this file.
+func validateDefault(v *conf.Values) conf.Errors {
+	if optTransportURLFile.Get(v) != "" {
 		return nil
-	})
+	}
+	u := optTransportURL.Get(v)
+	if u == "" {
+		return conf.Errors{{Section: conf.DefaultSection, Option: "transport_url", Problem: "is required (or set transport_url_file); allowed: rabbit://user:pass@host:5672/vhost"}}
+	}
+	if _, err := conf.ParseTransportURL(u); err != nil {
+		return conf.Errors{{Section: conf.DefaultSection, Option: "transport_url", Value: u, Secret: true, Problem: err.Error()}}
+	}
+	return nil
 }
 
 // TransportURL returns the parsed [DEFAULT] transport_url, read from

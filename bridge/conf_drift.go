@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -10,41 +9,12 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
-var (
-	optDriftEnabled = Options.Bool("drift", "enabled", true,
-		"Run the drift reconciler: every interval one replica compares Placement's VGPU allocations on the GPU "+
-			"providers, the agents' reports and the bridge's records, and records each difference (GET /v1/drift, "+
-			"metric vgpu_bridge_drift_findings, a log line per new finding). GET /v1/drift is served either way. Example: false")
-	optDriftInterval = Options.Duration("drift", "interval", 5*time.Minute, 5*time.Second, 24*time.Hour,
-		"Time between drift runs (one replica runs each, under an advisory lock; the first run waits one interval). Example: 10m")
-	optDriftRepair = Options.Bool("drift", "repair", false,
-		"Repair what is safe: remove agent-made mdevs that no vGPU of the bridge accounts for and that are attached "+
-			"to no domain (remove_mdev through the outbox, signed like every command), and release Placement claims "+
-			"the bridge made for deleted instances or that nothing accounts for. Nova's claims and mdevs are never "+
-			"touched; the rest is reported only. Example: true")
-	optDriftRepairGrace = Options.Duration("drift", "repair_grace", 10*time.Minute, 0, 24*time.Hour,
-		"How long a finding must have lasted (since it was first seen) before it is repaired, so that a change in "+
-			"flight is not taken for drift. Example: 15m")
-	optDriftCommandTimeout = Options.Duration("drift", "command_timeout", 2*time.Minute, 5*time.Second, time.Hour,
-		"Deadline of a repair's remove_mdev; past it the repair request fails and the next run tries again. Example: 5m")
-)
-
-func init() {
-	Options.SectionHelp("drift", "The drift reconciler: Placement allocations vs. the agents' reports vs. the "+
-		"bridge's records; findings at GET /v1/drift and `vgpuctl drift`.")
-}
-
-// DriftConfig maps [drift] (and [placement] stale_report_age) to
-// drift.Config.
+// DriftConfig is drift.Config of this replica (the [drift] options are
+// package drift's).
 func DriftConfig(v *conf.Values, replica string) drift.Config {
-	return drift.Config{
-		Replica:        replica,
-		Interval:       optDriftInterval.Get(v),
-		Repair:         optDriftRepair.Get(v),
-		RepairGrace:    optDriftRepairGrace.Get(v),
-		StaleReportAge: optPlacementStaleReportAge.Get(v),
-		CommandTimeout: optDriftCommandTimeout.Get(v),
-	}
+	c := drift.ConfigFrom(v)
+	c.Replica = replica
+	return c
 }
 
 // setupDrift builds the drift reconciler over the main pool, registers
@@ -69,7 +39,7 @@ func setupDrift(w *wiring, pl *placement.Service) (component, error) {
 		return component{}, err
 	}
 	rec.Register(srv)
-	if !optDriftEnabled.Get(v) {
+	if !drift.Enabled(v) {
 		return component{name: "drift", run: func(ctx context.Context) error { <-ctx.Done(); return nil }}, nil
 	}
 	return component{name: "drift", run: rec.Run}, nil

@@ -15,26 +15,27 @@ import (
 )
 
 var (
-	optMaintenanceLiveMigrateVGPU = Options.Bool("maintenance", "live_migrate_vgpu", false,
+	optMaintenanceLiveMigrateVGPU = maintenanceOptions.Bool("maintenance", "live_migrate_vgpu", false,
 		"Live-migrate the VMs whose vGPU comes from their flavor (resources:VGPU) when `vgpuctl host migrate-all` "+
 			"empties a host, instead of cold-migrating and confirming them. Only for stacks that live-migrate "+
 			"vGPUs: Nova 2024.1 (Caracal) or later, libvirt 8.6 or later and QEMU 8.1 or later on every compute "+
 			"host, with the NVIDIA driver's migration support; on older stacks Nova refuses the move or the VM "+
 			"loses its vGPU. Direct-path VMs are live-migrated either way (their vGPU is detached first). Example: true")
-	optMaintenanceMigrationTimeout = Options.Duration("maintenance", "migration_timeout", 30*time.Minute, time.Minute, 24*time.Hour,
+	optMaintenanceMigrationTimeout = maintenanceOptions.Duration("maintenance", "migration_timeout", 30*time.Minute, time.Minute, 24*time.Hour,
 		"How long host maintenance waits for one Nova move (a cold or live migration) to end before it fails "+
 			"that VM. Example: 1h")
-	optMaintenanceStepTimeout = Options.Duration("maintenance", "step_timeout", 10*time.Minute, 30*time.Second, 24*time.Hour,
+	optMaintenanceStepTimeout = maintenanceOptions.Duration("maintenance", "step_timeout", 10*time.Minute, 30*time.Second, 24*time.Hour,
 		"How long host maintenance waits for a detach or attach through the agent, or for a migration's "+
 			"confirm, before it fails that VM. Example: 20m")
-	optMaintenancePollInterval = Options.Duration("maintenance", "poll_interval", 2*time.Second, 100*time.Millisecond, time.Minute,
+	optMaintenancePollInterval = maintenanceOptions.Duration("maintenance", "poll_interval", 2*time.Second, 100*time.Millisecond, time.Minute,
 		"How often host maintenance reads Nova's migration records and the server while a VM moves. Example: 5s")
 )
 
-func init() {
-	Options.SectionHelp("maintenance", "Host maintenance: `vgpuctl host migrate-all HOST` (POST "+
+// maintenanceOptions are the options declared in this file; Options assembles them
+// into the daemon's set.
+var maintenanceOptions = conf.NewGroup().
+	SectionHelp("maintenance", "Host maintenance: `vgpuctl host migrate-all HOST` (POST "+
 		"/v1/hosts/{name}/migrate-all) drains a host, moves every vGPU VM off it through Nova and undrains it.")
-}
 
 // MaintenanceRunConfig maps [maintenance] to the executor's timings.
 func MaintenanceRunConfig(v *conf.Values) maintenance.RunConfig {

@@ -11,51 +11,37 @@ import (
 )
 
 var (
-	optNovaEndpoint = Options.String("nova", "endpoint_override", "",
+	optNovaEndpoint = novaOptions.String("nova", "endpoint_override", "",
 		"Nova's compute API URL, instead of the one in Keystone's catalog. With token_file it replaces Keystone "+
 			"(nova-api run with [api] auth_strategy = noauth2). The Nova-native path (attach_mode: nova-resize, the "+
 			"policy's default) is off unless this and token_file, or [openstack] cloud, are set. Example: http://127.0.0.1:8774/v2.1")
-	optNovaTokenFile = Options.String("nova", "token_file", "",
+	optNovaTokenFile = novaOptions.String("nova", "token_file", "",
 		"A file holding a static token sent as X-Auth-Token, used with endpoint_override instead of Keystone "+
 			"(noauth2 takes \"<user>:<project>\", e.g. admin:admin). The token must be an admin's: the bridge lists "+
 			"private flavors and reads servers' hosts. Example: /etc/vgpu-bridge/secrets/nova-token")
-	optNovaMicroversion = Options.String("nova", "microversion", computeapi.DefaultMicroversion,
+	optNovaMicroversion = novaOptions.String("nova", "microversion", computeapi.DefaultMicroversion,
 		"Compute API microversion of every request; 2.61 or later (flavors with their extra specs). Example: 2.79")
-	optNovaTimeout = Options.Duration("nova", "timeout", 30*time.Second, time.Second, 10*time.Minute,
+	optNovaTimeout = novaOptions.Duration("nova", "timeout", 30*time.Second, time.Second, 10*time.Minute,
 		"How long one Nova API request may take. Example: 30s")
-	optNovaResizeTimeout = Options.Duration("nova", "resize_timeout", 10*time.Minute, time.Second, 24*time.Hour,
-		"How long Nova may take from the resize call to instance.resize_finish.end (the disk copy of a cold migration "+
-			"included). A resize still running then is followed to its end (the request shows phase overdue) and "+
-			"then handled as on_deadline says. Example: 30m")
-	optNovaOnDeadline = Options.Choice("nova", "on_deadline", "revert", []string{"revert", "confirm"},
-		"What becomes of a resize Nova finishes after resize_timeout: revert (the server goes back to its flavor, "+
-			"the request fails with code nova_timeout) or confirm (the vGPU is verified and the resize confirmed as if "+
-			"it were on time). Either way the server is never left in VERIFY_RESIZE. Example: confirm")
-	optNovaOverdueCheck = Options.Duration("nova", "overdue_check_interval", 10*time.Second, 100*time.Millisecond, time.Hour,
-		"How often the server of a resize past its deadline is read while the bridge follows it to its end. Example: 30s")
-	optNovaVerifyTimeout = Options.Duration("nova", "verify_timeout", 2*time.Minute, time.Second, 24*time.Hour,
-		"How long the target host's agent may take to answer verify_vgpu after the resize; past it the resize is "+
-			"reverted and the request fails with code agent_timeout. Example: 5m")
-	optNovaConfirmTimeout = Options.Duration("nova", "confirm_timeout", 5*time.Minute, time.Second, 24*time.Hour,
-		"How long confirmResize or revertResize may take to their .end notification; the server is read then "+
-			"and the request ends by what it shows. Example: 10m")
-	optNovaPollInterval = Options.Duration("nova", "poll_interval", 500*time.Millisecond, 10*time.Millisecond, time.Minute,
-		"How often each replica looks for due Nova calls and passed deadlines of resizes. Example: 1s")
 )
 
-func init() {
-	Options.SectionHelp("nova", "Nova's compute API, for the Nova-native path: the bridge resizes a server to a flavor "+
+// novaOptions are the [nova] options of Nova's client, declared in this
+// file (the path's timings are package novaresize's); Options assembles
+// them into the daemon's set with validateNova.
+var novaOptions = conf.NewGroup().
+	SectionHelp("nova", "Nova's compute API, for the Nova-native path: the bridge resizes a server to a flavor "+
 		"carrying the wanted vGPU (resources:VGPU=N and trait:CUSTOM_NVIDIA_<type>=required, same vCPUs, RAM and disk), "+
 		"verifies the vGPU on the target host through its agent, then confirms or reverts.")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		if m := optNovaMicroversion.Get(v); computeapi.CheckMicroversion(m) != nil {
-			return conf.Errors{{Section: "nova", Option: "microversion", Value: m, Problem: "not a 2.N microversion of 2.61 or later; allowed: e.g. 2.79"}}
-		}
-		if (optNovaEndpoint.Get(v) == "") != (optNovaTokenFile.Get(v) == "") && optOpenStackCloud.Get(v) == "" {
-			return conf.Errors{{Section: "nova", Option: "token_file", Problem: "endpoint_override and token_file go together unless [openstack] cloud is set"}}
-		}
-		return nil
-	})
+
+// validateNova tests relations between the options of this file.
+func validateNova(v *conf.Values) conf.Errors {
+	if m := optNovaMicroversion.Get(v); computeapi.CheckMicroversion(m) != nil {
+		return conf.Errors{{Section: "nova", Option: "microversion", Value: m, Problem: "not a 2.N microversion of 2.61 or later; allowed: e.g. 2.79"}}
+	}
+	if (optNovaEndpoint.Get(v) == "") != (optNovaTokenFile.Get(v) == "") && optOpenStackCloud.Get(v) == "" {
+		return conf.Errors{{Section: "nova", Option: "token_file", Problem: "endpoint_override and token_file go together unless [openstack] cloud is set"}}
+	}
+	return nil
 }
 
 // NovaConfig maps [nova] and [openstack] cloud to the client's config;
@@ -78,17 +64,13 @@ func NovaConfig(v *conf.Values) (computeapi.Config, bool, error) {
 	return c, (c.Endpoint != "" && c.Token != "") || c.Cloud != "", nil
 }
 
-// NovaPathConfig maps the [nova] timings to the Nova-native path's.
+// NovaPathConfig is novaresize.Config (the [nova] timings of the path are
+// package novaresize's) with the lease of a Nova call: twice [nova]
+// timeout.
 func NovaPathConfig(v *conf.Values) novaresize.Config {
-	return novaresize.Config{
-		ResizeTimeout:  optNovaResizeTimeout.Get(v),
-		VerifyTimeout:  optNovaVerifyTimeout.Get(v),
-		ConfirmTimeout: optNovaConfirmTimeout.Get(v),
-		PollInterval:   optNovaPollInterval.Get(v),
-		CallLease:      2 * optNovaTimeout.Get(v),
-		OnDeadline:     optNovaOnDeadline.Get(v),
-		OverdueCheck:   optNovaOverdueCheck.Get(v),
-	}
+	c := novaresize.ConfigFrom(v)
+	c.CallLease = 2 * optNovaTimeout.Get(v)
+	return c
 }
 
 // setupNova builds Nova's client for the pipeline; nil (no error) when

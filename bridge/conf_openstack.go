@@ -5,15 +5,16 @@ import (
 )
 
 var (
-	optOpenStackCloud = Options.String("openstack", "cloud", "",
+	optOpenStackCloud = openstackOptions.String("openstack", "cloud", "",
 		"The entry of clouds.yaml (searched in ./clouds.yaml, ~/.config/openstack/, /etc/openstack/, "+
 			"or $OS_CLIENT_CONFIG_FILE) whose Keystone credentials reach Placement and Nova. Leave empty only when "+
 			"[placement] endpoint_override and token_file are both set (noauth2 labs). Example: vgpu-bridge")
 )
 
-func init() {
-	Options.SectionHelp("openstack", "OpenStack credentials, from clouds.yaml.")
-}
+// openstackOptions are the options declared in this file; Options assembles them
+// into the daemon's set.
+var openstackOptions = conf.NewGroup().
+	SectionHelp("openstack", "OpenStack credentials, from clouds.yaml.")
 
 // checkOpenStackCloud is checked by the features that call OpenStack (not
 // by every command: `migrate` needs no credentials).

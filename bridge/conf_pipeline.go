@@ -1,12 +1,10 @@
 package bridge
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/diagnostics"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
@@ -20,75 +18,12 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
-var (
-	optPipelinePoll = Options.Duration("pipeline", "poll_interval", 200*time.Millisecond, 10*time.Millisecond, time.Minute,
-		"How often each replica looks at the inbox (events not processed yet) when nothing woke it. The webhooks and "+
-			"notifications a replica stores wake its own pipeline at once; the poll finds those stored by other replicas "+
-			"and events backed off for a retry. Example: 100ms")
-	optPipelineBatch = Options.Int("pipeline", "batch_size", 100, 1, 10000,
-		"Most inbox events one look at the inbox takes, the first of each project first (see project_share); each "+
-			"is decided in its own transaction. Example: 200")
-	optPipelineProjectShare = Options.Int("pipeline", "project_share", 25, 1, 10000,
-		"Most inbox events of one project (the instance's) that each replica's pipeline holds queued or being "+
-			"decided at a time (at most batch_size). Its workers take the projects' events in turns and it looks at the "+
-			"inbox again when a commit wakes it, so while one project's backlog waits, another project's event is "+
-			"decided before more than this many of the backlog's. Example: 50")
-	optPipelineWorkers = Options.Int("pipeline", "workers", 4, 1, 64,
-		"Events of different instances decided concurrently by this replica (events of one instance always go in "+
-			"inbox order). The pipeline has a pool of its own of workers + 2 connections. Example: 8")
-	optPipelineRequestTimeout = Options.Duration("pipeline", "request_timeout", 2*time.Minute, 5*time.Second, 24*time.Hour,
-		"Deadline of a request once decided: its agent commands must all be answered by then, or the request fails "+
-			"(code agent_timeout, naming the host and command) and is compensated (Placement claim released, "+
-			"remove_mdev queued). Also the expiry of its commands. Example: 5m")
-	optPipelineWatchdog = Options.Duration("pipeline", "deadline_check_interval", time.Second, 100*time.Millisecond, 10*time.Minute,
-		"How often requests past their deadline are looked for (replicas share the work). Example: 5s")
-	optPipelineMaxAttempts = Options.Int("pipeline", "max_attempts", 5, 1, 100,
-		"Attempts at an event whose processing fails (Placement or database unavailable) before the event is closed "+
-			"with status failed and its request fails (code event_failed). Example: 10")
-	optPipelineRetryMin = Options.Duration("pipeline", "retry_min", time.Second, 10*time.Millisecond, time.Hour,
-		"First wait before an event is tried again; it doubles (with jitter) up to retry_max. Example: 2s")
-	optPipelineRetryMax = Options.Duration("pipeline", "retry_max", time.Minute, 10*time.Millisecond, 24*time.Hour,
-		"Longest wait between attempts at an event. Example: 5m")
-	optPipelineLoadInterval = Options.Duration("pipeline", "load_interval", time.Minute, 0, time.Hour,
-		"How often the vGPU load the agents report becomes a bridge.vgpu_load event per instance (the policy's load "+
-			"rules run on it, with their for:, hysteresis and cooldown); one replica does it. 0 turns it off. Example: 30s")
-	optPipelineLoadWindow = Options.Duration("pipeline", "load_window", 30*time.Minute, time.Minute, 2*time.Hour,
-		"How far back a bridge.vgpu_load event's metrics look (gpu_util_avg, _min, _max over it). Example: 10m")
-)
-
-func init() {
-	Options.SectionHelp("pipeline", "The decision loop: inbox -> policy -> Placement claim -> outbox, request deadlines "+
-		"and compensation. Every replica runs it; rows are shared with SKIP LOCKED.")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		var errs conf.Errors
-		if optPipelineRetryMax.Get(v) < optPipelineRetryMin.Get(v) {
-			errs = append(errs, &conf.Error{Section: "pipeline", Option: "retry_max", Value: optPipelineRetryMax.Get(v).String(),
-				Problem: "is below retry_min; allowed: at least retry_min"})
-		}
-		return errs
-	})
-}
-
-// PipelineConfig maps [pipeline] (and [placement] stale_report_age) to
-// pipeline.Config.
+// PipelineConfig is pipeline.Config of this replica (the [pipeline]
+// options are package pipeline's).
 func PipelineConfig(v *conf.Values, replica string) pipeline.Config {
-	return pipeline.Config{
-		Replica:          replica,
-		PollInterval:     optPipelinePoll.Get(v),
-		BatchSize:        optPipelineBatch.Get(v),
-		ProjectShare:     optPipelineProjectShare.Get(v),
-		Workers:          optPipelineWorkers.Get(v),
-		RequestTimeout:   optPipelineRequestTimeout.Get(v),
-		WatchdogInterval: optPipelineWatchdog.Get(v),
-		MaxAttempts:      optPipelineMaxAttempts.Get(v),
-		RetryMin:         optPipelineRetryMin.Get(v),
-		RetryMax:         optPipelineRetryMax.Get(v),
-		StaleReportAge:   optPlacementStaleReportAge.Get(v),
-		LoadInterval:     cmp.Or(optPipelineLoadInterval.Get(v), -1), // 0: off
-		LoadWindow:       optPipelineLoadWindow.Get(v),
-
-		ClockSkewTolerance: optNotifClockSkew.Get(v),
-	}
+	c := pipeline.ConfigFrom(v)
+	c.Replica = replica
+	return c
 }
 
 // setupPipeline builds the pipeline (on a pool of its own: its decision

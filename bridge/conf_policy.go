@@ -18,7 +18,7 @@ import (
 )
 
 var (
-	optPolicyRulesFile = Options.String("policy", "rules_file", defaultRulesFile,
+	optPolicyRulesFile = policyOptions.String("policy", "rules_file", defaultRulesFile,
 		"The policy: workload -> vGPU profile preferences, project quotas and attach modes, and CEL rules that turn "+
 			"events into intents (see etc/vgpu-bridge/rules.yaml). Checked at start (a broken file stops the bridge) "+
 			"and reloaded on SIGHUP and when it changes (a broken new file is refused, the active policy stays); a SIGHUP "+
@@ -26,29 +26,32 @@ var (
 			"Validate with `vgpu-bridge policy check FILE`. Until 0.1 the default was /etc/vgpu-bridge/policy.yaml "+
 			"(a name oslo.policy uses for API access rules): when this default is absent and that file exists, it is "+
 			"read, with a deprecation warning. Example: /etc/vgpu-bridge/rules.yaml")
-	optPolicyProfilesFile = Options.String("policy", "profiles_file", "/etc/vgpu-bridge/profiles.yaml",
+	optPolicyProfilesFile = policyOptions.String("policy", "profiles_file", "/etc/vgpu-bridge/profiles.yaml",
 		"Seed of the vGPU profile catalog: type id (nvidia-232) -> profile name (T4-4Q), instances per GPU. Agents' "+
 			"reports override it; empty starts with an empty catalog. Example: /etc/vgpu-bridge/profiles.yaml")
-	optPolicyCompatFile = Options.String("policy", "driver_compat_file", "/etc/vgpu-bridge/driver-compat.yaml",
+	optPolicyCompatFile = policyOptions.String("policy", "driver_compat_file", "/etc/vgpu-bridge/driver-compat.yaml",
 		"NVIDIA host/guest driver compatibility (branch rule, exceptions, known-good rows). Hosts that cannot serve an "+
 			"instance's declared guest driver are excluded; empty disables the check. "+
 			"Example: /etc/vgpu-bridge/driver-compat.yaml")
-	optPolicyReloadInterval = Options.Duration("policy", "reload_interval", 10*time.Second, 0, time.Hour,
+	optPolicyReloadInterval = policyOptions.Duration("policy", "reload_interval", 10*time.Second, 0, time.Hour,
 		"How often the rules file's modification time and content hash are checked for a reload; 0 disables "+
 			"polling (SIGHUP still reloads). Example: 30s")
 )
 
-func init() {
-	Options.SectionHelp("policy", "The policy engine: which workloads get which vGPU profile, load rules with "+
+// policyOptions are the options declared in this file; Options assembles them
+// into the daemon's set with validatePolicy.
+var policyOptions = conf.NewGroup().
+	SectionHelp("policy", "The policy engine: which workloads get which vGPU profile, load rules with "+
 		"hysteresis and cooldown, per-project quotas, attach mode and driver compatibility.")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		var errs conf.Errors
-		if optPolicyRulesFile.Get(v) == "" {
-			errs = append(errs, &conf.Error{Section: "policy", Option: "rules_file",
-				Problem: "must name a policy file; allowed: a path such as /etc/vgpu-bridge/rules.yaml"})
-		}
-		return errs
-	})
+
+// validatePolicy tests relations between the options of this file.
+func validatePolicy(v *conf.Values) conf.Errors {
+	var errs conf.Errors
+	if optPolicyRulesFile.Get(v) == "" {
+		errs = append(errs, &conf.Error{Section: "policy", Option: "rules_file",
+			Problem: "must name a policy file; allowed: a path such as /etc/vgpu-bridge/rules.yaml"})
+	}
+	return errs
 }
 
 // The rules file's default, and the one it had before it was renamed so

@@ -12,21 +12,21 @@ import (
 // [security]: the bridge signs its commands and verifies its agents'
 // results and reports (agent/protocol/sign.go).
 var (
-	optSecuritySigningKeyFile = Options.String("security", "signing_key_file", "",
+	optSecuritySigningKeyFile = securityOptions.String("security", "signing_key_file", "",
 		"The bridge's private key, which signs every command it sends: PEM PKCS#8 Ed25519 "+
 			"(openssl genpkey -algorithm ed25519 -out bridge.key). Agents trust its public key "+
 			"(openssl pkey -in bridge.key -pubout) in their [security] bridge_keys_file with a \"Key-Id:\" header equal to "+
 			"key_id. Mode 0600 or 0640. Re-read with key_id on SIGHUP: put the new key (with a new key_id) in place once agents trust it, then SIGHUP every replica. Empty: commands go unsigned (agents with signed commands required refuse them). "+
 			"Example: /etc/vgpu-bridge/bridge.key")
-	optSecuritySignCommands = Options.Bool("security", "sign_commands", true,
+	optSecuritySignCommands = securityOptions.Bool("security", "sign_commands", true,
 		"Whether commands must be signed. true (the default) needs signing_key_file and key_id (vgpu-bridge keys init "+
 			"writes both). false is an explicit opt-out for a lab or a switch-over: commands go out unsigned, which "+
 			"agents that require signed commands refuse; the bridge logs a warning at start. Example: true")
-	optSecurityKeyID = Options.String("security", "key_id", "",
+	optSecurityKeyID = securityOptions.String("security", "key_id", "",
 		"The key id of signing_key_file, carried in key_id of every command; agents look the verification key up by it. "+
 			"Change it with the key (rotation: agents trust the old and the new key for a while, the old one with a "+
 			"\"Not-After:\" header). Example: bridge-2025a")
-	optSecurityAgentKeysFile = Options.String("security", "agent_keys_file", "",
+	optSecurityAgentKeysFile = securityOptions.String("security", "agent_keys_file", "",
 		"The agents' public keys: PEM \"PUBLIC KEY\" blocks (openssl pkey -pubout), each with the headers \"Key-Id:\" "+
 			"(the agent's [security] key_id), \"Host:\" (the host whose results and reports it may sign) and, for a key "+
 			"being rotated out, \"Not-After: <RFC 3339 time>\". A result or report that does not verify with the key of its "+
@@ -35,7 +35,7 @@ var (
 			"result or report naming a key id the file does not hold makes the bridge read the file again when it has "+
 			"changed (at most once a second), so an enrolled host needs no SIGHUP. Required unless "+
 			"require_signed_results = false. Example: /etc/vgpu-bridge/agent-keys.pem")
-	optSecurityRequireSigned = Options.Choice("security", "require_signed_results", "true", []string{"true", "false", "auto"},
+	optSecurityRequireSigned = securityOptions.Choice("security", "require_signed_results", "true", []string{"true", "false", "auto"},
 		"Whether an unsigned result or report is dropped (reason unsigned). true (the default) needs agent_keys_file. "+
 			"false is an explicit opt-out for a lab or a switch-over: signed messages are still verified when "+
 			"agent_keys_file is set, unsigned ones are accepted, each logged and counted in "+
@@ -43,16 +43,19 @@ var (
 			"Example: true")
 )
 
-func init() {
-	Options.SectionHelp("security", "Signed commands (the bridge's key) and signed results and reports (the agents' keys).")
-	validators = append(validators, func(v *conf.Values) conf.Errors {
-		var errs conf.Errors
-		if (optSecuritySigningKeyFile.Get(v) == "") != (optSecurityKeyID.Get(v) == "") {
-			errs = append(errs, &conf.Error{Section: "security", Option: "key_id", Value: optSecurityKeyID.Get(v),
-				Problem: "signing_key_file and key_id go together"})
-		}
-		return errs
-	})
+// securityOptions are the options declared in this file; Options assembles them
+// into the daemon's set with validateSecurity.
+var securityOptions = conf.NewGroup().
+	SectionHelp("security", "Signed commands (the bridge's key) and signed results and reports (the agents' keys).")
+
+// validateSecurity tests relations between the options of this file.
+func validateSecurity(v *conf.Values) conf.Errors {
+	var errs conf.Errors
+	if (optSecuritySigningKeyFile.Get(v) == "") != (optSecurityKeyID.Get(v) == "") {
+		errs = append(errs, &conf.Error{Section: "security", Option: "key_id", Value: optSecurityKeyID.Get(v),
+			Problem: "signing_key_file and key_id go together"})
+	}
+	return errs
 }
 
 // CheckSigning reports what the daemon lacks to sign its commands and

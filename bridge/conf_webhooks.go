@@ -25,52 +25,35 @@ import (
 const webhookSourcePrefix = "webhook_source"
 
 var (
-	optWHListen = Options.String("webhooks", "listen", "",
+	optWHListen = webhooksOptions.String("webhooks", "listen", "",
 		"Address (host:port) of the webhook listener. Empty, or the same as [api] listen, serves webhooks on the "+
 			"operator API's listener (with [api]'s TLS; client_ca_file is then added to it). Another address starts "+
 			"a second listener with this section's TLS and timeouts. Example: 0.0.0.0:9443")
-	optWHTLSCert = Options.String("webhooks", "tls_cert_file", "",
+	optWHTLSCert = webhooksOptions.String("webhooks", "tls_cert_file", "",
 		"PEM certificate (chain) of a separate webhook listener; empty serves plain HTTP (only behind a TLS proxy). Re-read on SIGHUP. "+
 			"Example: /etc/vgpu-bridge/tls/webhooks.crt")
-	optWHTLSKey = Options.String("webhooks", "tls_key_file", "",
+	optWHTLSKey = webhooksOptions.String("webhooks", "tls_key_file", "",
 		"PEM private key of tls_cert_file. Example: /etc/vgpu-bridge/tls/webhooks.key")
-	optWHClientCA = Options.String("webhooks", "client_ca_file", "",
+	optWHClientCA = webhooksOptions.String("webhooks", "client_ca_file", "",
 		"PEM CA bundle that signs the client certificates of auth = mtls sources. The listener then asks every "+
 			"client for a certificate (sources with other auth need none). Example: /etc/vgpu-bridge/tls/webhook-clients-ca.crt")
-	optWHReadHeaderTimeout = Options.Duration("webhooks", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,
+	optWHReadHeaderTimeout = webhooksOptions.Duration("webhooks", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,
 		"How long a client of a separate listener may take to send its headers (cuts off slowloris clients). Example: 5s")
-	optWHReadTimeout = Options.Duration("webhooks", "read_timeout", 10*time.Second, 100*time.Millisecond, 10*time.Minute,
+	optWHReadTimeout = webhooksOptions.Duration("webhooks", "read_timeout", 10*time.Second, 100*time.Millisecond, 10*time.Minute,
 		"How long a client of a separate listener may take to send a whole request, body included. Example: 10s")
-	optWHWriteTimeout = Options.Duration("webhooks", "write_timeout", 15*time.Second, time.Second, 10*time.Minute,
+	optWHWriteTimeout = webhooksOptions.Duration("webhooks", "write_timeout", 15*time.Second, time.Second, 10*time.Minute,
 		"How long an answer of a separate listener may take, commit included. Example: 15s")
-	optWHIdleTimeout = Options.Duration("webhooks", "idle_timeout", 60*time.Second, time.Second, 10*time.Minute,
+	optWHIdleTimeout = webhooksOptions.Duration("webhooks", "idle_timeout", 60*time.Second, time.Second, 10*time.Minute,
 		"How long a separate listener keeps an idle keep-alive connection. Example: 60s")
-	optWHMaxHeaderBytes = Options.Int("webhooks", "max_header_bytes", 16<<10, 4<<10, 1<<20,
+	optWHMaxHeaderBytes = webhooksOptions.Int("webhooks", "max_header_bytes", 16<<10, 4<<10, 1<<20,
 		"Largest request header block a separate listener accepts. Example: 16384")
-	optWHPublicURL = Options.String("webhooks", "public_url", "",
-		"Scheme, host and port senders reach the bridge at; status_url in answers starts with it. Empty answers "+
-			"a path (/v1/requests/ID). Example: https://vgpu-bridge.example.org:9443")
-	optWHIdempotencyTTL = Options.Duration("webhooks", "idempotency_ttl", 24*time.Hour, time.Minute, 30*24*time.Hour,
-		"How long an Idempotency-Key (or webhook-id) is remembered per source. Example: 24h")
-	optWHBatchSize = Options.Int("webhooks", "commit_batch_size", 256, 1, 10000,
-		"Most webhooks committed in one transaction (group commit; each 202 still waits for its commit). Example: 256")
-	optWHCommitWorkers = Options.Int("webhooks", "commit_workers", 1, 1, 64,
-		"Transactions committing webhooks at once (database connections used). One commits whatever queued during the previous commit, so batches grow with the load; more commit smaller batches side by side, at more CPU per request, which pays only where Postgres has cores and storage to spare. Example: 1")
-	optWHCallbackTimeout = Options.Duration("webhooks", "callback_timeout", 10*time.Second, time.Second, 5*time.Minute,
-		"How long one callback POST may take. Example: 10s")
-	optWHCallbackAttempts = Options.Int("webhooks", "callback_max_attempts", 12, 1, 1000,
-		"Attempts before a callback is given up (each is recorded). Example: 12")
-	optWHCallbackBackoffMin = Options.Duration("webhooks", "callback_backoff_min", 5*time.Second, 100*time.Millisecond, time.Hour,
-		"Wait after the first failed callback attempt; it doubles after each failure, with jitter. Example: 5s")
-	optWHCallbackBackoffMax = Options.Duration("webhooks", "callback_backoff_max", 10*time.Minute, time.Second, 24*time.Hour,
-		"Longest wait between callback attempts. Example: 10m")
-	optWHCallbackPoll = Options.Duration("webhooks", "callback_poll_interval", time.Second, 10*time.Millisecond, time.Minute,
-		"How often due callbacks are looked for. Example: 1s")
 )
 
-func init() {
-	Options.SectionHelp("webhooks", "The webhook endpoint POST /v1/webhooks/{source}: its listener, group commit, idempotency and callbacks. Sources are [webhook_source:NAME] sections.")
-	Options.Template(webhookSourcePrefix,
+// webhooksOptions are the options declared in this file; Options assembles them
+// into the daemon's set with checkWebhooks.
+var webhooksOptions = conf.NewGroup().
+	SectionHelp("webhooks", "The webhook endpoint POST /v1/webhooks/{source}: its listener, group commit, idempotency and callbacks. Sources are [webhook_source:NAME] sections.").
+	Template(webhookSourcePrefix,
 		"One webhook source per section, e.g. [webhook_source:batch-scheduler]; senders POST to /v1/webhooks/batch-scheduler.",
 		conf.Option{Name: "auth", Kind: conf.KindChoice, Default: "hmac", Choices: []string{"hmac", "bearer", "mtls", "jwt"},
 			Help: "How the source authenticates: hmac (X-Hub-Signature-256, a signed body acting once, or Standard Webhooks " +
@@ -154,8 +137,6 @@ func init() {
 		conf.Option{Name: "timestamp_tolerance", Kind: conf.KindDuration, Default: "5m", Min: float64(10 * time.Second), Max: float64(time.Hour), HasRange: true,
 			Help: "Standard Webhooks: the largest difference between webhook-timestamp and the bridge's clock. Example: 5m"},
 	)
-	validators = append(validators, validateWebhooks)
-}
 
 func validateWebhooks(v *conf.Values) conf.Errors {
 	var errs conf.Errors
@@ -336,30 +317,19 @@ func WebhookSources(v *conf.Values) ([]webhook.Source, error) {
 	return out, nil
 }
 
-// WebhookConfig maps [webhooks] and the sources to webhook.Config (without
-// store, pool, registry and logger).
+// WebhookConfig is webhook.Config (the endpoint's [webhooks] options are
+// package webhook's) with the sources and a commit timeout of two thirds
+// of write_timeout (without store, pool, registry and logger).
 func WebhookConfig(v *conf.Values) (webhook.Config, error) {
 	srcs, err := WebhookSources(v)
 	if err != nil {
 		return webhook.Config{}, err
 	}
-	return webhook.Config{
-		Sources:        srcs,
-		PublicURL:      optWHPublicURL.Get(v),
-		IdempotencyTTL: optWHIdempotencyTTL.Get(v),
-		BatchSize:      optWHBatchSize.Get(v),
-		CommitWorkers:  optWHCommitWorkers.Get(v),
-		CommitTimeout:  optWHWriteTimeout.Get(v) * 2 / 3,
-		ProjectRate:    optAPIProjectRate.Get(v),
-		ProjectBurst:   optAPIProjectBurst.Get(v),
-		Callbacks: webhook.CallbackConfig{
-			PollInterval: optWHCallbackPoll.Get(v),
-			Timeout:      optWHCallbackTimeout.Get(v),
-			MaxAttempts:  optWHCallbackAttempts.Get(v),
-			BackoffMin:   optWHCallbackBackoffMin.Get(v),
-			BackoffMax:   optWHCallbackBackoffMax.Get(v),
-		},
-	}, nil
+	c := webhook.ConfigFrom(v)
+	c.Sources = srcs
+	c.CommitTimeout = optWHWriteTimeout.Get(v) * 2 / 3
+	c.ProjectRate, c.ProjectBurst = optAPIProjectRate.Get(v), optAPIProjectBurst.Get(v)
+	return c, nil
 }
 
 func loadClientCAs(path string) (*x509.CertPool, error) {

@@ -1,13 +1,15 @@
 package bridge
 
 import (
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
-
-// Options declares every option of vgpu-bridge. Each section's options are
-// declared in a file conf_<section>.go of this package, next to the code
-// that turns them into a feature's Config.
-var Options = conf.NewSet("VGPU_BRIDGE")
 
 // SampleTitle heads etc/vgpu-bridge/bridge.conf.sample.
 const SampleTitle = "vgpu-bridge: sample configuration (/etc/vgpu-bridge/bridge.conf)"
@@ -15,35 +17,57 @@ const SampleTitle = "vgpu-bridge: sample configuration (/etc/vgpu-bridge/bridge.
 // ReferenceTitle heads the documentation's reference of bridge.conf.
 const ReferenceTitle = "vgpu-bridge configuration (bridge.conf)"
 
+// Options assembles the options of vgpu-bridge. Each option is declared
+// once, with its default, in a conf.Group: a feature package's own
+// (pipeline.Options, whose DefaultConfig is built from the same
+// declarations), or a file conf_<section>.go of this package for what the
+// bridge's wiring reads itself; the checks of relations between options
+// go with their group, and run in this order.
+//
+// Renamed and removed options are listed here, each still read with a
+// warning for one release:
+//
+//	s := conf.NewSet("VGPU_BRIDGE", ...)
+//	s.Deprecated("old_section", "old_name", "new_section", "new_name")
+//
+// (new_name "" for an option that was removed). None so far.
+func Options() *conf.Set {
+	return conf.NewSet("VGPU_BRIDGE",
+		accountingOptions.WithCheck(validateAccounting),
+		apiOptions.WithCheck(validateAPI),
+		databaseOptions.WithCheck(validateDatabase),
+		defaultOptions.WithCheck(validateDefault),
+		dispatch.Options(),
+		drift.Options(),
+		keystoneOptions.WithCheck(validateKeystone),
+		maintenanceOptions,
+		notificationsOptions.WithCheck(validateNotifications),
+		ingest.Options(),
+		novaOptions.WithCheck(validateNova),
+		novaresize.Options(),
+		openstackOptions,
+		pipeline.Options(),
+		placementOptions.WithCheck(validatePlacement),
+		placement.Options(),
+		policyOptions.WithCheck(validatePolicy),
+		retentionOptions.WithCheck(validateRetention),
+		securityOptions.WithCheck(validateSecurity),
+		webhooksOptions.WithCheck(validateWebhooks),
+		webhook.Options(),
+	)
+}
+
 // LoadConfig loads and validates the configuration.
 func LoadConfig(src conf.Source) (*conf.Values, error) {
-	v, err := Options.Load(src)
+	s := Options()
+	v, err := s.Load(src)
 	if v == nil {
 		return nil, err
 	}
 	errs, _ := conf.AsErrors(err)
-	if errs = append(errs, validate(v)...); len(errs) > 0 {
+	if errs = append(errs, s.Check(v)...); len(errs) > 0 {
 		errs.Sort()
 		return nil, errs
 	}
 	return v, nil
 }
-
-// validators check relations between options after each value parsed;
-// conf_<section>.go files add theirs in init.
-var validators []func(v *conf.Values) conf.Errors
-
-func validate(v *conf.Values) conf.Errors {
-	var errs conf.Errors
-	for _, f := range validators {
-		errs = append(errs, f(v)...)
-	}
-	return errs
-}
-
-// Renamed and removed options are listed here, each still read with a
-// warning for one release (conf.Set.Deprecated), in an init function:
-//
-//	Options.Deprecated("old_section", "old_name", "new_section", "new_name")
-//
-// (new_name "" for an option that was removed). None so far.

@@ -56,7 +56,7 @@ func UpgradeCheck(ctx context.Context, v *conf.Values) ([]Check, error) {
 	defer pool.Close()
 	checks := []Check{checkSchemaCurrent(ctx, pool), checkNotifications(ctx, pool), checkPlacement(ctx, v)}
 	checks = append(checks, checkProviders(ctx, pool, optPlacementClasses.Get(v), optPlacementTypePrefix.Get(v)))
-	checks = append(checks, checkAgents(ctx, pool, optPlacementStaleReportAge.Get(v)), checkKeys(v))
+	checks = append(checks, checkAgents(ctx, pool, placement.StaleReportAge(v)), checkKeys(v))
 	return checks, nil
 }
 

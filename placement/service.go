@@ -78,7 +78,7 @@ func (c *Config) defaults() {
 		c.SyncConcurrency = 8
 	}
 	if c.StaleReportAge <= 0 {
-		c.StaleReportAge = 5 * time.Minute
+		c.StaleReportAge = defaultStaleReportAge()
 	}
 	if c.ConsumerType == "" {
 		c.ConsumerType = "INSTANCE"

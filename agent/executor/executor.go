@@ -96,10 +96,10 @@ func New(cfg Config) (*Executor, error) {
 		cfg.Allow = allowAll{}
 	}
 	if cfg.ColdShutdownTimeout <= 0 {
-		cfg.ColdShutdownTimeout = 2 * time.Minute
+		cfg.ColdShutdownTimeout = defaults().ColdShutdownTimeout
 	}
 	if cfg.CommandTimeout <= 0 {
-		cfg.CommandTimeout = 10 * time.Minute
+		cfg.CommandTimeout = defaults().CommandTimeout
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

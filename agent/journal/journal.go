@@ -162,7 +162,7 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 // with mode 0700), replays it and compacts it.
 func Open(path string, opts Options) (*Journal, error) {
 	if opts.Retention <= 0 {
-		opts.Retention = 24 * time.Hour
+		opts.Retention = defaults().Retention
 	}
 	if opts.CompactAfter <= 0 {
 		opts.CompactAfter = 4096

@@ -127,20 +127,21 @@ func New(cfg Config, exec Executor, rep Reporter, changed <-chan struct{}) (*Loo
 	if cfg.Host == "" || exec == nil {
 		return nil, errors.New("transport: Host and Executor are required")
 	}
+	d := defaults()
 	if cfg.Prefetch <= 0 {
-		cfg.Prefetch = 1
+		cfg.Prefetch = d.Prefetch
 	}
 	if cfg.MinBackoff <= 0 {
 		cfg.MinBackoff = 500 * time.Millisecond
 	}
 	if cfg.MaxBackoff < cfg.MinBackoff {
-		cfg.MaxBackoff = max(30*time.Second, cfg.MinBackoff)
+		cfg.MaxBackoff = max(d.MaxBackoff, cfg.MinBackoff)
 	}
 	if cfg.ReportInterval <= 0 {
-		cfg.ReportInterval = time.Minute
+		cfg.ReportInterval = d.ReportInterval
 	}
 	if cfg.ReportCheckInterval == 0 {
-		cfg.ReportCheckInterval = 10 * time.Second
+		cfg.ReportCheckInterval = d.ReportCheckInterval
 	}
 	if cfg.StopGrace <= 0 {
 		cfg.StopGrace = 30 * time.Second

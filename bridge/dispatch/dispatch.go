@@ -94,25 +94,6 @@ type Config struct {
 	RequireSigned bool
 }
 
-// DefaultConfig returns the defaults of the [dispatch] options.
-func DefaultConfig() Config {
-	return Config{
-		Exchange:           protocol.Exchange,
-		ResultsQueue:       protocol.ResultsQueue,
-		ReportsQueue:       protocol.ReportsQueue,
-		ResultsBindings:    []string{protocol.ResultsBind},
-		ReportsBindings:    []string{protocol.ReportsBind},
-		DeclareAgentQueues: true,
-		RelayInterval:      200 * time.Millisecond,
-		RelayBatch:         100,
-		ConfirmTimeout:     10 * time.Second,
-		Prefetch:           50,
-		ReconnectMin:       500 * time.Millisecond,
-		ReconnectMax:       30 * time.Second,
-		ConnectionName:     "vgpu-bridge dispatch",
-	}
-}
-
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
 	if c.Exchange == "" {

@@ -94,12 +94,6 @@ type Config struct {
 	Concurrency int
 }
 
-// DefaultConfig returns the defaults of the [drift] options.
-func DefaultConfig() Config {
-	return Config{Interval: 5 * time.Minute, RepairGrace: 10 * time.Minute, StaleReportAge: 5 * time.Minute,
-		CommandTimeout: 2 * time.Minute, Concurrency: 4}
-}
-
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
 	if c.Interval <= 0 {

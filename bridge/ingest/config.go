@@ -90,30 +90,6 @@ type Config struct {
 	OnCommitted func()
 }
 
-// DefaultConfig returns the defaults (which the [notifications] options
-// also use).
-func DefaultConfig() Config {
-	return Config{
-		Source:             "nova",
-		Exchange:           "nova",
-		Queue:              "vgpu-bridge.notifications",
-		BindingKeys:        []string{"versioned_notifications.info", "versioned_notifications.error"},
-		Prefetch:           1000,
-		BatchSize:          250,
-		Committers:         2,
-		FlushInterval:      20 * time.Millisecond,
-		MaxMessageBytes:    1 << 20,
-		DeadLetterMaxBytes: 64 << 10,
-		SilenceWarning:     15 * time.Minute,
-		ReconnectMin:       500 * time.Millisecond,
-		ReconnectMax:       30 * time.Second,
-		ConnectionName:     "vgpu-bridge notifications",
-		ShutdownGrace:      10 * time.Second,
-		StallAfter:         30 * time.Second,
-		ClockSkewTolerance: DefaultClockSkewTolerance,
-	}
-}
-
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
 	c.Source = cmp.Or(c.Source, d.Source)
@@ -135,10 +111,6 @@ func (c *Config) setDefaults() {
 	c.StallAfter = cmp.Or(c.StallAfter, d.StallAfter)
 	c.ClockSkewTolerance = cmp.Or(c.ClockSkewTolerance, d.ClockSkewTolerance)
 }
-
-// DefaultClockSkewTolerance is [notifications] clock_skew_tolerance's
-// default.
-const DefaultClockSkewTolerance = 5 * time.Minute
 
 // Validate reports the first impossible setting.
 func (c *Config) Validate() error {

@@ -59,12 +59,6 @@ type Config struct {
 	Replica string
 }
 
-// DefaultConfig returns the defaults of the [nova] options.
-func DefaultConfig() Config {
-	return Config{ResizeTimeout: 10 * time.Minute, VerifyTimeout: 2 * time.Minute, ConfirmTimeout: 5 * time.Minute,
-		PollInterval: 500 * time.Millisecond, CallLease: 2 * time.Minute, OnDeadline: OnDeadlineRevert, OverdueCheck: 10 * time.Second}
-}
-
 // What becomes of a resize Nova finishes after its deadline.
 const (
 	OnDeadlineRevert  = "revert"  // revert it; the request fails with nova_timeout

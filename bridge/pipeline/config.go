@@ -71,27 +71,6 @@ type Config struct {
 	ClockSkewTolerance time.Duration
 }
 
-// DefaultConfig returns the defaults of the [pipeline] options.
-func DefaultConfig() Config {
-	return Config{
-		PollInterval:     200 * time.Millisecond,
-		BatchSize:        100,
-		ProjectShare:     25,
-		Workers:          4,
-		RequestTimeout:   2 * time.Minute,
-		WatchdogInterval: time.Second,
-		MaxAttempts:      5,
-		RetryMin:         time.Second,
-		RetryMax:         time.Minute,
-		StaleReportAge:   5 * time.Minute,
-		HostsRefresh:     5 * time.Second,
-		LoadInterval:     time.Minute,
-		LoadWindow:       30 * time.Minute,
-
-		ClockSkewTolerance: 5 * time.Minute,
-	}
-}
-
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
 	if c.PollInterval <= 0 {

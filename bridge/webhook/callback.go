@@ -38,27 +38,27 @@ type CallbackConfig struct {
 	Transport http.RoundTripper
 }
 
-func (c *CallbackConfig) setDefaults() {
+func (c *CallbackConfig) setDefaults(d CallbackConfig) {
 	if c.PollInterval == 0 {
-		c.PollInterval = time.Second
+		c.PollInterval = d.PollInterval
 	}
 	if c.Timeout == 0 {
-		c.Timeout = 10 * time.Second
+		c.Timeout = d.Timeout
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 12
+		c.MaxAttempts = d.MaxAttempts
 	}
 	if c.BackoffMin == 0 {
-		c.BackoffMin = 5 * time.Second
+		c.BackoffMin = d.BackoffMin
 	}
 	if c.BackoffMax == 0 {
-		c.BackoffMax = 10 * time.Minute
+		c.BackoffMax = d.BackoffMax
 	}
 	if c.Lease == 0 {
-		c.Lease = 2 * time.Minute
+		c.Lease = d.Lease
 	}
 	if c.Parallel == 0 {
-		c.Parallel = 8
+		c.Parallel = d.Parallel
 	}
 }
 

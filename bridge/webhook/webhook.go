@@ -177,20 +177,21 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	d := DefaultConfig()
 	if c.IdempotencyTTL == 0 {
-		c.IdempotencyTTL = 24 * time.Hour
+		c.IdempotencyTTL = d.IdempotencyTTL
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 256
+		c.BatchSize = d.BatchSize
 	}
 	if c.CommitWorkers == 0 {
-		c.CommitWorkers = 1
+		c.CommitWorkers = d.CommitWorkers
 	}
 	if c.CommitTimeout == 0 {
-		c.CommitTimeout = 10 * time.Second
+		c.CommitTimeout = d.CommitTimeout
 	}
 	if c.MaxClients == 0 {
-		c.MaxClients = 10000
+		c.MaxClients = d.MaxClients
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -201,7 +202,7 @@ func (c *Config) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	c.Callbacks.setDefaults()
+	c.Callbacks.setDefaults(d.Callbacks)
 }
 
 type source struct {

@@ -13,10 +13,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
-func init() {
-	subcommands = append(subcommands, newInventoryCmd, newDiagnoseCmd)
-}
-
 // hostFlags are the flags of commands that look at the host.
 type hostFlags struct {
 	output   string

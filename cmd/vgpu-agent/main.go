@@ -40,8 +40,11 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
-// subcommands are added by the files of this package in init.
-var subcommands []func(*globals) *cobra.Command
+// subcommands are the commands of vgpu-agent, each built by a file of
+// this package.
+var subcommands = []func(*globals) *cobra.Command{
+	newInventoryCmd, newDiagnoseCmd, newServeCmd, newVersionCmd, newGenconfigCmd,
+}
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
@@ -121,10 +124,6 @@ func (g *globals) logger(v *conf.Values) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(g.stderr, opts))
 }
 
-func init() {
-	subcommands = append(subcommands, newServeCmd, newVersionCmd, newGenconfigCmd)
-}
-
 func newServeCmd(g *globals) *cobra.Command {
 	var o agent.RunOptions
 	c := &cobra.Command{
@@ -178,9 +177,9 @@ func newGenconfigCmd(g *globals) *cobra.Command {
 				w = f
 			}
 			if format == "rst" {
-				return agent.Options.WriteReference(w, agent.ReferenceTitle)
+				return agent.Options().WriteReference(w, agent.ReferenceTitle)
 			}
-			return agent.Options.WriteSample(w, agent.SampleTitle)
+			return agent.Options().WriteSample(w, agent.SampleTitle)
 		},
 	}
 	c.Flags().StringVarP(&out, "output", "o", "", "file to write (default: standard output)")

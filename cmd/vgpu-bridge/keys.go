@@ -12,8 +12,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/keys"
 )
 
-func init() { subcommands = append(subcommands, newKeysCmd) }
-
 func newKeysCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "keys",

@@ -15,8 +15,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 )
 
-func init() { subcommands = append(subcommands, newKeystoneCmd) }
-
 func newKeystoneCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "keystone",

@@ -48,8 +48,12 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
-// subcommands are added by the files of this package in init.
-var subcommands []func(*globals) *cobra.Command
+// subcommands are the commands of vgpu-bridge, each built by a file of
+// this package.
+var subcommands = []func(*globals) *cobra.Command{
+	newKeysCmd, newKeystoneCmd, newServeCmd, newVersionCmd, newGenconfigCmd, newMigrateCmd,
+	newPolicyCmd, newPurgeCmd, newSyncCmd, newUpgradeCmd,
+}
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
@@ -140,10 +144,6 @@ func (g *globals) logger(v *conf.Values) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(g.stderr, opts))
 }
 
-func init() {
-	subcommands = append(subcommands, newServeCmd, newVersionCmd, newGenconfigCmd)
-}
-
 func newServeCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "serve",
@@ -194,9 +194,9 @@ func newGenconfigCmd(g *globals) *cobra.Command {
 				w = f
 			}
 			if format == "rst" {
-				return bridge.Options.WriteReference(w, bridge.ReferenceTitle)
+				return bridge.Options().WriteReference(w, bridge.ReferenceTitle)
 			}
-			return bridge.Options.WriteSample(w, bridge.SampleTitle)
+			return bridge.Options().WriteSample(w, bridge.SampleTitle)
 		},
 	}
 	c.Flags().StringVarP(&out, "output", "o", "", "file to write (default: standard output)")

@@ -10,8 +10,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 )
 
-func init() { subcommands = append(subcommands, newMigrateCmd) }
-
 func newMigrateCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "migrate",

@@ -15,8 +15,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
-func init() { subcommands = append(subcommands, newPolicyCmd) }
-
 // policyFiles resolves the three policy files: flags first, then the
 // configuration, then files next to the rules file.
 type policyFiles struct {

@@ -14,8 +14,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 )
 
-func init() { subcommands = append(subcommands, newPurgeCmd) }
-
 func newPurgeCmd(g *globals) *cobra.Command {
 	var dryRun bool
 	var timeout time.Duration

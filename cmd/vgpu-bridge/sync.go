@@ -17,8 +17,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
-func init() { subcommands = append(subcommands, newSyncCmd) }
-
 func newSyncCmd(g *globals) *cobra.Command {
 	var full bool
 	var timeout time.Duration

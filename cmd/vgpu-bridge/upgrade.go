@@ -9,8 +9,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 )
 
-func init() { subcommands = append(subcommands, newUpgradeCmd) }
-
 func newUpgradeCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "upgrade",

@@ -55,7 +55,7 @@ func (k Kind) String() string {
 	return "string"
 }
 
-// Option is one declared option. Use the typed constructors on Set.
+// Option is one declared option. Use the typed constructors on Group.
 type Option struct {
 	Section string
 	Name    string
@@ -74,7 +74,8 @@ type Option struct {
 
 func (o *Option) key() string { return o.Section + "." + o.Name }
 
-// Set is the collection of options of one daemon.
+// Set is the collection of options of one daemon, assembled from its
+// features' groups.
 type Set struct {
 	envPrefix string
 	opts      map[string]*Option // section.name
@@ -82,42 +83,55 @@ type Set struct {
 	templates map[string][]*Option
 	secHelp   map[string]string
 	renamed   map[string]string // old section.name → new section.name ("" removed)
+	checks    []func(*Values) Errors
 }
 
-// NewSet returns an empty option set whose environment variables start with
-// envPrefix (for example "VGPU_BRIDGE").
-func NewSet(envPrefix string) *Set {
-	return &Set{
+// NewSet returns the option set made of groups, whose environment
+// variables start with envPrefix (for example "VGPU_BRIDGE"). An option
+// declared by two groups is a programming error (a panic).
+func NewSet(envPrefix string, groups ...*Group) *Set {
+	s := &Set{
 		envPrefix: envPrefix,
 		opts:      make(map[string]*Option),
 		templates: make(map[string][]*Option),
 		renamed:   make(map[string]string),
 		secHelp:   make(map[string]string),
 	}
+	for _, g := range groups {
+		for _, o := range g.opts {
+			s.add(o)
+		}
+		for _, t := range g.templates {
+			s.templates[t.prefix] = append(s.templates[t.prefix], t.opts...)
+			s.secHelp[t.prefix+":*"] = t.help
+		}
+		for sec, h := range g.secHelp {
+			s.secHelp[sec] = h
+		}
+		s.checks = append(s.checks, g.checks...)
+	}
+	return s
 }
 
 // EnvPrefix returns the prefix of the set's environment variables.
 func (s *Set) EnvPrefix() string { return s.envPrefix }
 
-// SectionHelp documents a section in the generated sample.
-func (s *Set) SectionHelp(section, help string) { s.secHelp[section] = help }
-
-func (s *Set) add(o Option) *Option {
-	if o.Help == "" {
-		panic(fmt.Sprintf("conf: option %s has no help text", o.key()))
-	}
+func (s *Set) add(o *Option) {
 	if _, dup := s.opts[o.key()]; dup {
 		panic(fmt.Sprintf("conf: option %s declared twice", o.key()))
 	}
-	if o.Default != "" {
-		if _, err := parseValue(&o, o.Default); err != nil {
-			panic(fmt.Sprintf("conf: option %s: bad default: %v", o.key(), err))
-		}
-	}
-	p := &o
-	s.opts[o.key()] = p
+	s.opts[o.key()] = o
 	s.order = append(s.order, o.key())
-	return p
+}
+
+// Check runs the groups' checks of relations between options
+// (Group.WithCheck) on values loaded by Load, in the groups' order.
+func (s *Set) Check(v *Values) Errors {
+	var errs Errors
+	for _, f := range s.checks {
+		errs = append(errs, f(v)...)
+	}
+	return errs
 }
 
 // Options returns all plain options, sorted by section (DEFAULT first) and name.
@@ -148,20 +162,6 @@ func sectionLess(a, b string) bool {
 
 // Lookup returns the option declared as section.name, or nil.
 func (s *Set) Lookup(section, name string) *Option { return s.opts[section+"."+name] }
-
-// Template declares the options of a templated section "[prefix:NAME]".
-// Each option's Section must be the prefix.
-func (s *Set) Template(prefix, help string, opts ...Option) {
-	for i := range opts {
-		o := opts[i]
-		o.Section = prefix
-		if o.Help == "" {
-			panic(fmt.Sprintf("conf: option [%s:*] %s has no help text", prefix, o.Name))
-		}
-		s.templates[prefix] = append(s.templates[prefix], &o)
-	}
-	s.secHelp[prefix+":*"] = help
-}
 
 // Values holds the loaded value of every option.
 type Values struct {

@@ -10,19 +10,19 @@ import (
 )
 
 func testSet() (*Set, String, Int, Duration, List, String, Bool) {
-	s := NewSet("VGPU_TEST")
-	url := s.Secret("database", "connection", "Database URL. Example: postgres://x")
-	n := s.Int("database", "max_connections", 16, 1, 100, "Pool size. Example: 8")
-	d := s.Duration("api", "read_timeout", 30*time.Second, time.Second, time.Hour, "Read timeout. Example: 10s")
-	l := s.List("devices", "enabled_types", "", "Types. Example: nvidia-232,nvidia-233")
-	c := s.Choice("api", "auth_strategy", "token", []string{"noauth", "token"}, "Auth. Example: noauth")
-	b := s.Bool(DefaultSection, "debug", false, "Debug. Example: true")
-	s.Template("webhook_source", "One webhook source.",
+	g := NewGroup()
+	url := g.Secret("database", "connection", "Database URL. Example: postgres://x")
+	n := g.Int("database", "max_connections", 16, 1, 100, "Pool size. Example: 8")
+	d := g.Duration("api", "read_timeout", 30*time.Second, time.Second, time.Hour, "Read timeout. Example: 10s")
+	l := g.List("devices", "enabled_types", "", "Types. Example: nvidia-232,nvidia-233")
+	c := g.Choice("api", "auth_strategy", "token", []string{"noauth", "token"}, "Auth. Example: noauth")
+	b := g.Bool(DefaultSection, "debug", false, "Debug. Example: true")
+	g.Template("webhook_source", "One webhook source.",
 		Option{Name: "auth", Kind: KindChoice, Choices: []string{"hmac", "bearer", "mtls"}, Required: true, Help: "Auth scheme. Example: hmac"},
 		Option{Name: "rate", Kind: KindFloat, Default: "10", Help: "Requests per second. Example: 50"},
 		Option{Name: "secret_files", Kind: KindList, Help: "Secrets. Example: /etc/a,/etc/b"},
 	)
-	return s, url, n, d, l, c, b
+	return NewSet("VGPU_TEST", g), url, n, d, l, c, b
 }
 
 func writeFile(t *testing.T, body string) string {
@@ -124,9 +124,10 @@ auth = hmac
 }
 
 func TestSecretMaskedInErrorsAndDump(t *testing.T) {
-	s := NewSet("X")
-	s.Secret("database", "connection", "URL. Example: postgres://x")
-	s.Int("database", "n", 1, 0, 5, "n. Example: 2")
+	g := NewGroup()
+	g.Secret("database", "connection", "URL. Example: postgres://x")
+	g.Int("database", "n", 1, 0, 5, "n. Example: 2")
+	s := NewSet("X", g)
 	v, err := s.Load(Source{Overrides: []string{"database.connection=postgres://u:hunter2@h/db"}})
 	if err != nil {
 		t.Fatal(err)

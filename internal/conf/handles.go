@@ -50,53 +50,6 @@ func (h Int) Option() *Option { return h.o }
 // Option returns the declaration behind a handle.
 func (h Duration) Option() *Option { return h.o }
 
-// String declares a string option.
-func (s *Set) String(section, name, def, help string) String {
-	return String{s.add(Option{Section: section, Name: name, Kind: KindString, Default: def, Help: help})}
-}
-
-// Secret declares a string option whose value is never printed.
-func (s *Set) Secret(section, name, help string) String {
-	return String{s.add(Option{Section: section, Name: name, Kind: KindString, Help: help, Secret: true})}
-}
-
-// Choice declares a string option limited to choices.
-func (s *Set) Choice(section, name, def string, choices []string, help string) String {
-	return String{s.add(Option{Section: section, Name: name, Kind: KindChoice, Default: def, Choices: choices, Help: help})}
-}
-
-// Int declares an integer option bounded by [min, max].
-func (s *Set) Int(section, name string, def, min, max int, help string) Int {
-	return Int{s.add(Option{Section: section, Name: name, Kind: KindInt, Default: itoa(def), Help: help,
-		Min: float64(min), Max: float64(max), HasRange: true})}
-}
-
-// Float declares a floating point option bounded by [min, max].
-func (s *Set) Float(section, name string, def, min, max float64, help string) Float {
-	return Float{s.add(Option{Section: section, Name: name, Kind: KindFloat, Default: ftoa(def), Help: help,
-		Min: min, Max: max, HasRange: true})}
-}
-
-// Bool declares a boolean option.
-func (s *Set) Bool(section, name string, def bool, help string) Bool {
-	d := "false"
-	if def {
-		d = "true"
-	}
-	return Bool{s.add(Option{Section: section, Name: name, Kind: KindBool, Default: d, Help: help})}
-}
-
-// Duration declares a duration option bounded by [min, max].
-func (s *Set) Duration(section, name string, def, min, max time.Duration, help string) Duration {
-	return Duration{s.add(Option{Section: section, Name: name, Kind: KindDuration, Default: def.String(), Help: help,
-		Min: float64(min), Max: float64(max), HasRange: true})}
-}
-
-// List declares a comma-separated list option.
-func (s *Set) List(section, name, def, help string) List {
-	return List{s.add(Option{Section: section, Name: name, Kind: KindList, Default: def, Help: help})}
-}
-
 // String returns a templated section's string value.
 func (in *Instance) String(name string) string { s, _ := in.vals[name].(string); return s }
 

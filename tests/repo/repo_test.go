@@ -4,6 +4,9 @@ package repo
 
 import (
 	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -203,6 +206,42 @@ func TestDebPackages(t *testing.T) {
 		v, err := exec.Command(filepath.Join(x, "usr", "bin", pkg), "--version").CombinedOutput()
 		if err != nil || !strings.Contains(string(v), pkg+" 0.1.0.dev0+test") {
 			t.Errorf("packaged %s --version: %v %s", pkg, err, v)
+		}
+	}
+}
+
+// TestNoInitRegistration: the daemons' code has no init function. Options,
+// checks and commands are declared beside the code that uses them and
+// assembled explicitly where each binary is wired (bridge.Options,
+// agent.Options, the commands' subcommands lists), so that what a daemon
+// is made of can be read in one place. Test files may keep theirs.
+func TestNoInitRegistration(t *testing.T) {
+	dir := root(t)
+	for _, tree := range []string{"bridge", "agent", "cmd"} {
+		err := filepath.WalkDir(filepath.Join(dir, tree), func(p string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() && d.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			if d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+				return nil
+			}
+			f, err := parser.ParseFile(token.NewFileSet(), p, nil, parser.SkipObjectResolution)
+			if err != nil {
+				return err
+			}
+			for _, decl := range f.Decls {
+				if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil && fn.Name.Name == "init" {
+					rel, _ := filepath.Rel(dir, p)
+					t.Errorf("%s: func init(): declare options in a conf.Group, commands in the subcommands list", rel)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	}
 }
