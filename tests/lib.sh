@@ -1,5 +1,5 @@
-# tests/lib.sh — what tests/services.sh, tests/keystone.sh and tests/services-stop.sh
-# share. Sourced, never run: . "$(dirname "$(readlink -f "$0")")/lib.sh"
+# tests/lib.sh — what tests/services.sh, tests/keystone.sh, tests/services-stop.sh and
+# tests/lab/lab.sh share. Sourced, never run: . "$(dirname "$(readlink -f "$0")")/lib.sh"
 
 # as_root ENV_LIST ARGS...: re-run the calling script as root through sudo,
 # keeping the variables named in ENV_LIST (comma-separated); exit if neither works.
@@ -111,4 +111,41 @@ stop_uwsgi() { # name pidfile: stop the uwsgi master of pidfile (and its workers
 	fi
 	rm -f "$2"
 	echo "$1: stopped (uwsgi pid $pid)"
+}
+
+# missing_packages PKG...: the PKGs dpkg does not have installed, one per line.
+missing_packages() {
+	local p st
+	declare -A installed=()
+	while IFS=$'\t' read -r p st; do
+		[ "$st" = "install ok installed" ] && installed[$p]=1
+	done < <(dpkg-query -W -f='${Package}\t${Status}\n' "$@" 2>/dev/null || true)
+	for p in "$@"; do
+		[ -n "${installed[$p]:-}" ] || echo "$p"
+	done
+}
+
+# apt_install_quiet PKG...: installs the PKGs with apt, without starting the
+# daemons they package on this machine. A policy-rc.d that refuses every start
+# is written where none exists (some machines have their own: it is left as it
+# is) and removed afterwards, or at the script's exit if apt fails; only the
+# file this function wrote, recognised by its mark, is ever removed.
+APT_POLICY_RC=/usr/sbin/policy-rc.d
+APT_POLICY_MARK="# vgpu-bridge $(basename "$0"): temporary, removed when the script ends"
+remove_our_policy_rc() {
+	if [ -f "$APT_POLICY_RC" ] && grep -qxF "$APT_POLICY_MARK" "$APT_POLICY_RC"; then
+		rm -f "$APT_POLICY_RC"
+	fi
+}
+apt_install_quiet() {
+	if [ ! -e "$APT_POLICY_RC" ]; then
+		printf '#!/bin/sh\n%s\nexit 101\n' "$APT_POLICY_MARK" >"$APT_POLICY_RC"
+		chmod 0755 "$APT_POLICY_RC"
+		trap remove_our_policy_rc EXIT
+	fi
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get -q update
+	apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+		install --no-install-recommends "$@"
+	remove_our_policy_rc
 }

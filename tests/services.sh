@@ -61,40 +61,17 @@ PACKAGES=(
 have_systemd() { [ -d /run/systemd/system ]; }
 
 # ---------------------------------------------------------------- 1. packages
-POLICY_RC=/usr/sbin/policy-rc.d
-POLICY_MARK="# vgpu-bridge tests/services.sh: temporary, removed when the script ends"
-remove_our_policy_rc() {
-	if [ -f "$POLICY_RC" ] && grep -qxF "$POLICY_MARK" "$POLICY_RC"; then
-		rm -f "$POLICY_RC"
-	fi
-}
-
 install_packages() {
-	local missing=() p st
-	declare -A installed=()
-	while IFS=$'\t' read -r p st; do
-		[ "$st" = "install ok installed" ] && installed[$p]=1
-	done < <(dpkg-query -W -f='${Package}\t${Status}\n' "${PACKAGES[@]}" 2>/dev/null || true)
-	for p in "${PACKAGES[@]}"; do
-		[ -n "${installed[$p]:-}" ] || missing+=("$p")
-	done
+	local missing
+	mapfile -t missing < <(missing_packages "${PACKAGES[@]}")
 	if [ ${#missing[@]} -eq 0 ]; then
 		echo "    all ${#PACKAGES[@]} packages installed"
 		return 0
 	fi
 	echo "    missing: ${missing[*]}"
-	if [ ! -e "$POLICY_RC" ]; then
-		# Keep packaged daemons from starting (on systemd machines the packaged
-		# placement-api would take port 8778 with keystone auth).
-		printf '#!/bin/sh\n%s\nexit 101\n' "$POLICY_MARK" >"$POLICY_RC"
-		chmod 0755 "$POLICY_RC"
-		trap remove_our_policy_rc EXIT
-	fi
-	export DEBIAN_FRONTEND=noninteractive
-	local apt_opts=(-y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
-	apt-get -q update
-	apt-get "${apt_opts[@]}" install --no-install-recommends "${missing[@]}"
-	remove_our_policy_rc
+	# The packaged daemons must not start (on systemd machines the packaged
+	# placement-api would take port 8778 with keystone auth).
+	apt_install_quiet "${missing[@]}"
 	# Systemd machines: the packaged unit is enabled and would take 8778 at boot.
 	if have_systemd && systemctl is-enabled --quiet placement-api 2>/dev/null; then
 		systemctl disable --now placement-api || true

@@ -59,40 +59,17 @@ PACKAGES=(
 )
 
 # ---------------------------------------------------------------- install
-POLICY_RC=/usr/sbin/policy-rc.d
-POLICY_MARK="# vgpu-bridge tests/lab/lab.sh: temporary, removed when the script ends"
-remove_our_policy_rc() {
-	if [ -f "$POLICY_RC" ] && grep -qxF "$POLICY_MARK" "$POLICY_RC"; then
-		rm -f "$POLICY_RC"
-	fi
-}
-
 cmd_install() {
 	[ "${LAB_NO_APT:-}" = 1 ] && return 0
-	local missing=() p st
-	declare -A installed=()
-	while IFS=$'\t' read -r p st; do
-		[ "$st" = "install ok installed" ] && installed[$p]=1
-	done < <(dpkg-query -W -f='${Package}\t${Status}\n' "${PACKAGES[@]}" 2>/dev/null || true)
-	for p in "${PACKAGES[@]}"; do
-		[ -n "${installed[$p]:-}" ] || missing+=("$p")
-	done
+	local missing
+	mapfile -t missing < <(missing_packages "${PACKAGES[@]}")
 	if [ ${#missing[@]} -eq 0 ]; then
 		return 0
 	fi
 	echo "==> lab: installing ${missing[*]}"
-	if [ ! -e "$POLICY_RC" ]; then
-		# Packaged daemons (sshd, libvirtd) must not start on this machine:
-		# they run in the VM only.
-		printf '#!/bin/sh\n%s\nexit 101\n' "$POLICY_MARK" >"$POLICY_RC"
-		chmod 0755 "$POLICY_RC"
-		trap remove_our_policy_rc EXIT
-	fi
-	export DEBIAN_FRONTEND=noninteractive
-	local apt_opts=(-y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
-	apt-get -q update
-	apt-get "${apt_opts[@]}" install --no-install-recommends "${missing[@]}"
-	remove_our_policy_rc
+	# Packaged daemons (sshd, libvirtd) must not start on this machine: they
+	# run in the VM only.
+	apt_install_quiet "${missing[@]}"
 	# A machine that runs systemd itself must not start them at its next boot either.
 	if [ -d /run/systemd/system ]; then
 		local m
