@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 )
 
 // AdminURL is the test Postgres to make scratch databases on:
@@ -58,6 +60,30 @@ func ScratchDB(ctx context.Context, admin, prefix string) (string, func(), error
 		u += "?" + query
 	}
 	return u, drop, nil
+}
+
+// MigratedDB is ScratchDB with the bridge's migrations applied and a pool
+// of maxConns connections on it (0: the store's default). done closes the
+// pool and drops the database.
+func MigratedDB(ctx context.Context, admin, prefix string, maxConns int32) (url string, pool *pgxpool.Pool, done func(), err error) {
+	url, drop, err := ScratchDB(ctx, admin, prefix)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	pool, err = store.Open(ctx, store.Config{URL: url, MaxConns: maxConns})
+	if err != nil {
+		drop()
+		return "", nil, nil, err
+	}
+	done = func() {
+		pool.Close()
+		drop()
+	}
+	if _, err := store.Migrate(ctx, pool, nil); err != nil {
+		done()
+		return "", nil, nil, err
+	}
+	return url, pool, done, nil
 }
 
 // ProcessCPU is the CPU time this process used so far.

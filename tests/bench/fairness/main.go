@@ -114,19 +114,11 @@ type noPlacement struct{ pipeline.Placement }
 func run(flood, quiet int, quietRate float64) (figures, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
 	defer cancel()
-	dbURL, drop, err := benchkit.ScratchDB(ctx, benchkit.AdminURL(), "fair")
+	dbURL, pool, dropDB, err := benchkit.MigratedDB(ctx, benchkit.AdminURL(), "fair", 16)
 	if err != nil {
 		return figures{}, err
 	}
-	defer drop()
-	pool, err := store.Open(ctx, store.Config{URL: dbURL, MaxConns: 16})
-	if err != nil {
-		return figures{}, err
-	}
-	defer pool.Close()
-	if _, err := store.Migrate(ctx, pool, nil); err != nil {
-		return figures{}, err
-	}
+	defer dropDB()
 	instA, err := instances(ctx, pool, projA, 200)
 	if err != nil {
 		return figures{}, err

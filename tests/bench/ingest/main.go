@@ -400,20 +400,12 @@ func cleanup(conn *amqp.Connection, ex, q string) {
 }
 
 func scratchDB(ctx context.Context) (string, func(), error) {
-	u, drop, err := benchkit.ScratchDB(ctx, *flagPostgres, "")
+	u, pool, drop, err := benchkit.MigratedDB(ctx, *flagPostgres, "", 0)
 	if err != nil {
 		return "", nil, err
 	}
-	pool, err := store.Open(ctx, store.Config{URL: u})
-	if err != nil {
-		drop()
-		return "", nil, err
-	}
-	defer pool.Close()
-	if _, err := store.Migrate(ctx, pool, nil); err != nil {
-		drop()
-		return "", nil, err
-	}
+	// The harness opens pools of its own on u: close this one, keep the database.
+	pool.Close()
 	return u, drop, nil
 }
 

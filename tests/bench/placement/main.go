@@ -26,7 +26,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/bench/benchkit"
@@ -51,22 +50,12 @@ func run() int {
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
-	dbURL, drop, err := benchkit.ScratchDB(ctx, *admin, "")
+	_, pool, dropDB, err := benchkit.MigratedDB(ctx, *admin, "", 0)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "postgres:", err)
 		return 1
 	}
-	defer drop()
-	pool, err := store.Open(ctx, store.Config{URL: dbURL})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer pool.Close()
-	if _, err := store.Migrate(ctx, pool, nil); err != nil {
-		fmt.Fprintln(os.Stderr, "migrate:", err)
-		return 1
-	}
+	defer dropDB()
 	svc, err := placement.New(ctx, placement.Config{
 		Client:          placement.ClientConfig{Endpoint: *url, Token: "admin"},
 		SyncConcurrency: *workers,

@@ -51,7 +51,6 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/bench/benchkit"
 )
@@ -104,19 +103,11 @@ func run(clients int, phase time.Duration, workers int, cpuprofile string) (figu
 	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
 	defer cancel()
 	admin := benchkit.AdminURL()
-	dbURL, drop, err := benchkit.ScratchDB(ctx, admin, "")
+	_, pool, dropDB, err := benchkit.MigratedDB(ctx, admin, "", 16)
 	if err != nil {
 		return figures{}, err
 	}
-	defer drop()
-	pool, err := store.Open(ctx, store.Config{URL: dbURL, MaxConns: 16})
-	if err != nil {
-		return figures{}, err
-	}
-	defer pool.Close()
-	if _, err := store.Migrate(ctx, pool, nil); err != nil {
-		return figures{}, err
-	}
+	defer dropDB()
 
 	log := slog.New(slog.DiscardHandler)
 	rs := requests.NewStore(pool, "bench")
