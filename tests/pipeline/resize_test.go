@@ -105,11 +105,15 @@ func TestDirectResizeFailureRestores(t *testing.T) {
 	if r.State != requests.Failed || (r.Code != flow.CodeAgentFailed && r.Code != flow.CodeAgentRefused) {
 		t.Fatalf("resize onto a full GPU: %s (%s: %s), want failed by the agent", r.State, r.Code, r.Reason)
 	}
-	// The restore runs after the request ended: wait for it.
-	w.reportedActive(old.id, inst, true, 60*time.Second)
-	if !w.mdevExists(old.id) {
-		t.Errorf("the old mdev %s is not back", old.id)
+	// The restore runs after the request ended: wait for it on the host
+	// first. The report alone cannot tell: one sent before the resize's
+	// remove_mdev still shows the old mdev active.
+	for deadline := time.Now().Add(60 * time.Second); !w.mdevExists(old.id); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the old mdev %s is not back", old.id)
+		}
 	}
+	w.reportedActive(old.id, inst, true, 60*time.Second)
 	al := w.allocations(inst)
 	if al[w.gpus[gpuA]]["VGPU"] != 1 || al[w.gpus[gpuB]]["VGPU"] != 0 {
 		t.Errorf("Placement after the failed resize: %v, want VGPU 1 on gpuA only (the old claim)", al)
