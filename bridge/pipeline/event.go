@@ -40,6 +40,9 @@ type InboxRow struct {
 	// observeOnly: operators set observe-only mode (read in the event's
 	// decision transaction).
 	observeOnly bool
+	// planned: an earlier attempt at the event planned claims it did not
+	// record (requests.PlanClaims).
+	planned bool
 }
 
 // Webhook reports whether the row came by webhook.

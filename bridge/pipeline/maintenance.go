@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -73,7 +72,8 @@ func RecordMaintenance(ctx context.Context, q requests.Execer, e MaintenanceEven
 
 // handleMaintenance runs an EventMaintenance event: it reports handled =
 // false for any other event.
-func (p *Processor) handleMaintenance(ctx context.Context, tx pgx.Tx, row InboxRow, ev policy.Event, hs *hostSet) (_, _ bool, err error) {
+func (p *Processor) handleMaintenance(ctx context.Context, w *Work, ev policy.Event) (_, _ bool, err error) {
+	tx, row, hs := w.Tx, w.Row, w.hosts
 	if row.Source != BridgeSource || row.EventType != EventMaintenance {
 		return false, false, nil
 	}
@@ -137,7 +137,7 @@ func (p *Processor) handleMaintenance(ctx context.Context, tx pgx.Tx, row InboxR
 		return fail("unknown maintenance half " + m.Half)
 	}
 	d := &policy.Decision{Kind: ev.Kind, Reason: "host maintenance: " + m.Half}
-	if err := p.act(ctx, tx, row, m.Request, requests.Accepted, d, &plan, f); err != nil {
+	if err := p.act(ctx, w, m.Request, requests.Accepted, &plan, f); err != nil {
 		return false, false, err
 	}
 	if err := p.recordDecision(ctx, tx, row, &m.Request, d, plan); err != nil {

@@ -60,7 +60,8 @@ const (
 // claims): the ordinary path runs then, and for RebuildEvents attaches
 // them again to the domain Nova recreated without them (an unshelve on
 // the same host, a rebuild that was not an evacuation).
-func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev policy.Event, hs *hostSet) (_, _ bool, err error) {
+func (p *Processor) handleMove(ctx context.Context, w *Work, ev policy.Event) (_, _ bool, err error) {
+	tx, row, hs := w.Tx, w.Row, w.hosts
 	defer wrapErr(&err, "instance %s moved (%s)", ev.InstanceUUID, ev.Kind)
 	if row.Webhook() || !moveKind(ev.Kind) || ev.InstanceUUID == "" {
 		return false, false, nil
@@ -94,7 +95,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 	offload := ev.Kind == NovaKindPrefix+"instance.shelve_offload.end" || f.Instance.Host == ""
 	holds := map[string]int{} // units the consumer holds per GPU provider
 	if !offload {
-		hl, err := p.holdingsOnce(ctx, ev.InstanceUUID) // read between rounds, outside the transaction
+		hl, err := w.heldBy(ev.InstanceUUID) // read before the decision, outside its transaction
 		if err != nil {
 			return false, false, err
 		}
@@ -144,7 +145,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 			}
 		}
 		plan := flow.Plan{Outcome: flow.OutcomeAct, Steps: []flow.Step{{Kind: flow.StepRelease, Release: moved, RemoveOnly: true, Host: moved[0].Host}}}
-		if err := p.act(ctx, tx, row, id, requests.Accepted, &policy.Decision{Kind: ev.Kind}, &plan, f); err != nil {
+		if err := p.act(ctx, w, id, requests.Accepted, &plan, f); err != nil {
 			return false, false, err
 		}
 	}
@@ -171,7 +172,7 @@ func (p *Processor) handleMove(ctx context.Context, tx pgx.Tx, row InboxRow, ev 
 				return false, false, err
 			}
 		} else {
-			if err := p.act(ctx, tx, row, id, requests.Accepted, &policy.Decision{Kind: ev.Kind}, &plan, f); err != nil {
+			if err := p.act(ctx, w, id, requests.Accepted, &plan, f); err != nil {
 				return false, false, err
 			}
 		}

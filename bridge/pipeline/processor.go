@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -168,6 +169,8 @@ type candidate struct {
 	id       int64
 	instance string
 	project  string // "" for an event of no known project
+	source   string
+	kind     string // the event's type
 }
 
 // inboxBatch reads the inbox's next events, at most $1: the projects that
@@ -195,8 +198,8 @@ const inboxBatch = `WITH RECURSIVE projects(k) AS (
 	), queued AS (
 		SELECT * FROM unnest($3::text[], $4::bigint[], $5::int[]) AS q(k, after, room)
 	)
-	SELECT heads.k, e.id, e.inst FROM heads LEFT JOIN queued ON queued.k = heads.k CROSS JOIN LATERAL (
-		SELECT id, coalesce(instance_uuid::text, '') AS inst FROM events
+	SELECT heads.k, e.id, e.inst, e.source, e.event_type FROM heads LEFT JOIN queued ON queued.k = heads.k CROSS JOIN LATERAL (
+		SELECT id, coalesce(instance_uuid::text, '') AS inst, source, event_type FROM events
 		WHERE processed_at IS NULL AND coalesce(project_id, '') = heads.k AND (not_before IS NULL OR not_before <= now())
 			AND id > coalesce(queued.after, 0)
 		ORDER BY id LIMIT coalesce(queued.room, $2)) e
@@ -244,7 +247,7 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 	for range p.cfg.Workers {
 		wg.Go(func() {
 			for c := range work {
-				ok, err := p.processOne(ctx, c.id, c.instance)
+				ok, err := p.processOne(ctx, c)
 				results <- outcome{c, ok, err}
 			}
 		})
@@ -343,7 +346,7 @@ func (p *Processor) poll(ctx context.Context, s *turns) (time.Duration, error) {
 	defer rows.Close()
 	for rows.Next() {
 		var c candidate
-		if err := rows.Scan(&c.project, &c.id, &c.instance); err != nil {
+		if err := rows.Scan(&c.project, &c.id, &c.instance, &c.source, &c.kind); err != nil {
 			return time.Since(start), err
 		}
 		s.add(c)
@@ -477,8 +480,8 @@ func (s *turns) drop(instance string) {
 	}
 }
 
-// madeClaim is a Placement claim made during one event's transaction; it
-// is released if the transaction does not commit.
+// madeClaim is a Placement claim made for one event's decision, between
+// its two transactions; it is released if the second does not commit.
 type madeClaim struct {
 	consumer, provider, class string
 	amount, held              int
@@ -494,23 +497,25 @@ func (e errRetry) Unwrap() error { return e.err }
 // processed now (another replica holds it or its instance, or an earlier
 // event of the same instance is still open).
 //
-// No Placement call runs inside a transaction. The decision runs in a
-// transaction that, when it needs a claim, stops and rolls back
-// (errNeedClaims); the claim is made with no transaction open, and the
-// decision runs again in a new transaction that takes it (claimFor) and
-// records it with its attachments, commands and the request's move. A
-// session advisory lock on the instance, held on the same connection
-// across the rounds, keeps other replicas off the instance meanwhile.
-// Claims the decision did not take, or that a failed round made, are given
-// back after the transaction, outside it. A crash between a claim and the
-// commit that records it leaves the units in the consumer, where the next
-// attempt finds and adopts them (claim), so nothing is leaked or doubled.
-func (p *Processor) processOne(ctx context.Context, id int64, inst string) (bool, error) {
+// No Placement call runs inside a transaction, and the policy is
+// evaluated once per event: the decision runs in one transaction; when
+// its plan needs Placement claims, that transaction commits the claims it
+// plans (requests.PlanClaims: they count in the project's usage from then
+// on) and stops; the claims are made with no transaction open; a second,
+// short transaction records them with their attachments and commands and
+// closes the event, going on from the stage that planned (Work.resumeAt)
+// with what the first one decided. A session advisory lock on the
+// instance, held on the same connection throughout, keeps other replicas
+// off the instance meanwhile. A crash after the first commit leaves the
+// event open with its plan: it is decided again (the plan is replaced),
+// and the units a crash left claimed but unrecorded are found in the
+// consumer and adopted (claim), so nothing is leaked or doubled.
+func (p *Processor) processOne(ctx context.Context, c candidate) (bool, error) {
 	start := time.Now()
-	outbox, closed, err := p.decideLocked(ctx, id, inst)
+	outbox, closed, err := p.decideLocked(ctx, c)
 	if err != nil {
 		p.m.events.WithLabelValues("error").Inc()
-		return false, p.retryLater(ctx, id, err)
+		return false, p.retryLater(ctx, c.id, err)
 	}
 	if closed {
 		p.m.decide.Observe(time.Since(start).Seconds())
@@ -521,10 +526,11 @@ func (p *Processor) processOne(ctx context.Context, id int64, inst string) (bool
 	return closed, nil
 }
 
-// decideLocked runs the rounds of processOne on one connection, holding
-// the session lock of inst (the event's instance, "" for none) from the
-// first round until the claims no decision took are given back.
-func (p *Processor) decideLocked(ctx context.Context, id int64, inst string) (outbox, closed bool, err error) {
+// decideLocked decides event c on one connection, holding the session
+// lock of its instance ("" for none) from the decision until the claims
+// it did not take are given back.
+func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, closed bool, err error) {
+	id, inst := c.id, c.instance
 	hs := p.hostView(ctx)
 	conn, err := p.d.Pool.Acquire(ctx)
 	if err != nil {
@@ -541,76 +547,204 @@ func (p *Processor) decideLocked(ctx context.Context, id int64, inst string) (ou
 		}
 		defer release()
 	}
-	pc := &preclaims{}
-	ctx = context.WithValue(ctx, preclaimsKey{}, pc)
-	err = p.rounds(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
-		outbox, closed = false, false
-		ctx = context.WithValue(ctx, quotaGuardKey{}, &quotaGuard{p: p, eager: pc.quotaEager})
-		row, ok, err := lockEvent(ctx, tx, id)
-		if err != nil || !ok {
+	w := &Work{p: p, hosts: hs}
+	if inst != "" && !strings.HasPrefix(c.source, WebhookSourcePrefix) && allocationEvent(NovaKindPrefix+c.kind) {
+		// Nova changed the instance's allocations: read them now, before
+		// the decision and outside its transaction (KnowAllocations, the
+		// moves), so that it decides on them and later claims are one PUT.
+		hl, _, err := p.d.Placement.Holdings(ctx, inst)
+		if err != nil {
+			return false, false, errRetry{fmt.Errorf("read the vGPU allocations of %s: %w", inst, err)}
+		}
+		w.holdings = map[string][]placement.Holding{inst: hl}
+	}
+	eager := false
+	for {
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			w.reset(tx)
+			gctx := context.WithValue(ctx, quotaGuardKey{}, &quotaGuard{p: p, eager: eager})
+			var err error
+			closed, err = p.decide(gctx, w, id, inst)
 			return err
+		})
+		if errors.Is(err, errQuotaMoved) && !eager {
+			eager = true // again, locking the project's usage before reading it
+			p.m.quotaRetries.Inc()
+			continue
 		}
-		ctx, ok, err = p.gate(ctx, tx, &row) // operator pause / observe-only (bridge/controls)
-		if err != nil || !ok {
-			return err
-		}
-		if row.InstanceUUID != "" {
-			// The session lock taken above is the same lock, held on this
-			// connection: the transaction's own is needed only when the
-			// row names another instance than the one polled.
-			if row.InstanceUUID != inst {
-				if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
-					return fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
-				}
-			}
-			// A deferred evaluation waiting for its hold to end does not
-			// hold back the instance's later events (defer.go).
-			var earlier bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL
-				AND (deferred_from IS NULL OR not_before IS NULL OR not_before <= now()))`,
-				row.InstanceUUID, row.ID).Scan(&earlier); err != nil {
-				return err
-			}
-			if earlier {
-				return nil // an earlier event of the instance goes first
-			}
-		}
-		closed = true
-		var err2 error
-		outbox, err2 = p.run(ctx, tx, row, hs)
-		return err2
+		break
+	}
+	if err != nil || len(w.pending) == 0 {
+		return w.Outbox, closed && err == nil, err
+	}
+
+	// The decision committed its plan: claim, with no transaction open.
+	failpoint.Hit(FailBeforePlacement)
+	if err := p.makeClaims(ctx, w); err != nil {
+		return false, false, err
+	}
+	failpoint.Hit(FailAfterPlacement)
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		w.Tx, w.Outbox, w.unused = tx, false, nil
+		return p.apply(ctx, w)
 	})
 	// Still under the instance's lock: no other decision can adopt these
 	// units before they are given back.
 	if err != nil {
-		p.releaseClaims(ctx, pc.all(), "the decision's transaction did not commit")
+		var all []madeClaim
+		for _, pa := range w.pending {
+			all = append(all, allClaims(pa.claims)...)
+		}
+		p.releaseClaims(ctx, all, "the record of the decision's claims did not commit")
 		return false, false, err
 	}
-	if len(pc.entries) > 0 {
-		failpoint.Hit(FailAfterRecord)
+	failpoint.Hit(FailAfterRecord)
+	if len(w.unused) > 0 {
+		p.releaseClaims(ctx, w.unused, "the decision did not take the claim")
 	}
-	if unused := pc.unused(); len(unused) > 0 {
-		p.releaseClaims(ctx, unused, "the decision did not take the claim")
-	}
-	return outbox, closed, nil
+	return w.Outbox, true, nil
 }
 
-// Failpoints of the rounds of a transaction that needs Placement calls
+// decide runs the first transaction of event id: it locks the event,
+// passes it through the stages and either closes it or, when the plan
+// needs claims, commits the plan and leaves the event open (w.resumeAt).
+// It returns false when the event was not decided now.
+func (p *Processor) decide(ctx context.Context, w *Work, id int64, inst string) (bool, error) {
+	tx := w.Tx
+	row, ok, err := lockEvent(ctx, tx, id)
+	if err != nil || !ok {
+		return false, err
+	}
+	ctx, ok, err = p.gate(ctx, tx, &row) // operator pause / observe-only (bridge/controls)
+	if err != nil || !ok {
+		return false, err
+	}
+	if row.InstanceUUID != "" {
+		// The session lock taken by decideLocked is the same lock, held
+		// on this connection: the transaction's own is needed only when
+		// the row names another instance than the one polled.
+		if row.InstanceUUID != inst {
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
+				return false, fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
+			}
+		}
+		// A deferred evaluation waiting for its hold to end does not
+		// hold back the instance's later events (defer.go).
+		var earlier bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL
+				AND (deferred_from IS NULL OR not_before IS NULL OR not_before <= now()))`,
+			row.InstanceUUID, row.ID).Scan(&earlier); err != nil {
+			return false, err
+		}
+		if earlier {
+			return false, nil // an earlier event of the instance goes first
+		}
+	}
+	if row.planned {
+		// An earlier attempt planned claims and did not record them:
+		// decided again from the start, its plan goes.
+		if err := requests.DropPlanned(ctx, tx, row.ID); err != nil {
+			return false, err
+		}
+	}
+	w.Row = row
+	return true, p.run(ctx, w)
+}
+
+// apply is the second transaction of an event whose acts needed claims:
+// each act (pendingAct) runs again with the claims made for it, and the
+// event is closed. An event closed meanwhile takes none of them, nor does
+// an act whose request ended meanwhile (an operator's cancel).
+func (p *Processor) apply(ctx context.Context, w *Work) error {
+	tx := w.Tx
+	row, ok, err := lockEvent(ctx, tx, w.Row.ID)
+	if err != nil || !ok {
+		for _, pa := range w.pending {
+			w.unused = append(w.unused, allClaims(pa.claims)...)
+		}
+		return err
+	}
+	w.Row.Attempts = row.Attempts
+	w.applying = true
+	for _, pa := range w.pending {
+		var st string
+		if err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, pa.request).Scan(&st); err != nil {
+			return fmt.Errorf("read request %s: %w", pa.request, err)
+		}
+		w.claims = pa.claims
+		if state := requests.State(st); state.Final() {
+			w.giveBack = true
+		} else if err := p.act(ctx, w, pa.request, state, &pa.plan, pa.facts); err != nil {
+			return fmt.Errorf("event %d: record the claims of request %s: %w", row.ID, pa.request, err)
+		}
+		w.doneWithClaims()
+		w.Outbox = true
+	}
+	if err := requests.DropPlanned(ctx, tx, row.ID); err != nil {
+		return err
+	}
+	return requests.MarkProcessed(ctx, tx, row.ID)
+}
+
+// Failpoints of a decision that needs Placement claims
 // (internal/failpoint): crash tests kill the bridge at each.
 const (
-	FailBeforePlacement = "pipeline.before_placement" // a round stopped for a claim or release; none made yet
-	FailAfterPlacement  = "pipeline.after_placement"  // the claim or release is made in Placement, not recorded
+	FailBeforePlacement = "pipeline.before_placement" // the plan committed; no claim made yet (also: a round stopped for a release)
+	FailAfterPlacement  = "pipeline.after_placement"  // the claim (or release) is made in Placement, not recorded
 	FailAfterRecord     = "pipeline.after_record"     // recorded and committed; outbox not kicked
 )
 
-// maxClaimRounds bounds the decide → claim → decide rounds of one event
-// (one per attach step of its plan, and one to record).
-const maxClaimRounds = 8
+// makeClaims claims, in order, the units of each attach step of each act
+// waiting for them, with no transaction open. A step that finds no
+// capacity ends its act's claims (apply fails that act there); any other
+// error gives back what was claimed and the event is tried again.
+func (p *Processor) makeClaims(ctx context.Context, w *Work) error {
+	for i := range w.pending {
+		pa := &w.pending[i]
+		var planned []flow.Attachment
+		for _, s := range pa.plan.Steps {
+			if s.Kind != flow.StepAttach {
+				continue
+			}
+			made, err := p.claim(ctx, pa.facts, s, planned)
+			pa.claims = append(pa.claims, stepClaim{made: made, err: err})
+			if err != nil && (errors.Is(err, ErrNoCapacity) || errors.Is(err, errNoAddress)) {
+				break
+			}
+			if err != nil {
+				for _, pa := range w.pending {
+					p.releaseClaims(ctx, allClaims(pa.claims), "a claim of the same decision failed")
+				}
+				return errRetry{fmt.Errorf("claim %d × %s on node %s: %w", max(s.Intent.Count, 1), s.Intent.Profile, pa.facts.Instance.Node, err)}
+			}
+			for _, mc := range made {
+				planned = append(planned, flow.Attachment{Provider: mc.provider, Amount: mc.amount})
+			}
+		}
+	}
+	return nil
+}
 
-// errNeedClaims stops a transaction that needs a Placement claim or
-// release it has not made yet (rounds makes it, then runs the
-// transaction again).
+// stepClaim is what the claim of one attach step made, or why it failed.
+type stepClaim struct {
+	made []madeClaim
+	err  error
+}
+
+func allClaims(cs []stepClaim) []madeClaim {
+	var out []madeClaim
+	for _, c := range cs {
+		out = append(out, c.made...)
+	}
+	return out
+}
+
+// errNeedClaims stops a transaction that needs a Placement release it has
+// not made yet (rounds makes it, then runs the transaction again).
 var errNeedClaims = errors.New("the transaction needs Placement calls made first")
+
+// maxClaimRounds bounds the rounds of one transaction that releases.
+const maxClaimRounds = 8
 
 // txBeginner is a pool or a connection.
 type txBeginner interface {
@@ -618,11 +752,10 @@ type txBeginner interface {
 }
 
 // rounds runs fn in a transaction of db until it no longer stops for a
-// Placement call (errNeedClaims): between two rounds, with no transaction
-// open, it makes the claims and releases the last round asked for
-// (claimFor, releaseFor). The preclaims in ctx, or new ones, carry what
-// was made from round to round; the caller gives back the claims no round
-// took (preclaims.unused) or, on error, all of them.
+// Placement release (errNeedClaims): between two rounds, with no
+// transaction open, it makes the releases the last round asked for
+// (releaseFor). Decisions do not run in rounds (decideLocked); an agent's
+// result, a deadline and a Nova-path step that give units back do.
 func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
 	if pc == nil {
@@ -630,10 +763,7 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 		ctx = context.WithValue(ctx, preclaimsKey{}, pc)
 	}
 	for round := 1; ; round++ {
-		pc.need, pc.needRelease, pc.needHoldings = nil, nil, nil
-		for _, e := range pc.entries {
-			e.used = false
-		}
+		pc.needRelease = nil
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return fn(ctx, tx) })
 		if errors.Is(err, errQuotaMoved) && !pc.quotaEager && round < maxClaimRounds {
 			pc.quotaEager = true // again, locking the project's usage before reading it
@@ -643,25 +773,8 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 		if !errors.Is(err, errNeedClaims) || round >= maxClaimRounds {
 			return err
 		}
-		writes := len(pc.need)+len(pc.needRelease) > 0 // the failpoints are a claim's or release's steps, not a read's
-		if writes {
-			failpoint.Hit(FailBeforePlacement)
-		}
-		for _, consumer := range pc.needHoldings { // no transaction is open here
-			hl, _, err := p.d.Placement.Holdings(ctx, consumer)
-			if err != nil {
-				return errRetry{fmt.Errorf("read the vGPU allocations of %s: %w", consumer, err)}
-			}
-			if pc.holdings == nil {
-				pc.holdings = map[string][]placement.Holding{}
-			}
-			pc.holdings[consumer] = hl
-		}
-		for _, n := range pc.need {
-			made, cerr := p.claim(n.ctx, n.f, n.s, n.planned)
-			pc.entries = append(pc.entries, &preclaim{key: n.key, made: made, err: cerr})
-		}
-		for _, a := range pc.needRelease {
+		failpoint.Hit(FailBeforePlacement)
+		for _, a := range pc.needRelease { // no transaction is open here
 			if err := p.d.Placement.ReleaseUnits(ctx, a.InstanceUUID, a.Provider, a.Class, a.Amount, a.HeldAfter); err != nil {
 				return errRetry{fmt.Errorf("release attachment %s (%d %s on %s): %w", a.ID, a.Amount, a.Class, a.Provider, err)}
 			}
@@ -670,9 +783,7 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 			}
 			pc.released[a.ID] = true
 		}
-		if writes {
-			failpoint.Hit(FailAfterPlacement)
-		}
+		failpoint.Hit(FailAfterPlacement)
 	}
 }
 
@@ -688,101 +799,26 @@ func (p *Processor) releaseFor(ctx context.Context, a flow.Attachment) error {
 	return errNeedClaims
 }
 
-// preclaims are the claims made for one event's decision between its
-// transactions.
+// preclaims are the releases made for one transaction between its
+// rounds.
 type preclaims struct {
-	entries      []*preclaim
-	need         []claimNeed        // what the last round stopped for
-	needRelease  []flow.Attachment  // releases the last round stopped for
-	needHoldings []string           // consumers whose holdings it stopped to read
-	released     map[uuid.UUID]bool // attachments whose claim was given back
+	needRelease []flow.Attachment  // releases the last round stopped for
+	released    map[uuid.UUID]bool // attachments whose claim was given back
 	// quotaEager: a round found its project's usage moved between its
 	// read and its lock (errQuotaMoved); the next ones lock first.
 	quotaEager bool
-	// holdings are the consumer's vGPU units as the first round read them:
-	// later rounds decide on the same view, not on one that shows the
-	// claims made for this very decision.
-	holdings map[string][]placement.Holding
-}
-
-type preclaim struct {
-	key  string
-	made []madeClaim
-	err  error
-	used bool // taken by the current round's decision
-}
-
-type claimNeed struct {
-	ctx     context.Context // the decision's, with its request ids for Placement's logs
-	key     string
-	f       Facts
-	s       flow.Step
-	planned []flow.Attachment
 }
 
 type preclaimsKey struct{}
 
 // preclaimsIn returns the preclaims of the rounds ctx runs in. A Placement
-// call is only ever asked for inside rounds: anything else is a bug.
+// release is only ever asked for inside rounds: anything else is a bug.
 func preclaimsIn(ctx context.Context) *preclaims {
 	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
 	if pc == nil {
-		panic("pipeline: a Placement claim or release asked for outside rounds")
+		panic("pipeline: a Placement release asked for outside rounds")
 	}
 	return pc
-}
-
-func (pc *preclaims) all() []madeClaim {
-	var out []madeClaim
-	for _, e := range pc.entries {
-		out = append(out, e.made...)
-	}
-	return out
-}
-
-func (pc *preclaims) unused() []madeClaim {
-	var out []madeClaim
-	for _, e := range pc.entries {
-		if !e.used {
-			out = append(out, e.made...)
-		}
-	}
-	return out
-}
-
-// claimFor returns the claim of attach step s made before this round, or
-// records it as needed and returns errNeedClaims.
-func (p *Processor) claimFor(ctx context.Context, f Facts, s flow.Step, planned []flow.Attachment) ([]madeClaim, error) {
-	pc := preclaimsIn(ctx)
-	key := fmt.Sprintf("%s|%s|%s|%d|%d", f.Instance.UUID, f.Instance.Node, s.Intent.Trait, max(s.Intent.Count, 1), len(planned))
-	for _, e := range pc.entries {
-		if !e.used && e.key == key {
-			e.used = true
-			return e.made, e.err
-		}
-	}
-	pc.need = append(pc.need, claimNeed{ctx: ctx, key: key, f: f, s: s, planned: slices.Clone(planned)})
-	return nil, errNeedClaims
-}
-
-// holdingsOnce returns the consumer's vGPU holdings as read once per
-// event (preclaims.holdings), between rounds: the first round asks for
-// them and stops (errNeedClaims).
-func (p *Processor) holdingsOnce(ctx context.Context, consumer string) ([]placement.Holding, error) {
-	pc := preclaimsIn(ctx)
-	if hl, ok := pc.holdings[consumer]; ok {
-		return hl, nil
-	}
-	pc.needHoldings = append(pc.needHoldings, consumer)
-	return nil, errNeedClaims
-}
-
-// giveBack makes the claims this round's decision took be released after
-// its transaction (the decision failed for want of capacity).
-func giveBack(ctx context.Context) {
-	for _, e := range preclaimsIn(ctx).entries {
-		e.used = false
-	}
 }
 
 func lockEvent(ctx context.Context, tx pgx.Tx, id int64) (InboxRow, bool, error) {
@@ -791,10 +827,11 @@ func lockEvent(ctx context.Context, tx pgx.Tx, id int64) (InboxRow, bool, error)
 	var occurred, notBefore *time.Time
 	var deferredFrom *int64
 	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, received_at, payload, request_id,
-			project_id, attempts, deferred_from, deferred_rules, not_before
+			project_id, attempts, deferred_from, deferred_rules, not_before,
+			EXISTS (SELECT 1 FROM planned_claims p WHERE p.event_id = events.id)
 		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id).
 		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.ReceivedAt, &r.Payload, &reqID, &proj, &r.Attempts,
-			&deferredFrom, &r.DeferredRules, &notBefore)
+			&deferredFrom, &r.DeferredRules, &notBefore, &r.planned)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -907,8 +944,33 @@ func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow,
 // request's transition to decided. A claim that cannot be made turns the
 // plan into a failure (plan.Outcome is set to OutcomeFail) after the claims
 // already made are released.
-func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State,
-	d *policy.Decision, plan *flow.Plan, f Facts) error {
+//
+// In the decision's transaction, a plan that attaches is only planned: its
+// vGPUs are committed as planned claims (requests.PlanClaims, after
+// LockQuota) and the act waits in w.pending; decideLocked claims, and act
+// runs again in the second transaction (apply) with the claims made.
+func (p *Processor) act(ctx context.Context, w *Work, reqID uuid.UUID, state requests.State, plan *flow.Plan, f Facts) error {
+	tx, row := w.Tx, w.Row
+	if !w.applying {
+		var planned []requests.PlannedClaim
+		for _, s := range plan.Steps {
+			if s.Kind == flow.StepAttach {
+				planned = append(planned, requests.PlannedClaim{Profile: s.Intent.Profile, Units: max(s.Intent.Count, 1)})
+			}
+		}
+		if len(planned) > 0 {
+			// New vGPUs add to the project's usage: lock it now, and stop
+			// if it moved since the decision read it.
+			if err := LockQuota(ctx, tx); err != nil {
+				return err
+			}
+			if err := requests.PlanClaims(ctx, tx, row.ID, reqID, f.Instance.UUID, planned); err != nil {
+				return err
+			}
+			w.pending = append(w.pending, pendingAct{request: reqID, plan: clonePlan(*plan), facts: f})
+			return nil
+		}
+	}
 	now := time.Now()
 	deadline := now.Add(p.cfg.RequestTimeout)
 	var seq int
@@ -923,11 +985,8 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 	for _, s := range plan.Steps {
 		switch s.Kind {
 		case flow.StepAttach:
-			made, err := p.claimFor(ctx, f, s, atts)
+			made, err := w.nextClaim()
 			claims = append(claims, made...)
-			if errors.Is(err, errNeedClaims) {
-				return err
-			}
 			if err != nil {
 				if errors.Is(err, ErrNoCapacity) || errors.Is(err, errNoAddress) {
 					code := flow.CodeNoCapacity
@@ -936,7 +995,7 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 					}
 					reason := fmt.Sprintf("no GPU of host %s (node %s) can take %d × %s (%s): %v", f.Instance.Host, f.Instance.Node,
 						max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, err)
-					giveBack(ctx) // released after the transaction
+					w.giveBack = true // released after the transaction
 					if err := p.auditReleased(ctx, tx, reqID, claims, reason); err != nil {
 						return err
 					}
@@ -1015,13 +1074,8 @@ func (p *Processor) act(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid
 			}
 		}
 	}
-	if len(atts) > 0 {
-		// New vGPUs add to the project's usage: lock it now, and stop if
-		// it moved since the decision read it.
-		if err := LockQuota(ctx, tx); err != nil {
-			return err
-		}
-	}
+	// New vGPUs were in the project's usage as planned since the first
+	// transaction: the record takes their place (apply drops the plan).
 	if err := requests.AddAttachments(ctx, tx, reqID, atts); err != nil {
 		return err
 	}

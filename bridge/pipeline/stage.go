@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"slices"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
@@ -81,6 +83,64 @@ type Work struct {
 	hosts  *hostSet
 	snap   *snapshot
 	closed bool // marked processed (or failed) by a stage already
+
+	// holdings are the vGPU units of the event's instance in Placement,
+	// read before the decision when Nova changed its allocations
+	// (decideLocked): the decision takes them as they were then.
+	holdings map[string][]placement.Holding
+	// pending are the acts whose plans need claims: the decision's
+	// transaction commits them as planned claims, and the second
+	// transaction carries them out with the claims made between the two
+	// (applying, claims: the current act's, consumed in order).
+	pending  []pendingAct
+	applying bool
+	claims   []stepClaim
+	used     int
+	giveBack bool        // the current act took none of its claims (it failed for want of capacity)
+	unused   []madeClaim // claims the acts did not take, given back after the commit
+}
+
+// pendingAct is an act (Processor.act) that waits for its claims.
+type pendingAct struct {
+	request uuid.UUID
+	plan    flow.Plan
+	facts   Facts
+	claims  []stepClaim
+}
+
+// reset makes w the start of a decision in tx.
+func (w *Work) reset(tx pgx.Tx) {
+	*w = Work{Tx: tx, p: w.p, hosts: w.hosts, holdings: w.holdings}
+}
+
+// nextClaim is the claim made for the current act's next attach step.
+func (w *Work) nextClaim() ([]madeClaim, error) {
+	if w.used >= len(w.claims) {
+		return nil, errors.New("an attach step without a claim made for it")
+	}
+	c := w.claims[w.used]
+	w.used++
+	return c.made, c.err
+}
+
+// doneWithClaims notes the claims the current act did not take.
+func (w *Work) doneWithClaims() {
+	if w.giveBack {
+		w.unused = append(w.unused, allClaims(w.claims)...)
+	} else {
+		w.unused = append(w.unused, allClaims(w.claims[min(w.used, len(w.claims)):])...)
+	}
+	w.claims, w.used, w.giveBack = nil, 0, false
+}
+
+// heldBy returns the units consumer holds in Placement as read before the
+// decision.
+func (w *Work) heldBy(consumer string) ([]placement.Holding, error) {
+	hl, ok := w.holdings[consumer]
+	if !ok {
+		return nil, fmt.Errorf("the allocations of %s were not read before the decision", consumer)
+	}
+	return hl, nil
 }
 
 // Fail ends the request without acting: the plan becomes a failure with
@@ -178,12 +238,12 @@ type FollowMove struct{}
 
 // Exec implements Stage.
 func (FollowMove) Exec(ctx context.Context, w *Work) (bool, error) {
-	outbox, handled, err := w.p.handleMaintenance(ctx, w.Tx, w.Row, w.Event, w.hosts)
+	outbox, handled, err := w.p.handleMaintenance(ctx, w, w.Event)
 	if err != nil || handled {
 		w.Outbox = w.Outbox || outbox
 		return handled, err
 	}
-	outbox, handled, err = w.p.handleMove(ctx, w.Tx, w.Row, w.Event, w.hosts)
+	outbox, handled, err = w.p.handleMove(ctx, w, w.Event)
 	if err != nil {
 		return false, fmt.Errorf("follow the move of %s: %w", w.Row.InstanceUUID, err)
 	}
@@ -325,7 +385,7 @@ func (a Act) Exec(ctx context.Context, w *Work) (bool, error) {
 			err = a.NovaResize.Act(ctx, w, s)
 		}
 	} else {
-		err = p.act(ctx, w.Tx, w.Row, w.Request, w.State, w.Decision, &w.Plan, w.Facts)
+		err = p.act(ctx, w, w.Request, w.State, &w.Plan, w.Facts)
 	}
 	if err != nil {
 		return false, fmt.Errorf("decide request %s: %w", w.Request, err)
@@ -351,18 +411,26 @@ func (Record) Exec(ctx context.Context, w *Work) (bool, error) {
 	return true, w.p.deferHeld(ctx, w)
 }
 
-// run passes one locked event through the stages and marks it processed.
-func (p *Processor) run(ctx context.Context, tx pgx.Tx, row InboxRow, hs *hostSet) (outbox bool, err error) {
-	w := &Work{Tx: tx, Row: row, p: p, hosts: hs}
+// run passes one locked event through the stages and marks it
+// processed, unless acts wait for their claims (Work.pending): the
+// transaction that records them closes it.
+func (p *Processor) run(ctx context.Context, w *Work) error {
 	stages := p.stages
-	if row.FollowUp() {
+	if w.Row.FollowUp() {
 		stages = reevaluationStages(stages)
 	}
 	if _, err := Stages(stages).Exec(ctx, w); err != nil {
-		return false, fmt.Errorf("event %d: %w", row.ID, err)
+		return fmt.Errorf("event %d: %w", w.Row.ID, err)
 	}
-	if w.closed {
-		return false, nil
+	if w.closed || len(w.pending) > 0 {
+		return nil
 	}
-	return w.Outbox, requests.MarkProcessed(ctx, tx, row.ID)
+	return requests.MarkProcessed(ctx, w.Tx, w.Row.ID)
+}
+
+// clonePlan copies p's steps, which the act that waits for its claims
+// keeps while the caller may change p.
+func clonePlan(p flow.Plan) flow.Plan {
+	p.Steps, p.Notes = slices.Clone(p.Steps), slices.Clone(p.Notes)
+	return p
 }

@@ -351,7 +351,8 @@ func activeAttachments(ctx context.Context, q Querier, instance string) ([]flow.
 
 func (p *Processor) projectUsage(ctx context.Context, q Querier, project string) (policy.Usage, error) {
 	// Direct-path vGPUs; vGPUs of Nova resizes still under way (they
-	// count before Nova's notifications do); the flavors' vGPUs, with
+	// count before Nova's notifications do); vGPUs decisions planned and
+	// are claiming (requests.PlanClaims); the flavors' vGPUs, with
 	// their request groups for the framebuffer.
 	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int, NULL::jsonb FROM vgpu_attachments a
 			JOIN instances i ON i.uuid = a.instance_uuid
@@ -359,6 +360,9 @@ func (p *Processor) projectUsage(ctx context.Context, q Querier, project string)
 		UNION ALL
 		SELECT coalesce(r.profile,''), sum(r.count)::int, NULL FROM nova_resizes r JOIN instances i ON i.uuid = r.instance_uuid
 			WHERE i.project_id = $1 AND r.step <> 'done' GROUP BY 1
+		UNION ALL
+		SELECT c.profile, sum(c.units)::int, NULL FROM planned_claims c JOIN instances i ON i.uuid = c.instance_uuid
+			WHERE i.project_id = $1 GROUP BY 1
 		UNION ALL
 		SELECT '', vgpus, coalesce(vgpu_demand, 'null'::jsonb) FROM instances
 			WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0`, project)

@@ -145,13 +145,13 @@ func allocationEvent(kind string) bool {
 	return kind == NovaKindPrefix+"instance.create.end" || moveKind(kind)
 }
 
-// KnowAllocations reads the instance's allocations from Placement, between
-// the event's rounds and outside its transaction, when a Nova
-// notification says they changed: the read is then off the critical path
-// of the requests that claim for the instance later, which write on it at
-// once (Placement.CachedHoldings). A deleted instance's record is dropped
-// without a read. A failed read leaves the event to be tried again;
-// nothing else waits on it.
+// KnowAllocations keeps the bridge's record of what each instance holds
+// in Placement (Placement.CachedHoldings) current, so that later claims
+// for the instance are one PUT: when a Nova notification says the
+// instance's allocations changed, decideLocked reads them before the
+// decision, outside its transaction (that read is the record); a deleted
+// instance's record is dropped here without a read. A failed read leaves
+// the event to be tried again; nothing else waits on it.
 type KnowAllocations struct{}
 
 // Exec implements Stage.
@@ -163,7 +163,7 @@ func (KnowAllocations) Exec(ctx context.Context, w *Work) (bool, error) {
 	case kind == NovaKindPrefix+"instance.delete.end":
 		w.p.d.Placement.Forget(w.Row.InstanceUUID)
 	case allocationEvent(kind):
-		_, err := w.p.holdingsOnce(ctx, w.Row.InstanceUUID)
+		_, err := w.heldBy(w.Row.InstanceUUID)
 		return false, err
 	}
 	return false, nil

@@ -30,6 +30,7 @@ var owners = map[string]string{
 	"nova_resizes":              "bridge/requests",
 	"request_callbacks":         "bridge/requests",
 	"request_callback_attempts": "bridge/requests",
+	"planned_claims":            "bridge/requests",
 
 	// Each feature's own records.
 	"vgpu_usage_periods":     "bridge/usage",
