@@ -43,6 +43,10 @@ type InboxRow struct {
 	// planned: an earlier attempt at the event planned claims it did not
 	// record (requests.PlanClaims).
 	planned bool
+	// earlier: an earlier event of the same instance is still open, and
+	// goes first. A deferred evaluation waiting for its hold to end does
+	// not count (defer.go).
+	earlier bool
 }
 
 // Webhook reports whether the row came by webhook.

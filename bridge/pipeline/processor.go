@@ -20,6 +20,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
@@ -578,19 +579,24 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		return w.Outbox, closed && err == nil, err
 	}
 
-	// The decision committed its plan: claim, with no transaction open.
+	// The decision committed its plan: claim, with no transaction open,
+	// under the event's request id (Placement's logs).
+	ctx = requestid.With(ctx, w.requestID)
 	failpoint.Hit(FailBeforePlacement)
 	if err := p.makeClaims(ctx, w); err != nil {
 		return false, false, err
 	}
 	failpoint.Hit(FailAfterPlacement)
+	recorded := false
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		w.Tx, w.Outbox, w.unused = tx, false, nil
-		return p.apply(ctx, w)
+		var err error
+		recorded, err = p.apply(ctx, w)
+		return err
 	})
 	// Still under the instance's lock: no other decision can adopt these
 	// units before they are given back.
-	if err != nil {
+	if err != nil || !recorded {
 		var all []madeClaim
 		for _, pa := range w.pending {
 			all = append(all, allClaims(pa.claims)...)
@@ -623,21 +629,19 @@ func (p *Processor) decide(ctx context.Context, w *Work, id int64, inst string) 
 		// The session lock taken by decideLocked is the same lock, held
 		// on this connection: the transaction's own is needed only when
 		// the row names another instance than the one polled.
+		// lockEvent read whether an earlier event of the instance is open
+		// (row.earlier); under the transaction's lock that is read again.
 		if row.InstanceUUID != inst {
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
 				return false, fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
 			}
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL
+					AND (deferred_from IS NULL OR not_before IS NULL OR not_before <= now()))`, row.InstanceUUID, row.ID).Scan(&row.earlier); err != nil {
+				return false, err
+			}
 		}
-		// A deferred evaluation waiting for its hold to end does not
-		// hold back the instance's later events (defer.go).
-		var earlier bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL
-				AND (deferred_from IS NULL OR not_before IS NULL OR not_before <= now()))`,
-			row.InstanceUUID, row.ID).Scan(&earlier); err != nil {
-			return false, err
-		}
-		if earlier {
-			return false, nil // an earlier event of the instance goes first
+		if row.earlier {
+			return false, nil // an earlier event of the instance goes first (lockEvent)
 		}
 	}
 	if row.planned {
@@ -647,43 +651,44 @@ func (p *Processor) decide(ctx context.Context, w *Work, id int64, inst string) 
 			return false, err
 		}
 	}
-	w.Row = row
+	w.Row, w.requestID = row, requestid.From(ctx)
 	return true, p.run(ctx, w)
 }
 
 // apply is the second transaction of an event whose acts needed claims:
 // each act (pendingAct) runs again with the claims made for it, and the
-// event is closed. An event closed meanwhile takes none of them, nor does
-// an act whose request ended meanwhile (an operator's cancel).
-func (p *Processor) apply(ctx context.Context, w *Work) error {
+// event is closed. It records nothing (false) when the event was closed
+// meanwhile, or the operators paused the bridge or switched observe-only
+// mode since the decision (the event is decided again later, its plan
+// replaced); an act whose request ended meanwhile (an operator's cancel)
+// takes none of its claims.
+func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 	tx := w.Tx
 	row, ok, err := lockEvent(ctx, tx, w.Row.ID)
 	if err != nil || !ok {
-		for _, pa := range w.pending {
-			w.unused = append(w.unused, allClaims(pa.claims)...)
-		}
-		return err
+		return false, err
+	}
+	ctx, ok, err = p.gate(ctx, tx, &row) // the decision's mode still holds (bridge/controls)
+	if err != nil || !ok || row.observeOnly != w.Row.observeOnly {
+		return false, err
 	}
 	w.Row.Attempts = row.Attempts
 	w.applying = true
 	for _, pa := range w.pending {
 		var st string
 		if err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, pa.request).Scan(&st); err != nil {
-			return fmt.Errorf("read request %s: %w", pa.request, err)
+			return false, fmt.Errorf("read request %s: %w", pa.request, err)
 		}
 		w.claims = pa.claims
 		if state := requests.State(st); state.Final() {
 			w.giveBack = true
 		} else if err := p.act(ctx, w, pa.request, state, &pa.plan, pa.facts); err != nil {
-			return fmt.Errorf("event %d: record the claims of request %s: %w", row.ID, pa.request, err)
+			return false, fmt.Errorf("event %d: record the claims of request %s: %w", row.ID, pa.request, err)
 		}
 		w.doneWithClaims()
 		w.Outbox = true
 	}
-	if err := requests.DropPlanned(ctx, tx, row.ID); err != nil {
-		return err
-	}
-	return requests.MarkProcessed(ctx, tx, row.ID)
+	return true, requests.CloseApplied(ctx, tx, row.ID)
 }
 
 // Failpoints of a decision that needs Placement claims
@@ -828,10 +833,12 @@ func lockEvent(ctx context.Context, tx pgx.Tx, id int64) (InboxRow, bool, error)
 	var deferredFrom *int64
 	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, received_at, payload, request_id,
 			project_id, attempts, deferred_from, deferred_rules, not_before,
-			EXISTS (SELECT 1 FROM planned_claims p WHERE p.event_id = events.id)
+			EXISTS (SELECT 1 FROM planned_claims p WHERE p.event_id = events.id),
+			EXISTS (SELECT 1 FROM events e WHERE e.instance_uuid = events.instance_uuid AND e.id < events.id AND e.processed_at IS NULL
+				AND (e.deferred_from IS NULL OR e.not_before IS NULL OR e.not_before <= now()))
 		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id).
 		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.ReceivedAt, &r.Payload, &reqID, &proj, &r.Attempts,
-			&deferredFrom, &r.DeferredRules, &notBefore, &r.planned)
+			&deferredFrom, &r.DeferredRules, &notBefore, &r.planned, &r.earlier)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}

@@ -88,6 +88,9 @@ type Work struct {
 	// read before the decision when Nova changed its allocations
 	// (decideLocked): the decision takes them as they were then.
 	holdings map[string][]placement.Holding
+	// requestID is the event's global request id, which the claims and
+	// the second transaction are made under.
+	requestID string
 	// pending are the acts whose plans need claims: the decision's
 	// transaction commits them as planned claims, and the second
 	// transaction carries them out with the claims made between the two

@@ -47,3 +47,13 @@ func DropPlanned(ctx context.Context, q Execer, eventID int64) error {
 	}
 	return nil
 }
+
+// CloseApplied closes inbox event eventID whose planned claims were
+// recorded: the plan goes and the event is processed, in one statement.
+func CloseApplied(ctx context.Context, q Execer, eventID int64) error {
+	if _, err := q.Exec(ctx, `WITH gone AS (DELETE FROM planned_claims WHERE event_id = $1)
+		UPDATE events SET processed_at = now() WHERE id = $1`, eventID); err != nil {
+		return fmt.Errorf("close event %d with its claims recorded: %w", eventID, err)
+	}
+	return nil
+}

@@ -59,6 +59,17 @@ var next = map[State][]State{
 	Dispatched: {Succeeded, Failed, Rejected},
 }
 
+// allowedFrom lists the states a request may move to to from.
+func allowedFrom(to State) []string {
+	var out []string
+	for _, s := range []State{Accepted, Decided, Dispatched, Succeeded, Failed, Rejected} {
+		if Allowed(s, to) {
+			out = append(out, string(s))
+		}
+	}
+	return out
+}
+
 // Allowed reports whether a request in state from may move to to.
 func Allowed(from, to State) bool {
 	if from == to {
@@ -193,13 +204,16 @@ func (s *Store) QueueCreate(b *pgx.Batch, rs []Request) error {
 const columns = `id, source, kind, instance_uuid, state, coalesce(phase,''), coalesce(reason,''), coalesce(code,''),
 	body, coalesce(callback_url,''), coalesce(idempotency_key,''), created_at, updated_at, decided_at, dispatched_at, finished_at`
 
-func scan(row pgx.Row) (Request, error) {
+func scan(row pgx.Row) (Request, error) { return scanWith(row) }
+
+// scanWith scans a row of first, then the columns.
+func scanWith(row pgx.Row, first ...any) (Request, error) {
 	var r Request
 	var inst *uuid.UUID
 	var state string
 	var body []byte
-	err := row.Scan(&r.ID, &r.Source, &r.Kind, &inst, &state, &r.Phase, &r.Reason, &r.Code,
-		&body, &r.CallbackURL, &r.IdempotencyKey, &r.CreatedAt, &r.UpdatedAt, &r.DecidedAt, &r.DispatchedAt, &r.FinishedAt)
+	err := row.Scan(append(first, &r.ID, &r.Source, &r.Kind, &inst, &state, &r.Phase, &r.Reason, &r.Code,
+		&body, &r.CallbackURL, &r.IdempotencyKey, &r.CreatedAt, &r.UpdatedAt, &r.DecidedAt, &r.DispatchedAt, &r.FinishedAt)...)
 	if err != nil {
 		return r, err
 	}
@@ -277,30 +291,39 @@ func (s *Store) transition(ctx context.Context, tx pgx.Tx, actor string, id uuid
 	if !to.Valid() {
 		return Request{}, fmt.Errorf("request %s: unknown state %q: %w", id, to, ErrIllegal)
 	}
-	cur, err := scan(tx.QueryRow(ctx, `SELECT `+columns+` FROM requests WHERE id = $1 FOR UPDATE`, id))
+	// One statement: the row locked, moved when its state allows it, and
+	// the move audited.
+	var from State
+	r, err := scanWith(tx.QueryRow(ctx, `WITH u AS (
+			UPDATE requests r SET state = $2, phase = nullif($3,''), reason = nullif($4,''),
+				code = nullif($5,''), updated_at = now(),
+				decided_at = CASE WHEN $2 = 'decided' AND decided_at IS NULL THEN now() ELSE decided_at END,
+				dispatched_at = CASE WHEN $2 = 'dispatched' AND dispatched_at IS NULL THEN now() ELSE dispatched_at END,
+				finished_at = CASE WHEN $2 IN ('succeeded','failed','rejected') THEN now() ELSE finished_at END
+			FROM (SELECT id AS cur_id, state AS cur_state FROM requests WHERE id = $1 FOR UPDATE) c
+			WHERE r.id = c.cur_id AND c.cur_state = ANY($6::text[])
+			RETURNING c.cur_state, `+columns+`
+		), a AS (
+			INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+			SELECT $7, 'transition', 'request', $1::text, $1,
+				jsonb_build_object('from', cur_state, 'to', $2::text, 'phase', $3::text, 'reason', $4::text, 'code', $5::text) FROM u
+		)
+		SELECT * FROM u`, id, string(to), phase, reason, code, allowedFrom(to), actor), &from)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return cur, fmt.Errorf("request %s: %w", id, ErrNotFound)
+		// Not moved: say why.
+		var st string
+		switch err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1`, id).Scan(&st); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return r, fmt.Errorf("request %s: %w", id, ErrNotFound)
+		case err != nil:
+			return r, fmt.Errorf("transition request %s: %w", id, err)
+		}
+		return r, fmt.Errorf("request %s: %s → %s: %w", id, st, to, ErrIllegal)
 	}
-	if err != nil {
-		return cur, fmt.Errorf("transition request %s: %w", id, err)
-	}
-	if !Allowed(cur.State, to) {
-		return cur, fmt.Errorf("request %s: %s → %s: %w", id, cur.State, to, ErrIllegal)
-	}
-	r, err := scan(tx.QueryRow(ctx, `UPDATE requests SET state = $2, phase = nullif($3,''), reason = nullif($4,''),
-		code = nullif($5,''), updated_at = now(),
-		decided_at = CASE WHEN $2 = 'decided' AND decided_at IS NULL THEN now() ELSE decided_at END,
-		dispatched_at = CASE WHEN $2 = 'dispatched' AND dispatched_at IS NULL THEN now() ELSE dispatched_at END,
-		finished_at = CASE WHEN $2 IN ('succeeded','failed','rejected') THEN now() ELSE finished_at END
-		WHERE id = $1 RETURNING `+columns, id, string(to), phase, reason, code))
 	if err != nil {
 		return r, fmt.Errorf("transition request %s: %w", id, err)
 	}
-	detail, _ := json.Marshal(map[string]any{"from": cur.State, "to": to, "phase": phase, "reason": reason, "code": code})
-	if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-		VALUES ($1, 'transition', 'request', $2, $2, $3)`, actor, id.String(), detail); err != nil {
-		return r, fmt.Errorf("audit request %s: %w", id, err)
-	}
+	cur := Request{State: from}
 	if err := notifyTransition(ctx, tx, cur.State, r); err != nil {
 		return r, err
 	}

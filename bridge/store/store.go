@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -24,6 +25,9 @@ type Config struct {
 	MaxConns        int32
 	ConnectTimeout  time.Duration
 	MaxConnLifetime time.Duration
+	// Tracer, when set, sees every statement of the pool's connections
+	// (benchmarks and tests count them).
+	Tracer pgx.QueryTracer
 }
 
 // Open returns a pool; it does not wait for the database to answer.
@@ -40,6 +44,9 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	}
 	if cfg.MaxConnLifetime > 0 {
 		pc.MaxConnLifetime = cfg.MaxConnLifetime
+	}
+	if cfg.Tracer != nil {
+		pc.ConnConfig.Tracer = cfg.Tracer
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

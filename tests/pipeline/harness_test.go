@@ -241,6 +241,8 @@ type replicaOpts struct {
 	registry prometheus.Registerer
 	// loadInterval turns the load evaluator on (off when 0).
 	loadInterval time.Duration
+	// tracer, when set, sees the statements of the pipeline's pool.
+	tracer pgx.QueryTracer
 }
 
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
@@ -262,7 +264,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 		o.requestTimeout = 60 * time.Second
 	}
 	// The pipeline's own pool (pipeline.Deps.Pool).
-	pipePool, err := store.Open(w.ctx, store.Config{URL: w.dbURL, MaxConns: 8})
+	pipePool, err := store.Open(w.ctx, store.Config{URL: w.dbURL, MaxConns: 8, Tracer: o.tracer})
 	testsvc.Must(t, err, "pipeline pool")
 	t.Cleanup(pipePool.Close)
 	var kick func()

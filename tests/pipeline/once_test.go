@@ -1,0 +1,87 @@
+package pipeline_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+)
+
+// statements counts the statements of a pool by the first line that
+// names what they do, for a test to ask how often a kind ran.
+type statements struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.mu.Lock()
+	s.seen = append(s.seen, d.SQL)
+	s.mu.Unlock()
+	return ctx
+}
+
+func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// count returns how many statements so far contain every one of parts.
+func (s *statements) count(parts ...string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+next:
+	for _, q := range s.seen {
+		for _, p := range parts {
+			if !strings.Contains(q, p) {
+				continue next
+			}
+		}
+		n++
+	}
+	return n
+}
+
+// TestDecidedOnce: a direct-path attach is decided once. The event is
+// locked by two transactions: the decision, which reads the facts and the
+// policy's state once and commits its planned claim, and the record of
+// the claim made between them, which reads neither again. The planned
+// claim is gone once the attachment is recorded.
+func TestDecidedOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.startAgent()
+	st := &statements{}
+	w.startBridge(replicaOpts{name: "r1", tracer: st})
+	inst := w.domains[3].UUID
+
+	id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q", "count": 1})
+	if r := w.wait(id, 60*time.Second); r.State != requests.Succeeded {
+		t.Fatalf("request %s: %s (%s: %s)", id, r.State, r.Code, r.Reason)
+	}
+	for _, c := range []struct {
+		what  string
+		parts []string
+		want  int
+	}{
+		{"the event locked (decision, record)", []string{"FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED"}, 2},
+		{"the policy's load state read", []string{"FROM policy_load_since WHERE instance_uuid"}, 1},
+		{"the claim planned", []string{"INSERT INTO planned_claims"}, 1},
+		{"the plan dropped with the record", []string{"DELETE FROM planned_claims"}, 1},
+		{"the attachment recorded", []string{"INSERT INTO vgpu_attachments"}, 1},
+	} {
+		if got := st.count(c.parts...); got != c.want {
+			t.Errorf("%s: %d statements, want %d", c.what, got, c.want)
+		}
+	}
+	var left int
+	if err := w.pool.QueryRow(w.ctx, `SELECT count(*) FROM planned_claims WHERE instance_uuid = $1`, inst).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("planned claims left after the record: %d, want 0", left)
+	}
+}
