@@ -2,10 +2,10 @@ package pipeline
 
 import (
 	"context"
-	"slices"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
