@@ -58,6 +58,9 @@ type Change struct {
 	Host     string    `json:"host,omitempty"`
 	// Workload is the workload the request named (training, rendering …).
 	Workload string `json:"workload,omitempty"`
+	// workloadRead: Workload is what the request named, "" included
+	// (RecordChange need not read it).
+	workloadRead bool
 }
 
 // RecordChange writes c's bridge.vgpu_changed event into the inbox in
@@ -67,7 +70,7 @@ func RecordChange(ctx context.Context, tx pgx.Tx, c Change) error {
 	if c.Instance == "" {
 		return nil
 	}
-	if c.Workload == "" {
+	if c.Workload == "" && !c.workloadRead {
 		if err := tx.QueryRow(ctx, `SELECT coalesce(body->>'workload', '') FROM requests WHERE id = $1`, c.Request).Scan(&c.Workload); err != nil {
 			return fmt.Errorf("request %s: read workload: %w", c.Request, err)
 		}
@@ -90,10 +93,13 @@ func directChange(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, attached, rel
 	if attached == 0 && released == 0 {
 		return Change{}, false, nil
 	}
-	c := Change{Request: reqID, Path: PathDirect}
-	var move string
-	if err := tx.QueryRow(ctx, `SELECT coalesce(instance_uuid::text, ''), coalesce(body->>'move', '') FROM requests WHERE id = $1`, reqID).
-		Scan(&c.Instance, &move); err != nil {
+	c := Change{Request: reqID, Path: PathDirect, workloadRead: true}
+	var move, profile, host string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(r.instance_uuid::text, ''), coalesce(r.body->>'move', ''), coalesce(r.body->>'workload', ''),
+			coalesce(a.profile, ''), coalesce(a.host, '')
+		FROM requests r LEFT JOIN LATERAL (SELECT profile, host FROM vgpu_attachments
+			WHERE request_id = r.id AND state = 'attached' ORDER BY created_at LIMIT 1) a ON true
+		WHERE r.id = $1`, reqID).Scan(&c.Instance, &move, &c.Workload, &profile, &host); err != nil {
 		return c, false, fmt.Errorf("request %s: %w", reqID, err)
 	}
 	switch {
@@ -109,10 +115,7 @@ func directChange(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, attached, rel
 		c.Change = ChangeRelease
 	}
 	if attached > 0 {
-		if err := tx.QueryRow(ctx, `SELECT coalesce(profile, ''), coalesce(host, '') FROM vgpu_attachments
-			WHERE request_id = $1 AND state = 'attached' ORDER BY created_at LIMIT 1`, reqID).Scan(&c.Profile, &c.Host); err != nil {
-			return c, false, fmt.Errorf("request %s: attached vGPU: %w", reqID, err)
-		}
+		c.Profile, c.Host = profile, host
 	}
 	return c, true, nil
 }

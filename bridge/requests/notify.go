@@ -49,28 +49,38 @@ func actionPayload(ctx context.Context, tx pgx.Tx, r Request) (notify.ActionPayl
 		Code: r.Code, Reason: r.Reason}
 	if r.InstanceUUID != nil {
 		p.InstanceUUID = r.InstanceUUID.String()
-		if err := tx.QueryRow(ctx, `SELECT coalesce(project_id,''), coalesce(user_id,'') FROM instances WHERE uuid = $1`, *r.InstanceUUID).
-			Scan(&p.ProjectID, &p.UserID); err != nil && err != pgx.ErrNoRows {
-			return p, "", err
-		}
 	}
-	rows, err := tx.Query(ctx, `SELECT request_id = $1, id::text, coalesce(profile,''), coalesce(type_id,''), coalesce(resource_class,'VGPU'),
-			amount, host, coalesce(provider_uuid::text,''), coalesce(pci_address,''), state
-		FROM vgpu_attachments WHERE request_id = $1 OR release_request_id = $1 ORDER BY created_at, id`, r.ID)
+	// The instance's project and user, and the vGPUs the request makes
+	// or takes back, in one statement (one row with NULL vGPU columns
+	// when there are none).
+	rows, err := tx.Query(ctx, `SELECT coalesce(i.project_id, ''), coalesce(i.user_id, ''), a.is_new, a.id, a.profile, a.type_id, a.class,
+			a.amount, a.host, a.provider, a.pci, a.state
+		FROM (SELECT 1) one LEFT JOIN instances i ON i.uuid = $2
+		LEFT JOIN LATERAL (SELECT request_id = $1 AS is_new, id::text AS id, coalesce(profile,'') AS profile, coalesce(type_id,'') AS type_id,
+				coalesce(resource_class,'VGPU') AS class, amount, host, coalesce(provider_uuid::text,'') AS provider,
+				coalesce(pci_address,'') AS pci, state, created_at, id AS att
+			FROM vgpu_attachments WHERE request_id = $1 OR release_request_id = $1) a ON true
+		ORDER BY a.created_at, a.att`, r.ID, r.InstanceUUID)
 	if err != nil {
 		return p, "", err
 	}
-	var isNew bool
-	var v notify.VGPU
-	_, err = pgx.ForEachRow(rows, []any{&isNew, &v.AttachmentID, &v.Profile, &v.VGPUType, &v.ResourceClass, &v.Amount, &v.Host,
-		&v.ProviderUUID, &v.PCIAddress, &v.State}, func() error {
-		if isNew {
-			p.VGPUs = append(p.VGPUs, v)
-		} else {
-			p.OldVGPUs = append(p.OldVGPUs, v)
-		}
-		return nil
-	})
+	var isNew *bool
+	var aID, aProfile, aType, aClass, aHost, aProvider, aPCI, aState *string
+	var aAmount *int
+	_, err = pgx.ForEachRow(rows, []any{&p.ProjectID, &p.UserID, &isNew, &aID, &aProfile, &aType, &aClass, &aAmount, &aHost, &aProvider, &aPCI, &aState},
+		func() error {
+			if isNew == nil {
+				return nil // no vGPU
+			}
+			v := notify.VGPU{AttachmentID: *aID, Profile: *aProfile, VGPUType: *aType, ResourceClass: *aClass, Amount: *aAmount, Host: *aHost,
+				ProviderUUID: *aProvider, PCIAddress: *aPCI, State: *aState}
+			if *isNew {
+				p.VGPUs = append(p.VGPUs, v)
+			} else {
+				p.OldVGPUs = append(p.OldVGPUs, v)
+			}
+			return nil
+		})
 	if err != nil {
 		return p, "", err
 	}
