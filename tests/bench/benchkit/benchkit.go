@@ -1,6 +1,7 @@
 // Package benchkit holds what the load harnesses under tests/bench share:
-// a scratch database on the test Postgres, and the CPU time of this
-// process and of a database's Postgres backends.
+// a scratch database on the test Postgres, the CPU time of this process,
+// of other processes and of a database's Postgres backends, and a count
+// of the statements and transactions a pool sends (SQLCount).
 package benchkit
 
 import (
@@ -98,20 +99,25 @@ func ProcessCPU() time.Duration {
 // BackendCPU is the CPU time the Postgres backends serving pool's
 // database used so far (read from /proc: Postgres runs on this machine).
 func BackendCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {
-	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+	return backendCPU(ctx, pool, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+}
+
+// backendCPU is the CPU time of the backends whose pids query returns.
+func backendCPU(ctx context.Context, pool *pgxpool.Pool, query string, args ...any) time.Duration {
+	rows, err := pool.Query(ctx, query, args...)
 	if err != nil {
 		return 0
 	}
 	defer rows.Close()
-	var ticks int64
+	var cpu time.Duration
 	for rows.Next() {
 		var pid int
 		if rows.Scan(&pid) != nil {
 			return 0
 		}
-		ticks += procTicks(strconv.Itoa(pid))
+		cpu += procCPU(strconv.Itoa(pid))
 	}
-	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+	return cpu
 }
 
 // Median is the median of get over runs (the upper one of an even count).
@@ -133,7 +139,7 @@ func ProcsCPU(match func(cmdline string) bool) time.Duration {
 	if err != nil {
 		return 0
 	}
-	var ticks int64
+	var cpu time.Duration
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
@@ -142,9 +148,9 @@ func ProcsCPU(match func(cmdline string) bool) time.Duration {
 		if err != nil || !match(string(bytes.ReplaceAll(cl, []byte{0}, []byte{' '}))) {
 			continue
 		}
-		ticks += procTicks(e.Name())
+		cpu += procCPU(e.Name())
 	}
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return cpu
 }
 
 // PidCPU is the CPU time process pid used so far (0 when it is gone).
@@ -152,7 +158,37 @@ func PidCPU(pid int) time.Duration {
 	if pid <= 0 {
 		return 0
 	}
-	return time.Duration(procTicks(strconv.Itoa(pid))) * 10 * time.Millisecond
+	return procCPU(strconv.Itoa(pid))
+}
+
+// procCPU is the CPU time process pid used so far (0 when it is gone):
+// the sum of its threads' run time in /proc/PID/task/*/schedstat, in
+// nanoseconds (a thread that ended is no longer counted), else, without
+// schedstat, its user and system time in clock ticks (10 ms).
+func procCPU(pid string) time.Duration {
+	tasks, err := os.ReadDir("/proc/" + pid + "/task")
+	if err == nil {
+		var ns int64
+		ok := false
+		for _, t := range tasks {
+			b, err := os.ReadFile("/proc/" + pid + "/task/" + t.Name() + "/schedstat")
+			if err != nil {
+				continue
+			}
+			f := strings.Fields(string(b))
+			if len(f) == 0 {
+				continue
+			}
+			if v, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+				ns += v
+				ok = true
+			}
+		}
+		if ok {
+			return time.Duration(ns)
+		}
+	}
+	return time.Duration(procTicks(pid)) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }
 
 // procTicks is the user and system CPU time of process pid so far, in

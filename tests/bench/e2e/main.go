@@ -15,7 +15,14 @@
 //
 //  1. latency: one request at a time, from the webhook POST to the
 //     request's finished_at (the transaction that records the last agent
-//     result), p50 and p99;
+//     result), p50 and p99; and per attach, the SQL the bridge's pools
+//     sent (a pgx tracer on them: statements, BEGIN/COMMIT/ROLLBACK apart,
+//     transactions, explicit or implicit, statement preparations and the
+//     pools' pings) and the CPU of the bridge, of its Postgres backends, of
+//     the agents and of Placement; before it, 3 s with nothing sent measure
+//     what the bridge's background (its pollers, the agents' periodic
+//     reports) and Placement's other clients cost meanwhile, which the
+//     figures include, shown at the phase's pace;
 //  2. profile change: for each instance the latency phase attached, one at
 //     a time, a signed GPU_RESIZE to T4-2Q (break before make: detach_vgpu
 //     and remove_mdev of the T4-1Q, then attach_vgpu of a T4-2Q claimed on
@@ -28,7 +35,8 @@
 // and baselines on the same machine in the same run: the raw broker
 // round trip (a persistent, confirmed publish to a queue, consumed and
 // answered on another: what one agent command costs at the least; the
-// direct path needs one), one Placement claim (PUT /allocations) alone,
+// direct path needs one), one Placement claim (PUT /allocations) alone
+// (its latency, and Placement's CPU per claim),
 // Placement alone taking as many concurrent claims as the throughput
 // phase sends, and the rate of a bare handler on the same HTTP stack
 // answering 202 at once. It prints each run and the medians, with the
@@ -37,7 +45,18 @@
 // bare 202/s, and the CPU per request of this process (the bridge, and
 // the harness's webhook clients and polls), the agents' process, the
 // bridge's Postgres backends and Placement (uwsgi and its Postgres), with
-// the rate their sum allows on this machine's cores.
+// the rate their sum allows on this machine's cores; for the latency
+// phase, SQL and CPU per attach as above, and the ratio of the bridge's
+// and its Postgres's CPU per attach to Placement's per claim. Last, a
+// check: the transactions Postgres counted in the database over the runs
+// (pg_stat_database, 11 s after the last to let every backend report)
+// against the tracers' (the bridge's and the harness's own). The bridge's
+// connections and the harness's (polls, set-up, statistics) are apart
+// (application_name), so that neither the statements nor the Postgres CPU
+// counted as the bridge's include the harness's; this process's CPU
+// still includes the harness's webhook clients and waits, which look at
+// the database once an agent's result is applied and every 20 ms besides.
+// -sql lists the statements of the first latency phase by text.
 //
 // Then the fleet phase (-fleet, default 1,000; 0 skips it) sets up afresh
 // as many hosts, each with its agent (all in the agents' process, each
@@ -68,7 +87,7 @@
 // postgres://postgres@127.0.0.1:5432/postgres) and providers, consumers and
 // queues of its own, and removes them when its phase ends (also on an
 // error, on Ctrl-C and on -timeout, which bounds each phase). On a busy
-// 2-core machine the runs take about 2½ minutes and the fleet phase about
+// 2-core machine the runs take about 3 minutes and the fleet phase about
 // 10: 5 of set-up (Placement providers and allocations, fake hosts, the
 // bridge's first full sync, the agents), 2 for the 1,000 requests, 1 of
 // cleanup.
@@ -144,6 +163,33 @@ const (
 
 var secret = []byte("bench-e2e-secret-0123456789abcdef")
 
+// The application_name of the bridge's connections and of the harness's
+// own (its polls, its set-up, the statistics it reads): the CPU and the
+// statements counted as the bridge's are those of appBridge's.
+const (
+	appBridge  = "vgpu-bench-bridge"
+	appHarness = "vgpu-bench-harness"
+)
+
+// resultHook passes the agents' results on to the pipeline and, once one
+// is applied, wakes a sequential wait (waitAll) so that it need not poll
+// the database every few milliseconds.
+type resultHook struct {
+	dispatch.ResultHandler
+	landed chan<- struct{}
+}
+
+func (r resultHook) HandleResult(ctx context.Context, res protocol.Result) error {
+	err := r.ResultHandler.HandleResult(ctx, res)
+	if err == nil {
+		select {
+		case r.landed <- struct{}{}:
+		default:
+		}
+	}
+	return err
+}
+
 const benchPolicy = `version: 1
 defaults:
   attach_mode: direct-live
@@ -169,6 +215,7 @@ func main() {
 	verbose := flag.Bool("v", false, "log the bridge and agents to stderr")
 	timeout := flag.Duration("timeout", 12*time.Minute, "give up on the runs, and on the fleet phase, after this long each (what it made is removed)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the first throughput phase (the fleet's with -runs 0: bridge and harness; the agents run in a process of their own) to this file")
+	sqlTexts := flag.Bool("sql", false, "print the statements the bridge sent per attach in the first run's latency phase, by text, most frequent first (stderr)")
 	child := flag.Bool("agents-child", false, "(internal) run the agents described on stdin, one JSON object a line, until stdin ends")
 	flag.Parse()
 	if *child {
@@ -197,7 +244,7 @@ func main() {
 	phase := func(nHosts int, fn func(*harness, context.Context) error) error {
 		ctx, cancel := context.WithTimeout(sctx, *timeout)
 		defer cancel()
-		h := &harness{nHosts: nHosts, clients: *clients, log: lg, cpuProfile: *cpuProfile}
+		h := &harness{nHosts: nHosts, clients: *clients, log: lg, cpuProfile: *cpuProfile, sqlTexts: *sqlTexts, landed: make(chan struct{}, 1)}
 		*cpuProfile = "" // the first phase's
 		err := fn(h, ctx)
 		h.cleanup()
@@ -241,7 +288,11 @@ type harness struct {
 	id      string
 
 	dbURL                 string
-	pool                  *pgxpool.Pool
+	pool                  *pgxpool.Pool // the harness's own (application_name appHarness)
+	bpool                 *pgxpool.Pool // the bridge's webhook endpoint and Placement service (appBridge)
+	bridgeSQL, harnessSQL benchkit.SQLCount
+	sqlTexts              bool          // -sql
+	landed                chan struct{} // an agent's result was applied (one pending wake at most)
 	sc                    *gophercloud.ServiceClient
 	amqpURL, transportURL string
 	hosts                 []*host
@@ -353,13 +404,57 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		placementRate      float64 // Placement alone: 100 concurrent PUT /allocations, completed/s
 		cpu                burstCPU
 		completed, changes int
+		claimCPU           time.Duration // Placement's CPU per claim PUT alone
+		claimIdle          time.Duration // of which Placement's background at the claims' pace
+		cost               attachCost    // the latency phase's, per attach
+	}
+	// Postgres's own count of the transactions in the database, over the
+	// runs, against the tracers' (checked at the end): a backend reports
+	// its counts at most once a second, and one gone idle within 10 s.
+	const settle = 11 * time.Second
+	if err := sleep(ctx, settle); err != nil {
+		return err
+	}
+	bx0, hx0 := h.bridgeSQL.Counts(), h.harnessSQL.Counts()
+	x0, err := benchkit.DBTransactions(ctx, h.pool)
+	if err != nil {
+		return err
+	}
+	av0, err := benchkit.AutovacuumRuns(ctx, h.pool)
+	if err != nil {
+		return err
 	}
 	var rs []result
 	for i := 0; i < runs; i++ {
 		var r result
+		// The bridge's background (pollers, the agents' periodic reports)
+		// with nothing to do, then the latency phase.
+		const idleFor = 3 * time.Second
+		idleSQL0, idleCPU0, it0 := h.bridgeSQL.Counts(), h.sampleCPU(ctx), time.Now()
+		if err := sleep(ctx, idleFor); err != nil {
+			return err
+		}
+		idleSQL, idleCPU, idleWall := h.bridgeSQL.Counts().Sub(idleSQL0), h.sampleCPU(ctx).since(idleCPU0, 1), time.Since(it0)
+		texts := i == 0 && h.sqlTexts
+		if texts {
+			h.bridgeSQL.Texts()
+			h.bridgeSQL.KeepTexts(true)
+		}
+		sql0, lcpu0, t0 := h.bridgeSQL.Counts(), h.sampleCPU(ctx), time.Now()
 		lat, attached, err := h.latency(ctx, latN)
 		if err != nil {
 			return err
+		}
+		wall := time.Since(t0)
+		pace := float64(wall) / float64(idleWall) // the idle window's counts at the phase's length
+		r.cost = attachCost{n: latN, wall: wall, sql: perAttach(h.bridgeSQL.Counts().Sub(sql0), 1, latN), cpu: h.sampleCPU(ctx).since(lcpu0, latN),
+			idleSQL: perAttach(idleSQL, pace, latN), idleCPU: idleCPU.scaled(burstCPU{}, pace, float64(latN))}
+		if texts {
+			h.bridgeSQL.KeepTexts(false)
+			fmt.Fprintf(os.Stderr, "  statements the bridge sent per attach, run 1's latency phase (%d attaches one at a time, with the background meanwhile), by text:\n", latN)
+			for _, l := range benchkit.TopTexts(h.bridgeSQL.Texts(), latN) {
+				fmt.Fprintf(os.Stderr, "    %s\n", l)
+			}
 		}
 		r.p50, r.p99 = pct(lat, 50), pct(lat, 99)
 		r.agent = h.agentAttach(ctx, attached)
@@ -371,9 +466,13 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		if r.rtt, err = h.brokerRTT(ctx, 100); err != nil {
 			return err
 		}
-		if r.claim, err = h.placementClaim(ctx, 20); err != nil {
+		var claimWall time.Duration
+		if r.claim, r.claimCPU, claimWall, err = h.placementClaim(ctx, 20); err != nil {
 			return err
 		}
+		// Placement serves others too: its CPU in the idle window, at the
+		// claims' length, is what they (and the bridge's background) cost.
+		r.claimIdle = time.Duration(float64(idleCPU.placement) * float64(claimWall) / float64(idleWall) / 20)
 		if r.placementRate, err = h.placementBurst(ctx, burst); err != nil {
 			return err
 		}
@@ -389,6 +488,8 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		fmt.Printf("run %d: webhook→attached p50 %.1f ms p99 %.1f ms (%d sequential; agent attach_vgpu published→answered p50 %.1f ms) | profile change %s→%s p50 %.1f ms p99 %.1f ms (%d sequential), change/attach p50 %.2f× | broker round trip p50 %.2f ms | Placement claim PUT p50 %.1f ms | %d requests on %d hosts: %.1f completed/s (CPU per request: %s) | Placement alone, %d concurrent PUTs: %.1f/s | bare 202: %.0f req/s\n",
 			i+1, ms(r.p50), ms(r.p99), latN, ms(r.agent), profile, profileB, ms(r.chP50), ms(r.chP99), r.changes, ms(r.chP50)/ms(r.p50),
 			ms(r.rtt), ms(r.claim), burst, h.nHosts, r.rate, r.cpu, burst, r.placementRate, r.bare)
+		fmt.Printf("run %d, latency phase, per attach (%d one at a time in %.1f s): %s | CPU: %s | of these, the idle background at the same pace: %s; CPU: %s | Placement CPU per claim PUT alone %.1f ms, of which its background at the same pace %.1f ms\n",
+			i+1, latN, wall.Seconds(), r.cost.sql, r.cost.cpu, r.cost.idleSQL, r.cost.idleCPU, ms(r.claimCPU), ms(r.claimIdle))
 		rs = append(rs, r)
 	}
 	med := func(f func(result) float64) float64 { return benchkit.Median(rs, f) }
@@ -420,6 +521,37 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 		postgres: medD(rs, func(r result) time.Duration { return r.cpu.postgres }), placement: medD(rs, func(r result) time.Duration { return r.cpu.placement })}
 	fmt.Printf("median of %d runs: %d requests on %d hosts %.1f completed/s against Placement alone %.1f concurrent PUTs/s; ratio %.2f× (target ≥ 0.8×); CPU per request: %s; %s\n",
 		len(rs), burst, h.nHosts, rate, pRate, rate/pRate, cpu, cpu.bound())
+	// The latency phase's cost per attach.
+	medF := func(f func(sqlPer) float64) float64 { return med(func(r result) float64 { return f(r.cost.sql) }) }
+	medI := func(f func(sqlPer) float64) float64 { return med(func(r result) float64 { return f(r.cost.idleSQL) }) }
+	lc := burstCPU{bridge: medD(rs, func(r result) time.Duration { return r.cost.cpu.bridge }), agents: medD(rs, func(r result) time.Duration { return r.cost.cpu.agents }),
+		postgres: medD(rs, func(r result) time.Duration { return r.cost.cpu.postgres }), placement: medD(rs, func(r result) time.Duration { return r.cost.cpu.placement })}
+	ic := burstCPU{bridge: medD(rs, func(r result) time.Duration { return r.cost.idleCPU.bridge }), agents: medD(rs, func(r result) time.Duration { return r.cost.idleCPU.agents }),
+		postgres: medD(rs, func(r result) time.Duration { return r.cost.idleCPU.postgres }), placement: medD(rs, func(r result) time.Duration { return r.cost.idleCPU.placement })}
+	claimCPU := medD(rs, func(r result) time.Duration { return r.claimCPU })
+	claimIdle := medD(rs, func(r result) time.Duration { return r.claimIdle })
+	fmt.Printf("median of %d runs: latency phase (%d attaches one at a time), SQL per attach from the bridge's pools (pgx tracer): %.1f statements (BEGIN/COMMIT/ROLLBACK not among them: %.1f more), %.1f transactions (BEGINs and statements or batches outside one), %.1f preparations, %.1f pool pings; of these the idle background at the same pace %.1f statements, %.1f transactions\n",
+		len(rs), latN, medF(func(p sqlPer) float64 { return p.stmts }), medF(func(p sqlPer) float64 { return p.ctl }), medF(func(p sqlPer) float64 { return p.txs }),
+		medF(func(p sqlPer) float64 { return p.prepares }), medF(func(p sqlPer) float64 { return p.pings }),
+		medI(func(p sqlPer) float64 { return p.stmts }), medI(func(p sqlPer) float64 { return p.txs }))
+	fmt.Printf("median of %d runs: latency phase, CPU per attach: bridge process %.1f ms (with the harness's webhook client and waits), its Postgres backends %.1f ms, together %.1f ms; Placement (uwsgi + its Postgres) %.1f ms per attach, %.1f ms per claim PUT alone; ratio (bridge + its Postgres) / Placement's claim %.2f× (target ≤ 0.5×); agents %.1f ms; of these the idle background at the same pace: bridge %.1f ms, its Postgres %.1f ms, Placement %.1f ms per attach, %.1f ms per claim (Placement serves others too: where that is not small, the Placement figures are not the bridge's alone)\n",
+		len(rs), ms(lc.bridge), ms(lc.postgres), ms(lc.bridge+lc.postgres), ms(lc.placement), ms(claimCPU), ms(lc.bridge+lc.postgres)/ms(max(claimCPU, time.Microsecond)), ms(lc.agents),
+		ms(ic.bridge), ms(ic.postgres), ms(ic.placement), ms(claimIdle))
+	if err := sleep(ctx, settle); err != nil {
+		return err
+	}
+	bx, hx := h.bridgeSQL.Counts().Sub(bx0), h.harnessSQL.Counts().Sub(hx0)
+	x1, err := benchkit.DBTransactions(ctx, h.pool)
+	if err != nil {
+		return err
+	}
+	av1, err := benchkit.AutovacuumRuns(ctx, h.pool)
+	if err != nil {
+		return err
+	}
+	counted := bx.Transactions + bx.Pings + bx.IdlePrepares + bx.Connects + hx.Transactions + hx.Pings + hx.IdlePrepares + hx.Connects
+	fmt.Printf("check: Postgres counted %d transactions in the database over the runs (pg_stat_database xact_commit + xact_rollback, %s settled at each end); the tracers %d: the bridge's %d, its pings %d, preparations outside a transaction %d and new connections %d, the harness's %d (%d, %d, %d); Postgres/tracers %.3f (Postgres also counts the transactions of autovacuum, which vacuumed or analyzed %d tables meanwhile)\n",
+		x1-x0, settle, counted, bx.Transactions, bx.Pings, bx.IdlePrepares, bx.Connects, hx.Transactions+hx.Pings+hx.IdlePrepares+hx.Connects, hx.Pings, hx.IdlePrepares, hx.Connects, float64(x1-x0)/float64(max(counted, 1)), av1-av0)
 	over, err := h.overbooked(ctx)
 	if err != nil {
 		return err
@@ -575,7 +707,7 @@ func (h *harness) database(ctx context.Context) error {
 	}
 	h.dbURL = url
 	h.cleanups = append(h.cleanups, drop)
-	h.pool, err = store.Open(ctx, store.Config{URL: h.dbURL, MaxConns: 24})
+	h.pool, err = benchkit.TracedPool(ctx, h.dbURL, appHarness, 8, &h.harnessSQL)
 	if err != nil {
 		return err
 	}
@@ -827,15 +959,21 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	// The bridge's pools, as store.Open makes them, with the statement
+	// counter installed and their backends named for the CPU count.
+	if h.bpool, err = benchkit.TracedPool(ctx, h.dbURL, appBridge, 24, &h.bridgeSQL); err != nil {
+		return nil, err
+	}
+	h.cleanups = append(h.cleanups, h.bpool.Close)
 	svc, err := placement.New(ctx, placement.Config{Client: placement.ClientConfig{Endpoint: env("VGPU_TEST_PLACEMENT_URL", "http://127.0.0.1:8778"), Token: "admin"},
-		SyncConcurrency: 8, Replica: "bench"}, h.pool, holder.Catalog(), h.log)
+		SyncConcurrency: 8, Replica: "bench"}, h.bpool, holder.Catalog(), h.log)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := svc.SyncNow(ctx, true, nil); err != nil && !errors.Is(err, placement.ErrSyncBusy) {
 		return nil, fmt.Errorf("placement sync: %w", err)
 	}
-	pipePool, err := store.Open(ctx, store.Config{URL: h.dbURL, MaxConns: 12})
+	pipePool, err := benchkit.TracedPool(ctx, h.dbURL, appBridge, 12, &h.bridgeSQL)
 	if err != nil {
 		return nil, err
 	}
@@ -882,15 +1020,15 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 	}
 	// The reports feed the catalog the pipeline places with, as in the
 	// bridge: a report must never rename T4-1Q's trait mid-run.
-	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/bench"), Results: proc,
+	disp, err = dispatch.New(dc, dispatch.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/bench"), Results: resultHook{proc, h.landed},
 		Phase: flow.PhaseOf, Catalog: holder.Catalog(), Log: h.log})
 	if err != nil {
 		return nil, err
 	}
-	h.rs = requests.NewStore(h.pool, "bench")
+	h.rs = requests.NewStore(h.bpool, "bench")
 	ep, err := webhook.New(webhook.Config{
 		Sources: []webhook.Source{{Name: "bench", Auth: webhook.AuthHMAC, Secrets: [][]byte{secret}, Rate: 1e6, Burst: 1e6, MaxBodyBytes: 65536}},
-		Store:   h.rs, Pool: h.pool, Logger: h.log,
+		Store:   h.rs, Pool: h.bpool, Logger: h.log,
 		OnCommitted: proc.Wake, // as bridge.Run wires it
 	})
 	if err != nil {
@@ -1135,13 +1273,14 @@ func (h *harness) send(ctx context.Context, body []byte) (uuid.UUID, error) {
 }
 
 // waitAll waits until every request is final; it fails on any that did
-// not succeed, and returns each one's finished_at. It polls every 2 ms for
-// one request (the next one of a sequence goes out sooner), else every
-// 50 ms for the requests still pending; the figures come from the rows'
-// timestamps, not from when it sees them.
+// not succeed, and returns each one's finished_at. For one request (the
+// next one of a sequence goes out once it is done) it looks each time the
+// pipeline has applied an agent's result, and every 20 ms besides; for
+// more, every 50 ms at the requests still pending. The figures come from
+// the rows' timestamps, not from when it sees them.
 func (h *harness) waitAll(ctx context.Context, ids []uuid.UUID, within time.Duration) (map[uuid.UUID]time.Time, error) {
 	deadline := time.Now().Add(within)
-	every := 2 * time.Millisecond
+	every := 20 * time.Millisecond
 	if len(ids) > 1 {
 		every = 50 * time.Millisecond
 	}
@@ -1186,6 +1325,15 @@ func (h *harness) waitAll(ctx context.Context, ids []uuid.UUID, within time.Dura
 			if _, ok := done[id]; !ok {
 				pending = append(pending, id)
 			}
+		}
+		if len(ids) == 1 {
+			select {
+			case <-h.landed:
+			case <-time.After(every):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			continue
 		}
 		time.Sleep(every)
 	}
@@ -1389,10 +1537,33 @@ func (h *harness) brokerRTT(ctx context.Context, n int) (time.Duration, error) {
 
 // placementClaim measures n sequential claims of one VGPU unit for a new
 // consumer (PUT /allocations/{consumer}, what the direct path's claim
-// writes at the least), each deleted again.
-func (h *harness) placementClaim(ctx context.Context, n int) (time.Duration, error) {
+// writes at the least), at most one per host's GPU held at a time, each
+// deleted again after those. It returns the claims' p50 and Placement's
+// CPU (uwsgi and its Postgres) per claim, over the claims alone, and how
+// long the claims took in all.
+func (h *harness) placementClaim(ctx context.Context, n int) (time.Duration, time.Duration, time.Duration, error) {
 	var lat []time.Duration
+	var cons []string
+	var cpu, wall time.Duration
+	cpu0, t0 := placementCPU(), time.Now()
+	release := func() error {
+		cpu += placementCPU() - cpu0
+		wall += time.Since(t0)
+		for _, c := range cons {
+			if err := allocations.Delete(ctx, h.sc, c).ExtractErr(); err != nil {
+				return err
+			}
+		}
+		cons = cons[:0]
+		cpu0, t0 = placementCPU(), time.Now()
+		return nil
+	}
 	for i := range n {
+		if len(cons) == len(h.hosts) {
+			if err := release(); err != nil {
+				return 0, 0, 0, err
+			}
+		}
 		c := uuid.NewString()
 		gpu := h.hosts[i%len(h.hosts)].gpu
 		h.mu.Lock()
@@ -1402,14 +1573,15 @@ func (h *harness) placementClaim(ctx context.Context, n int) (time.Duration, err
 		err := allocations.Update(ctx, h.sc, c, allocations.UpdateOpts{Allocations: map[string]allocations.ProviderAllocationsOpts{gpu: {Resources: map[string]int{"VGPU": 1}}},
 			ProjectID: "bench", UserID: "bench", ConsumerType: "INSTANCE"}).ExtractErr()
 		if err != nil {
-			return 0, fmt.Errorf("placement claim: %w", err)
+			return 0, 0, 0, fmt.Errorf("placement claim: %w", err)
 		}
 		lat = append(lat, time.Since(t0))
-		if err := allocations.Delete(ctx, h.sc, c).ExtractErr(); err != nil {
-			return 0, err
-		}
+		cons = append(cons, c)
 	}
-	return pct(lat, 50), nil
+	if err := release(); err != nil {
+		return 0, 0, 0, err
+	}
+	return pct(lat, 50), cpu / time.Duration(max(n, 1)), wall, nil
 }
 
 // placementBurst measures Placement alone with n concurrent claims: n new
@@ -1542,21 +1714,31 @@ func agentsChild(verbose bool) error {
 
 // burstCPU is CPU time per request: this process (the bridge, and the
 // harness's webhook clients and polls), the agents' process, the Postgres
-// backends of the bridge's database, and Placement (its uwsgi processes
-// and their Postgres backends).
+// backends of the bridge's connections (not those of the harness's own),
+// and Placement (its uwsgi processes and their Postgres backends).
 type burstCPU struct{ bridge, agents, postgres, placement time.Duration }
 
 func (h *harness) sampleCPU(ctx context.Context) burstCPU {
-	return burstCPU{bridge: benchkit.ProcessCPU(), agents: benchkit.PidCPU(h.agentsPID), postgres: benchkit.BackendCPU(ctx, h.pool),
-		placement: benchkit.ProcsCPU(func(cl string) bool {
-			return strings.Contains(cl, "127.0.0.1:8778") || strings.HasPrefix(cl, "postgres: ") && strings.Contains(cl, " placement placement ")
-		})}
+	return burstCPU{bridge: benchkit.ProcessCPU(), agents: benchkit.PidCPU(h.agentsPID), postgres: benchkit.AppBackendCPU(ctx, h.pool, appBridge),
+		placement: placementCPU()}
+}
+
+// placementCPU is the CPU time Placement's uwsgi processes and their
+// Postgres backends used so far.
+func placementCPU() time.Duration {
+	return benchkit.ProcsCPU(func(cl string) bool {
+		return strings.Contains(cl, "127.0.0.1:8778") || strings.HasPrefix(cl, "postgres: ") && strings.Contains(cl, " placement placement ")
+	})
 }
 
 func (c burstCPU) since(c0 burstCPU, n int) burstCPU {
-	d := time.Duration(max(n, 1))
-	return burstCPU{bridge: (c.bridge - c0.bridge) / d, agents: (c.agents - c0.agents) / d,
-		postgres: (c.postgres - c0.postgres) / d, placement: (c.placement - c0.placement) / d}
+	return c.scaled(c0, 1, float64(max(n, 1)))
+}
+
+// scaled is (c − c0) × mul / div.
+func (c burstCPU) scaled(c0 burstCPU, mul, div float64) burstCPU {
+	f := func(a, b time.Duration) time.Duration { return time.Duration(float64(a-b) * mul / div) }
+	return burstCPU{bridge: f(c.bridge, c0.bridge), agents: f(c.agents, c0.agents), postgres: f(c.postgres, c0.postgres), placement: f(c.placement, c0.placement)}
 }
 
 // bound is the rate this machine's cores allow at c's CPU per request,
@@ -1569,6 +1751,40 @@ func (c burstCPU) bound() string {
 	return fmt.Sprintf("in all %.1f ms, so %d cores allow at most %.1f/s (Placement's share alone %.1f/s)",
 		ms(total), runtime.NumCPU(), float64(runtime.NumCPU())*float64(time.Second)/float64(total),
 		float64(runtime.NumCPU())*float64(time.Second)/float64(max(c.placement, time.Microsecond)))
+}
+
+// attachCost is what the latency phase's attaches cost each: the SQL the
+// bridge's pools sent and the CPU (burstCPU), and the part of it the
+// bridge's background (its pollers, the agents' periodic reports) would
+// cost over the phase's length with nothing to do, measured just before.
+type attachCost struct {
+	n            int
+	wall         time.Duration
+	sql, idleSQL sqlPer
+	cpu, idleCPU burstCPU
+}
+
+// sqlPer is SQL per attach (benchkit.SQLCounts).
+type sqlPer struct{ stmts, ctl, txs, prepares, pings float64 }
+
+// perAttach is c × mul / n.
+func perAttach(c benchkit.SQLCounts, mul float64, n int) sqlPer {
+	f := func(v int64) float64 { return float64(v) * mul / float64(max(n, 1)) }
+	return sqlPer{stmts: f(c.Statements), ctl: f(c.Control), txs: f(c.Transactions), prepares: f(c.Prepares), pings: f(c.Pings)}
+}
+
+func (p sqlPer) String() string {
+	return fmt.Sprintf("%.1f statements (+%.1f BEGIN/COMMIT/ROLLBACK), %.1f transactions, %.1f preparations, %.1f pings", p.stmts, p.ctl, p.txs, p.prepares, p.pings)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // medD is the median of get over runs.
