@@ -23,9 +23,9 @@ import (
 const queueGrace = time.Minute
 
 func (x *Dispatcher) relayLoop(ctx context.Context, ch *amqp.Channel) error {
-	declared := map[string]bool{}
+	st := &relayState{declared: map[string]bool{}}
 	return wake.Loop(ctx, x.kick.C(), func(ctx context.Context) (time.Duration, error) {
-		n, err := x.relayOnce(ctx, ch, declared)
+		n, err := x.relayOnce(ctx, ch, st)
 		if err != nil {
 			if ch.IsClosed() {
 				return 0, err
@@ -39,6 +39,12 @@ func (x *Dispatcher) relayLoop(ctx context.Context, ch *amqp.Channel) error {
 		}
 		return x.cfg.RelayInterval, nil
 	})
+}
+
+// relayState is what one relay loop keeps between its rounds.
+type relayState struct {
+	declared map[string]bool // agent queues declared on the channel
+	expired  time.Time       // when unsent commands were last expired
 }
 
 type outRow struct {
@@ -60,11 +66,17 @@ type outRow struct {
 // relayOnce publishes one batch of due commands and marks those the broker
 // confirmed as sent, in one transaction holding their rows (SKIP LOCKED:
 // another replica takes other rows). It returns how many it sent.
-func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared map[string]bool) (int, error) {
+func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, st *relayState) (int, error) {
+	declared := st.declared
 	// Expired before they could go out: the request's deadline handles it.
-	if n, err := requests.ExpireUnsent(ctx, x.d.Pool); err != nil {
-		return 0, err
-	} else if n > 0 {
+	// The outbox's read leaves expired commands out, so this need not run
+	// at every round: once per relay interval.
+	if time.Since(st.expired) >= x.cfg.RelayInterval {
+		n, err := requests.ExpireUnsent(ctx, x.d.Pool)
+		if err != nil {
+			return 0, err
+		}
+		st.expired = time.Now()
 		x.m.expired.Add(float64(n))
 	}
 	sent := 0
@@ -78,7 +90,7 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, declared m
 		rows, err := tx.Query(ctx, `SELECT c.id, c.host, c.kind, c.body, c.expires_at, c.request_id, c.purpose,
 				CASE WHEN h.report IS NOT NULL THEN coalesce((h.report->>'minor')::int, 0) END
 			FROM commands c LEFT JOIN hosts h ON h.name = c.host
-			WHERE c.sent_at IS NULL AND c.finished_at IS NULL
+			WHERE c.sent_at IS NULL AND c.finished_at IS NULL AND (c.expires_at IS NULL OR c.expires_at > now())
 			  AND NOT EXISTS (SELECT 1 FROM commands q WHERE q.request_id = c.request_id AND q.purpose = c.purpose AND q.seq < c.seq
 			        AND (q.finished_at IS NULL OR (c.purpose = 'action' AND q.result_status IS DISTINCT FROM 'succeeded')))
 			ORDER BY c.created_at, c.seq LIMIT $1 FOR UPDATE OF c SKIP LOCKED`, x.cfg.RelayBatch)
@@ -169,18 +181,7 @@ func (x *Dispatcher) markDispatched(ctx context.Context, tx pgx.Tx, sent []*outR
 			continue
 		}
 		seen[*r.request] = true
-		var st string
-		err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, *r.request).Scan(&st)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if requests.State(st) != requests.Decided {
-			continue
-		}
-		if _, err := x.d.Requests.Transition(ctx, tx, *r.request, requests.Dispatched, x.d.Phase(protocol.Kind(r.kind)), "", ""); err != nil {
+		if _, _, err := x.d.Requests.TransitionIf(ctx, tx, *r.request, requests.Decided, requests.Dispatched, x.d.Phase(protocol.Kind(r.kind)), "", ""); err != nil {
 			return err
 		}
 	}

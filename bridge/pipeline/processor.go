@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -527,9 +528,12 @@ func (p *Processor) processOne(ctx context.Context, c candidate) (bool, error) {
 	return closed, nil
 }
 
-// decideLocked decides event c on one connection, holding the session
-// lock of its instance ("" for none) from the decision until the claims
-// it did not take are given back.
+// decideLocked decides event c on one connection. The event's instance
+// ("" for none) is locked for the decision: by the decision's transaction
+// (lockEvent) when it needs no claim; by a session lock, taken before the
+// decision commits its plan and held until the claims it did not take are
+// given back, when it does; and from the start when Nova changed the
+// instance's allocations, which are read before the decision.
 func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, closed bool, err error) {
 	id, inst := c.id, c.instance
 	hs := p.hostView(ctx)
@@ -538,18 +542,28 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		return false, false, fmt.Errorf("event %d: %w", id, err)
 	}
 	defer conn.Release()
-	if inst != "" {
-		release, locked, err := store.TryLock(ctx, conn, "vgpu-instance:"+inst)
-		if err != nil {
-			return false, false, fmt.Errorf("event %d: lock instance %s: %w", id, inst, err)
+	var release func() // the instance's session lock, when held
+	defer func() {
+		if release != nil {
+			release()
 		}
-		if !locked {
-			return false, false, nil // another replica decides for the instance now
+	}()
+	sessionLock := func(instance string) (bool, error) {
+		if release != nil {
+			return true, nil
 		}
-		defer release()
+		r, locked, err := store.TryLock(ctx, conn, "vgpu-instance:"+instance)
+		if err != nil || !locked {
+			return false, err
+		}
+		release = r
+		return true, nil
 	}
 	w := &Work{p: p, hosts: hs}
 	if inst != "" && !strings.HasPrefix(c.source, WebhookSourcePrefix) && allocationEvent(NovaKindPrefix+c.kind) {
+		if locked, err := sessionLock(inst); err != nil || !locked {
+			return false, false, err // another replica decides for the instance now
+		}
 		// Nova changed the instance's allocations: read them now, before
 		// the decision and outside its transaction (KnowAllocations, the
 		// moves), so that it decides on them and later claims are one PUT.
@@ -564,8 +578,20 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			w.reset(tx)
 			gctx := context.WithValue(ctx, quotaGuardKey{}, &quotaGuard{p: p, eager: eager})
+			held := ""
+			if release != nil {
+				held = inst
+			}
 			var err error
-			closed, err = p.decide(gctx, w, id, inst)
+			closed, err = p.decide(gctx, w, id, held)
+			if err == nil && len(w.pending) > 0 && w.Row.InstanceUUID != "" && held == "" {
+				// Claims next: the instance stays locked until they are
+				// recorded or given back (the transaction's lock ends
+				// with it).
+				if locked, err := sessionLock(w.Row.InstanceUUID); err != nil || !locked {
+					return cmp.Or(err, fmt.Errorf("lock instance %s for the claims", w.Row.InstanceUUID))
+				}
+			}
 			return err
 		})
 		if errors.Is(err, errQuotaMoved) && !eager {
@@ -612,12 +638,14 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 }
 
 // decide runs the first transaction of event id: it locks the event,
-// passes it through the stages and either closes it or, when the plan
-// needs claims, commits the plan and leaves the event open (w.resumeAt).
-// It returns false when the event was not decided now.
-func (p *Processor) decide(ctx context.Context, w *Work, id int64, inst string) (bool, error) {
+// passes it through the stages and either closes it or, when acts need
+// claims (w.pending), commits their plans and leaves the event open. held
+// is the instance whose session lock decideLocked holds ("" for none);
+// otherwise lockEvent takes the transaction's lock of the event's
+// instance. It returns false when the event was not decided now.
+func (p *Processor) decide(ctx context.Context, w *Work, id int64, held string) (bool, error) {
 	tx := w.Tx
-	row, ok, err := lockEvent(ctx, tx, id)
+	row, ok, err := lockEvent(ctx, tx, id, held == "")
 	if err != nil || !ok {
 		return false, err
 	}
@@ -626,12 +654,10 @@ func (p *Processor) decide(ctx context.Context, w *Work, id int64, inst string) 
 		return false, err
 	}
 	if row.InstanceUUID != "" {
-		// The session lock taken by decideLocked is the same lock, held
-		// on this connection: the transaction's own is needed only when
-		// the row names another instance than the one polled.
 		// lockEvent read whether an earlier event of the instance is open
-		// (row.earlier); under the transaction's lock that is read again.
-		if row.InstanceUUID != inst {
+		// (row.earlier). When the session lock held is another instance's
+		// than the row's, the row's is taken and that read again.
+		if held != "" && row.InstanceUUID != held {
 			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
 				return false, fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
 			}
@@ -664,7 +690,7 @@ func (p *Processor) decide(ctx context.Context, w *Work, id int64, inst string) 
 // takes none of its claims.
 func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 	tx := w.Tx
-	row, ok, err := lockEvent(ctx, tx, w.Row.ID)
+	row, ok, err := lockEvent(ctx, tx, w.Row.ID, false)
 	if err != nil || !ok {
 		return false, err
 	}
@@ -826,24 +852,33 @@ func preclaimsIn(ctx context.Context) *preclaims {
 	return pc
 }
 
-func lockEvent(ctx context.Context, tx pgx.Tx, id int64) (InboxRow, bool, error) {
+// lockEvent reads inbox event id, locked, unless another transaction
+// holds it or it is processed (false). With lockInstance, it also takes
+// the transaction's advisory lock of the event's instance, and reports
+// false when another session holds that.
+func lockEvent(ctx context.Context, tx pgx.Tx, id int64, lockInstance bool) (InboxRow, bool, error) {
 	var r InboxRow
 	var inst, reqID, proj *string
 	var occurred, notBefore *time.Time
 	var deferredFrom *int64
+	var instanceLocked bool
 	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, received_at, payload, request_id,
 			project_id, attempts, deferred_from, deferred_rules, not_before,
 			EXISTS (SELECT 1 FROM planned_claims p WHERE p.event_id = events.id),
 			EXISTS (SELECT 1 FROM events e WHERE e.instance_uuid = events.instance_uuid AND e.id < events.id AND e.processed_at IS NULL
-				AND (e.deferred_from IS NULL OR e.not_before IS NULL OR e.not_before <= now()))
-		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id).
+				AND (e.deferred_from IS NULL OR e.not_before IS NULL OR e.not_before <= now())),
+			NOT $2 OR instance_uuid IS NULL OR pg_try_advisory_xact_lock(hashtextextended('vgpu-instance:' || instance_uuid::text, 0))
+		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id, lockInstance).
 		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.ReceivedAt, &r.Payload, &reqID, &proj, &r.Attempts,
-			&deferredFrom, &r.DeferredRules, &notBefore, &r.planned, &r.earlier)
+			&deferredFrom, &r.DeferredRules, &notBefore, &r.planned, &r.earlier, &instanceLocked)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
 	if err != nil {
 		return r, false, fmt.Errorf("lock event %d: %w", id, err)
+	}
+	if !instanceLocked {
+		return r, false, nil // another replica decides for the instance now
 	}
 	if inst != nil {
 		r.InstanceUUID = *inst
@@ -882,7 +917,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 	}
 	// Give up: close the event; its request fails with the last error.
 	return errors.Join(cause, p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		row, ok, err := lockEvent(ctx, tx, id)
+		row, ok, err := lockEvent(ctx, tx, id, false)
 		if err != nil || !ok {
 			return err
 		}

@@ -287,13 +287,46 @@ func (s *Store) Transition(ctx context.Context, tx pgx.Tx, id uuid.UUID, to Stat
 	return s.transition(ctx, tx, s.actor, id, to, phase, reason, code)
 }
 
+// TransitionIf moves request id from state from to state to, as
+// Transition does, when it is in from; otherwise it changes nothing and
+// reports false.
+func (s *Store) TransitionIf(ctx context.Context, tx pgx.Tx, id uuid.UUID, from, to State, phase, reason, code string) (Request, bool, error) {
+	if !Allowed(from, to) {
+		return Request{}, false, fmt.Errorf("request %s: %s → %s: %w", id, from, to, ErrIllegal)
+	}
+	r, err := s.move(ctx, tx, s.actor, id, []string{string(from)}, to, phase, reason, code)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
+	return r, err == nil, err
+}
+
 func (s *Store) transition(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID, to State, phase, reason, code string) (Request, error) {
 	if !to.Valid() {
 		return Request{}, fmt.Errorf("request %s: unknown state %q: %w", id, to, ErrIllegal)
 	}
-	// One statement: the row locked, moved when its state allows it, and
-	// the move audited.
-	var from State
+	r, err := s.move(ctx, tx, actor, id, allowedFrom(to), to, phase, reason, code)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Not moved: say why.
+		var st string
+		switch err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1`, id).Scan(&st); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return r, fmt.Errorf("request %s: %w", id, ErrNotFound)
+		case err != nil:
+			return r, fmt.Errorf("transition request %s: %w", id, err)
+		}
+		return r, fmt.Errorf("request %s: %s → %s: %w", id, st, to, ErrIllegal)
+	}
+	return r, err
+}
+
+// move moves request id to state to when its state is one of from, audits
+// the move, queues its notification and, when to is final and the request
+// has a callback URL, its callback. pgx.ErrNoRows: not moved.
+func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID, from []string, to State, phase, reason, code string) (Request, error) {
+	// One statement: the row locked, moved when its state is one of from,
+	// and the move audited.
+	var was State
 	r, err := scanWith(tx.QueryRow(ctx, `WITH u AS (
 			UPDATE requests r SET state = $2, phase = nullif($3,''), reason = nullif($4,''),
 				code = nullif($5,''), updated_at = now(),
@@ -308,22 +341,14 @@ func (s *Store) transition(ctx context.Context, tx pgx.Tx, actor string, id uuid
 			SELECT $7, 'transition', 'request', $1::text, $1,
 				jsonb_build_object('from', cur_state, 'to', $2::text, 'phase', $3::text, 'reason', $4::text, 'code', $5::text) FROM u
 		)
-		SELECT * FROM u`, id, string(to), phase, reason, code, allowedFrom(to), actor), &from)
+		SELECT * FROM u`, id, string(to), phase, reason, code, from, actor), &was)
 	if errors.Is(err, pgx.ErrNoRows) {
-		// Not moved: say why.
-		var st string
-		switch err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1`, id).Scan(&st); {
-		case errors.Is(err, pgx.ErrNoRows):
-			return r, fmt.Errorf("request %s: %w", id, ErrNotFound)
-		case err != nil:
-			return r, fmt.Errorf("transition request %s: %w", id, err)
-		}
-		return r, fmt.Errorf("request %s: %s → %s: %w", id, st, to, ErrIllegal)
+		return r, err
 	}
 	if err != nil {
 		return r, fmt.Errorf("transition request %s: %w", id, err)
 	}
-	cur := Request{State: from}
+	cur := Request{State: was}
 	if err := notifyTransition(ctx, tx, cur.State, r); err != nil {
 		return r, err
 	}
