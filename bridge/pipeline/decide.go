@@ -1,0 +1,387 @@
+package pipeline
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+)
+
+// madeClaim is a Placement claim made for one event's decision, between
+// its two transactions; it is released if the second does not commit.
+type madeClaim struct {
+	consumer, provider, class string
+	amount, held              int
+}
+
+// errRetry wraps errors after which the event is tried again later.
+type errRetry struct{ err error }
+
+func (e errRetry) Error() string { return e.err.Error() }
+func (e errRetry) Unwrap() error { return e.err }
+
+// processOne handles one inbox row. It returns false when the row was not
+// processed now (another replica holds it or its instance, or an earlier
+// event of the same instance is still open).
+//
+// No Placement call runs inside a transaction, and the policy is
+// evaluated once per event: the decision runs in one transaction; when
+// its plan needs Placement claims, that transaction commits the claims it
+// plans (requests.PlanClaims: they count in the project's usage from then
+// on) and stops; the claims are made with no transaction open; a second,
+// short transaction records them with their attachments and commands and
+// closes the event, carrying out the acts the first one planned
+// (Work.pending) without deciding again. The instance's advisory lock
+// (decideLocked) keeps other replicas off the instance meanwhile. A crash after the first commit leaves the
+// event open with its plan: it is decided again (the plan is replaced),
+// and the units a crash left claimed but unrecorded are found in the
+// consumer and adopted (claim), so nothing is leaked or doubled.
+func (p *Processor) processOne(ctx context.Context, c candidate) (bool, error) {
+	start := time.Now()
+	outbox, closed, err := p.decideLocked(ctx, c)
+	if err != nil {
+		p.m.events.WithLabelValues("error").Inc()
+		return false, p.retryLater(ctx, c.id, err)
+	}
+	if closed {
+		p.m.decide.Observe(time.Since(start).Seconds())
+	}
+	if outbox && p.d.OnOutbox != nil {
+		p.d.OnOutbox()
+	}
+	return closed, nil
+}
+
+// decideLocked decides event c on one connection. The event's instance
+// ("" for none) is locked for the decision: by the decision's transaction
+// (lockEvent) when it needs no claim; by a session lock, taken before the
+// decision commits its plan and held until the claims it did not take are
+// given back, when it does; and from the start when Nova changed the
+// instance's allocations, which are read before the decision.
+func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, closed bool, err error) {
+	id, inst := c.id, c.instance
+	hs := p.hostView(ctx)
+	conn, err := p.d.Pool.Acquire(ctx)
+	if err != nil {
+		return false, false, fmt.Errorf("event %d: %w", id, err)
+	}
+	defer conn.Release()
+	var release func() // the instance's session lock, when held
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
+	sessionLock := func(instance string) (bool, error) {
+		if release != nil {
+			return true, nil
+		}
+		r, locked, err := store.TryLock(ctx, conn, "vgpu-instance:"+instance)
+		if err != nil || !locked {
+			return false, err
+		}
+		release = r
+		return true, nil
+	}
+	w := &Work{p: p, hosts: hs}
+	if inst != "" && !strings.HasPrefix(c.source, WebhookSourcePrefix) && allocationEvent(NovaKindPrefix+c.kind) {
+		if locked, err := sessionLock(inst); err != nil || !locked {
+			return false, false, err // another replica decides for the instance now
+		}
+		// Nova changed the instance's allocations: read them now, before
+		// the decision and outside its transaction (KnowAllocations, the
+		// moves), so that it decides on them and later claims are one PUT.
+		hl, _, err := p.d.Placement.Holdings(ctx, inst)
+		if err != nil {
+			return false, false, errRetry{fmt.Errorf("read the vGPU allocations of %s: %w", inst, err)}
+		}
+		w.holdings = map[string][]placement.Holding{inst: hl}
+	}
+	eager := false
+	for {
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			w.reset(tx)
+			gctx := context.WithValue(ctx, quotaGuardKey{}, &quotaGuard{p: p, eager: eager})
+			held := ""
+			if release != nil {
+				held = inst
+			}
+			var err error
+			closed, err = p.decide(gctx, w, id, held)
+			if err == nil && len(w.pending) > 0 && w.Row.InstanceUUID != "" && held == "" {
+				// Claims next: the instance stays locked until they are
+				// recorded or given back (the transaction's lock ends
+				// with it).
+				if locked, err := sessionLock(w.Row.InstanceUUID); err != nil || !locked {
+					return cmp.Or(err, fmt.Errorf("lock instance %s for the claims", w.Row.InstanceUUID))
+				}
+			}
+			return err
+		})
+		if errors.Is(err, errQuotaMoved) && !eager {
+			eager = true // again, locking the project's usage before reading it
+			p.m.quotaRetries.Inc()
+			continue
+		}
+		break
+	}
+	if err != nil || len(w.pending) == 0 {
+		return w.Outbox, closed && err == nil, err
+	}
+
+	// The decision committed its plan: claim, with no transaction open,
+	// under the event's request id (Placement's logs).
+	ctx = requestid.With(ctx, w.requestID)
+	failpoint.Hit(FailBeforePlacement)
+	if err := p.makeClaims(ctx, w); err != nil {
+		return false, false, err
+	}
+	failpoint.Hit(FailAfterPlacement)
+	recorded := false
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		w.Tx, w.Outbox, w.unused = tx, false, nil
+		var err error
+		recorded, err = p.apply(ctx, w)
+		return err
+	})
+	// Still under the instance's lock: no other decision can adopt these
+	// units before they are given back.
+	if err != nil || !recorded {
+		var all []madeClaim
+		for _, pa := range w.pending {
+			all = append(all, allClaims(pa.claims)...)
+		}
+		p.releaseClaims(ctx, all, "the record of the decision's claims did not commit")
+		return false, false, err
+	}
+	failpoint.Hit(FailAfterRecord)
+	if len(w.unused) > 0 {
+		p.releaseClaims(ctx, w.unused, "the decision did not take the claim")
+	}
+	return w.Outbox, true, nil
+}
+
+// decide runs the first transaction of event id: it locks the event,
+// passes it through the stages and either closes it or, when acts need
+// claims (w.pending), commits their plans and leaves the event open. held
+// is the instance whose session lock decideLocked holds ("" for none);
+// otherwise lockEvent takes the transaction's lock of the event's
+// instance. It returns false when the event was not decided now.
+func (p *Processor) decide(ctx context.Context, w *Work, id int64, held string) (bool, error) {
+	tx := w.Tx
+	row, ok, err := lockEvent(ctx, tx, id, held == "")
+	if err != nil || !ok {
+		return false, err
+	}
+	ctx, ok, err = p.gate(ctx, tx, &row) // operator pause / observe-only (bridge/controls)
+	if err != nil || !ok {
+		return false, err
+	}
+	if row.InstanceUUID != "" {
+		// lockEvent read whether an earlier event of the instance is open
+		// (row.earlier). When the session lock held is another instance's
+		// than the row's, the row's is taken and that read again.
+		if held != "" && row.InstanceUUID != held {
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('vgpu-instance:' || $1, 0))`, row.InstanceUUID); err != nil {
+				return false, fmt.Errorf("lock instance %s: %w", row.InstanceUUID, err)
+			}
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE instance_uuid = $1 AND id < $2 AND processed_at IS NULL
+					AND (deferred_from IS NULL OR not_before IS NULL OR not_before <= now()))`, row.InstanceUUID, row.ID).Scan(&row.earlier); err != nil {
+				return false, err
+			}
+		}
+		if row.earlier {
+			return false, nil // an earlier event of the instance goes first (lockEvent)
+		}
+	}
+	if row.planned {
+		// An earlier attempt planned claims and did not record them:
+		// decided again from the start, its plan goes.
+		if err := requests.DropPlanned(ctx, tx, row.ID); err != nil {
+			return false, err
+		}
+	}
+	w.Row, w.requestID = row, requestid.From(ctx)
+	return true, p.run(ctx, w)
+}
+
+// apply is the second transaction of an event whose acts needed claims:
+// each act (pendingAct) runs again with the claims made for it, and the
+// event is closed. It records nothing (false) when the event was closed
+// meanwhile, or the operators paused the bridge or switched observe-only
+// mode since the decision (the event is decided again later, its plan
+// replaced); an act whose request ended meanwhile (an operator's cancel)
+// takes none of its claims.
+func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
+	tx := w.Tx
+	row, ok, err := lockEvent(ctx, tx, w.Row.ID, false)
+	if err != nil || !ok {
+		return false, err
+	}
+	ctx, ok, err = p.gate(ctx, tx, &row) // the decision's mode still holds (bridge/controls)
+	if err != nil || !ok || row.observeOnly != w.Row.observeOnly {
+		return false, err
+	}
+	w.Row.Attempts = row.Attempts
+	w.applying = true
+	for _, pa := range w.pending {
+		var st string
+		if err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, pa.request).Scan(&st); err != nil {
+			return false, fmt.Errorf("read request %s: %w", pa.request, err)
+		}
+		w.claims = pa.claims
+		if state := requests.State(st); state.Final() {
+			w.giveBack = true
+		} else if err := p.act(ctx, w, pa.request, state, &pa.plan, pa.facts); err != nil {
+			return false, fmt.Errorf("event %d: record the claims of request %s: %w", row.ID, pa.request, err)
+		}
+		w.doneWithClaims()
+		w.Outbox = true
+	}
+	return true, requests.CloseApplied(ctx, tx, row.ID)
+}
+
+// Failpoints of a decision that needs Placement claims
+// (internal/failpoint): crash tests kill the bridge at each.
+const (
+	FailBeforePlacement = "pipeline.before_placement" // the plan committed; no claim made yet (also: a round stopped for a release)
+	FailAfterPlacement  = "pipeline.after_placement"  // the claim (or release) is made in Placement, not recorded
+	FailAfterRecord     = "pipeline.after_record"     // recorded and committed; outbox not kicked
+)
+
+// makeClaims claims, in order, the units of each attach step of each act
+// waiting for them, with no transaction open. A step that finds no
+// capacity ends its act's claims (apply fails that act there); any other
+// error gives back what was claimed and the event is tried again.
+func (p *Processor) makeClaims(ctx context.Context, w *Work) error {
+	for i := range w.pending {
+		pa := &w.pending[i]
+		var planned []flow.Attachment
+		for _, s := range pa.plan.Steps {
+			if s.Kind != flow.StepAttach {
+				continue
+			}
+			made, err := p.claim(ctx, pa.facts, s, planned)
+			pa.claims = append(pa.claims, stepClaim{made: made, err: err})
+			if err != nil && (errors.Is(err, ErrNoCapacity) || errors.Is(err, errNoAddress)) {
+				break
+			}
+			if err != nil {
+				for _, pa := range w.pending {
+					p.releaseClaims(ctx, allClaims(pa.claims), "a claim of the same decision failed")
+				}
+				return errRetry{fmt.Errorf("claim %d × %s on node %s: %w", max(s.Intent.Count, 1), s.Intent.Profile, pa.facts.Instance.Node, err)}
+			}
+			for _, mc := range made {
+				planned = append(planned, flow.Attachment{Provider: mc.provider, Amount: mc.amount})
+			}
+		}
+	}
+	return nil
+}
+
+// stepClaim is what the claim of one attach step made, or why it failed.
+type stepClaim struct {
+	made []madeClaim
+	err  error
+}
+
+func allClaims(cs []stepClaim) []madeClaim {
+	var out []madeClaim
+	for _, c := range cs {
+		out = append(out, c.made...)
+	}
+	return out
+}
+
+// lockEvent reads inbox event id, locked, unless another transaction
+// holds it or it is processed (false). With lockInstance, it also takes
+// the transaction's advisory lock of the event's instance, and reports
+// false when another session holds that.
+func lockEvent(ctx context.Context, tx pgx.Tx, id int64, lockInstance bool) (InboxRow, bool, error) {
+	var r InboxRow
+	var inst, reqID, proj *string
+	var occurred, notBefore *time.Time
+	var deferredFrom *int64
+	var instanceLocked bool
+	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, received_at, payload, request_id,
+			project_id, attempts, deferred_from, deferred_rules, not_before,
+			EXISTS (SELECT 1 FROM planned_claims p WHERE p.event_id = events.id),
+			EXISTS (SELECT 1 FROM events e WHERE e.instance_uuid = events.instance_uuid AND e.id < events.id AND e.processed_at IS NULL
+				AND (e.deferred_from IS NULL OR e.not_before IS NULL OR e.not_before <= now())),
+			NOT $2 OR instance_uuid IS NULL OR pg_try_advisory_xact_lock(hashtextextended('vgpu-instance:' || instance_uuid::text, 0))
+		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id, lockInstance).
+		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.ReceivedAt, &r.Payload, &reqID, &proj, &r.Attempts,
+			&deferredFrom, &r.DeferredRules, &notBefore, &r.planned, &r.earlier, &instanceLocked)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, false, fmt.Errorf("lock event %d: %w", id, err)
+	}
+	if !instanceLocked {
+		return r, false, nil // another replica decides for the instance now
+	}
+	if inst != nil {
+		r.InstanceUUID = *inst
+	}
+	if reqID != nil {
+		r.RequestID = *reqID
+	}
+	if proj != nil {
+		r.ProjectID = *proj
+	}
+	if occurred != nil {
+		r.OccurredAt = *occurred
+	}
+	if deferredFrom != nil {
+		r.DeferredFrom = *deferredFrom
+		if notBefore != nil {
+			r.NotBefore = *notBefore
+		}
+	}
+	return r, true, nil
+}
+
+// retryLater counts a failed attempt and backs the event off; after
+// MaxAttempts the event is closed and its request fails.
+func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error {
+	if ctx.Err() != nil {
+		return cause
+	}
+	attempts, err := requests.EventAttempt(ctx, p.d.Pool, id, cause.Error())
+	if err != nil {
+		return errors.Join(cause, err)
+	}
+	if attempts < p.cfg.MaxAttempts {
+		wait := backoff.Policy{Min: p.cfg.RetryMin, Max: p.cfg.RetryMax}.Delay(attempts - 1)
+		return errors.Join(cause, requests.EventNotBefore(ctx, p.d.Pool, id, wait))
+	}
+	// Give up: close the event; its request fails with the last error.
+	return errors.Join(cause, p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		row, ok, err := lockEvent(ctx, tx, id, false)
+		if err != nil || !ok {
+			return err
+		}
+		if err := requests.MarkEventFailed(ctx, tx, id, cause.Error()); err != nil {
+			return err
+		}
+		if reqID, ok := row.BridgeRequest(); ok {
+			return p.failRequest(ctx, tx, reqID, flow.CodeEventFailed,
+				fmt.Sprintf("the bridge gave up after %d attempts: %v", attempts, cause), nil)
+		}
+		return nil
+	}))
+}
