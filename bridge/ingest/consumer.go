@@ -46,6 +46,8 @@ type Consumer struct {
 	// one it asked for.
 	retryNow chan struct{}
 	attempts atomic.Int64
+
+	payloads sync.Pool // *[]byte: payload buffers of the batches (payloadBuf)
 }
 
 // New returns a Consumer. reg may be nil (no metrics exported).

@@ -160,12 +160,23 @@ func (c *Consumer) applyBatch(ctx context.Context, items []*item) (batchResult, 
 	if len(evs) > 0 {
 		n := len(evs)
 		var (
-			ids, types, uuids, payloads, pubs, prios, reqs, greqs, projs, users, stats, details = mk(n), mk(n), mkp(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mkp(n), mkp(n)
-			occurred                                                                            = make([]time.Time, n)
+			ids, types, uuids, pubs, prios, reqs, greqs, projs, users, stats, details = mk(n), mk(n), mkp(n), mk(n), mk(n), mk(n), mk(n), mk(n), mk(n), mkp(n), mkp(n)
+			occurred                                                                  = make([]time.Time, n)
 		)
+		ns := &requests.Notifications{Source: c.cfg.Source, MessageIDs: ids, Types: types, Instances: uuids, Occurred: occurred,
+			Publishers: pubs, Priorities: prios, RequestIDs: reqs, GlobalRequestIDs: greqs, Projects: projs, Users: users,
+			Statuses: stats, Details: details, PayloadStarts: make([]int32, 0, n), PayloadLens: make([]int32, 0, n)}
+		size := 0
+		for _, ev := range evs {
+			size += len(ev.Message.RawPayload)
+		}
+		buf := c.payloadBuf(size)
+		defer c.putPayloadBuf(buf)
+		ns.Payloads = (*buf)[:0]
 		for i, ev := range evs {
 			m := ev.Message
-			ids[i], types[i], payloads[i] = m.MessageID, m.EventType, string(m.RawPayload)
+			ids[i], types[i] = m.MessageID, m.EventType
+			ns.AddPayload(m.RawPayload)
 			if ev.InstanceUUID != "" {
 				uuids[i] = &ev.InstanceUUID
 			}
@@ -179,9 +190,7 @@ func (c *Consumer) applyBatch(ctx context.Context, items []*item) (batchResult, 
 				details[i] = &ev.Detail
 			}
 		}
-		rows, err := requests.InsertNotifications(ctx, tx, &requests.Notifications{Source: c.cfg.Source, MessageIDs: ids, Types: types,
-			Instances: uuids, Occurred: occurred, Payloads: payloads, Publishers: pubs, Priorities: prios, RequestIDs: reqs,
-			GlobalRequestIDs: greqs, Projects: projs, Users: users, Statuses: stats, Details: details})
+		rows, err := requests.InsertNotifications(ctx, tx, ns)
 		if err != nil {
 			return res, fmt.Errorf("insert events: %w", err)
 		}
@@ -291,6 +300,27 @@ func rowKey(ev *Event) string {
 	}
 	return ""
 }
+
+// payloadBuf returns a buffer of at least size bytes for a batch's
+// payloads (requests.Notifications.Payloads), kept between batches:
+// pgx copies it into its own while it sends the statement.
+func (c *Consumer) payloadBuf(size int) *[]byte {
+	if b, _ := c.payloads.Get().(*[]byte); b != nil && cap(*b) >= size {
+		return b
+	}
+	b := make([]byte, 0, size+size/4)
+	return &b
+}
+
+// putPayloadBuf keeps b for the next batch, unless it grew past what a
+// default batch of large messages needs.
+func (c *Consumer) putPayloadBuf(b *[]byte) {
+	if cap(*b) <= maxKeptPayloadBuf {
+		c.payloads.Put(b)
+	}
+}
+
+const maxKeptPayloadBuf = 8 << 20
 
 func mk(n int) []string   { return make([]string, n) }
 func mkp(n int) []*string { return make([]*string, n) }

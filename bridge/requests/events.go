@@ -105,13 +105,29 @@ func QueueWebhookEvents(b *pgx.Batch, w *WebhookEvents) {
 // Notifications are the columns of the inbox rows of notifications from
 // one source, one entry per message; a nil pointer writes NULL. A row
 // with a Status is processed already (recorded, not run).
+//
+// The payloads (JSON, valid UTF-8) travel as one byte string, each
+// after the one before (AddPayload): Postgres cuts them out of it by
+// offset. A text array of them would be built by pgx in a buffer that
+// starts small and doubles, a batch's payloads copied again at each step.
 type Notifications struct {
-	Source                                                                          string
-	MessageIDs, Types                                                               []string
-	Instances                                                                       []*string
-	Occurred                                                                        []time.Time
-	Payloads, Publishers, Priorities, RequestIDs, GlobalRequestIDs, Projects, Users []string
-	Statuses, Details                                                               []*string
+	Source                                                                string
+	MessageIDs, Types                                                     []string
+	Instances                                                             []*string
+	Occurred                                                              []time.Time
+	Publishers, Priorities, RequestIDs, GlobalRequestIDs, Projects, Users []string
+	Statuses, Details                                                     []*string
+	// Payloads holds the payloads one after the other; PayloadStarts
+	// and PayloadLens say where each is (0-based offset, bytes).
+	Payloads                   []byte
+	PayloadStarts, PayloadLens []int32
+}
+
+// AddPayload appends the payload of the next message.
+func (n *Notifications) AddPayload(p []byte) {
+	n.PayloadStarts = append(n.PayloadStarts, int32(len(n.Payloads)))
+	n.PayloadLens = append(n.PayloadLens, int32(len(p)))
+	n.Payloads = append(n.Payloads, p...)
 }
 
 // InsertNotifications writes n into the inbox in tx, but the messages
@@ -121,15 +137,16 @@ type Notifications struct {
 func InsertNotifications(ctx context.Context, tx pgx.Tx, n *Notifications) (pgx.Rows, error) {
 	return tx.Query(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload,
 				publisher_id, priority, request_id, global_request_id, project_id, user_id, status, detail, processed_at)
-			SELECT $1, m, e, u::uuid, o, p::jsonb, pub, pr, NULLIF(rq, ''), NULLIF(grq, ''), NULLIF(pj, ''), NULLIF(us, ''), st, dt,
+			SELECT $1, m, e, u::uuid, o, convert_from(substring($6::bytea FROM ps + 1 FOR pl), 'UTF8')::jsonb,
+				pub, pr, NULLIF(rq, ''), NULLIF(grq, ''), NULLIF(pj, ''), NULLIF(us, ''), st, dt,
 				CASE WHEN st IS NULL THEN NULL ELSE now() END
-			FROM unnest($2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[], $7::text[], $8::text[],
+			FROM unnest($2::text[], $3::text[], $4::text[], $5::timestamptz[], $15::int[], $16::int[], $7::text[], $8::text[],
 				$9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
-				AS x(m, e, u, o, p, pub, pr, rq, grq, pj, us, st, dt)
+				AS x(m, e, u, o, ps, pl, pub, pr, rq, grq, pj, us, st, dt)
 			ON CONFLICT (source, message_id) DO NOTHING
 			RETURNING id, message_id, received_at`,
 		n.Source, n.MessageIDs, n.Types, n.Instances, n.Occurred, n.Payloads, n.Publishers, n.Priorities, n.RequestIDs,
-		n.GlobalRequestIDs, n.Projects, n.Users, n.Statuses, n.Details)
+		n.GlobalRequestIDs, n.Projects, n.Users, n.Statuses, n.Details, n.PayloadStarts, n.PayloadLens)
 }
 
 // PurgeEvents deletes the inbox events ids and the decisions about them

@@ -165,10 +165,12 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 	add := func(name, format string, args ...any) {
 		bad = append(bad, api.InvalidParam{Name: name, Reason: fmt.Sprintf(format, args...)})
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
-		add("(body)", "must be a JSON object")
-		return n, bad
+	fields, ok := objectFields(body)
+	if !ok {
+		if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
+			add("(body)", "must be a JSON object")
+			return n, bad
+		}
 	}
 	str := func(name string) (string, bool) {
 		raw, ok := fields[name]
@@ -251,8 +253,8 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 	}
 
 	if raw, ok := fields["metrics"]; ok {
-		var m map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &m); err != nil || m == nil {
+		m, ok := objectFields(raw)
+		if !ok && (json.Unmarshal(raw, &m) != nil || m == nil) {
 			add("metrics", "must be an object, not %s", jsonKind(raw))
 		} else if len(m) > maxMetrics {
 			add("metrics", "may hold at most %d entries", maxMetrics)
