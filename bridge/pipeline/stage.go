@@ -352,9 +352,12 @@ func (OpenRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 	return false, nil
 }
 
-// Act carries the plan out: claims, attachments and commands on the
-// direct path; a Nova resize step goes to NovaResize. A plan that does not
-// act closes its request (rejected, or failed).
+// Act carries the plan out: on the direct path, a plan that attaches is
+// committed as planned claims and waits for them (the event's second
+// transaction records the claims, attachments and commands: Processor.act),
+// other plans write their commands at once; a Nova resize step goes to
+// NovaResize. A plan that does not act closes its request (rejected, or
+// failed).
 type Act struct {
 	// NovaResize runs plans with a Nova resize step; nil: they fail with
 	// code nova_path_unavailable (Nova's API is not configured).

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -16,29 +17,45 @@ import (
 // names what they do, for a test to ask how often a kind ran.
 type statements struct {
 	mu   sync.Mutex
-	seen []string
+	seen []statement
+}
+
+type statement struct {
+	sql  string
+	args []any
 }
 
 func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	s.mu.Lock()
-	s.seen = append(s.seen, d.SQL)
+	s.seen = append(s.seen, statement{d.SQL, d.Args})
 	s.mu.Unlock()
 	return ctx
 }
 
 func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// count returns how many statements so far contain every one of parts.
-func (s *statements) count(parts ...string) int {
+// reset forgets the statements seen so far.
+func (s *statements) reset() {
+	s.mu.Lock()
+	s.seen = nil
+	s.mu.Unlock()
+}
+
+// count returns how many statements so far contain every one of parts
+// and, when first is not nil, have first as their first argument.
+func (s *statements) count(first any, parts ...string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
 next:
 	for _, q := range s.seen {
 		for _, p := range parts {
-			if !strings.Contains(q, p) {
+			if !strings.Contains(q.sql, p) {
 				continue next
 			}
+		}
+		if first != nil && (len(q.args) == 0 || fmt.Sprint(q.args[0]) != fmt.Sprint(first)) {
+			continue
 		}
 		n++
 	}
@@ -57,23 +74,45 @@ func TestDecidedOnce(t *testing.T) {
 	st := &statements{}
 	w.startBridge(replicaOpts{name: "r1", tracer: st})
 	inst := w.domains[3].UUID
+	// The instance's earlier events (Nova's, from the set-up) go first:
+	// counted from when none is left.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var open int
+		if err := w.pool.QueryRow(w.ctx, `SELECT count(*) FROM events WHERE instance_uuid = $1 AND processed_at IS NULL`, inst).Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		if open == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events of %s still open after a minute", open, inst)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	st.reset()
 
 	id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q", "count": 1})
 	if r := w.wait(id, 60*time.Second); r.State != requests.Succeeded {
 		t.Fatalf("request %s: %s (%s: %s)", id, r.State, r.Code, r.Reason)
 	}
+	var event int64
+	if err := w.pool.QueryRow(w.ctx, `SELECT id FROM events WHERE request_id = $1`, id.String()).Scan(&event); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		what  string
+		first any
 		parts []string
 		want  int
 	}{
-		{"the event locked (decision, record)", []string{"FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED"}, 2},
-		{"the policy's load state read", []string{"FROM policy_load_since WHERE instance_uuid"}, 1},
-		{"the claim planned", []string{"INSERT INTO planned_claims"}, 1},
-		{"the plan dropped with the record", []string{"DELETE FROM planned_claims"}, 1},
-		{"the attachment recorded", []string{"INSERT INTO vgpu_attachments"}, 1},
+		{"the event locked (decision, record)", event, []string{"FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED"}, 2},
+		{"the policy's load state read", inst, []string{"FROM policy_load_since WHERE instance_uuid"}, 1},
+		{"the claim planned", event, []string{"INSERT INTO planned_claims"}, 1},
+		{"the plan dropped with the record", event, []string{"DELETE FROM planned_claims"}, 1},
+		{"the attachment recorded", nil, []string{"INSERT INTO vgpu_attachments"}, 1},
 	} {
-		if got := st.count(c.parts...); got != c.want {
+		if got := st.count(c.first, c.parts...); got != c.want {
 			t.Errorf("%s: %d statements, want %d", c.what, got, c.want)
 		}
 	}
