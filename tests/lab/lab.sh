@@ -186,7 +186,7 @@ SHARE_DIR=$STATE_DIR/share
 
 ssh_opts() {
 	echo -i "$SSH_KEY" -p "$SSH_PORT" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
-		-o LogLevel=ERROR -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 \
+		-o LogLevel=ERROR -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 -o GSSAPIAuthentication=no \
 		-o ControlMaster=auto -o ControlPath="$SSH_CTL" -o ControlPersist=600
 }
 vm_ssh() { ssh $(ssh_opts) root@127.0.0.1 "$@" 8>&-; } # fd 8: the lock of `up`; a master must not keep it
