@@ -158,8 +158,9 @@ func TestErrorMapping(t *testing.T) {
 		want hosterr.Code
 	}{
 		// real test driver errors
-		{"attach unsupported (ERR_NO_SUPPORT)", LiveHotPlugger{c}.AttachLive(ctx, vm1, MdevHostdevXML(md2)), hosterr.Unsupported},
-		{"detach unsupported (ERR_NO_SUPPORT)", LiveHotPlugger{c}.DetachLive(ctx, vm1, MdevHostdevXML(corpusUUID)), hosterr.Unsupported},
+		{"attach unsupported (ERR_NO_SUPPORT)", LiveHotPlugger{Conn: c}.AttachLive(ctx, vm1, MdevHostdevXML(md2)), hosterr.Unsupported},
+		{"detach unsupported (ERR_NO_SUPPORT)", LiveHotPlugger{Conn: c}.DetachLive(ctx, vm1, MdevHostdevXML(corpusUUID)), hosterr.Unsupported},
+		{"detach of a device the domain does not have", LiveHotPlugger{Conn: c}.DetachLive(ctx, vm1, MdevHostdevXML(md2)), hosterr.NotFound},
 		{"destroy shut-off domain (domain is not running)", dom2.Destroy(), hosterr.DomainNotRunning},
 		{"shutdown shut-off domain (internal error: not running)", dom2.Shutdown(), hosterr.DomainNotRunning},
 		{"unknown domain (ERR_NO_DOMAIN)", lookupErr, hosterr.NotFound},
@@ -170,6 +171,8 @@ func TestErrorMapping(t *testing.T) {
 			Message: "unsupported configuration: Mediated host device assignment requires VFIO support"}, hosterr.VFIOUnavailable},
 		{"qemu: device not found (ERR_DEVICE_MISSING)", lv.Error{Code: lv.ERR_DEVICE_MISSING, Domain: lv.FROM_DOMAIN,
 			Message: "device not found: mediated device '53764d0e-85a0-42b4-af5c-2046b460b1dc' not found"}, hosterr.NotFound},
+		{"qemu: bus without hot-plug (seen in tests/lab)", lv.Error{Code: lv.ERR_INTERNAL_ERROR, Domain: lv.FROM_QEMU,
+			Message: "internal error: unable to execute QEMU command 'device_add': Bus 'pci.0' does not support hotplugging"}, hosterr.Unsupported},
 		{"qemu: operation unsupported", lv.Error{Code: lv.ERR_OPERATION_UNSUPPORTED, Message: "Operation not supported: cannot hotplug"}, hosterr.Unsupported},
 		{"timeout", lv.Error{Code: lv.ERR_OPERATION_TIMEOUT, Message: "Timed out during operation"}, hosterr.Timeout},
 		{"access denied", lv.Error{Code: lv.ERR_ACCESS_DENIED, Message: "access denied"}, hosterr.PermissionDenied},

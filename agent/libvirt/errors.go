@@ -38,7 +38,11 @@ func codeOf(e lv.Error) hosterr.Code {
 		// test driver: "internal error: domain 'x' not running";
 		// qemu/test: "Requested operation is not valid: domain is not running"
 		return hosterr.DomainNotRunning
-	case strings.Contains(msg, "unsupported flags"), strings.Contains(msg, "unsupported configuration"):
+	case strings.Contains(msg, "unsupported flags"), strings.Contains(msg, "unsupported configuration"),
+		strings.Contains(msg, "does not support hotplugging"):
+		// qemu refuses a hot-plug onto a bus without it with an internal
+		// error: "unable to execute QEMU command 'device_add': Bus 'pci.0'
+		// does not support hotplugging"
 		return hosterr.Unsupported
 	case strings.Contains(msg, "already running"):
 		return hosterr.Exists

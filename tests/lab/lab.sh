@@ -141,6 +141,37 @@ build_initramfs() { # outdir kver
 	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$out/initramfs.img"
 }
 
+# guest_initramfs: the nested guest's initramfs for this kernel and
+# guest-init, in the cache directory (built in seconds, so keyed apart from
+# the modules: a change of guest-init does not rebuild them).
+guest_initramfs_path() { # cachedir
+	printf '%s/guest-initramfs-%s.img\n' "$1" "$(sha256sum <"$HERE/guest-init" | cut -c1-12)"
+}
+guest_initramfs() { # cachedir kver -> prints the image's path
+	local cache=$1 k=$2 img
+	img=$(guest_initramfs_path "$cache")
+	if [ ! -f "$img" ]; then
+		local root=$cache/.guest-$$ m
+		rm -rf "$root"
+		mkdir -p "$root"/{bin,dev,proc,sys,mods}
+		cp /bin/busybox "$root/bin/busybox"
+		cp "$HERE/guest-init" "$root/init"
+		chmod 0755 "$root/init"
+		: >"$root/modules.sh"
+		# the ACPI power button (a graceful shutdown) and its input events
+		while read -r cmd m; do
+			[ "$cmd" = insmod ] || continue
+			cp "$m" "$root/mods/"
+			echo "insmod /mods/${m##*/}" >>"$root/modules.sh"
+		done < <(modprobe -S "$k" --show-depends -a button evdev | awk '!seen[$0]++')
+		rm -f "$cache"/guest-initramfs-*.img
+		(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$img.tmp"
+		mv "$img.tmp" "$img"
+		rm -rf "$root"
+	fi
+	echo "$img"
+}
+
 # cmd_build: the cached artefacts for this kernel (built once per key) and
 # the mdev modules installed into /lib/modules/<kver>/updates for the VM.
 cmd_build() {
@@ -165,6 +196,7 @@ cmd_build() {
 			[ "$d" = "$CACHE" ] || rm -rf "$d"
 		done
 	fi
+	GUEST_INITRD=$(guest_initramfs "$CACHE" "$KVER")
 	local dst=/lib/modules/$KVER/updates/vgpu-bridge-lab changed=0 f
 	mkdir -p "$dst"
 	for f in "$CACHE"/modules/*.ko; do
@@ -186,7 +218,7 @@ SHARE_DIR=$STATE_DIR/share
 
 ssh_opts() {
 	echo -i "$SSH_KEY" -p "$SSH_PORT" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
-		-o LogLevel=ERROR -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 \
+		-o LogLevel=ERROR -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 -o GSSAPIAuthentication=no \
 		-o ControlMaster=auto -o ControlPath="$SSH_CTL" -o ControlPersist=600
 }
 vm_ssh() { ssh $(ssh_opts) root@127.0.0.1 "$@" 8>&-; } # fd 8: the lock of `up`; a master must not keep it
@@ -217,6 +249,7 @@ cmd_up() {
 	exec 8>"$STATE_DIR/lock"
 	flock 8 # one `up` at a time; a second waits and then finds the VM up
 	if vm_answers; then
+		cmd_build # the nested guest's initramfs follows tests/lab/guest-init
 		echo "lab: up (ssh 127.0.0.1:$SSH_PORT)"
 		return 0
 	fi
@@ -279,6 +312,13 @@ cmd_down() {
 cmd_env() {
 	printf 'LAB_STATE_DIR=%s\nLAB_SSH_PORT=%s\nLAB_SSH_KEY=%s\nLAB_SERIAL_LOG=%s\nLAB_SHARE_DIR=%s\nLAB_VM_SHARE_DIR=/lab\n' \
 		"$STATE_DIR" "$SSH_PORT" "$SSH_KEY" "$SERIAL_LOG" "$SHARE_DIR"
+	# The nested guest's kernel (Debian's, the lab's own) and initramfs; the
+	# lab VM sees them at the same paths on the lab host's root.
+	local k
+	if k=$(kver 2>/dev/null) && [ -f "/boot/vmlinuz-$k" ]; then
+		printf 'LAB_GUEST_KERNEL=/boot/vmlinuz-%s\nLAB_GUEST_INITRD=%s\n' "$k" \
+			"$(guest_initramfs_path "$CACHE_ROOT/$(cache_key "$k" 2>/dev/null)")"
+	fi
 }
 
 case ${1:-} in
