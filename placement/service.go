@@ -16,6 +16,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/index"
@@ -266,10 +267,7 @@ func (s *Service) Run(ctx context.Context) error {
 		if ok || !fresh { // (loadMirror has just read the hosts table)
 			s.refreshHosts(ctx)
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(s.cfg.SyncInterval):
-		}
+		wake.Wait(ctx, nil, s.cfg.SyncInterval)
 	}
 	return nil
 }
@@ -301,10 +299,8 @@ func (s *Service) lead(ctx context.Context) error {
 			lastFull = time.Now()
 			s.setSynced()
 		}
-		select {
-		case <-ctx.Done():
+		if !wake.Wait(ctx, nil, wait) {
 			return nil
-		case <-time.After(wait):
 		}
 	}
 }
@@ -351,10 +347,8 @@ func (s *Service) runDirect(ctx context.Context) error {
 		} else if err == nil {
 			s.setSynced()
 		}
-		select {
-		case <-ctx.Done():
+		if !wake.Wait(ctx, nil, s.cfg.SyncInterval) {
 			return nil
-		case <-time.After(s.cfg.SyncInterval):
 		}
 	}
 }
