@@ -14,32 +14,12 @@ import (
 )
 
 var (
-	optOutDriver = accountingOptions.Choice("oslo_messaging_notifications", "driver", notify.DriverMessagingV2,
-		[]string{notify.DriverMessagingV2, notify.DriverNoop},
-		"How the bridge's own notifications (vgpu.attach.*, vgpu.detach.*, vgpu.resize.*, vgpu.request.error, vgpu.exists) "+
-			"leave: messagingv2 publishes them in oslo.messaging's versioned format; noop discards them. Example: noop")
 	optOutTransportURL = accountingOptions.Secret("oslo_messaging_notifications", "transport_url",
 		"The RabbitMQ the bridge publishes its own notifications to. Empty uses the broker of [notifications] "+
 			"(Nova's notifications), which defaults to [DEFAULT] transport_url. Example: rabbit://vgpu:secret@notify1:5672/notifications")
 	optOutTransportURLFile = accountingOptions.String("oslo_messaging_notifications", "transport_url_file", "",
 		"A file holding [oslo_messaging_notifications] transport_url. Wins over transport_url. "+
 			"Example: /etc/vgpu-bridge/secrets/notifications_out_transport_url")
-	optOutExchange = accountingOptions.String("oslo_messaging_notifications", "exchange", "vgpu_bridge",
-		"The topic exchange the bridge publishes to (oslo.messaging's control_exchange; a listener's Target exchange). "+
-			"Example: vgpu_bridge")
-	optOutExchangeDurable = accountingOptions.Bool("oslo_messaging_notifications", "exchange_durable", false,
-		"Declare the exchange (and queues, with declare_queues) durable. Must equal the consumers' "+
-			"[oslo_messaging_rabbit] amqp_durable_queues, or the broker refuses with 406 PRECONDITION_FAILED. Example: true")
-	optOutTopics = accountingOptions.List("oslo_messaging_notifications", "topics", "versioned_notifications",
-		"Topics the notifications go to; each message is published with routing key TOPIC.PRIORITY "+
-			"(versioned_notifications.info, versioned_notifications.error) for every topic. Example: versioned_notifications")
-	optOutDeclareQueues = accountingOptions.Bool("oslo_messaging_notifications", "declare_queues", false,
-		"Declare and bind a queue named after each routing key, as oslo.messaging's notifier does, so notifications wait "+
-			"there until a consumer reads them; nobody reading them makes the queues grow. Off: the broker drops what no "+
-			"consumer's queue is bound for. Example: true")
-	optOutPoll = accountingOptions.Duration("oslo_messaging_notifications", "poll_interval", 5*time.Second, 100*time.Millisecond, time.Hour,
-		"Longest wait before the relay looks for unsent notifications; a commit that queued some wakes it at once "+
-			"(Postgres NOTIFY). Example: 10s")
 
 	optAcctPeriod = accountingOptions.String("accounting", "audit_period", "hour",
 		"Length of an audit period, as Nova's instance_usage_audit_period: hour, day, month, year, or a duration that "+
@@ -70,9 +50,6 @@ func validateAccounting(v *conf.Values) conf.Errors {
 				Problem: err.Error()})
 		}
 	}
-	if len(optOutTopics.Get(v)) == 0 {
-		errs = append(errs, &conf.Error{Section: "oslo_messaging_notifications", Option: "topics", Problem: "must not be empty"})
-	}
 	if _, err := usage.ParsePeriod(optAcctPeriod.Get(v)); err != nil {
 		errs = append(errs, &conf.Error{Section: "accounting", Option: "audit_period", Value: optAcctPeriod.Get(v), Problem: err.Error()})
 	}
@@ -96,6 +73,17 @@ func OutTransportURL(v *conf.Values, notifications *conf.TransportURL) (*conf.Tr
 	return conf.ParseTransportURL(raw)
 }
 
+// NotifyConfig maps [oslo_messaging_notifications] (package notify's
+// options) to notify.Config, reconnecting as the consumer of Nova's
+// notifications does ([notifications] reconnect_*); the brokers, the
+// publisher id and Replica are the caller's.
+func NotifyConfig(v *conf.Values) notify.Config {
+	c := notify.ConfigFrom(v)
+	ic := ingest.ConfigFrom(v)
+	c.ReconnectMin, c.ReconnectMax = ic.ReconnectMin, ic.ReconnectMax
+	return c
+}
+
 // setupAccounting wires GET /v1/usage, the audit-period closer and the
 // relay of the bridge's own notifications (TLS with the [notifications]
 // ssl_* files).
@@ -113,19 +101,10 @@ func setupAccounting(w *wiring, ntu *conf.TransportURL, tc *tls.Config) ([]compo
 		return nil, fmt.Errorf("[oslo_messaging_notifications] transport_url: %w", err)
 	}
 	host, _ := os.Hostname()
-	rc := notify.Config{
-		Driver:          optOutDriver.Get(w.v),
-		URLs:            tu.AMQPURLs(),
-		Exchange:        optOutExchange.Get(w.v),
-		ExchangeDurable: optOutExchangeDurable.Get(w.v),
-		Topics:          optOutTopics.Get(w.v),
-		DeclareQueues:   optOutDeclareQueues.Get(w.v),
-		PublisherID:     "vgpu-bridge:" + cmp.Or(w.replica, host),
-		Poll:            optOutPoll.Get(w.v),
-		ReconnectMin:    ingest.ConfigFrom(w.v).ReconnectMin,
-		ReconnectMax:    ingest.ConfigFrom(w.v).ReconnectMax,
-		Replica:         w.replica,
-	}
+	rc := NotifyConfig(w.v)
+	rc.URLs = tu.AMQPURLs()
+	rc.PublisherID = "vgpu-bridge:" + cmp.Or(w.replica, host)
+	rc.Replica = w.replica
 	if tu.TLS {
 		rc.TLS = tc // [notifications] ssl_* files
 	}

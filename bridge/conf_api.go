@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/keystoneauth"
@@ -25,16 +24,6 @@ var (
 			"reader of PROJECT that may also POST /v1/requests for its instances) or admin; "+
 			"a reader with a PROJECT sees only that project's instances, requests, allocations and events and no fleet "+
 			"route (x-vgpu-access in /v1/openapi.json); one without is a fleet reader. Re-read on SIGHUP (a file that does not load keeps the tokens in use). Example: /etc/vgpu-bridge/secrets/api-tokens")
-	optAPIReadHeaderTimeout = apiOptions.Duration("api", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,
-		"How long a client may take to send the request headers (cuts off slowloris clients). Example: 5s")
-	optAPIReadTimeout = apiOptions.Duration("api", "read_timeout", 30*time.Second, time.Second, 10*time.Minute,
-		"How long a client may take to send a whole request. Example: 30s")
-	optAPIWriteTimeout = apiOptions.Duration("api", "write_timeout", 30*time.Second, time.Second, 10*time.Minute,
-		"How long an answer may take to write. Example: 30s")
-	optAPIMaxHeaderBytes = apiOptions.Int("api", "max_header_bytes", 64<<10, 4<<10, 1<<20,
-		"Largest request header block accepted. Example: 65536")
-	optAPIMaxBodyBytes = apiOptions.Int("api", "max_body_bytes", 1<<20, 1<<10, 64<<20,
-		"Largest request body the operator API reads. Example: 1048576")
 	optAPIProjectRate = apiOptions.Float("api", "project_rate", 50, 0, 1e6,
 		"Requests per second each project may make, over POST /v1/requests and every webhook source together: a "+
 			"request takes a token of the project of each instance it names (an instance the bridge does not know yet "+
@@ -73,8 +62,9 @@ func serverTLS(certFile, keyFile string) (*tls.Config, error) {
 	}, nil
 }
 
-// apiOptions are the options declared in this file; Options assembles them
-// into the daemon's set with validateAPI.
+// apiOptions are the options declared in this file (the server's limits
+// are package api's); Options assembles them into the daemon's set with
+// validateAPI.
 var apiOptions = conf.NewGroup().
 	SectionHelp("api", "The operator API (described at GET /v1/openapi.json), /metrics, /healthz and /readyz.")
 
@@ -98,16 +88,11 @@ func validateAPI(v *conf.Values) conf.Errors {
 	return errs
 }
 
-// APIConfig maps [api] to api.Config (without logger, registry, version).
+// APIConfig maps [api] to api.Config (without logger, registry, version):
+// package api's limits, and the listener, authentication and TLS.
 func APIConfig(v *conf.Values) (api.Config, error) {
-	c := api.Config{
-		Listen:            optAPIListen.Get(v),
-		ReadHeaderTimeout: optAPIReadHeaderTimeout.Get(v),
-		ReadTimeout:       optAPIReadTimeout.Get(v),
-		WriteTimeout:      optAPIWriteTimeout.Get(v),
-		MaxHeaderBytes:    optAPIMaxHeaderBytes.Get(v),
-		MaxBodyBytes:      int64(optAPIMaxBodyBytes.Get(v)),
-	}
+	c := api.ConfigFrom(v)
+	c.Listen = optAPIListen.Get(v)
 	switch optAPIAuth.Get(v) {
 	case "noauth":
 		c.Auth = api.NoAuth{}

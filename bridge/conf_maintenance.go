@@ -4,7 +4,6 @@ package bridge
 
 import (
 	"context"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -21,14 +20,6 @@ var (
 			"vGPUs: Nova 2024.1 (Caracal) or later, libvirt 8.6 or later and QEMU 8.1 or later on every compute "+
 			"host, with the NVIDIA driver's migration support; on older stacks Nova refuses the move or the VM "+
 			"loses its vGPU. Direct-path VMs are live-migrated either way (their vGPU is detached first). Example: true")
-	optMaintenanceMigrationTimeout = maintenanceOptions.Duration("maintenance", "migration_timeout", 30*time.Minute, time.Minute, 24*time.Hour,
-		"How long host maintenance waits for one Nova move (a cold or live migration) to end before it fails "+
-			"that VM. Example: 1h")
-	optMaintenanceStepTimeout = maintenanceOptions.Duration("maintenance", "step_timeout", 10*time.Minute, 30*time.Second, 24*time.Hour,
-		"How long host maintenance waits for a detach or attach through the agent, or for a migration's "+
-			"confirm, before it fails that VM. Example: 20m")
-	optMaintenancePollInterval = maintenanceOptions.Duration("maintenance", "poll_interval", 2*time.Second, 100*time.Millisecond, time.Minute,
-		"How often host maintenance reads Nova's migration records and the server while a VM moves. Example: 5s")
 )
 
 // maintenanceOptions are the options declared in this file; Options assembles them
@@ -37,10 +28,10 @@ var maintenanceOptions = conf.NewGroup().
 	SectionHelp("maintenance", "Host maintenance: `vgpuctl host migrate-all HOST` (POST "+
 		"/v1/hosts/{name}/migrate-all) drains a host, moves every vGPU VM off it through Nova and undrains it.")
 
-// MaintenanceRunConfig maps [maintenance] to the executor's timings.
+// MaintenanceRunConfig maps [maintenance] to the executor's timings
+// (package maintenance's options).
 func MaintenanceRunConfig(v *conf.Values) maintenance.RunConfig {
-	return maintenance.RunConfig{Poll: optMaintenancePollInterval.Get(v), MigrationTimeout: optMaintenanceMigrationTimeout.Get(v),
-		StepTimeout: optMaintenanceStepTimeout.Get(v)}
+	return maintenance.RunConfigFrom(v)
 }
 
 // maintenanceNova is what host maintenance needs of Nova

@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
@@ -19,14 +18,11 @@ var (
 		"A file holding a static token sent as X-Auth-Token, used with endpoint_override instead of Keystone "+
 			"(noauth2 takes \"<user>:<project>\", e.g. admin:admin). The token must be an admin's: the bridge lists "+
 			"private flavors and reads servers' hosts. Example: /etc/vgpu-bridge/secrets/nova-token")
-	optNovaMicroversion = novaOptions.String("nova", "microversion", computeapi.DefaultMicroversion,
-		"Compute API microversion of every request; 2.61 or later (flavors with their extra specs). Example: 2.79")
-	optNovaTimeout = novaOptions.Duration("nova", "timeout", 30*time.Second, time.Second, 10*time.Minute,
-		"How long one Nova API request may take. Example: 30s")
 )
 
-// novaOptions are the [nova] options of Nova's client, declared in this
-// file (the path's timings are package novaresize's); Options assembles
+// novaOptions are the [nova] options that say where Nova is, declared in
+// this file (the client's microversion and timeout are package
+// computeapi's, the path's timings package novaresize's); Options assembles
 // them into the daemon's set with validateNova.
 var novaOptions = conf.NewGroup().
 	SectionHelp("nova", "Nova's compute API, for the Nova-native path: the bridge resizes a server to a flavor "+
@@ -35,9 +31,6 @@ var novaOptions = conf.NewGroup().
 
 // validateNova tests relations between the options of this file.
 func validateNova(v *conf.Values) conf.Errors {
-	if m := optNovaMicroversion.Get(v); computeapi.CheckMicroversion(m) != nil {
-		return conf.Errors{{Section: "nova", Option: "microversion", Value: m, Problem: "not a 2.N microversion of 2.61 or later; allowed: e.g. 2.79"}}
-	}
 	if (optNovaEndpoint.Get(v) == "") != (optNovaTokenFile.Get(v) == "") && optOpenStackCloud.Get(v) == "" {
 		return conf.Errors{{Section: "nova", Option: "token_file", Problem: "endpoint_override and token_file go together unless [openstack] cloud is set"}}
 	}
@@ -47,13 +40,10 @@ func validateNova(v *conf.Values) conf.Errors {
 // NovaConfig maps [nova] and [openstack] cloud to the client's config;
 // ok is false when Nova is not configured (the Nova path is off).
 func NovaConfig(v *conf.Values) (computeapi.Config, bool, error) {
-	c := computeapi.Config{
-		Cloud:         optOpenStackCloud.Get(v),
-		Endpoint:      optNovaEndpoint.Get(v),
-		Microversion:  optNovaMicroversion.Get(v),
-		Timeout:       optNovaTimeout.Get(v),
-		WrapTransport: requestid.Transport, // the operation's X-OpenStack-Request-ID when a call names none
-	}
+	c := computeapi.ConfigFrom(v)
+	c.Cloud = optOpenStackCloud.Get(v)
+	c.Endpoint = optNovaEndpoint.Get(v)
+	c.WrapTransport = requestid.Transport // the operation's X-OpenStack-Request-ID when a call names none
 	if f := optNovaTokenFile.Get(v); f != "" {
 		tok, err := conf.ReadSecretFile(f)
 		if err != nil {
@@ -69,7 +59,7 @@ func NovaConfig(v *conf.Values) (computeapi.Config, bool, error) {
 // timeout.
 func NovaPathConfig(v *conf.Values) novaresize.Config {
 	c := novaresize.ConfigFrom(v)
-	c.CallLease = 2 * optNovaTimeout.Get(v)
+	c.CallLease = 2 * computeapi.ConfigFrom(v).Timeout
 	return c
 }
 

@@ -92,7 +92,7 @@ var webhooksOptions = conf.NewGroup().
 		conf.Option{Name: "callback_hosts", Kind: conf.KindList,
 			Help: "Hosts a callback_url may name (exact names or addresses, or *.domain); empty refuses every callback_url. " +
 				"Nothing else is ever contacted. Example: scheduler.example.org,*.jobs.example.org"},
-		conf.Option{Name: "instance_label", Kind: conf.KindString, Default: "instance_uuid",
+		conf.Option{Name: "instance_label", Kind: conf.KindString, Default: webhook.DefaultInstanceLabel,
 			Help: "With format = alertmanager: the alert label holding the Nova instance UUID; alerts without it are skipped. Example: instance_uuid"},
 		conf.Option{Name: "alert_metrics", Kind: conf.KindList,
 			Help: "With format = alertmanager: a firing alert's labels and annotations whose value is a number become the " +
@@ -108,7 +108,7 @@ var webhooksOptions = conf.NewGroup().
 			Help: "With auth = jwt: the value the token's aud (a string or an array) must hold: it binds a token to this " +
 				"source. Empty: vgpu-bridge:webhook:NAME, NAME being the source's. Two jwt sources with the same jwt_issuer " +
 				"must not share one (a token for one would be accepted by the other). Example: vgpu-bridge:webhook:batch-scheduler"},
-		conf.Option{Name: "jwt_max_lifetime", Kind: conf.KindDuration, Default: "1h", Min: float64(time.Minute), Max: float64(webhook.MaxJWTMaxLifetime), HasRange: true,
+		conf.Option{Name: "jwt_max_lifetime", Kind: conf.KindDuration, Default: webhook.DefaultJWTMaxLifetime.String(), Min: float64(time.Minute), Max: float64(webhook.MaxJWTMaxLifetime), HasRange: true,
 			Help: "With auth = jwt: the longest a token may be valid for, from its iat (or nbf; from now without either) to " +
 				"its exp; a longer-lived token is refused 401 (token_lifetime_too_long), so a leaked token is of use for a " +
 				"bounded time. Example: 1h"},
@@ -123,7 +123,7 @@ var webhooksOptions = conf.NewGroup().
 		conf.Option{Name: "jwks_file", Kind: conf.KindString,
 			Help: "With auth = jwt: a file holding the JWKS, in place of jwks_url; read again when its modification time " +
 				"or size changes (looked at once a second at most) and on SIGHUP. Example: /etc/vgpu-bridge/jwks/batch-scheduler.json"},
-		conf.Option{Name: "jwks_refresh_interval", Kind: conf.KindDuration, Default: "5m", Min: float64(30 * time.Second), Max: float64(24 * time.Hour), HasRange: true,
+		conf.Option{Name: "jwks_refresh_interval", Kind: conf.KindDuration, Default: webhook.DefaultJWKSRefresh.String(), Min: float64(30 * time.Second), Max: float64(24 * time.Hour), HasRange: true,
 			Help: "With jwks_url: the age at which the keys are fetched again (in the background; requests go on with " +
 				"the keys in hand). Example: 5m"},
 		conf.Option{Name: "jwt_leeway", Kind: conf.KindDuration, Default: "1m", Min: 0, Max: float64(webhook.MaxJWTLeeway), HasRange: true,
@@ -134,7 +134,7 @@ var webhooksOptions = conf.NewGroup().
 				"when that is set), others are refused 403 (project_not_allowed); a token without the claim is refused " +
 				"401 (missing_projects_claim). The same projects narrow the requests the token reads (GET /v1/requests/{id}), and " +
 				"each token's sub and projects have idempotency keys of their own. Empty: tokens are not narrowed. Example: projects"},
-		conf.Option{Name: "timestamp_tolerance", Kind: conf.KindDuration, Default: "5m", Min: float64(10 * time.Second), Max: float64(time.Hour), HasRange: true,
+		conf.Option{Name: "timestamp_tolerance", Kind: conf.KindDuration, Default: webhook.DefaultTimestampTolerance.String(), Min: float64(10 * time.Second), Max: float64(time.Hour), HasRange: true,
 			Help: "Standard Webhooks: the largest difference between webhook-timestamp and the bridge's clock. Example: 5m"},
 	)
 

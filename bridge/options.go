@@ -1,13 +1,19 @@
 package bridge
 
 import (
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/keystoneauth"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/maintenance"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
@@ -35,22 +41,28 @@ func Options() *conf.Set {
 	return conf.NewSet("VGPU_BRIDGE",
 		accountingOptions.WithCheck(validateAccounting),
 		apiOptions.WithCheck(validateAPI),
+		api.Options(),
 		databaseOptions.WithCheck(validateDatabase),
 		defaultOptions.WithCheck(validateDefault),
 		dispatch.Options(),
 		drift.Options(),
 		keystoneOptions.WithCheck(validateKeystone),
+		keystoneauth.Options(),
 		maintenanceOptions,
+		maintenance.OptionGroup(),
 		notificationsOptions.WithCheck(validateNotifications),
 		ingest.Options(),
+		notify.Options(),
 		novaOptions.WithCheck(validateNova),
+		computeapi.Options(),
 		novaresize.Options(),
 		openstackOptions,
 		pipeline.Options(),
-		placementOptions.WithCheck(validatePlacement),
+		placementOptions,
 		placement.Options(),
 		policyOptions.WithCheck(validatePolicy),
-		retentionOptions.WithCheck(validateRetention),
+		retentionOptions,
+		controls.Options(),
 		securityOptions.WithCheck(validateSecurity),
 		webhooksOptions.WithCheck(validateWebhooks),
 		webhook.Options(),

@@ -55,8 +55,9 @@ func UpgradeCheck(ctx context.Context, v *conf.Values) ([]Check, error) {
 	}
 	defer pool.Close()
 	checks := []Check{checkSchemaCurrent(ctx, pool), checkNotifications(ctx, pool), checkPlacement(ctx, v)}
-	checks = append(checks, checkProviders(ctx, pool, optPlacementClasses.Get(v), optPlacementTypePrefix.Get(v)))
-	checks = append(checks, checkAgents(ctx, pool, placement.StaleReportAge(v)), checkKeys(v))
+	pc := placement.ConfigFrom(v)
+	checks = append(checks, checkProviders(ctx, pool, pc.Classes, pc.TypePrefix))
+	checks = append(checks, checkAgents(ctx, pool, pc.StaleReportAge), checkKeys(v))
 	return checks, nil
 }
 

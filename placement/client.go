@@ -36,9 +36,10 @@ type ClientConfig struct {
 	// TokenFile, if set, is read instead.
 	Token     string
 	TokenFile string
-	// Microversion of every request; default DefaultMicroversion.
+	// Microversion of every request; default [placement] microversion's
+	// (DefaultMicroversion).
 	Microversion string
-	// Timeout of one HTTP request; default 30s.
+	// Timeout of one HTTP request; default [placement] timeout's.
 	Timeout time.Duration
 	// HTTPClient replaces the default client (tests).
 	HTTPClient *http.Client
@@ -55,11 +56,9 @@ type Client struct {
 // NewClient builds a client: endpoint + token when both are known,
 // otherwise Keystone through clouds.yaml.
 func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
-	if cfg.Microversion == "" {
-		cfg.Microversion = DefaultMicroversion
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = 30 * time.Second
+	if d := DefaultConfig().Client; cfg.Microversion == "" || cfg.Timeout == 0 {
+		cfg.Microversion = cmp.Or(cfg.Microversion, d.Microversion)
+		cfg.Timeout = cmp.Or(cfg.Timeout, d.Timeout)
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {

@@ -1,26 +1,99 @@
 package placement
 
 import (
+	"regexp"
+	"sync"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 )
 
-// options are the [placement] options this package's code reads and that
-// other features share (the rest of [placement], the client's settings,
-// are the bridge's). The bridge's set takes them from Options.
+// options are the [placement] options this package's code reads, declared
+// once with their defaults: the bridge's set takes them from Options, and
+// DefaultConfig (the defaults a zero Config field takes) is built from
+// them. How Placement is reached without Keystone's catalog
+// (endpoint_override, token_file) is the bridge's.
 var options = conf.NewGroup()
 
-var optStaleReportAge = options.Duration("placement", "stale_report_age", 5*time.Minute, 10*time.Second, 24*time.Hour,
-	"A host whose last agent report is older than this is left out of placement decisions "+
-		"(hosts that never reported are not). Example: 3m")
+var (
+	optMicroversion = options.String("placement", "microversion", DefaultMicroversion,
+		"Placement microversion of every request (OpenStack-API-Version: placement X); 1.38 or later for consumer types. Example: 1.39")
+	optTimeout = options.Duration("placement", "timeout", 30*time.Second, time.Second, 10*time.Minute,
+		"How long one Placement request may take. Example: 30s")
+	optClasses = options.List("placement", "vgpu_resource_classes", "VGPU",
+		"Resource classes whose inventory makes a provider a physical GPU, first match wins. "+
+			"Example: VGPU,CUSTOM_VGPU_A16")
+	optTypePrefix = options.String("placement", "type_trait_prefix", engine.DefaultTypePrefix,
+		"Prefix of the traits that name a GPU's vGPU type (CUSTOM_ + upper-cased type id, as Nova names them). Example: CUSTOM_NVIDIA_")
+	optAddTypeTraits = options.Bool("placement", "add_type_traits", false,
+		"Opt-in: add to each GPU provider that has no type_trait_prefix trait the type its host's agent reports "+
+			"(creating the CUSTOM_ trait when missing), so that Nova's scheduler and vGPU flavors see it. The bridge "+
+			"never removes a trait and never changes an inventory; each trait added is audited. Needs a Placement "+
+			"account allowed to write traits. Example: true")
+	optSyncInterval = options.Duration("placement", "sync_interval", time.Minute, time.Second, 24*time.Hour,
+		"Time between incremental syncs (providers whose generation moved). Example: 30s")
+	optFullSyncInterval = options.Duration("placement", "full_sync_interval", time.Hour, time.Minute, 7*24*time.Hour,
+		"Time between full syncs, which re-read every provider. Example: 6h")
+	optSyncConcurrency = options.Int("placement", "sync_concurrency", 8, 1, 64,
+		"Parallel Placement reads during a sync. Example: 16")
+	optConsumerType = options.String("placement", "consumer_type", "INSTANCE",
+		"consumer_type written with direct-path claims (microversion 1.38+). Example: INSTANCE")
+	optStaleReportAge = options.Duration("placement", "stale_report_age", 5*time.Minute, 10*time.Second, 24*time.Hour,
+		"A host whose last agent report is older than this is left out of placement decisions "+
+			"(hosts that never reported are not). Example: 3m")
+)
 
-// Options returns the [placement] options declared by this package.
-func Options() *conf.Group { return options }
+var (
+	reTraitPrefix   = regexp.MustCompile(`^CUSTOM_[A-Z0-9_]*$`)
+	reMicroversion1 = regexp.MustCompile(`^1\.[0-9]+$`)
+)
+
+// Options returns the [placement] options declared by this package, with
+// their check.
+func Options() *conf.Group { return options.WithCheck(check) }
+
+// check tests the values of the options.
+func check(v *conf.Values) conf.Errors {
+	var errs conf.Errors
+	if m := optMicroversion.Get(v); !reMicroversion1.MatchString(m) {
+		errs = append(errs, &conf.Error{Section: "placement", Option: "microversion", Value: m, Problem: "not a 1.N microversion; allowed: e.g. 1.39"})
+	}
+	if p := optTypePrefix.Get(v); !reTraitPrefix.MatchString(p) {
+		errs = append(errs, &conf.Error{Section: "placement", Option: "type_trait_prefix", Value: p, Problem: "not a custom trait prefix; allowed: CUSTOM_[A-Z0-9_]*"})
+	}
+	if len(optClasses.Get(v)) == 0 {
+		errs = append(errs, &conf.Error{Section: "placement", Option: "vgpu_resource_classes", Problem: "is empty; allowed: VGPU or CUSTOM_* classes"})
+	}
+	return errs
+}
 
 // StaleReportAge is [placement] stale_report_age: hosts whose last agent
 // report is older are left out of decisions.
 func StaleReportAge(v *conf.Values) time.Duration { return optStaleReportAge.Get(v) }
 
-// defaultStaleReportAge is stale_report_age's declared default.
-func defaultStaleReportAge() time.Duration { return StaleReportAge(conf.Defaults(options)) }
+// ConfigFrom maps [placement] to a Config. Where Placement is
+// (Client.Cloud, Endpoint, Token), the auditor and Replica are the
+// caller's (TraitListingMin, which no option sets, is the syncer's).
+func ConfigFrom(v *conf.Values) Config {
+	return Config{
+		Client: ClientConfig{
+			Microversion: optMicroversion.Get(v),
+			Timeout:      optTimeout.Get(v),
+		},
+		Classes:          optClasses.Get(v),
+		TypePrefix:       optTypePrefix.Get(v),
+		SyncInterval:     optSyncInterval.Get(v),
+		FullSyncInterval: optFullSyncInterval.Get(v),
+		SyncConcurrency:  optSyncConcurrency.Get(v),
+		AddTypeTraits:    optAddTypeTraits.Get(v),
+		StaleReportAge:   optStaleReportAge.Get(v),
+		ConsumerType:     optConsumerType.Get(v),
+	}
+}
+
+var defaults = sync.OnceValue(func() Config { return ConfigFrom(conf.Defaults(options)) })
+
+// DefaultConfig returns the defaults of the [placement] options: the
+// values a zero field of Config (and of its Client) takes.
+func DefaultConfig() Config { return defaults() }

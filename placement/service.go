@@ -16,6 +16,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/index"
@@ -26,16 +27,18 @@ import (
 // [placement] and [openstack] options into it.
 type Config struct {
 	Client ClientConfig
-	// Classes are the resource classes treated as vGPU (default VGPU).
+	// Zero fields take DefaultConfig's values (the options' defaults).
+	//
+	// Classes are the resource classes treated as vGPU.
 	Classes []string
-	// TypePrefix marks vGPU type traits (default CUSTOM_NVIDIA_).
+	// TypePrefix marks vGPU type traits.
 	TypePrefix string
-	// SyncInterval between incremental syncs (default 60s).
+	// SyncInterval between incremental syncs.
 	SyncInterval time.Duration
-	// FullSyncInterval between full syncs (default 1h; 0 keeps the default,
+	// FullSyncInterval between full syncs (0 takes the default,
 	// negative disables periodic full syncs after the first).
 	FullSyncInterval time.Duration
-	// SyncConcurrency is the number of parallel Placement reads (default 8).
+	// SyncConcurrency is the number of parallel Placement reads.
 	SyncConcurrency int
 	// TraitListingMin: see Syncer.TraitListingMin (default 200).
 	TraitListingMin int
@@ -43,9 +46,9 @@ type Config struct {
 	// without a type trait the one its agent reports (AddTypeTraits).
 	AddTypeTraits bool
 	// StaleReportAge excludes hosts whose last agent report is older
-	// (default 5m; hosts that never reported are not excluded).
+	// (hosts that never reported are not excluded).
 	StaleReportAge time.Duration
-	// ConsumerType written with claims (1.38+; default INSTANCE).
+	// ConsumerType written with claims (1.38+).
 	ConsumerType string
 	// Replica names this process in the sync state (default hostname).
 	Replica string
@@ -62,26 +65,27 @@ type Auditor interface {
 }
 
 func (c *Config) defaults() {
+	d := DefaultConfig()
 	if len(c.Classes) == 0 {
-		c.Classes = []string{"VGPU"}
+		c.Classes = d.Classes
 	}
 	if c.TypePrefix == "" {
-		c.TypePrefix = engine.DefaultTypePrefix
+		c.TypePrefix = d.TypePrefix
 	}
 	if c.SyncInterval <= 0 {
-		c.SyncInterval = time.Minute
+		c.SyncInterval = d.SyncInterval
 	}
 	if c.FullSyncInterval == 0 {
-		c.FullSyncInterval = time.Hour
+		c.FullSyncInterval = d.FullSyncInterval
 	}
 	if c.SyncConcurrency <= 0 {
-		c.SyncConcurrency = 8
+		c.SyncConcurrency = d.SyncConcurrency
 	}
 	if c.StaleReportAge <= 0 {
-		c.StaleReportAge = defaultStaleReportAge()
+		c.StaleReportAge = d.StaleReportAge
 	}
 	if c.ConsumerType == "" {
-		c.ConsumerType = "INSTANCE"
+		c.ConsumerType = d.ConsumerType
 	}
 	if c.Replica == "" {
 		c.Replica, _ = os.Hostname()
@@ -263,10 +267,7 @@ func (s *Service) Run(ctx context.Context) error {
 		if ok || !fresh { // (loadMirror has just read the hosts table)
 			s.refreshHosts(ctx)
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(s.cfg.SyncInterval):
-		}
+		wake.Wait(ctx, nil, s.cfg.SyncInterval)
 	}
 	return nil
 }
@@ -298,10 +299,8 @@ func (s *Service) lead(ctx context.Context) error {
 			lastFull = time.Now()
 			s.setSynced()
 		}
-		select {
-		case <-ctx.Done():
+		if !wake.Wait(ctx, nil, wait) {
 			return nil
-		case <-time.After(wait):
 		}
 	}
 }
@@ -348,10 +347,8 @@ func (s *Service) runDirect(ctx context.Context) error {
 		} else if err == nil {
 			s.setSynced()
 		}
-		select {
-		case <-ctx.Done():
+		if !wake.Wait(ctx, nil, s.cfg.SyncInterval) {
 			return nil
-		case <-time.After(s.cfg.SyncInterval):
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 )
 
@@ -172,17 +173,10 @@ func (h *Holder) Watch(ctx context.Context, interval time.Duration, log *slog.Lo
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	wake.Every(ctx, interval, func(context.Context) {
 		changed, err := h.changed()
 		if err != nil || !changed {
-			continue
+			return
 		}
 		if err := h.Reload(); err != nil {
 			if log != nil {
@@ -200,7 +194,7 @@ func (h *Holder) Watch(ctx context.Context, interval time.Duration, log *slog.Lo
 		} else if log != nil {
 			log.Info("policy reloaded", "policy", h.Policy().Hash())
 		}
-	}
+	})
 }
 
 func (h *Holder) changed() (bool, error) {

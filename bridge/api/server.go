@@ -93,9 +93,7 @@ func New(cfg Config) *Server {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	if cfg.MaxBodyBytes == 0 {
-		cfg.MaxBodyBytes = 1 << 20
-	}
+	cfg.withDefaults()
 	s := &Server{cfg: cfg, e: echo.New(), log: cfg.Logger, auth: cfg.Auth, reg: cfg.Registry, ready: make(chan struct{})}
 	s.e.HideBanner, s.e.HidePort = true, true
 	s.e.HTTPErrorHandler = s.errorHandler
@@ -230,10 +228,10 @@ func (s *Server) Start() error {
 	s.lnMu.Unlock()
 	s.http = &http.Server{
 		Handler:           s.e,
-		ReadHeaderTimeout: orDefault(s.cfg.ReadHeaderTimeout, 5*time.Second),
-		ReadTimeout:       orDefault(s.cfg.ReadTimeout, 30*time.Second),
-		WriteTimeout:      orDefault(s.cfg.WriteTimeout, 30*time.Second),
-		IdleTimeout:       orDefault(s.cfg.IdleTimeout, 120*time.Second),
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		ReadTimeout:       s.cfg.ReadTimeout,
+		WriteTimeout:      s.cfg.WriteTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
 		// Go's own limit answers text/plain: it stays well above the
 		// configured one, which inputMW enforces with problem+json.
 		MaxHeaderBytes: max(1<<20, 4*s.headerLimit()),
@@ -274,7 +272,7 @@ func (s *Server) Shutdown() error {
 	if s.http == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), orDefault(s.cfg.ShutdownGrace, 15*time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
 	defer cancel()
 	if err := s.http.Shutdown(ctx); err != nil {
 		return fmt.Errorf("api shutdown: %w", err)
@@ -282,23 +280,9 @@ func (s *Server) Shutdown() error {
 	return nil
 }
 
-func orDefault(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
-}
-
 // headerLimit is the most a request's header may hold ([api]
-// max_header_bytes, 64 KiB).
-func (s *Server) headerLimit() int { return orDefaultInt(s.cfg.MaxHeaderBytes, 64<<10) }
-
-func orDefaultInt(n, def int) int {
-	if n == 0 {
-		return def
-	}
-	return n
-}
+// max_header_bytes).
+func (s *Server) headerLimit() int { return s.cfg.MaxHeaderBytes }
 
 const requestIDHeader = "X-OpenStack-Request-ID"
 

@@ -66,6 +66,14 @@ func TestTypesMatchOpenAPI(t *testing.T) {
 		{MaintenanceOperation{}, []string{"MaintenanceOperation"}},
 		{MaintenanceVM{}, []string{"MaintenanceVM"}},
 		{MaintenanceStep{}, []string{"MaintenanceStep"}},
+		{MaintenancePlan{}, []string{"MigrateAllDryRun"}},
+		{DriftRun{}, []string{"DriftRun"}},
+		{DriftFinding{}, []string{"DriftFinding"}},
+		{Explanation{}, []string{"PolicyDecision"}},
+		{NewRequest{}, []string{"WebhookNative"}},
+		{Diagnostics{}, []string{"Diagnostics"}},
+		{AuditRecord{}, []string{"AuditRecord"}},
+		{UsageRow{}, []string{"UsageRow"}},
 	} {
 		typ := reflect.TypeOf(tc.value)
 		t.Run(typ.Name(), func(t *testing.T) {

@@ -58,7 +58,7 @@ var ErrPurgeBusy = errors.New("another replica is purging")
 // holding the purge lock; ErrPurgeBusy when another replica holds it.
 func (s *Store) Purge(ctx context.Context, r Retention, dryRun bool) (Purged, error) {
 	if r.BatchSize <= 0 {
-		r.BatchSize = 1000
+		r.BatchSize = DefaultRetention().BatchSize
 	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
@@ -35,9 +36,9 @@ var (
 		"How long the relay waits for RabbitMQ's publisher confirms; unconfirmed commands are published again. Example: 30s")
 	optPrefetch = options.Int("dispatch", "prefetch", 50, 1, 65535,
 		"Unacknowledged results (and reports) RabbitMQ may push to this replica. Example: 100")
-	optReconnectMin = options.Duration("dispatch", "reconnect_min", 500*time.Millisecond, 10*time.Millisecond, time.Minute,
+	optReconnectMin = options.Duration("dispatch", "reconnect_min", amqpconn.DefaultBackoff.Min, 10*time.Millisecond, time.Minute,
 		"First wait before reconnecting to RabbitMQ; it doubles (with jitter) up to reconnect_max. Example: 1s")
-	optReconnectMax = options.Duration("dispatch", "reconnect_max", 30*time.Second, 100*time.Millisecond, 10*time.Minute,
+	optReconnectMax = options.Duration("dispatch", "reconnect_max", amqpconn.DefaultBackoff.Max, 100*time.Millisecond, 10*time.Minute,
 		"Longest wait between reconnect attempts. Example: 1m")
 )
 

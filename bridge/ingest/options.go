@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
@@ -53,9 +54,9 @@ var (
 	optSilenceWarning = options.Duration("notifications", "silence_warning", 15*time.Minute, 0, 7*24*time.Hour,
 		"Log a hint naming Nova's notification settings when no notification arrived for this long; 0 disables. "+
 			"Example: 30m")
-	optReconnectMin = options.Duration("notifications", "reconnect_min", 500*time.Millisecond, 10*time.Millisecond, time.Minute,
+	optReconnectMin = options.Duration("notifications", "reconnect_min", amqpconn.DefaultBackoff.Min, 10*time.Millisecond, time.Minute,
 		"First wait before reconnecting to RabbitMQ; it doubles (with jitter) up to reconnect_max. Example: 1s")
-	optReconnectMax = options.Duration("notifications", "reconnect_max", 30*time.Second, 100*time.Millisecond, 10*time.Minute,
+	optReconnectMax = options.Duration("notifications", "reconnect_max", amqpconn.DefaultBackoff.Max, 100*time.Millisecond, 10*time.Minute,
 		"Longest wait between reconnect attempts. Example: 1m")
 	optStallAfter = options.Duration("notifications", "stall_after", 30*time.Second, time.Second, time.Hour,
 		"When commits of notifications to Postgres have failed for this long with none succeeding, /readyz fails "+

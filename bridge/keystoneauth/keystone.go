@@ -25,7 +25,7 @@ type KeystoneConfig struct {
 	Cloud string
 	// ParseOptions add to clouds.Parse's (tests: another clouds.yaml).
 	ParseOptions []clouds.ParseOption
-	// Timeout of one HTTP request; default 10s.
+	// Timeout of one HTTP request; default DefaultConfig's Timeout.
 	Timeout time.Duration
 	// LoginRetry is how long a failed login of the bridge itself is
 	// remembered before the next try; default 5s.
@@ -54,7 +54,7 @@ func NewKeystone(cfg KeystoneConfig) (*Keystone, error) {
 		return nil, errors.New("keystone: no clouds.yaml cloud named")
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
+		cfg.Timeout = DefaultConfig().Timeout // [keystone] timeout's default
 	}
 	if cfg.LoginRetry <= 0 {
 		cfg.LoginRetry = 5 * time.Second

@@ -79,9 +79,9 @@ type Config struct {
 	// InvalidCacheTTL is how long a refused token is remembered as refused.
 	InvalidCacheTTL time.Duration
 	// CacheSize bounds the cache (least recently used entries go first);
-	// default 10000.
+	// default DefaultConfig's.
 	CacheSize int
-	// Timeout of one validation; default 10s.
+	// Timeout of one validation; default DefaultConfig's.
 	Timeout time.Duration
 	Logger  *slog.Logger
 	// Now is the clock (tests); default time.Now.
@@ -116,10 +116,10 @@ func New(cfg Config) (*Authenticator, error) {
 		return nil, errors.New("keystoneauth: no admin or reader roles")
 	}
 	if cfg.CacheSize <= 0 {
-		cfg.CacheSize = 10000
+		cfg.CacheSize = DefaultConfig().CacheSize
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
+		cfg.Timeout = DefaultConfig().Timeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -73,10 +73,11 @@ type Drainer interface {
 
 // RunConfig are the executor's timings.
 type RunConfig struct {
-	Poll             time.Duration // Nova and request polls (0: 1s)
-	MigrationTimeout time.Duration // a Nova move, from the call to its end (0: 30m)
-	StepTimeout      time.Duration // a detach, an attach, a confirm (0: 10m)
-	Scan             time.Duration // how often running operations are looked for (0: 10s)
+	// Zero fields take DefaultRunConfig's values (the options' defaults).
+	Poll             time.Duration // Nova and request polls
+	MigrationTimeout time.Duration // a Nova move, from the call to its end
+	StepTimeout      time.Duration // a detach, an attach, a confirm
+	Scan             time.Duration // how often running operations are looked for
 }
 
 // Runner drives the running operations: each VM through its plan's
@@ -100,7 +101,7 @@ type Runner struct {
 
 var runnerActor = controls.Actor{Name: "vgpu-bridge/maintenance"}
 
-func (r *Runner) poll() time.Duration { return cmp.Or(r.Cfg.Poll, time.Second) }
+func (r *Runner) poll() time.Duration { return cmp.Or(r.Cfg.Poll, DefaultRunConfig().Poll) }
 
 // Kick makes Run look for running operations now.
 func (r *Runner) Kick() { r.kick.Wake() }
@@ -121,7 +122,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.init()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	scan := cmp.Or(r.Cfg.Scan, 10*time.Second)
+	scan := cmp.Or(r.Cfg.Scan, DefaultRunConfig().Scan)
 	wake.Loop(ctx, r.kick.C(), func(ctx context.Context) (time.Duration, error) { //nolint:errcheck // the round never fails
 		ids, err := r.Store.Running(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -382,7 +383,7 @@ func createdBefore(m computeapi.Migration, t time.Time) bool {
 
 // waitRecord waits for Nova's record of the move just asked for.
 func (r *Runner) waitRecord(ctx context.Context, instance, kind, source string, after int) (computeapi.Migration, error) {
-	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.StepTimeout, 10*time.Minute))
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.StepTimeout, DefaultRunConfig().StepTimeout))
 	defer cancel()
 	for {
 		ms, err := r.Nova.Migrations(ctx, instance, "")
@@ -399,7 +400,7 @@ func (r *Runner) waitRecord(ctx context.Context, instance, kind, source string, 
 // finished (cold) or completed (live) is success; error, failed,
 // cancelled, reverted is the move's failure.
 func (r *Runner) waitMigration(ctx context.Context, instance, mig string, live bool) (computeapi.Migration, error) {
-	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.MigrationTimeout, 30*time.Minute))
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.MigrationTimeout, DefaultRunConfig().MigrationTimeout))
 	defer cancel()
 	for {
 		ms, err := r.Nova.Migrations(ctx, instance, "")
@@ -448,7 +449,7 @@ func (r *Runner) confirm(ctx context.Context, op Operation, v *VMStatus) error {
 	if err := r.advance(ctx, op, v, Confirming, Update{}); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.StepTimeout, 10*time.Minute))
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.StepTimeout, DefaultRunConfig().StepTimeout))
 	defer cancel()
 	asked := false
 	for {
@@ -477,7 +478,7 @@ func (r *Runner) confirm(ctx context.Context, op Operation, v *VMStatus) error {
 
 // waitIdle waits until Nova has no task running on the server.
 func (r *Runner) waitIdle(ctx context.Context, instance string) (computeapi.Server, error) {
-	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.StepTimeout, 10*time.Minute))
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(r.Cfg.StepTimeout, DefaultRunConfig().StepTimeout))
 	defer cancel()
 	for {
 		s, err := r.Nova.Server(ctx, instance, "")

@@ -87,20 +87,21 @@ func New(cfg Config, pool *pgxpool.Pool, reg prometheus.Registerer, log *slog.Lo
 	default:
 		return nil, fmt.Errorf("notify: unknown driver %q (want %s or %s)", cfg.Driver, DriverMessagingV2, DriverNoop)
 	}
+	d := DefaultConfig()
 	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 500
+		cfg.BatchSize = d.BatchSize
 	}
 	if cfg.Poll <= 0 {
-		cfg.Poll = 5 * time.Second
+		cfg.Poll = d.Poll
 	}
 	if cfg.ConfirmTimeout <= 0 {
-		cfg.ConfirmTimeout = 10 * time.Second
+		cfg.ConfirmTimeout = d.ConfirmTimeout
 	}
 	if cfg.ReconnectMin <= 0 {
-		cfg.ReconnectMin = 500 * time.Millisecond
+		cfg.ReconnectMin = amqpconn.DefaultBackoff.Min
 	}
 	if cfg.ReconnectMax <= 0 {
-		cfg.ReconnectMax = 30 * time.Second
+		cfg.ReconnectMax = amqpconn.DefaultBackoff.Max
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

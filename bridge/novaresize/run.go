@@ -12,6 +12,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
 )
 
@@ -21,9 +22,9 @@ func (p *Path) Run(ctx context.Context) error {
 	if p.nova == nil {
 		return nil
 	}
-	t := time.NewTicker(p.cfg.PollInterval)
-	defer t.Stop()
-	for {
+	// Each round works through what is due, then waits for a wake-up (a
+	// notification, a new resize) or the poll interval.
+	return wake.Loop(ctx, p.wake, func(ctx context.Context) (time.Duration, error) {
 		for ctx.Err() == nil && !p.paused(ctx) {
 			did, err := p.Once(ctx)
 			if err != nil && ctx.Err() == nil {
@@ -34,13 +35,8 @@ func (p *Path) Run(ctx context.Context) error {
 				break
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-p.wake:
-		}
-	}
+		return p.cfg.PollInterval, nil
+	})
 }
 
 // Once makes one due Nova call or handles one passed deadline; it reports

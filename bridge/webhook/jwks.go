@@ -32,9 +32,10 @@ import (
 
 // Limits of a JWKS and of fetching one.
 const (
-	maxJWKSBytes       = 1 << 20
-	jwksFetchTimeout   = 10 * time.Second
-	defaultJWKSRefresh = 5 * time.Minute
+	maxJWKSBytes     = 1 << 20
+	jwksFetchTimeout = 10 * time.Second
+	// DefaultJWKSRefresh is jwks_refresh_interval's default.
+	DefaultJWKSRefresh = 5 * time.Minute
 	// defaultJWKSMinInterval is the least time between two fetches of a
 	// jwks_url, whatever asks for them: tokens naming a kid the set lacks
 	// cannot make the bridge hammer the issuer.

@@ -380,7 +380,7 @@ func TestJWKSRotation(t *testing.T) {
 	clk.add(11 * time.Second)
 	check(k.ec, jose.ES256, "new", "", 3) // known: no fetch
 	check(k.rsa, jose.RS256, "old", "", 3)
-	clk.add(defaultJWKSRefresh)
+	clk.add(DefaultJWKSRefresh)
 	// Older than the refresh interval: fetched again in the background,
 	// the request served from the keys in hand.
 	if _, err := v.verify(context.Background(), mint(t, k.rsa, jose.RS256, "old", claimsAt(clk.now())), clk.now()); err != nil {
@@ -748,7 +748,7 @@ func TestCheckJWTSource(t *testing.T) {
 			if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
 				t.Fatalf("checkSource: %v, want %q", err, tc.wantErr)
 			}
-			if err == nil && (s.JWKSRefresh != defaultJWKSRefresh || s.JWKSMinInterval != defaultJWKSMinInterval ||
+			if err == nil && (s.JWKSRefresh != DefaultJWKSRefresh || s.JWKSMinInterval != defaultJWKSMinInterval ||
 				s.JWTMaxLifetime != DefaultJWTMaxLifetime || s.JWTAudience == "") {
 				t.Errorf("defaults not set: %s, %s, %s, %q", s.JWKSRefresh, s.JWKSMinInterval, s.JWTMaxLifetime, s.JWTAudience)
 			}

@@ -344,13 +344,20 @@ func checkSource(s *Source) error {
 		s.MaxBodyBytes = 64 << 10
 	}
 	if s.InstanceLabel == "" {
-		s.InstanceLabel = "instance_uuid"
+		s.InstanceLabel = DefaultInstanceLabel
 	}
 	if s.TimestampTolerance <= 0 {
-		s.TimestampTolerance = 5 * time.Minute
+		s.TimestampTolerance = DefaultTimestampTolerance
 	}
 	return nil
 }
+
+// Defaults of a [webhook_source:NAME]'s options that a zero Source field
+// also takes; the bridge declares the options with them.
+const (
+	DefaultInstanceLabel      = "instance_uuid"
+	DefaultTimestampTolerance = 5 * time.Minute
+)
 
 // checkJWT checks an auth = jwt source and sets its defaults.
 func checkJWT(s *Source) error {
@@ -376,7 +383,7 @@ func checkJWT(s *Source) error {
 		}
 	}
 	if s.JWKSRefresh <= 0 {
-		s.JWKSRefresh = defaultJWKSRefresh
+		s.JWKSRefresh = DefaultJWKSRefresh
 	}
 	if s.JWKSMinInterval <= 0 {
 		s.JWKSMinInterval = defaultJWKSMinInterval

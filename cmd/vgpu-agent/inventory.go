@@ -26,7 +26,7 @@ func (f *hostFlags) add(c *cobra.Command) {
 
 func (f *hostFlags) check() error {
 	if f.output != "table" && f.output != "json" {
-		return usageError{fmt.Errorf("-o must be table or json, not %q", f.output)}
+		return usageError{Err: fmt.Errorf("-o must be table or json, not %q", f.output)}
 	}
 	return nil
 }
@@ -35,7 +35,7 @@ func (f *hostFlags) open(g *globals) (*agent.Drivers, *conf.Values, error) {
 	if err := f.check(); err != nil {
 		return nil, nil, err
 	}
-	v, err := g.load()
+	v, err := g.Load()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -43,7 +43,7 @@ func (f *hostFlags) open(g *globals) (*agent.Drivers, *conf.Values, error) {
 	if f.fakeHost != "" {
 		d, err = agent.OpenFakeHost(f.fakeHost)
 	} else {
-		d, err = agent.OpenDrivers(v, g.logger(v))
+		d, err = agent.OpenDrivers(v, g.Logger(v))
 	}
 	if err != nil {
 		return nil, nil, err
@@ -77,9 +77,9 @@ GPUs still show from sysfs, without telemetry.`,
 				return err
 			}
 			if f.output == "json" {
-				return writeJSON(g.stdout, inv)
+				return writeJSON(g.Stdout, inv)
 			}
-			return inventory.WriteTable(g.stdout, inv)
+			return inventory.WriteTable(g.Stdout, inv)
 		},
 	}
 	f.add(c)
@@ -106,12 +106,12 @@ The exit status is 1 when a finding is an error or worse.`,
 			defer d.Close()
 			r, err := d.Diagnoser(v).Run(cmd.Context(), checks)
 			if err != nil {
-				return usageError{err}
+				return usageError{Err: err}
 			}
 			if f.output == "json" {
-				err = writeJSON(g.stdout, r)
+				err = writeJSON(g.Stdout, r)
 			} else {
-				err = diagnose.WriteTable(g.stdout, r)
+				err = diagnose.WriteTable(g.Stdout, r)
 			}
 			if err != nil {
 				return err

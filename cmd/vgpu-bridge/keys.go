@@ -31,7 +31,7 @@ func newKeysInitCmd(g *globals) *cobra.Command {
 			"overwrites a key.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v, err := g.load()
+			v, err := g.Load()
 			if err != nil {
 				return err
 			}
@@ -40,8 +40,8 @@ func newKeysInitCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stdout, "signing key %s (key id %s) created; agent keys file %s\n", kf.SigningKeyFile, kf.KeyID, kf.AgentKeysFile)
-			fmt.Fprintf(g.stdout, "public key (keys enrol HOST hands it to each host as bridge-keys.pem):\n%s", pub)
+			fmt.Fprintf(g.Stdout, "signing key %s (key id %s) created; agent keys file %s\n", kf.SigningKeyFile, kf.KeyID, kf.AgentKeysFile)
+			fmt.Fprintf(g.Stdout, "public key (keys enrol HOST hands it to each host as bridge-keys.pem):\n%s", pub)
 			return nil
 		},
 	}
@@ -62,13 +62,13 @@ func newKeysEnrolCmd(g *globals) *cobra.Command {
 			"same file. A host that has a key needs --rotate: the old key stays trusted for --grace.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			v, err := g.load()
+			v, err := g.Load()
 			if err != nil {
 				return err
 			}
 			kf := bridge.SecurityKeyFiles(v)
 			if kf.SigningKeyFile == "" {
-				return usageError{fmt.Errorf("[security] signing_key_file is not set (vgpu-bridge keys init)")}
+				return usageError{Err: fmt.Errorf("[security] signing_key_file is not set (vgpu-bridge keys init)")}
 			}
 			signer, err := protocol.LoadSigner(kf.SigningKeyFile, kf.KeyID)
 			if err != nil {
@@ -87,15 +87,15 @@ func newKeysEnrolCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("key %s is enrolled, but its files were not all written (enrol again with --rotate): %w", en.KeyID, err)
 			}
-			fmt.Fprintf(g.stdout, "host %s enrolled with key %s in %s\n", host, en.KeyID, kf.AgentKeysFile)
+			fmt.Fprintf(g.Stdout, "host %s enrolled with key %s in %s\n", host, en.KeyID, kf.AgentKeysFile)
 			for _, id := range en.Retired {
-				fmt.Fprintf(g.stdout, "former key %s stays trusted until %s\n", id, en.NotAfter.Format(time.RFC3339))
+				fmt.Fprintf(g.Stdout, "former key %s stays trusted until %s\n", id, en.NotAfter.Format(time.RFC3339))
 			}
-			fmt.Fprintf(g.stdout, "copy to %s:%s/ (agent.key mode 0600, owned by the agent's user):\n", host, etcDir)
+			fmt.Fprintf(g.Stdout, "copy to %s:%s/ (agent.key mode 0600, owned by the agent's user):\n", host, etcDir)
 			for _, p := range paths {
-				fmt.Fprintf(g.stdout, "  %s\n", p)
+				fmt.Fprintf(g.Stdout, "  %s\n", p)
 			}
-			fmt.Fprintf(g.stdout, "and merge %s into the agent's configuration\n", filepath.Join(out, "agent-security.conf"))
+			fmt.Fprintf(g.Stdout, "and merge %s into the agent's configuration\n", filepath.Join(out, "agent-security.conf"))
 			return nil
 		},
 	}

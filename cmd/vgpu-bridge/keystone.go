@@ -31,20 +31,20 @@ func newKeystoneCmd(g *globals) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if public == "" {
-				return usageError{fmt.Errorf("--public-url is required")}
+				return usageError{Err: fmt.Errorf("--public-url is required")}
 			}
 			if cloud == "" {
 				cloud = os.Getenv("OS_CLOUD")
 			}
 			if cloud == "" {
-				v, err := g.load()
+				v, err := g.Load()
 				if err != nil {
 					return err
 				}
 				cloud = bridge.OpenStackCloud(v)
 			}
 			if cloud == "" {
-				return usageError{fmt.Errorf("no cloud to log in with: set --os-cloud, OS_CLOUD or [openstack] cloud")}
+				return usageError{Err: fmt.Errorf("no cloud to log in with: set --os-cloud, OS_CLOUD or [openstack] cloud")}
 			}
 			var cloudRegion string
 			identity, err := osclient.New(cmd.Context(), osclient.Config{Cloud: cloud, Type: "identity", HTTPClient: &http.Client{},
@@ -66,7 +66,7 @@ func newKeystoneCmd(g *globals) *cobra.Command {
 				urls["admin"] = admin
 			}
 			changes, err := keystonereg.Register(cmd.Context(), identity, keystonereg.Options{Region: region, URLs: urls})
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(g.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "WHAT\tACTION\tID\tURL")
 			for _, ch := range changes {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", ch.What, ch.Action, ch.ID, ch.URL)

@@ -20,7 +20,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 		Short: "Apply every pending migration (safe to run again; replicas wait on a lock)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v, err := g.load()
+			v, err := g.Load()
 			if err != nil {
 				return err
 			}
@@ -33,15 +33,15 @@ func newMigrateCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			applied, err := store.Migrate(cmd.Context(), pool, g.logger(v))
+			applied, err := store.Migrate(cmd.Context(), pool, g.Logger(v))
 			if err != nil {
 				return err
 			}
 			if len(applied) == 0 {
-				fmt.Fprintln(g.stdout, "schema is current; nothing to apply")
+				fmt.Fprintln(g.Stdout, "schema is current; nothing to apply")
 				return nil
 			}
-			fmt.Fprintf(g.stdout, "applied %d migration(s): %v\n", len(applied), applied)
+			fmt.Fprintf(g.Stdout, "applied %d migration(s): %v\n", len(applied), applied)
 			return nil
 		},
 	})
@@ -50,7 +50,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 		Short: "List migrations and whether each is applied",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v, err := g.load()
+			v, err := g.Load()
 			if err != nil {
 				return err
 			}
@@ -67,7 +67,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(g.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "VERSION\tFILE\tSTATE\tAPPLIED AT")
 			for _, s := range st {
 				state, at := "pending", ""

@@ -24,7 +24,7 @@ type policyFiles struct {
 func (f *policyFiles) resolve(g *globals) policy.Config {
 	cfg := policy.Config{RulesFile: f.rules, ProfilesFile: f.profiles, CompatFile: f.compat}
 	var fromConf *policy.Config
-	if v, err := g.load(); err == nil {
+	if v, err := g.Load(); err == nil {
 		c := bridge.PolicyConfig(v)
 		fromConf = &c
 	}
@@ -76,7 +76,7 @@ rule's name; the exit status is 2 when there is any.`,
 			}
 			cfg := files.resolve(g)
 			if cfg.RulesFile == "" {
-				return usageError{errors.New("no policy file: give FILE or set [policy] rules_file")}
+				return usageError{Err: errors.New("no policy file: give FILE or set [policy] rules_file")}
 			}
 			n := 0
 			report := func(err error) {
@@ -84,13 +84,13 @@ rule's name; the exit status is 2 when there is any.`,
 				var ce *catalog.LoadError
 				switch {
 				case errors.As(err, &le):
-					fmt.Fprintln(g.stdout, le.Error())
+					fmt.Fprintln(g.Stdout, le.Error())
 					n += len(le.Errors)
 				case errors.As(err, &ce):
-					fmt.Fprintln(g.stdout, ce.Error())
+					fmt.Fprintln(g.Stdout, ce.Error())
 					n += len(ce.Errors)
 				default:
-					fmt.Fprintln(g.stdout, err)
+					fmt.Fprintln(g.Stdout, err)
 					n++
 				}
 			}
@@ -116,9 +116,9 @@ rule's name; the exit status is 2 when there is any.`,
 				report(err)
 			}
 			if n > 0 {
-				return usageError{fmt.Errorf("%d problem(s) in the policy files", n)}
+				return usageError{Err: fmt.Errorf("%d problem(s) in the policy files", n)}
 			}
-			fmt.Fprintf(g.stdout, "%s: OK: %d rule(s), %d profile(s) (%s), driver compatibility %s, policy %s\n",
+			fmt.Fprintf(g.Stdout, "%s: OK: %d rule(s), %d profile(s) (%s), driver compatibility %s, policy %s\n",
 				cfg.RulesFile, len(p.Rules()), cat.Len(), orDash(cfg.ProfilesFile), orDash(cfg.CompatFile), p.Hash())
 			return nil
 		},
@@ -142,25 +142,25 @@ Load rules see no history here: a rule with "for" reports that it starts holding
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if eventFile == "" {
-				return usageError{errors.New("--event FILE is required")}
+				return usageError{Err: errors.New("--event FILE is required")}
 			}
 			if output != "text" && output != "json" {
-				return usageError{fmt.Errorf("-o %q: want text or json", output)}
+				return usageError{Err: fmt.Errorf("-o %q: want text or json", output)}
 			}
 			cfg := files.resolve(g)
 			if cfg.RulesFile == "" {
-				return usageError{errors.New("no policy file: give --policy or set [policy] rules_file")}
+				return usageError{Err: errors.New("no policy file: give --policy or set [policy] rules_file")}
 			}
 			if at != "" {
 				t, err := time.Parse(time.RFC3339, at)
 				if err != nil {
-					return usageError{fmt.Errorf("--at: %w", err)}
+					return usageError{Err: fmt.Errorf("--at: %w", err)}
 				}
 				cfg.Clock = func() time.Time { return t }
 			}
 			p, err := policy.Build(cfg, nil)
 			if err != nil {
-				return usageError{err}
+				return usageError{Err: err}
 			}
 			f, err := os.Open(eventFile)
 			if err != nil {
@@ -169,7 +169,7 @@ Load rules see no history here: a rule with "for" reports that it starts holding
 			defer f.Close()
 			in, err := policy.ReadExplainInput(f)
 			if err != nil {
-				return usageError{fmt.Errorf("%s: %w", eventFile, err)}
+				return usageError{Err: fmt.Errorf("%s: %w", eventFile, err)}
 			}
 			var st policy.State
 			if in.State != nil {
@@ -177,11 +177,11 @@ Load rules see no history here: a rule with "for" reports that it starts holding
 			}
 			d := p.Evaluate(in.Event, st, nil)
 			if output == "json" {
-				enc := json.NewEncoder(g.stdout)
+				enc := json.NewEncoder(g.Stdout)
 				enc.SetIndent("", "  ")
 				return enc.Encode(d)
 			}
-			fmt.Fprint(g.stdout, d.Explain())
+			fmt.Fprint(g.Stdout, d.Explain())
 			return nil
 		},
 	}

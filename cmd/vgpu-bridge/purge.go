@@ -26,7 +26,7 @@ func newPurgeCmd(g *globals) *cobra.Command {
 			"the rows instead.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v, err := g.load()
+			v, err := g.Load()
 			if err != nil {
 				return err
 			}
@@ -41,7 +41,7 @@ func newPurgeCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			ctl := controls.NewStore(pool, nil, g.logger(v))
+			ctl := controls.NewStore(pool, nil, g.Logger(v))
 			got, err := ctl.Purge(ctx, bridge.RetentionConfig(v), dryRun)
 			if errors.Is(err, controls.ErrPurgeBusy) {
 				return fmt.Errorf("%w; try again later", err)
@@ -59,10 +59,10 @@ func newPurgeCmd(g *globals) *cobra.Command {
 			}
 			sort.Strings(tables)
 			for _, t := range tables {
-				fmt.Fprintf(g.stdout, "%s %d %s\n", verb, got[t], t)
+				fmt.Fprintf(g.Stdout, "%s %d %s\n", verb, got[t], t)
 			}
 			if len(tables) == 0 {
-				fmt.Fprintln(g.stdout, "nothing to purge: every [retention] age is 0")
+				fmt.Fprintln(g.Stdout, "nothing to purge: every [retention] age is 0")
 			}
 			return nil
 		},

@@ -29,11 +29,11 @@ func newSyncCmd(g *globals) *cobra.Command {
 			"progress goes to the structured log.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v, err := g.load()
+			v, err := g.Load()
 			if err != nil {
 				return err
 			}
-			log := g.logger(v)
+			log := g.Logger(v)
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			sc, err := bridge.StoreConfig(v)
@@ -61,7 +61,7 @@ func newSyncCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stdout, "synced %d providers (%d read, %d removed), %d GPUs, in %s\n",
+			fmt.Fprintf(g.Stdout, "synced %d providers (%d read, %d removed), %d GPUs, in %s\n",
 				st.Providers, st.Fetched, st.Removed, st.GPUs, st.Duration.Round(time.Millisecond))
 			return nil
 		},
@@ -76,7 +76,7 @@ func newSyncCmd(g *globals) *cobra.Command {
 func syncProgress(g *globals, log interface {
 	Info(string, ...any)
 }) (placement.Progress, func()) {
-	if f, ok := g.stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	if f, ok := g.Stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		var (
 			mu  sync.Mutex
 			bar *progressbar.ProgressBar

@@ -22,16 +22,16 @@ func newUpgradeCmd(g *globals) *cobra.Command {
 			"checks could not run (no database). It changes nothing.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v, err := g.load()
+			v, err := g.Load()
 			if err != nil {
 				return err
 			}
 			checks, err := bridge.UpgradeCheck(cmd.Context(), v)
 			if err != nil {
-				fmt.Fprintln(g.stderr, "vgpu-bridge: upgrade check:", err)
+				fmt.Fprintln(g.Stderr, "vgpu-bridge: upgrade check:", err)
 				return exitCode(255)
 			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(g.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "CHECK\tRESULT\tDETAILS")
 			worst := bridge.CheckSuccess
 			for _, c := range checks {

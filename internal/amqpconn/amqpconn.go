@@ -105,6 +105,11 @@ func Redact(s string) string {
 	return u.String()
 }
 
+// DefaultBackoff is the default spacing of reconnects to RabbitMQ: the
+// defaults of the bridge's reconnect_min and reconnect_max options, and
+// what a relay given no bounds uses.
+var DefaultBackoff = backoff.Policy{Min: 500 * time.Millisecond, Max: 30 * time.Second}
+
 // Loop keeps a session running until its context ends.
 type Loop struct {
 	// Backoff spaces the sessions after one ends.

@@ -71,13 +71,13 @@ func CheckMicroversion(v string) error {
 // Keystone through clouds.yaml.
 func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Microversion == "" {
-		cfg.Microversion = DefaultMicroversion
+		cfg.Microversion = DefaultConfig().Microversion
 	}
 	if err := CheckMicroversion(cfg.Microversion); err != nil {
 		return nil, err
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 30 * time.Second
+		cfg.Timeout = DefaultConfig().Timeout
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {

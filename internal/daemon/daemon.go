@@ -1,0 +1,193 @@
+// Package daemon is the command-line set-up vgpu-bridge and vgpu-agent
+// share: the root command and its flags (--config, --set, --debug),
+// loading the configuration with them, the process logger, SIGINT and
+// SIGTERM ending the context, the exit codes, and the version and
+// genconfig subcommands. Each daemon describes itself in a Spec.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/manpage"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
+)
+
+// Exit codes scripts can rely on.
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitUsage   = 2 // bad flags or bad configuration
+)
+
+// ExitCode ends a command with that exit status and nothing more said
+// (the command has printed what it had to).
+type ExitCode int
+
+func (e ExitCode) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
+// UsageError marks errors that exit with ExitUsage.
+type UsageError struct{ Err error }
+
+func (e UsageError) Error() string { return e.Err.Error() }
+func (e UsageError) Unwrap() error { return e.Err }
+
+// Spec is what differs between the daemons.
+type Spec struct {
+	Name        string // "vgpu-bridge"
+	Short, Long string // the root command's help
+	// ConfigFile is the configuration read when it exists and --config
+	// is not given; Sample names its sample in the flag's help.
+	ConfigFile, Sample string
+	// Load reads and checks the configuration.
+	Load func(conf.Source) (*conf.Values, error)
+	// Options is the daemon's option set (genconfig), with the titles of
+	// its sample and of its reference.
+	Options                     func() *conf.Set
+	SampleTitle, ReferenceTitle string
+	// Debug and LogFormat read [DEFAULT] debug and log_format.
+	Debug     func(*conf.Values) bool
+	LogFormat func(*conf.Values) string
+}
+
+// Globals are the flags every subcommand shares, and where it writes.
+type Globals struct {
+	Spec       Spec
+	ConfigFile string
+	Overrides  []string
+	Debug      bool
+	Stdout     io.Writer
+	Stderr     io.Writer
+}
+
+// Load reads the configuration with the flags' overrides.
+func (g *Globals) Load() (*conf.Values, error) {
+	ov := g.Overrides
+	if g.Debug {
+		ov = append(ov, "DEFAULT.debug=true")
+	}
+	return g.Spec.Load(conf.Source{File: g.ConfigFile, Environ: os.Environ(), Overrides: ov})
+}
+
+// Logger builds the process logger from [DEFAULT] debug and log_format.
+func (g *Globals) Logger(v *conf.Values) *slog.Logger {
+	level := slog.LevelInfo
+	if g.Spec.Debug(v) {
+		level = slog.LevelDebug
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if g.Spec.LogFormat(v) == "text" {
+		return slog.New(slog.NewTextHandler(g.Stderr, opts))
+	}
+	return slog.New(slog.NewJSONHandler(g.Stderr, opts))
+}
+
+// Main runs the daemon's command line with args (the program name left
+// out) until it ends or SIGINT or SIGTERM ends its context, and returns
+// the exit status. Besides subcommands it has version, genconfig and the
+// manual page's command.
+func Main(spec Spec, args []string, stdout, stderr io.Writer, subcommands ...func(*Globals) *cobra.Command) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	g := &Globals{Spec: spec, Stdout: stdout, Stderr: stderr}
+	root := &cobra.Command{
+		Use:           spec.Name,
+		Version:       version.Version(),
+		Short:         spec.Short,
+		Long:          spec.Long,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return UsageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.ConfigFile, "config", existing(spec.ConfigFile),
+		"INI configuration file (see "+spec.Sample+"); empty reads none")
+	pf.StringArrayVar(&g.Overrides, "set", nil,
+		"override one option, SECTION.OPTION=VALUE (repeatable; wins over file and environment)")
+	pf.BoolVar(&g.Debug, "debug", false, "log at debug level (same as --set DEFAULT.debug=true)")
+	for _, sc := range append(subcommands, versionCmd, genconfigCmd) {
+		root.AddCommand(sc(g))
+	}
+	root.AddCommand(manpage.Command("8"))
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetVersionTemplate(version.String(spec.Name) + "\n")
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ec ExitCode
+	if errors.As(err, &ec) {
+		return int(ec)
+	}
+	if es, ok := conf.AsErrors(err); ok {
+		fmt.Fprintln(stderr, spec.Name+": bad configuration:")
+		for _, e := range es {
+			fmt.Fprintln(stderr, "  "+e.Error())
+		}
+		return ExitUsage
+	}
+	fmt.Fprintln(stderr, spec.Name+":", err)
+	var ue UsageError
+	if errors.As(err, &ue) {
+		return ExitUsage
+	}
+	return ExitFailure
+}
+
+// existing is p when it exists, else "" (no file).
+func existing(p string) string {
+	if _, err := os.Stat(p); err == nil {
+		return p
+	}
+	return ""
+}
+
+func versionCmd(g *Globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print version, commit and Go version",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			fmt.Fprintln(g.Stdout, version.String(g.Spec.Name))
+			return nil
+		},
+	}
+}
+
+func genconfigCmd(g *Globals) *cobra.Command {
+	var out, format string
+	c := &cobra.Command{
+		Use:   "genconfig",
+		Short: "Write the commented sample configuration generated from the option definitions",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			w := g.Stdout
+			if out != "" {
+				f, err := os.Create(out)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				w = f
+			}
+			if format == "rst" {
+				return g.Spec.Options().WriteReference(w, g.Spec.ReferenceTitle)
+			}
+			return g.Spec.Options().WriteSample(w, g.Spec.SampleTitle)
+		},
+	}
+	c.Flags().StringVarP(&out, "output", "o", "", "file to write (default: standard output)")
+	c.Flags().StringVar(&format, "format", "ini", "ini (the sample file) or rst (the documentation's reference)")
+	return c
+}
