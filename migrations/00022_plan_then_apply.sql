@@ -8,10 +8,11 @@
 -- they count in the project's usage (so two decisions of one project
 -- cannot both pass its quota across the claim) until the transaction that
 -- records the claim's attachments deletes them. A row left by a crash is
--- replaced when the event is decided again.
+-- replaced when the event is decided again, and goes when the event is
+-- closed otherwise (given up on) or purged.
 CREATE TABLE planned_claims (
     id            bigserial PRIMARY KEY,
-    event_id      bigint NOT NULL,
+    event_id      bigint NOT NULL REFERENCES events (id) ON DELETE CASCADE,
     request_id    uuid,
     instance_uuid uuid NOT NULL,
     profile       text NOT NULL DEFAULT '',

@@ -44,10 +44,11 @@ func (e errRetry) Unwrap() error { return e.err }
 // short transaction records them with their attachments and commands and
 // closes the event, carrying out the acts the first one planned
 // (Work.pending) without deciding again. The instance's advisory lock
-// (decideLocked) keeps other replicas off the instance meanwhile. A crash after the first commit leaves the
-// event open with its plan: it is decided again (the plan is replaced),
-// and the units a crash left claimed but unrecorded are found in the
-// consumer and adopted (claim), so nothing is leaked or doubled.
+// (decideLocked) keeps other replicas off the instance meanwhile. A crash
+// after the first commit leaves the event open with its plan: it is
+// decided again (the plan is replaced), and the units a crash left
+// claimed but unrecorded are found in the consumer and adopted (claim),
+// so nothing is leaked or doubled.
 func (p *Processor) processOne(ctx context.Context, c candidate) (bool, error) {
 	start := time.Now()
 	outbox, closed, err := p.decideLocked(ctx, c)

@@ -362,6 +362,7 @@ func (p *Processor) projectUsage(ctx context.Context, q Querier, project string)
 			WHERE i.project_id = $1 AND r.step <> 'done' GROUP BY 1
 		UNION ALL
 		SELECT c.profile, sum(c.units)::int, NULL FROM planned_claims c JOIN instances i ON i.uuid = c.instance_uuid
+			JOIN events e ON e.id = c.event_id AND e.processed_at IS NULL
 			WHERE i.project_id = $1 GROUP BY 1
 		UNION ALL
 		SELECT '', vgpus, coalesce(vgpu_demand, 'null'::jsonb) FROM instances

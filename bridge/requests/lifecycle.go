@@ -306,9 +306,11 @@ func MarkProcessed(ctx context.Context, q Execer, id int64) error {
 	return nil
 }
 
-// MarkEventFailed closes inbox event id as failed, with detail.
+// MarkEventFailed closes inbox event id as failed, with detail; what its
+// decision planned to claim (PlanClaims) goes with it.
 func MarkEventFailed(ctx context.Context, q Execer, id int64, detail string) error {
-	if _, err := q.Exec(ctx, `UPDATE events SET processed_at = now(), status = 'failed', detail = $2 WHERE id = $1`, id, detail); err != nil {
+	if _, err := q.Exec(ctx, `WITH gone AS (DELETE FROM planned_claims WHERE event_id = $1)
+		UPDATE events SET processed_at = now(), status = 'failed', detail = $2 WHERE id = $1`, id, detail); err != nil {
 		return fmt.Errorf("mark event %d failed: %w", id, err)
 	}
 	return nil

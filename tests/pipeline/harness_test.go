@@ -243,6 +243,10 @@ type replicaOpts struct {
 	loadInterval time.Duration
 	// tracer, when set, sees the statements of the pipeline's pool.
 	tracer pgx.QueryTracer
+	// claimErr, when set, is what every Placement claim answers.
+	claimErr error
+	// maxAttempts bounds the attempts at an event (the default when 0).
+	maxAttempts int
 }
 
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
@@ -270,9 +274,9 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	var kick func()
 	r.proc, err = pipeline.New(pipeline.Config{Replica: o.name, PollInterval: 50 * time.Millisecond, RequestTimeout: o.requestTimeout,
 		WatchdogInterval: 200 * time.Millisecond, RetryMin: 200 * time.Millisecond, RetryMax: time.Second, HostsRefresh: 500 * time.Millisecond,
-		LoadInterval: cmp.Or(o.loadInterval, -1)},
+		LoadInterval: cmp.Or(o.loadInterval, -1), MaxAttempts: o.maxAttempts},
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
-			Placement: newOutsideTx(t, w.pool, svc), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
+			Placement: withClaimErr(newOutsideTx(t, w.pool, svc), o.claimErr), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
 	testsvc.Must(t, err, "pipeline")
 	dc := dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
 		ResultsBindings: []string{protocol.ResultRoutingKey(w.host)}, ReportsBindings: []string{protocol.ReportRoutingKey(w.host)},

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 )
 
@@ -122,5 +124,39 @@ func TestDecidedOnce(t *testing.T) {
 	}
 	if left != 0 {
 		t.Errorf("planned claims left after the record: %d, want 0", left)
+	}
+}
+
+func withClaimErr(o outsideTx, err error) outsideTx {
+	o.claimErr = err
+	return o
+}
+
+// TestGivenUpDropsPlan: when Placement never takes the claim, the event is
+// tried again (its plan replaced each time) until the bridge gives up; the
+// request fails, and nothing it planned is left to count in the project's
+// usage.
+func TestGivenUpDropsPlan(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.startAgent()
+	w.startBridge(replicaOpts{name: "r1", maxAttempts: 3, claimErr: errors.New("placement is away (injected by the test)")})
+	inst := w.domains[3].UUID
+
+	id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q", "count": 1})
+	r := w.wait(id, 90*time.Second)
+	if r.State != requests.Failed || r.Code != flow.CodeEventFailed || !strings.Contains(r.Reason, "injected by the test") {
+		t.Fatalf("request %s: %s (%s: %s), want failed with %s naming Placement's error", id, r.State, r.Code, r.Reason, flow.CodeEventFailed)
+	}
+	var attempts, planned int
+	if err := w.pool.QueryRow(w.ctx, `SELECT attempts, (SELECT count(*) FROM planned_claims p WHERE p.event_id = e.id) FROM events e WHERE request_id = $1`,
+		id.String()).Scan(&attempts, &planned); err != nil {
+		t.Fatal(err)
+	}
+	if attempts < 3 || planned != 0 {
+		t.Errorf("event: %d attempts, %d planned claims left; want 3 attempts and none left", attempts, planned)
+	}
+	if n := vgpuUnits(w.allocations(inst)); n != 0 {
+		t.Errorf("VGPU held by %s: %d, want 0", inst, n)
 	}
 }

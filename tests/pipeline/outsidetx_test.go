@@ -28,6 +28,8 @@ type outsideTx struct {
 	svc  *placement.Service
 	mu   *sync.Mutex
 	bad  *[]string
+	// claimErr, when set, is what every claim answers (Placement away).
+	claimErr error
 }
 
 func newOutsideTx(t *testing.T, pool *pgxpool.Pool, svc *placement.Service) outsideTx {
@@ -57,6 +59,9 @@ func (o outsideTx) check(what string, start time.Time) {
 
 func (o outsideTx) Claim(ctx context.Context, c pipeline.ClaimSpec) (pipeline.Claimed, error) {
 	defer o.check("claim for "+c.Consumer, time.Now())
+	if o.claimErr != nil {
+		return pipeline.Claimed{}, o.claimErr
+	}
 	return o.p.Claim(ctx, c)
 }
 
