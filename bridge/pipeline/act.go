@@ -100,9 +100,11 @@ func (p *Processor) act(ctx context.Context, w *Work, reqID uuid.UUID, state req
 	}
 	now := time.Now()
 	deadline := now.Add(p.cfg.RequestTimeout)
-	var seq int
-	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, reqID).Scan(&seq); err != nil {
-		return err
+	seq := w.seq // read with the request's state (apply)
+	if !w.applying {
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, reqID).Scan(&seq); err != nil {
+			return err
+		}
 	}
 	var claims []madeClaim
 	var cmds []outCmd
@@ -225,11 +227,8 @@ func (p *Processor) act(ctx context.Context, w *Work, reqID uuid.UUID, state req
 		}
 		return p.closeWithout(ctx, tx, row, reqID, state, *plan)
 	}
-	if err := requests.SetDeadline(ctx, tx, reqID, deadline); err != nil {
-		return err
-	}
 	reason := joinNonEmpty("; ", summary...)
-	if _, err := p.d.Requests.Transition(ctx, tx, reqID, nextState(state, requests.Decided), "queued", reason, ""); err != nil {
+	if _, err := p.d.Requests.TransitionUntil(ctx, tx, reqID, nextState(state, requests.Decided), "queued", reason, "", deadline); err != nil {
 		return err
 	}
 	p.m.claims.Add(float64(len(atts)))

@@ -239,7 +239,8 @@ func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 	w.applying = true
 	for _, pa := range w.pending {
 		var st string
-		if err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, pa.request).Scan(&st); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT state, (SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1) FROM requests WHERE id = $1 FOR UPDATE`,
+			pa.request).Scan(&st, &w.seq); err != nil {
 			return false, fmt.Errorf("read request %s: %w", pa.request, err)
 		}
 		w.claims = pa.claims

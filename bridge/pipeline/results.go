@@ -32,30 +32,16 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 	outbox := false
 	err = p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		outbox = false
-		var reqID *uuid.UUID
-		var purpose, kind, host string
-		var attID *uuid.UUID
-		var finished *time.Time
-		err := tx.QueryRow(ctx, `SELECT request_id, purpose, kind, host, attachment_id, finished_at FROM commands WHERE id::text = $1 FOR UPDATE`,
-			r.CommandID).Scan(&reqID, &purpose, &kind, &host, &attID, &finished)
-		if errors.Is(err, pgx.ErrNoRows) {
-			p.log.Debug("pipeline: result of an unknown command", logkey.Command, r.CommandID, logkey.Host, r.Host)
-			return nil
-		}
+		body, _ := json.Marshal(r)
+		c, ok, err := requests.FinishCommandOnce(ctx, tx, r.CommandID, r.Host, string(r.Status), body)
 		if err != nil {
 			return fmt.Errorf("result of %s: %w", r.CommandID, err)
 		}
-		if finished != nil {
-			return nil // a duplicate delivery
-		}
-		if r.Host != "" && r.Host != host {
-			p.log.Warn("pipeline: result from another host than the command's; ignored", logkey.Command, r.CommandID, logkey.Host, r.Host, "want", host)
+		if !ok {
+			p.unrecorded(ctx, tx, r)
 			return nil
 		}
-		body, _ := json.Marshal(r)
-		if err := requests.FinishCommand(ctx, tx, r.CommandID, string(r.Status), body); err != nil {
-			return err
-		}
+		reqID, purpose, kind, host, attID := c.Request, c.Purpose, c.Kind, c.Host, c.Attachment
 		p.m.results.WithLabelValues(kind, string(r.Status)).Inc()
 		if reqID == nil {
 			return nil
@@ -76,8 +62,14 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 				return err
 			}
 		}
+		// The request, locked, and what of it is still open.
 		var st string
-		if err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, *reqID).Scan(&st); err != nil {
+		var nextKind *string
+		var openFailed bool
+		if err := tx.QueryRow(ctx, `SELECT state,
+				(SELECT kind FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NULL ORDER BY seq LIMIT 1),
+				EXISTS (SELECT 1 FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NOT NULL AND result_status <> 'succeeded')
+			FROM requests WHERE id = $1 FOR UPDATE`, *reqID).Scan(&st, &nextKind, &openFailed); err != nil {
 			return err
 		}
 		state := requests.State(st)
@@ -97,14 +89,6 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 			}
 			outbox = true
 			return p.failRequest(ctx, tx, *reqID, code, DescribeResult(host, kind, r), attID)
-		}
-		// What is still open?
-		var nextKind *string
-		var openFailed bool
-		if err := tx.QueryRow(ctx, `SELECT (SELECT kind FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NULL ORDER BY seq LIMIT 1),
-				EXISTS (SELECT 1 FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NOT NULL AND result_status <> 'succeeded')`,
-			*reqID).Scan(&nextKind, &openFailed); err != nil {
-			return err
 		}
 		if state == requests.Decided {
 			if _, err := p.d.Requests.Transition(ctx, tx, *reqID, requests.Dispatched, flow.PhaseOf(protocol.Kind(kind)), "", ""); err != nil {
@@ -126,6 +110,21 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 		p.d.OnOutbox()
 	}
 	return err
+}
+
+// unrecorded says why result r recorded nothing: its command is unknown,
+// or answered already (a duplicate delivery), or another host's.
+func (p *Processor) unrecorded(ctx context.Context, tx pgx.Tx, r protocol.Result) {
+	var host string
+	var finished bool
+	err := tx.QueryRow(ctx, `SELECT host, finished_at IS NOT NULL FROM commands WHERE id::text = $1`, r.CommandID).Scan(&host, &finished)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		p.log.Debug("pipeline: result of an unknown command", logkey.Command, r.CommandID, logkey.Host, r.Host)
+	case err != nil, finished: // a duplicate delivery
+	default:
+		p.log.Warn("pipeline: result from another host than the command's; ignored", logkey.Command, r.CommandID, logkey.Host, r.Host, "want", host)
+	}
 }
 
 // DescribeResult says what an agent answered to a command, for a

@@ -99,6 +99,7 @@ type Work struct {
 	applying bool
 	claims   []stepClaim
 	used     int
+	seq      int         // the current act's request's last command (apply reads it with the request's state)
 	giveBack bool        // the current act took none of its claims (it failed for want of capacity)
 	unused   []madeClaim // claims the acts did not take, given back after the commit
 }

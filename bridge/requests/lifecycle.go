@@ -11,6 +11,7 @@ package requests
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -119,6 +120,33 @@ func FinishCommand(ctx context.Context, q Execer, id, status string, result []by
 		return fmt.Errorf("record result of command %s: %w", id, err)
 	}
 	return nil
+}
+
+// FinishedCommand is a command whose result FinishCommandOnce recorded.
+type FinishedCommand struct {
+	Request    *uuid.UUID // nil for an operator's command
+	Purpose    string
+	Kind       string
+	Host       string
+	Attachment *uuid.UUID
+}
+
+// FinishCommandOnce records the result of command id, answered by host
+// ("" for any), unless it has one already or is another host's; false:
+// nothing recorded (unknown, a duplicate, or another host's).
+func FinishCommandOnce(ctx context.Context, q Querier, id, host, status string, result []byte) (FinishedCommand, bool, error) {
+	var c FinishedCommand
+	err := q.QueryRow(ctx, `UPDATE commands SET result_status = $3, result = $4, finished_at = now()
+		WHERE id::text = $1 AND finished_at IS NULL AND ($2 = '' OR host = $2)
+		RETURNING request_id, purpose, kind, host, attachment_id`, id, host, status, result).
+		Scan(&c.Request, &c.Purpose, &c.Kind, &c.Host, &c.Attachment)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, false, nil
+	}
+	if err != nil {
+		return c, false, fmt.Errorf("record result of command %s: %w", id, err)
+	}
+	return c, true, nil
 }
 
 // CancelUnsent makes sure the request's commands not yet sent never go out.

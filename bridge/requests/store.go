@@ -287,6 +287,19 @@ func (s *Store) Transition(ctx context.Context, tx pgx.Tx, id uuid.UUID, to Stat
 	return s.transition(ctx, tx, s.actor, id, to, phase, reason, code)
 }
 
+// TransitionUntil is Transition that also sets when the request's
+// deadline loop looks at it again (SetDeadline), in the same statement.
+func (s *Store) TransitionUntil(ctx context.Context, tx pgx.Tx, id uuid.UUID, to State, phase, reason, code string, deadline time.Time) (Request, error) {
+	if !to.Valid() {
+		return Request{}, fmt.Errorf("request %s: unknown state %q: %w", id, to, ErrIllegal)
+	}
+	r, err := s.move(ctx, tx, s.actor, id, allowedFrom(to), to, phase, reason, code, &deadline)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, s.refused(ctx, tx, id, to)
+	}
+	return r, err
+}
+
 // TransitionIf moves request id from state from to state to, as
 // Transition does, when it is in from; otherwise it changes nothing and
 // reports false.
@@ -294,7 +307,7 @@ func (s *Store) TransitionIf(ctx context.Context, tx pgx.Tx, id uuid.UUID, from,
 	if !Allowed(from, to) {
 		return Request{}, false, fmt.Errorf("request %s: %s → %s: %w", id, from, to, ErrIllegal)
 	}
-	r, err := s.move(ctx, tx, s.actor, id, []string{string(from)}, to, phase, reason, code)
+	r, err := s.move(ctx, tx, s.actor, id, []string{string(from)}, to, phase, reason, code, nil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -305,25 +318,31 @@ func (s *Store) transition(ctx context.Context, tx pgx.Tx, actor string, id uuid
 	if !to.Valid() {
 		return Request{}, fmt.Errorf("request %s: unknown state %q: %w", id, to, ErrIllegal)
 	}
-	r, err := s.move(ctx, tx, actor, id, allowedFrom(to), to, phase, reason, code)
+	r, err := s.move(ctx, tx, actor, id, allowedFrom(to), to, phase, reason, code, nil)
 	if errors.Is(err, pgx.ErrNoRows) {
-		// Not moved: say why.
-		var st string
-		switch err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1`, id).Scan(&st); {
-		case errors.Is(err, pgx.ErrNoRows):
-			return r, fmt.Errorf("request %s: %w", id, ErrNotFound)
-		case err != nil:
-			return r, fmt.Errorf("transition request %s: %w", id, err)
-		}
-		return r, fmt.Errorf("request %s: %s → %s: %w", id, st, to, ErrIllegal)
+		return r, s.refused(ctx, tx, id, to)
 	}
 	return r, err
+}
+
+// refused says why request id did not move to to: it is not there, or
+// its state does not allow the move.
+func (s *Store) refused(ctx context.Context, tx pgx.Tx, id uuid.UUID, to State) error {
+	var st string
+	switch err := tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1`, id).Scan(&st); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("request %s: %w", id, ErrNotFound)
+	case err != nil:
+		return fmt.Errorf("transition request %s: %w", id, err)
+	}
+	return fmt.Errorf("request %s: %s → %s: %w", id, st, to, ErrIllegal)
 }
 
 // move moves request id to state to when its state is one of from, audits
 // the move, queues its notification and, when to is final and the request
 // has a callback URL, its callback. pgx.ErrNoRows: not moved.
-func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID, from []string, to State, phase, reason, code string) (Request, error) {
+func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID, from []string, to State, phase, reason, code string,
+	deadline *time.Time) (Request, error) {
 	// One statement: the row locked, moved when its state is one of from,
 	// and the move audited.
 	var was State
@@ -332,7 +351,8 @@ func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID,
 				code = nullif($5,''), updated_at = now(),
 				decided_at = CASE WHEN $2 = 'decided' AND decided_at IS NULL THEN now() ELSE decided_at END,
 				dispatched_at = CASE WHEN $2 = 'dispatched' AND dispatched_at IS NULL THEN now() ELSE dispatched_at END,
-				finished_at = CASE WHEN $2 IN ('succeeded','failed','rejected') THEN now() ELSE finished_at END
+				finished_at = CASE WHEN $2 IN ('succeeded','failed','rejected') THEN now() ELSE finished_at END,
+				deadline_at = coalesce($8, deadline_at)
 			FROM (SELECT id AS cur_id, state AS cur_state FROM requests WHERE id = $1 FOR UPDATE) c
 			WHERE r.id = c.cur_id AND c.cur_state = ANY($6::text[])
 			RETURNING c.cur_state, `+columns+`
@@ -341,7 +361,7 @@ func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID,
 			SELECT $7, 'transition', 'request', $1::text, $1,
 				jsonb_build_object('from', cur_state, 'to', $2::text, 'phase', $3::text, 'reason', $4::text, 'code', $5::text) FROM u
 		)
-		SELECT * FROM u`, id, string(to), phase, reason, code, from, actor), &was)
+		SELECT * FROM u`, id, string(to), phase, reason, code, from, actor, deadline), &was)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, err
 	}

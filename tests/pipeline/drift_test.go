@@ -171,7 +171,7 @@ func TestDrift(t *testing.T) {
 	w.startAgent()
 	reg := prometheus.NewRegistry()
 	rec, err := drift.New(drift.Config{Replica: "d1", Interval: time.Hour, Repair: true, RepairGrace: 0, StaleReportAge: 5 * time.Minute},
-		drift.Deps{Pool: w.pool, Placement: newOutsideTx(t, w.pool, br.svc), Log: logger(), Registry: reg})
+		drift.Deps{Pool: w.pool, Placement: newOutsideTx(t, w.txw, br.svc), Log: logger(), Registry: reg})
 	testsvc.Must(t, err, "reconciler")
 	// The agent's first report is in.
 	deadline := time.Now().Add(30 * time.Second)
@@ -339,7 +339,7 @@ func TestDrift(t *testing.T) {
 
 	// Repair off: found, not repaired.
 	off, err := drift.New(drift.Config{Replica: "d2", Interval: time.Hour, RepairGrace: 0},
-		drift.Deps{Pool: w.pool, Placement: newOutsideTx(t, w.pool, br.svc), Log: logger()})
+		drift.Deps{Pool: w.pool, Placement: newOutsideTx(t, w.txw, br.svc), Log: logger()})
 	testsvc.Must(t, err, "reconciler")
 	orphan2 := uuid.NewString()
 	w.rawCommand(protocol.CreateMdev, "", protocol.MdevParams{MdevUUID: orphan2, ParentPCI: gpuB, TypeID: t4q})
@@ -352,7 +352,7 @@ func TestDrift(t *testing.T) {
 	}
 	// Repair on but held (operators paused the bridge): found, not repaired.
 	held, err := drift.New(drift.Config{Replica: "d3", Interval: time.Hour, Repair: true, RepairGrace: 0},
-		drift.Deps{Pool: w.pool, Placement: newOutsideTx(t, w.pool, br.svc), Log: logger(), Hold: func(context.Context) bool { return true }})
+		drift.Deps{Pool: w.pool, Placement: newOutsideTx(t, w.txw, br.svc), Log: logger(), Hold: func(context.Context) bool { return true }})
 	testsvc.Must(t, err, "reconciler")
 	if res := runOnce(t, held); res.Repairs != 0 {
 		t.Errorf("repairs while held: %+v", res)

@@ -65,6 +65,7 @@ type world struct {
 	t        *testing.T
 	ctx      context.Context
 	pool     *pgxpool.Pool
+	txw      *txWatch // the transactions of the test's pools (outsideTx)
 	dbURL    string
 	host     string // compute service host = fake host name
 	node     string // Placement root provider name
@@ -121,7 +122,11 @@ func newWorldWith(t *testing.T, rulesYAML string, opts ...worldOpt) *world {
 	w.results, w.reports = testsvc.Name("pipe-results"), testsvc.Name("pipe-reports")
 	w.amqpURL = testsvc.RabbitURL(t)
 	w.dbURL = testsvc.MigratedPostgres(t)
-	w.pool = testsvc.Pool(t, w.dbURL)
+	w.txw = newTxWatch()
+	pool, err := store.Open(ctx, store.Config{URL: w.dbURL, Tracer: w.txw})
+	testsvc.Must(t, err, "pool")
+	t.Cleanup(pool.Close)
+	w.pool = pool
 	w.requests = requests.NewStore(w.pool, "test")
 
 	dir := t.TempDir()
@@ -268,7 +273,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 		o.requestTimeout = 60 * time.Second
 	}
 	// The pipeline's own pool (pipeline.Deps.Pool).
-	pipePool, err := store.Open(w.ctx, store.Config{URL: w.dbURL, MaxConns: 8, Tracer: o.tracer})
+	pipePool, err := store.Open(w.ctx, store.Config{URL: w.dbURL, MaxConns: 8, Tracer: tracers{w.txw, o.tracer}})
 	testsvc.Must(t, err, "pipeline pool")
 	t.Cleanup(pipePool.Close)
 	var kick func()
@@ -276,7 +281,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 		WatchdogInterval: 200 * time.Millisecond, RetryMin: 200 * time.Millisecond, RetryMax: time.Second, HostsRefresh: 500 * time.Millisecond,
 		LoadInterval: cmp.Or(o.loadInterval, -1), MaxAttempts: o.maxAttempts},
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
-			Placement: withClaimErr(newOutsideTx(t, w.pool, svc), o.claimErr), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
+			Placement: withClaimErr(newOutsideTx(t, w.txw, svc), o.claimErr), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
 	testsvc.Must(t, err, "pipeline")
 	dc := dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
 		ResultsBindings: []string{protocol.ResultRoutingKey(w.host)}, ReportsBindings: []string{protocol.ReportRoutingKey(w.host)},
@@ -512,4 +517,24 @@ func (w *world) auditCount(reqID uuid.UUID, action string) int {
 	var n int
 	testsvc.Must(w.t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM audit_log WHERE request_id = $1 AND action = $2`, reqID.String(), action).Scan(&n), "audit")
 	return n
+}
+
+// tracers passes each statement to every one of them that is set.
+type tracers []pgx.QueryTracer
+
+func (ts tracers) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	for _, t := range ts {
+		if t != nil {
+			ctx = t.TraceQueryStart(ctx, c, d)
+		}
+	}
+	return ctx
+}
+
+func (ts tracers) TraceQueryEnd(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryEndData) {
+	for _, t := range ts {
+		if t != nil {
+			t.TraceQueryEnd(ctx, c, d)
+		}
+	}
 }
