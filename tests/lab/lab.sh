@@ -126,19 +126,26 @@ build_modules() { # outdir kver
 	cp "$src"/{mtty,mdpy,mtty_pci}.ko "$out/modules/"
 }
 
-build_initramfs() { # outdir kver
-	local out=$1 k=$2 root=$1/initramfs m
+# pack_initramfs: a busybox initramfs at image, with init as its init and
+# the modules named, and what they depend on, loaded by its modules.sh.
+pack_initramfs() { # workdir init image kver module...
+	local root=$1 init=$2 img=$3 k=$4 cmd m
+	shift 4
 	mkdir -p "$root"/{bin,dev,proc,sys,mods}
 	cp /bin/busybox "$root/bin/busybox"
-	cp "$HERE/initramfs-init" "$root/init"
+	cp "$init" "$root/init"
 	chmod 0755 "$root/init"
 	: >"$root/modules.sh"
 	while read -r cmd m; do
 		[ "$cmd" = insmod ] || continue
 		cp "$m" "$root/mods/"
 		echo "insmod /mods/${m##*/}" >>"$root/modules.sh"
-	done < <(modprobe -S "$k" --show-depends -a virtio_pci 9pnet_virtio 9p overlay | awk '!seen[$0]++')
-	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$out/initramfs.img"
+	done < <(modprobe -S "$k" --show-depends -a "$@" | awk '!seen[$0]++')
+	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$img"
+}
+
+build_initramfs() { # outdir kver
+	pack_initramfs "$1/initramfs" "$HERE/initramfs-init" "$1/initramfs.img" "$2" virtio_pci 9pnet_virtio 9p overlay
 }
 
 # guest_initramfs: the nested guest's initramfs for this kernel and
@@ -151,21 +158,11 @@ guest_initramfs() { # cachedir kver -> prints the image's path
 	local cache=$1 k=$2 img
 	img=$(guest_initramfs_path "$cache")
 	if [ ! -f "$img" ]; then
-		local root=$cache/.guest-$$ m
+		local root=$cache/.guest-$$
 		rm -rf "$root"
-		mkdir -p "$root"/{bin,dev,proc,sys,mods}
-		cp /bin/busybox "$root/bin/busybox"
-		cp "$HERE/guest-init" "$root/init"
-		chmod 0755 "$root/init"
-		: >"$root/modules.sh"
-		# the ACPI power button (a graceful shutdown) and its input events
-		while read -r cmd m; do
-			[ "$cmd" = insmod ] || continue
-			cp "$m" "$root/mods/"
-			echo "insmod /mods/${m##*/}" >>"$root/modules.sh"
-		done < <(modprobe -S "$k" --show-depends -a button evdev | awk '!seen[$0]++')
 		rm -f "$cache"/guest-initramfs-*.img
-		(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$img.tmp"
+		# the ACPI power button (a graceful shutdown) and its input events
+		pack_initramfs "$root" "$HERE/guest-init" "$img.tmp" "$k" button evdev
 		mv "$img.tmp" "$img"
 		rm -rf "$root"
 	fi
