@@ -12,12 +12,12 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 )
 
-// errNeedClaims stops a transaction that needs a Placement release it has
+// errNeedRelease stops a transaction that needs a Placement release it has
 // not made yet (rounds makes it, then runs the transaction again).
-var errNeedClaims = errors.New("the transaction needs Placement calls made first")
+var errNeedRelease = errors.New("the transaction needs a Placement release made first")
 
-// maxClaimRounds bounds the rounds of one transaction that releases.
-const maxClaimRounds = 8
+// maxReleaseRounds bounds the rounds of one transaction that releases.
+const maxReleaseRounds = 8
 
 // txBeginner is a pool or a connection.
 type txBeginner interface {
@@ -25,25 +25,20 @@ type txBeginner interface {
 }
 
 // rounds runs fn in a transaction of db until it no longer stops for a
-// Placement release (errNeedClaims): between two rounds, with no
+// Placement release (errNeedRelease): between two rounds, with no
 // transaction open, it makes the releases the last round asked for
 // (releaseFor). Decisions do not run in rounds (decideLocked); an agent's
 // result, a deadline and a Nova-path step that give units back do.
 func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
+	pc, _ := ctx.Value(roundReleasesKey{}).(*roundReleases)
 	if pc == nil {
-		pc = &preclaims{}
-		ctx = context.WithValue(ctx, preclaimsKey{}, pc)
+		pc = &roundReleases{}
+		ctx = context.WithValue(ctx, roundReleasesKey{}, pc)
 	}
 	for round := 1; ; round++ {
 		pc.needRelease = nil
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return fn(ctx, tx) })
-		if errors.Is(err, errQuotaMoved) && !pc.quotaEager && round < maxClaimRounds {
-			pc.quotaEager = true // again, locking the project's usage before reading it
-			p.m.quotaRetries.Inc()
-			continue
-		}
-		if !errors.Is(err, errNeedClaims) || round >= maxClaimRounds {
+		if !errors.Is(err, errNeedRelease) || round >= maxReleaseRounds {
 			return err
 		}
 		failpoint.Hit(FailBeforePlacement)
@@ -62,32 +57,30 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 
 // releaseFor gives back attachment a's claim in Placement: a release made
 // before this round counts as done; else it is recorded as needed and
-// errNeedClaims stops the round.
+// errNeedRelease stops the round.
 func (p *Processor) releaseFor(ctx context.Context, a flow.Attachment) error {
-	pc := preclaimsIn(ctx)
+	pc := roundReleasesIn(ctx)
 	if pc.released[a.ID] {
 		return nil
 	}
 	pc.needRelease = append(pc.needRelease, a)
-	return errNeedClaims
+	return errNeedRelease
 }
 
-// preclaims are the releases made for one transaction between its
+// roundReleases are the releases made for one transaction between its
 // rounds.
-type preclaims struct {
+type roundReleases struct {
 	needRelease []flow.Attachment  // releases the last round stopped for
 	released    map[uuid.UUID]bool // attachments whose claim was given back
-	// quotaEager: a round found its project's usage moved between its
-	// read and its lock (errQuotaMoved); the next ones lock first.
-	quotaEager bool
 }
 
-type preclaimsKey struct{}
+type roundReleasesKey struct{}
 
-// preclaimsIn returns the preclaims of the rounds ctx runs in. A Placement
-// release is only ever asked for inside rounds: anything else is a bug.
-func preclaimsIn(ctx context.Context) *preclaims {
-	pc, _ := ctx.Value(preclaimsKey{}).(*preclaims)
+// roundReleasesIn returns the releases of the rounds ctx runs in. A
+// Placement release is only ever asked for inside rounds: anything else
+// is a bug.
+func roundReleasesIn(ctx context.Context) *roundReleases {
+	pc, _ := ctx.Value(roundReleasesKey{}).(*roundReleases)
 	if pc == nil {
 		panic("pipeline: a Placement release asked for outside rounds")
 	}
