@@ -250,7 +250,7 @@ func (a *API) listEvents(c echo.Context) error {
 	if strings.HasSuffix(typ, "*") {
 		typ, prefix = strings.TrimSuffix(typ, "*"), true
 	}
-	payloadCol := "NULL::jsonb"
+	payloadCol := "NULL::json"
 	if withPayload {
 		payloadCol = "payload"
 	}

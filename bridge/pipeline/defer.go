@@ -126,8 +126,8 @@ func superseded(ctx context.Context, tx pgx.Tx, row InboxRow) (int64, error) {
 	var id int64
 	err := tx.QueryRow(ctx, `SELECT x.id FROM events f JOIN events x ON x.instance_uuid = f.instance_uuid
 			AND x.id > f.deferred_from AND x.deferred_from IS NULL AND x.source = f.source AND x.event_type = f.event_type
-			AND coalesce(x.payload->'alert'->'fingerprint', x.payload->'alert'->'labels')
-				IS NOT DISTINCT FROM coalesce(f.payload->'alert'->'fingerprint', f.payload->'alert'->'labels')
+			AND coalesce((x.payload->'alert'->'fingerprint')::jsonb, (x.payload->'alert'->'labels')::jsonb)
+				IS NOT DISTINCT FROM coalesce((f.payload->'alert'->'fingerprint')::jsonb, (f.payload->'alert'->'labels')::jsonb)
 		WHERE f.id = $1 ORDER BY x.id LIMIT 1`, row.ID).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil

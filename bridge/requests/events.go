@@ -45,7 +45,7 @@ type LoadEvents struct {
 // and message id are there already; it returns how many it wrote.
 func QueueLoadEvents(ctx context.Context, q Execer, evs LoadEvents) (int64, error) {
 	tag, err := q.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, project_id)
-		SELECT $1, m, $2, i::uuid, now(), p::jsonb, nullif(pj, '') FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) AS t(i, m, p, pj)
+		SELECT $1, m, $2, i::uuid, now(), p::json, nullif(pj, '') FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) AS t(i, m, p, pj)
 		ON CONFLICT (source, message_id) DO NOTHING`, evs.Source, evs.Type, evs.Instances, evs.MessageIDs, evs.Payloads, evs.ProjectIDs)
 	if err != nil {
 		return 0, err
@@ -97,7 +97,7 @@ func QueueWebhookEvents(b *pgx.Batch, w *WebhookEvents) {
 		return
 	}
 	b.Queue(`INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id, project_id)
-		SELECT s, m, t, i, o, p::jsonb, r, NULLIF(pj, '')
+		SELECT s, m, t, i, o, p::json, r, NULLIF(pj, '')
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::timestamptz[], $6::text[], $7::text[], $8::text[])
 		  AS x(s, m, t, i, o, p, r, pj)`, w.Sources, w.MessageIDs, w.Types, w.Instances, w.Occurred, w.Payloads, w.RequestIDs, w.Projects)
 }
@@ -137,7 +137,7 @@ func (n *Notifications) AddPayload(p []byte) {
 func InsertNotifications(ctx context.Context, tx pgx.Tx, n *Notifications) (pgx.Rows, error) {
 	return tx.Query(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload,
 				publisher_id, priority, request_id, global_request_id, project_id, user_id, status, detail, processed_at)
-			SELECT $1, m, e, u::uuid, o, convert_from(substring($6::bytea FROM ps + 1 FOR pl), 'UTF8')::jsonb,
+			SELECT $1, m, e, u::uuid, o, convert_from(substring($6::bytea FROM ps + 1 FOR pl), 'UTF8')::json,
 				pub, pr, NULLIF(rq, ''), NULLIF(grq, ''), NULLIF(pj, ''), NULLIF(us, ''), st, dt,
 				CASE WHEN st IS NULL THEN NULL ELSE now() END
 			FROM unnest($2::text[], $3::text[], $4::text[], $5::timestamptz[], $15::int[], $16::int[], $7::text[], $8::text[],

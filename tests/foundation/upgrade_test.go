@@ -58,6 +58,7 @@ func TestUpgradeKeepsData(t *testing.T) {
 				{"instance", `SELECT vm_state || ' ' || host || ' ' || (flavor->>'name') FROM instances WHERE uuid = '0d1d9d4f-7b4b-4c4e-9a39-3f8f1a2b3c01'`, "active cmp-up-1 m1.large"},
 				{"request", `SELECT state || ' ' || reason FROM requests WHERE id = '7e0c2a52-9d1b-4a9a-8f5e-0c2d3b4a5f01'`, "succeeded attached T4-4Q"},
 				{"decision", `SELECT policy FROM decisions WHERE event_id = 9001`, "sha256:up"},
+				{"event", `SELECT event_type || ' ' || (payload->>'vgpu_profile') || ' ' || pg_typeof(payload)::text FROM events WHERE id = 9001`, "GPU_REQUEST T4-4Q json"},
 				{"command", `SELECT kind || ' ' || result_status FROM commands WHERE id = 'a1b2c3d4-0000-4000-8000-000000000001'`, "attach_vgpu succeeded"},
 				{"attachment", `SELECT state || ' ' || profile || ' ' || frame_rate_limit FROM vgpu_attachments WHERE id = '4b20d080-1b54-4048-85b3-a6a62d165c01'`, "attached T4-4Q true"},
 				{"load window", `SELECT jsonb_array_length(samples)::text FROM instance_load WHERE instance_uuid = '0d1d9d4f-7b4b-4c4e-9a39-3f8f1a2b3c01'`, "2"},

@@ -16,7 +16,7 @@ import (
 )
 
 // TestReplayStillRefusedByDatabase: replaying a dead letter whose body
-// Postgres still refuses (a lone UTF-16 surrogate jsonb cannot hold)
+// Postgres still refuses (refuseMarked)
 // answers 422 problem+json still_invalid naming Postgres's reason, not a
 // 500, and the dead letter stays, not marked replayed.
 func TestReplayStillRefusedByDatabase(t *testing.T) {
@@ -24,7 +24,8 @@ func TestReplayStillRefusedByDatabase(t *testing.T) {
 	cfg := r.config(r.amqpURL)
 	r.declare(cfg)
 	ts := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
-	r.publish(infoKey, poisoned(t, "surrogate", "5b1e5a6c-0b43-4bd8-9a2f-2a3cbd7e6f10", `\"bad\":\"\\ud800\"`, ts))
+	refuseMarked(t, r)
+	r.publish(infoKey, poisoned(t, "surrogate", "5b1e5a6c-0b43-4bd8-9a2f-2a3cbd7e6f10", poison, ts))
 	run := r.start(cfg)
 	r.waitCount(1, 30*time.Second, `SELECT count(*) FROM dead_letters WHERE message_id = 'surrogate'`)
 	var id int64
@@ -65,11 +66,12 @@ func TestDeadLetterKeptOnce(t *testing.T) {
 	ts := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
 	const uuid = "5b1e5a6c-0b43-4bd8-9a2f-2a3cbd7e6f10"
 	garbage := []byte("not json, no message id")
-	poison := poisoned(t, "poison-1", uuid, `\"bad\":\"\\ud800\"`, ts)
-	r.publish(infoKey, garbage, poison, garbage, []byte("other garbage"))
+	refuseMarked(t, r)
+	refused := poisoned(t, "poison-1", uuid, poison, ts)
+	r.publish(infoKey, garbage, refused, garbage, []byte("other garbage"))
 	run := r.start(cfg)
 	r.waitCount(3, 30*time.Second, `SELECT count(*) FROM dead_letters`)
-	r.publish(infoKey, poison, garbage, instanceMsg(t, "ok-after", "instance.update", uuid, "active", "h1", nil, ts.Add(time.Second)))
+	r.publish(infoKey, refused, garbage, instanceMsg(t, "ok-after", "instance.update", uuid, "active", "h1", nil, ts.Add(time.Second)))
 	r.waitCount(1, 30*time.Second, `SELECT count(*) FROM events WHERE message_id = 'ok-after'`)
 	if n := r.count(`SELECT count(*) FROM dead_letters`); n != 3 {
 		t.Errorf("%d dead letters, want 3: each message kept once however often delivered", n)

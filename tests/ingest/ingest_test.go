@@ -396,7 +396,7 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 }
 
 // poisoned returns an instance notification whose payload carries extra,
-// a JSON member Go's decoder accepts and Postgres's jsonb refuses.
+// a JSON member, after its tenant_id.
 func poisoned(t *testing.T, id, uuid, extra string, ts time.Time) []byte {
 	t.Helper()
 	w := string(instanceMsg(t, id, "instance.update", uuid, "active", "h1", nil, ts))
@@ -407,11 +407,29 @@ func poisoned(t *testing.T, id, uuid, extra string, ts time.Time) []byte {
 	return []byte(strings.Replace(w, anchor, anchor+`,`+extra, 1))
 }
 
-// TestPoisonValues: notifications holding values Go accepts and Postgres
-// refuses (a number beyond numeric's range, a lone UTF-16 surrogate) become
-// dead letters and never hold up what follows them; when Postgres refuses
-// even the dead letter, a minimal one is kept, and when it refuses that
-// too the message is dropped and counted. Nothing is retried forever.
+// poison is the member that refuseMarked makes the database refuse.
+const poison = `\"refuse_me\":true`
+
+// refuseMarked makes the database refuse an event whose payload holds the
+// member poison (a CHECK constraint: SQLSTATE 23514, a refusal of the
+// data). The inbox keeps payloads as json, which takes whatever Go's
+// decoder takes (a lone UTF-16 surrogate, a number beyond numeric's
+// range), so no value a valid notification can carry is refused by the
+// schema itself; the constraint stands for the refusals that remain
+// possible (a later constraint, a value of another column).
+func refuseMarked(t *testing.T, r *rig) {
+	t.Helper()
+	_, err := r.pool.Exec(context.Background(), `ALTER TABLE events ADD CONSTRAINT refuse_marked
+		CHECK (strpos(payload::text, '"refuse_me"') = 0) NOT VALID`)
+	testsvc.Must(t, err, "add the events constraint")
+}
+
+// TestPoisonValues: values jsonb would refuse (a number beyond numeric's
+// range, a lone UTF-16 surrogate) are stored as they came. Notifications
+// the database refuses (refuseMarked) become dead letters and never hold
+// up what follows them; when Postgres refuses even the dead letter, a
+// minimal one is kept, and when it refuses that too the message is
+// dropped and counted. Nothing is retried forever.
 func TestPoisonValues(t *testing.T) {
 	r := newRig(t)
 	cfg := r.config(r.amqpURL)
@@ -421,19 +439,26 @@ func TestPoisonValues(t *testing.T) {
 	ok := func(id string, i int) []byte {
 		return instanceMsg(t, id, "instance.update", uuid, "active", "h1", nil, ts.Add(time.Duration(i)*time.Second))
 	}
+	refuseMarked(t, r)
 	r.publish(infoKey,
 		ok("ok-1", 1),
 		poisoned(t, "huge-number", uuid, `\"huge\":1e200000`, ts.Add(2*time.Second)),
 		poisoned(t, "lone-surrogate", uuid, `\"bad\":\"\\ud800\"`, ts.Add(3*time.Second)),
+		poisoned(t, "refused-1", uuid, poison, ts.Add(3*time.Second)),
+		poisoned(t, "refused-2", uuid, `\"n\":2,`+poison, ts.Add(3*time.Second)),
 		ok("ok-2", 4),
 	)
 	run := r.start(cfg)
-	r.waitCount(2, 30*time.Second, `SELECT count(*) FROM events WHERE message_id IN ('ok-1', 'ok-2')`)
+	r.waitCount(4, 30*time.Second, `SELECT count(*) FROM events WHERE message_id IN ('ok-1', 'ok-2', 'huge-number', 'lone-surrogate')`)
+	if n := r.count(`SELECT count(*) FROM events WHERE message_id = 'huge-number' AND payload::text LIKE '%"huge":1e200000%'
+		OR message_id = 'lone-surrogate' AND payload::text LIKE '%"bad":"\\ud800"%'`); n != 2 {
+		t.Errorf("%d of the 2 messages jsonb would refuse stored as they came", n)
+	}
 	r.waitCount(2, 10*time.Second, `SELECT count(*) FROM dead_letters WHERE reason = 'schema'
-		AND message_id IN ('huge-number', 'lone-surrogate') AND raw IS NOT NULL AND headers ? 'routing_key'
+		AND message_id IN ('refused-1', 'refused-2') AND raw IS NOT NULL AND headers ? 'routing_key'
 		AND detail LIKE 'database refused it: %'`)
-	if n := r.count(`SELECT count(*) FROM events WHERE message_id IN ('huge-number', 'lone-surrogate')`); n != 0 {
-		t.Errorf("%d poisoned messages stored as events", n)
+	if n := r.count(`SELECT count(*) FROM events WHERE message_id IN ('refused-1', 'refused-2')`); n != 0 {
+		t.Errorf("%d refused messages stored as events", n)
 	}
 	testsvc.Must(t, run.c.Ready(context.Background()), "ready after dead-lettering")
 
@@ -443,7 +468,7 @@ func TestPoisonValues(t *testing.T) {
 	_, err := r.pool.Exec(context.Background(), `ALTER TABLE dead_letters ADD CONSTRAINT refuse_poison
 		CHECK (message_id IS DISTINCT FROM 'drop-me' AND detail NOT LIKE 'dead letter refused%') NOT VALID`)
 	testsvc.Must(t, err, "add constraint")
-	r.publish(infoKey, poisoned(t, "drop-me", uuid, `\"huge\":-1e200000`, ts.Add(5*time.Second)), ok("ok-3", 6))
+	r.publish(infoKey, poisoned(t, "drop-me", uuid, poison, ts.Add(5*time.Second)), ok("ok-3", 6))
 	r.waitCount(1, 30*time.Second, `SELECT count(*) FROM events WHERE message_id = 'ok-3'`)
 	if got := run.metric("vgpu_bridge_notifications_dropped_total"); got != 1 {
 		t.Errorf("dropped metric %v, want 1", got)
@@ -459,7 +484,7 @@ func TestPoisonValues(t *testing.T) {
 	_, err = r.pool.Exec(context.Background(), `ALTER TABLE dead_letters DROP CONSTRAINT refuse_poison;
 		ALTER TABLE dead_letters ADD CONSTRAINT refuse_full CHECK (message_id IS DISTINCT FROM 'minimal') NOT VALID`)
 	testsvc.Must(t, err, "swap constraint")
-	r.publish(infoKey, poisoned(t, "minimal", uuid, `\"huge\":1e200000`, ts.Add(7*time.Second)), ok("ok-4", 8))
+	r.publish(infoKey, poisoned(t, "minimal", uuid, poison, ts.Add(7*time.Second)), ok("ok-4", 8))
 	r.waitCount(1, 30*time.Second, `SELECT count(*) FROM events WHERE message_id = 'ok-4'`)
 	if n := r.count(`SELECT count(*) FROM dead_letters WHERE message_id IS NULL AND raw IS NULL
 		AND detail LIKE 'dead letter refused by the database%first refusal: database refused it:%'`); n != 1 {

@@ -40,7 +40,7 @@ func TestPayloadsOfABatch(t *testing.T) {
 	r.start(cfg)
 	r.waitCount(len(want), 60*time.Second, `SELECT count(*) FROM events WHERE message_id LIKE 'payload-%'`)
 	for id, p := range want {
-		if n := r.count(`SELECT count(*) FROM events WHERE message_id = $1 AND payload = $2::jsonb`, id, p); n != 1 {
+		if n := r.count(`SELECT count(*) FROM events WHERE message_id = $1 AND payload::jsonb = $2::jsonb`, id, p); n != 1 {
 			var got string
 			_ = r.pool.QueryRow(context.Background(), `SELECT payload::text FROM events WHERE message_id = $1`, id).Scan(&got)
 			t.Errorf("%s: stored payload %.200s…, want %.200s…", id, got, p)

@@ -241,7 +241,7 @@ func TestRealAlertmanager(t *testing.T) {
 	deadline = time.Now().Add(90 * time.Second)
 	for {
 		var resolved, withMetrics int
-		testsvc.Must(t, e.pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE payload ? 'metrics') FROM events
+		testsvc.Must(t, e.pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE payload::jsonb ? 'metrics') FROM events
 			WHERE source = 'webhook:alerts' AND payload->'alert'->>'status' = 'resolved'`).Scan(&resolved, &withMetrics), "count")
 		if resolved == n {
 			if withMetrics != 0 {
