@@ -66,6 +66,14 @@ func (s *scanner) skipString() (raw []byte, plain, ok bool) {
 	start := s.i + 1
 	plain = true
 	for i := start; i < len(s.b); i++ {
+		// Most of a notification's strings are runs of plain ASCII: pass
+		// them with one table look per byte.
+		for i < len(s.b) && plainASCII[s.b[i]] {
+			i++
+		}
+		if i == len(s.b) {
+			break
+		}
 		c := s.b[i]
 		switch {
 		case c == '"':
@@ -95,6 +103,15 @@ func (s *scanner) skipString() (raw []byte, plain, ok bool) {
 	}
 	return nil, false, false
 }
+
+// plainASCII marks the bytes a JSON string holds as they are: ASCII, not
+// a control character, a quote or a backslash.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // str reads a string and returns its unquoted bytes: a slice of the input
 // when it holds no escape, else a new buffer. It refuses invalid UTF-8 and
