@@ -123,7 +123,7 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err erro
 	}
 	// A resize under way counts in the project's usage: lock it now, and
 	// stop if it moved since the decision read it.
-	if err := pipeline.LockQuota(ctx, tx); err != nil {
+	if err := w.LockQuota(ctx); err != nil {
 		return err
 	}
 	if err := requests.CreateNovaResize(ctx, tx, requests.NovaResize{Request: reqID, Instance: f.Instance.UUID, Profile: in.Profile,

@@ -88,7 +88,7 @@ func (p *Processor) act(ctx context.Context, w *Work, reqID uuid.UUID, state req
 		if len(planned) > 0 {
 			// New vGPUs add to the project's usage: lock it now, and stop
 			// if it moved since the decision read it.
-			if err := LockQuota(ctx, tx); err != nil {
+			if err := w.LockQuota(ctx); err != nil {
 				return err
 			}
 			if err := requests.PlanClaims(ctx, tx, row.ID, reqID, f.Instance.UUID, planned); err != nil {

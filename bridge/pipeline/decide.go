@@ -114,13 +114,13 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 	for {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			w.reset(tx)
-			gctx := context.WithValue(ctx, quotaGuardKey{}, &quotaGuard{p: p, eager: eager})
+			w.quota = &quotaGuard{p: p, eager: eager}
 			held := ""
 			if release != nil {
 				held = inst
 			}
 			var err error
-			closed, err = p.decide(gctx, w, id, held)
+			closed, err = p.decide(ctx, w, id, held)
 			if err == nil && len(w.pending) > 0 && w.Row.InstanceUUID != "" && held == "" {
 				// Claims next: the instance stays locked until they are
 				// recorded or given back (the transaction's lock ends

@@ -88,7 +88,7 @@ func (p *Processor) handleMaintenance(ctx context.Context, w *Work, ev policy.Ev
 		return false, false, err
 	}
 	ev.Kind = BridgeKindPrefix + EventMaintenance
-	f, _, err := p.loadFacts(ctx, tx, ev, hs)
+	f, _, err := p.loadFacts(ctx, tx, ev, hs, usageRead{guard: w.quota})
 	if err != nil {
 		return false, false, err
 	}

@@ -72,7 +72,7 @@ func (p *Processor) handleMove(ctx context.Context, w *Work, ev policy.Event) (_
 	if _, err := uuid.Parse(ev.InstanceUUID); err != nil {
 		return false, false, nil
 	}
-	f, _, err := p.loadFacts(ctx, tx, ev, hs)
+	f, _, err := p.loadFacts(ctx, tx, ev, hs, usageRead{guard: w.quota})
 	if err != nil {
 		return false, false, err
 	}

@@ -29,7 +29,7 @@ import (
 // claim) never takes the lock. A rejection read without the lock is one
 // taken a moment earlier: what it read had committed.
 
-// quotaGuard is one round's view of its project's usage.
+// quotaGuard is one decision's view of its project's usage (Work.quota).
 type quotaGuard struct {
 	p       *Processor
 	eager   bool // lock before reading: the usage moved in an earlier round
@@ -38,27 +38,29 @@ type quotaGuard struct {
 	locked  bool
 }
 
-type quotaGuardKey struct{}
-
-// lazyQuotaKey marks the context of the load whose usage read may go
-// without the lock (Evaluate's): other loads lock as they read.
-type lazyQuotaKey struct{}
-
-// errQuotaMoved stops a round whose project's usage changed between its
-// read and the lock: rounds runs it again, locking first.
-var errQuotaMoved = errors.New("the project's vGPU usage changed while the decision was taken")
-
-func guardIn(ctx context.Context) *quotaGuard {
-	g, _ := ctx.Value(quotaGuardKey{}).(*quotaGuard)
-	return g
+// usageRead says how loadFacts reads a project's usage: under a decision's
+// guard (nil: none) and, with lazy, without the lock (Evaluate's read;
+// the decision locks later, in LockQuota). Other reads lock as they read.
+type usageRead struct {
+	guard *quotaGuard
+	lazy  bool
 }
 
+// lazily is Evaluate's read of the usage under g: without the lock unless
+// an earlier round saw the usage move.
+func (g *quotaGuard) lazily() usageRead {
+	return usageRead{guard: g, lazy: g != nil && !g.eager}
+}
+
+// errQuotaMoved stops a round whose project's usage changed between its
+// read and the lock: the decision runs again, locking first.
+var errQuotaMoved = errors.New("the project's vGPU usage changed while the decision was taken")
+
 // readUsage reads project's usage for a decision, locking it first
-// unless the decision may lock later (lazyQuotaKey, a round's guard).
-func (p *Processor) readUsage(ctx context.Context, tx pgx.Tx, project string) (policy.Usage, error) {
-	g := guardIn(ctx)
-	lazy := g != nil && !g.eager && ctx.Value(lazyQuotaKey{}) != nil
-	if !lazy {
+// unless ur.lazy.
+func (p *Processor) readUsage(ctx context.Context, tx pgx.Tx, project string, ur usageRead) (policy.Usage, error) {
+	g := ur.guard
+	if !ur.lazy {
 		if err := lockProject(ctx, tx, project); err != nil {
 			return policy.Usage{}, err
 		}
@@ -70,7 +72,7 @@ func (p *Processor) readUsage(ctx context.Context, tx pgx.Tx, project string) (p
 	if g.locked && g.project != project {
 		return u, nil // another project's, read for another purpose: the guard keeps the first
 	}
-	g.project, g.usage, g.locked = project, u, g.locked || !lazy
+	g.project, g.usage, g.locked = project, u, g.locked || !ur.lazy
 	return u, nil
 }
 
@@ -84,18 +86,18 @@ func lockProject(ctx context.Context, tx pgx.Tx, project string) error {
 // LockQuota is called by a decision just before it writes what adds to
 // its project's vGPU usage (attachments, a Nova resize under way): it
 // takes the project's lock, held to the commit, and checks that the usage
-// the decision was taken on has not moved meanwhile. Outside a decision's
-// round, or once locked, it does nothing.
-func LockQuota(ctx context.Context, tx pgx.Tx) error {
-	g := guardIn(ctx)
+// the decision was taken on has not moved meanwhile. Outside a decision,
+// or once locked, it does nothing.
+func (w *Work) LockQuota(ctx context.Context) error {
+	g := w.quota
 	if g == nil || g.locked || g.project == "" {
 		return nil
 	}
-	if err := lockProject(ctx, tx, g.project); err != nil {
+	if err := lockProject(ctx, w.Tx, g.project); err != nil {
 		return err
 	}
 	g.locked = true
-	u, err := g.p.projectUsage(ctx, tx, g.project)
+	u, err := g.p.projectUsage(ctx, w.Tx, g.project)
 	if err != nil {
 		return err
 	}

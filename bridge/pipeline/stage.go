@@ -84,6 +84,10 @@ type Work struct {
 	snap   *snapshot
 	closed bool // marked processed (or failed) by a stage already
 
+	// quota is the decision's view of its project's vGPU usage (nil
+	// outside a decision): see quota.go and LockQuota.
+	quota *quotaGuard
+
 	// holdings are the vGPU units of the event's instance in Placement,
 	// read before the decision when Nova changed its allocations
 	// (decideLocked): the decision takes them as they were then.
@@ -293,7 +297,7 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	}
 	// The project's usage is read without its lock: the decision takes
 	// the lock only if it adds to it (LockQuota).
-	facts, st, err := p.loadFacts(context.WithValue(ctx, lazyQuotaKey{}, true), w.Tx, ev, w.hosts)
+	facts, st, err := p.loadFacts(ctx, w.Tx, ev, w.hosts, w.quota.lazily())
 	if err != nil {
 		return false, fmt.Errorf("load facts: %w", err)
 	}

@@ -234,8 +234,8 @@ type Querier interface {
 }
 
 // loadFacts reads the event's instance, its direct-path vGPUs, its host's
-// last report and its project's usage.
-func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, hs *hostSet) (Facts, *snapshot, error) {
+// last report and its project's usage (as ur says: readUsage).
+func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, hs *hostSet, ur usageRead) (Facts, *snapshot, error) {
 	f := Facts{Now: time.Now(), StaleAge: p.cfg.StaleReportAge, Deleting: ev.Kind == NovaKindPrefix+"instance.delete.end"}
 	f.Instance.UUID = ev.InstanceUUID
 	f.Rebuilt = rebuildKind(ev.Kind)
@@ -327,7 +327,7 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 		// or Nova call), after the decision's attachments or Nova resize
 		// are written, so the next one counts them. A decision's own
 		// round takes it only when it adds (quota.go).
-		u, err := p.readUsage(ctx, tx, project)
+		u, err := p.readUsage(ctx, tx, project, ur)
 		if err != nil {
 			return f, nil, err
 		}
