@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"log/slog"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/keystoneauth"
@@ -53,5 +54,6 @@ func KeystoneAuthConfig(v *conf.Values, log *slog.Logger) (keystoneauth.Config, 
 		return keystoneauth.Config{}, err
 	}
 	c.Validator, c.Logger = ks, log
+	c.ChallengeURI = cmp.Or(c.ChallengeURI, ks.AuthURL())
 	return c, nil
 }

@@ -66,6 +66,9 @@ func NewKeystone(cfg KeystoneConfig) (*Keystone, error) {
 	return &Keystone{cfg: cfg, cloud: cloud}, nil
 }
 
+// AuthURL is the identity endpoint of the clouds.yaml cloud k logs in to.
+func (k *Keystone) AuthURL() string { return k.cloud.Auth.IdentityEndpoint }
+
 func (k *Keystone) client(ctx context.Context) (*gophercloud.ServiceClient, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()

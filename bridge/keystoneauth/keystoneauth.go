@@ -83,7 +83,10 @@ type Config struct {
 	CacheSize int
 	// Timeout of one validation; default DefaultConfig's.
 	Timeout time.Duration
-	Logger  *slog.Logger
+	// ChallengeURI is the Keystone URL a 401 answer names
+	// (WWW-Authenticate: Keystone uri="..."), where a caller gets a token.
+	ChallengeURI string
+	Logger       *slog.Logger
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 }
@@ -184,7 +187,7 @@ type outcome struct {
 	detail    string
 }
 
-func (o *outcome) result() (*api.Principal, error) {
+func (a *Authenticator) result(o *outcome) (*api.Principal, error) {
 	if o.principal != nil {
 		p := *o.principal
 		return &p, nil
@@ -192,13 +195,15 @@ func (o *outcome) result() (*api.Principal, error) {
 	if o.status == http.StatusServiceUnavailable {
 		return nil, unavailable(o.detail)
 	}
-	return nil, refusal(o.status, o.code, o.detail)
+	return nil, a.refusal(o.status, o.code, o.detail)
 }
 
-func refusal(status int, code, detail string) *api.ProblemDetails {
+// refusal is the answer to a caller refused; a 401 names where to get a
+// token (as keystonemiddleware's challenge).
+func (a *Authenticator) refusal(status int, code, detail string) *api.ProblemDetails {
 	p := &api.ProblemDetails{Status: status, Title: http.StatusText(status), Code: code, Detail: detail}
 	if status == http.StatusUnauthorized {
-		p.Headers = map[string]string{"WWW-Authenticate": `Keystone uri="keystone"`}
+		p.Headers = map[string]string{"WWW-Authenticate": "Keystone uri=" + strconv.Quote(a.cfg.ChallengeURI)}
 	}
 	return p
 }
@@ -209,12 +214,12 @@ func refusal(status int, code, detail string) *api.ProblemDetails {
 func (a *Authenticator) Authenticate(r *http.Request) (*api.Principal, error) {
 	tok := api.BearerToken(r)
 	if tok == "" {
-		return nil, refusal(http.StatusUnauthorized, "no_token", "send a Keystone token in X-Auth-Token")
+		return nil, a.refusal(http.StatusUnauthorized, "no_token", "send a Keystone token in X-Auth-Token")
 	}
 	key := sha256.Sum256([]byte(tok))
 	if o, ok := a.cache.get(key, a.now()); ok {
 		a.lookups.WithLabelValues("hit").Inc()
-		return o.result()
+		return a.result(o)
 	}
 	a.lookups.WithLabelValues("miss").Inc()
 	// One validation per token at a time, bounded by the timeout; it
@@ -228,7 +233,7 @@ func (a *Authenticator) Authenticate(r *http.Request) (*api.Principal, error) {
 		if res.Err != nil {
 			return nil, res.Err
 		}
-		return res.Val.(*outcome).result()
+		return a.result(res.Val.(*outcome))
 	case <-r.Context().Done():
 		return nil, unavailable("Keystone did not validate the token before the request ended; try again")
 	}

@@ -80,7 +80,8 @@ func newAuth(t *testing.T, f *fakeValidator, mod func(*Config)) (*Authenticator,
 	t.Helper()
 	clk := &clock{t: t0}
 	cfg := Config{Validator: f, AdminRoles: []string{"admin"}, ReaderRoles: []string{"reader", "member"},
-		CacheTTL: 5 * time.Minute, InvalidCacheTTL: 10 * time.Second, Now: clk.Now}
+		CacheTTL: 5 * time.Minute, InvalidCacheTTL: 10 * time.Second, Now: clk.Now,
+		ChallengeURI: "https://keystone.example.org:5000"}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -188,8 +189,9 @@ func TestNoToken(t *testing.T) {
 	a, _ := newAuth(t, f, nil)
 	_, err := a.Authenticate(request(""))
 	var p *api.ProblemDetails
-	if !errors.As(err, &p) || p.Status != 401 || p.Code != "no_token" || p.Headers["WWW-Authenticate"] == "" {
-		t.Fatalf("err = %#v, want 401 no_token with WWW-Authenticate", err)
+	const challenge = `Keystone uri="https://keystone.example.org:5000"` // newAuth's ChallengeURI
+	if !errors.As(err, &p) || p.Status != 401 || p.Code != "no_token" || p.Headers["WWW-Authenticate"] != challenge {
+		t.Fatalf("err = %#v, want 401 no_token with WWW-Authenticate: %s", err, challenge)
 	}
 	if f.calls.Load() != 0 {
 		t.Errorf("Keystone asked %d times without a token", f.calls.Load())

@@ -36,6 +36,11 @@ var (
 		"How long a token Keystone refused is answered 401 without asking Keystone again. Example: 10s")
 	optCacheSize = options.Int("keystone", "cache_size", 10000, 16, 10000000,
 		"Most token validations kept in the cache (the least recently used go first). Example: 10000")
+	optWWWAuthenticateURI = options.String("keystone", "www_authenticate_uri", "",
+		"The Keystone URL a caller refused for want of a valid token is told to get one from (the 401 answer's "+
+			"WWW-Authenticate: Keystone uri=\"...\"), as keystonemiddleware's option of the same name: the public "+
+			"identity endpoint. Empty: the auth_url of the clouds.yaml cloud that validates tokens. "+
+			"Example: https://keystone.example.org:5000")
 	optTimeout = options.Duration("keystone", "timeout", 10*time.Second, 100*time.Millisecond, 5*time.Minute,
 		"Timeout of one call to Keystone; a caller whose token cannot be validated in time gets 503. Example: 10s")
 )
@@ -55,6 +60,7 @@ func ConfigFrom(v *conf.Values) Config {
 		InvalidCacheTTL:  optInvalidCacheTTL.Get(v),
 		CacheSize:        optCacheSize.Get(v),
 		Timeout:          optTimeout.Get(v),
+		ChallengeURI:     optWWWAuthenticateURI.Get(v),
 	}
 }
 

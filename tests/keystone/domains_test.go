@@ -90,7 +90,7 @@ func TestSameNamesInTwoDomains(t *testing.T) {
 		testsvc.Must(t, err, "POST /v1/requests")
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		return answer{resp.StatusCode, resp.Header.Get("Content-Type"), b}
+		return answer{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"), body: b}
 	}
 	ids := map[string]string{}
 	for _, c := range []struct {

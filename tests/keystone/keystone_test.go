@@ -29,6 +29,7 @@ type answer struct {
 	status      int
 	contentType string
 	body        []byte
+	challenge   string // WWW-Authenticate
 }
 
 func (a answer) problem(t *testing.T) map[string]any {
@@ -59,7 +60,7 @@ func (c api) do(method, path, token string) answer {
 	testsvc.Must(c.t, err, method+" "+path)
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return answer{resp.StatusCode, resp.Header.Get("Content-Type"), b}
+	return answer{resp.StatusCode, resp.Header.Get("Content-Type"), b, resp.Header.Get("WWW-Authenticate")}
 }
 
 // expect checks the status of a call and returns its answer.
@@ -188,11 +189,15 @@ func TestKeystoneAuth(t *testing.T) {
 
 	t.Run("no or bad token is 401", func(t *testing.T) {
 		c := api{t: t, base: w.url}
-		p := c.expect(401, "GET", "/v1/instances", "", "no token").problem(t)
-		if p["code"] != "no_token" {
+		a := c.expect(401, "GET", "/v1/instances", "", "no token")
+		if p := a.problem(t); p["code"] != "no_token" {
 			t.Errorf("problem %v", p)
 		}
-		p = c.expect(401, "GET", "/v1/instances", "gAAAAABnot-a-keystone-token", "bad token").problem(t)
+		// Where to get a token: the cloud's Keystone, as keystonemiddleware says.
+		if want := `Keystone uri="` + keystoneURL() + `"`; a.challenge != want {
+			t.Errorf("WWW-Authenticate %q, want %q", a.challenge, want)
+		}
+		p := c.expect(401, "GET", "/v1/instances", "gAAAAABnot-a-keystone-token", "bad token").problem(t)
 		if p["code"] != "bad_token" {
 			t.Errorf("problem %v", p)
 		}

@@ -151,7 +151,7 @@ func TestRequestsWithAPICredentials(t *testing.T) {
 		testsvc.Must(t, err, "POST /v1/requests")
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		return answer{resp.StatusCode, resp.Header.Get("Content-Type"), b}
+		return answer{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"), body: b}
 	}
 	var first struct {
 		RequestID string `json:"request_id"`
