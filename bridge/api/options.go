@@ -13,7 +13,9 @@ import (
 // DefaultConfig (the values a zero Config field takes) is built from
 // them. Where the server listens, who may call it and its TLS are the
 // bridge's.
-var options = conf.NewGroup()
+var options = conf.NewGroup().
+	SectionHelp("healthcheck", "GET /healthcheck, as oslo.middleware's healthcheck answers it for OpenStack services: "+
+		"what load balancers and kolla's container checks ask.")
 
 var (
 	optReadHeaderTimeout = options.Duration("api", "read_header_timeout", 5*time.Second, 100*time.Millisecond, time.Minute,
@@ -26,6 +28,11 @@ var (
 		"Largest request header block accepted. Example: 65536")
 	optMaxBodyBytes = options.Int("api", "max_body_bytes", 1<<20, 1<<10, 64<<20,
 		"Largest request body the operator API reads. Example: 1048576")
+	optDisableByFile = options.String("healthcheck", "disable_by_file_path", "",
+		"While this file exists, GET /healthcheck answers 503 DISABLED BY FILE (and HEAD 503), so that a load "+
+			"balancer takes this bridge out of its pool before maintenance; the rest of the API keeps answering. "+
+			"Empty: /healthcheck always answers 200 OK while the process serves. "+
+			"Example: /var/lib/vgpu-bridge/healthcheck_disable")
 )
 
 // Options returns the [api] options declared by this package.
@@ -43,6 +50,7 @@ func ConfigFrom(v *conf.Values) Config {
 		MaxHeaderBytes:    optMaxHeaderBytes.Get(v),
 		MaxBodyBytes:      int64(optMaxBodyBytes.Get(v)),
 		ShutdownGrace:     15 * time.Second,
+		DisableByFile:     optDisableByFile.Get(v),
 	}
 }
 

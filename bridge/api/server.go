@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,6 +44,9 @@ type Config struct {
 	// themselves.
 	MaxBodyBytes  int64
 	ShutdownGrace time.Duration
+	// DisableByFile is [healthcheck] disable_by_file_path: while it
+	// exists, /healthcheck answers 503.
+	DisableByFile string
 	Auth          Authenticator
 	Registry      *prometheus.Registry
 	Logger        *slog.Logger
@@ -107,6 +111,8 @@ func New(cfg Config) *Server {
 	s.doc = baseDocument(cfg.Version)
 
 	s.Handle(http.MethodGet, "/", Public, s.versions)
+	s.Handle(http.MethodGet, "/v1/", Public, s.version)
+	s.Handle(http.MethodGet, "/healthcheck", Public, s.healthcheck)
 	s.Handle(http.MethodGet, "/healthz", Public, s.healthz)
 	s.Handle(http.MethodGet, "/readyz", Public, s.readyz)
 	s.Handle(http.MethodGet, "/metrics", Public, echo.WrapHandler(promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg})))
@@ -150,23 +156,74 @@ func (s *Server) AddCheck(name string, fn Checker) {
 // versions is the version discovery document OpenStack clients read at
 // a service's root: the one API version, v1, and the running build.
 func (s *Server) versions(c echo.Context) error {
-	type link struct {
-		Rel  string `json:"rel"`
-		Href string `json:"href"`
-	}
-	type apiVersion struct {
-		ID     string `json:"id"`
-		Status string `json:"status"`
-		Links  []link `json:"links"`
-	}
 	doc := struct {
 		Versions []apiVersion      `json:"versions"`
 		Build    map[string]string `json:"build"`
 	}{
-		Versions: []apiVersion{{ID: "v1", Status: "CURRENT", Links: []link{{Rel: "self", Href: c.Scheme() + "://" + c.Request().Host + "/v1/"}}}},
-		Build:    map[string]string{"name": "vgpu-bridge", "version": cmp.Or(s.cfg.Version, version.Version()), "commit": version.Commit()},
+		Versions: []apiVersion{v1(c)},
+		Build:    s.build(),
 	}
 	return c.JSON(http.StatusOK, doc)
+}
+
+// version is the document of the one version, at the link the root's
+// document gives (GET /v1/), as OpenStack services answer there.
+func (s *Server) version(c echo.Context) error {
+	doc := struct {
+		Version apiVersion        `json:"version"`
+		Build   map[string]string `json:"build"`
+	}{Version: v1(c), Build: s.build()}
+	return c.JSON(http.StatusOK, doc)
+}
+
+type link struct {
+	Rel  string `json:"rel"`
+	Href string `json:"href"`
+}
+
+type apiVersion struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Links  []link `json:"links"`
+}
+
+func v1(c echo.Context) apiVersion {
+	base := c.Scheme() + "://" + c.Request().Host
+	return apiVersion{ID: "v1", Status: "CURRENT", Links: []link{
+		{Rel: "self", Href: base + "/v1/"},
+		{Rel: "describedby", Href: base + "/v1/openapi.json"},
+	}}
+}
+
+func (s *Server) build() map[string]string {
+	return map[string]string{"name": "vgpu-bridge", "version": cmp.Or(s.cfg.Version, version.Version()), "commit": version.Commit()}
+}
+
+// healthcheck answers as oslo.middleware's healthcheck with its
+// disable_by_file backend: 200 OK (HEAD 204), or 503 DISABLED BY FILE
+// while [healthcheck] disable_by_file_path exists; JSON when asked for.
+// It says the process serves, not that its dependencies do (/readyz).
+func (s *Server) healthcheck(c echo.Context) error {
+	healthy, reason := true, "OK"
+	if f := s.cfg.DisableByFile; f != "" {
+		if _, err := os.Stat(f); err == nil {
+			healthy, reason = false, "DISABLED BY FILE"
+		}
+	}
+	status := http.StatusOK
+	if !healthy {
+		status = http.StatusServiceUnavailable
+	}
+	if c.Request().Method == http.MethodHead {
+		if healthy {
+			status = http.StatusNoContent
+		}
+		return c.NoContent(status)
+	}
+	if strings.Contains(c.Request().Header.Get(echo.HeaderAccept), echo.MIMEApplicationJSON) {
+		return c.JSON(status, map[string]any{"reasons": []string{reason}, "detailed": false})
+	}
+	return c.String(status, reason)
 }
 
 func (s *Server) healthz(c echo.Context) error {

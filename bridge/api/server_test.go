@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -215,11 +216,67 @@ func TestVersionDocument(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(doc.Versions) != 1 || doc.Versions[0].ID != "v1" || doc.Versions[0].Status != "CURRENT" ||
-			len(doc.Versions[0].Links) != 1 || doc.Versions[0].Links[0].Rel != "self" || doc.Versions[0].Links[0].Href != c.want {
+			len(doc.Versions[0].Links) != 2 || doc.Versions[0].Links[0].Rel != "self" || doc.Versions[0].Links[0].Href != c.want {
 			t.Errorf("versions = %+v, want v1 CURRENT at %s", doc.Versions, c.want)
 		}
 		if doc.Build["name"] != "vgpu-bridge" || doc.Build["version"] != "0.1.0" || doc.Build["commit"] == "" {
 			t.Errorf("build = %v", doc.Build)
 		}
+
+		// The self link answers, with the same version.
+		self, err := url.Parse(c.want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req = httptest.NewRequest(http.MethodGet, self.Path, nil)
+		req.Host, req.RemoteAddr = c.host, c.peer
+		if c.proto != "" {
+			req.Header.Set("X-Forwarded-Proto", c.proto)
+		}
+		rec = httptest.NewRecorder()
+		s.Echo().ServeHTTP(rec, req)
+		var one struct {
+			Version struct {
+				ID    string
+				Links []struct{ Rel, Href string }
+			}
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &one); rec.Code != http.StatusOK || err != nil || one.Version.ID != "v1" ||
+			len(one.Version.Links) == 0 || one.Version.Links[0].Href != c.want {
+			t.Errorf("GET %s = %d %s, want the v1 document linking itself", req.URL.Path, rec.Code, rec.Body)
+		}
 	}
+}
+
+// TestHealthcheck: /healthcheck answers as oslo.middleware's healthcheck
+// with its disable_by_file backend, whatever the dependencies do.
+func TestHealthcheck(t *testing.T) {
+	disable := filepath.Join(t.TempDir(), "healthcheck_disable")
+	s := New(Config{Auth: tokens(t), DisableByFile: disable})
+	s.AddCheck("database", func(context.Context) error { return errors.New("down") }) // not /healthcheck's concern
+	check := func(method, accept string, wantCode int, wantBody string) {
+		t.Helper()
+		req := httptest.NewRequest(method, "/healthcheck", nil)
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		rec := httptest.NewRecorder()
+		s.Echo().ServeHTTP(rec, req)
+		if rec.Code != wantCode || strings.TrimSpace(rec.Body.String()) != wantBody {
+			t.Errorf("%s /healthcheck (Accept %q) = %d %q, want %d %q", method, accept, rec.Code, rec.Body, wantCode, wantBody)
+		}
+	}
+	check(http.MethodGet, "", 200, "OK")
+	check(http.MethodGet, "application/json", 200, `{"detailed":false,"reasons":["OK"]}`)
+	check(http.MethodHead, "", 204, "")
+	if err := os.WriteFile(disable, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	check(http.MethodGet, "", 503, "DISABLED BY FILE")
+	check(http.MethodGet, "application/json", 503, `{"detailed":false,"reasons":["DISABLED BY FILE"]}`)
+	check(http.MethodHead, "", 503, "")
+	if err := os.Remove(disable); err != nil {
+		t.Fatal(err)
+	}
+	check(http.MethodGet, "", 200, "OK")
 }
