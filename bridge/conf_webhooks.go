@@ -398,6 +398,7 @@ func setupWebhooks(w *wiring, ac api.Config) ([]component, error) {
 		IdleTimeout:       optWHIdleTimeout.Get(v),
 		MaxHeaderBytes:    optWHMaxHeaderBytes.Get(v),
 		ShutdownGrace:     optShutdownTimeout.Get(v),
+		DisableByFile:     ac.DisableByFile, // one switch takes the bridge out of every pool
 		Auth:              ac.Auth,
 		// Its own registry: the listener's HTTP histogram would collide
 		// with the API's; the webhook metrics themselves are on reg.
