@@ -54,6 +54,12 @@ func UpgradeCheck(ctx context.Context, v *conf.Values) ([]Check, error) {
 		return nil, err
 	}
 	defer pool.Close()
+	// The pool connects lazily: without this, a database that cannot be
+	// reached would come out as failed checks (exit 2), not as checks
+	// that could not run (255).
+	if err := pool.Ping(ctx); err != nil {
+		return nil, fmt.Errorf("cannot reach the database: %w", err)
+	}
 	checks := []Check{checkSchemaCurrent(ctx, pool), checkNotifications(ctx, pool), checkPlacement(ctx, v)}
 	pc := placement.ConfigFrom(v)
 	checks = append(checks, checkProviders(ctx, pool, pc.Classes, pc.TypePrefix))

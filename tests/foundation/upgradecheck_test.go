@@ -2,6 +2,7 @@ package foundation
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os/exec"
@@ -26,9 +27,9 @@ func TestUpgradeCheck(t *testing.T) {
 	db := testsvc.Postgres(t)
 	pool := testsvc.Pool(t, db)
 	bin := testsvc.Binary(t, "vgpu-bridge")
-	check := func(wantExit int, want ...string) string {
+	run := func(wantExit int, db string, extra []string, want ...string) string {
 		t.Helper()
-		args := []string{"upgrade", "check", "--config", ""}
+		args := append([]string{"upgrade", "check", "--config", ""}, extra...)
 		for _, s := range testbridge.Overrides(t, db) {
 			args = append(args, "--set", s)
 		}
@@ -49,6 +50,10 @@ func TestUpgradeCheck(t *testing.T) {
 			}
 		}
 		return string(out)
+	}
+	check := func(wantExit int, want ...string) string {
+		t.Helper()
+		return run(wantExit, db, nil, want...)
 	}
 
 	// One migration short of the current schema.
@@ -81,4 +86,28 @@ func TestUpgradeCheck(t *testing.T) {
 	if strings.Contains(out, "Failure") {
 		t.Errorf("a failure left:\n%s", out)
 	}
+
+	// --json: oslo.upgradecheck's document, each result its exit code.
+	out = run(1, db, []string{"--json"})
+	var doc struct {
+		Name   string
+		Checks []struct {
+			Check   string
+			Result  int
+			Details string
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || doc.Name == "" || len(doc.Checks) != 6 {
+		t.Fatalf("--json = %v %q", err, out)
+	}
+	results := map[string]int{}
+	for _, c := range doc.Checks {
+		results[c.Check] = c.Result
+	}
+	if results["Database schema"] != 0 || results["GPU providers typed"] != 1 {
+		t.Errorf("--json results %v, want the schema 0 (success) and the providers 1 (warning)", results)
+	}
+
+	// No database to check against: the checks could not run.
+	run(255, "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=2", nil, "cannot reach the database")
 }
