@@ -83,10 +83,13 @@ genconfig: ## Regenerate the sample configs and the docs' configuration referenc
 .PHONY: deb
 deb: ## Debian packages of vgpu-bridge, vgpu-agent and vgpuctl into DEB_DIR (default build/deb; dpkg-deb; lintian checks them)
 	@mkdir -p $(DEB_DIR)/bin
-	CGO_LDFLAGS='-Wl,-z,relro,-z,now' $(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o $(DEB_DIR)/bin/ ./cmd/vgpu-bridge ./cmd/vgpuctl
+	@# -bindnow: Go's own linker links these two (no cgo), so CGO_LDFLAGS'
+	@# -z now alone never reached them (lintian: hardening-no-bindnow).
+	CGO_LDFLAGS='-Wl,-z,relro,-z,now' $(GO) build -trimpath -buildmode=pie -ldflags '-bindnow $(LDFLAGS)' -o $(DEB_DIR)/bin/ ./cmd/vgpu-bridge ./cmd/vgpuctl
 	@# The agent without -z now: go-nvml leaves NVML's symbols to lazy binding
 	@# (the library is dlopen'ed at run time, when present), so with BIND_NOW
-	@# the dynamic loader refuses to start the binary on every host.
+	@# the dynamic loader refuses to start the binary on every host
+	@# (packaging/deb/vgpu-agent.lintian-overrides says so to lintian).
 	CGO_LDFLAGS='-Wl,-z,relro' $(GO) build -trimpath -buildmode=pie -ldflags '$(LDFLAGS)' -o $(DEB_DIR)/bin/ ./cmd/vgpu-agent
 	bash packaging/deb/build.sh '$(VERSION)' $(DEB_DIR)/bin $(DEB_DIR)
 

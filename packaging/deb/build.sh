@@ -110,6 +110,7 @@ install -D -m 0644 "$root/etc/systemd/vgpu-agent.service" "$d/lib/systemd/system
 common_doc vgpu-agent "$d"
 manpages "$bin/vgpu-agent" 8 "$d"
 install -D -m 0644 "$root/etc/vgpu-bridge/agent.conf.sample" "$d/usr/share/doc/vgpu-agent/examples/agent.conf.sample"
+install -D -m 0644 "$here/vgpu-agent.lintian-overrides" "$d/usr/share/lintian/overrides/vgpu-agent"
 control vgpu-agent "$d" "$(depends_of "$d/usr/bin/vgpu-agent")" net \
 	"elastic, policy-driven NVIDIA vGPU for OpenStack (compute agent)" \
 	"Runs on each compute host: creates and removes mediated devices and vendor" \
