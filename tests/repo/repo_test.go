@@ -4,6 +4,7 @@ package repo
 
 import (
 	"bytes"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -183,6 +184,7 @@ func TestDebPackages(t *testing.T) {
 				t.Errorf("%s lacks %s", pkg, f)
 			}
 		}
+		checkUnitDocs(t, pkg, x)
 		for _, script := range []string{"postinst", "postrm", "preinst", "prerm"} {
 			b, err := os.ReadFile(filepath.Join(x, "DEBIAN", script))
 			if err != nil {
@@ -247,6 +249,44 @@ func TestNoInitRegistration(t *testing.T) {
 		})
 		if err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// checkUnitDocs: each Documentation= of the package's units names a file
+// or a manual page the package itself installs.
+func checkUnitDocs(t *testing.T, pkg, x string) {
+	t.Helper()
+	units, _ := filepath.Glob(filepath.Join(x, "lib/systemd/system/*.service"))
+	for _, u := range units {
+		b, err := os.ReadFile(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			v, ok := strings.CutPrefix(line, "Documentation=")
+			if !ok {
+				continue
+			}
+			for _, doc := range strings.Fields(v) {
+				var path string
+				switch {
+				case strings.HasPrefix(doc, "file:"):
+					path = strings.TrimPrefix(doc, "file:")
+				case strings.HasPrefix(doc, "man:"):
+					name, sect, ok := strings.Cut(strings.TrimSuffix(strings.TrimPrefix(doc, "man:"), ")"), "(")
+					if !ok {
+						t.Errorf("%s: %s: Documentation=%s is not man:NAME(SECTION)", pkg, filepath.Base(u), doc)
+						continue
+					}
+					path = fmt.Sprintf("/usr/share/man/man%s/%s.%s.gz", sect, name, sect)
+				default:
+					continue // a URL
+				}
+				if _, err := os.Stat(filepath.Join(x, path)); err != nil {
+					t.Errorf("%s: %s: Documentation=%s, which the package does not install", pkg, filepath.Base(u), doc)
+				}
+			}
 		}
 	}
 }
