@@ -807,9 +807,12 @@ func final(s string) bool {
 	return s == "succeeded" || s == "failed" || s == "rejected" || s == "cancelled"
 }
 
+// short is the tail of a request id: ids are UUIDv7, whose first 48 bits
+// are the time in milliseconds, so their heads are the same for weeks; the
+// tail is random.
 func short(id string) string {
 	if len(id) > 8 {
-		return id[:8]
+		return id[len(id)-8:]
 	}
 	return id
 }
