@@ -24,9 +24,12 @@ type Drivers struct {
 	HotPlug   libvirt.HotPlugger
 	GPU       gpu.Backend
 	NVMLError string
-	Cgroup    *cgroup.FS
-	ProcRoot  string
-	Allow     inventory.AllowList
+	// LibvirtError is why libvirt could not be reached, when the drivers
+	// were opened to inspect the host (Libvirt and HotPlug are nil then).
+	LibvirtError string
+	Cgroup       *cgroup.FS
+	ProcRoot     string
+	Allow        inventory.AllowList
 	// Fake is the fake host when running with --fake-host.
 	Fake *fakehost.Host
 }
@@ -89,6 +92,17 @@ type hostSettings struct {
 // optional: when it cannot start, the agent runs on without GPUs (and says
 // why in its reports).
 func OpenDrivers(v *conf.Values, log *slog.Logger) (*Drivers, error) {
+	return openDrivers(v, log, false)
+}
+
+// OpenDriversToInspect opens the drivers for inventory and diagnose: a
+// libvirt that cannot be reached is what they report (LibvirtError), not
+// a reason to stop.
+func OpenDriversToInspect(v *conf.Values, log *slog.Logger) (*Drivers, error) {
+	return openDrivers(v, log, true)
+}
+
+func openDrivers(v *conf.Values, log *slog.Logger, inspect bool) (*Drivers, error) {
 	s, err := hostSettingsFrom(v)
 	if err != nil {
 		return nil, err
@@ -100,16 +114,20 @@ func OpenDrivers(v *conf.Values, log *slog.Logger) (*Drivers, error) {
 	if err := s.Allow.Validate(); err != nil {
 		return nil, conf.Errors{&conf.Error{Section: "devices", Option: "enabled_mdev_types", Problem: err.Error()}}
 	}
+	d := &Drivers{Sysfs: sysfs.New(s.SysfsRoot), Cgroup: cgroup.New(s.CgroupRoot), ProcRoot: s.ProcRoot, Allow: s.Allow}
 	conn, err := libvirt.Open(s.LibvirtURI)
-	if err != nil {
+	switch {
+	case err == nil:
+		d.Libvirt, d.HotPlug = conn, libvirt.LiveHotPlugger{Conn: conn}
+	case inspect:
+		d.LibvirtError = err.Error()
+	default:
 		return nil, err
 	}
-	d := &Drivers{Sysfs: sysfs.New(s.SysfsRoot), Libvirt: conn, HotPlug: libvirt.LiveHotPlugger{Conn: conn},
-		Cgroup: cgroup.New(s.CgroupRoot), ProcRoot: s.ProcRoot, Allow: s.Allow}
 	d.Allow.PhysFn = physFn(d.Sysfs)
 	switch s.NVMLBackend {
 	case "none":
-		d.GPU, d.NVMLError = gpu.None{Reason: "disabled by [nvml] backend = none"}, "disabled by [nvml] backend = none"
+		d.GPU, d.NVMLError = gpu.None{Reason: gpu.DisabledByConfig}, gpu.DisabledByConfig
 	default:
 		b, err := gpu.Open()
 		if err != nil {

@@ -9,7 +9,7 @@ import (
 // Scanner returns an inventory scanner over the drivers.
 func (d *Drivers) Scanner(v *conf.Values) *inventory.Scanner {
 	s := &inventory.Scanner{Host: Host(v), Node: nodeName(v), AgentVersion: Version, Sysfs: d.Sysfs, GPUs: d.GPU,
-		NVMLError: d.NVMLError, Allow: d.Allow}
+		NVMLError: d.NVMLError, LibvirtError: d.LibvirtError, Allow: d.Allow}
 	if d.Cgroup != nil {
 		s.CgroupVersion = d.Cgroup.VersionString
 	}

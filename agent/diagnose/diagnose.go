@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/gpu"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/inventory"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
@@ -41,6 +42,7 @@ func (s Severity) rank() int {
 
 // Check ids (stable: operators and the bridge select checks by them).
 const (
+	CheckLibvirt     = "libvirt_available"
 	CheckNVML        = "nvml_available"
 	CheckDriverMatch = "driver_branch_match" // 43
 	CheckCapacity    = "capacity"            // 48
@@ -52,7 +54,7 @@ const (
 )
 
 // AllChecks lists every check in the order they run.
-var AllChecks = []string{CheckNVML, CheckDriverMatch, CheckCapacity, CheckHotAdd, CheckLicense, CheckBAR, CheckMixedTypes, CheckOrphans}
+var AllChecks = []string{CheckLibvirt, CheckNVML, CheckDriverMatch, CheckCapacity, CheckHotAdd, CheckLicense, CheckBAR, CheckMixedTypes, CheckOrphans}
 
 // Finding is one check's result about one subject.
 type Finding struct {
@@ -136,6 +138,8 @@ func (d *Diagnoser) Run(ctx context.Context, checks []string) (*Report, error) {
 		}
 		before := len(r.Findings)
 		switch c {
+		case CheckLibvirt:
+			checkLibvirt(inv, add)
 		case CheckNVML:
 			checkNVML(inv, add)
 		case CheckDriverMatch:
@@ -160,9 +164,27 @@ func (d *Diagnoser) Run(ctx context.Context, checks []string) (*Report, error) {
 	return r, nil
 }
 
-func checkNVML(inv *inventory.Inventory, add func(Finding)) {
-	if inv.NVML {
+// checkLibvirt: without libvirt the agent can attach nothing and cannot
+// tell which domains hold which vGPUs.
+func checkLibvirt(inv *inventory.Inventory, add func(Finding)) {
+	var ev []string
+	for _, e := range inv.Errors {
+		if strings.HasPrefix(e, "libvirt: ") {
+			ev = append(ev, e)
+		}
+	}
+	if len(ev) == 0 {
 		return
+	}
+	add(Finding{Check: CheckLibvirt, Severity: Critical, Subject: "host", Evidence: ev,
+		Title: "libvirt does not answer: no vGPU can be attached or detached, and which domain holds which vGPU is unknown",
+		Fix: "Start libvirt (systemctl start libvirtd, or virtqemud.socket on modular daemons) and check [libvirt] uri; " +
+			"`virsh -c <uri> list --all` must answer as the agent's user."})
+}
+
+func checkNVML(inv *inventory.Inventory, add func(Finding)) {
+	if inv.NVML || inv.NVMLError == gpu.DisabledByConfig {
+		return // the operator turned NVML off: nothing to say
 	}
 	sev := Info
 	if len(inv.GPUs) > 0 {
@@ -359,6 +381,11 @@ func checkMixed(inv *inventory.Inventory, add func(Finding)) {
 }
 
 func checkOrphans(inv *inventory.Inventory, add func(Finding)) {
+	if slices.ContainsFunc(inv.Errors, func(e string) bool { return strings.HasPrefix(e, "libvirt: ") }) {
+		add(Finding{Check: CheckOrphans, Severity: Info, Subject: "host",
+			Title: "not checked: without libvirt's answer no vGPU is known to be held or not (see libvirt_available)"})
+		return
+	}
 	for _, o := range inv.Orphans {
 		add(Finding{Check: CheckOrphans, Severity: Warning, Subject: o,
 			Evidence: []string{o + " exists but no libvirt domain uses it"},

@@ -154,6 +154,42 @@ func TestNoNVMLNoIOMMU(t *testing.T) {
 	}
 }
 
+// TestLibvirtDownNVMLOff: a host whose libvirt does not answer is
+// diagnosed (a critical finding naming libvirt's error; orphans not
+// judged), not refused; NVML turned off by [nvml] backend = none is not a
+// finding, as the NVML finding's fix promises.
+func TestLibvirtDownNVMLOff(t *testing.T) {
+	ctx := context.Background()
+	h, err := fakehost.Build(t.TempDir(), fakehost.DefaultSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const u = "6d7e9b1c-0f2a-4c4e-9e59-0b1d2a3c4d5e" // an mdev that would look orphaned
+	if err := h.Sysfs.CreateMdev(ctx, pci.MustParse("0000:d8:00.0"), "nvidia-232", u); err != nil {
+		t.Fatal(err)
+	}
+	s := &inventory.Scanner{Host: "h", Sysfs: h.Sysfs, GPUs: gpu.None{Reason: gpu.DisabledByConfig}, NVMLError: gpu.DisabledByConfig,
+		LibvirtError: "connect qemu:///system: Failed to connect socket to '/var/run/libvirt/libvirt-sock'"}
+	d := &diagnose.Diagnoser{Scanner: s, Host: h.Sysfs, ProcRoot: h.ProcRoot}
+	r, err := d.Run(ctx, []string{diagnose.CheckLibvirt, diagnose.CheckNVML, diagnose.CheckOrphans})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fs := findings(r, diagnose.CheckLibvirt); len(fs) != 1 || fs[0].Severity != diagnose.Critical ||
+		!strings.Contains(strings.Join(fs[0].Evidence, " "), "libvirt-sock") {
+		t.Errorf("libvirt = %+v, want one critical finding naming the error", fs)
+	}
+	if fs := findings(r, diagnose.CheckNVML); len(fs) != 0 {
+		t.Errorf("nvml = %+v, want no finding when backend = none", fs)
+	}
+	if fs := findings(r, diagnose.CheckOrphans); len(fs) != 1 || fs[0].Severity != diagnose.Info || !strings.Contains(fs[0].Title, "not checked") {
+		t.Errorf("orphans = %+v, want not checked", fs)
+	}
+	if r.Worst != diagnose.Critical {
+		t.Errorf("worst %s, want critical", r.Worst)
+	}
+}
+
 func TestMixedTypes(t *testing.T) {
 	ctx := context.Background()
 	spec := fakehost.DefaultSpec()

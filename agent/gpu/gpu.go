@@ -131,6 +131,9 @@ type License struct {
 	Unlicensed int `json:"unlicensed_vgpus"`
 }
 
+// DisabledByConfig is None's Reason when the operator turned NVML off.
+const DisabledByConfig = "disabled by [nvml] backend = none"
+
 // None is the backend without NVML: no GPUs, every operation refused.
 type None struct {
 	// Reason says why NVML is not there ("disabled by [nvml] backend", the Init error).

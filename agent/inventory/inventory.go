@@ -6,6 +6,7 @@ package inventory
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,6 +52,7 @@ type Scanner struct {
 	Domains       Domains // may be nil
 	GPUs          GPUs    // may be nil
 	NVMLError     string  // why NVML is not there, when GPUs is nil or gpu.None
+	LibvirtError  string  // why libvirt is not there, when Domains is nil
 	CgroupVersion func() string
 	Allow         AllowList
 	Now           func() time.Time
@@ -215,11 +217,19 @@ func (s *Scanner) Scan(ctx context.Context) (*Inventory, error) {
 	// libvirt
 	owner := map[string]libvirt.Domain{} // "mdev:<uuid>" / "pci:<addr>" → domain
 	live := map[string]bool{}
-	if s.Domains != nil {
+	// A vGPU is an orphan only when libvirt said which domains hold what:
+	// with no answer from it (libvirt down, restarting), every vGPU would
+	// look unowned, and the drift it reports would release in-use vGPUs.
+	domainsRead := false
+	switch {
+	case s.Domains == nil && s.LibvirtError != "":
+		fail("libvirt", errors.New(s.LibvirtError))
+	case s.Domains != nil:
 		doms, err := s.Domains.Domains(ctx)
 		if err != nil {
 			fail("libvirt", err)
 		}
+		domainsRead = err == nil
 		for _, d := range doms {
 			ref := DomainRef{Name: d.Name, UUID: d.UUID, State: d.State}
 			for _, h := range d.Hostdevs {
@@ -235,6 +245,10 @@ func (s *Scanner) Scan(ctx context.Context) (*Inventory, error) {
 			}
 			inv.Domains = append(inv.Domains, ref)
 		}
+	}
+
+	if !domainsRead {
+		owner = nil // no one is known to hold anything, or not to
 	}
 
 	// sysfs: mdev parents
@@ -328,7 +342,7 @@ func (s *Scanner) scanMdev(ctx context.Context, inv *Inventory, get func(pci.Add
 			key := "mdev:" + strings.ToLower(m.UUID)
 			if d, ok := owner[key]; ok {
 				v.Instance, v.DomainName, v.Live = d.UUID, d.Name, live[key]
-			} else if s.Domains != nil {
+			} else if owner != nil { // libvirt answered: nobody holds it
 				inv.Orphans = append(inv.Orphans, m.UUID)
 			}
 			if a, ok := nvActive[strings.ToLower(m.UUID)]; ok {
@@ -431,7 +445,7 @@ func (s *Scanner) scanVFIO(ctx context.Context, inv *Inventory, get func(pci.Add
 			key := "pci:" + vf.Addr.String()
 			if d, ok := owner[key]; ok {
 				v.Instance, v.DomainName, v.Live = d.UUID, d.Name, live[key]
-			} else if s.Domains != nil {
+			} else if owner != nil { // libvirt answered: nobody holds it
 				inv.Orphans = append(inv.Orphans, vf.Addr.String())
 			}
 			g.VGPUs = append(g.VGPUs, v)

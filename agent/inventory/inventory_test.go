@@ -137,6 +137,43 @@ func TestScanWithoutNVMLOrLibvirt(t *testing.T) {
 	}
 }
 
+// failingDomains is a libvirt that does not answer (down, restarting).
+type failingDomains struct{}
+
+func (failingDomains) Domains(context.Context) ([]libvirt.Domain, error) {
+	return nil, errors.New("cannot recv data: Connection reset by peer")
+}
+
+// TestScanLibvirtNotAnswering: when libvirt does not say which domains
+// hold which vGPUs, none is called an orphan (the bridge's drift would
+// release vGPUs guests use); the scan names libvirt's error.
+func TestScanLibvirtNotAnswering(t *testing.T) {
+	ctx := context.Background()
+	s, h := scanner(t, fakehost.DefaultSpec())
+	const u = "6d7e9b1c-0f2a-4c4e-9e59-0b1d2a3c4d5e" // held by no domain: an orphan while libvirt answers
+	if err := h.Sysfs.CreateMdev(ctx, pci.MustParse("0000:d8:00.0"), "nvidia-232", u); err != nil {
+		t.Fatal(err)
+	}
+	if inv, err := s.Scan(ctx); err != nil || !slices.Equal(inv.Orphans, []string{u}) {
+		t.Fatalf("with libvirt: orphans %v (%v), want [%s]", inv.Orphans, err, u)
+	}
+	for name, sc := range map[string]*inventory.Scanner{
+		"libvirt errs": {Host: "h", Sysfs: h.Sysfs, Domains: failingDomains{}, GPUs: s.GPUs},
+		"no libvirt":   {Host: "h", Sysfs: h.Sysfs, GPUs: s.GPUs, LibvirtError: "connect qemu:///system: no such socket"},
+	} {
+		inv, err := sc.Scan(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(inv.Orphans) != 0 {
+			t.Errorf("%s: orphans %v, want none: every vGPU looks unowned without libvirt", name, inv.Orphans)
+		}
+		if !slices.ContainsFunc(inv.Errors, func(e string) bool { return strings.HasPrefix(e, "libvirt: ") }) {
+			t.Errorf("%s: errors %v, want libvirt's", name, inv.Errors)
+		}
+	}
+}
+
 func TestAllowList(t *testing.T) {
 	t4a, t4b := pci.MustParse("0000:3b:00.0"), pci.MustParse("0000:d8:00.0")
 	vf := pci.MustParse("0000:c1:00.5")

@@ -43,7 +43,7 @@ func (f *hostFlags) open(g *globals) (*agent.Drivers, *conf.Values, error) {
 	if f.fakeHost != "" {
 		d, err = agent.OpenFakeHost(f.fakeHost)
 	} else {
-		d, err = agent.OpenDrivers(v, g.Logger(v))
+		d, err = agent.OpenDriversToInspect(v, g.Logger(v))
 	}
 	if err != nil {
 		return nil, nil, err
