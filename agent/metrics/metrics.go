@@ -1,11 +1,12 @@
 // Package metrics exports the host's GPU and vGPU state on the agent's
-// /metrics. Per-GPU series use the DCGM exporter's names and labels
-// (DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, …, labels gpu, UUID,
-// pci_bus_id, modelName, Hostname) so existing dashboards work. Per-vGPU
-// series follow the same pattern (DCGM_FI_DEV_VGPU_UTIL, …), with the
-// GPU's labels and vgpu, vgpu_type and instance_uuid (the Nova instance;
-// not "instance", which Prometheus gives the scrape target). What DCGM
-// has no name for is vgpu_agent_*.
+// /metrics, every series named vgpu_agent_* in base units (bytes, hertz,
+// watts, celsius; utilisations in percent). The names are the agent's own:
+// NVIDIA's dcgm-exporter often runs on the same hosts, and series under
+// its DCGM_FI_* names would be counted twice by any sum over them. The
+// per-GPU labels are the DCGM exporter's (gpu, UUID, pci_bus_id,
+// modelName, Hostname), so the two join; per-vGPU series add vgpu,
+// vgpu_type and instance_uuid (the Nova instance; not "instance", which
+// Prometheus gives the scrape target).
 package metrics
 
 import (
@@ -55,22 +56,22 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 }
 
 var (
-	dUtil    = desc("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", gpuLabels...)
-	dMemUtil = desc("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", gpuLabels...)
-	dFBUsed  = desc("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", gpuLabels...)
-	dFBFree  = desc("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", gpuLabels...)
-	dFBTotal = desc("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", gpuLabels...)
-	dTemp    = desc("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", gpuLabels...)
-	dPower   = desc("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", gpuLabels...)
-	dSMClk   = desc("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", gpuLabels...)
-	dMemClk  = desc("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", gpuLabels...)
-	dEnc     = desc("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", gpuLabels...)
-	dDec     = desc("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", gpuLabels...)
+	dUtil    = desc("vgpu_agent_gpu_utilization_percent", "GPU utilization, percent.", gpuLabels...)
+	dMemUtil = desc("vgpu_agent_gpu_memory_utilization_percent", "Memory (copy engine) utilization, percent.", gpuLabels...)
+	dFBUsed  = desc("vgpu_agent_gpu_framebuffer_used_bytes", "Framebuffer memory used, bytes.", gpuLabels...)
+	dFBFree  = desc("vgpu_agent_gpu_framebuffer_free_bytes", "Framebuffer memory free, bytes.", gpuLabels...)
+	dFBTotal = desc("vgpu_agent_gpu_framebuffer_size_bytes", "Framebuffer memory, bytes.", gpuLabels...)
+	dTemp    = desc("vgpu_agent_gpu_temperature_celsius", "GPU temperature, degrees Celsius.", gpuLabels...)
+	dPower   = desc("vgpu_agent_gpu_power_watts", "Power draw, watts.", gpuLabels...)
+	dSMClk   = desc("vgpu_agent_gpu_sm_clock_hertz", "SM clock frequency, hertz.", gpuLabels...)
+	dMemClk  = desc("vgpu_agent_gpu_memory_clock_hertz", "Memory clock frequency, hertz.", gpuLabels...)
+	dEnc     = desc("vgpu_agent_gpu_encoder_utilization_percent", "Encoder utilization, percent.", gpuLabels...)
+	dDec     = desc("vgpu_agent_gpu_decoder_utilization_percent", "Decoder utilization, percent.", gpuLabels...)
 
-	dVUtil = desc("DCGM_FI_DEV_VGPU_UTIL", "Utilization of one vGPU (in %, NVML's SM sample).", vgpuLabels...)
-	dVFB   = desc("DCGM_FI_DEV_VGPU_FB_USED", "Framebuffer used inside one vGPU (in MiB).", vgpuLabels...)
-	dVEnc  = desc("DCGM_FI_DEV_VGPU_ENC_UTIL", "Encoder utilization of one vGPU (in %).", vgpuLabels...)
-	dVDec  = desc("DCGM_FI_DEV_VGPU_DEC_UTIL", "Decoder utilization of one vGPU (in %).", vgpuLabels...)
+	dVUtil = desc("vgpu_agent_vgpu_utilization_percent", "Utilization of one vGPU, percent (NVML's SM sample).", vgpuLabels...)
+	dVFB   = desc("vgpu_agent_vgpu_framebuffer_used_bytes", "Framebuffer used inside one vGPU, bytes.", vgpuLabels...)
+	dVEnc  = desc("vgpu_agent_vgpu_encoder_utilization_percent", "Encoder utilization of one vGPU, percent.", vgpuLabels...)
+	dVDec  = desc("vgpu_agent_vgpu_decoder_utilization_percent", "Decoder utilization of one vGPU, percent.", vgpuLabels...)
 
 	dHealth    = desc("vgpu_agent_gpu_health", "1 for the GPU's current health state (ok, degraded, failed, unknown).", "pci_bus_id", "state")
 	dAvailable = desc("vgpu_agent_available_instances", "Instances of a vGPU type that can still be created on a GPU.", "pci_bus_id", "type", "type_name")
@@ -122,18 +123,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for i, gp := range inv.GPUs {
 		pciID := gp.Addr.String()
 		g(dHealth, 1, pciID, gp.Health)
-		var l []string // the GPU's DCGM labels, when NVML names it
+		var l []string // the GPU's labels (the DCGM exporter's), when NVML names it
 		if inv.NVML && gp.UUID != "" {
 			l = []string{strconv.Itoa(i), gp.UUID, gp.Addr.NVML(), gp.Name, inv.Host}
 			g(dUtil, float64(gp.Utilization.GPU), l...)
 			g(dMemUtil, float64(gp.Utilization.Memory), l...)
-			g(dFBUsed, float64(gp.Memory.Used>>20), l...)
-			g(dFBFree, float64(gp.Memory.Free>>20), l...)
-			g(dFBTotal, float64(gp.Memory.Total>>20), l...)
+			g(dFBUsed, float64(gp.Memory.Used), l...)
+			g(dFBFree, float64(gp.Memory.Free), l...)
+			g(dFBTotal, float64(gp.Memory.Total), l...)
 			g(dTemp, float64(gp.TemperatureC), l...)
 			g(dPower, float64(gp.PowerMW)/1000, l...)
-			g(dSMClk, float64(gp.Clocks.SM), l...)
-			g(dMemClk, float64(gp.Clocks.Mem), l...)
+			g(dSMClk, float64(gp.Clocks.SM)*1e6, l...) // NVML says MHz
+			g(dMemClk, float64(gp.Clocks.Mem)*1e6, l...)
 			g(dEnc, float64(gp.Utilization.Encoder), l...)
 			g(dDec, float64(gp.Utilization.Decoder), l...)
 		}
@@ -147,7 +148,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			if l != nil && v.Running {
 				vl := append(l[:len(l):len(l)], v.ID, v.Type, v.Instance)
 				g(dVUtil, float64(v.UtilPct), vl...)
-				g(dVFB, float64(v.FBUsage>>20), vl...)
+				g(dVFB, float64(v.FBUsage), vl...)
 				g(dVEnc, float64(v.EncoderPct), vl...)
 				g(dVDec, float64(v.DecoderPct), vl...)
 			}

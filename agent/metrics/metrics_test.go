@@ -58,25 +58,25 @@ func TestCollector(t *testing.T) {
 		`vgpu_agent_available_instances{pci_bus_id="0000:3b:00.0",type="nvidia-232",type_name="GRID T4-4Q"} 3`,
 		`vgpu_agent_available_instances{pci_bus_id="0000:d8:00.0",type="nvidia-222",type_name="GRID T4-1B"} 16`,
 		`vgpu_agent_available_instances{pci_bus_id="0000:c1:00.0",type="1429",type_name="NVIDIA H200X-70C"} 1`,
-		`DCGM_FI_DEV_VGPU_FB_USED{Hostname="fake-compute-0",UUID="GPU-`,
-		`DCGM_FI_DEV_GPU_TEMP{Hostname="fake-compute-0",UUID="GPU-`,
-		`DCGM_FI_DEV_FB_USED{Hostname="fake-compute-0",UUID="GPU-`,
+		`vgpu_agent_vgpu_framebuffer_used_bytes{Hostname="fake-compute-0",UUID="GPU-`,
+		`vgpu_agent_gpu_temperature_celsius{Hostname="fake-compute-0",UUID="GPU-`,
+		`vgpu_agent_gpu_framebuffer_used_bytes{Hostname="fake-compute-0",UUID="GPU-`,
 		`gpu="0",modelName="Tesla T4",pci_bus_id="00000000:3B:00.0"} 45`,
 	} {
 		if !strings.Contains(out, s) {
 			t.Errorf("missing %s in\n%s", s, out)
 		}
 	}
-	// The busy vGPU's series carry the GPU's DCGM labels and the instance.
+	// The busy vGPU's series carry the GPU's labels (the DCGM exporter's) and the instance.
 	const vgpu = `gpu="0",instance_uuid="0d1d9d4f-7b4b-4c4e-9a39-3f8f1a2b3c01",modelName="Tesla T4",pci_bus_id="00000000:3B:00.0",` +
 		`vgpu="4b20d080-1b54-4048-85b3-a6a62d165c01",vgpu_type="nvidia-232"}`
 	for _, c := range []struct{ name, labels, want string }{
-		{"DCGM_FI_DEV_VGPU_UTIL", vgpu, "85"},
-		{"DCGM_FI_DEV_VGPU_ENC_UTIL", vgpu, "30"},
-		{"DCGM_FI_DEV_VGPU_DEC_UTIL", vgpu, "12"},
-		{"DCGM_FI_DEV_VGPU_FB_USED", vgpu, "1024"},
-		{"DCGM_FI_DEV_ENC_UTIL", `modelName="Tesla T4",pci_bus_id="00000000:3B:00.0"}`, "30"},
-		{"DCGM_FI_DEV_DEC_UTIL", `modelName="Tesla T4",pci_bus_id="00000000:3B:00.0"}`, "12"},
+		{"vgpu_agent_vgpu_utilization_percent", vgpu, "85"},
+		{"vgpu_agent_vgpu_encoder_utilization_percent", vgpu, "30"},
+		{"vgpu_agent_vgpu_decoder_utilization_percent", vgpu, "12"},
+		{"vgpu_agent_vgpu_framebuffer_used_bytes", vgpu, "1.073741824e+09"},
+		{"vgpu_agent_gpu_encoder_utilization_percent", `modelName="Tesla T4",pci_bus_id="00000000:3B:00.0"}`, "30"},
+		{"vgpu_agent_gpu_decoder_utilization_percent", `modelName="Tesla T4",pci_bus_id="00000000:3B:00.0"}`, "12"},
 	} {
 		var got []string
 		for _, line := range strings.Split(out, "\n") {
@@ -87,6 +87,11 @@ func TestCollector(t *testing.T) {
 		if len(got) != 1 || got[0] != c.want {
 			t.Errorf("%s{…%s = %v, want one series of %s", c.name, c.labels, got, c.want)
 		}
+	}
+	// The agent's own names only: dcgm-exporter may export DCGM_FI_* on
+	// the same host, and a sum over both would count each GPU twice.
+	if strings.Contains(out, "DCGM_FI_") {
+		t.Errorf("a DCGM_FI_* series on the agent's /metrics:\n%s", out)
 	}
 	if cs.n != 1 {
 		t.Errorf("scans = %d, want 1 (cached within MinInterval)", cs.n)
