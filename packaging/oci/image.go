@@ -27,11 +27,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// UID and GID of the vgpu-bridge user in the image: kolla's convention
-// for vgpu-bridge's range.
+// UID and GID of the vgpu-bridge user in the image. Kolla numbers its
+// services' users from 42400 up (42491 its last, skyline, and 42480 is its
+// tempest user); 42800 is well above that block, so the bridge's files on
+// a kolla host belong to no kolla service's user.
 const (
-	UID = 42480
-	GID = 42480
+	UID = 42800
+	GID = 42800
 )
 
 // Paths and settings of the image.

@@ -4,7 +4,7 @@
 // (`make image`) with go-containerregistry, without a container daemon:
 // one layer holding the static binary, the policy files, the sample
 // configuration, a CA bundle, /etc/passwd and /etc/group with the
-// vgpu-bridge user (uid/gid 42480), /var/lib/vgpu-bridge and /tmp, and no
+// vgpu-bridge user (uid/gid 42800), /var/lib/vgpu-bridge and /tmp, and no
 // shell. Every timestamp is SOURCE_DATE_EPOCH (else the commit's time,
 // else 0), so the same inputs give the same bytes.
 //

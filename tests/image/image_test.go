@@ -63,14 +63,14 @@ var wantEntries = []string{
 	"usr/share/doc/vgpu-bridge/examples/bridge.conf.sample 644 0:0",
 	"var/ 755 0:0",
 	"var/lib/ 755 0:0",
-	"var/lib/vgpu-bridge/ 750 42480:42480",
+	"var/lib/vgpu-bridge/ 750 42800:42800",
 }
 
 const (
 	wantPasswd = "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
-		"vgpu-bridge:x:42480:42480:vgpu-bridge:/var/lib/vgpu-bridge:/usr/sbin/nologin\n" +
+		"vgpu-bridge:x:42800:42800:vgpu-bridge:/var/lib/vgpu-bridge:/usr/sbin/nologin\n" +
 		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-	wantGroup = "root:x:0:\nvgpu-bridge:x:42480:\nnogroup:x:65534:\n"
+	wantGroup = "root:x:0:\nvgpu-bridge:x:42800:\nnogroup:x:65534:\n"
 )
 
 func repoRoot(t *testing.T) string {
@@ -220,7 +220,7 @@ func checkConfig(t *testing.T, img v1.Image) {
 	if !slices.Equal(c.Cmd, []string{"serve", "--config", "/etc/vgpu-bridge/bridge.conf"}) {
 		t.Errorf("Cmd %q", c.Cmd)
 	}
-	if c.User != "42480:42480" || c.WorkingDir != "/var/lib/vgpu-bridge" {
+	if c.User != "42800:42800" || c.WorkingDir != "/var/lib/vgpu-bridge" {
 		t.Errorf("User %q WorkingDir %q", c.User, c.WorkingDir)
 	}
 	if _, ok := c.ExposedPorts["9797/tcp"]; !ok || len(c.ExposedPorts) != 1 {
