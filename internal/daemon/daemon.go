@@ -79,16 +79,22 @@ func (g *Globals) Load() (*conf.Values, error) {
 }
 
 // Logger builds the process logger from [DEFAULT] debug and log_format.
+// Under systemd, where standard error is journald's stream, each line
+// carries its syslog priority (errors at err, warnings at warning).
 func (g *Globals) Logger(v *conf.Values) *slog.Logger {
 	level := slog.LevelInfo
 	if g.Spec.Debug(v) {
 		level = slog.LevelDebug
 	}
 	opts := &slog.HandlerOptions{Level: level}
+	build := func(w io.Writer) slog.Handler { return slog.NewJSONHandler(w, opts) }
 	if g.Spec.LogFormat(v) == "text" {
-		return slog.New(slog.NewTextHandler(g.Stderr, opts))
+		build = func(w io.Writer) slog.Handler { return slog.NewTextHandler(w, opts) }
 	}
-	return slog.New(slog.NewJSONHandler(g.Stderr, opts))
+	if onJournal(g.Stderr) {
+		return slog.New(newPriorityHandler(g.Stderr, build))
+	}
+	return slog.New(build(g.Stderr))
 }
 
 // Main runs the daemon's command line with args (the program name left
