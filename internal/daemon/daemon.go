@@ -99,8 +99,8 @@ func (g *Globals) Logger(v *conf.Values) *slog.Logger {
 
 // Main runs the daemon's command line with args (the program name left
 // out) until it ends or SIGINT or SIGTERM ends its context, and returns
-// the exit status. Besides subcommands it has version, genconfig and the
-// manual page's command.
+// the exit status. Besides subcommands it has version, genconfig, config
+// check and the manual page's command.
 func Main(spec Spec, args []string, stdout, stderr io.Writer, subcommands ...func(*Globals) *cobra.Command) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -120,7 +120,7 @@ func Main(spec Spec, args []string, stdout, stderr io.Writer, subcommands ...fun
 	pf.StringArrayVar(&g.Overrides, "set", nil,
 		"override one option, SECTION.OPTION=VALUE (repeatable; wins over file and environment)")
 	pf.BoolVar(&g.Debug, "debug", false, "log at debug level (same as --set DEFAULT.debug=true)")
-	for _, sc := range append(subcommands, versionCmd, genconfigCmd) {
+	for _, sc := range append(subcommands, versionCmd, genconfigCmd, configCmd) {
 		root.AddCommand(sc(g))
 	}
 	root.AddCommand(manpage.Command("8"))
@@ -195,5 +195,33 @@ func genconfigCmd(g *Globals) *cobra.Command {
 	}
 	c.Flags().StringVarP(&out, "output", "o", "", "file to write (default: standard output)")
 	c.Flags().StringVar(&format, "format", "ini", "ini (the sample file) or rst (the documentation's reference)")
+	return c
+}
+
+func configCmd(g *Globals) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "config",
+		Short: "Work with the configuration files",
+	}
+	c.AddCommand(&cobra.Command{
+		Use:   "check",
+		Short: "Check the configuration (--config, --set, environment) without starting anything",
+		Long: "check reads the configuration as the daemon would and lists every problem: an unknown section or " +
+			"option (a typo), a value out of range, options that contradict each other. It exits 0 when there is " +
+			"none, 2 with the list on standard error. It opens no connection and reads no key or secret file " +
+			"beyond the configuration itself.",
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if _, err := g.Load(); err != nil {
+				return err
+			}
+			what := g.ConfigFile
+			if what == "" {
+				what = "(no file: defaults, environment and --set)"
+			}
+			fmt.Fprintf(g.Stdout, "%s: configuration OK: %s\n", g.Spec.Name, what)
+			return nil
+		},
+	})
 	return c
 }

@@ -3,6 +3,8 @@ package daemon
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -92,5 +94,35 @@ func TestSharedSubcommands(t *testing.T) {
 	out.Reset()
 	if rc := Main(testSpec(), []string{"version"}, &out, &errb); rc != ExitOK || !strings.Contains(out.String(), "testd") {
 		t.Errorf("version: exit %d, %q", rc, out.String())
+	}
+}
+
+// TestConfigCheck: config check lists every problem of a file, typos
+// included, and exits 2; a good file exits 0.
+func TestConfigCheck(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.conf", "[DEFAULT]\ndebug = true\n")
+	bad := write("bad.conf", "[DEFAULT]\ndebg = true\nlog_format = xml\n[nosuch]\nx = 1\n")
+	var out, errb bytes.Buffer
+	if rc := Main(testSpec(), []string{"config", "check", "--config", good}, &out, &errb); rc != ExitOK ||
+		!strings.Contains(out.String(), "configuration OK") {
+		t.Errorf("good file: exit %d, %q %q", rc, out.String(), errb.String())
+	}
+	out.Reset()
+	rc := Main(testSpec(), []string{"config", "check", "--config", bad}, &out, &errb)
+	if rc != ExitUsage {
+		t.Errorf("bad file: exit %d, want %d", rc, ExitUsage)
+	}
+	for _, want := range []string{"debg", "no such option", "log_format", "[nosuch]"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("bad file: stderr lacks %q:\n%s", want, errb.String())
+		}
 	}
 }
