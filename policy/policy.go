@@ -157,6 +157,10 @@ func (p *Policy) rulesFor(kind string) []*rule {
 	return out
 }
 
+// Listens reports whether a rule of the policy is on events of kind: an
+// event no rule listens to decides nothing (its decision lists no rule).
+func (p *Policy) Listens(kind string) bool { return len(p.rulesFor(kind)) > 0 }
+
 func (r *rule) listens(kind string) bool {
 	for _, k := range r.On {
 		if k == kind || strings.HasSuffix(k, "*") && strings.HasPrefix(kind, strings.TrimSuffix(k, "*")) {

@@ -156,7 +156,10 @@ func (c *Config) Validate() error {
 }
 
 // ResultHandler takes agents' results (the pipeline). An error leaves the
-// result in the queue for a later attempt.
+// result in the queue for a later attempt. A handler that queues commands
+// in answer (the request's next command, a compensation) wakes the relay
+// itself (Kick, the pipeline's OnOutbox); otherwise they go at the
+// relay's next poll.
 type ResultHandler interface {
 	HandleResult(ctx context.Context, r protocol.Result) error
 }
@@ -429,7 +432,6 @@ func (x *Dispatcher) handleResult(ctx context.Context, d amqp.Delivery) (bool, e
 	if err := x.d.Results.HandleResult(ctx, r); err != nil {
 		return true, err
 	}
-	x.Kick()
 	return false, nil
 }
 

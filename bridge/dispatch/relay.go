@@ -18,6 +18,10 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
+// expireEvery is the least time between two looks for commands that
+// expired unsent (relayOnce).
+const expireEvery = time.Second
+
 // queueGrace keeps a command in its agent's queue a little past its
 // expiry (clock skew); after that RabbitMQ drops it.
 const queueGrace = time.Minute
@@ -70,8 +74,8 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, st *relayS
 	declared := st.declared
 	// Expired before they could go out: the request's deadline handles it.
 	// The outbox's read leaves expired commands out, so this need not run
-	// at every round: once per relay interval.
-	if time.Since(st.expired) >= x.cfg.RelayInterval {
+	// at every round: once per relay interval, at most once a second.
+	if time.Since(st.expired) >= max(x.cfg.RelayInterval, expireEvery) {
 		n, err := requests.ExpireUnsent(ctx, x.d.Pool)
 		if err != nil {
 			return 0, err

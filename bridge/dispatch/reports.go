@@ -7,7 +7,6 @@ import (
 	"math"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
@@ -35,10 +34,14 @@ func (x *Dispatcher) HandleReport(ctx context.Context, r protocol.Report) error 
 	for _, g := range r.GPUs {
 		pcis = append(pcis, g.PCI)
 	}
-	err = pgx.BeginFunc(ctx, x.d.Pool, func(tx pgx.Tx) error {
-		// A report older than the one kept (same agent run, lower seq)
-		// only refreshes the report time.
-		if _, err := tx.Exec(ctx, `INSERT INTO hosts AS h (name, node, agent_version, driver_version, last_report_at, report, report_seq, report_errors)
+	// One statement (its own transaction): the hosts row, the load of
+	// the report's vGPUs (loadOf) and the gpus rows of the node.
+	l := loadOf(r)
+	if pcis == nil {
+		pcis = []string{}
+	}
+	if _, err := x.d.Pool.Exec(ctx, `WITH h AS (
+			INSERT INTO hosts AS h (name, node, agent_version, driver_version, last_report_at, report, report_seq, report_errors)
 			VALUES ($1, $2, $3, nullif($4,''), now(), $5, $6, $7)
 			ON CONFLICT (name) DO UPDATE SET last_report_at = now(), updated_at = now(),
 				node = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.node ELSE h.node END,
@@ -46,23 +49,22 @@ func (x *Dispatcher) HandleReport(ctx context.Context, r protocol.Report) error 
 				driver_version = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.driver_version ELSE h.driver_version END,
 				report = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.report ELSE h.report END,
 				report_errors = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.report_errors ELSE h.report_errors END,
-				report_seq = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.report_seq ELSE h.report_seq END`,
-			r.Host, node, r.AgentVersion, r.DriverVersion, body, int64(r.Seq), errs); err != nil {
-			return fmt.Errorf("keep report of %s: %w", r.Host, err)
-		}
-		if err := keepLoad(ctx, tx, r); err != nil {
-			return err
-		}
-		if len(pcis) > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE gpus SET host = $1, updated_at = now()
-				WHERE node = $2 AND pci_address = ANY($3) AND host IS DISTINCT FROM $1`, r.Host, node, pcis); err != nil {
-				return fmt.Errorf("map gpus of %s: %w", r.Host, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
+				report_seq = CASE WHEN h.report_seq IS NULL OR EXCLUDED.report_seq >= h.report_seq OR EXCLUDED.report_seq <= 1 THEN EXCLUDED.report_seq ELSE h.report_seq END
+		), l AS (
+			INSERT INTO instance_load AS l (instance_uuid, host, samples, updated_at)
+			SELECT i::uuid, $1, jsonb_build_array(jsonb_build_array(round(extract(epoch FROM now())), u, f, e, d)), now()
+			FROM unnest($8::text[], $9::float8[], $10::float8[], $11::float8[], $12::float8[]) AS t(i, u, f, e, d)
+			ON CONFLICT (instance_uuid) DO UPDATE SET host = EXCLUDED.host, updated_at = now(),
+				samples = coalesce((SELECT jsonb_agg(s) FROM jsonb_array_elements(l.samples) s
+					WHERE (s->>0)::float8 > extract(epoch FROM now()) - 7200), '[]'::jsonb) || EXCLUDED.samples
+		), g AS (
+			UPDATE gpus SET host = $1, updated_at = now()
+			WHERE node = $2 AND pci_address = ANY($13) AND host IS DISTINCT FROM $1
+		)
+		SELECT`,
+		r.Host, node, r.AgentVersion, r.DriverVersion, body, int64(r.Seq), errs,
+		l.instances, l.utils, l.fbs, l.encs, l.decs, pcis); err != nil {
+		return fmt.Errorf("keep report of %s: %w", r.Host, err)
 	}
 	x.m.reports.Inc()
 	if x.d.Catalog != nil {
@@ -80,12 +82,19 @@ func (x *Dispatcher) HandleReport(ctx context.Context, r protocol.Report) error 
 	return nil
 }
 
-// keepLoad appends the report's load of each instance's vGPUs (SM,
-// encoder and decoder utilisation, their mean when it has several;
-// framebuffer used, their sum) to the instance's window in instance_load,
-// dropping samples older than two hours. A codec no vGPU of the instance
-// reported is null.
-func keepLoad(ctx context.Context, tx pgx.Tx, r protocol.Report) error {
+// reportLoad is the load of a report's vGPUs, one entry per instance,
+// as HandleReport appends it to each instance's window in instance_load
+// (dropping samples older than two hours): SM, encoder and decoder
+// utilisation (their mean when the instance has several vGPUs),
+// framebuffer used (their sum); a codec no vGPU of the instance reported
+// is null.
+type reportLoad struct {
+	instances  []string
+	utils, fbs []float64
+	encs, decs []*float64
+}
+
+func loadOf(r protocol.Report) reportLoad {
 	type load struct {
 		util, fb, enc, dec float64
 		n, nEnc, nDec      int
@@ -121,11 +130,8 @@ func keepLoad(ctx context.Context, tx pgx.Tx, r protocol.Report) error {
 			l.n++
 		}
 	}
-	if len(order) == 0 {
-		return nil
-	}
-	utils, fbs := make([]float64, len(order)), make([]float64, len(order))
-	encs, decs := make([]*float64, len(order)), make([]*float64, len(order))
+	out := reportLoad{instances: make([]string, len(order)), utils: make([]float64, len(order)), fbs: make([]float64, len(order)),
+		encs: make([]*float64, len(order)), decs: make([]*float64, len(order))}
 	mean := func(sum float64, n int) *float64 {
 		if n == 0 {
 			return nil
@@ -135,18 +141,10 @@ func keepLoad(ctx context.Context, tx pgx.Tx, r protocol.Report) error {
 	}
 	for i, id := range order {
 		l := by[id]
-		utils[i], fbs[i], encs[i], decs[i] = l.util/float64(l.n), l.fb, mean(l.enc, l.nEnc), mean(l.dec, l.nDec)
+		out.instances[i] = id
+		out.utils[i], out.fbs[i], out.encs[i], out.decs[i] = l.util/float64(l.n), l.fb, mean(l.enc, l.nEnc), mean(l.dec, l.nDec)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO instance_load AS l (instance_uuid, host, samples, updated_at)
-		SELECT i::uuid, $1, jsonb_build_array(jsonb_build_array(round(extract(epoch FROM now())), u, f, e, d)), now()
-		FROM unnest($2::text[], $3::float8[], $4::float8[], $5::float8[], $6::float8[]) AS t(i, u, f, e, d)
-		ON CONFLICT (instance_uuid) DO UPDATE SET host = EXCLUDED.host, updated_at = now(),
-			samples = coalesce((SELECT jsonb_agg(s) FROM jsonb_array_elements(l.samples) s
-				WHERE (s->>0)::float8 > extract(epoch FROM now()) - 7200), '[]'::jsonb) || EXCLUDED.samples`,
-		r.Host, order, utils, fbs, encs, decs); err != nil {
-		return fmt.Errorf("keep the vGPU load of %s: %w", r.Host, err)
-	}
-	return nil
+	return out
 }
 
 type metrics struct {

@@ -205,16 +205,28 @@ func (p *Processor) act(ctx context.Context, w *Work, reqID uuid.UUID, state req
 	}
 	// New vGPUs were in the project's usage as planned since the first
 	// transaction: the record takes their place (apply drops the plan).
-	if err := requests.AddAttachments(ctx, tx, reqID, atts); err != nil {
-		return err
-	}
+	// The releases begin first: the attachments and commands go in one
+	// statement.
 	for _, a := range release {
 		if err := requests.BeginRelease(ctx, tx, a.ID, reqID); err != nil {
 			return err
 		}
 	}
-	if err := insertCommands(ctx, tx, reqID, PurposeAction, cmds); err != nil {
-		return err
+	if len(atts) > 0 && len(cmds) > 0 {
+		rows, err := commandRows(reqID, cmds)
+		if err != nil {
+			return err
+		}
+		if err := requests.RecordAct(ctx, tx, reqID, atts, PurposeAction, rows); err != nil {
+			return err
+		}
+	} else {
+		if err := requests.AddAttachments(ctx, tx, reqID, atts); err != nil {
+			return err
+		}
+		if err := insertCommands(ctx, tx, reqID, PurposeAction, cmds); err != nil {
+			return err
+		}
 	}
 	if len(cmds) == 0 {
 		// Only notes and notifications: nothing for the agents.
@@ -360,14 +372,23 @@ type outCmd struct {
 }
 
 func insertCommands(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, purpose string, cmds []outCmd) error {
+	rows, err := commandRows(reqID, cmds)
+	if err != nil {
+		return err
+	}
+	return requests.QueueCommands(ctx, tx, reqID, purpose, rows)
+}
+
+// commandRows are cmds as the outbox keeps them.
+func commandRows(reqID uuid.UUID, cmds []outCmd) ([]requests.Command, error) {
 	rows := make([]requests.Command, len(cmds))
 	for i, oc := range cmds {
 		body, err := json.Marshal(oc.c)
 		if err != nil {
-			return fmt.Errorf("request %s: encode command %s: %w", reqID, oc.c.Kind, err)
+			return nil, fmt.Errorf("request %s: encode command %s: %w", reqID, oc.c.Kind, err)
 		}
 		rows[i] = requests.Command{ID: oc.c.ID, Host: oc.c.Host, Kind: string(oc.c.Kind), Body: body, ExpiresAt: oc.c.ExpiresAt,
 			Seq: oc.seq, AttachmentID: oc.attachment, InstanceUUID: oc.c.InstanceUUID}
 	}
-	return requests.QueueCommands(ctx, tx, reqID, purpose, rows)
+	return rows, nil
 }

@@ -61,6 +61,9 @@ type Change struct {
 	// workloadRead: Workload is what the request named, "" included
 	// (RecordChange need not read it).
 	workloadRead bool
+	// unheard: no rule of the policy listens to bridge.vgpu_changed, so
+	// the event is written processed (the pipeline would decide nothing).
+	unheard bool
 }
 
 // RecordChange writes c's bridge.vgpu_changed event into the inbox in
@@ -80,7 +83,7 @@ func RecordChange(ctx context.Context, tx pgx.Tx, c Change) error {
 		return err
 	}
 	if err := requests.QueueEvent(ctx, tx, requests.Event{Source: BridgeSource, MessageID: EventVGPUChanged + ":" + c.Request.String(),
-		Type: EventVGPUChanged, Instance: c.Instance, Payload: b}); err != nil {
+		Type: EventVGPUChanged, Instance: c.Instance, Payload: b, Processed: c.unheard}); err != nil {
 		return fmt.Errorf("request %s: record the change of instance %s: %w", c.Request, c.Instance, err)
 	}
 	return nil
@@ -88,25 +91,17 @@ func RecordChange(ctx context.Context, tx pgx.Tx, c Change) error {
 
 // directChange says what a direct-path request that just completed
 // changed: attached and released are how many vGPUs it attached and gave
-// back.
-func directChange(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, attached, released int) (Change, bool, error) {
+// back; rv is the request as read with its lock.
+func directChange(reqID uuid.UUID, rv requestView, attached, released int) (Change, bool) {
 	if attached == 0 && released == 0 {
-		return Change{}, false, nil
+		return Change{}, false
 	}
-	c := Change{Request: reqID, Path: PathDirect, workloadRead: true}
-	var move, profile, host string
-	if err := tx.QueryRow(ctx, `SELECT coalesce(r.instance_uuid::text, ''), coalesce(r.body->>'move', ''), coalesce(r.body->>'workload', ''),
-			coalesce(a.profile, ''), coalesce(a.host, '')
-		FROM requests r LEFT JOIN LATERAL (SELECT profile, host FROM vgpu_attachments
-			WHERE request_id = r.id AND state = 'attached' ORDER BY created_at LIMIT 1) a ON true
-		WHERE r.id = $1`, reqID).Scan(&c.Instance, &move, &c.Workload, &profile, &host); err != nil {
-		return c, false, fmt.Errorf("request %s: %w", reqID, err)
-	}
+	c := Change{Request: reqID, Path: PathDirect, workloadRead: true, Instance: rv.instance, Workload: rv.workload}
 	switch {
-	case move != "" && attached > 0:
+	case rv.move != "" && attached > 0:
 		c.Change = ChangeMove
-	case move != "":
-		return c, false, nil // the release half of a move: the re-apply says it
+	case rv.move != "":
+		return c, false // the release half of a move: the re-apply says it
 	case attached > 0 && released > 0:
 		c.Change = ChangeResize
 	case attached > 0:
@@ -115,9 +110,9 @@ func directChange(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, attached, rel
 		c.Change = ChangeRelease
 	}
 	if attached > 0 {
-		c.Profile, c.Host = profile, host
+		c.Profile, c.Host = rv.profile, rv.host
 	}
-	return c, true, nil
+	return c, true
 }
 
 // mapBridgeEvent maps a bridge event to the policy's: kind

@@ -67,7 +67,9 @@ const (
 // of one instance one at a time and in order. It looks at the inbox
 // (inboxBatch) again when its queue runs low and, while deciding, when a
 // commit wakes it, so that an event of another project joins the turns
-// within milliseconds instead of waiting behind a backlog. At most
+// within milliseconds instead of waiting behind a backlog; a look that
+// took all it found is not repeated until a commit wakes it (events that
+// become ready by time wait for Run's next poll). At most
 // ProjectShare events of a project are queued or being decided at a time
 // (a full look, once a second, may add the project's older events that
 // became ready again), so no more than that many of one project's events
@@ -114,6 +116,12 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 			if ctx.Err() != nil {
 				return n, nil
 			}
+			if !woken && !s.more {
+				// Nothing committed since the last look (a commit wakes
+				// the processor: a wake not taken here makes Run look
+				// again at once), and that look took all it found.
+				return n, nil
+			}
 			if took, err = p.poll(ctx, s); err != nil || s.queued == 0 {
 				return n, err
 			}
@@ -147,7 +155,9 @@ func (p *Processor) ProcessOnce(ctx context.Context) (int, error) {
 		if t != nil {
 			t.Stop()
 		}
-		low := s.queued < p.cfg.Workers
+		// The queue runs low: a look, unless nothing was committed since
+		// the last one and it took all it found (it would find nothing).
+		low := s.queued < p.cfg.Workers && (woken || s.more)
 		if ctx.Err() == nil && (low || woken && time.Since(lastPoll) >= gap) {
 			if took, err = p.poll(ctx, s); err != nil {
 				p.log.Warn("pipeline: inbox poll failed", logkey.Err, err)
@@ -184,19 +194,46 @@ func (p *Processor) poll(ctx context.Context, s *turns) (time.Duration, error) {
 		}
 		ks, after, room = append(ks, k), append(after, last), append(room, int32(r))
 	}
+	limit := make(map[string]int, len(ks))
+	for i, k := range ks {
+		limit[k] = int(room[i])
+	}
+	// Until the look answered in full: more may be waiting.
+	s.more = true
 	rows, err := p.d.Pool.Query(ctx, inboxBatch, p.cfg.BatchSize, s.share, ks, after, room)
 	if err != nil {
 		return time.Since(start), fmt.Errorf("poll inbox: %w", err)
 	}
 	defer rows.Close()
+	got := map[string]int{}
+	total := 0
 	for rows.Next() {
 		var c candidate
 		if err := rows.Scan(&c.project, &c.id, &c.instance, &c.source, &c.kind); err != nil {
 			return time.Since(start), err
 		}
+		got[c.project]++
+		total++
 		s.add(c)
 	}
-	return time.Since(start), rows.Err()
+	if err := rows.Err(); err != nil {
+		return time.Since(start), err
+	}
+	// A look cut short by its limits (the batch, a project's room) left
+	// events behind.
+	more := total >= p.cfg.BatchSize
+	for k, n := range got {
+		l, ok := limit[k]
+		if !ok {
+			l = s.share
+		}
+		more = more || n >= l
+	}
+	for _, l := range limit {
+		more = more || l == 0 // a project with no room: its next events were not asked for
+	}
+	s.more = more
+	return time.Since(start), nil
 }
 
 // turns is what ProcessOnce has queued, by project: the projects take
@@ -213,6 +250,7 @@ type turns struct {
 	busy     map[string]bool          // instances being decided
 	queued   int
 	lastFull time.Time // the last look from each project's first event
+	more     bool      // the last look may have left ready events behind (its limits)
 }
 
 // fullLook is how often a look starts from each project's first ready

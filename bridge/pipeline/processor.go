@@ -127,12 +127,11 @@ func (p *Processor) Run(ctx context.Context) error {
 	}
 	defer wg.Wait()
 	return wake.Loop(ctx, p.wake.C(), func(ctx context.Context) (time.Duration, error) {
-		n, err := p.ProcessOnce(ctx)
-		if err != nil && ctx.Err() == nil {
+		// ProcessOnce returns once the inbox had nothing more for it, or
+		// nothing was committed since its last look: what comes later
+		// wakes the loop, what becomes ready later waits for the poll.
+		if _, err := p.ProcessOnce(ctx); err != nil && ctx.Err() == nil {
 			p.log.Warn("pipeline: inbox poll failed", logkey.Err, err)
-		}
-		if n > 0 {
-			return 0, nil // more may be waiting
 		}
 		return p.cfg.PollInterval, nil
 	})

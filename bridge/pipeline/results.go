@@ -29,9 +29,9 @@ type ResultTaker interface {
 // failure and compensation. Duplicate and unknown results are ignored.
 func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err error) {
 	defer wrapErr(&err, "result of command %s", r.CommandID)
-	outbox := false
+	outbox, changed := false, false
 	err = p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		outbox = false
+		outbox, changed = false, false
 		body, _ := json.Marshal(r)
 		c, ok, err := requests.FinishCommandOnce(ctx, tx, r.CommandID, r.Host, string(r.Status), body)
 		if err != nil {
@@ -62,14 +62,22 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 				return err
 			}
 		}
-		// The request, locked, and what of it is still open.
+		// The request, locked, what of it is still open, and what its
+		// completion reads (requestView).
 		var st string
 		var nextKind *string
 		var openFailed bool
-		if err := tx.QueryRow(ctx, `SELECT state,
+		var rv requestView
+		if err := tx.QueryRow(ctx, `SELECT r.state,
 				(SELECT kind FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NULL ORDER BY seq LIMIT 1),
-				EXISTS (SELECT 1 FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NOT NULL AND result_status <> 'succeeded')
-			FROM requests WHERE id = $1 FOR UPDATE`, *reqID).Scan(&st, &nextKind, &openFailed); err != nil {
+				EXISTS (SELECT 1 FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NOT NULL AND result_status <> 'succeeded'),
+				EXISTS (SELECT 1 FROM vgpu_attachments WHERE release_request_id = $1 AND state = 'releasing'),
+				coalesce(r.instance_uuid::text, ''), coalesce(r.body->>'move', ''), coalesce(r.body->>'workload', ''),
+				coalesce(a.profile, ''), coalesce(a.host, '')
+			FROM requests r LEFT JOIN LATERAL (SELECT profile, host FROM vgpu_attachments
+				WHERE request_id = r.id AND state IN ('pending', 'attached') ORDER BY created_at LIMIT 1) a ON true
+			WHERE r.id = $1 FOR UPDATE OF r`, *reqID).Scan(&st, &nextKind, &openFailed,
+			&rv.releasing, &rv.instance, &rv.move, &rv.workload, &rv.profile, &rv.host); err != nil {
 			return err
 		}
 		state := requests.State(st)
@@ -104,10 +112,14 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 		if openFailed {
 			return nil // failed before; nothing more to do
 		}
-		return p.complete(ctx, tx, *reqID, r.FinishedAt)
+		changed, err = p.complete(ctx, tx, *reqID, r.FinishedAt, rv)
+		return err
 	})
 	if err == nil && outbox && p.d.OnOutbox != nil {
 		p.d.OnOutbox()
+	}
+	if err == nil && changed {
+		p.Wake() // its bridge.vgpu_changed event, committed
 	}
 	return err
 }
@@ -151,28 +163,34 @@ func DescribeResult(host, kind string, r protocol.Result) string {
 // complete ends a request whose commands all succeeded: new attachments
 // are attached; released ones give their claim back. at is the agent's
 // time of the last command (their usage begins or ends then).
-func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time.Time) (err error) {
+// rv is the request as read, locked, in the same transaction.
+//
+// changed reports that it wrote a bridge.vgpu_changed event the pipeline
+// is to decide (the caller wakes it once the transaction committed).
+func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time.Time, rv requestView) (changed bool, err error) {
 	defer wrapErr(&err, "complete request %s", reqID)
 	attached, err := requests.MarkAttached(ctx, tx, reqID, at)
 	if err != nil {
-		return err
+		return false, err
 	}
-	rows, err := tx.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments WHERE release_request_id = $1 AND state = 'releasing' FOR UPDATE`, reqID)
-	if err != nil {
-		return err
-	}
-	rel, err := requests.ScanAttachments(rows)
-	if err != nil {
-		return err
+	var rel []flow.Attachment
+	if rv.releasing {
+		rows, err := tx.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments WHERE release_request_id = $1 AND state = 'releasing' FOR UPDATE`, reqID)
+		if err != nil {
+			return false, err
+		}
+		if rel, err = requests.ScanAttachments(rows); err != nil {
+			return false, err
+		}
 	}
 	for _, a := range rel {
 		if a.Provider != "" {
 			if err := p.releaseFor(ctx, a); err != nil {
-				return err
+				return false, err
 			}
 		}
 		if err := requests.MarkReleased(ctx, tx, a.ID, at); err != nil {
-			return err
+			return false, err
 		}
 	}
 	var parts []string
@@ -186,19 +204,34 @@ func (p *Processor) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at
 	if reason == "" {
 		reason = "all commands succeeded"
 	}
-	if c, ok, err := directChange(ctx, tx, reqID, int(attached), len(rel)); err != nil {
-		return err
-	} else if ok {
+	if c, ok := directChange(reqID, rv, int(attached), len(rel)); ok {
+		// An event no rule listens to is written processed: the
+		// pipeline would close it having decided nothing.
+		c.unheard = !p.d.Policy.Policy().Listens(KindVGPUChanged)
 		if err := RecordChange(ctx, tx, c); err != nil {
-			return err
+			return false, err
 		}
-		p.Wake()
+		if c.unheard {
+			p.m.events.WithLabelValues(string(flow.OutcomeNothing)).Inc()
+		}
+		changed = !c.unheard
 	}
 	if _, err := p.d.Requests.Transition(ctx, tx, reqID, requests.Succeeded, "", reason, ""); err != nil {
-		return err
+		return false, err
 	}
 	p.m.requests.WithLabelValues(string(requests.Succeeded)).Inc()
-	return nil
+	return changed, nil
+}
+
+// requestView is what the completion of a request reads of it, read
+// with its lock (HandleResult): whether it is taking vGPUs back
+// (releasing), its instance, the move it follows and the workload it
+// named (its body's), and the profile and host of its first vGPU being
+// made (pending or attached; all are attached once it completes).
+type requestView struct {
+	releasing                bool
+	instance, move, workload string
+	profile, host            string
 }
 
 // failRequest fails a request with code and reason and compensates what

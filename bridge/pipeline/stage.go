@@ -290,7 +290,7 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	}
 	if !w.HasRequest && !rebuildKind(ev.Kind) && ev.Kind != NovaKindPrefix+"instance.delete.end" {
 		// Most notifications: no rule listens, nothing to re-apply.
-		if d0 := evaluate(ev, nil, nil); len(d0.Rules) == 0 {
+		if !pol.Listens(ev.Kind) {
 			p.m.events.WithLabelValues(string(flow.OutcomeNothing)).Inc()
 			return true, nil
 		}

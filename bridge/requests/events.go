@@ -19,16 +19,20 @@ type Event struct {
 	Source, MessageID, Type string
 	Instance                string // the instance's UUID
 	Payload                 []byte // JSON
+	// Processed writes the event processed already: the caller knows
+	// the pipeline would do nothing with it (no rule of the policy
+	// listens to its kind).
+	Processed bool
 }
 
 // QueueEvent writes e into the inbox in q, unless an event of the same
 // source and message id is there already; it occurred now, and belongs
 // to the instance's project (the pipeline's turns between projects).
 func QueueEvent(ctx context.Context, q Execer, e Event) error {
-	if _, err := q.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, project_id)
+	if _, err := q.Exec(ctx, `INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, project_id, processed_at)
 		VALUES ($1, $2, $3, $4, now(), $5,
-			(SELECT project_id FROM instances WHERE uuid = $4)) ON CONFLICT (source, message_id) DO NOTHING`,
-		e.Source, e.MessageID, e.Type, e.Instance, e.Payload); err != nil {
+			(SELECT project_id FROM instances WHERE uuid = $4), CASE WHEN $6 THEN now() END) ON CONFLICT (source, message_id) DO NOTHING`,
+		e.Source, e.MessageID, e.Type, e.Instance, e.Payload, e.Processed); err != nil {
 		return fmt.Errorf("queue event %s: %w", e.MessageID, err)
 	}
 	return nil

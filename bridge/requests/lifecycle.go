@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 )
@@ -136,9 +137,15 @@ type FinishedCommand struct {
 // nothing recorded (unknown, a duplicate, or another host's).
 func FinishCommandOnce(ctx context.Context, q Querier, id, host, status string, result []byte) (FinishedCommand, bool, error) {
 	var c FinishedCommand
-	err := q.QueryRow(ctx, `UPDATE commands SET result_status = $3, result = $4, finished_at = now()
-		WHERE id::text = $1 AND finished_at IS NULL AND ($2 = '' OR host = $2)
-		RETURNING request_id, purpose, kind, host, attachment_id`, id, host, status, result).
+	// Command ids are UUIDs in their canonical text: no other text names
+	// one. Matched as a uuid, the primary key finds the row.
+	u, err := uuid.Parse(id)
+	if err != nil || u.String() != id {
+		return c, false, nil
+	}
+	err = q.QueryRow(ctx, `UPDATE commands SET result_status = $3, result = $4, finished_at = now()
+		WHERE id = $1 AND finished_at IS NULL AND ($2 = '' OR host = $2)
+		RETURNING request_id, purpose, kind, host, attachment_id`, u, host, status, result).
 		Scan(&c.Request, &c.Purpose, &c.Kind, &c.Host, &c.Attachment)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return c, false, nil
@@ -228,6 +235,50 @@ func AddAttachments(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.
 			a.FrameRateLimit); err != nil {
 			return fmt.Errorf("request %s: record attachment %s: %w", reqID, a.ID, err)
 		}
+	}
+	return nil
+}
+
+// RecordAct records, in one statement, the vGPUs request reqID claimed,
+// as pending (AddAttachments), and the commands it queues with purpose
+// (QueueCommands).
+func RecordAct(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.Attachment, purpose string, cmds []Command) error {
+	n := len(atts)
+	ids, insts, hosts, nodes, provs := make([][16]byte, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	classes, amounts, held, pcis := make([]string, n), make([]int32, n), make([]int32, n), make([]string, n)
+	types, profiles, traits, modes, frls := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]pgtype.Bool, n)
+	for i, a := range atts {
+		ids[i], insts[i], hosts[i], nodes[i], provs[i] = [16]byte(a.ID), a.InstanceUUID, a.Host, a.Node, a.Provider
+		classes[i], amounts[i], held[i], pcis[i] = a.Class, int32(a.Amount), int32(a.HeldAfter), a.PCIAddress
+		types[i], profiles[i], traits[i], modes[i] = a.TypeID, a.Profile, a.Trait, a.Mode
+		if a.FrameRateLimit != nil {
+			frls[i] = pgtype.Bool{Bool: *a.FrameRateLimit, Valid: true}
+		}
+	}
+	m := len(cmds)
+	cids, chosts, kinds, bodies, cinsts := make([]string, m), make([]string, m), make([]string, m), make([]string, m), make([]string, m)
+	expires, seqs, catts := make([]time.Time, m), make([]int32, m), make([]pgtype.UUID, m)
+	for i, c := range cmds {
+		cids[i], chosts[i], kinds[i], bodies[i], cinsts[i] = c.ID, c.Host, c.Kind, string(c.Body), c.InstanceUUID
+		expires[i], seqs[i] = c.ExpiresAt, int32(c.Seq)
+		if c.AttachmentID != nil {
+			catts[i] = pgtype.UUID{Bytes: *c.AttachmentID, Valid: true}
+		}
+	}
+	if _, err := q.Exec(ctx, `WITH a AS (
+			INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
+				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit)
+			SELECT id, inst::uuid, $1, host, node, prov::uuid, class, amount, held, pci, typ, prof, trait, mode, 'pending', frl
+			FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::text[],
+				$11::text[], $12::text[], $13::text[], $14::text[], $15::bool[])
+				AS t(id, inst, host, node, prov, class, amount, held, pci, typ, prof, trait, mode, frl))
+		INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, attachment_id, instance_uuid)
+		SELECT id::uuid, $1, host, kind, body::jsonb, exp, seq, $16, att, nullif(inst, '')::uuid
+		FROM unnest($17::text[], $18::text[], $19::text[], $20::text[], $21::timestamptz[], $22::int[], $23::uuid[], $24::text[])
+			AS c(id, host, kind, body, exp, seq, att, inst)`,
+		reqID, ids, insts, hosts, nodes, provs, classes, amounts, held, pcis, types, profiles, traits, modes, frls,
+		purpose, cids, chosts, kinds, bodies, expires, seqs, catts, cinsts); err != nil {
+		return fmt.Errorf("request %s: record %d attachment(s) and %d command(s): %w", reqID, n, m, err)
 	}
 	return nil
 }

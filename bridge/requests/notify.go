@@ -2,6 +2,7 @@ package requests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -15,7 +16,9 @@ import (
 // fails or is rejected. OP is attach (it gives the instance vGPUs),
 // detach (it takes them back) or resize (both, or a Nova resize between
 // two vGPU flavors); a request that changes no vGPU sends only its error.
-func notifyTransition(ctx context.Context, tx pgx.Tx, from State, r Request) error {
+//
+// pre is what move read for it with the move itself.
+func notifyTransition(ctx context.Context, tx pgx.Tx, from State, r Request, pre *notePrefetch) error {
 	var phase string
 	prio := notify.Info
 	switch {
@@ -28,7 +31,7 @@ func notifyTransition(ctx context.Context, tx pgx.Tx, from State, r Request) err
 	default:
 		return nil
 	}
-	p, op, err := actionPayload(ctx, tx, r)
+	p, op, err := actionPayload(ctx, tx, r, pre)
 	if err != nil {
 		return fmt.Errorf("notification of request %s: %w", r.ID, err)
 	}
@@ -42,47 +45,54 @@ func notifyTransition(ctx context.Context, tx pgx.Tx, from State, r Request) err
 	return notify.Queue(ctx, tx, event, prio, notify.Action(p))
 }
 
-// actionPayload describes request r and the vGPUs it changes; op is
-// attach, detach, resize or "" (none).
-func actionPayload(ctx context.Context, tx pgx.Tx, r Request) (notify.ActionPayload, string, error) {
+// notePrefetch is what a transition's notification says of the
+// instance (its project and user) and of the vGPUs the request makes or
+// takes back, read by the statement that moves the request (move): a
+// JSON array of objects, NULL when the move notifies nothing.
+type notePrefetch struct {
+	project, user string
+	vgpus         []byte
+}
+
+// noteVGPU is one element of notePrefetch.vgpus.
+type noteVGPU struct {
+	New      *bool  `json:"new"` // null: the attachment names no request (not listed)
+	ID       string `json:"id"`
+	Profile  string `json:"profile"`
+	TypeID   string `json:"type_id"`
+	Class    string `json:"class"`
+	Amount   int    `json:"amount"`
+	Host     string `json:"host"`
+	Provider string `json:"provider"`
+	PCI      string `json:"pci"`
+	State    string `json:"state"`
+}
+
+// actionPayload describes request r and the vGPUs it changes, from pre;
+// op is attach, detach, resize or "" (none).
+func actionPayload(ctx context.Context, tx pgx.Tx, r Request, pre *notePrefetch) (notify.ActionPayload, string, error) {
 	p := notify.ActionPayload{RequestID: r.ID.String(), RequestKind: r.Kind, Source: r.Source, State: string(r.State),
-		Code: r.Code, Reason: r.Reason}
+		Code: r.Code, Reason: r.Reason, ProjectID: pre.project, UserID: pre.user}
 	if r.InstanceUUID != nil {
 		p.InstanceUUID = r.InstanceUUID.String()
 	}
-	// The instance's project and user, and the vGPUs the request makes
-	// or takes back, in one statement (one row with NULL vGPU columns
-	// when there are none).
-	rows, err := tx.Query(ctx, `SELECT coalesce(i.project_id, ''), coalesce(i.user_id, ''), a.is_new, a.id, a.profile, a.type_id, a.class,
-			a.amount, a.host, a.provider, a.pci, a.state
-		FROM (SELECT 1) one LEFT JOIN instances i ON i.uuid = $2
-		LEFT JOIN LATERAL (SELECT request_id = $1 AS is_new, id::text AS id, coalesce(profile,'') AS profile, coalesce(type_id,'') AS type_id,
-				coalesce(resource_class,'VGPU') AS class, amount, host, coalesce(provider_uuid::text,'') AS provider,
-				coalesce(pci_address,'') AS pci, state, created_at, id AS att
-			FROM vgpu_attachments WHERE request_id = $1 OR release_request_id = $1) a ON true
-		ORDER BY a.created_at, a.att`, r.ID, r.InstanceUUID)
-	if err != nil {
-		return p, "", err
+	var vs []noteVGPU
+	if len(pre.vgpus) > 0 {
+		if err := json.Unmarshal(pre.vgpus, &vs); err != nil {
+			return p, "", fmt.Errorf("the vGPUs of request %s: %w", r.ID, err)
+		}
 	}
-	var isNew *bool
-	var aID, aProfile, aType, aClass, aHost, aProvider, aPCI, aState *string
-	var aAmount *int
-	_, err = pgx.ForEachRow(rows, []any{&p.ProjectID, &p.UserID, &isNew, &aID, &aProfile, &aType, &aClass, &aAmount, &aHost, &aProvider, &aPCI, &aState},
-		func() error {
-			if isNew == nil {
-				return nil // no vGPU
-			}
-			v := notify.VGPU{AttachmentID: *aID, Profile: *aProfile, VGPUType: *aType, ResourceClass: *aClass, Amount: *aAmount, Host: *aHost,
-				ProviderUUID: *aProvider, PCIAddress: *aPCI, State: *aState}
-			if *isNew {
-				p.VGPUs = append(p.VGPUs, v)
-			} else {
-				p.OldVGPUs = append(p.OldVGPUs, v)
-			}
-			return nil
-		})
-	if err != nil {
-		return p, "", err
+	for _, a := range vs {
+		if a.New == nil {
+			continue
+		}
+		v := notify.VGPU{AttachmentID: a.ID, Profile: a.Profile, VGPUType: a.TypeID, ResourceClass: a.Class, Amount: a.Amount, Host: a.Host,
+			ProviderUUID: a.Provider, PCIAddress: a.PCI, State: a.State}
+		if *a.New {
+			p.VGPUs = append(p.VGPUs, v)
+		} else {
+			p.OldVGPUs = append(p.OldVGPUs, v)
+		}
 	}
 	if len(p.VGPUs)+len(p.OldVGPUs) > 0 {
 		p.Path = "direct"
@@ -97,7 +107,7 @@ func actionPayload(ctx context.Context, tx pgx.Tx, r Request) (notify.ActionPayl
 	// The Nova path: a resize to (or from) a vGPU flavor.
 	var kind, profile, typeID, host, flavor, oldFlavor string
 	var count int
-	err = tx.QueryRow(ctx, `SELECT kind, coalesce(profile,''), coalesce(type_id,''), count, coalesce(target_host, source_host, ''),
+	err := tx.QueryRow(ctx, `SELECT kind, coalesce(profile,''), coalesce(type_id,''), count, coalesce(target_host, source_host, ''),
 			coalesce(flavor_name,''), coalesce(old_flavor,'') FROM nova_resizes WHERE request_id = $1`, r.ID).
 		Scan(&kind, &profile, &typeID, &count, &host, &flavor, &oldFlavor)
 	if err == pgx.ErrNoRows {

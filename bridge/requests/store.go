@@ -204,16 +204,17 @@ func (s *Store) QueueCreate(b *pgx.Batch, rs []Request) error {
 const columns = `id, source, kind, instance_uuid, state, coalesce(phase,''), coalesce(reason,''), coalesce(code,''),
 	body, coalesce(callback_url,''), coalesce(idempotency_key,''), created_at, updated_at, decided_at, dispatched_at, finished_at`
 
-func scan(row pgx.Row) (Request, error) { return scanWith(row) }
+func scan(row pgx.Row) (Request, error) { return scanWith(row, nil) }
 
-// scanWith scans a row of first, then the columns.
-func scanWith(row pgx.Row, first ...any) (Request, error) {
+// scanWith scans a row of first, then the columns, then last.
+func scanWith(row pgx.Row, first []any, last ...any) (Request, error) {
 	var r Request
 	var inst *uuid.UUID
 	var state string
 	var body []byte
-	err := row.Scan(append(first, &r.ID, &r.Source, &r.Kind, &inst, &state, &r.Phase, &r.Reason, &r.Code,
-		&body, &r.CallbackURL, &r.IdempotencyKey, &r.CreatedAt, &r.UpdatedAt, &r.DecidedAt, &r.DispatchedAt, &r.FinishedAt)...)
+	dest := append(first, &r.ID, &r.Source, &r.Kind, &inst, &state, &r.Phase, &r.Reason, &r.Code,
+		&body, &r.CallbackURL, &r.IdempotencyKey, &r.CreatedAt, &r.UpdatedAt, &r.DecidedAt, &r.DispatchedAt, &r.FinishedAt)
+	err := row.Scan(append(dest, last...)...)
 	if err != nil {
 		return r, err
 	}
@@ -344,8 +345,10 @@ func (s *Store) refused(ctx context.Context, tx pgx.Tx, id uuid.UUID, to State) 
 func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID, from []string, to State, phase, reason, code string,
 	deadline *time.Time) (Request, error) {
 	// One statement: the row locked, moved when its state is one of from,
-	// and the move audited.
+	// the move audited, and what its notification (notifyTransition)
+	// says of the instance and the request's vGPUs read.
 	var was State
+	var pre notePrefetch
 	r, err := scanWith(tx.QueryRow(ctx, `WITH u AS (
 			UPDATE requests r SET state = $2, phase = nullif($3,''), reason = nullif($4,''),
 				code = nullif($5,''), updated_at = now(),
@@ -361,7 +364,14 @@ func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID,
 			SELECT $7, 'transition', 'request', $1::text, $1,
 				jsonb_build_object('from', cur_state, 'to', $2::text, 'phase', $3::text, 'reason', $4::text, 'code', $5::text) FROM u
 		)
-		SELECT * FROM u`, id, string(to), phase, reason, code, from, actor, deadline), &was)
+		SELECT u.*, coalesce(i.project_id, ''), coalesce(i.user_id, ''),
+			CASE WHEN $2 IN ('decided','succeeded','failed','rejected') THEN (SELECT coalesce(jsonb_agg(jsonb_build_object(
+					'new', v.request_id = $1, 'id', v.id::text, 'profile', coalesce(v.profile,''), 'type_id', coalesce(v.type_id,''),
+					'class', coalesce(v.resource_class,'VGPU'), 'amount', v.amount, 'host', v.host, 'provider', coalesce(v.provider_uuid::text,''),
+					'pci', coalesce(v.pci_address,''), 'state', v.state) ORDER BY v.created_at, v.id), '[]'::jsonb)
+				FROM vgpu_attachments v WHERE v.request_id = $1 OR v.release_request_id = $1) END
+		FROM u LEFT JOIN instances i ON i.uuid = u.instance_uuid`, id, string(to), phase, reason, code, from, actor, deadline),
+		[]any{&was}, &pre.project, &pre.user, &pre.vgpus)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, err
 	}
@@ -369,7 +379,7 @@ func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID,
 		return r, fmt.Errorf("transition request %s: %w", id, err)
 	}
 	cur := Request{State: was}
-	if err := notifyTransition(ctx, tx, cur.State, r); err != nil {
+	if err := notifyTransition(ctx, tx, cur.State, r, &pre); err != nil {
 		return r, err
 	}
 	if to.Final() && r.CallbackURL != "" {

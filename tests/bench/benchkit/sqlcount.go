@@ -36,6 +36,7 @@ type SQLCount struct {
 	keep                   atomic.Bool
 	mu                     sync.Mutex
 	texts                  map[string]int64
+	times                  map[string]time.Duration // per text: from the call to its end (rows read and closed)
 	// The statements each connection has prepared, as far as the tracer
 	// saw: pgx prepares a batch's new statements without Prepare.
 	prepMu sync.Mutex
@@ -74,11 +75,36 @@ func (c *SQLCount) KeepTexts(on bool) { c.keep.Store(on) }
 // cut at 160 characters) was counted while KeepTexts was on, and clears
 // the counts.
 func (c *SQLCount) Texts() map[string]int64 {
+	t, _ := c.TextsTimed()
+	return t
+}
+
+// TextsTimed is Texts with, per text, the time its Exec, Query and
+// QueryRow calls took from the call to their end (the round trip, the
+// server's work and the reading of the rows; statements of a batch are
+// not timed), and clears both.
+func (c *SQLCount) TextsTimed() (map[string]int64, map[string]time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t := c.texts
-	c.texts = nil
-	return t
+	t, d := c.texts, c.times
+	c.texts, c.times = nil, nil
+	return t, d
+}
+
+// TopTextsTimed is TopTexts with each text's mean time per call
+// (TextsTimed), where it was timed.
+func TopTextsTimed(texts map[string]int64, times map[string]time.Duration, n int) []string {
+	out := TopTexts(texts, n)
+	for i, l := range out {
+		// TopTexts's line: "%6.2f  text".
+		sql := l[8:]
+		if d, ok := times[sql]; ok && texts[sql] > 0 {
+			out[i] = fmt.Sprintf("%s %7.3f ms  %s", l[:6], float64(d)/float64(texts[sql])/1e6, sql)
+		} else {
+			out[i] = fmt.Sprintf("%s %7s     %s", l[:6], "", sql)
+		}
+	}
+	return out
 }
 
 // TopTexts formats texts as lines "count/per  text", most frequent first,
@@ -100,9 +126,11 @@ func TopTexts(texts map[string]int64, n int) []string {
 	return out
 }
 
-func (c *SQLCount) text(sql string) {
+// text counts sql's text while KeepTexts is on and returns it as
+// counted ("" when off).
+func (c *SQLCount) text(sql string) string {
 	if !c.keep.Load() {
-		return
+		return ""
 	}
 	s := strings.Join(strings.Fields(sql), " ")
 	if len(s) > 160 {
@@ -114,6 +142,7 @@ func (c *SQLCount) text(sql string) {
 	}
 	c.texts[s]++
 	c.mu.Unlock()
+	return s
 }
 
 // kind classifies sql by its first keyword (after blanks and -- comments):
@@ -142,7 +171,7 @@ func kind(sql string) byte {
 // an implicit one.
 func idle(conn *pgx.Conn) bool { return conn.PgConn().TxStatus() == 'I' }
 
-func (c *SQLCount) one(sql string, implicit bool) {
+func (c *SQLCount) one(sql string, implicit bool) string {
 	switch kind(sql) {
 	case 'b':
 		c.txs.Add(1)
@@ -155,17 +184,38 @@ func (c *SQLCount) one(sql string, implicit bool) {
 			c.txs.Add(1)
 		}
 	}
-	c.text(sql)
+	return c.text(sql)
+}
+
+type timedKey struct{}
+
+type timed struct {
+	text  string
+	start time.Time
 }
 
 // TraceQueryStart counts an Exec, Query or QueryRow (pgx.QueryTracer).
 func (c *SQLCount) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	c.one(d.SQL, idle(conn))
+	if s := c.one(d.SQL, idle(conn)); s != "" {
+		return context.WithValue(ctx, timedKey{}, timed{s, time.Now()})
+	}
 	return ctx
 }
 
-// TraceQueryEnd is a no-op.
-func (c *SQLCount) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+// TraceQueryEnd times the call while KeepTexts is on.
+func (c *SQLCount) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	t, ok := ctx.Value(timedKey{}).(timed)
+	if !ok {
+		return
+	}
+	d := time.Since(t.start)
+	c.mu.Lock()
+	if c.times == nil {
+		c.times = map[string]time.Duration{}
+	}
+	c.times[t.text] += d
+	c.mu.Unlock()
+}
 
 // TraceBatchStart counts each query of a batch; a batch sent outside a
 // transaction that does not begin one is one implicit transaction
@@ -176,7 +226,7 @@ func (c *SQLCount) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.Tr
 		c.txs.Add(1)
 	}
 	for _, q := range qs {
-		c.one(q.SQL, false)
+		_ = c.one(q.SQL, false)
 	}
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		c.prepMu.Lock()
@@ -257,7 +307,7 @@ func (c *SQLCount) TraceConnectEnd(_ context.Context, d pgx.TraceConnectEndData)
 
 // TraceCopyFromStart counts a CopyFrom (pgx.CopyFromTracer).
 func (c *SQLCount) TraceCopyFromStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceCopyFromStartData) context.Context {
-	c.one("COPY "+d.TableName.Sanitize(), idle(conn))
+	_ = c.one("COPY "+d.TableName.Sanitize(), idle(conn))
 	return ctx
 }
 

@@ -55,8 +55,11 @@
 // (application_name), so that neither the statements nor the Postgres CPU
 // counted as the bridge's include the harness's; this process's CPU
 // still includes the harness's webhook clients and waits, which look at
-// the database once an agent's result is applied and every 20 ms besides.
-// -sql lists the statements of the first latency phase by text.
+// the database once an agent's result is applied and every 250 ms besides.
+// -sql lists the statements of the first latency phase by text;
+// -latency-cpuprofile writes a CPU profile of that phase (this process:
+// the bridge and the harness's clients), -cpuprofile one of the first
+// throughput phase.
 //
 // Then the fleet phase (-fleet, default 1,000; 0 skips it) sets up afresh
 // as many hosts, each with its agent (all in the agents' process, each
@@ -215,6 +218,7 @@ func main() {
 	verbose := flag.Bool("v", false, "log the bridge and agents to stderr")
 	timeout := flag.Duration("timeout", 12*time.Minute, "give up on the runs, and on the fleet phase, after this long each (what it made is removed)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the first throughput phase (the fleet's with -runs 0: bridge and harness; the agents run in a process of their own) to this file")
+	latProfile := flag.String("latency-cpuprofile", "", "write a CPU profile of the first run's latency phase (bridge and harness, as -cpuprofile) to this file; raise -latency-requests for more samples")
 	sqlTexts := flag.Bool("sql", false, "print the statements the bridge sent per attach in the first run's latency phase, by text, most frequent first (stderr)")
 	child := flag.Bool("agents-child", false, "(internal) run the agents described on stdin, one JSON object a line, until stdin ends")
 	flag.Parse()
@@ -244,8 +248,8 @@ func main() {
 	phase := func(nHosts int, fn func(*harness, context.Context) error) error {
 		ctx, cancel := context.WithTimeout(sctx, *timeout)
 		defer cancel()
-		h := &harness{nHosts: nHosts, clients: *clients, log: lg, cpuProfile: *cpuProfile, sqlTexts: *sqlTexts, landed: make(chan struct{}, 1)}
-		*cpuProfile = "" // the first phase's
+		h := &harness{nHosts: nHosts, clients: *clients, log: lg, cpuProfile: *cpuProfile, latProfile: *latProfile, sqlTexts: *sqlTexts, landed: make(chan struct{}, 1)}
+		*cpuProfile, *latProfile = "", "" // the first phase's
 		err := fn(h, ctx)
 		h.cleanup()
 		switch {
@@ -308,6 +312,7 @@ type harness struct {
 	rs                    *requests.Store
 	keys                  *testkeys.Ring // signed commands, results and reports, as by default
 	cpuProfile            string
+	latProfile            string // -latency-cpuprofile: the first latency phase's
 	profiling             bool
 	agentsPID             int // the agents' process
 	setupTook             time.Duration
@@ -440,19 +445,23 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 			h.bridgeSQL.Texts()
 			h.bridgeSQL.KeepTexts(true)
 		}
+		stopLat := h.latencyProfile()
 		sql0, lcpu0, t0 := h.bridgeSQL.Counts(), h.sampleCPU(ctx), time.Now()
 		lat, attached, err := h.latency(ctx, latN)
 		if err != nil {
+			stopLat()
 			return err
 		}
 		wall := time.Since(t0)
+		stopLat()
 		pace := float64(wall) / float64(idleWall) // the idle window's counts at the phase's length
 		r.cost = attachCost{n: latN, wall: wall, sql: perAttach(h.bridgeSQL.Counts().Sub(sql0), 1, latN), cpu: h.sampleCPU(ctx).since(lcpu0, latN),
 			idleSQL: perAttach(idleSQL, pace, latN), idleCPU: idleCPU.scaled(burstCPU{}, pace, float64(latN))}
 		if texts {
 			h.bridgeSQL.KeepTexts(false)
-			fmt.Fprintf(os.Stderr, "  statements the bridge sent per attach, run 1's latency phase (%d attaches one at a time, with the background meanwhile), by text:\n", latN)
-			for _, l := range benchkit.TopTexts(h.bridgeSQL.Texts(), latN) {
+			fmt.Fprintf(os.Stderr, "  statements the bridge sent per attach, run 1's latency phase (%d attaches one at a time, with the background meanwhile), by text, with the mean time of a call (round trip, server, rows read; a batch's statements untimed):\n", latN)
+			texts, times := h.bridgeSQL.TextsTimed()
+			for _, l := range benchkit.TopTextsTimed(texts, times, latN) {
 				fmt.Fprintf(os.Stderr, "    %s\n", l)
 			}
 		}
@@ -1280,7 +1289,11 @@ func (h *harness) send(ctx context.Context, body []byte) (uuid.UUID, error) {
 // the rows' timestamps, not from when it sees them.
 func (h *harness) waitAll(ctx context.Context, ids []uuid.UUID, within time.Duration) (map[uuid.UUID]time.Time, error) {
 	deadline := time.Now().Add(within)
-	every := 20 * time.Millisecond
+	// One request: an applied result wakes the wait (h.landed), and the
+	// time taken is the request's finished_at, not when the wait saw it;
+	// the poll is only for a request that ends without a result. Each
+	// look costs this process (counted as the bridge's) a query.
+	every := 250 * time.Millisecond
 	if len(ids) > 1 {
 		every = 50 * time.Millisecond
 	}
@@ -1617,6 +1630,30 @@ func (h *harness) startProfile() {
 	f, err := os.Create(h.cpuProfile)
 	if err == nil && pprof.StartCPUProfile(f) == nil {
 		h.profiling = true
+	}
+}
+
+// latencyProfile starts the CPU profile of -latency-cpuprofile, once,
+// and returns what stops it; it does nothing while another profile runs.
+func (h *harness) latencyProfile() (stop func()) {
+	if h.latProfile == "" || h.profiling {
+		return func() {}
+	}
+	path := h.latProfile
+	h.latProfile = ""
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "  -latency-cpuprofile: %v\n", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		fmt.Fprintf(os.Stderr, "  -latency-cpuprofile: %v\n", err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
 	}
 }
 
