@@ -51,7 +51,7 @@ PACKAGES=(
 	libvirt-dev pkg-config libvirt-daemon
 	python3-nova python3-wsgi-intercept
 	python3-keystone
-	prometheus-alertmanager
+	prometheus-alertmanager prometheus
 	python3-sphinx
 	lintian dpkg-dev fakeroot
 	chromium
@@ -76,10 +76,14 @@ install_packages() {
 	if have_systemd && systemctl is-enabled --quiet placement-api 2>/dev/null; then
 		systemctl disable --now placement-api || true
 	fi
-	# Likewise the packaged Alertmanager (port 9093): tests run their own.
-	if have_systemd && systemctl is-enabled --quiet prometheus-alertmanager 2>/dev/null; then
-		systemctl disable --now prometheus-alertmanager || true
-	fi
+	# Likewise the packaged Alertmanager (port 9093; tests run their own) and
+	# Prometheus (installed for promtool, which checks the shipped rules).
+	local unit
+	for unit in prometheus-alertmanager prometheus; do
+		if have_systemd && systemctl is-enabled --quiet "$unit" 2>/dev/null; then
+			systemctl disable --now "$unit" || true
+		fi
+	done
 }
 
 # ---------------------------------------------------------------- 2. postgres, rabbitmq

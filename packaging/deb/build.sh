@@ -93,6 +93,7 @@ install -D -m 0644 "$root/etc/vgpu-bridge/bridge.conf.sample" "$d/usr/share/doc/
 install -m 0644 "$root/README.rst" "$d/usr/share/doc/vgpu-bridge/README.rst"
 install -m 0644 "$root/etc/rabbitmq/setup-accounts.sh" "$d/usr/share/doc/vgpu-bridge/examples/setup-rabbitmq-accounts.sh"
 install -D -m 0644 "$root/etc/grafana/vgpu-bridge.json" "$d/usr/share/vgpu-bridge/grafana/vgpu-bridge.json"
+install -D -m 0644 "$root/etc/prometheus/vgpu-bridge.rules.yaml" "$d/usr/share/vgpu-bridge/prometheus/vgpu-bridge.rules.yaml"
 control vgpu-bridge "$d" "$(depends_of "$d/usr/bin/vgpu-bridge"), adduser" net \
 	"elastic, policy-driven NVIDIA vGPU for OpenStack (bridge)" \
 	"The central daemon: consumes Nova's versioned notifications and signed" \

@@ -205,3 +205,44 @@ func TestGrafanaDashboard(t *testing.T) {
 	sort.Strings(unused)
 	t.Logf("dashboard uses %d of %d exported metrics; not shown: %v", len(used), len(exported), unused)
 }
+
+// TestAlertRules: the shipped Prometheus rules are valid (promtool check
+// rules), fire as their unit tests say (promtool test rules: each alert at
+// its time, with its labels and annotations), and name only metrics the
+// code exports.
+func TestAlertRules(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool not found: `make services` installs it (apt-get install prometheus)")
+	}
+	const dir = "../../etc/prometheus"
+	for _, args := range [][]string{{"check", "rules", "vgpu-bridge.rules.yaml"}, {"test", "rules", "vgpu-bridge.rules.test.yaml"}} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "vgpu-bridge.rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := exportedMetrics(t)
+	ref := regexp.MustCompile(`\b(?:vgpu_(?:bridge|agent)_|DCGM_FI_)[A-Za-z0-9_]+`)
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		expr, ok := strings.CutPrefix(strings.TrimSpace(line), "expr:")
+		if !ok {
+			continue
+		}
+		for _, m := range ref.FindAllString(expr, -1) {
+			n++
+			if !exported[m] {
+				t.Errorf("rule expression %q uses %s, which no code under bridge/ or agent/ exports", strings.TrimSpace(expr), m)
+			}
+		}
+	}
+	if n < 10 {
+		t.Errorf("only %d metric references found in the rules: the scan is broken", n)
+	}
+}
