@@ -119,7 +119,7 @@ func flavorPlanCmd(g *globals) *cobra.Command {
 	fl.BoolVar(&o.apply, "apply", false, "create the proposals whose action is create")
 	fl.StringSliceVar(&o.profiles, "profile", nil, "only these profiles, e.g. T4-4Q (repeat or comma-separate; default: every profile with GPUs typed for it)")
 	fl.StringSliceVar(&o.patterns, "flavor", nil, "only base flavors whose name matches one of these shell patterns, e.g. 'm1.*' (repeat or comma-separate)")
-	fl.StringVar(&o.computeURL, "compute-url", "", "Nova's compute API URL, e.g. http://127.0.0.1:8774/v2.1 (default: the catalog's, with --os-cloud)")
+	fl.StringVar(&o.computeURL, "compute-url", "", "Nova's compute API URL, e.g. http://127.0.0.1:8774/v2.1 (default: the catalog's, after a Keystone login: --os-cloud or OS_* variables)")
 	fl.StringVar(&o.computeToken, "compute-token", "", "token for --compute-url without Keystone (env VGPUCTL_COMPUTE_TOKEN; prefer the environment)")
 	return cmd
 }
