@@ -270,6 +270,33 @@ func TestCloudTokenSource(t *testing.T) {
 	}
 }
 
+// TestEnvLogin: the OS_* variables of an openrc file log in as a cloud of
+// clouds.yaml does; a catalog without the bridge gives no endpoint.
+func TestEnvLogin(t *testing.T) {
+	ks := keystoneStub(t)
+	defer ks.Close()
+	for _, v := range []string{"OS_REGION_NAME", "OS_INTERFACE", "OS_CACERT"} {
+		t.Setenv(v, "")
+	}
+	env := map[string]string{"OS_AUTH_URL": ks.URL + "/v3", "OS_USERNAME": "ops", "OS_PASSWORD": "s3cret",
+		"OS_PROJECT_NAME": "admin", "OS_USER_DOMAIN_NAME": "Default", "OS_PROJECT_DOMAIN_NAME": "Default"}
+	ctx := context.Background()
+	tok, endpoint, err := EnvLogin(func(k string) string { return env[k] })(ctx)
+	if err != nil || tok != "gAAAAAB-keystone-token" || endpoint != "" {
+		t.Fatalf("token %q, endpoint %q, %v", tok, endpoint, err)
+	}
+	env["OS_PASSWORD"] = "nope"
+	if _, _, err := EnvLogin(func(k string) string { return env[k] })(ctx); err == nil ||
+		!strings.Contains(err.Error(), "OS_* variables: Keystone login at "+ks.URL) {
+		t.Errorf("bad password: %v", err)
+	}
+	delete(env, "OS_PASSWORD")
+	if _, _, err := EnvLogin(func(k string) string { return env[k] })(ctx); err == nil ||
+		!strings.Contains(err.Error(), "OS_* variables: OS_USERNAME is set but not OS_PASSWORD") {
+		t.Errorf("no password: %v", err)
+	}
+}
+
 // FuzzErrorBody: any answer body outside 2xx becomes an *Error whose
 // message is never empty, whatever the server sends.
 func FuzzErrorBody(f *testing.F) {

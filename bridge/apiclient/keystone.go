@@ -37,10 +37,35 @@ func CloudTokenSource(cloud string, opts ...clouds.ParseOption) TokenSource {
 // ServiceType, in the cloud's region_name and interface (default public).
 // The endpoint is "" when the catalog has none.
 func CloudLogin(cloud string, opts ...clouds.ParseOption) Login {
-	return func(ctx context.Context) (string, string, error) {
+	return KeystoneLogin("cloud "+cloud, func() (osclient.Cloud, error) {
 		c, err := osclient.ParseCloud(cloud, opts...)
 		if err != nil {
-			return "", "", fmt.Errorf("clouds.yaml: %w", err)
+			return c, fmt.Errorf("clouds.yaml: %w", err)
+		}
+		return c, nil
+	})
+}
+
+// EnvLogin is CloudLogin with the OS_* variables of an openrc file
+// (osclient.EnvCloud) instead of a cloud of clouds.yaml; getenv reads
+// them (os.Getenv).
+func EnvLogin(getenv func(string) string, opts ...clouds.ParseOption) Login {
+	return KeystoneLogin("OS_* variables", func() (osclient.Cloud, error) {
+		c, err := osclient.ParseEnv(getenv, opts...)
+		if err != nil {
+			return c, fmt.Errorf("OS_* variables: %w", err)
+		}
+		return c, nil
+	})
+}
+
+// KeystoneLogin logs in with the credentials parse reads, names them what
+// in errors, and finds the bridge's endpoint in the catalog (CloudLogin).
+func KeystoneLogin(what string, parse func() (osclient.Cloud, error)) Login {
+	return func(ctx context.Context) (string, string, error) {
+		c, err := parse()
+		if err != nil {
+			return "", "", err
 		}
 		c.Auth.AllowReauth = false
 		if c.TLS == nil {
@@ -50,14 +75,14 @@ func CloudLogin(cloud string, opts ...clouds.ParseOption) Login {
 		}
 		pc, err := c.Login(ctx, http.Client{Timeout: 30 * time.Second})
 		if errors.Is(err, osclient.ErrAuthURL) {
-			return "", "", fmt.Errorf("cloud %s: %w", cloud, err)
+			return "", "", fmt.Errorf("%s: %w", what, err)
 		}
 		if err != nil {
-			return "", "", fmt.Errorf("cloud %s: Keystone login at %s: %w", cloud, c.Auth.IdentityEndpoint, err)
+			return "", "", fmt.Errorf("%s: Keystone login at %s: %w", what, c.Auth.IdentityEndpoint, err)
 		}
 		tok := pc.Token()
 		if tok == "" {
-			return "", "", fmt.Errorf("cloud %s: Keystone answered no token", cloud)
+			return "", "", fmt.Errorf("%s: Keystone answered no token", what)
 		}
 		c.Endpoint.Type = ServiceType
 		endpoint, _ := pc.EndpointLocator(c.Endpoint) // none: the caller needs a URL of its own

@@ -17,7 +17,6 @@ import (
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
-	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 	"github.com/spf13/cobra"
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
@@ -120,7 +119,7 @@ func flavorPlanCmd(g *globals) *cobra.Command {
 	fl.BoolVar(&o.apply, "apply", false, "create the proposals whose action is create")
 	fl.StringSliceVar(&o.profiles, "profile", nil, "only these profiles, e.g. T4-4Q (repeat or comma-separate; default: every profile with GPUs typed for it)")
 	fl.StringSliceVar(&o.patterns, "flavor", nil, "only base flavors whose name matches one of these shell patterns, e.g. 'm1.*' (repeat or comma-separate)")
-	fl.StringVar(&o.computeURL, "compute-url", "", "Nova's compute API URL, e.g. http://127.0.0.1:8774/v2.1 (default: the catalog's, with --os-cloud)")
+	fl.StringVar(&o.computeURL, "compute-url", "", "Nova's compute API URL, e.g. http://127.0.0.1:8774/v2.1 (default: the catalog's, after a Keystone login: --os-cloud or OS_* variables)")
 	fl.StringVar(&o.computeToken, "compute-token", "", "token for --compute-url without Keystone (env VGPUCTL_COMPUTE_TOKEN; prefer the environment)")
 	return cmd
 }
@@ -137,11 +136,12 @@ func flavorPlan(ctx context.Context, g *globals, o flavorPlanOpts) error {
 	if o.computeToken != "" && o.computeURL == "" {
 		return usageErr(errors.New("--compute-token needs --compute-url"))
 	}
-	if o.computeURL == "" && o.computeToken == "" && g.cloudName() == "" {
-		return usageErr(errors.New("how to reach Nova: give --os-cloud (Keystone's catalog), or --compute-url with --compute-token"))
+	_, _, keystone := g.keystone()
+	if o.computeURL == "" && o.computeToken == "" && !keystone {
+		return usageErr(errors.New("how to reach Nova: give --os-cloud or OS_* variables (Keystone's catalog), or --compute-url with --compute-token"))
 	}
-	if o.computeURL != "" && o.computeToken == "" && g.cloudName() == "" {
-		return usageErr(errors.New("--compute-url needs --compute-token, or --os-cloud for a Keystone token"))
+	if o.computeURL != "" && o.computeToken == "" && !keystone {
+		return usageErr(errors.New("--compute-url needs --compute-token, or --os-cloud or OS_* variables for a Keystone token"))
 	}
 
 	profiles, err := planProfiles(ctx, g, o.profiles)
@@ -304,18 +304,14 @@ func computeClient(ctx context.Context, g *globals, o flavorPlanOpts) (*gophercl
 	if o.computeToken != "" {
 		return cfg.Static(), nil
 	}
-	cloud := g.cloudName()
-	var opts []clouds.ParseOption
-	if g.cacert != "" {
-		opts = append(opts, clouds.WithCACertPath(g.cacert))
-	}
-	c, err := osclient.ParseCloud(cloud, opts...)
+	what, parse, _ := g.keystone()
+	c, err := parse()
 	if err != nil {
-		return nil, fmt.Errorf("clouds.yaml: %w", err)
+		return nil, err
 	}
 	pc, err := c.Login(ctx, *hc)
 	if err != nil {
-		err = fmt.Errorf("cloud %s: Keystone login at %s: %w", cloud, c.Auth.IdentityEndpoint, err)
+		err = fmt.Errorf("%s: Keystone login at %s: %w", what, c.Auth.IdentityEndpoint, err)
 		if u := asUnreachable(err); u != nil {
 			return nil, u
 		}
@@ -323,7 +319,7 @@ func computeClient(ctx context.Context, g *globals, o flavorPlanOpts) (*gophercl
 	}
 	sc, err := cfg.Service(pc, c.Endpoint)
 	if err != nil {
-		return nil, fmt.Errorf("cloud %s: %w", cloud, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return sc, nil
 }

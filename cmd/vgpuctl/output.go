@@ -13,24 +13,36 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Output formats of -o.
+// Output formats of -f (-o), as the openstack client's.
 const (
 	outTable = "table"
 	outJSON  = "json"
 	outYAML  = "yaml"
+	outValue = "value"
+	outCSV   = "csv"
 )
 
+var formats = []string{outTable, outJSON, outYAML, outValue, outCSV}
+
 func checkOutput(o string) error {
-	switch o {
-	case outTable, outJSON, outYAML:
-		return nil
+	for _, f := range formats {
+		if o == f {
+			return nil
+		}
 	}
-	return usageErr(fmt.Errorf("output format %q: use table, json or yaml", o))
+	return usageErr(fmt.Errorf("output format %q: use %s", o, strings.Join(formats, ", ")))
 }
 
 // emit writes raw (the API's answer, kept as sent) as JSON or YAML, or
-// calls table for the table format.
+// calls table for the table format. For -f value and csv, and for any
+// format with -c, table's header, rows and fields are recorded and printed
+// in that format, with the columns -c names.
 func (g *globals) emit(raw json.RawMessage, table func(w io.Writer)) error {
+	if len(g.columns) > 0 || g.output == outValue || g.output == outCSV {
+		rec := &record{}
+		table(rec)
+		return rec.print(g.stdout, g.output, g.columns)
+	}
 	switch g.output {
 	case outJSON:
 		var b bytes.Buffer
@@ -93,6 +105,10 @@ func numbers(v any) any {
 
 // row writes one tab-separated table line.
 func row(w io.Writer, cells ...string) {
+	if r, ok := w.(*record); ok {
+		r.row(cells)
+		return
+	}
 	for i, c := range cells {
 		if c == "" {
 			cells[i] = "-"
@@ -102,10 +118,20 @@ func row(w io.Writer, cells ...string) {
 }
 
 // header writes the header line (never dashed).
-func header(w io.Writer, cells ...string) { fmt.Fprintln(w, strings.Join(cells, "\t")) }
+func header(w io.Writer, cells ...string) {
+	if r, ok := w.(*record); ok {
+		r.header(cells)
+		return
+	}
+	fmt.Fprintln(w, strings.Join(cells, "\t"))
+}
 
 // kv writes "Key:<tab>value" lines; empty values show as "-".
 func kv(w io.Writer, pairs ...string) {
+	if r, ok := w.(*record); ok {
+		r.kv(pairs)
+		return
+	}
 	for i := 0; i+1 < len(pairs); i += 2 {
 		v := pairs[i+1]
 		if v == "" {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/manpage"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 	buildversion "github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
 
@@ -46,17 +47,28 @@ const exitCodesHelp = `Exit codes:
 
 const rootLong = `vgpuctl operates vgpu-bridge through its operator API (GET /v1/openapi.json).
 
-Output is a table by default; -o json prints the API's answer as sent, -o yaml
-the same as YAML (vgpuctl usage also prints CSV: -o csv).
+Output, as the openstack client's: -f table (the default), -f json or -f yaml
+(the API's answer as sent), -f value (cells separated by spaces, no header),
+-f csv; -c COLUMN (repeatable) keeps those columns of a list, or those fields
+of a show, in every format (json and yaml then key them by column name in
+lower case, spaces as underscores). -o is the same as -f.
 
 Credentials, first match wins:
   --token / VGPUCTL_TOKEN        a static token of [api] token_file, sent as X-Auth-Token
   --os-cloud / OS_CLOUD          log in to Keystone with that cloud of clouds.yaml
                                  ($OS_CLIENT_CONFIG_FILE, ./clouds.yaml, ~/.config/openstack/,
                                  /etc/openstack/) and send the Keystone token
+  OS_AUTH_URL and the other      log in to Keystone with the variables of an openrc file:
+  OS_* variables                 OS_USERNAME/OS_USER_ID and OS_PASSWORD, OS_PROJECT_NAME/_ID,
+                                 OS_USER_DOMAIN_NAME/_ID, OS_PROJECT_DOMAIN_NAME/_ID;
+                                 OS_AUTH_TYPE=token with OS_TOKEN; OS_AUTH_TYPE=
+                                 v3applicationcredential with OS_APPLICATION_CREDENTIAL_ID
+                                 and _SECRET
+--os-region-name / OS_REGION_NAME and --os-interface / OS_INTERFACE choose the
+catalog's endpoint (the flags win over the variables and clouds.yaml).
 The bridge is found at --url / VGPUCTL_URL; without either, a Keystone login
-(--os-cloud) finds it in the catalog (service type vgpu, the cloud's region and
-interface), and otherwise it is http://127.0.0.1:9797.
+finds it in the catalog (service type vgpu, the region and interface), and
+otherwise it is http://127.0.0.1:9797.
 --os-cacert / OS_CACERT names a CA bundle that verifies both Keystone and the
 bridge (besides clouds.yaml's cacert for Keystone).
 
@@ -64,9 +76,11 @@ bridge (besides clouds.yaml's cacert for Keystone).
 
 type globals struct {
 	url, token, cloud, output string
-	cacert                    string
-	timeout                   time.Duration
-	stdout, stderr            io.Writer
+	cacert, region, iface     string
+	// columns are -c's: the table columns (or show fields) to print.
+	columns        []string
+	timeout        time.Duration
+	stdout, stderr io.Writer
 	// tty reports whether stderr is a terminal (spinners); nil means no.
 	tty    func() bool
 	client *apiclient.Client
@@ -123,9 +137,16 @@ func newRoot(g *globals) *cobra.Command {
 	pf.StringVar(&g.cacert, "os-cacert", os.Getenv("OS_CACERT"), "CA bundle verifying Keystone and the bridge (env OS_CACERT)")
 	pf.StringVar(&g.token, "token", "", "API token (env VGPUCTL_TOKEN; prefer the environment: flags show in ps)")
 	pf.StringVar(&g.cloud, "os-cloud", "", "cloud of clouds.yaml to log in to Keystone with (env OS_CLOUD)")
-	pf.StringVarP(&g.output, "output", "o", outTable, "output format: table, json or yaml (usage: also csv)")
+	pf.StringVarP(&g.output, "format", "f", outTable, "output format: table, json, yaml, value or csv")
+	pf.StringVarP(&g.output, "output", "o", outTable, "the same as -f (diagnose: the file to write)")
+	pf.StringArrayVarP(&g.columns, "column", "c", nil, "print this column (or field) only; repeat for more")
+	pf.StringVar(&g.region, "os-region-name", "", "region of the catalog's endpoints (env OS_REGION_NAME)")
+	pf.StringVar(&g.iface, "os-interface", "", "interface of the catalog's endpoints: public, internal or admin (env OS_INTERFACE)")
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long one API call may take")
-	root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{outTable, outJSON, outYAML}, cobra.ShellCompDirectiveNoFileComp))
+	formats := cobra.FixedCompletions(formats, cobra.ShellCompDirectiveNoFileComp)
+	root.RegisterFlagCompletionFunc("format", formats)
+	root.RegisterFlagCompletionFunc("output", formats)
+	root.RegisterFlagCompletionFunc("os-interface", cobra.FixedCompletions([]string{"public", "internal", "admin"}, cobra.ShellCompDirectiveNoFileComp))
 
 	for _, f := range []func(*globals) *cobra.Command{
 		versionCmd, healthCmd,
@@ -177,13 +198,7 @@ func (g *globals) api() *apiclient.Client {
 	if cfg.Token == "" {
 		cfg.Token = os.Getenv("VGPUCTL_TOKEN")
 	}
-	cloud := g.cloud
-	if cloud == "" {
-		cloud = os.Getenv("OS_CLOUD")
-	}
-	var opts []clouds.ParseOption
 	if g.cacert != "" {
-		opts = append(opts, clouds.WithCACertPath(g.cacert))
 		hc, err := caClient(g.cacert, g.timeout)
 		if err != nil {
 			// Every call fails with it: the CA named cannot be used.
@@ -191,14 +206,52 @@ func (g *globals) api() *apiclient.Client {
 		}
 		cfg.HTTPClient = hc
 	}
+	what, parse, ok := g.keystone()
 	switch {
-	case cfg.Token == "" && cloud != "":
-		cfg.Login = apiclient.CloudLogin(cloud, opts...) // the URL too, when none is given
+	case cfg.Token == "" && ok:
+		cfg.Login = apiclient.KeystoneLogin(what, parse) // the URL too, when none is given
 	case cfg.URL == "":
 		cfg.URL = defaultURL
 	}
 	g.client = apiclient.New(cfg)
 	return g.client
+}
+
+// keystone says where the Keystone credentials come from, as the
+// openstack client reads them: a cloud of clouds.yaml (--os-cloud, else
+// OS_CLOUD), else the OS_* variables of an openrc file (OS_AUTH_URL set);
+// --os-cacert, --os-region-name and --os-interface override either. what
+// names the source in errors; ok is false when there is none.
+func (g *globals) keystone() (what string, parse func() (osclient.Cloud, error), ok bool) {
+	var opts []clouds.ParseOption
+	if g.cacert != "" {
+		opts = append(opts, clouds.WithCACertPath(g.cacert))
+	}
+	if g.region != "" {
+		opts = append(opts, clouds.WithRegion(g.region))
+	}
+	if g.iface != "" {
+		opts = append(opts, clouds.WithEndpointType(g.iface))
+	}
+	if cloud := g.cloudName(); cloud != "" {
+		return "cloud " + cloud, func() (osclient.Cloud, error) {
+			c, err := osclient.ParseCloud(cloud, opts...)
+			if err != nil {
+				return c, fmt.Errorf("clouds.yaml: %w", err)
+			}
+			return c, nil
+		}, true
+	}
+	if osclient.HasEnv(os.Getenv) {
+		return "OS_* variables", func() (osclient.Cloud, error) {
+			c, err := osclient.ParseEnv(os.Getenv, opts...)
+			if err != nil {
+				return c, fmt.Errorf("OS_* variables: %w", err)
+			}
+			return c, nil
+		}, true
+	}
+	return "", nil, false
 }
 
 // caClient is an HTTP client that trusts the CAs of file.

@@ -13,9 +13,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 )
 
-// outCSV is the extra output format of vgpuctl usage.
-const outCSV = "csv"
-
 // usageColumns are the table headers and CSV fields of each group.
 var usageColumns = map[string]struct{ header, field string }{
 	"project":   {"PROJECT", "project_id"},
@@ -53,14 +50,6 @@ A project-scoped token sees its own project's usage only.`,
   vgpuctl usage --project 6f0c7c1e0a2b4d1c9e8f7a6b5c4d3e2f --start 2026-11-01T00:00:00Z -o csv > november.csv
   vgpuctl usage --instance 0d1d9d4f-7b4b-4c4e-9a39-3f8f1a2b3c01 -o json`,
 		Args: cobra.NoArgs,
-		// -o also takes csv here.
-		PersistentPreRunE: func(*cobra.Command, []string) error {
-			switch g.output {
-			case outTable, outCSV, outJSON, outYAML:
-				return nil
-			}
-			return usageErr(fmt.Errorf("output format %q: use table, csv, json or yaml", g.output))
-		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if f.Start, err = parseUsageTime("--start", start); err != nil {
@@ -79,7 +68,7 @@ A project-scoped token sees its own project's usage only.`,
 			if err != nil {
 				return err
 			}
-			if g.output == outCSV {
+			if g.output == outCSV && len(g.columns) == 0 {
 				return usageCSV(g.stdout, rep)
 			}
 			return g.emit(rep.Raw, func(w io.Writer) { usageTable(w, rep) })

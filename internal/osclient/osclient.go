@@ -6,11 +6,14 @@
 package osclient
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack"
@@ -143,4 +146,121 @@ func (cfg Config) Service(pc *gophercloud.ProviderClient, eo gophercloud.Endpoin
 func (cfg Config) at(pc *gophercloud.ProviderClient) *gophercloud.ServiceClient {
 	return &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: gophercloud.NormalizeURL(cfg.Endpoint), Type: cfg.Type,
 		Microversion: cfg.Microversion}
+}
+
+// EnvCloudName is the name the OS_* variables' cloud goes by, as in
+// openstacksdk.
+const EnvCloudName = "envvars"
+
+// HasEnv reports whether getenv has the OS_* variables of an openrc file
+// (OS_AUTH_URL at least).
+func HasEnv(getenv func(string) string) bool { return getenv("OS_AUTH_URL") != "" }
+
+// EnvCloud is the clouds.yaml entry the OS_* variables of an openrc file
+// make, as openstacksdk reads them: OS_AUTH_URL, OS_AUTH_TYPE (password,
+// token or v3applicationcredential, with or without "v3"), OS_USERNAME or
+// OS_USER_ID, OS_PASSWORD, OS_TOKEN, OS_APPLICATION_CREDENTIAL_ID or _NAME
+// and _SECRET, OS_PROJECT_NAME or OS_PROJECT_ID (OS_TENANT_* too),
+// OS_USER_DOMAIN_*, OS_PROJECT_DOMAIN_*, OS_DOMAIN_* (a domain scope, or
+// both domains' default), OS_SYSTEM_SCOPE, OS_REGION_NAME, OS_INTERFACE
+// (OS_ENDPOINT_TYPE), OS_CACERT, OS_CERT, OS_KEY and OS_INSECURE.
+func EnvCloud(getenv func(string) string) (clouds.Cloud, error) {
+	first := func(names ...string) string {
+		for _, n := range names {
+			if v := getenv(n); v != "" {
+				return v
+			}
+		}
+		return ""
+	}
+	a := &clouds.AuthInfo{
+		AuthURL:           getenv("OS_AUTH_URL"),
+		ProjectName:       first("OS_PROJECT_NAME", "OS_TENANT_NAME"),
+		ProjectID:         first("OS_PROJECT_ID", "OS_TENANT_ID"),
+		UserDomainName:    getenv("OS_USER_DOMAIN_NAME"),
+		UserDomainID:      getenv("OS_USER_DOMAIN_ID"),
+		ProjectDomainName: getenv("OS_PROJECT_DOMAIN_NAME"),
+		ProjectDomainID:   getenv("OS_PROJECT_DOMAIN_ID"),
+		DomainName:        getenv("OS_DOMAIN_NAME"),
+		DomainID:          getenv("OS_DOMAIN_ID"),
+		SystemScope:       getenv("OS_SYSTEM_SCOPE"),
+	}
+	if a.AuthURL == "" {
+		return clouds.Cloud{}, errors.New("OS_AUTH_URL is not set")
+	}
+	authType := strings.TrimPrefix(strings.ToLower(getenv("OS_AUTH_TYPE")), "v3")
+	if authType == "" {
+		// openstacksdk's default is password; a token alone means token.
+		authType = "password"
+		if getenv("OS_TOKEN") != "" && getenv("OS_PASSWORD") == "" {
+			authType = "token"
+		}
+	}
+	switch authType {
+	case "password":
+		a.Username, a.UserID, a.Password = getenv("OS_USERNAME"), first("OS_USER_ID", "OS_USERID"), getenv("OS_PASSWORD")
+		if a.Username == "" && a.UserID == "" {
+			return clouds.Cloud{}, errors.New("OS_AUTH_URL is set but neither OS_USERNAME nor OS_USER_ID")
+		}
+		if a.Password == "" {
+			return clouds.Cloud{}, errors.New("OS_USERNAME is set but not OS_PASSWORD")
+		}
+	case "token":
+		if a.Token = getenv("OS_TOKEN"); a.Token == "" {
+			return clouds.Cloud{}, errors.New("OS_AUTH_TYPE is token but OS_TOKEN is not set")
+		}
+	case "applicationcredential":
+		a.ApplicationCredentialID = getenv("OS_APPLICATION_CREDENTIAL_ID")
+		a.ApplicationCredentialName = getenv("OS_APPLICATION_CREDENTIAL_NAME")
+		a.ApplicationCredentialSecret = getenv("OS_APPLICATION_CREDENTIAL_SECRET")
+		if a.ApplicationCredentialSecret == "" || (a.ApplicationCredentialID == "" && a.ApplicationCredentialName == "") {
+			return clouds.Cloud{}, errors.New("application credential: set OS_APPLICATION_CREDENTIAL_ID (or _NAME with OS_USERNAME) and OS_APPLICATION_CREDENTIAL_SECRET")
+		}
+		if a.ApplicationCredentialID == "" {
+			a.Username, a.UserID = getenv("OS_USERNAME"), first("OS_USER_ID", "OS_USERID")
+		}
+		// An application credential carries its own scope; Keystone
+		// refuses another.
+		a.ProjectName, a.ProjectID, a.ProjectDomainName, a.ProjectDomainID, a.SystemScope = "", "", "", "", ""
+	default:
+		return clouds.Cloud{}, fmt.Errorf("OS_AUTH_TYPE %q: use password, token or v3applicationcredential", getenv("OS_AUTH_TYPE"))
+	}
+	if a.Username == "" {
+		// Keystone names the user's domain only beside a user name: a
+		// token, an application credential's id or a user id carries it.
+		if a.ProjectDomainName == "" && a.ProjectDomainID == "" && a.ProjectName != "" {
+			a.ProjectDomainName, a.ProjectDomainID = a.DomainName, a.DomainID
+		}
+		a.UserDomainName, a.UserDomainID, a.DomainName, a.DomainID = "", "", "", ""
+	}
+	c := clouds.Cloud{
+		AuthInfo:       a,
+		RegionName:     getenv("OS_REGION_NAME"),
+		Interface:      first("OS_INTERFACE", "OS_ENDPOINT_TYPE"),
+		CACertFile:     getenv("OS_CACERT"),
+		ClientCertFile: getenv("OS_CERT"),
+		ClientKeyFile:  getenv("OS_KEY"),
+	}
+	if v := strings.ToLower(getenv("OS_INSECURE")); v == "true" || v == "1" || v == "yes" {
+		verify := false
+		c.Verify = &verify
+	}
+	return c, nil
+}
+
+// ParseEnv is ParseCloud for the OS_* variables of an openrc file
+// (EnvCloud), read through the same clouds.yaml logic so that both sources
+// mean the same; opts may add settings (clouds.WithRegion). It makes no
+// network call.
+func ParseEnv(getenv func(string) string, opts ...clouds.ParseOption) (Cloud, error) {
+	c, err := EnvCloud(getenv)
+	if err != nil {
+		return Cloud{}, err
+	}
+	// JSON is YAML.
+	b, err := json.Marshal(clouds.Clouds{Clouds: map[string]clouds.Cloud{EnvCloudName: c}})
+	if err != nil {
+		return Cloud{}, fmt.Errorf("OS_* variables: %w", err)
+	}
+	return ParseCloud(EnvCloudName, append([]clouds.ParseOption{clouds.WithCloudsYAML(bytes.NewReader(b))}, opts...)...)
 }

@@ -152,7 +152,8 @@ func TestDebPackages(t *testing.T) {
 		"vgpu-agent": {"usr/bin/vgpu-agent", "lib/systemd/system/vgpu-agent.service", "usr/share/doc/vgpu-agent/examples/agent.conf.sample",
 			"usr/share/doc/vgpu-agent/copyright"},
 		"vgpuctl": {"usr/bin/vgpuctl", "usr/share/doc/vgpuctl/copyright", "usr/share/man/man1/vgpuctl.1.gz",
-			"usr/share/man/man1/vgpuctl-flavor-plan.1.gz"},
+			"usr/share/man/man1/vgpuctl-flavor-plan.1.gz", "usr/share/bash-completion/completions/vgpuctl",
+			"usr/share/zsh/vendor-completions/_vgpuctl"},
 	}
 	want["vgpu-bridge"] = append(want["vgpu-bridge"], "usr/share/man/man8/vgpu-bridge.8.gz", "usr/share/man/man8/vgpu-bridge-upgrade-check.8.gz")
 	want["vgpu-agent"] = append(want["vgpu-agent"], "usr/share/man/man8/vgpu-agent.8.gz", "usr/share/man/man8/vgpu-agent-serve.8.gz")
