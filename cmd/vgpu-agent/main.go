@@ -70,6 +70,7 @@ func newServeCmd(g *globals) *cobra.Command {
 			// SIGUSR2 writes the Guru Meditation Report; systemd hears
 			// STOPPING=1 when ctx ends (internal/daemon).
 			svc := g.Serve(ctx, v, log)
+			defer svc.Stopping()
 			o.Report = svc.Report
 			// Connected and reported: READY=1, then WATCHDOG=1 while
 			// connected to RabbitMQ.

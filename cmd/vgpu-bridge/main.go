@@ -70,6 +70,7 @@ func newServeCmd(g *globals) *cobra.Command {
 			// SIGUSR2 writes the Guru Meditation Report; systemd hears
 			// STOPPING=1 when ctx ends (internal/daemon).
 			svc := g.Serve(ctx, v, log)
+			defer svc.Stopping()
 			return bridge.Run(ctx, v, log, func(d *bridge.Daemon) {
 				// SIGHUP reads the configuration again and swaps the
 				// secrets it names (bridge/reload.go); the listeners stay up.

@@ -30,15 +30,17 @@ type Service struct {
 	// Report is the SIGUSR2 report; components add their sections.
 	Report *gmr.Report
 
-	log       *slog.Logger
-	readyOnce sync.Once
-	ready     chan struct{}
+	log          *slog.Logger
+	readyOnce    sync.Once
+	ready        chan struct{}
+	stoppingOnce sync.Once
 }
 
 // Serve starts what every serving daemon has: the SIGUSR2 report (written
 // to standard error, the log stream, until ctx ends) with the version,
 // uptime, configuration v with secrets masked, goroutines and runtime
-// statistics, and STOPPING=1 sent to systemd as soon as ctx ends.
+// statistics, and STOPPING=1 sent to systemd as soon as ctx ends. The
+// serve command defers Stopping for the other ways out.
 func (g *Globals) Serve(ctx context.Context, v *conf.Values, log *slog.Logger) *Service {
 	started := time.Now()
 	rep := gmr.New(g.Spec.Name)
@@ -69,9 +71,14 @@ func (g *Globals) Serve(ctx context.Context, v *conf.Values, log *slog.Logger) *
 			}
 		}
 	}()
-	context.AfterFunc(ctx, func() { s.notify(sd.SdNotifyStopping) })
+	context.AfterFunc(ctx, s.Stopping)
 	return s
 }
+
+// Stopping tells systemd that the daemon is shutting down (STOPPING=1),
+// once: Serve does when ctx ends; a daemon that stops on its own (a
+// component failed) calls it too.
+func (s *Service) Stopping() { s.stoppingOnce.Do(func() { s.notify(sd.SdNotifyStopping) }) }
 
 // Ready tells systemd that the daemon serves (READY=1), once.
 func (s *Service) Ready(status string) {
