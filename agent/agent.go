@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -27,6 +28,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/gmr"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
 )
@@ -64,6 +66,14 @@ type RunOptions struct {
 	// host's drivers (its libvirt test driver lives in one connection)
 	// with the code that plays Nova's libvirt driver on that host.
 	Drivers *Drivers
+	// Report, when set, gets the agent's sections of the Guru Meditation
+	// Report (SIGUSR2): recovery, journal, RabbitMQ session.
+	Report *gmr.Report
+	// Ready, when set, is called once the agent serves: connected to
+	// RabbitMQ with its first report confirmed by the broker (without
+	// [DEFAULT] transport_url: once recovery is done). healthy is the
+	// watchdog's test: the agent can take commands.
+	Ready func(status string, healthy func(context.Context) error)
 }
 
 // Run runs the agent until ctx ends.
@@ -181,6 +191,30 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
+	if o.Report != nil {
+		o.Report.Add(gmr.Section{Name: "Agent", Write: func(w io.Writer) {
+			st := "running"
+			if recovered.Load() {
+				st = "done"
+			}
+			gmr.Table(w, [][2]string{{"host", host}, {"listen", ln.Addr().String()}, {"journal", journalPath},
+				{"fake_host", o.FakeHostDir}, {"recovery", st}})
+		}}, gmr.Section{Name: "RabbitMQ", Write: func(w io.Writer) {
+			l := loopp.Load()
+			if l == nil {
+				fmt.Fprintln(w, "no session (recovery running, or no [DEFAULT] transport_url)")
+				return
+			}
+			st := l.Status()
+			last := "never"
+			if !st.LastReport.IsZero() {
+				last = st.LastReport.UTC().Format(time.RFC3339)
+			}
+			gmr.Table(w, [][2]string{{"broker", st.Broker}, {"connected", fmt.Sprint(st.Connected)},
+				{"command_queue", st.Queue}, {"pending_results", fmt.Sprint(st.PendingResults)},
+				{"reports_sent", fmt.Sprint(st.ReportsSent)}, {"last_report", last}})
+		}})
+	}
 	log.Info("vgpu-agent started", "version", Version, "listen", ln.Addr().String(), "journal", journalPath,
 		"fake_host", o.FakeHostDir)
 
@@ -197,6 +231,9 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	raw := optTransportURL.Get(v)
 	if raw == "" && optTransportURLFile.Get(v) == "" {
 		log.Warn("no [DEFAULT] transport_url: not taking commands")
+		if o.Ready != nil {
+			o.Ready("recovery done; no transport_url, not taking commands", func(context.Context) error { return nil })
+		}
 		<-ctx.Done()
 		return nil
 	}
@@ -221,5 +258,19 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	}
 	loop.Enqueue(results...)
 	loopp.Store(loop)
+	if o.Ready != nil {
+		go func() {
+			select {
+			case <-ctx.Done():
+			case <-loop.Reported():
+				o.Ready("connected to RabbitMQ; reported host "+host, func(context.Context) error {
+					if !loop.Ready() {
+						return errors.New("not connected to RabbitMQ")
+					}
+					return nil
+				})
+			}
+		}()
+	}
 	return loop.Run(ctx)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ui"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/gmr"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
@@ -48,7 +49,8 @@ type Daemon struct {
 	API  *api.Server
 	Pool *pgxpool.Pool
 
-	reload *reloader // secrets swapped on SIGHUP (reload.go)
+	reload   *reloader     // secrets swapped on SIGHUP (reload.go)
+	sections []gmr.Section // of the SIGUSR2 report (operations.go)
 }
 
 // wiring is what every part of the bridge is built from: made once in Run
@@ -89,7 +91,7 @@ type component struct {
 }
 
 // Run runs the bridge until ctx ends. started, when non-nil, is called
-// once the API listens.
+// once the API listens (and the schema was checked): the bridge serves.
 func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Daemon)) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -228,7 +230,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 		return err
 	}
 	if started != nil {
-		started(&Daemon{API: srv, Pool: pool, reload: rl})
+		started(&Daemon{API: srv, Pool: pool, reload: rl, sections: reportSections(pool, srv, tu, ntu)})
 	}
 	log.Info("vgpu-bridge started", "version", Version, "api", srv.Addr(), "broker", tu.Redacted(),
 		"notifications_broker", ntu.Redacted())

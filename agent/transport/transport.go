@@ -113,6 +113,10 @@ type Loop struct {
 	retMu    sync.Mutex
 	returned map[string]string // message id → why the broker returned it
 
+	reportedOnce sync.Once
+	reported     chan struct{} // closed once a first report is confirmed
+	lastReport   atomic.Int64  // unix nanoseconds of the last confirmed report
+
 	connected  prometheus.Gauge
 	reconnects prometheus.Counter
 	published  *prometheus.CounterVec
@@ -155,7 +159,7 @@ func New(cfg Config, exec Executor, rep Reporter, changed <-chan struct{}) (*Loo
 	if cfg.Redacted == "" {
 		cfg.Redacted = "rabbitmq"
 	}
-	l := &Loop{cfg: cfg, exec: exec, rep: rep, changed: changed, log: cfg.Log,
+	l := &Loop{cfg: cfg, exec: exec, rep: rep, changed: changed, log: cfg.Log, reported: make(chan struct{}),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vgpu_agent_amqp_connected",
 			Help: "1 while the agent is connected to RabbitMQ and consuming its command queue."}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpu_agent_amqp_reconnects_total",
@@ -177,6 +181,32 @@ func New(cfg Config, exec Executor, rep Reporter, changed <-chan struct{}) (*Loo
 
 // Ready reports whether the loop is connected and consuming.
 func (l *Loop) Ready() bool { return l.ready.Load() }
+
+// Reported is closed once the broker has confirmed the loop's first
+// report: the agent is connected and the bridge knows its host.
+func (l *Loop) Reported() <-chan struct{} { return l.reported }
+
+// Status is the loop's state, for the SIGUSR2 report.
+type Status struct {
+	Connected      bool
+	Broker, Queue  string // Broker without password
+	PendingResults int    // results waiting for a connection
+	ReportsSent    uint64 // reports built and sent (the last sequence number)
+	LastReport     time.Time
+}
+
+// Status returns the loop's state now.
+func (l *Loop) Status() Status {
+	l.mu.Lock()
+	pending := len(l.pending)
+	l.mu.Unlock()
+	st := Status{Connected: l.ready.Load(), Broker: l.cfg.Redacted, Queue: protocol.AgentQueue(l.cfg.Host),
+		PendingResults: pending, ReportsSent: l.seq.Load()}
+	if ns := l.lastReport.Load(); ns != 0 {
+		st.LastReport = time.Unix(0, ns)
+	}
+	return st
+}
 
 // Enqueue adds results to publish as soon as connected (recovered
 // commands' results).
@@ -541,6 +571,8 @@ func (l *Loop) reportLoop(ctx context.Context) {
 		}
 		failures = 0
 		l.lastFP = fp
+		l.lastReport.Store(time.Now().UnixNano())
+		l.reportedOnce.Do(func() { close(l.reported) })
 	}
 	send(true)
 	period := time.NewTicker(l.cfg.ReportInterval)

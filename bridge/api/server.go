@@ -235,9 +235,9 @@ type readiness struct {
 	Checks map[string]string `json:"checks"`
 }
 
-func (s *Server) readyz(c echo.Context) error {
-	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
-	defer cancel()
+// Checks runs every readiness check at once and returns each one's
+// outcome ("ok" or its error) by name, as /readyz reports them.
+func (s *Server) Checks(ctx context.Context) map[string]string {
 	type res struct {
 		name string
 		err  error
@@ -246,15 +246,25 @@ func (s *Server) readyz(c echo.Context) error {
 	for _, ch := range s.checks {
 		go func() { out <- res{ch.name, ch.fn(ctx)} }()
 	}
-	r := readiness{Status: "ready", Checks: map[string]string{}}
-	var failing []string
+	m := make(map[string]string, len(s.checks))
 	for range s.checks {
 		x := <-out
+		m[x.name] = "ok"
 		if x.err != nil {
-			r.Checks[x.name] = x.err.Error()
-			failing = append(failing, x.name)
-		} else {
-			r.Checks[x.name] = "ok"
+			m[x.name] = x.err.Error()
+		}
+	}
+	return m
+}
+
+func (s *Server) readyz(c echo.Context) error {
+	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
+	defer cancel()
+	r := readiness{Status: "ready", Checks: s.Checks(ctx)}
+	var failing []string
+	for name, v := range r.Checks {
+		if v != "ok" {
+			failing = append(failing, name)
 		}
 	}
 	if len(failing) > 0 {

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"os"
 
@@ -54,7 +55,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var o agent.RunOptions
 	c := &cobra.Command{
 		Use:   "serve",
-		Short: "Run the agent until SIGINT or SIGTERM (SIGHUP reloads keys)",
+		Short: "Run the agent until SIGINT or SIGTERM (SIGHUP reloads keys, SIGUSR2 writes a report)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := g.Load()
@@ -65,7 +66,19 @@ func newServeCmd(g *globals) *cobra.Command {
 				return errs // exit 2, as a bad configuration
 			}
 			o.LoadConfig = g.Load // SIGHUP: new key paths and key_id apply
-			return agent.RunWith(cmd.Context(), v, g.Logger(v), o)
+			ctx, log := cmd.Context(), g.Logger(v)
+			// SIGUSR2 writes the Guru Meditation Report; systemd hears
+			// STOPPING=1 when ctx ends (internal/daemon).
+			svc := g.Serve(ctx, v, log)
+			defer svc.Stopping()
+			o.Report = svc.Report
+			// Connected and reported: READY=1, then WATCHDOG=1 while
+			// connected to RabbitMQ.
+			o.Ready = func(status string, healthy func(context.Context) error) {
+				svc.Ready(status)
+				go svc.Watchdog(ctx, healthy)
+			}
+			return agent.RunWith(ctx, v, log, o)
 		},
 	}
 	c.Flags().StringVar(&o.FakeHostDir, "fake-host", "",

@@ -55,7 +55,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 func newServeCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "serve",
-		Short: "Run the bridge daemon until SIGINT or SIGTERM (SIGHUP reloads secrets)",
+		Short: "Run the bridge daemon until SIGINT or SIGTERM (SIGHUP reloads secrets, SIGUSR2 writes a report)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := g.Load()
@@ -66,9 +66,21 @@ func newServeCmd(g *globals) *cobra.Command {
 				return errs // exit 2, as a bad configuration
 			}
 			ctx := cmd.Context()
-			// SIGHUP reads the configuration again and swaps the secrets
-			// it names (bridge/reload.go); the listeners stay up.
-			return bridge.Run(ctx, v, g.Logger(v), func(d *bridge.Daemon) { go d.ReloadOnSignal(ctx, g.Load) })
+			log := g.Logger(v)
+			// SIGUSR2 writes the Guru Meditation Report; systemd hears
+			// STOPPING=1 when ctx ends (internal/daemon).
+			svc := g.Serve(ctx, v, log)
+			defer svc.Stopping()
+			return bridge.Run(ctx, v, log, func(d *bridge.Daemon) {
+				// SIGHUP reads the configuration again and swaps the
+				// secrets it names (bridge/reload.go); the listeners stay up.
+				go d.ReloadOnSignal(ctx, g.Load)
+				svc.Report.Add(d.ReportSections()...)
+				// The API listens and the schema is current: READY=1,
+				// then WATCHDOG=1 while the database answers.
+				svc.Ready("serving the API on " + d.API.Addr())
+				go svc.Watchdog(ctx, d.Healthy)
+			})
 		},
 	}
 }

@@ -48,6 +48,8 @@ func TestSystemdUnits(t *testing.T) {
 			"Service.Restart": "on-failure", "Service.ExecReload": "/bin/kill -HUP $MAINPID",
 			"Service.StandardError": "journal", "Service.PrivateDevices": "yes", "Service.ProtectKernelTunables": "yes",
 			"Unit.Wants": "network-online.target vgpu-bridge-migrate.service",
+			// Readiness and watchdog (internal/daemon, tests/operations).
+			"Service.Type": "notify", "Service.NotifyAccess": "main", "Service.WatchdogSec": "60s",
 		},
 		"vgpu-bridge-migrate.service": {
 			"Service.Type": "oneshot", "Service.User": "vgpu-bridge", "Service.NoNewPrivileges": "yes",
@@ -57,6 +59,7 @@ func TestSystemdUnits(t *testing.T) {
 			"Service.User": "root", "Service.NoNewPrivileges": "yes", "Service.ProtectSystem": "strict",
 			"Service.CapabilityBoundingSet": "CAP_SYS_ADMIN CAP_DAC_OVERRIDE", "Service.StateDirectory": "vgpu-bridge/agent",
 			"Service.Restart": "on-failure", "Service.ExecReload": "/bin/kill -HUP $MAINPID", "Service.StandardError": "journal",
+			"Service.Type": "notify", "Service.NotifyAccess": "main", "Service.WatchdogSec": "60s",
 		},
 	}
 	for name, keys := range want {
