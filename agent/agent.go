@@ -72,7 +72,8 @@ type RunOptions struct {
 	// Ready, when set, is called once the agent serves: connected to
 	// RabbitMQ with its first report confirmed by the broker (without
 	// [DEFAULT] transport_url: once recovery is done). healthy is the
-	// watchdog's test: the agent can take commands.
+	// watchdog's check (the agent can take commands); its answer sets the
+	// unit's status, and only a check that does not return stops the pings.
 	Ready func(status string, healthy func(context.Context) error)
 }
 

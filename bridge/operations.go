@@ -20,9 +20,10 @@ import (
 // outcome of every readiness check.
 func (d *Daemon) ReportSections() []gmr.Section { return d.sections }
 
-// Healthy is the watchdog's test (systemd WatchdogSec=): the bridge can
+// Healthy is the watchdog's check (systemd WatchdogSec=): the bridge can
 // do its work while its database answers, since every part of it keeps
-// its state there.
+// its state there. Its answer sets the unit's status; only a check that
+// does not return stops the pings (daemon.Service.Watchdog).
 func (d *Daemon) Healthy(ctx context.Context) error {
 	if err := d.Pool.Ping(ctx); err != nil {
 		return fmt.Errorf("database: %w", err)

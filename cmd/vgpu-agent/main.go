@@ -72,8 +72,8 @@ func newServeCmd(g *globals) *cobra.Command {
 			svc := g.Serve(ctx, v, log)
 			defer svc.Stopping()
 			o.Report = svc.Report
-			// Connected and reported: READY=1, then WATCHDOG=1 while
-			// connected to RabbitMQ.
+			// Connected and reported: READY=1, then WATCHDOG=1 after
+			// each check of the RabbitMQ session.
 			o.Ready = func(status string, healthy func(context.Context) error) {
 				svc.Ready(status)
 				go svc.Watchdog(ctx, healthy)

@@ -77,7 +77,7 @@ func newServeCmd(g *globals) *cobra.Command {
 				go d.ReloadOnSignal(ctx, g.Load)
 				svc.Report.Add(d.ReportSections()...)
 				// The API listens and the schema is current: READY=1,
-				// then WATCHDOG=1 while the database answers.
+				// then WATCHDOG=1 after each check of the database.
 				svc.Ready("serving the API on " + d.API.Addr())
 				go svc.Watchdog(ctx, d.Healthy)
 			})

@@ -98,11 +98,16 @@ func (s *Service) notify(state string) {
 }
 
 // Watchdog pings systemd's watchdog (WATCHDOG=1) at half the interval the
-// unit's WatchdogSec= asks ($WATCHDOG_USEC), from Ready on until ctx ends,
-// each time healthy says the daemon can do its work; while it says not,
-// the pings stop and systemd restarts the daemon once WatchdogSec= has
-// passed. Without a watchdog it returns at once.
-func (s *Service) Watchdog(ctx context.Context, healthy func(context.Context) error) {
+// unit's WatchdogSec= asks ($WATCHDOG_USEC), from Ready on until ctx ends.
+// Before each ping it asks health, bounded by the ping period: the ping
+// goes when health answers, healthy or not, so systemd restarts only a
+// daemon that stopped answering (a deadlock, a goroutine stuck past its
+// deadline), never one that waits out an outage it retries by itself (a
+// restart would only add a start to the outage, and abort an agent's
+// command in the middle). An unhealthy answer sets the unit's status line
+// (systemctl status: "degraded: …") and is logged once; /readyz says the
+// same. Without a watchdog it returns at once.
+func (s *Service) Watchdog(ctx context.Context, health func(context.Context) error) {
 	interval, err := sd.SdWatchdogEnabled(false)
 	if err != nil {
 		s.log.Warn("systemd watchdog: bad $WATCHDOG_USEC", "err", err)
@@ -119,29 +124,26 @@ func (s *Service) Watchdog(ctx context.Context, healthy func(context.Context) er
 	period := interval / 2
 	t := time.NewTicker(period)
 	defer t.Stop()
-	failing := false
+	degraded := false
 	for {
 		hctx, cancel := context.WithTimeout(ctx, period)
-		err := healthy(hctx)
+		err := health(hctx) // a check that never returns stops the pings: that is a hang
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
-			if !failing {
-				s.log.Error("unhealthy: watchdog pings stopped (systemd restarts the daemon if this lasts)",
-					"err", err, "watchdog", interval)
-				s.Status("unhealthy: " + strings.ReplaceAll(err.Error(), "\n", " "))
+			if !degraded {
+				s.log.Warn("degraded: a dependency does not answer; the daemon retries (the watchdog keeps pinging)", "err", err)
+				s.Status("degraded: " + strings.ReplaceAll(err.Error(), "\n", " "))
 			}
-			failing = true
-		default:
-			if failing {
-				s.log.Info("healthy again: watchdog pings resumed")
-				s.Status("healthy")
-			}
-			failing = false
-			s.notify(sd.SdNotifyWatchdog)
+			degraded = true
+		case degraded:
+			s.log.Info("healthy again")
+			s.Status("healthy")
+			degraded = false
 		}
+		s.notify(sd.SdNotifyWatchdog)
 		select {
 		case <-ctx.Done():
 			return

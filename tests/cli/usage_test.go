@@ -148,7 +148,7 @@ func TestUsage(t *testing.T) {
 
 	t.Run("errors", func(t *testing.T) {
 		r := e.reader.must(t, 2, append(day, "-o", "xml")...)
-		if !strings.HasPrefix(r.stderr, `vgpuctl: output format "xml": use table, csv, json or yaml`) {
+		if !strings.HasPrefix(r.stderr, `vgpuctl: output format "xml": use table, json, yaml, value, csv`) {
 			t.Errorf("-o xml: %s", r)
 		}
 		r = e.reader.must(t, 2, "usage", "--group-by", "tenant")
