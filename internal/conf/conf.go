@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -223,6 +224,11 @@ func AsErrors(err error) (Errors, bool) {
 type Source struct {
 	// File is the INI file; empty means none. A missing file is an error.
 	File string
+	// Dir is a directory of drop-in files (oslo.config's --config-dir):
+	// every *.conf in it, in name order, read after File; where two files
+	// set an option, the later one wins. Empty means none; a missing
+	// directory is an error.
+	Dir string
 	// Environ is the environment, as os.Environ returns it.
 	Environ []string
 	// Overrides are "section.option=value" settings from flags, applied last.
@@ -246,8 +252,12 @@ func (s *Set) Load(src Source) (*Values, error) {
 		v.raw[k] = o.Default
 		v.source[k] = "default"
 	}
-	if src.File != "" {
-		errs = append(errs, s.loadFile(v, src.File)...)
+	files, err := src.files()
+	if err != nil {
+		errs = append(errs, &Error{Section: "file", Option: "--config-dir", Value: src.Dir, Problem: err.Error()})
+	}
+	if len(files) > 0 {
+		errs = append(errs, s.loadFile(v, files)...)
 	}
 	prefix := s.envPrefix + "_"
 	for _, kv := range src.Environ {
@@ -342,12 +352,45 @@ func envName(section, name string) string {
 // EnvVar returns the environment variable that overrides o.
 func (s *Set) EnvVar(o *Option) string { return s.envPrefix + "_" + envName(o.Section, o.Name) }
 
-func (s *Set) loadFile(v *Values, path string) Errors {
+// files are the configuration files of src in the order they are read.
+func (src Source) files() ([]string, error) {
+	var files []string
+	if src.File != "" {
+		files = append(files, src.File)
+	}
+	if src.Dir == "" {
+		return files, nil
+	}
+	if st, err := os.Stat(src.Dir); err != nil {
+		return files, err
+	} else if !st.IsDir() {
+		return files, fmt.Errorf("%s is not a directory", src.Dir)
+	}
+	more, err := filepath.Glob(filepath.Join(src.Dir, "*.conf"))
+	if err != nil {
+		return files, err
+	}
+	sort.Strings(more)
+	return append(files, more...), nil
+}
+
+// loadFile reads the INI files, merged in order (a later file's value of
+// an option wins, sections of the same name are one).
+func (s *Set) loadFile(v *Values, files []string) Errors {
+	path := strings.Join(files, ", ")
+	where := "file " + path // where an option's value came from
+	if len(files) > 1 {
+		where = "files " + path
+	}
+	more := make([]any, 0, len(files)-1)
+	for _, f := range files[1:] {
+		more = append(more, f)
+	}
 	f, err := ini.LoadSources(ini.LoadOptions{
 		AllowPythonMultilineValues: true,
 		SpaceBeforeInlineComment:   true,
 		Insensitive:                false,
-	}, path)
+	}, files[0], more...)
 	if err != nil {
 		return Errors{{Section: "file", Option: "--config", Value: path, Problem: err.Error()}}
 	}
@@ -369,7 +412,7 @@ func (s *Set) loadFile(v *Values, path string) Errors {
 			o := s.Lookup(name, key.Name())
 			if o == nil {
 				if _, old := s.renamed[name+"."+key.Name()]; old {
-					if o = s.deprecated(v, name+"."+key.Name(), "file "+path); o == nil {
+					if o = s.deprecated(v, name+"."+key.Name(), where); o == nil {
 						continue
 					}
 				} else if !s.hasSection(name) {
@@ -381,7 +424,7 @@ func (s *Set) loadFile(v *Values, path string) Errors {
 				}
 			}
 			v.raw[o.key()] = strings.TrimSpace(key.Value())
-			v.source[o.key()] = "file " + path
+			v.source[o.key()] = where
 		}
 	}
 	for prefix := range v.instances {

@@ -200,3 +200,54 @@ func TestReadSecretFile(t *testing.T) {
 		t.Errorf("world-readable secret accepted: %v", err)
 	}
 }
+
+// TestConfigDir: the drop-ins of a --config-dir are read after the file,
+// in name order, a later file's value winning, the same templated section
+// in two files being one; files not named *.conf are left alone, and a
+// typo in a drop-in is named like one in the file.
+func TestConfigDir(t *testing.T) {
+	file := writeFile(t, "[database]\nmax_connections = 4\nconnection = postgres://file\n[webhook_source:a]\nauth = hmac\nrate = 1\n")
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"10-db.conf":      "[database]\nmax_connections = 5\n[webhook_source:a]\nrate = 2\n",
+		"20-db.conf":      "[database]\nmax_connections = 6\n",
+		"30-api.conf":     "[api]\nread_timeout = 45\n",
+		"99-old.conf.bak": "[database]\nmax_connections = 99\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, url, n, d, _, _, _ := testSet()
+	v, err := s.Load(Source{File: file, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Get(v) != 6 || url.Get(v) != "postgres://file" || d.Get(v) != 45*time.Second {
+		t.Errorf("max_connections %d (want 6), connection %q, read_timeout %v", n.Get(v), url.Get(v), d.Get(v))
+	}
+	in := v.Instances("webhook_source")
+	if len(in) != 1 || in[0].String("auth") != "hmac" || in[0].Float("rate") != 2 {
+		t.Errorf("webhook_source instances %+v, want one: a, hmac, rate 2", in)
+	}
+	if src := v.Source("database", "max_connections"); !strings.Contains(src, "20-db.conf") {
+		t.Errorf("source %q, want it to name the drop-ins", src)
+	}
+
+	// Env and flags still win over every file.
+	v, err = s.Load(Source{File: file, Dir: dir, Overrides: []string{"database.max_connections=9"}})
+	if err != nil || n.Get(v) != 9 {
+		t.Errorf("flag over drop-ins: %d, %v", n.Get(v), err)
+	}
+
+	// A typo in a drop-in, and a missing directory.
+	if err := os.WriteFile(filepath.Join(dir, "40-typo.conf"), []byte("[database]\nmax_conections = 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Load(Source{File: file, Dir: dir}); err == nil || !strings.Contains(err.Error(), "max_conections") {
+		t.Errorf("typo in a drop-in: %v", err)
+	}
+	if _, err := s.Load(Source{Dir: filepath.Join(dir, "nope")}); err == nil || !strings.Contains(err.Error(), "--config-dir") {
+		t.Errorf("missing directory: %v", err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -63,6 +64,7 @@ type Spec struct {
 type Globals struct {
 	Spec       Spec
 	ConfigFile string
+	ConfigDir  string
 	Overrides  []string
 	Debug      bool
 	Stdout     io.Writer
@@ -75,7 +77,7 @@ func (g *Globals) Load() (*conf.Values, error) {
 	if g.Debug {
 		ov = append(ov, "DEFAULT.debug=true")
 	}
-	return g.Spec.Load(conf.Source{File: g.ConfigFile, Environ: os.Environ(), Overrides: ov})
+	return g.Spec.Load(conf.Source{File: g.ConfigFile, Dir: g.ConfigDir, Environ: os.Environ(), Overrides: ov})
 }
 
 // Logger builds the process logger from [DEFAULT] debug and log_format.
@@ -117,6 +119,8 @@ func Main(spec Spec, args []string, stdout, stderr io.Writer, subcommands ...fun
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.ConfigFile, "config", existing(spec.ConfigFile),
 		"INI configuration file (see "+spec.Sample+"); empty reads none")
+	pf.StringVar(&g.ConfigDir, "config-dir", "",
+		"directory of drop-in files, as oslo.config's: every *.conf in it, in name order, after --config; a later file's value wins")
 	pf.StringArrayVar(&g.Overrides, "set", nil,
 		"override one option, SECTION.OPTION=VALUE (repeatable; wins over file and environment)")
 	pf.BoolVar(&g.Debug, "debug", false, "log at debug level (same as --set DEFAULT.debug=true)")
@@ -215,7 +219,7 @@ func configCmd(g *Globals) *cobra.Command {
 			if _, err := g.Load(); err != nil {
 				return err
 			}
-			what := g.ConfigFile
+			what := strings.TrimSpace(g.ConfigFile + " " + g.ConfigDir)
 			if what == "" {
 				what = "(no file: defaults, environment and --set)"
 			}
