@@ -348,13 +348,27 @@ func TestAgentLiveHotPlug(t *testing.T) {
 }
 
 // cleanupMdev takes a test's mdev out of the guest and the kernel when the
-// test left it behind (a failure half-way).
+// test left it behind (a failure half-way). As the agent, it removes the
+// mdev only once no running domain has it live: a remove while QEMU holds
+// it waits in the kernel until the guest lets it go, and when that happens
+// in the middle of libvirt's detach, libvirt leaves the device's
+// /dev/vfio/<group> node, still labelled, in QEMU's mount namespace and
+// refuses every later hot-plug into that guest of an mdev whose IOMMU group
+// gets the same number ("Setting different DAC user or group on
+// /dev/vfio/N which is already in use"), until the guest is restarted.
 func cleanupMdev(t *testing.T, id string) {
 	_, _ = vm(t, fmt.Sprintf(`v="virsh -c qemu:///system"
 x="<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='%[2]s'/></source></hostdev>"
-if $v dumpxml %[1]s | grep -q "%[2]s"; then echo "$x" >/run/h.xml; $v detach-device %[1]s /run/h.xml --live; sleep 10; fi
-if $v dumpxml --inactive %[1]s | grep -q "%[2]s"; then echo "$x" >/run/h.xml; $v detach-device %[1]s /run/h.xml --config; fi
-[ -e /sys/bus/mdev/devices/%[2]s ] && timeout 30 sh -c 'echo 1 >/sys/bus/mdev/devices/%[2]s/remove'
+echo "$x" >/run/h.xml
+if $v dumpxml %[1]s | grep -q "%[2]s"; then
+  $v detach-device %[1]s /run/h.xml --live
+  for i in $(seq 120); do $v dumpxml %[1]s | grep -q "%[2]s" || break; sleep 1; done
+fi
+if $v dumpxml --inactive %[1]s | grep -q "%[2]s"; then $v detach-device %[1]s /run/h.xml --config; fi
+for d in $($v list --name); do
+  if $v dumpxml "$d" | grep -q "%[2]s"; then echo "mdev %[2]s still in domain $d: not removed"; exit 0; fi
+done
+[ -e /sys/bus/mdev/devices/%[2]s ] && echo 1 >/sys/bus/mdev/devices/%[2]s/remove
 true`, guestName, id))
 }
 
