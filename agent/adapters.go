@@ -37,22 +37,6 @@ func (d domains) Domain(ctx context.Context, uuid string) (executor.Domain, erro
 	if err != nil {
 		return executor.Domain{}, err
 	}
-	return executorDomain(dom), nil
-}
-
-func (d domains) List(ctx context.Context) ([]executor.Domain, error) {
-	doms, err := d.conn.Domains(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]executor.Domain, len(doms))
-	for i, dom := range doms {
-		out[i] = executorDomain(dom)
-	}
-	return out, nil
-}
-
-func executorDomain(dom libvirt.Domain) executor.Domain {
 	out := executor.Domain{UUID: dom.UUID, Running: dom.Running()}
 	for _, h := range dom.Hostdevs {
 		x := executor.Hostdev{Live: h.Live, Config: h.Config}
@@ -66,7 +50,7 @@ func executorDomain(dom libvirt.Domain) executor.Domain {
 		}
 		out.Hostdevs = append(out.Hostdevs, x)
 	}
-	return out
+	return out, nil
 }
 
 func (d domains) DefineHostdev(ctx context.Context, uuid string, h executor.Hostdev) error {
