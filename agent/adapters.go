@@ -37,6 +37,22 @@ func (d domains) Domain(ctx context.Context, uuid string) (executor.Domain, erro
 	if err != nil {
 		return executor.Domain{}, err
 	}
+	return executorDomain(dom), nil
+}
+
+func (d domains) List(ctx context.Context) ([]executor.Domain, error) {
+	doms, err := d.conn.Domains(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]executor.Domain, len(doms))
+	for i, dom := range doms {
+		out[i] = executorDomain(dom)
+	}
+	return out, nil
+}
+
+func executorDomain(dom libvirt.Domain) executor.Domain {
 	out := executor.Domain{UUID: dom.UUID, Running: dom.Running()}
 	for _, h := range dom.Hostdevs {
 		x := executor.Hostdev{Live: h.Live, Config: h.Config}
@@ -50,7 +66,7 @@ func (d domains) Domain(ctx context.Context, uuid string) (executor.Domain, erro
 		}
 		out.Hostdevs = append(out.Hostdevs, x)
 	}
-	return out, nil
+	return out
 }
 
 func (d domains) DefineHostdev(ctx context.Context, uuid string, h executor.Hostdev) error {

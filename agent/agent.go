@@ -28,6 +28,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/gmr"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
@@ -38,6 +39,13 @@ var (
 	Version = version.Version()
 	Commit  = version.Commit()
 )
+
+// FailAfterStep, followed by "<kind>/<step>", names the failpoint
+// (internal/failpoint, VGPU_FAILPOINT) the agent hits once a command's step
+// is journaled: with VGPU_FAILPOINT=agent.after_step:attach_vgpu/mdev_created
+// it dies by SIGKILL between creating an mdev and attaching it, as on a
+// crash. RunOptions.AfterStep, when set, replaces it.
+const FailAfterStep = "agent.after_step:"
 
 // Host returns [DEFAULT] host, or the machine's host name.
 func Host(v *conf.Values) string {
@@ -143,6 +151,9 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	ec.Diagnoser, ec.Bundler = drv.Diagnoser(v), drv.Bundler(v, j)
 	ec.Health, ec.Allow = &healthCache{scan: scanner, ttl: 5 * time.Second}, drv.Allow
 	ec.Log, ec.Registerer, ec.AfterStep = log, reg, o.AfterStep
+	if ec.AfterStep == nil {
+		ec.AfterStep = func(c protocol.Command, step string) { failpoint.Hit(FailAfterStep + string(c.Kind) + "/" + step) }
+	}
 	ex, err := executor.New(ec)
 	if err != nil {
 		return err

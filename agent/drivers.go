@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/cgroup"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
@@ -72,6 +73,22 @@ func OpenFakeHost(dir string) (*Drivers, error) {
 		}
 		return ""
 	})
+	// As on a real host, removing an mdev a running domain holds waits
+	// until the domain lets it go.
+	h.Kernel.InUse = func(uuid string) bool {
+		doms, err := conn.Domains(context.Background())
+		if err != nil {
+			return false
+		}
+		for _, d := range doms {
+			for _, hd := range d.Hostdevs {
+				if d.Running() && hd.Live && hd.Type == "mdev" && strings.EqualFold(hd.MdevUUID, uuid) {
+					return true
+				}
+			}
+		}
+		return false
+	}
 	backend, _ := h.NVML()
 	return &Drivers{Sysfs: h.Sysfs, Libvirt: conn, HotPlug: &libvirt.FakeHotPlugger{Conn: conn}, GPU: backend,
 		Cgroup: cgroup.New(h.CgroupRoot), ProcRoot: h.ProcRoot, Allow: inventory.AllowList{All: true}, Fake: h}, nil

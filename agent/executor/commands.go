@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/hosterr"
@@ -357,6 +358,9 @@ func (e *Executor) removeMdev(ctx context.Context, r *run, uuid string) error {
 		}
 	}
 	if _, err := r.step(stepRemoved, func() (string, error) {
+		if err := e.notInUse(ctx, uuid); err != nil {
+			return "", err
+		}
 		if err := e.cfg.Sysfs.RemoveMdev(ctx, uuid); err != nil && !hosterr.Is(err, hosterr.NotFound) {
 			return "", err
 		}
@@ -366,6 +370,32 @@ func (e *Executor) removeMdev(ctx context.Context, r *run, uuid string) error {
 	}
 	_, err := r.step(stepReleased, func() (string, error) { return "", e.j.Release(key) })
 	return err
+}
+
+// notInUse refuses (code in_use) to remove an mdev that a running domain
+// still has in its live definition. The kernel does not refuse it: the
+// write to the mdev's remove file waits until QEMU lets the device go
+// (vfio waits for its last user; after a signal, uninterruptibly), which a
+// guest never does by itself, so the agent would hang with the command,
+// and the guest's device would be half torn down. The bridge detaches the
+// vGPU first (detach_vgpu); an mdev held by a domain the bridge does not
+// know stays until that domain lets it go.
+func (e *Executor) notInUse(ctx context.Context, uuid string) error {
+	doms, err := e.cfg.Domains.List(ctx)
+	if err != nil {
+		return err
+	}
+	var users []string
+	for _, d := range doms {
+		if h, ok := d.Has(Hostdev{MdevUUID: uuid}); ok && h.Live && d.Running {
+			users = append(users, d.UUID)
+		}
+	}
+	if len(users) > 0 {
+		return refuse(string(hosterr.InUse), "mdev %s is attached to running domain %s: detach it (detach_vgpu) before removing it",
+			uuid, strings.Join(users, ", "))
+	}
+	return nil
 }
 
 // removeVF clears a VF type the journal owns, then releases it.
@@ -431,6 +461,9 @@ func (e *Executor) attachVGPU(ctx context.Context, r *run, p protocol.AttachPara
 // undoCreate removes a device the agent created and releases it.
 func (e *Executor) undoCreate(ctx context.Context, dev Hostdev) error {
 	if dev.IsMdev() {
+		if err := e.notInUse(ctx, dev.MdevUUID); err != nil {
+			return err
+		}
 		if err := e.cfg.Sysfs.RemoveMdev(ctx, dev.MdevUUID); err != nil && !hosterr.Is(err, hosterr.NotFound) {
 			return err
 		}

@@ -13,7 +13,9 @@
 //
 // A command for another host, past its expires_at, or malformed is
 // refused and never executed. The executor creates, removes and recreates
-// only devices its journal owns.
+// only devices its journal owns, and removes no mdev that a running domain
+// still holds (remove_mdev is refused with code in_use: the kernel would
+// not refuse it but wait, with the agent, for QEMU to let the device go).
 package executor
 
 import (
@@ -115,7 +117,7 @@ func New(cfg Config) (*Executor, error) {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vgpu_agent_commands_refused_total",
 			Help: "Commands refused and never executed, by reason (the result code: bad_signature, unknown_key, " +
-				"key_expired, wrong_host, expired, id_reused, invalid_command, not_owned, not_allowed).",
+				"key_expired, wrong_host, expired, id_reused, invalid_command, not_owned, not_allowed, in_use).",
 		}, []string{"reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vgpu_agent_command_duration_seconds",
@@ -169,6 +171,8 @@ func (e *Executor) Refuse(c protocol.Command, code, msg string) protocol.Result 
 		r.Remediation = "The bridge signed with a key whose grace period ended: make the bridge sign with the new key."
 	case protocol.CodeIDReused:
 		r.Remediation = "A command id is used once; the bridge must give a new command a new id."
+	case string(hosterr.InUse):
+		r.Remediation = "The mdev is attached to a running VM: detach it (detach_vgpu) first, then remove it."
 	}
 	kind := string(c.Kind)
 	if !c.Kind.Valid() {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -183,6 +184,62 @@ func TestRemoveMdev(t *testing.T) {
 	}
 	// Removing again: no longer ours.
 	wantStatus(t, en.exec(command(t, "r2", protocol.RemoveMdev, protocol.MdevParams{MdevUUID: mdev1})), protocol.Refused, protocol.CodeNotOwned)
+}
+
+// An mdev still attached to a running domain is not removed: the kernel
+// would not refuse, the write would wait for QEMU to let the device go (and
+// the agent with it). remove_mdev is refused with code in_use, nothing is
+// touched; after the detach the same mdev is removed.
+func TestRemoveMdevAttachedToRunningDomainRefused(t *testing.T) {
+	en := newEnv(t)
+	other := "3a1e0c55-7d7b-4f0e-8f43-2d9c1b7e0a22"
+	en.h.doms[other] = &Domain{UUID: other, Running: true}
+	wantStatus(t, en.exec(command(t, "a", protocol.AttachVGPU, protocol.AttachParams{MdevUUID: mdev1, ParentPCI: gpu0, TypeID: t4q,
+		Mode: protocol.ModeLive})), protocol.Succeeded, "")
+	for _, tc := range []struct {
+		name, id, instance string
+	}{
+		{"the command's domain", "r1", dom1},
+		{"no domain named", "r2", ""},
+		{"another domain named", "r3", other}, // the bridge's view is stale: the host decides
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := command(t, tc.id, protocol.RemoveMdev, protocol.MdevParams{MdevUUID: mdev1})
+			c.InstanceUUID = tc.instance
+			r := en.exec(c)
+			wantStatus(t, r, protocol.Refused, string(hosterr.InUse))
+			if !strings.Contains(r.Message, dom1) || r.Remediation == "" {
+				t.Errorf("refusal %q (remediation %q) does not name the domain %s or say what to do", r.Message, r.Remediation, dom1)
+			}
+		})
+	}
+	if n := en.h.count("remove_mdev"); n != 0 {
+		t.Errorf("the kernel was asked to remove the attached mdev %d times", n)
+	}
+	if _, ok := en.h.mdevs[mdev1]; !ok {
+		t.Error("mdev gone")
+	}
+	if h, ok := en.h.doms[dom1].Has(Hostdev{MdevUUID: mdev1}); !ok || !h.Live {
+		t.Errorf("guest lost its vGPU: %+v", en.h.doms[dom1])
+	}
+	if _, ok := en.j.Owned(journal.MdevKey(mdev1)); !ok {
+		t.Error("refused remove released the mdev from the journal")
+	}
+	wantStatus(t, en.exec(command(t, "d", protocol.DetachVGPU, protocol.AttachParams{MdevUUID: mdev1, Mode: protocol.ModeLive})),
+		protocol.Succeeded, "")
+	wantStatus(t, en.exec(command(t, "r4", protocol.RemoveMdev, protocol.MdevParams{MdevUUID: mdev1})), protocol.Succeeded, "")
+	if _, ok := en.h.mdevs[mdev1]; ok {
+		t.Error("mdev still there after detach and remove")
+	}
+}
+
+// In a domain's persistent definition only (the domain is shut off), the
+// mdev is no QEMU's: removing it is not refused.
+func TestRemoveMdevOfStoppedDomainConfig(t *testing.T) {
+	en := newEnv(t)
+	wantStatus(t, en.exec(command(t, "a", protocol.AttachVGPU, protocol.AttachParams{MdevUUID: mdev1, ParentPCI: gpu0, TypeID: t4q,
+		Mode: protocol.ModeConfig})), protocol.Succeeded, "")
+	wantStatus(t, en.exec(command(t, "r", protocol.RemoveMdev, protocol.MdevParams{MdevUUID: mdev1})), protocol.Succeeded, "")
 }
 
 func TestAttachModes(t *testing.T) {
@@ -382,6 +439,38 @@ func TestExpiredInterruptedCommandRollsBack(t *testing.T) {
 	}
 	if len(en.j.Pending()) != 0 || len(en.j.Devices()) != 0 {
 		t.Errorf("journal after rollback: pending %v devices %v", en.j.Pending(), en.j.Devices())
+	}
+}
+
+// An expired attach interrupted after the hot-plug is rolled back; when the
+// guest does not give the device back (the detach fails), the mdev is left
+// in the guest and in the journal instead of being removed under it.
+func TestRollbackLeavesMdevTheGuestHolds(t *testing.T) {
+	en := newEnv(t)
+	c := command(t, "a", protocol.AttachVGPU, protocol.AttachParams{MdevUUID: mdev1, ParentPCI: gpu0, TypeID: t4q, Mode: protocol.ModeLive})
+	en.crashAfter(stepAttached)
+	en.execCrashing(c)
+	en.crash()
+	en.now = now.Add(time.Hour)
+	en.h.errs["detach_live"] = hosterr.Errorf(hosterr.Timeout, "detach live", "the guest has not released the device")
+	res := en.e.Recover(context.Background())
+	wantStatus(t, res[0], protocol.Failed, protocol.CodeInterrupted)
+	var det struct {
+		Problems []string `json:"rollback_problems"`
+	}
+	if err := json.Unmarshal(res[0].Details, &det); err != nil || !slices.ContainsFunc(det.Problems, func(p string) bool {
+		return strings.Contains(p, "remove mdev "+mdev1) && strings.Contains(p, dom1)
+	}) {
+		t.Errorf("rollback problems %v (%s), want the mdev left because %s holds it", det.Problems, res[0].Details, dom1)
+	}
+	if n := en.h.count("remove_mdev"); n != 0 {
+		t.Errorf("remove_mdev called %d times on an mdev the guest holds", n)
+	}
+	if _, ok := en.h.mdevs[mdev1]; !ok {
+		t.Error("mdev removed under the guest")
+	}
+	if _, ok := en.j.Owned(journal.MdevKey(mdev1)); !ok {
+		t.Error("mdev left in the guest is no longer in the journal")
 	}
 }
 

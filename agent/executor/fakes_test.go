@@ -81,6 +81,14 @@ func (f *fakeHost) RemoveMdev(_ context.Context, uuid string) error {
 	if !ok {
 		return hosterr.Errorf(hosterr.NotFound, "remove", "no mdev")
 	}
+	// The kernel (6.1) does not refuse: the write waits until QEMU lets the
+	// device go, which a guest never does by itself. A fake cannot hang the
+	// test; it fails with what the agent would never see.
+	for _, d := range f.doms {
+		if h, ok := d.Has(Hostdev{MdevUUID: uuid}); ok && h.Live && d.Running {
+			return fmt.Errorf("fake kernel: removing mdev %s held by running domain %s would block the agent until QEMU lets it go", uuid, d.UUID)
+		}
+	}
 	delete(f.mdevs, uuid)
 	f.available[m.Parent.String()+"/"+m.Type]++
 	return nil
@@ -144,6 +152,18 @@ func (f *fakeHost) Domain(_ context.Context, uuid string) (Domain, error) {
 	c := *d
 	c.Hostdevs = append([]Hostdev(nil), d.Hostdevs...)
 	return c, nil
+}
+
+func (f *fakeHost) List(context.Context) ([]Domain, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []Domain
+	for _, d := range f.doms {
+		c := *d
+		c.Hostdevs = append([]Hostdev(nil), d.Hostdevs...)
+		out = append(out, c)
+	}
+	return out, nil
 }
 
 func (f *fakeHost) dom(uuid string) (*Domain, error) {

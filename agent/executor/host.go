@@ -71,6 +71,8 @@ func (d Domain) Has(h Hostdev) (Hostdev, bool) {
 // Domains is libvirt (an adapter over agent/libvirt in package agent).
 type Domains interface {
 	Domain(ctx context.Context, uuid string) (Domain, error)
+	// List returns every domain (running or only defined), as Domain does.
+	List(ctx context.Context) ([]Domain, error)
 	// DefineHostdev adds h to the persistent config (no-op when present).
 	DefineHostdev(ctx context.Context, domainUUID string, h Hostdev) error
 	// RemoveHostdevConfig removes h from the persistent config (no-op when absent).

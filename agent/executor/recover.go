@@ -86,7 +86,11 @@ func (e *Executor) rollback(ctx context.Context, ent journal.Entry) protocol.Res
 		}
 		switch dev.Kind {
 		case journal.KindMdev:
-			note("remove mdev "+dev.UUID, ignoreNotFound(e.cfg.Sysfs.RemoveMdev(ctx, dev.UUID)))
+			err := e.notInUse(ctx, dev.UUID) // a detach above that failed leaves it in the guest
+			if err == nil {
+				err = ignoreNotFound(e.cfg.Sysfs.RemoveMdev(ctx, dev.UUID))
+			}
+			note("remove mdev "+dev.UUID, err)
 		case journal.KindVF:
 			if a, err := pci.Parse(dev.Parent); err == nil {
 				note("clear vf "+dev.Parent, e.cfg.Sysfs.SetVFType(ctx, a, "0"))

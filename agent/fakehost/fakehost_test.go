@@ -6,8 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/hosterr"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/libvirt"
@@ -116,13 +118,23 @@ func TestKernelEmulationMdev(t *testing.T) {
 	if !errors.Is(err, syscall.EUSERS) {
 		t.Errorf("kernel create over capacity: %v", err)
 	}
-	h.Kernel.InUse = func(u string) bool { return u == newMdev }
-	if err := h.Sysfs.RemoveMdev(ctx, newMdev); !errors.Is(err, hosterr.ErrInUse) {
-		t.Errorf("remove busy: %v", err)
+	// An mdev a VM holds: the kernel does not refuse its removal, the
+	// write waits until the VM lets it go.
+	var held atomic.Bool
+	held.Store(true)
+	h.Kernel.InUse = func(u string) bool { return u == newMdev && held.Load() }
+	removed := make(chan error, 1)
+	go func() { removed <- h.Sysfs.RemoveMdev(ctx, newMdev) }()
+	for h.Kernel.Waiting() == 0 {
+		select {
+		case err := <-removed:
+			t.Fatalf("removing an mdev in use returned (%v) instead of waiting for it", err)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
-	h.Kernel.InUse = nil
-	if err := h.Sysfs.RemoveMdev(ctx, newMdev); err != nil {
-		t.Fatal(err)
+	held.Store(false)
+	if err := <-removed; err != nil {
+		t.Fatalf("remove once the VM let the mdev go: %v", err)
 	}
 	if err := h.Sysfs.RemoveMdev(ctx, "4b20d080-1b54-4048-85b3-a6a62d165c01"); err != nil {
 		t.Fatal(err)

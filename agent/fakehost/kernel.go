@@ -10,7 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
@@ -23,11 +25,32 @@ type Kernel struct {
 	spec Spec
 
 	mu sync.Mutex
-	// InUse, when set, reports whether an mdev is held by a running VM;
-	// removing it then fails with EBUSY, as with a real QEMU holding it.
+	// InUse, when set, reports whether an mdev is held by a running VM.
+	// Removing it then waits until InUse says it is not, as the kernel
+	// (6.1) does: the write to the mdev's remove file does not fail, it
+	// blocks until QEMU lets the device go (vfio waits for its last user;
+	// after a signal, uninterruptibly). Set it before the first write.
 	InUse func(uuid string) bool
 	// Writes counts the writes applied, for tests.
 	Writes int
+
+	waiting atomic.Int32
+}
+
+// Waiting is how many writes to a remove file wait for an mdev in use.
+func (k *Kernel) Waiting() int { return int(k.waiting.Load()) }
+
+// waitReleased blocks while the mdev a remove file belongs to is in use.
+func (k *Kernel) waitReleased(path string) {
+	uuid := filepath.Base(filepath.Dir(path))
+	if k.InUse == nil || !k.InUse(uuid) {
+		return
+	}
+	k.waiting.Add(1)
+	defer k.waiting.Add(-1)
+	for k.InUse(uuid) {
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 var _ sysfs.Writer = (*Kernel)(nil)
@@ -38,6 +61,9 @@ func werr(path string, errno syscall.Errno) error {
 
 // WriteFile applies one attribute write.
 func (k *Kernel) WriteFile(path string, data []byte) error {
+	if filepath.Base(path) == "remove" {
+		k.waitReleased(path)
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	val := strings.TrimSpace(string(data))
@@ -152,9 +178,6 @@ func (k *Kernel) remove(path, dir, val string) error {
 		return werr(path, syscall.ENODEV)
 	}
 	uuid := filepath.Base(rel)
-	if k.InUse != nil && k.InUse(uuid) {
-		return werr(path, syscall.EBUSY)
-	}
 	real := filepath.Join(k.root, rel)
 	typ, _ := os.Readlink(filepath.Join(real, "mdev_type"))
 	typ = filepath.Base(typ)

@@ -44,9 +44,15 @@ type labAgent struct {
 	parent2 string // the one of mtty_pci-2 (the second edu function; "" when the lab has one)
 	ch      *amqp.Channel
 	results <-chan amqp.Delivery
+
+	unit  string   // the systemd unit of the agent's current run
+	units []string // every run's unit, for the logs
+	serve string   // the agent's command line
 }
 
-func startLabAgent(t *testing.T) *labAgent {
+// startLabAgent starts vgpu-agent in the lab for a new host of the test,
+// with env (KEY=value) added to its environment.
+func startLabAgent(t *testing.T, env ...string) *labAgent {
 	t.Helper()
 	needLab(t)
 	a := &labAgent{t: t, host: testsvc.Name("lab") + ".lab.test"}
@@ -113,33 +119,59 @@ func startLabAgent(t *testing.T) *labAgent {
 			"[mdev_mtty_pci-2]\ndevice_addresses = %s\n", a.parent, a.parent2)
 	}
 	testsvc.Must(t, os.WriteFile(filepath.Join(dir, "agent.conf"), []byte(conf), 0o600), "agent.conf")
-	unit := "vgpu-lab-agent-" + strings.TrimSuffix(a.host, ".lab.test")
-	cmd := fmt.Sprintf("systemd-run --quiet --collect --unit=%s %s/bin/vgpu-agent --config %s/agents/%s/agent.conf --debug serve",
-		unit, vmShare, vmShare, a.host)
+	a.serve = fmt.Sprintf("%s/bin/vgpu-agent --config %s/agents/%s/agent.conf --debug serve", vmShare, vmShare, a.host)
 	for _, s := range sets {
-		cmd += " --set '" + s + "'"
-	}
-	if out, err := vm(t, cmd); err != nil {
-		t.Fatalf("starting vgpu-agent in the lab: %v\n%s", err, out)
+		a.serve += " --set '" + s + "'"
 	}
 	t.Cleanup(func() {
-		out, _ := vm(t, fmt.Sprintf("systemctl stop %s; journalctl -q -o cat -u %[1]s | tail -n 200", unit))
+		a.stop()
+		out, _ := vm(t, "journalctl -q -o cat -u "+strings.Join(a.units, " -u ")+" | tail -n 300")
 		if t.Failed() || testing.Verbose() {
-			t.Logf("vgpu-agent in the lab (%s):\n%s", unit, out)
+			t.Logf("vgpu-agent in the lab (%s):\n%s", strings.Join(a.units, ", "), out)
 		}
 	})
+	a.start(env...)
 	return a
 }
 
-// do builds nothing itself: it signs c with the test's bridge key,
-// publishes it to the agent's host and waits for its result.
-func (a *labAgent) do(c protocol.Command) protocol.Result {
+// start runs vgpu-agent in the lab as a new transient systemd unit (a
+// restart is a new unit: the one before may not be collected yet), with env
+// (KEY=value, e.g. a failpoint) added to its environment.
+func (a *labAgent) start(env ...string) {
 	a.t.Helper()
-	testsvc.Must(a.t, testkeys.For(a.t).Signer().SignCommand(&c), "sign")
+	a.unit = fmt.Sprintf("vgpu-lab-agent-%s-%d", strings.TrimSuffix(a.host, ".lab.test"), len(a.units))
+	a.units = append(a.units, a.unit)
+	cmd := "systemd-run --quiet --collect --unit=" + a.unit
+	for _, e := range env {
+		cmd += " --setenv='" + e + "'"
+	}
+	if out, err := vm(a.t, cmd+" "+a.serve); err != nil {
+		a.t.Fatalf("starting vgpu-agent in the lab: %v\n%s", err, out)
+	}
+}
+
+// stop stops the agent's current run (nothing when it has ended).
+func (a *labAgent) stop() {
+	a.t.Helper()
+	if a.unit != "" {
+		vm(a.t, "systemctl stop "+a.unit+" 2>/dev/null; true")
+	}
+}
+
+// publish signs c with the test's bridge key and publishes it to the
+// agent's host, as the bridge does.
+func (a *labAgent) publish(c *protocol.Command) {
+	a.t.Helper()
+	testsvc.Must(a.t, testkeys.For(a.t).Signer().SignCommand(c), "sign")
 	body, err := json.Marshal(c)
 	testsvc.Must(a.t, err, "marshal")
 	testsvc.Must(a.t, a.ch.PublishWithContext(context.Background(), protocol.Exchange, protocol.CommandRoutingKey(a.host), false, false,
 		amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: c.ID, Body: body}), "publish")
+}
+
+// result waits for the result of command c.
+func (a *labAgent) result(c protocol.Command) protocol.Result {
+	a.t.Helper()
 	deadline := time.After(resultTimeout)
 	for {
 		select {
@@ -155,6 +187,14 @@ func (a *labAgent) do(c protocol.Command) protocol.Result {
 			a.t.Fatalf("no result for %s %s within %s", c.Kind, c.ID, resultTimeout)
 		}
 	}
+}
+
+// do builds nothing itself: it signs c with the test's bridge key,
+// publishes it to the agent's host and waits for its result.
+func (a *labAgent) do(c protocol.Command) protocol.Result {
+	a.t.Helper()
+	a.publish(&c)
+	return a.result(c)
 }
 
 func (a *labAgent) attachment(id uuid.UUID, typeID, mode string) flow.Attachment {
@@ -308,13 +348,27 @@ func TestAgentLiveHotPlug(t *testing.T) {
 }
 
 // cleanupMdev takes a test's mdev out of the guest and the kernel when the
-// test left it behind (a failure half-way).
+// test left it behind (a failure half-way). As the agent, it removes the
+// mdev only once no running domain has it live: a remove while QEMU holds
+// it waits in the kernel until the guest lets it go, and when that happens
+// in the middle of libvirt's detach, libvirt leaves the device's
+// /dev/vfio/<group> node, still labelled, in QEMU's mount namespace and
+// refuses every later hot-plug into that guest of an mdev whose IOMMU group
+// gets the same number ("Setting different DAC user or group on
+// /dev/vfio/N which is already in use"), until the guest is restarted.
 func cleanupMdev(t *testing.T, id string) {
 	_, _ = vm(t, fmt.Sprintf(`v="virsh -c qemu:///system"
 x="<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source><address uuid='%[2]s'/></source></hostdev>"
-if $v dumpxml %[1]s | grep -q "%[2]s"; then echo "$x" >/run/h.xml; $v detach-device %[1]s /run/h.xml --live; sleep 10; fi
-if $v dumpxml --inactive %[1]s | grep -q "%[2]s"; then echo "$x" >/run/h.xml; $v detach-device %[1]s /run/h.xml --config; fi
-[ -e /sys/bus/mdev/devices/%[2]s ] && timeout 30 sh -c 'echo 1 >/sys/bus/mdev/devices/%[2]s/remove'
+echo "$x" >/run/h.xml
+if $v dumpxml %[1]s | grep -q "%[2]s"; then
+  $v detach-device %[1]s /run/h.xml --live
+  for i in $(seq 120); do $v dumpxml %[1]s | grep -q "%[2]s" || break; sleep 1; done
+fi
+if $v dumpxml --inactive %[1]s | grep -q "%[2]s"; then $v detach-device %[1]s /run/h.xml --config; fi
+for d in $($v list --name); do
+  if $v dumpxml "$d" | grep -q "%[2]s"; then echo "mdev %[2]s still in domain $d: not removed"; exit 0; fi
+done
+[ -e /sys/bus/mdev/devices/%[2]s ] && echo 1 >/sys/bus/mdev/devices/%[2]s/remove
 true`, guestName, id))
 }
 

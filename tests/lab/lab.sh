@@ -17,7 +17,9 @@
 # into it and switch_roots into systemd, which starts lab.target: udev,
 # systemd-networkd (10.0.2.15, QEMU user networking; 10.0.2.2 is this
 # machine's loopback), sshd (forwarded to 127.0.0.1:$LAB_SSH_PORT), the mdev
-# modules and libvirtd. Nothing outside Debian's package archive is fetched.
+# modules and libvirtd. Two emulated edu PCI functions (00:10.0, 00:11.0) are
+# mtty_pci's mdev parents: a profile change can move a vGPU to another parent.
+# Nothing outside Debian's package archive is fetched.
 #
 # Environment (all optional):
 #   LAB_STATE_DIR  runtime state: pid, serial log, ssh key (default /var/lib/vgpu-bridge-test/lab)
@@ -271,7 +273,7 @@ cmd_up() {
 		-virtfs local,path="$STATE_DIR/seed",mount_tag=seed,security_model=none,readonly=on \
 		-virtfs local,path="$SHARE_DIR",mount_tag=share,security_model=none \
 		-netdev user,id=n0,hostfwd=tcp:127.0.0.1:"$SSH_PORT"-:22 -device virtio-net-pci,netdev=n0 \
-		-device edu,addr=0x10 \
+		-device edu,addr=0x10 -device edu,addr=0x11 \
 		-display none -monitor none -serial file:"$SERIAL_LOG" \
 		-no-reboot -daemonize -pidfile "$PIDFILE" 8>&- # the VM outlives `up` and its lock
 	local i

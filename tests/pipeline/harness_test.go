@@ -62,14 +62,18 @@ func logger() *slog.Logger {
 // world is what every scenario shares: one database, one fleet host in
 // Placement, its fake host, and the bridge's queues.
 type world struct {
-	t        *testing.T
-	ctx      context.Context
-	pool     *pgxpool.Pool
-	txw      *txWatch // the transactions of the test's pools (outsideTx)
-	dbURL    string
-	host     string // compute service host = fake host name
-	node     string // Placement root provider name
-	fake     string // fake host directory
+	t     *testing.T
+	ctx   context.Context
+	pool  *pgxpool.Pool
+	txw   *txWatch // the transactions of the test's pools (outsideTx)
+	dbURL string
+	host  string // compute service host = fake host name
+	node  string // Placement root provider name
+	fake  string // fake host directory
+	// drv are the fake host's drivers, shared by its agent (every run of
+	// it) and the code that plays Nova's libvirt driver on the host: the
+	// libvirt test driver keeps its domains in one connection.
+	drv      *agent.Drivers
 	holder   *policy.Holder
 	sc       *gophercloud.ServiceClient
 	root     string
@@ -376,9 +380,16 @@ func (w *world) startAgent(extra ...string) {
 		"DEFAULT.report_interval=5s"},
 		append(testkeys.For(t).Agent(w.host), extra...)...)})
 	testsvc.Must(t, err, "agent config")
+	if w.drv == nil {
+		w.drv, err = agent.OpenFakeHost(w.fake)
+		testsvc.Must(t, err, "open the fake host")
+		t.Cleanup(w.drv.Close) // after every agent run stopped (cleanups run last first)
+	}
 	ctx, cancel := context.WithCancel(w.ctx)
 	done := make(chan error, 1)
-	go func() { done <- agent.RunWith(ctx, v, logger(), agent.RunOptions{FakeHostDir: w.fake}) }()
+	go func() {
+		done <- agent.RunWith(ctx, v, logger(), agent.RunOptions{FakeHostDir: w.fake, Drivers: w.drv})
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {

@@ -366,15 +366,17 @@ func TestMoveToAnotherHost(t *testing.T) {
 	for _, tc := range []struct {
 		name, event, vmState, then string
 		domain                     int
-		reattach                   int // re-attach requests the then event makes
+		reattach                   int          // re-attach requests the then event makes
+		source                     func(string) // what Nova's driver did to the domain on host A
 	}{
-		{"live migration", "instance.live_migration_post.end", "active", "", 3, 0},
-		{"evacuation", "instance.rebuild.end", "active", "", 4, 1},
-		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0},
+		{"live migration", "instance.live_migration_post.end", "active", "", 3, 0, m.novaLeavesA},
+		{"evacuation", "instance.rebuild.end", "active", "", 4, 1, m.novaLeavesA},
+		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0, m.novaStopsOnA},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inst := m.domains[tc.domain].UUID
 			old := m.attachOnA(inst)
+			tc.source(inst)
 			m.novaAllocations(inst, m.rootB)
 			m.notify(tc.event, inst, m.hostB, m.nodeB, tc.vmState)
 			reqs := m.moveRequests(inst, tc.event, 2)
@@ -439,6 +441,7 @@ func TestMoveShelveOffloadUnshelve(t *testing.T) {
 	inst := m.domains[5].UUID
 	old := m.attachOnA(inst)
 
+	m.novaLeavesA(inst)
 	m.novaAllocations(inst, "")
 	m.notify("instance.shelve_offload.end", inst, "", "", "shelved_offloaded")
 	rel := m.moveRequests(inst, "instance.shelve_offload.end", 1)
@@ -476,6 +479,7 @@ func TestMoveResizeSameHost(t *testing.T) {
 	inst := m.domains[6].UUID
 	old := m.attachOnA(inst)
 
+	m.novaRedefinesOnA(inst)
 	m.novaAllocations(inst, m.root)
 	m.notify("instance.resize_finish.end", inst, m.host, m.node, "resized")
 	reqs := m.moveRequests(inst, "instance.resize_finish.end", 2)
@@ -500,4 +504,39 @@ func TestMoveResizeSameHost(t *testing.T) {
 		t.Errorf("mdevs on A: old %v (want gone), new %v (want there)", m.mdevOn(m.fake, old.id), m.mdevOn(m.fake, live[0].id))
 	}
 	m.reportedOn(m.host, live[0].id, inst)
+}
+
+// novaLeavesA plays Nova's libvirt driver on host A when the instance
+// leaves it for good: the source's domain is destroyed and undefined, with
+// the vGPUs the bridge hot-plugged into it (LibvirtDriver.cleanup after a
+// live migration's post_live_migration_at_source, destroy at shelve
+// offload, _destroy_evacuated_instances when an evacuated host's
+// nova-compute starts again). The mdevs stay: they are the agent's, for
+// the bridge's release to remove.
+func (m *moveWorld) novaLeavesA(inst string) {
+	m.t.Helper()
+	testsvc.Must(m.t, m.drv.Libvirt.DestroyAndUndefine(m.ctx, inst), "Nova undefines the domain on host A")
+}
+
+// novaStopsOnA plays a cold migration's source: migrate_disk_and_power_off
+// shuts the domain down; it stays defined until the resize is confirmed.
+func (m *moveWorld) novaStopsOnA(inst string) {
+	m.t.Helper()
+	testsvc.Must(m.t, m.drv.Libvirt.Shutdown(m.ctx, inst, 10*time.Second), "Nova powers the domain off on host A")
+}
+
+// novaRedefinesOnA plays a same-host resize or rebuild: Nova destroys the
+// domain and defines and starts it again from its own guest XML
+// (_get_guest_xml, through finish_migration or rebuild's spawn), which
+// holds Nova's devices only, not the vGPUs the bridge hot-plugged.
+func (m *moveWorld) novaRedefinesOnA(inst string) {
+	m.t.Helper()
+	conn := m.drv.Libvirt
+	d, err := conn.Domain(m.ctx, inst)
+	testsvc.Must(m.t, err, "domain on host A")
+	testsvc.Must(m.t, conn.Shutdown(m.ctx, inst, 10*time.Second), "Nova powers the domain off")
+	for _, id := range d.Mdevs() {
+		testsvc.Must(m.t, conn.RemoveHostdevConfig(m.ctx, inst, id), "Nova's guest XML")
+	}
+	testsvc.Must(m.t, conn.Start(m.ctx, inst), "Nova starts the domain again")
 }

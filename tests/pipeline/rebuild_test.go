@@ -35,6 +35,7 @@ func TestRebuildSameHostReattaches(t *testing.T) {
 	old := m.attachOnA(inst)
 	const ev = "instance.rebuild.end"
 
+	m.novaRedefinesOnA(inst)
 	m.notify(ev, inst, m.host, m.node, "active")
 	m.eventsProcessed(inst, ev, 1)
 	var n int
@@ -71,6 +72,7 @@ func TestRebuildSameHostReattaches(t *testing.T) {
 	m.reportedOn(m.host, old.id, inst)
 
 	// Evacuation: the same event on another host moves the vGPU.
+	m.novaLeavesA(inst)
 	m.novaAllocations(inst, m.rootB)
 	m.notify(ev, inst, m.hostB, m.nodeB, "active")
 	reqs = m.moveRequests(inst, ev, 3)

@@ -7,31 +7,50 @@
  * it as pci_<address> with mdev_types, as Nova's libvirt driver and the
  * agent's sysfs driver require. Types: mtty_pci-1 (one port), mtty_pci-2.
  *
+ * Every edu function is a parent of its own (the lab has two, so that a
+ * profile change can move a vGPU to another parent): the mdev core embeds a
+ * kobject in each struct mdev_type it registers, so each parent gets its own
+ * copy of mtty.c's static mtty_types (which mtty.c itself registers once,
+ * on its single virtual parent). The ports (MAX_MTTYS) stay one pool.
+ *
  * No MODULE_DEVICE_TABLE: the module is loaded on purpose (modules-load.d),
  * never by udev for any edu device.
  */
 #include <linux/pci.h>
 
+struct mtty_pci_parent {
+	struct mdev_parent parent;
+	struct mtty_type types[ARRAY_SIZE(mtty_types)];
+	struct mdev_type *mdev_types[ARRAY_SIZE(mtty_types)];
+};
+
 static int mtty_pci_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 {
-	struct mdev_parent *parent;
+	struct mtty_pci_parent *p;
+	unsigned int i;
 	int ret;
 
-	parent = devm_kzalloc(&pdev->dev, sizeof(*parent), GFP_KERNEL);
-	if (!parent)
+	p = devm_kzalloc(&pdev->dev, sizeof(*p), GFP_KERNEL);
+	if (!p)
 		return -ENOMEM;
-	ret = mdev_register_parent(parent, &pdev->dev, &mtty_driver,
-				   mtty_mdev_types, ARRAY_SIZE(mtty_mdev_types));
+	for (i = 0; i < ARRAY_SIZE(mtty_types); i++) {
+		p->types[i] = mtty_types[i];
+		p->mdev_types[i] = &p->types[i].type;
+	}
+	ret = mdev_register_parent(&p->parent, &pdev->dev, &mtty_driver,
+				   p->mdev_types, ARRAY_SIZE(p->mdev_types));
 	if (ret)
 		return ret;
-	pci_set_drvdata(pdev, parent);
+	pci_set_drvdata(pdev, p);
 	dev_info(&pdev->dev, "mtty_pci: mdev parent registered\n");
 	return 0;
 }
 
 static void mtty_pci_remove(struct pci_dev *pdev)
 {
-	mdev_unregister_parent(pci_get_drvdata(pdev));
+	struct mtty_pci_parent *p = pci_get_drvdata(pdev);
+
+	mdev_unregister_parent(&p->parent);
 }
 
 static const struct pci_device_id mtty_pci_ids[] = {
