@@ -71,17 +71,8 @@ func TestAgentKilledAfterCreateResumes(t *testing.T) {
 	if err := json.Unmarshal(r.Details, &det); err != nil || !slices.Equal(det.Steps, []string{"mdev_created", "attached"}) {
 		t.Errorf("the resumed attach's steps: %s, want mdev_created (before the kill) and attached", r.Details)
 	}
-	if s := mdevState(t, at.ID.String()); !s.Live || !s.Config || !s.Mdev || s.QEMUMttys != 1 {
-		t.Fatalf("after the recovery: %+v, want live, config, mdev and one mtty function in QEMU", s)
-	}
-	waitGuestPCI(t, true, 5*time.Minute)
-	if r := a.release(at); r.Status != protocol.Succeeded {
-		t.Fatalf("release: %s %s %s", r.Status, r.Code, r.Message)
-	}
-	if s := mdevState(t, at.ID.String()); s.Live || s.Config || s.Mdev || s.QEMUMttys != 0 {
-		t.Fatalf("after the release: %+v, want nothing left", s)
-	}
-	waitGuestPCI(t, false, 5*time.Minute)
+	expectInGuest(t, at, "after the recovery")
+	a.releaseLeavesNothing(at)
 }
 
 // TestAgentKilledAfterCreateExpiredRollsBack: the same kill, but the agent

@@ -301,22 +301,59 @@ func lastGuestPCI(console string) string {
 	return m[len(m)-1][1]
 }
 
+// poll asks check every 5 s until it says done, and fails the test with
+// what check last saw once within has passed.
+func poll(t *testing.T, within time.Duration, check func() (done bool, saw string)) string {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		done, saw := check()
+		if done {
+			return saw
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", within, saw)
+		}
+		time.Sleep(5 * time.Second)
+	}
+}
+
 // waitGuestPCI waits until the guest's latest PCI listing has (or lacks) an
 // mtty function.
 func waitGuestPCI(t *testing.T, want bool, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	last := poll(t, within, func() (bool, string) {
 		last := lastGuestPCI(guestConsole(t))
-		if strings.Contains(last, mttyGuestID) == want {
-			t.Logf("the guest's PCI functions: %s", last)
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the guest's PCI functions after %s: %s (want an mtty function: %v)", within, last, want)
-		}
-		time.Sleep(5 * time.Second)
+		return strings.Contains(last, mttyGuestID) == want,
+			fmt.Sprintf("the guest's PCI functions: %s (want an mtty function: %v)", last, want)
+	})
+	t.Log(last)
+}
+
+// expectInGuest checks that at's mdev is attached everywhere it should be
+// (live and persistent XML, the kernel, one mtty function in QEMU) and
+// waits for the guest's kernel to list it.
+func expectInGuest(t *testing.T, at flow.Attachment, when string) {
+	t.Helper()
+	if s := mdevState(t, at.ID.String()); !s.Live || !s.Config || !s.Mdev || s.QEMUMttys != 1 {
+		t.Fatalf("%s: %+v, want live, config, mdev and one mtty function in QEMU", when, s)
 	}
+	waitGuestPCI(t, true, 5*time.Minute)
+}
+
+// releaseLeavesNothing releases at as the bridge does (detach_vgpu,
+// remove_mdev) and checks that nothing is left, in the domain, QEMU, the
+// kernel or the guest.
+func (a *labAgent) releaseLeavesNothing(at flow.Attachment) {
+	t := a.t
+	t.Helper()
+	if r := a.release(at); r.Status != protocol.Succeeded {
+		t.Fatalf("release: %s %s %s", r.Status, r.Code, r.Message)
+	}
+	if s := mdevState(t, at.ID.String()); s.Live || s.Config || s.Mdev || s.QEMUMttys != 0 {
+		t.Fatalf("after the release: %+v, want nothing left", s)
+	}
+	waitGuestPCI(t, false, 5*time.Minute)
 }
 
 // TestAgentLiveHotPlug: the bridge's commands for a direct-path attachment
@@ -334,17 +371,8 @@ func TestAgentLiveHotPlug(t *testing.T) {
 	if r := a.attach(at); r.Status != protocol.Succeeded {
 		t.Fatalf("attach: %s %s %s", r.Status, r.Code, r.Message)
 	}
-	if s := mdevState(t, at.ID.String()); !s.Live || !s.Config || !s.Mdev || s.QEMUMttys != 1 {
-		t.Fatalf("after attach: %+v, want live, config, mdev and one mtty function in QEMU", s)
-	}
-	waitGuestPCI(t, true, 5*time.Minute)
-	if r := a.release(at); r.Status != protocol.Succeeded {
-		t.Fatalf("release: %s %s %s", r.Status, r.Code, r.Message)
-	}
-	if s := mdevState(t, at.ID.String()); s.Live || s.Config || s.Mdev || s.QEMUMttys != 0 {
-		t.Fatalf("after the release: %+v, want nothing left", s)
-	}
-	waitGuestPCI(t, false, 5*time.Minute)
+	expectInGuest(t, at, "after attach")
+	a.releaseLeavesNothing(at)
 }
 
 // cleanupMdev takes a test's mdev out of the guest and the kernel when the

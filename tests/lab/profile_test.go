@@ -99,17 +99,11 @@ func qemuMttys(t *testing.T) []mttyFunc {
 // timeout in the hot-plug methods on a busy machine.)
 func waitGuestMapped(t *testing.T, ports int, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	poll(t, within, func() (bool, string) {
 		fs := qemuMttys(t)
-		if len(fs) == 1 && fs[0].Ports == ports && fs[0].Mapped == ports {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("QEMU's mtty functions after %s: %+v, want one with %d I/O BARs, all mapped by the guest", within, fs, ports)
-		}
-		time.Sleep(5 * time.Second)
-	}
+		return len(fs) == 1 && fs[0].Ports == ports && fs[0].Mapped == ports,
+			fmt.Sprintf("QEMU's mtty functions: %+v, want one with %d I/O BARs, all mapped by the guest", fs, ports)
+	})
 }
 
 // TestAgentProfileChangeSwapsVGPU: a direct-path profile change as the
