@@ -16,7 +16,9 @@ import (
 // journald for this service: $JOURNAL_STREAM names that stream's device
 // and inode ("DEV:INO"), and w is the open file with both. A process whose
 // standard error was redirected elsewhere (a pipe, a file) sees a
-// different inode even when it inherited the variable.
+// different inode even when it inherited the variable. (go-systemd's
+// journal.StderrIsJournalStream asks the same of file descriptor 2 only;
+// this asks it of the file the logger writes to, which tests choose.)
 func onJournal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
