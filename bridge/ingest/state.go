@@ -70,6 +70,38 @@ func isDelete(ev *Event, in *nova.Instance) bool {
 	return ev.Message.EventType == "instance.delete.end" || in.State == "deleted"
 }
 
+// staleCopies are the notifications whose instance payload is a copy Nova's
+// compute service held before another service changed the instance: they
+// say what happened, never where the instance is or what it is doing, so
+// they are recorded and passed on but change no instance state. Nova 26
+// (nova/compute/manager.py):
+//   - instance.live_migration_post.end: ComputeManager._post_live_migration
+//     on the source sends it after its call to the destination's
+//     post_live_migration_at_destination (which moved the instance and sent
+//     live_migration_post_dest.end), from its own copy: host = the source,
+//     task_state = migrating. The destination's post_dest.end is the end of
+//     the move.
+//   - instance.live_migration_rollback_dest.start/.end:
+//     _rollback_live_migration on the source casts
+//     rollback_live_migration_at_destination, so the destination's
+//     notifications (task_state = migrating, the copy the cast carried) can
+//     arrive after the source's live_migration_rollback.end, which clears
+//     the task. A rollback does not move the instance either.
+var staleCopies = map[string]bool{
+	"instance.live_migration_post.end":            true,
+	"instance.live_migration_rollback_dest.start": true,
+	"instance.live_migration_rollback_dest.end":   true,
+}
+
+// snapshotOf is the instance state ev carries, when it carries one that
+// state may be taken from.
+func snapshotOf(ev *Event) (*nova.Instance, *nova.Flavor, bool) {
+	if ev.Message != nil && staleCopies[ev.Message.EventType] {
+		return nil, nil, false
+	}
+	return instanceOf(ev.Payload)
+}
+
 func instanceOf(p nova.Payload) (*nova.Instance, *nova.Flavor, bool) {
 	switch p := p.(type) {
 	case *nova.InstanceAction:
@@ -92,7 +124,7 @@ func newer(at time.Time, rank int, than time.Time, thanRank int) bool {
 func foldSnapshots(evs []*Event) (out []*snapshot, stale int) {
 	by := map[string]*snapshot{}
 	for _, ev := range evs {
-		in, newFlavor, ok := instanceOf(ev.Payload)
+		in, newFlavor, ok := snapshotOf(ev)
 		if !ok {
 			continue
 		}

@@ -238,7 +238,9 @@ func (c *Consumer) applyBatch(ctx context.Context, items []*item) (batchResult, 
 				res.unrecognized++
 			}
 			if _, _, ok := instanceOf(ev.Payload); ok {
-				snapEvents = append(snapEvents, ev)
+				if _, _, ok := snapshotOf(ev); ok {
+					snapEvents = append(snapEvents, ev)
+				}
 				continue
 			}
 			if queueState(&b, ev) {

@@ -3,11 +3,9 @@
 package pipeline
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -49,9 +47,10 @@ type MaintenanceEvent struct {
 	Instance string            `json:"instance_uuid"`
 	Half     string            `json:"change"` // detach, attach
 	VGPUs    []MaintenanceVGPU `json:"vgpus,omitempty"`
-	// Host and Node are where Nova says the instance is (attach): the
-	// notifications that tell the bridge may come later (a live
-	// migration's post.end still names the source).
+	// Host and Node are where Nova says the instance is (attach), read by
+	// the maintenance runner once the move's last notification was
+	// processed: the attach goes ahead only where the bridge's own record
+	// (from the notifications) agrees.
 	Host string `json:"host,omitempty"`
 	Node string `json:"node,omitempty"`
 }
@@ -117,8 +116,8 @@ func (p *Processor) handleMaintenance(ctx context.Context, w *Work, ev policy.Ev
 		plan.Steps = []flow.Step{{Kind: flow.StepRelease, Release: attached, Host: attached[0].Host}}
 	case MaintenanceAttach:
 		if m.Host != "" && m.Host != f.Instance.Host {
-			f.Instance.Host, f.Instance.Node = m.Host, cmp.Or(m.Node, m.Host)
-			f.LastReport = time.Time{} // the report age was the old host's
+			return fail(fmt.Sprintf("Nova says the instance is on %s, the bridge's record (from Nova's notifications) on %s: not attached on either",
+				m.Host, f.Instance.Host))
 		}
 		if problem, _ := hostProblem(f); problem != "" {
 			return fail("the vGPUs cannot be attached on the new host: " + problem)

@@ -175,6 +175,13 @@ var corpus map[string]novatest.Sample
 // notify publishes Nova's sample of eventType, made to name instance on
 // host (none when host is ""), as nova-compute of that host would.
 func (m *moveWorld) notify(eventType, instance, host, node, vmState string) {
+	m.t.Helper()
+	m.notifyTask(eventType, instance, host, node, vmState, nil)
+}
+
+// notifyTask is notify with the instance's task state as the sender had
+// it (nil: none).
+func (m *moveWorld) notifyTask(eventType, instance, host, node, vmState string, task any) {
 	t := m.t
 	t.Helper()
 	if corpus == nil {
@@ -193,7 +200,7 @@ func (m *moveWorld) notify(eventType, instance, host, node, vmState string) {
 	var msg map[string]any
 	testsvc.Must(t, json.Unmarshal(s.JSON, &msg), "sample")
 	data := msg["payload"].(map[string]any)["nova_object.data"].(map[string]any)
-	data["uuid"], data["tenant_id"], data["user_id"], data["state"], data["task_state"] = instance, m.project, m.user, vmState, nil
+	data["uuid"], data["tenant_id"], data["user_id"], data["state"], data["task_state"] = instance, m.project, m.user, vmState, task
 	data["power_state"] = "running"
 	if host == "" {
 		data["host"], data["node"] = nil, nil
@@ -368,17 +375,35 @@ func TestMoveToAnotherHost(t *testing.T) {
 		domain                     int
 		reattach                   int          // re-attach requests the then event makes
 		source                     func(string) // what Nova's driver did to the domain on host A
+		// fromSource: Nova's source compute sends the event from its own
+		// copy of the instance, after the destination's dest event moved
+		// it (ComputeManager._post_live_migration: host = the source, task
+		// migrating); the dest event goes first, from host B.
+		dest       string
+		fromSource bool
 	}{
-		{"live migration", "instance.live_migration_post.end", "active", "", 3, 0, m.novaLeavesA},
-		{"evacuation", "instance.rebuild.end", "active", "", 4, 1, m.novaLeavesA},
-		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0, m.novaStopsOnA},
+		{"live migration", "instance.live_migration_post.end", "active", "", 3, 0, m.novaLeavesA,
+			"instance.live_migration_post_dest.end", true},
+		{"evacuation", "instance.rebuild.end", "active", "", 4, 1, m.novaLeavesA, "", false},
+		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0, m.novaStopsOnA, "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inst := m.domains[tc.domain].UUID
 			old := m.attachOnA(inst)
 			tc.source(inst)
 			m.novaAllocations(inst, m.rootB)
-			m.notify(tc.event, inst, m.hostB, m.nodeB, tc.vmState)
+			send := func(event string) {
+				t.Helper()
+				if tc.fromSource && event == tc.event {
+					m.notifyTask(event, inst, m.host, m.node, tc.vmState, "migrating")
+					return
+				}
+				m.notify(event, inst, m.hostB, m.nodeB, tc.vmState)
+			}
+			if tc.dest != "" {
+				send(tc.dest)
+			}
+			send(tc.event)
 			reqs := m.moveRequests(inst, tc.event, 2)
 			for half, r := range reqs {
 				if r.State != requests.Succeeded {
@@ -409,12 +434,20 @@ func TestMoveToAnotherHost(t *testing.T) {
 			if then == "" {
 				then = tc.event // the same notification again
 			}
-			m.notify(then, inst, m.hostB, m.nodeB, "active")
+			sent := 1
+			if tc.dest != "" {
+				sent = 2
+			}
+			if tc.fromSource && then == tc.event {
+				m.notifyTask(then, inst, m.host, m.node, "active", "migrating")
+			} else {
+				m.notify(then, inst, m.hostB, m.nodeB, "active")
+			}
 			m.waitFor(30*time.Second, "the next event processed", func() bool {
 				var open, all int
 				testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT count(*) FILTER (WHERE processed_at IS NULL), count(*) FROM events WHERE instance_uuid = $1 AND source = 'nova'`,
 					inst).Scan(&open, &all), "events")
-				return open == 0 && all == 2
+				return open == 0 && all == sent+1
 			})
 			var n int
 			testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT count(*) FROM requests WHERE source = 'nova' AND instance_uuid = $1`, inst).Scan(&n), "requests")
