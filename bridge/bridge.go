@@ -203,6 +203,14 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	notif.Register(srv)
 	srv.AddCheck("notifications", notif.Ready) // commits to Postgres failing for [notifications] stall_after
 	comps = append(comps, component{"notifications", notif.Run})
+	// Nova's servers listed into the instances: all at first start, then the changes since (catch-up).
+	syncComp, err := setupServerSync(ctx, w, notifCfg.ClockSkewTolerance)
+	if err != nil {
+		return fmt.Errorf("nova server sync: %w", err)
+	}
+	if syncComp != nil {
+		comps = append(comps, *syncComp)
+	}
 	// Pipeline and dispatch: inbox → policy → Placement claim → outbox → agents; results, reports, deadlines.
 	pipeComps, err := setupPipeline(ctx, w, notifCfg.TLS, pol, pl)
 	if err != nil {

@@ -2,9 +2,12 @@ package bridge
 
 import (
 	"context"
+	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
 )
@@ -14,6 +17,12 @@ var (
 		"Nova's compute API URL, instead of the one in Keystone's catalog. With token_file it replaces Keystone "+
 			"(nova-api run with [api] auth_strategy = noauth2). The Nova-native path (attach_mode: nova-resize, the "+
 			"policy's default) is off unless this and token_file, or [openstack] cloud, are set. Example: http://127.0.0.1:8774/v2.1")
+	optNovaServerSync = novaOptions.Duration("nova", "server_sync_interval", 10*time.Minute, 0, 24*time.Hour,
+		"How often the bridge lists the servers Nova changed since its last listing (GET /servers/detail with "+
+			"changes-since, 5 minutes of margin), to catch up notifications it did not receive (a queue lost or "+
+			"purged). The first listing, at the bridge's first start with Nova configured, reads every server, so "+
+			"that instances created before the bridge are known. 0 turns the listing off. Needs an admin token "+
+			"(all_tenants). Example: 10m")
 	optNovaTokenFile = novaOptions.String("nova", "token_file", "",
 		"A file holding a static token sent as X-Auth-Token, used with endpoint_override instead of Keystone "+
 			"(noauth2 takes \"<user>:<project>\", e.g. admin:admin). The token must be an admin's: the bridge lists "+
@@ -66,13 +75,41 @@ func NovaPathConfig(v *conf.Values) novaresize.Config {
 // setupNova builds Nova's client for the pipeline; nil (no error) when
 // Nova is not configured. setupPipeline gives it to the Nova-native path.
 func setupNova(ctx context.Context, v *conf.Values) (novaresize.Nova, error) {
-	c, ok, err := NovaConfig(v)
-	if err != nil || !ok {
-		return nil, err
-	}
-	nc, err := computeapi.New(ctx, c)
-	if err != nil {
+	nc, err := novaClient(ctx, v)
+	if err != nil || nc == nil {
 		return nil, err
 	}
 	return nc, nil
 }
+
+// novaClient is Nova's client as [nova] and [openstack] configure it; nil
+// (no error) when Nova is not configured.
+func novaClient(ctx context.Context, v *conf.Values) (*computeapi.Client, error) {
+	c, ok, err := NovaConfig(v)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return computeapi.New(ctx, c)
+}
+
+// setupServerSync lists Nova's servers into the instances ([nova]
+// server_sync_interval); no component when Nova is not configured or the
+// listing is off.
+func setupServerSync(ctx context.Context, w *wiring, skew time.Duration) (*component, error) {
+	every := optNovaServerSync.Get(w.v)
+	if every <= 0 {
+		return nil, nil
+	}
+	nc, err := novaClient(ctx, w.v)
+	if err != nil || nc == nil {
+		return nil, err
+	}
+	s := &ingest.ServerSync{Pool: w.pool, Nova: nc, Log: w.log.With("component", "nova-server-sync"), Interval: every,
+		Margin: serverSyncMargin, ClockSkewTolerance: skew, Retry: backoff.Policy{Min: time.Second, Max: every}}
+	return &component{"nova-server-sync", s.Run}, nil
+}
+
+// serverSyncMargin is taken off the last listing's start when the bridge
+// asks Nova for the servers changed since: Nova compares with its own
+// clock, and a server changed while the last listing ran is listed again.
+const serverSyncMargin = 5 * time.Minute

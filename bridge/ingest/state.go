@@ -129,7 +129,7 @@ func foldSnapshots(evs []*Event) (out []*snapshot, stale int) {
 			continue
 		}
 		m := ev.Message
-		rank := m.Event.Phase.Rank()
+		rank := eventRank(ev)
 		at := ev.At
 		s := by[in.UUID]
 		if s == nil {

@@ -399,7 +399,7 @@ func novaHostProblem(f Facts) (string, string) {
 	in := f.Instance
 	switch {
 	case !in.Known:
-		return fmt.Sprintf("instance %s is not known to the bridge (no Nova notification about it yet)", in.UUID), flow.CodeNoInstance
+		return fmt.Sprintf("instance %s is not known to the bridge (no Nova notification or listing of Nova's servers named it yet)", in.UUID), flow.CodeNoInstance
 	case in.Deleted:
 		return fmt.Sprintf("instance %s is deleted", in.UUID), flow.CodeNoInstance
 	case in.Host == "":

@@ -46,6 +46,7 @@ var owners = map[string]string{
 	"hosts":                  "bridge/ingest",
 	"gpus":                   "placement/mirror",
 	"flavors":                "bridge/ingest",
+	"nova_server_sync":       "bridge/ingest",
 	"drift_runs":             "bridge/drift",
 	"drift_findings":         "bridge/drift",
 	"diagnostics":            "bridge/diagnostics",

@@ -136,27 +136,7 @@ func (s Server) Resizing() bool {
 }
 
 type serverJSON struct {
-	Server struct {
-		ID        string `json:"id"`
-		Name      string `json:"name"`
-		Status    string `json:"status"`
-		VMState   string `json:"OS-EXT-STS:vm_state"`
-		TaskState string `json:"OS-EXT-STS:task_state"`
-		Host      string `json:"OS-EXT-SRV-ATTR:host"`
-		Node      string `json:"OS-EXT-SRV-ATTR:hypervisor_hostname"`
-		Flavor    struct {
-			OriginalName string            `json:"original_name"`
-			VCPUs        int               `json:"vcpus"`
-			RAM          int               `json:"ram"`
-			Disk         int               `json:"disk"`
-			Ephemeral    int               `json:"ephemeral"`
-			Swap         int               `json:"swap"`
-			ExtraSpecs   map[string]string `json:"extra_specs"`
-		} `json:"flavor"`
-		Fault *struct {
-			Message string `json:"message"`
-		} `json:"fault"`
-	} `json:"server"`
+	Server serverBody `json:"server"`
 }
 
 // HeaderRequestID is the header carrying the caller's request id.
@@ -179,13 +159,7 @@ func (c *Client) Server(ctx context.Context, id, requestID string) (Server, erro
 	if err != nil {
 		return Server{}, classify("GET /servers/"+id, err)
 	}
-	s := out.Server
-	srv := Server{ID: s.ID, Name: s.Name, Status: s.Status, VMState: s.VMState, TaskState: s.TaskState, Host: s.Host, Node: s.Node,
-		Flavor: Flavor{Name: s.Flavor.OriginalName, VCPUs: s.Flavor.VCPUs, RAM: s.Flavor.RAM, Disk: s.Flavor.Disk,
-			Ephemeral: s.Flavor.Ephemeral, Swap: s.Flavor.Swap, ExtraSpecs: s.Flavor.ExtraSpecs}}
-	if s.Fault != nil {
-		srv.Fault = s.Fault.Message
-	}
+	srv := out.Server.server()
 	if srv.ID == "" {
 		return Server{}, &Error{Op: "GET /servers/" + id, Kind: KindFinal, Err: errors.New("the answer holds no server")}
 	}
