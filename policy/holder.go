@@ -108,6 +108,12 @@ func (h *Holder) Reload() error {
 
 func (h *Holder) reloadLocked() error {
 	data, err := os.ReadFile(h.cfg.RulesFile)
+	if err == nil && len(bytes.TrimSpace(data)) == 0 {
+		// An editor or a configuration tool that writes the file in place
+		// truncates it first: a poll may see it empty. An empty file is
+		// never a policy ("rules: []" is one with no rules).
+		err = fmt.Errorf("rules file %s is empty (still being written?)", h.cfg.RulesFile)
+	}
 	var p *Policy
 	if err == nil {
 		p, err = Build(h.cfg, h.cat)

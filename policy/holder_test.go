@@ -109,3 +109,23 @@ func TestWatchReloadsOnChange(t *testing.T) {
 		t.Errorf("reloaded unchanged content: %d -> %d", r, r2)
 	}
 }
+
+// TestReloadRefusesEmptyFile: a rules file caught empty (truncated by an
+// in-place write that has not finished) is refused; the old policy stays.
+func TestReloadRefusesEmptyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, path, ruleA)
+	h, err := NewHolder(Config{RulesFile: path}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, empty := range []string{"", " \n\t\n"} {
+		writeFile(t, path, empty)
+		if err := h.Reload(); err == nil || !strings.Contains(err.Error(), "empty") {
+			t.Errorf("reload of %q: %v, want an empty-file error", empty, err)
+		}
+		if r := h.Policy().Rules(); len(r) != 1 || r[0] != "a" {
+			t.Errorf("active rules after %q: %v, want [a]", empty, r)
+		}
+	}
+}
