@@ -177,7 +177,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	comps = append(comps, polComp)
 	// Operator controls: pause, observe-only, drains; read by placement and the pipeline.
 	// Placement: mirror, sync loop, engine, claims, /v1/placements, /v1/gpus, /v1/hosts.
-	pl, plComp, err := setupPlacement(ctx, w, pol.Catalog())
+	pl, plComp, err := setupPlacement(ctx, w, pol)
 	if err != nil {
 		return err
 	}

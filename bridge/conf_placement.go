@@ -8,7 +8,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
-	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
 var (
@@ -51,17 +51,21 @@ func PlacementConfig(v *conf.Values, replica string) (placement.Config, error) {
 // srv and returns its sync loop; bridge.Run calls it at the features
 // mark:
 //
-//	pl, plComp, err := setupPlacement(ctx, w, pol.Catalog())
+//	pl, plComp, err := setupPlacement(ctx, w, pol)
 //	if err != nil { return err }
 //	comps = append(comps, plComp)
 //
 // pl is what the pipeline uses: DryRun, Claim, Release, LookupVGPU.
-func setupPlacement(ctx context.Context, w *wiring, cat *catalog.Catalog) (*placement.Service, component, error) {
+func setupPlacement(ctx context.Context, w *wiring, pol *policy.Holder) (*placement.Service, component, error) {
 	v, replica, pool, srv, log := w.v, w.replica, w.pool, w.srv, w.log
+	cat := pol.Catalog()
 	pc, err := PlacementConfig(v, replica)
 	if err != nil {
 		return nil, component{}, err
 	}
+	// The guest driver traits follow the matrix the policy holds now (it
+	// reloads with the policy's files).
+	pc.GuestBranches = func(hypervisor, driver string) []int { return pol.Policy().Compat().GuestBranches(hypervisor, driver) }
 	if pool != nil {
 		pc.Auditor = requests.Auditor{DB: pool, Actor: "vgpu-bridge/" + replica}
 	}

@@ -31,6 +31,12 @@ var (
 			"(creating the CUSTOM_ trait when missing), so that Nova's scheduler and vGPU flavors see it. The bridge "+
 			"never removes a trait and never changes an inventory; each trait added is audited. Needs a Placement "+
 			"account allowed to write traits. Example: true")
+	optAddDriverTraits = options.Bool("placement", "add_driver_traits", false,
+		"Opt-in: keep on each GPU provider the traits CUSTOM_VGPU_GUEST_DRIVER_R<branch> of the guest driver "+
+			"release branches its host's vGPU manager serves (the version its agent reports, judged by [policy] "+
+			"driver_compat_file), adding and removing only traits of that prefix, so that a flavor or image asking for "+
+			"trait:CUSTOM_VGPU_GUEST_DRIVER_R535=required never lands where the guest would show code 43. Each change "+
+			"is audited. Needs a Placement account allowed to write traits. Example: true")
 	optSyncInterval = options.Duration("placement", "sync_interval", time.Minute, time.Second, 24*time.Hour,
 		"Time between incremental syncs (providers whose generation moved). Example: 30s")
 	optFullSyncInterval = options.Duration("placement", "full_sync_interval", time.Hour, time.Minute, 7*24*time.Hour,
@@ -87,6 +93,7 @@ func ConfigFrom(v *conf.Values) Config {
 		FullSyncInterval: optFullSyncInterval.Get(v),
 		SyncConcurrency:  optSyncConcurrency.Get(v),
 		AddTypeTraits:    optAddTypeTraits.Get(v),
+		AddDriverTraits:  optAddDriverTraits.Get(v),
 		StaleReportAge:   optStaleReportAge.Get(v),
 		ConsumerType:     optConsumerType.Get(v),
 	}

@@ -45,6 +45,13 @@ type Config struct {
 	// AddTypeTraits (opt-in): the sync leader adds to each GPU provider
 	// without a type trait the one its agent reports (AddTypeTraits).
 	AddTypeTraits bool
+	// AddDriverTraits (opt-in): the sync leader keeps on each GPU provider
+	// the guest driver traits its host's vGPU manager serves
+	// (SyncDriverTraits), as GuestBranches says.
+	AddDriverTraits bool
+	// GuestBranches lists the guest driver branches a host serves (the
+	// policy's driver compatibility matrix); nil adds no driver traits.
+	GuestBranches func(hypervisor, driverVersion string) []int
 	// StaleReportAge excludes hosts whose last agent report is older
 	// (hosts that never reported are not excluded).
 	StaleReportAge time.Duration
@@ -286,6 +293,11 @@ func (s *Service) lead(ctx context.Context) error {
 		if s.cfg.AddTypeTraits && err == nil {
 			if _, terr := s.AddTypeTraits(ctx); terr != nil && ctx.Err() == nil {
 				s.log.Warn("placement: adding type traits", logkey.Err, terr)
+			}
+		}
+		if s.cfg.AddDriverTraits && err == nil {
+			if _, terr := s.SyncDriverTraits(ctx); terr != nil && ctx.Err() == nil {
+				s.log.Warn("placement: guest driver traits", logkey.Err, terr)
 			}
 		}
 		wait := s.cfg.SyncInterval

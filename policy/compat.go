@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -283,4 +284,31 @@ func LoadCompat(r io.Reader) (*Compat, error) {
 		return nil, &LoadError{Errors: w.errs}
 	}
 	return c, nil
+}
+
+// GuestBranches lists the guest driver release branches a host with the
+// given hypervisor and vGPU manager version serves, oldest first, by
+// Supported at the granularity of a branch: the known branches and the
+// host's own. Exceptions and matrix rows naming exact guest versions do
+// not change a branch's answer. Nil without a matrix or a host version.
+func (c *Compat) GuestBranches(hypervisor, host string) []int {
+	if c == nil || host == "" {
+		return nil
+	}
+	hb, err := branchOf(host)
+	if err != nil {
+		return nil
+	}
+	branches := c.Branches
+	if !slices.Contains(branches, hb) {
+		branches = append(slices.Clone(branches), hb)
+		slices.Sort(branches)
+	}
+	var out []int
+	for _, b := range branches {
+		if c.Supported(hypervisor, host, strconv.Itoa(b)) {
+			out = append(out, b)
+		}
+	}
+	return out
 }

@@ -6,18 +6,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/libvirt"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
-	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
-	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -45,19 +40,7 @@ func TestMaintenanceMigrateAll(t *testing.T) {
 	vgpuFlavor := n.CreateFlavor(t, prefix+".t4-4q", 2, 2048, 10, map[string]string{"resources:VGPU": "1", "trait:" + directTrait: "required"})
 	plain := n.CreateFlavor(t, prefix+".small", 2, 2048, 10, nil)
 
-	dir := t.TempDir()
-	rules, tok := filepath.Join(dir, "policy.yaml"), filepath.Join(dir, "nova-token")
-	secretFile, ini := filepath.Join(dir, "webhook.secret"), filepath.Join(dir, "bridge.conf")
-	testsvc.Must(t, os.WriteFile(rules, []byte(directPolicy), 0o600), "policy")
-	testsvc.Must(t, os.WriteFile(tok, []byte(n.Token()+"\n"), 0o600), "nova token")
-	testsvc.Must(t, os.WriteFile(secretFile, []byte(directSecret+"\n"), 0o600), "secret")
-	testsvc.Must(t, os.WriteFile(ini, []byte("[webhook_source:e2e]\nauth = hmac\nsecret_files = "+secretFile+
-		"\nrate = 100\nburst = 100\n"), 0o600), "bridge.conf")
-	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: testbridge.Overrides(t, testsvc.Postgres(t),
-		"DEFAULT.transport_url="+n.TransportURL(),
-		"policy.rules_file="+rules,
-		"nova.endpoint_override="+n.ComputeEndpoint(),
-		"nova.token_file="+tok,
+	d, api := startNovaBridge(t, n,
 		"nova.poll_interval=100ms",
 		"dispatch.results_queue="+testsvc.Name("mig-results"),
 		"dispatch.reports_queue="+testsvc.Name("mig-reports"),
@@ -65,10 +48,7 @@ func TestMaintenanceMigrateAll(t *testing.T) {
 		"placement.sync_interval=2s",
 		"maintenance.poll_interval=200ms",
 		"maintenance.migration_timeout=4m",
-	)})
-	testsvc.Must(t, err, "bridge configuration")
-	d := testbridge.Start(t, v)
-	api := apiclient.New(apiclient.Config{URL: "http://" + d.API.Addr(), Token: testbridge.AdminToken, Timeout: 30 * time.Second})
+	)
 	w := &directWorld{t: t, ctx: ctx, n: n, host: a, gpu: gpuA, api: api, pool: d.Pool, flavor: plain}
 
 	novaVM := n.CreateServer(t, prefix+"-a-nova", vgpuFlavor, a)

@@ -11,6 +11,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -38,27 +39,12 @@ func TestServersKnownFromNovaAPI(t *testing.T) {
 	n.WaitServer(t, before, "ACTIVE")
 	n.WaitServer(t, doomed, "ACTIVE")
 
-	dir := t.TempDir()
-	rules, tok := filepath.Join(dir, "policy.yaml"), filepath.Join(dir, "nova-token")
-	secretFile, ini := filepath.Join(dir, "webhook.secret"), filepath.Join(dir, "bridge.conf")
-	testsvc.Must(t, os.WriteFile(rules, []byte(directPolicy), 0o600), "policy")
-	testsvc.Must(t, os.WriteFile(tok, []byte(n.Token()+"\n"), 0o600), "nova token")
-	testsvc.Must(t, os.WriteFile(secretFile, []byte(directSecret+"\n"), 0o600), "secret")
-	testsvc.Must(t, os.WriteFile(ini, []byte("[webhook_source:e2e]\nauth = hmac\nsecret_files = "+secretFile+
-		"\nrate = 100\nburst = 100\n"), 0o600), "bridge.conf")
-	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: testbridge.Overrides(t, testsvc.Postgres(t),
-		"DEFAULT.transport_url="+n.TransportURL(),
+	d, api := startNovaBridge(t, n,
 		"notifications.topics="+testsvc.Name("silent"), // nothing from Nova: the listing alone tells
-		"policy.rules_file="+rules,
-		"nova.endpoint_override="+n.ComputeEndpoint(),
-		"nova.token_file="+tok,
 		"nova.server_sync_interval=2s",
 		"pipeline.poll_interval=50ms",
 		"placement.sync_interval=2s",
-	)})
-	testsvc.Must(t, err, "bridge configuration")
-	d := testbridge.Start(t, v)
-	api := apiclient.New(apiclient.Config{URL: "http://" + d.API.Addr(), Token: testbridge.AdminToken, Timeout: 30 * time.Second})
+	)
 	w := &directWorld{t: t, ctx: ctx, n: n, host: host, gpu: gpu, api: api, pool: d.Pool, flavor: plain}
 
 	known := func(id string) (apiclient.Instance, bool) {
@@ -98,4 +84,28 @@ func TestServersKnownFromNovaAPI(t *testing.T) {
 	})
 	n.DeleteServer(t, before)
 	n.DeleteServer(t, after)
+}
+
+// startNovaBridge starts a bridge on Nova's broker with the Nova-native
+// path configured (the harness's noauth2 admin token), the direct policy,
+// the webhook source e2e (directSecret) and the extra overrides.
+func startNovaBridge(t *testing.T, n *novaharness.Nova, extra ...string) (*bridge.Daemon, *apiclient.Client) {
+	t.Helper()
+	dir := t.TempDir()
+	rules, tok := filepath.Join(dir, "policy.yaml"), filepath.Join(dir, "nova-token")
+	secretFile, ini := filepath.Join(dir, "webhook.secret"), filepath.Join(dir, "bridge.conf")
+	testsvc.Must(t, os.WriteFile(rules, []byte(directPolicy), 0o600), "policy")
+	testsvc.Must(t, os.WriteFile(tok, []byte(n.Token()+"\n"), 0o600), "nova token")
+	testsvc.Must(t, os.WriteFile(secretFile, []byte(directSecret+"\n"), 0o600), "secret")
+	testsvc.Must(t, os.WriteFile(ini, []byte("[webhook_source:e2e]\nauth = hmac\nsecret_files = "+secretFile+
+		"\nrate = 100\nburst = 100\n"), 0o600), "bridge.conf")
+	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: testbridge.Overrides(t, testsvc.Postgres(t), append([]string{
+		"DEFAULT.transport_url=" + n.TransportURL(),
+		"policy.rules_file=" + rules,
+		"nova.endpoint_override=" + n.ComputeEndpoint(),
+		"nova.token_file=" + tok,
+	}, extra...)...)})
+	testsvc.Must(t, err, "bridge configuration")
+	d := testbridge.Start(t, v)
+	return d, apiclient.New(apiclient.Config{URL: "http://" + d.API.Addr(), Token: testbridge.AdminToken, Timeout: 30 * time.Second})
 }
