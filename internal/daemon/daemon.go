@@ -212,12 +212,19 @@ func configCmd(g *Globals) *cobra.Command {
 		Short: "Check the configuration (--config, --set, environment) without starting anything",
 		Long: "check reads the configuration as the daemon would and lists every problem: an unknown section or " +
 			"option (a typo), a value out of range, options that contradict each other. It exits 0 when there is " +
-			"none, 2 with the list on standard error. It opens no connection and reads no key or secret file " +
+			"none (after the warnings the daemon would log at start: deprecated names, oslo options it ignores), " +
+			"2 with the list on standard error. It opens no connection and reads no key or secret file " +
 			"beyond the configuration itself.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if _, err := g.Load(); err != nil {
+			v, err := g.Load()
+			if err != nil {
 				return err
+			}
+			// What the daemon would log at start as configuration
+			// warnings: deprecated names, oslo options it ignores.
+			for _, w := range v.Warnings {
+				fmt.Fprintf(g.Stdout, "%s: warning: %s\n", g.Spec.Name, w)
 			}
 			what := strings.TrimSpace(g.ConfigFile + " " + g.ConfigDir)
 			if what == "" {

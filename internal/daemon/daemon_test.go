@@ -125,4 +125,21 @@ func TestConfigCheck(t *testing.T) {
 			t.Errorf("bad file: stderr lacks %q:\n%s", want, errb.String())
 		}
 	}
+
+	// Sections pasted from nova.conf pass, the options ignored listed as
+	// the daemon would log them; a typo beside them still fails.
+	nova := "[DEFAULT]\ndebug = true\nuse_stderr = false\n[keystone_authtoken]\nauth_type = password\nmemcached_servers = m:11211\n"
+	out.Reset()
+	errb.Reset()
+	if rc := Main(testSpec(), []string{"config", "check", "--config", write("nova.conf", nova)}, &out, &errb); rc != ExitOK ||
+		!strings.Contains(out.String(), "testd: warning: file ") ||
+		!strings.Contains(out.String(), "[keystone_authtoken] auth_type, memcached_servers: ignored") ||
+		!strings.Contains(out.String(), "[DEFAULT] use_stderr: ignored") {
+		t.Errorf("nova.conf sections: exit %d, %q %q", rc, out.String(), errb.String())
+	}
+	errb.Reset()
+	if rc := Main(testSpec(), []string{"config", "check", "--config", write("typo.conf", nova+"[DEFAULT]\nlog_fromat = text\n")}, &out, &errb); rc != ExitUsage ||
+		!strings.Contains(errb.String(), "log_fromat") {
+		t.Errorf("typo beside nova.conf sections: exit %d, %q", rc, errb.String())
+	}
 }
