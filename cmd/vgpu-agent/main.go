@@ -37,6 +37,7 @@ attach vGPUs, tune GPUs, set VM limits) and reports the host's state.`,
 	ReferenceTitle: agent.ReferenceTitle,
 	Debug:          agent.Debug,
 	LogFormat:      agent.LogFormat,
+	LogLevels:      agent.LogLevels,
 }
 
 // subcommands are the commands of vgpu-agent, each built by a file of

@@ -37,6 +37,7 @@ Placement's VGPU inventories and acts through Nova or the vgpu-agents.`,
 	ReferenceTitle: bridge.ReferenceTitle,
 	Debug:          bridge.Debug,
 	LogFormat:      bridge.LogFormat,
+	LogLevels:      bridge.LogLevels,
 }
 
 // subcommands are the commands of vgpu-bridge, each built by a file of

@@ -55,9 +55,11 @@ type Spec struct {
 	// its sample and of its reference.
 	Options                     func() *conf.Set
 	SampleTitle, ReferenceTitle string
-	// Debug and LogFormat read [DEFAULT] debug and log_format.
+	// Debug and LogFormat read [DEFAULT] debug and log_format;
+	// LogLevels reads [DEFAULT] default_log_levels (nil: none).
 	Debug     func(*conf.Values) bool
 	LogFormat func(*conf.Values) string
+	LogLevels func(*conf.Values) []string
 }
 
 // Globals are the flags every subcommand shares, and where it writes.
@@ -77,10 +79,27 @@ func (g *Globals) Load() (*conf.Values, error) {
 	if g.Debug {
 		ov = append(ov, "DEFAULT.debug=true")
 	}
-	return g.Spec.Load(conf.Source{File: g.ConfigFile, Dir: g.ConfigDir, Environ: os.Environ(), Overrides: ov})
+	v, err := g.Spec.Load(conf.Source{File: g.ConfigFile, Dir: g.ConfigDir, Environ: os.Environ(), Overrides: ov})
+	if err != nil {
+		return v, err
+	}
+	if _, err := g.logLevels(v); err != nil {
+		return nil, conf.Errors{{Section: conf.DefaultSection, Option: "default_log_levels",
+			Value: strings.Join(g.Spec.LogLevels(v), ","), Problem: err.Error()}}
+	}
+	return v, nil
 }
 
-// Logger builds the process logger from [DEFAULT] debug and log_format.
+func (g *Globals) logLevels(v *conf.Values) (map[string]slog.Level, error) {
+	if g.Spec.LogLevels == nil {
+		return nil, nil
+	}
+	return ParseLogLevels(g.Spec.Name, g.Spec.LogLevels(v))
+}
+
+// Logger builds the process logger from [DEFAULT] debug, log_format and
+// default_log_levels: JSON (slog's), text, or oslo_json (oslo.log's
+// JSONFormatter's records, for the log pipelines of OpenStack clouds).
 // Under systemd, where standard error is journald's stream, each line
 // carries its syslog priority (errors at err, warnings at warning).
 func (g *Globals) Logger(v *conf.Values) *slog.Logger {
@@ -88,15 +107,22 @@ func (g *Globals) Logger(v *conf.Values) *slog.Logger {
 	if g.Spec.Debug(v) {
 		level = slog.LevelDebug
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	levels, _ := g.logLevels(v) // Load refused bad ones
+	opts := &slog.HandlerOptions{Level: lowestLevel(level, levels)}
 	build := func(w io.Writer) slog.Handler { return slog.NewJSONHandler(w, opts) }
-	if g.Spec.LogFormat(v) == "text" {
+	switch g.Spec.LogFormat(v) {
+	case "text":
 		build = func(w io.Writer) slog.Handler { return slog.NewTextHandler(w, opts) }
+	case "oslo_json":
+		build = func(w io.Writer) slog.Handler { return newOsloJSONHandler(w, g.Spec.Name, opts.Level) }
 	}
+	var h slog.Handler
 	if onJournal(g.Stderr) {
-		return slog.New(newPriorityHandler(g.Stderr, build))
+		h = newPriorityHandler(g.Stderr, build)
+	} else {
+		h = build(g.Stderr)
 	}
-	return slog.New(build(g.Stderr))
+	return slog.New(withLogLevels(h, level, levels))
 }
 
 // Main runs the daemon's command line with args (the program name left

@@ -16,7 +16,8 @@ import (
 var (
 	testOptions = conf.NewGroup()
 	testDebug   = testOptions.Bool(conf.DefaultSection, "debug", false, "Log at debug level.")
-	testFormat  = testOptions.Choice(conf.DefaultSection, "log_format", "json", []string{"json", "text"}, "Log format.")
+	testFormat  = testOptions.Choice(conf.DefaultSection, "log_format", "json", []string{"json", "text", "oslo_json"}, "Log format.")
+	testLevels  = testOptions.List(conf.DefaultSection, "default_log_levels", "", "Component levels.")
 )
 
 func testSpec() Spec {
@@ -25,7 +26,7 @@ func testSpec() Spec {
 		Name: "testd", Short: "a test daemon", Sample: "testd.conf.sample",
 		Load:    func(src conf.Source) (*conf.Values, error) { return set().Load(src) },
 		Options: set, SampleTitle: "testd sample", ReferenceTitle: "testd reference",
-		Debug: testDebug.Get, LogFormat: testFormat.Get,
+		Debug: testDebug.Get, LogFormat: testFormat.Get, LogLevels: testLevels.Get,
 	}
 }
 
