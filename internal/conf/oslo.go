@@ -52,10 +52,10 @@ type osloSection struct {
 var osloSections = map[string]osloSection{
 	DefaultSection: {
 		whose: "oslo.log's, oslo.messaging's and oslo.service's process settings; " +
-			"vgpu-bridge logs to standard error or log_file in log_format",
+			"vgpu-bridge logs to standard error (journald) in log_format",
 		known: []string{
 			// oslo.log
-			"verbose", "log_config_append", "log_date_format", "watch_log_file", "use_syslog",
+			"verbose", "log_file", "log_dir", "log_config_append", "log_date_format", "watch_log_file", "use_syslog",
 			"use_journal", "syslog_log_facility", "use_json", "use_stderr", "use_eventlog",
 			"log_rotate_interval", "log_rotate_interval_type", "max_logfile_count", "max_logfile_size_mb",
 			"log_rotation_type", "logging_context_format_string", "logging_default_format_string",
