@@ -22,6 +22,9 @@ func TestNovaStyleConfig(t *testing.T) {
 	if got := tlsFiles(v); got != want {
 		t.Errorf("[amqp] TLS files %+v, want %+v", got, want)
 	}
+	if got := diagnosticsFrom(v).LogFile; got != "/var/log/kolla/vgpu-agent/agent.log" {
+		t.Errorf("the bundle's log file is %q, want [DEFAULT] log_dir/log_file", got)
+	}
 	if Host(v) != "compute-0012" || Debug(v) {
 		t.Errorf("[DEFAULT] host %q debug %v", Host(v), Debug(v))
 	}

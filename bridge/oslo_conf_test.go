@@ -42,6 +42,7 @@ func TestNovaStyleConfig(t *testing.T) {
 		{"[oslo_messaging_notifications] exchange_durable (amqp_durable_queues)", nc.ExchangeDurable, true},
 		{"[oslo_messaging_notifications] topics", strings.Join(nc.Topics, ","), "notifications"},
 		{"[DEFAULT] debug", Debug(v), true},
+		{"log file (log_dir)", LogFile(v), "/var/log/kolla/vgpu-bridge/vgpu-bridge.log"},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)

@@ -2,6 +2,7 @@ package conf
 
 import (
 	"fmt"
+	"path/filepath"
 	"sort"
 	"strings"
 )
@@ -52,10 +53,10 @@ type osloSection struct {
 var osloSections = map[string]osloSection{
 	DefaultSection: {
 		whose: "oslo.log's, oslo.messaging's and oslo.service's process settings; " +
-			"vgpu-bridge logs to standard error (journald) in log_format",
+			"vgpu-bridge logs in log_format to log_file or standard error (journald)",
 		known: []string{
 			// oslo.log
-			"verbose", "log_file", "log_dir", "log_config_append", "log_date_format", "watch_log_file", "use_syslog",
+			"verbose", "log_config_append", "log_date_format", "watch_log_file", "use_syslog",
 			"use_journal", "syslog_log_facility", "use_json", "use_stderr", "use_eventlog",
 			"log_rotate_interval", "log_rotate_interval_type", "max_logfile_count", "max_logfile_size_mb",
 			"log_rotation_type", "logging_context_format_string", "logging_default_format_string",
@@ -215,4 +216,20 @@ func (s *Set) osloLines() []string {
 		out = append(out, line+rest)
 	}
 	return out
+}
+
+// LogFilePath is where a daemon named binary logs, given [DEFAULT]
+// log_file and log_dir, as oslo.log decides it (_get_log_file_path in
+// oslo_log/log.py): log_file, under log_dir when relative; log_dir alone
+// means log_dir/binary.log; neither, "" (standard error).
+func LogFilePath(binary, file, dir string) string {
+	switch {
+	case file != "" && dir != "" && !filepath.IsAbs(file):
+		return filepath.Join(dir, file)
+	case file != "":
+		return file
+	case dir != "":
+		return filepath.Join(dir, binary+".log")
+	}
+	return ""
 }

@@ -144,3 +144,18 @@ func TestSampleDocumentsOsloNames(t *testing.T) {
 		t.Errorf("reference lacks the aliases of cache_ttl:\n%s", rst.String())
 	}
 }
+
+// TestLogFilePath: log_file and log_dir combine as oslo.log's.
+func TestLogFilePath(t *testing.T) {
+	for _, tc := range []struct{ file, dir, want string }{
+		{"", "", ""},
+		{"/var/log/a.log", "", "/var/log/a.log"},
+		{"a.log", "/var/log/kolla/x", "/var/log/kolla/x/a.log"},
+		{"/var/log/a.log", "/var/log/kolla/x", "/var/log/a.log"},
+		{"", "/var/log/kolla/x", "/var/log/kolla/x/testd.log"},
+	} {
+		if got := LogFilePath("testd", tc.file, tc.dir); got != tc.want {
+			t.Errorf("log_file %q log_dir %q: %q, want %q", tc.file, tc.dir, got, tc.want)
+		}
+	}
+}

@@ -60,6 +60,9 @@ type Spec struct {
 	Debug     func(*conf.Values) bool
 	LogFormat func(*conf.Values) string
 	LogLevels func(*conf.Values) []string
+	// LogFile is where serve logs ([DEFAULT] log_file and log_dir); ""
+	// or nil: standard error.
+	LogFile func(*conf.Values) string
 }
 
 // Globals are the flags every subcommand shares, and where it writes.
@@ -102,7 +105,27 @@ func (g *Globals) logLevels(v *conf.Values) (map[string]slog.Level, error) {
 // JSONFormatter's records, for the log pipelines of OpenStack clouds).
 // Under systemd, where standard error is journald's stream, each line
 // carries its syslog priority (errors at err, warnings at warning).
-func (g *Globals) Logger(v *conf.Values) *slog.Logger {
+func (g *Globals) Logger(v *conf.Values) *slog.Logger { return g.loggerTo(g.Stderr, v) }
+
+// DaemonLogger is the logger of the daemon itself (serve): Logger's,
+// writing to [DEFAULT] log_file when that is set (reopened when logrotate
+// moves it). close closes the file.
+func (g *Globals) DaemonLogger(v *conf.Values) (log *slog.Logger, close func() error, err error) {
+	path := ""
+	if g.Spec.LogFile != nil {
+		path = g.Spec.LogFile(v)
+	}
+	if path == "" {
+		return g.Logger(v), func() error { return nil }, nil
+	}
+	f, err := openWatched(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return g.loggerTo(f, v), f.Close, nil
+}
+
+func (g *Globals) loggerTo(w io.Writer, v *conf.Values) *slog.Logger {
 	level := slog.LevelInfo
 	if g.Spec.Debug(v) {
 		level = slog.LevelDebug
@@ -117,10 +140,10 @@ func (g *Globals) Logger(v *conf.Values) *slog.Logger {
 		build = func(w io.Writer) slog.Handler { return newOsloJSONHandler(w, g.Spec.Name, opts.Level) }
 	}
 	var h slog.Handler
-	if onJournal(g.Stderr) {
-		h = newPriorityHandler(g.Stderr, build)
+	if onJournal(w) {
+		h = newPriorityHandler(w, build)
 	} else {
-		h = build(g.Stderr)
+		h = build(w)
 	}
 	return slog.New(withLogLevels(h, level, levels))
 }
