@@ -48,13 +48,22 @@ func TestNovaStyleConfig(t *testing.T) {
 			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
 		}
 	}
+	// The credentials the bridge validates tokens with: the section's,
+	// not [openstack] cloud's.
+	cloud := keystoneCredentialsCloud(v)
+	if a := cloud.AuthInfo; a.AuthURL != "https://keystone-internal.example.org:5000" || a.Username != "nova" ||
+		a.Password != "secret" || a.ProjectName != "service" || a.UserDomainName != "Default" ||
+		a.ProjectDomainName != "Default" || cloud.AuthType != "password" || cloud.CACertFile != "/etc/ssl/certs/ca-bundle.pem" ||
+		cloud.RegionName != "RegionOne" {
+		t.Errorf("[keystone] credentials: %+v %+v", cloud, *a)
+	}
 	tu, err := TransportURL(v)
 	if err != nil || len(tu.Brokers) != 2 || tu.Brokers[1].Host != "rabbit2:5671" {
 		t.Errorf("transport_url: %+v, %v", tu, err)
 	}
 	want := []string{
 		"[DEFAULT] control_exchange, log_date_format, use_stderr: ignored",
-		"[keystone_authtoken] auth_type, auth_url, cafile, memcached_servers, password, project_domain_name, project_name, region_name, service_token_roles_required, user_domain_name, username: ignored",
+		"[keystone_authtoken] memcached_servers, service_token_roles_required: ignored",
 		"[notifications] notification_format, notify_on_state_change: ignored",
 		"[oslo_messaging_notifications] retry: ignored",
 		"[oslo_messaging_rabbit] heartbeat_in_pthread, heartbeat_timeout_threshold, kombu_reconnect_delay, ssl: ignored",
@@ -91,6 +100,10 @@ func TestNovaStyleConfigRefused(t *testing.T) {
 		{"two names, two values in a drop-in", "\n[notifications]\nquorum_queue = false\n",
 			"[oslo_messaging_rabbit] rabbit_quorum_queue = \"True\": conflicts with [notifications] quorum_queue", true},
 		{"typo in our section", "\n[keystone]\nadmin_role = admin\n", "[keystone] admin_role", false},
+		{"credentials without a password", "\n[keystone_authtoken]\npassword =\n",
+			"[keystone] password = \"\": is required with auth_url and auth_type = password ([keystone_authtoken] password in nova.conf)", false},
+		{"application credential without its secret", "\n[keystone_authtoken]\nauth_type = v3applicationcredential\napplication_credential_id = 21dc\n",
+			"[keystone] application_credential_secret = \"\": is required", false},
 		{"typo in a section shared with oslo", "\n[oslo_messaging_notifications]\ndrvier = noop\n", "[oslo_messaging_notifications] drvier", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

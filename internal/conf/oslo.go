@@ -72,8 +72,8 @@ var osloSections = map[string]osloSection{
 		},
 	},
 	"keystone_authtoken": {
-		whose: "keystonemiddleware's token validation; vgpu-bridge validates tokens with the " +
-			"clouds.yaml entry of [keystone] cloud (or [openstack] cloud)",
+		whose: "keystonemiddleware's token validation; what the bridge validates tokens with is in its " +
+			"[keystone]: token caches in memcached and service tokens have no equivalent",
 	},
 	"oslo_messaging_rabbit": {
 		whose: "oslo.messaging's RabbitMQ driver; vgpu-bridge takes brokers, virtual host and TLS " +
