@@ -131,3 +131,43 @@ func TestNovaStyleConfigRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestNovaStyleNotificationsBroker: nova.conf's [oslo_messaging_notifications]
+// transport_url, pasted, is where the bridge publishes; as Nova sends its
+// notifications there, the bridge warns when it still reads them from
+// [DEFAULT] transport_url, and not once [notifications] transport_url says
+// where to read them.
+func TestNovaStyleNotificationsBroker(t *testing.T) {
+	base, err := os.ReadFile("testdata/nova-style.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const notify = "rabbit://nova:secret@notify1:5671/"
+	for _, tc := range []struct {
+		name, extra string
+		warned      bool
+	}{
+		{"pasted alone", "\n[oslo_messaging_notifications]\ntransport_url = " + notify + "\n", true},
+		{"consumer told", "\n[oslo_messaging_notifications]\ntransport_url = " + notify + "\n[notifications]\ntransport_url = " + notify + "\n", false},
+		{"same broker as [DEFAULT]", "\n[oslo_messaging_notifications]\ntransport_url = rabbit://nova:secret@rabbit1:5671,nova:secret@rabbit2:5671/\n", false},
+		{"not set", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "bridge.conf")
+			if err := os.WriteFile(p, append(append([]byte(nil), base...), tc.extra...), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			v, err := LoadConfig(conf.Source{File: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			warned := strings.Contains(strings.Join(v.Warnings, "\n"), "set [notifications] transport_url to it")
+			if warned != tc.warned {
+				t.Errorf("warned %v, want %v: %q", warned, tc.warned, v.Warnings)
+			}
+			if strings.Contains(strings.Join(v.Warnings, "\n"), "notify1") {
+				t.Error("a warning shows the URL")
+			}
+		})
+	}
+}
