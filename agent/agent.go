@@ -121,7 +121,7 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 			journalPath = filepath.Join(o.FakeHostDir, "state", "journal")
 		}
 	} else {
-		drv, err = OpenDrivers(v, log)
+		drv, err = OpenDrivers(v, log.With("component", "drivers"))
 	}
 	if err != nil {
 		return fmt.Errorf("host drivers: %w", err)
@@ -136,7 +136,7 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	defer j.Close()
 
 	// Keys before any command: a bad key file stops the agent here.
-	sec, err := newSecurity(v, log, reg, o.Now)
+	sec, err := newSecurity(v, log.With("component", "security"), reg, o.Now)
 	if err != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	ec.Limiter = limiter{conn: drv.Libvirt, cg: drv.Cgroup}
 	ec.Diagnoser, ec.Bundler = drv.Diagnoser(v), drv.Bundler(v, j)
 	ec.Health, ec.Allow = &healthCache{scan: scanner, ttl: 5 * time.Second}, drv.Allow
-	ec.Log, ec.Registerer, ec.AfterStep = log, reg, o.AfterStep
+	ec.Log, ec.Registerer, ec.AfterStep = log.With("component", "executor"), reg, o.AfterStep
 	if ec.AfterStep == nil {
 		ec.AfterStep = func(c protocol.Command, step string) { failpoint.Hit(FailAfterStep + string(c.Kind) + "/" + step) }
 	}
@@ -263,7 +263,7 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	tc := transport.ConfigFrom(v) // command_prefetch, reconnect_max_backoff, report_*
 	tc.URLs, tc.Redacted, tc.Host = tu.AMQPURLs(), tu.Redacted(), host
 	tc.TLS, tc.Verifier, tc.Signer = tlsFn, sec, sec
-	tc.StopGrace, tc.Log, tc.Registerer = optShutdownTimeout.Get(v), log, reg
+	tc.StopGrace, tc.Log, tc.Registerer = optShutdownTimeout.Get(v), log.With("component", "transport"), reg
 	loop, err := transport.New(tc, ex, reporter{scan: scanner, journal: j}, ex.Changed())
 	if err != nil {
 		return err

@@ -12,13 +12,16 @@ import (
 var (
 	optSSLCAFile = amqpOptions.String("amqp", "ssl_ca_file", "",
 		"PEM file of the CA certificates that sign RabbitMQ's server certificates; they replace the system's roots. "+
-			"Empty: the system's roots. The server certificate is always verified. Example: /etc/ssl/rabbitmq/ca.pem")
+			"Empty: the system's roots. The server certificate is always verified. Example: /etc/ssl/rabbitmq/ca.pem").
+		Also("oslo_messaging_rabbit", "ssl_ca_file")
 	optSSLCertFile = amqpOptions.String("amqp", "ssl_cert_file", "",
 		"PEM client certificate presented to RabbitMQ (for ssl_options.fail_if_no_peer_cert = true). Goes with "+
 			"ssl_key_file. Read at each connection, so a renewed certificate is used at the next one. "+
-			"Example: /etc/vgpu-bridge/tls/agent.crt")
+			"Example: /etc/vgpu-bridge/tls/agent.crt").
+		Also("oslo_messaging_rabbit", "ssl_cert_file")
 	optSSLKeyFile = amqpOptions.String("amqp", "ssl_key_file", "",
-		"PEM private key of ssl_cert_file; must not be readable by others. Example: /etc/vgpu-bridge/tls/agent.key")
+		"PEM private key of ssl_cert_file; must not be readable by others. Example: /etc/vgpu-bridge/tls/agent.key").
+		Also("oslo_messaging_rabbit", "ssl_key_file")
 	optSSLServerName = amqpOptions.String("amqp", "ssl_server_name", "",
 		"Name RabbitMQ's certificate must carry (SAN), when it differs from the host in transport_url (e.g. brokers "+
 			"reached by IP address). Empty: each broker's host name from transport_url. Example: rabbit.example.org")

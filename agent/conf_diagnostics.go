@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"cmp"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/diagbundle"
@@ -24,7 +25,8 @@ var (
 		"A file holding the kernel log whose NVRM lines the bundle keeps; empty runs dmesg. Example: /var/log/kern.log")
 	optDiagLogFile = diagnosticsOptions.String("diagnostics", "log_file", "",
 		"The agent's own log file (when its standard error goes to a file), whose tail the bundle keeps; URL "+
-			"passwords in it are masked. Empty leaves the part out (read journald instead). "+
+			"passwords in it are masked. Empty: [DEFAULT] log_file (with log_dir) when set, else the part is left out "+
+			"(read journald instead). "+
 			"Example: /var/log/vgpu-bridge/agent.log")
 )
 
@@ -46,5 +48,5 @@ type diagnosticsSettings struct {
 
 func diagnosticsFrom(v *conf.Values) diagnosticsSettings {
 	return diagnosticsSettings{MaxBytes: optDiagMaxBundleBytes.Get(v), Tool: optDiagBugReportTool.Get(v),
-		ToolTimeout: optDiagBugReportTimeout.Get(v), KernelLogFile: optDiagKernelLog.Get(v), LogFile: optDiagLogFile.Get(v)}
+		ToolTimeout: optDiagBugReportTimeout.Get(v), KernelLogFile: optDiagKernelLog.Get(v), LogFile: cmp.Or(optDiagLogFile.Get(v), LogFile(v))}
 }

@@ -50,10 +50,34 @@ func validateAccounting(v *conf.Values) conf.Errors {
 				Problem: err.Error()})
 		}
 	}
+	if w := outBrokerWarning(v); w != "" {
+		v.Warnings = append(v.Warnings, w)
+	}
 	if _, err := usage.ParsePeriod(optAcctPeriod.Get(v)); err != nil {
 		errs = append(errs, &conf.Error{Section: "accounting", Option: "audit_period", Value: optAcctPeriod.Get(v), Problem: err.Error()})
 	}
 	return errs
+}
+
+// outBrokerWarning warns when the bridge publishes to a broker of its
+// own but reads Nova's notifications from [DEFAULT] transport_url: in
+// nova.conf, [oslo_messaging_notifications] transport_url is where Nova
+// sends them, so a section pasted from it moves the bridge's publishing
+// there and not its consumer, which then waits in vain.
+func outBrokerWarning(v *conf.Values) string {
+	out := optOutTransportURL.Get(v)
+	if out == "" && optOutTransportURLFile.Get(v) == "" {
+		return ""
+	}
+	if optNotifTransportURL.Get(v) != "" || optNotifTransportURLFile.Get(v) != "" {
+		return ""
+	}
+	if out != "" && out == optTransportURL.Get(v) {
+		return ""
+	}
+	return "[oslo_messaging_notifications] transport_url is where the bridge sends its own notifications; it reads " +
+		"Nova's from [DEFAULT] transport_url. If Nova sends its notifications there too (nova.conf's " +
+		"[oslo_messaging_notifications] transport_url), set [notifications] transport_url to it"
 }
 
 // OutTransportURL is the broker the bridge publishes its own

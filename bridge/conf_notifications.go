@@ -17,11 +17,14 @@ var (
 			"Example: /etc/vgpu-bridge/secrets/notifications_transport_url")
 	optNotifSSLCA = notificationsOptions.String("notifications", "ssl_ca_file", "",
 		"PEM CA bundle to verify RabbitMQ's certificate with (TLS transport URLs: rabbit+ssl:// or ?ssl=1); empty uses "+
-			"the system's. Example: /etc/ssl/certs/rabbitmq-ca.pem")
+			"the system's. Example: /etc/ssl/certs/rabbitmq-ca.pem").
+		Also("oslo_messaging_rabbit", "ssl_ca_file")
 	optNotifSSLCert = notificationsOptions.String("notifications", "ssl_cert_file", "",
-		"PEM client certificate for RabbitMQ (mutual TLS). Example: /etc/vgpu-bridge/tls/rabbit.crt")
+		"PEM client certificate for RabbitMQ (mutual TLS). Example: /etc/vgpu-bridge/tls/rabbit.crt").
+		Also("oslo_messaging_rabbit", "ssl_cert_file")
 	optNotifSSLKey = notificationsOptions.String("notifications", "ssl_key_file", "",
-		"PEM private key of ssl_cert_file. Example: /etc/vgpu-bridge/tls/rabbit.key")
+		"PEM private key of ssl_cert_file. Example: /etc/vgpu-bridge/tls/rabbit.key").
+		Also("oslo_messaging_rabbit", "ssl_key_file")
 )
 
 // notificationsOptions are the [notifications] options declared in this

@@ -24,7 +24,8 @@ var (
 			"Example: vgpu.bridge.reports")
 	optQuorumQueues = options.Bool("dispatch", "quorum_queues", false,
 		"Declare results_queue and reports_queue as quorum queues (x-queue-type=quorum), for clustered RabbitMQ. "+
-			"Example: true")
+			"Example: true").
+		Also("oslo_messaging_rabbit", "rabbit_quorum_queue")
 	optDeclareAgentQueues = options.Bool("dispatch", "declare_agent_queues", true,
 		"Declare vgpu.agent.<host> (as the agent does) before the first command to a host, so that commands wait "+
 			"for an agent that is not up yet instead of being dropped as unroutable. Example: false")

@@ -21,20 +21,24 @@ var (
 			"Example: vgpu-bridge.notifications")
 	optQuorumQueue = options.Bool("notifications", "quorum_queue", false,
 		"Declare the queue as a quorum queue (x-queue-type=quorum), for clustered RabbitMQ. An existing queue "+
-			"of the other type gives a 406 error naming this option. Example: true")
+			"of the other type gives a 406 error naming this option. Example: true").
+		Also("oslo_messaging_rabbit", "rabbit_quorum_queue")
 	optExchange = options.String("notifications", "exchange", "nova",
 		"oslo.messaging's control exchange Nova publishes to (a topic exchange). Example: nova")
 	optExchangeDurable = options.Bool("notifications", "exchange_durable", false,
 		"Declare the exchange durable. Must equal Nova's [oslo_messaging_rabbit] amqp_durable_queues, or the broker "+
-			"refuses with 406 PRECONDITION_FAILED. Example: true")
+			"refuses with 406 PRECONDITION_FAILED. Example: true").
+		Also("oslo_messaging_rabbit", "amqp_durable_queues")
 	optExchangeAutoDelete = options.Bool("notifications", "exchange_auto_delete", false,
-		"Declare the exchange auto-delete. Must equal Nova's [oslo_messaging_rabbit] amqp_auto_delete. Example: false")
+		"Declare the exchange auto-delete. Must equal Nova's [oslo_messaging_rabbit] amqp_auto_delete. Example: false").
+		Also("oslo_messaging_rabbit", "amqp_auto_delete")
 	optExchangePassive = options.Bool("notifications", "exchange_passive", false,
 		"Only check that the exchange exists (passive declare) instead of declaring it; for accounts "+
 			"without configure permission on it. Example: true")
 	optTopics = options.List("notifications", "topics", "versioned_notifications",
 		"Nova's versioned notification topics ([notifications] versioned_notifications_topics in nova.conf). "+
-			"Each is bound as TOPIC.PRIORITY for every priority. Example: versioned_notifications")
+			"Each is bound as TOPIC.PRIORITY for every priority. Example: versioned_notifications").
+		Also("notifications", "versioned_notifications_topics")
 	optPriorities = options.List("notifications", "priorities", "info,error",
 		"Notification priorities to consume (routing key suffixes). Nova sends versioned notifications as info and error. "+
 			"Example: info,error")

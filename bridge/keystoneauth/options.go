@@ -31,7 +31,8 @@ var (
 			"routes, read-only (for a NOC or monitoring account that has no system-scoped token). Example: vgpu-observer")
 	optCacheTTL = options.Duration("keystone", "cache_ttl", 5*time.Minute, 0, 24*time.Hour,
 		"How long a validated token is trusted before Keystone is asked again (never past the token's expiry): "+
-			"the longest a revoked token still works. 0 asks Keystone on every request. Example: 5m")
+			"the longest a revoked token still works. 0 asks Keystone on every request. Example: 5m").
+		Also("keystone_authtoken", "token_cache_time")
 	optInvalidCacheTTL = options.Duration("keystone", "invalid_cache_ttl", 10*time.Second, 0, time.Hour,
 		"How long a token Keystone refused is answered 401 without asking Keystone again. Example: 10s")
 	optCacheSize = options.Int("keystone", "cache_size", 10000, 16, 10000000,
@@ -40,9 +41,12 @@ var (
 		"The Keystone URL a caller refused for want of a valid token is told to get one from (the 401 answer's "+
 			"WWW-Authenticate: Keystone uri=\"...\"), as keystonemiddleware's option of the same name: the public "+
 			"identity endpoint. Empty: the auth_url of the clouds.yaml cloud that validates tokens. "+
-			"Example: https://keystone.example.org:5000")
+			"Example: https://keystone.example.org:5000").
+		Also("keystone_authtoken", "www_authenticate_uri").
+		Also("keystone_authtoken", "auth_uri")
 	optTimeout = options.Duration("keystone", "timeout", 10*time.Second, 100*time.Millisecond, 5*time.Minute,
-		"Timeout of one call to Keystone; a caller whose token cannot be validated in time gets 503. Example: 10s")
+		"Timeout of one call to Keystone; a caller whose token cannot be validated in time gets 503. Example: 10s").
+		Also("keystone_authtoken", "http_connect_timeout")
 )
 
 // Options returns the [keystone] options declared by this package.

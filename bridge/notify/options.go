@@ -23,7 +23,8 @@ var (
 			"Example: vgpu_bridge")
 	optExchangeDurable = options.Bool("oslo_messaging_notifications", "exchange_durable", false,
 		"Declare the exchange (and queues, with declare_queues) durable. Must equal the consumers' "+
-			"[oslo_messaging_rabbit] amqp_durable_queues, or the broker refuses with 406 PRECONDITION_FAILED. Example: true")
+			"[oslo_messaging_rabbit] amqp_durable_queues, or the broker refuses with 406 PRECONDITION_FAILED. Example: true").
+		Also("oslo_messaging_rabbit", "amqp_durable_queues")
 	optTopics = options.List("oslo_messaging_notifications", "topics", "versioned_notifications",
 		"Topics the notifications go to; each message is published with routing key TOPIC.PRIORITY "+
 			"(versioned_notifications.info, versioned_notifications.error) for every topic. Example: versioned_notifications")

@@ -37,6 +37,8 @@ attach vGPUs, tune GPUs, set VM limits) and reports the host's state.`,
 	ReferenceTitle: agent.ReferenceTitle,
 	Debug:          agent.Debug,
 	LogFormat:      agent.LogFormat,
+	LogLevels:      agent.LogLevels,
+	LogFile:        agent.LogFile,
 }
 
 // subcommands are the commands of vgpu-agent, each built by a file of
@@ -66,7 +68,12 @@ func newServeCmd(g *globals) *cobra.Command {
 				return errs // exit 2, as a bad configuration
 			}
 			o.LoadConfig = g.Load // SIGHUP: new key paths and key_id apply
-			ctx, log := cmd.Context(), g.Logger(v)
+			ctx := cmd.Context()
+			log, closeLog, err := g.DaemonLogger(v)
+			if err != nil {
+				return err
+			}
+			defer closeLog()
 			// SIGUSR2 writes the Guru Meditation Report; systemd hears
 			// STOPPING=1 when ctx ends (internal/daemon).
 			svc := g.Serve(ctx, v, log)

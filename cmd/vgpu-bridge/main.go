@@ -37,6 +37,8 @@ Placement's VGPU inventories and acts through Nova or the vgpu-agents.`,
 	ReferenceTitle: bridge.ReferenceTitle,
 	Debug:          bridge.Debug,
 	LogFormat:      bridge.LogFormat,
+	LogLevels:      bridge.LogLevels,
+	LogFile:        bridge.LogFile,
 }
 
 // subcommands are the commands of vgpu-bridge, each built by a file of
@@ -66,7 +68,11 @@ func newServeCmd(g *globals) *cobra.Command {
 				return errs // exit 2, as a bad configuration
 			}
 			ctx := cmd.Context()
-			log := g.Logger(v)
+			log, closeLog, err := g.DaemonLogger(v)
+			if err != nil {
+				return err
+			}
+			defer closeLog()
 			// SIGUSR2 writes the Guru Meditation Report; systemd hears
 			// STOPPING=1 when ctx ends (internal/daemon).
 			svc := g.Serve(ctx, v, log)

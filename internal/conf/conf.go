@@ -71,6 +71,10 @@ type Option struct {
 	HasRange bool
 	// Required options must be set to a non-empty value.
 	Required bool
+	// Aliases are the option's other names in the file: oslo's names for
+	// the same setting, so that nova.conf's sections can be pasted
+	// (Option.also, oslo.go).
+	Aliases []Alias
 }
 
 func (o *Option) key() string { return o.Section + "." + o.Name }
@@ -83,7 +87,8 @@ type Set struct {
 	order     []string
 	templates map[string][]*Option
 	secHelp   map[string]string
-	renamed   map[string]string // old section.name → new section.name ("" removed)
+	renamed   map[string]string    // old section.name → new section.name ("" removed)
+	aliases   map[string][]*Option // other section.name in the file → the options it sets
 	checks    []func(*Values) Errors
 }
 
@@ -96,6 +101,7 @@ func NewSet(envPrefix string, groups ...*Group) *Set {
 		opts:      make(map[string]*Option),
 		templates: make(map[string][]*Option),
 		renamed:   make(map[string]string),
+		aliases:   make(map[string][]*Option),
 		secHelp:   make(map[string]string),
 	}
 	for _, g := range groups {
@@ -111,6 +117,11 @@ func NewSet(envPrefix string, groups ...*Group) *Set {
 		}
 		s.checks = append(s.checks, g.checks...)
 	}
+	for a := range s.aliases {
+		if s.opts[a] != nil {
+			panic(fmt.Sprintf("conf: alias %s is also an option's name", a))
+		}
+	}
 	return s
 }
 
@@ -123,6 +134,9 @@ func (s *Set) add(o *Option) {
 	}
 	s.opts[o.key()] = o
 	s.order = append(s.order, o.key())
+	for _, a := range o.Aliases {
+		s.aliases[a.key()] = append(s.aliases[a.key()], o)
+	}
 }
 
 // Check runs the groups' checks of relations between options
@@ -311,7 +325,11 @@ func (s *Set) Load(src Source) (*Values, error) {
 		}
 		x, err := parseValue(o, raw)
 		if err != nil {
-			errs = append(errs, &Error{Section: o.Section, Option: o.Name, Value: raw, Problem: err.Error() + "; " + o.allowed(), Secret: o.Secret})
+			problem := err.Error() + "; " + o.allowed()
+			if _, alias, ok := strings.Cut(v.source[k], " as ["); ok {
+				problem += " (set as [" + alias + ")"
+			}
+			errs = append(errs, &Error{Section: o.Section, Option: o.Name, Value: raw, Problem: problem, Secret: o.Secret})
 			// Keep the default so checks across options can still run.
 			v.vals[k], _ = parseValue(o, o.Default)
 			continue
@@ -395,6 +413,8 @@ func (s *Set) loadFile(v *Values, files []string) Errors {
 		return Errors{{Section: "file", Option: "--config", Value: path, Problem: err.Error()}}
 	}
 	var errs Errors
+	var viaAlias []aliasValue
+	ignored := map[string][]string{} // section → oslo options read and ignored
 	for _, sec := range f.Sections() {
 		name := sec.Name()
 		if prefix, inst, ok := s.templateOf(name); ok {
@@ -411,6 +431,14 @@ func (s *Set) loadFile(v *Values, files []string) Errors {
 		for _, key := range sec.Keys() {
 			o := s.Lookup(name, key.Name())
 			if o == nil {
+				if targets := s.aliases[name+"."+key.Name()]; targets != nil {
+					viaAlias = append(viaAlias, aliasValue{Alias{name, key.Name()}, strings.TrimSpace(key.Value()), targets})
+					continue
+				}
+				if s.ignoredOslo(name, key.Name()) {
+					ignored[name] = append(ignored[name], key.Name())
+					continue
+				}
 				if _, old := s.renamed[name+"."+key.Name()]; old {
 					if o = s.deprecated(v, name+"."+key.Name(), where); o == nil {
 						continue
@@ -427,6 +455,8 @@ func (s *Set) loadFile(v *Values, files []string) Errors {
 			v.source[o.key()] = where
 		}
 	}
+	errs = append(errs, s.applyAliases(v, viaAlias, where)...)
+	v.Warnings = append(v.Warnings, s.ignoredWarnings(ignored, where)...)
 	for prefix := range v.instances {
 		sort.Slice(v.instances[prefix], func(i, j int) bool { return v.instances[prefix][i].Name < v.instances[prefix][j].Name })
 	}

@@ -47,6 +47,10 @@ func (s *Set) WriteSample(w io.Writer, title string) error {
 			writeOption(&b, o, "")
 		}
 	}
+	b.WriteString("\n# Sections of nova.conf that may be pasted as they are (oslo's names):\n")
+	for _, l := range s.osloLines() {
+		b.WriteString("#\n" + comment(l, "# "))
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -91,6 +95,9 @@ func writeOption(b *strings.Builder, o *Option, env string) {
 	}
 	if env != "" {
 		fmt.Fprintf(b, "# Environment: %s\n", env)
+	}
+	if len(o.Aliases) > 0 {
+		fmt.Fprintf(b, "# Also read as (in the file): %s\n", aliasList(o.Aliases))
 	}
 	b.WriteString(strings.TrimRight(fmt.Sprintf("#%s = %s", o.Name, o.Default), " ") + "\n")
 }
@@ -146,6 +153,11 @@ func (s *Set) WriteReference(w io.Writer, title string) error {
 			writeRefOption(&b, o, "")
 		}
 	}
+	head := "Sections of nova.conf"
+	fmt.Fprintf(&b, "\n%s\n%s\n\nThese sections may be pasted from nova.conf as they are (oslo's option names):\n\n", head, strings.Repeat("-", len(head)))
+	for _, l := range s.osloLines() {
+		b.WriteString("* " + rstText(l) + "\n")
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -176,6 +188,9 @@ func writeRefOption(b *strings.Builder, o *Option, env string) {
 	if env != "" {
 		fmt.Fprintf(b, "  :Environment: ``%s``\n", env)
 	}
+	if len(o.Aliases) > 0 {
+		fmt.Fprintf(b, "  :Also read as: %s (in the file)\n", rstText(aliasList(o.Aliases)))
+	}
 	b.WriteString("\n  " + rstText(o.Help) + "\n")
 }
 
@@ -184,4 +199,12 @@ func writeRefOption(b *strings.Builder, o *Option, env string) {
 func rstText(s string) string {
 	r := strings.NewReplacer(`\`, `\\`, "*", `\*`, "`", "\\`", "_", `\_`, "|", `\|`)
 	return r.Replace(strings.Join(strings.Fields(s), " "))
+}
+
+func aliasList(as []Alias) string {
+	names := make([]string, len(as))
+	for i, a := range as {
+		names[i] = a.String()
+	}
+	return strings.Join(names, ", ")
 }

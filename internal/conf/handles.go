@@ -48,7 +48,36 @@ func (h String) Option() *Option { return h.o }
 func (h Int) Option() *Option { return h.o }
 
 // Option returns the declaration behind a handle.
+func (h Float) Option() *Option { return h.o }
+
+// Option returns the declaration behind a handle.
+func (h Bool) Option() *Option { return h.o }
+
+// Option returns the declaration behind a handle.
 func (h Duration) Option() *Option { return h.o }
+
+// Option returns the declaration behind a handle.
+func (h List) Option() *Option { return h.o }
+
+// Also gives the option another name in the file, [section] name: the
+// name an oslo library gives the same setting in nova.conf (Set.Alias), and
+// returns h.
+func (h String) Also(section, name string) String { h.o.also(section, name); return h }
+
+// Also gives the option another name in the file (see String.Also).
+func (h Int) Also(section, name string) Int { h.o.also(section, name); return h }
+
+// Also gives the option another name in the file (see String.Also).
+func (h Float) Also(section, name string) Float { h.o.also(section, name); return h }
+
+// Also gives the option another name in the file (see String.Also).
+func (h Bool) Also(section, name string) Bool { h.o.also(section, name); return h }
+
+// Also gives the option another name in the file (see String.Also).
+func (h Duration) Also(section, name string) Duration { h.o.also(section, name); return h }
+
+// Also gives the option another name in the file (see String.Also).
+func (h List) Also(section, name string) List { h.o.also(section, name); return h }
 
 // String returns a templated section's string value.
 func (in *Instance) String(name string) string { s, _ := in.vals[name].(string); return s }

@@ -55,9 +55,14 @@ type Spec struct {
 	// its sample and of its reference.
 	Options                     func() *conf.Set
 	SampleTitle, ReferenceTitle string
-	// Debug and LogFormat read [DEFAULT] debug and log_format.
+	// Debug and LogFormat read [DEFAULT] debug and log_format;
+	// LogLevels reads [DEFAULT] default_log_levels (nil: none).
 	Debug     func(*conf.Values) bool
 	LogFormat func(*conf.Values) string
+	LogLevels func(*conf.Values) []string
+	// LogFile is where serve logs ([DEFAULT] log_file and log_dir); ""
+	// or nil: standard error.
+	LogFile func(*conf.Values) string
 }
 
 // Globals are the flags every subcommand shares, and where it writes.
@@ -77,26 +82,70 @@ func (g *Globals) Load() (*conf.Values, error) {
 	if g.Debug {
 		ov = append(ov, "DEFAULT.debug=true")
 	}
-	return g.Spec.Load(conf.Source{File: g.ConfigFile, Dir: g.ConfigDir, Environ: os.Environ(), Overrides: ov})
+	v, err := g.Spec.Load(conf.Source{File: g.ConfigFile, Dir: g.ConfigDir, Environ: os.Environ(), Overrides: ov})
+	if err != nil {
+		return v, err
+	}
+	if _, err := g.logLevels(v); err != nil {
+		return nil, conf.Errors{{Section: conf.DefaultSection, Option: "default_log_levels",
+			Value: strings.Join(g.Spec.LogLevels(v), ","), Problem: err.Error()}}
+	}
+	return v, nil
 }
 
-// Logger builds the process logger from [DEFAULT] debug and log_format.
+func (g *Globals) logLevels(v *conf.Values) (map[string]slog.Level, error) {
+	if g.Spec.LogLevels == nil {
+		return nil, nil
+	}
+	return ParseLogLevels(g.Spec.Name, g.Spec.LogLevels(v))
+}
+
+// Logger builds the process logger from [DEFAULT] debug, log_format and
+// default_log_levels: JSON (slog's), text, or oslo_json (oslo.log's
+// JSONFormatter's records, for the log pipelines of OpenStack clouds).
 // Under systemd, where standard error is journald's stream, each line
 // carries its syslog priority (errors at err, warnings at warning).
-func (g *Globals) Logger(v *conf.Values) *slog.Logger {
+func (g *Globals) Logger(v *conf.Values) *slog.Logger { return g.loggerTo(g.Stderr, v) }
+
+// DaemonLogger is the logger of the daemon itself (serve): Logger's,
+// writing to [DEFAULT] log_file when that is set (reopened when logrotate
+// moves it). close closes the file.
+func (g *Globals) DaemonLogger(v *conf.Values) (log *slog.Logger, close func() error, err error) {
+	path := ""
+	if g.Spec.LogFile != nil {
+		path = g.Spec.LogFile(v)
+	}
+	if path == "" {
+		return g.Logger(v), func() error { return nil }, nil
+	}
+	f, err := openWatched(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return g.loggerTo(f, v), f.Close, nil
+}
+
+func (g *Globals) loggerTo(w io.Writer, v *conf.Values) *slog.Logger {
 	level := slog.LevelInfo
 	if g.Spec.Debug(v) {
 		level = slog.LevelDebug
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	levels, _ := g.logLevels(v) // Load refused bad ones
+	opts := &slog.HandlerOptions{Level: lowestLevel(level, levels)}
 	build := func(w io.Writer) slog.Handler { return slog.NewJSONHandler(w, opts) }
-	if g.Spec.LogFormat(v) == "text" {
+	switch g.Spec.LogFormat(v) {
+	case "text":
 		build = func(w io.Writer) slog.Handler { return slog.NewTextHandler(w, opts) }
+	case "oslo_json":
+		build = func(w io.Writer) slog.Handler { return newOsloJSONHandler(w, g.Spec.Name, opts.Level) }
 	}
-	if onJournal(g.Stderr) {
-		return slog.New(newPriorityHandler(g.Stderr, build))
+	var h slog.Handler
+	if onJournal(w) {
+		h = newPriorityHandler(w, build)
+	} else {
+		h = build(w)
 	}
-	return slog.New(build(g.Stderr))
+	return slog.New(withLogLevels(h, level, levels))
 }
 
 // Main runs the daemon's command line with args (the program name left
@@ -212,12 +261,19 @@ func configCmd(g *Globals) *cobra.Command {
 		Short: "Check the configuration (--config, --set, environment) without starting anything",
 		Long: "check reads the configuration as the daemon would and lists every problem: an unknown section or " +
 			"option (a typo), a value out of range, options that contradict each other. It exits 0 when there is " +
-			"none, 2 with the list on standard error. It opens no connection and reads no key or secret file " +
+			"none (after the warnings the daemon would log at start: deprecated names, oslo options it ignores), " +
+			"2 with the list on standard error. It opens no connection and reads no key or secret file " +
 			"beyond the configuration itself.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if _, err := g.Load(); err != nil {
+			v, err := g.Load()
+			if err != nil {
 				return err
+			}
+			// What the daemon would log at start as configuration
+			// warnings: deprecated names, oslo options it ignores.
+			for _, w := range v.Warnings {
+				fmt.Fprintf(g.Stdout, "%s: warning: %s\n", g.Spec.Name, w)
 			}
 			what := strings.TrimSpace(g.ConfigFile + " " + g.ConfigDir)
 			if what == "" {

@@ -16,7 +16,8 @@ import (
 var (
 	testOptions = conf.NewGroup()
 	testDebug   = testOptions.Bool(conf.DefaultSection, "debug", false, "Log at debug level.")
-	testFormat  = testOptions.Choice(conf.DefaultSection, "log_format", "json", []string{"json", "text"}, "Log format.")
+	testFormat  = testOptions.Choice(conf.DefaultSection, "log_format", "json", []string{"json", "text", "oslo_json"}, "Log format.")
+	testLevels  = testOptions.List(conf.DefaultSection, "default_log_levels", "", "Component levels.")
 )
 
 func testSpec() Spec {
@@ -25,7 +26,7 @@ func testSpec() Spec {
 		Name: "testd", Short: "a test daemon", Sample: "testd.conf.sample",
 		Load:    func(src conf.Source) (*conf.Values, error) { return set().Load(src) },
 		Options: set, SampleTitle: "testd sample", ReferenceTitle: "testd reference",
-		Debug: testDebug.Get, LogFormat: testFormat.Get,
+		Debug: testDebug.Get, LogFormat: testFormat.Get, LogLevels: testLevels.Get,
 	}
 }
 
@@ -124,5 +125,22 @@ func TestConfigCheck(t *testing.T) {
 		if !strings.Contains(errb.String(), want) {
 			t.Errorf("bad file: stderr lacks %q:\n%s", want, errb.String())
 		}
+	}
+
+	// Sections pasted from nova.conf pass, the options ignored listed as
+	// the daemon would log them; a typo beside them still fails.
+	nova := "[DEFAULT]\ndebug = true\nuse_stderr = false\n[keystone_authtoken]\nauth_type = password\nmemcached_servers = m:11211\n"
+	out.Reset()
+	errb.Reset()
+	if rc := Main(testSpec(), []string{"config", "check", "--config", write("nova.conf", nova)}, &out, &errb); rc != ExitOK ||
+		!strings.Contains(out.String(), "testd: warning: file ") ||
+		!strings.Contains(out.String(), "[keystone_authtoken] auth_type, memcached_servers: ignored") ||
+		!strings.Contains(out.String(), "[DEFAULT] use_stderr: ignored") {
+		t.Errorf("nova.conf sections: exit %d, %q %q", rc, out.String(), errb.String())
+	}
+	errb.Reset()
+	if rc := Main(testSpec(), []string{"config", "check", "--config", write("typo.conf", nova+"[DEFAULT]\nlog_fromat = text\n")}, &out, &errb); rc != ExitUsage ||
+		!strings.Contains(errb.String(), "log_fromat") {
+		t.Errorf("typo beside nova.conf sections: exit %d, %q", rc, errb.String())
 	}
 }
