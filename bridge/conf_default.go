@@ -17,27 +17,7 @@ var (
 			"Example: /etc/vgpu-bridge/secrets/transport_url")
 	optHost = defaultOptions.String(conf.DefaultSection, "host", "",
 		"Name of this bridge replica in logs and locks. Empty means the machine's host name. Example: bridge-1")
-	optDebug = defaultOptions.Bool(conf.DefaultSection, "debug", false,
-		"Log at debug level. Example: true")
-	optLogFormat = defaultOptions.Choice(conf.DefaultSection, "log_format", "json", []string{"json", "text", "oslo_json"},
-		"Format of the log lines written to standard error (journald keeps them): json (one JSON object a line, slog's keys), "+
-			"text (key=value), or oslo_json: the records of oslo.log's JSONFormatter (use_json = true in an OpenStack "+
-			"service), with its keys (message, asctime, name, levelname, context, extra…), for log pipelines that "+
-			"parse OpenStack services' JSON logs, such as kolla-ansible's fluentd. Example: oslo_json")
-	optLogFile = defaultOptions.String(conf.DefaultSection, "log_file", "",
-		"A file the daemon's log lines (serve) go to instead of standard error, as oslo.log's option: appended to, "+
-			"and reopened when it was moved or removed (logrotate without copytruncate), as oslo.log's "+
-			"watch_log_file. A relative path is under log_dir. Commands other than serve log to standard error. "+
-			"Example: /var/log/kolla/vgpu-bridge/vgpu-bridge.log")
-	optLogDir = defaultOptions.String(conf.DefaultSection, "log_dir", "",
-		"Directory of a relative log_file, as oslo.log's option; set alone, the daemon logs to "+
-			"log_dir/vgpu-bridge.log. Example: /var/log/kolla/vgpu-bridge")
-	optLogLevels = defaultOptions.List(conf.DefaultSection, "default_log_levels", "",
-		"Log levels of components, as oslo.log's option of the same name: COMPONENT=LEVEL pairs, LEVEL one of "+
-			"DEBUG, INFO, WARN, ERROR, CRITICAL. A component's level replaces the process's (debug) for its logs, "+
-			"more verbose or less. Components are the loggers' component attribute (api, dispatch, drift, notifications, pipeline, placement, policy, webhooks…; "+
-			"oslo_json's name shows it as vgpu-bridge.COMPONENT, also accepted); other names are accepted and match nothing, "+
-			"so nova.conf's list may be copied. Example: dispatch=DEBUG,placement=WARN")
+	logOptions         = defaultOptions.LogOptions("vgpu-bridge", "api, dispatch, drift, notifications, pipeline, placement, policy, webhooks…")
 	optShutdownTimeout = defaultOptions.Duration(conf.DefaultSection, "shutdown_timeout", 30*time.Second, time.Second, 10*time.Minute,
 		"How long a SIGTERM may take: in-flight requests and batches finish within it. Example: 1m")
 )
@@ -77,16 +57,14 @@ func TransportURL(v *conf.Values) (*conf.TransportURL, error) {
 }
 
 // Debug reports whether [DEFAULT] debug is set.
-func Debug(v *conf.Values) bool { return optDebug.Get(v) }
+func Debug(v *conf.Values) bool { return logOptions.Debug(v) }
 
 // LogFormat returns [DEFAULT] log_format.
-func LogFormat(v *conf.Values) string { return optLogFormat.Get(v) }
+func LogFormat(v *conf.Values) string { return logOptions.Format(v) }
 
 // LogFile returns where the daemon logs, from [DEFAULT] log_file and
 // log_dir; "" for standard error.
-func LogFile(v *conf.Values) string {
-	return conf.LogFilePath("vgpu-bridge", optLogFile.Get(v), optLogDir.Get(v))
-}
+func LogFile(v *conf.Values) string { return logOptions.File(v) }
 
 // LogLevels returns [DEFAULT] default_log_levels.
-func LogLevels(v *conf.Values) []string { return optLogLevels.Get(v) }
+func LogLevels(v *conf.Values) []string { return logOptions.Levels(v) }

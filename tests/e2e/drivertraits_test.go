@@ -24,9 +24,7 @@ func TestGuestDriverTraitsKeepNovaOff(t *testing.T) {
 	n := sharedNova(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	host := n.AddHost(t, "drv")
-	gpu := n.AddVGPUChild(t, host, directGPU, directTrait, 4)
-	n.StartAgent(t, host)
+	host, gpu := addDirectHost(t, n, "drv")
 	d, _ := startNovaBridge(t, n, "placement.add_driver_traits=true", "placement.sync_interval=1s")
 
 	want := []string{placement.GuestDriverTrait(535), placement.GuestDriverTrait(550)}

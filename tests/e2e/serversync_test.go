@@ -30,9 +30,7 @@ func TestServersKnownFromNovaAPI(t *testing.T) {
 	n := sharedNova(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	host := n.AddHost(t, "sync")
-	gpu := n.AddVGPUChild(t, host, directGPU, directTrait, 4)
-	n.StartAgent(t, host)
+	host, gpu := addDirectHost(t, n, "sync")
 	prefix := testsvc.Name("sync")
 	plain := n.CreateFlavor(t, prefix+".small", 2, 2048, 10, nil)
 	before, doomed := n.CreateServer(t, prefix+"-before", plain, host), n.CreateServer(t, prefix+"-doomed", plain, host)
@@ -108,4 +106,15 @@ func startNovaBridge(t *testing.T, n *novaharness.Nova, extra ...string) (*bridg
 	testsvc.Must(t, err, "bridge configuration")
 	d := testbridge.Start(t, v)
 	return d, apiclient.New(apiclient.Config{URL: "http://" + d.API.Addr(), Token: testbridge.AdminToken, Timeout: 30 * time.Second})
+}
+
+// addDirectHost adds a compute host with one T4 (directTrait, 4 units) as
+// a child provider and starts its agent; it returns the host and the
+// GPU provider.
+func addDirectHost(t *testing.T, n *novaharness.Nova, prefix string) (host, gpu string) {
+	t.Helper()
+	host = n.AddHost(t, prefix)
+	gpu = n.AddVGPUChild(t, host, directGPU, directTrait, 4)
+	n.StartAgent(t, host)
+	return host, gpu
 }

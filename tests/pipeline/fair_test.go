@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -194,7 +195,8 @@ func (w *world) post(url, auth, inst string) (uuid.UUID, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
-		return uuid.Nil, fmt.Errorf("POST %s: %s", url, resp.Status)
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
+		return uuid.Nil, fmt.Errorf("POST %s for %s: %s: %s", url, inst, resp.Status, body)
 	}
 	var a struct {
 		RequestID uuid.UUID `json:"request_id"`
