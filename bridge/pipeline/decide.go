@@ -381,8 +381,8 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 			return err
 		}
 		if reqID, ok := row.BridgeRequest(); ok {
-			return p.failRequest(ctx, tx, reqID, flow.CodeEventFailed,
-				fmt.Sprintf("the bridge gave up after %d attempts: %v", attempts, cause), nil)
+			return p.fail.FailRequest(ctx, tx, reqID, flow.CodeEventFailed,
+				fmt.Sprintf("the bridge gave up after %d attempts: %v", attempts, cause))
 		}
 		return nil
 	}))

@@ -232,7 +232,7 @@ func (ReadEvent) Exec(ctx context.Context, w *Work) (bool, error) {
 		return false, nil
 	}
 	if w.HasRequest {
-		if err := w.p.failRequest(ctx, w.Tx, w.Request, flow.CodeEventFailed, err.Error(), nil); err != nil {
+		if err := w.p.fail.FailRequest(ctx, w.Tx, w.Request, flow.CodeEventFailed, err.Error()); err != nil {
 			return false, err
 		}
 	}
