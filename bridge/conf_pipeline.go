@@ -59,13 +59,13 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		pipePool.Close()
 		return nil, err
 	}
-	directPath := direct.New(proc) // the direct path: agent results, failures and compensation, deadlines
+	directPath := direct.New(proc) // the direct path: claims and commands, agent results, failures and compensation, deadlines
 	nc := NovaPathConfig(v)
 	nc.Replica, nc.RetryMin, nc.RetryMax, nc.MaxAttempts, nc.StaleReportAge = replica, pc.RetryMin, pc.RetryMax, pc.MaxAttempts, pc.StaleReportAge
 	resizes := novaresize.New(nc, novaresize.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
 		Pipeline: proc, Fail: directPath, Catalog: pol.Catalog(), Nova: novaAPI, Capacity: novaresize.DryRun{S: pl}, Controls: ctl,
 		Log: log.With("component", "nova-resize")})
-	act := pipeline.Act{}
+	act := pipeline.Act{Direct: directPath}
 	if novaAPI != nil {
 		act.NovaResize = resizes
 	}
@@ -80,11 +80,11 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		pipeline.FollowMove{},      // direct-path vGPUs follow a Nova move of their instance
 		pipeline.Evaluate{},        // facts, the policy, the plan
 		pipeline.OpenRequest{},     // a request for a notification the policy acts on
-		act,                        // claims, attachments, commands; or a resize through Nova
+		act,                        // the direct path (claims, attachments, commands), or a resize through Nova
 		pipeline.Record{},          // the decision, and the policy's load state
 	},
 		Results: []pipeline.ResultTaker{resizes, directPath}, // verify_vgpu results of resizes go to the resize, the others to the direct path
-		Fail:    directPath,                                  // failing a request undoes its direct-path work, whatever path ran it
+		Direct:  directPath,                                  // moves, maintenance, claims; failing a request undoes its direct-path work, whatever path ran it
 	})
 	dc := DispatchConfig(v, tu, replica)
 	dc.TLS = tlsCfg

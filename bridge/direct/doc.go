@@ -13,11 +13,15 @@
 // (and the old vGPUs of a failed profile change are attached again).
 //
 // The Path plugs into the pipeline (package pipeline) as package
-// novaresize does: it takes the agent results (TakeResult), it is the
-// pipeline's Failer (FailRequest, whatever path ran the request), and its
-// loop (Run) fails the requests whose deadline passed.
+// novaresize does: it carries out the plans of the direct path (ActPlan:
+// the pipeline's Act stage, the moves and maintenance it follows, and the
+// second transaction of a decision whose claims it made with Claim), it
+// takes the agent results (TakeResult), it is the pipeline's Failer
+// (FailRequest, whatever path ran the request), and its loop (Run) fails
+// the requests whose deadline passed.
 //
 //	path.go      the Path, what it shares with the pipeline, Wire
+//	act.go       ActPlan: claims, attachments and commands; Claim, ReleaseClaims
 //	result.go    TakeResult: an agent's result moves the request on; complete
 //	fail.go      FailRequest and compensate: claims back, undo commands, restores
 //	deadline.go  Run, CheckDeadlines: requests past their deadline, ended ones in flight

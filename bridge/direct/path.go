@@ -22,8 +22,9 @@ type Pipeline interface {
 	InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error
 }
 
-// Path runs the direct path: a result taker (TakeResult), the pipeline's
-// Failer (FailRequest) and its own loop (Run) for deadlines.
+// Path runs the direct path: the pipeline's DirectPath (ActPlan, Claim,
+// ReleaseClaims: claims, attachments and commands; FailRequest), a result
+// taker (TakeResult) and its own loop (Run) for deadlines.
 type Path struct {
 	cfg   pipeline.Config
 	d     pipeline.Deps
@@ -34,7 +35,7 @@ type Path struct {
 
 var (
 	_ pipeline.ResultTaker = (*Path)(nil)
-	_ pipeline.Failer      = (*Path)(nil)
+	_ pipeline.DirectPath  = (*Path)(nil)
 )
 
 // New builds the direct path of pipe: it works with pipe's Placement,
@@ -45,12 +46,12 @@ func New(pipe Pipeline) *Path {
 }
 
 // Wire makes proc a pipeline of the direct path alone (tests,
-// benchmarks): its default stages, this path as the taker of every
-// result and as the Failer. The bridge wires both paths itself
+// benchmarks): its default stages, this path as their actor, the taker
+// of every result and the pipeline's DirectPath. The bridge wires both paths itself
 // (setupPipeline). Run the returned Path's loop beside proc's.
 func Wire(proc *pipeline.Processor) *Path {
 	p := New(proc)
-	proc.Use(pipeline.Paths{Stages: pipeline.DefaultStages(), Results: []pipeline.ResultTaker{p}, Fail: p})
+	proc.Use(pipeline.Paths{Stages: pipeline.DefaultStages(p), Results: []pipeline.ResultTaker{p}, Direct: p})
 	return p
 }
 

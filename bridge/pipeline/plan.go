@@ -95,7 +95,7 @@ func PlanDecision(d *policy.Decision, f Facts) flow.Plan {
 			if in.Trait == "" {
 				return fail(flow.CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
 			}
-			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepAttach, Intent: in, Mode: agentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
+			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepAttach, Intent: in, Mode: AgentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
 		case policy.IntentRelease:
 			var take []flow.Attachment
 			var inFlight bool
@@ -231,7 +231,7 @@ func PlanDecision(d *policy.Decision, f Facts) flow.Plan {
 			}
 			in.Count = len(old)
 			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepRelease, Intent: in, Release: old, Host: old[0].Host},
-				flow.Step{Kind: flow.StepAttach, Intent: in, Mode: agentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
+				flow.Step{Kind: flow.StepAttach, Intent: in, Mode: AgentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
 		}
 	}
 	if f.Rebuilt && !f.Deleting {
@@ -275,9 +275,9 @@ func hostProblem(f Facts) (string, string) {
 	return "", ""
 }
 
-// agentMode maps the policy's attach mode to the agent's: a live attach
+// AgentMode maps the policy's attach mode to the agent's: a live attach
 // to a domain that is not running changes its definition only.
-func agentMode(m policy.AttachMode, vmState string) string {
+func AgentMode(m policy.AttachMode, vmState string) string {
 	if m == policy.ModeDirectCold {
 		return protocol.ModeCold
 	}

@@ -53,10 +53,10 @@ type Processor struct {
 	hosts atomic.Pointer[hostSet]
 	m     *metrics
 	// stages decide about each event, results take each agent result,
-	// fail fails requests and undoes their work (Use).
+	// direct carries out the direct path's plans and fails requests (Use).
 	stages  []Stage
 	results []ResultTaker
-	fail    Failer
+	direct  DirectPath
 }
 
 // New builds a processor.
@@ -89,19 +89,21 @@ func New(cfg Config, d Deps) (*Processor, error) {
 // Paths are what the pipeline hands its work to: the stages that decide
 // about each inbox event, in order (stage.go); the takers of agent
 // results, in order, the first that takes one ends its way
-// (ResultTaker); and the Failer that fails a request and undoes what it
-// began. The direct path (package direct) is one of each; the Nova-native
-// path (package novaresize) adds a stage, an actor and a taker.
+// (ResultTaker); and the direct path, which carries out the plans of the
+// pipeline's own making (moves, maintenance, the second transaction of a
+// decision that claimed) and fails requests (DirectPath). Package direct
+// is the direct path, a taker and an actor of Act; the Nova-native path
+// (package novaresize) adds a stage, an actor and a taker.
 type Paths struct {
 	Stages  []Stage
 	Results []ResultTaker
-	Fail    Failer
+	Direct  DirectPath
 }
 
 // Use sets the paths. Call it before Run: a processor without them
 // decides nothing (direct.Wire sets those of the direct path alone).
 func (p *Processor) Use(ps Paths) {
-	p.stages, p.results, p.fail = ps.Stages, ps.Results, ps.Fail
+	p.stages, p.results, p.direct = ps.Stages, ps.Results, ps.Direct
 }
 
 // Lent is what the processor lends the paths that act for it: its
@@ -122,8 +124,8 @@ func (p *Processor) Wake() { p.wake.Wake() }
 // Run processes the inbox until ctx ends. The deadlines of requests are
 // watched by the path that runs them (direct.Path.Run, novaresize.Path.Run).
 func (p *Processor) Run(ctx context.Context) error {
-	if p.fail == nil {
-		return errors.New("pipeline: no path fails requests (Use; direct.Wire)")
+	if p.direct == nil {
+		return errors.New("pipeline: no direct path (Use; direct.Wire)")
 	}
 	var wg sync.WaitGroup
 	if p.cfg.LoadInterval > 0 {

@@ -153,5 +153,10 @@ func QueueAction(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, c protocol.Com
 	if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, reqID).Scan(&seq); err != nil {
 		return fmt.Errorf("request %s: next command: %w", reqID, err)
 	}
-	return insertCommands(ctx, tx, reqID, PurposeAction, []outCmd{{c: c, seq: seq + 1}})
+	body, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("request %s: encode command %s: %w", reqID, c.Kind, err)
+	}
+	return requests.QueueCommands(ctx, tx, reqID, PurposeAction, []requests.Command{{ID: c.ID, Host: c.Host, Kind: string(c.Kind), Body: body,
+		ExpiresAt: c.ExpiresAt, Seq: seq + 1, InstanceUUID: c.InstanceUUID}})
 }
