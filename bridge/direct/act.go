@@ -95,7 +95,7 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 						b.ID = uuid.New()
 					}
 					b.HeldAfter = mc.Held - (mc.Amount - 1 - u)
-					cs, err := pipeline.AttachCommands(b, reqID.String(), now, deadline)
+					cs, err := AttachCommands(b, reqID.String(), now, deadline)
 					if err != nil {
 						return err
 					}
@@ -113,7 +113,7 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 			}
 		case flow.StepRelease:
 			for _, a := range s.Release {
-				cs, err := pipeline.ReleaseCommands(a, s.RemoveOnly, reqID.String(), now, deadline)
+				cs, err := ReleaseCommands(a, s.RemoveOnly, reqID.String(), now, deadline)
 				if err != nil {
 					return err
 				}

@@ -25,5 +25,5 @@
 //	result.go    TakeResult: an agent's result moves the request on; complete
 //	fail.go      FailRequest and compensate: claims back, undo commands, restores
 //	deadline.go  Run, CheckDeadlines: requests past their deadline, ended ones in flight
-//	commands.go  the outbox rows of the path's commands
+//	commands.go  the path's commands (AttachCommands, ReleaseCommands) and their outbox rows
 package direct

@@ -138,7 +138,7 @@ func (p *Path) restoreReleases(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, 
 		return err
 	}
 	for _, a := range old {
-		cs, err := pipeline.AttachCommands(a, reqID.String(), now, now.Add(p.cfg.RequestTimeout))
+		cs, err := AttachCommands(a, reqID.String(), now, now.Add(p.cfg.RequestTimeout))
 		if err != nil {
 			return err
 		}
@@ -184,7 +184,7 @@ func (p *Path) queueUndo(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, a flow
 	if !detach && !remove {
 		return nil, nil
 	}
-	all, err := pipeline.ReleaseCommands(a, !detach, reqID.String(), now, now.Add(p.cfg.RequestTimeout))
+	all, err := ReleaseCommands(a, !detach, reqID.String(), now, now.Add(p.cfg.RequestTimeout))
 	if err != nil {
 		return nil, err
 	}

@@ -353,46 +353,6 @@ func NewCommand(kind protocol.Kind, host, requestID, instance string, params any
 	return c, c.Validate()
 }
 
-// AttachCommands are the commands of a new attachment: one attach_vgpu
-// naming the parent GPU and the type, so the agent creates the mdev, then
-// attaches it, and removes it again should the attach fail (create_mdev
-// remains for pre-creating devices). One command is one broker and one
-// Postgres round trip fewer than create_mdev followed by attach_vgpu.
-func AttachCommands(a flow.Attachment, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
-	c, err := NewCommand(protocol.AttachVGPU, a.Host, requestID, a.InstanceUUID,
-		protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: a.Mode, FrameRateLimit: a.FrameRateLimit},
-		issued, expires)
-	if err != nil {
-		return nil, fmt.Errorf("attach command for %s: %w", a.ID, err)
-	}
-	return []protocol.Command{c}, nil
-}
-
-// ReleaseCommands take an attachment back: detach_vgpu (unless the domain
-// is gone), then remove_mdev.
-func ReleaseCommands(a flow.Attachment, removeOnly bool, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
-	var out []protocol.Command
-	mdev := a.ID.String()
-	if !removeOnly {
-		mode := a.Mode
-		if mode == "" {
-			mode = protocol.ModeLive
-		}
-		c, err := NewCommand(protocol.DetachVGPU, a.Host, requestID, a.InstanceUUID,
-			protocol.AttachParams{MdevUUID: mdev, Mode: mode}, issued, expires)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	c, err := NewCommand(protocol.RemoveMdev, a.Host, requestID, a.InstanceUUID,
-		protocol.MdevParams{MdevUUID: mdev}, issued, expires)
-	if err != nil {
-		return nil, err
-	}
-	return append(out, c), nil
-}
-
 // novaHostProblem is hostProblem for the Nova path: Nova chooses the
 // host, so the current host's agent may be stale.
 func novaHostProblem(f Facts) (string, string) {
