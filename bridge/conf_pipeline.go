@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/diagnostics"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/direct"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
@@ -58,18 +59,19 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		pipePool.Close()
 		return nil, err
 	}
+	directPath := direct.New(proc) // the direct path: claims and commands, agent results, failures and compensation, deadlines
 	nc := NovaPathConfig(v)
 	nc.Replica, nc.RetryMin, nc.RetryMax, nc.MaxAttempts, nc.StaleReportAge = replica, pc.RetryMin, pc.RetryMax, pc.MaxAttempts, pc.StaleReportAge
 	resizes := novaresize.New(nc, novaresize.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
-		Pipeline: proc, Catalog: pol.Catalog(), Nova: novaAPI, Capacity: novaresize.DryRun{S: pl}, Controls: ctl,
+		Pipeline: proc, Fail: directPath, Catalog: pol.Catalog(), Nova: novaAPI, Capacity: novaresize.DryRun{S: pl}, Controls: ctl,
 		Log: log.With("component", "nova-resize")})
-	act := pipeline.Act{}
+	act := pipeline.Act{Direct: directPath}
 	if novaAPI != nil {
 		act.NovaResize = resizes
 	}
 	// What happens to each inbox event, in order; the first stage that
 	// finishes it ends its way (pipeline.Stage).
-	proc.Use([]pipeline.Stage{
+	proc.Use(pipeline.Paths{Stages: []pipeline.Stage{
 		pipeline.AccountFlavor{},   // the usage of the vGPUs an instance's flavor gives it, as Nova says it stands
 		pipeline.KnowAllocations{}, // the instance's allocations read when Nova changed them, for one-call claims later
 		resizes.Events(),           // a Nova notification of a resize the bridge runs moves that resize on
@@ -78,9 +80,12 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		pipeline.FollowMove{},      // direct-path vGPUs follow a Nova move of their instance
 		pipeline.Evaluate{},        // facts, the policy, the plan
 		pipeline.OpenRequest{},     // a request for a notification the policy acts on
-		act,                        // claims, attachments, commands; or a resize through Nova
+		act,                        // the direct path (claims, attachments, commands), or a resize through Nova
 		pipeline.Record{},          // the decision, and the policy's load state
-	}, resizes) // verify_vgpu results of resizes go to the resize first
+	},
+		Results: []pipeline.ResultTaker{resizes, directPath}, // verify_vgpu results of resizes go to the resize, the others to the direct path
+		Direct:  directPath,                                  // moves, maintenance, claims; failing a request undoes its direct-path work, whatever path ran it
+	})
 	dc := DispatchConfig(v, tu, replica)
 	dc.TLS = tlsCfg
 	if err := SecurityConfig(v, &dc, log.With("component", "dispatch")); err != nil {
@@ -101,11 +106,12 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 	w.wake.set(proc.Wake)
 	run := func(ctx context.Context) error {
 		defer pipePool.Close()
-		errc := make(chan error, 3)
+		errc := make(chan error, 4)
 		go func() { errc <- proc.Run(ctx) }()
 		go func() { errc <- disp.Run(ctx) }()
-		go func() { errc <- resizes.Run(ctx) }() // Nova calls and deadlines of resizes through Nova
-		return errors.Join(<-errc, <-errc, <-errc)
+		go func() { errc <- directPath.Run(ctx) }() // deadlines of direct-path requests
+		go func() { errc <- resizes.Run(ctx) }()    // Nova calls and deadlines of resizes through Nova
+		return errors.Join(<-errc, <-errc, <-errc, <-errc)
 	}
 	// Host maintenance (vgpuctl host migrate-all): its routes and executor.
 	return append([]component{{name: "pipeline", run: run}}, setupMaintenance(w, novaAPI, pl, proc)...), nil

@@ -106,9 +106,8 @@ func (c *Config) setDefaults() {
 // Pipeline is what the resize flow needs of the pipeline that hands it
 // its requests (pipeline.Processor).
 type Pipeline interface {
-	// InTx runs fn in a transaction in which FailRequest may run.
+	// InTx runs fn in a transaction in which the Failer may run.
 	InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error
-	FailRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string) error
 	SucceedRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, reason string) error
 	Compensated(step string)
 }
@@ -134,7 +133,10 @@ type Deps struct {
 	Pool     *pgxpool.Pool
 	Requests *requests.Store
 	Pipeline Pipeline
-	Catalog  pipeline.Catalog // may be nil
+	// Fail fails a request and undoes what it began (the pipeline's
+	// Failer, package direct).
+	Fail    pipeline.Failer
+	Catalog pipeline.Catalog // may be nil
 	// Nova is Nova's compute API; nil: the path only records tenants'
 	// resizes (Events) and acts on nothing.
 	Nova     Nova
@@ -152,6 +154,7 @@ type Path struct {
 	pool     *pgxpool.Pool
 	reqs     *requests.Store
 	pipe     Pipeline
+	fail     pipeline.Failer
 	catalog  pipeline.Catalog
 	capacity Capacity
 	controls Controls
@@ -168,7 +171,7 @@ func New(cfg Config, d Deps) *Path {
 	if d.Requests == nil {
 		d.Requests = requests.NewStore(d.Pool, "vgpu-bridge")
 	}
-	return &Path{cfg: cfg, nova: d.Nova, pool: d.Pool, reqs: d.Requests, pipe: d.Pipeline, catalog: d.Catalog,
+	return &Path{cfg: cfg, nova: d.Nova, pool: d.Pool, reqs: d.Requests, pipe: d.Pipeline, fail: d.Fail, catalog: d.Catalog,
 		capacity: d.Capacity, controls: d.Controls, log: d.Log, wake: make(chan struct{}, 1)}
 }
 
@@ -199,11 +202,12 @@ func (p *Path) Events() pipeline.Stage {
 }
 
 // TakeResult takes the agent's answer to a verify_vgpu of a resize.
-func (p *Path) TakeResult(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kind string, res protocol.Result) (bool, error) {
-	if kind != string(protocol.VerifyVGPU) {
-		return false, nil
+func (p *Path) TakeResult(ctx context.Context, tx pgx.Tx, ar *pipeline.AgentResult) (bool, error) {
+	c := ar.Command
+	if c.Purpose == requests.PurposeCompensation || c.Kind != string(protocol.VerifyVGPU) {
+		return false, nil // compensation commands are the direct path's, whatever their kind
 	}
-	return p.result(ctx, tx, reqID, host, kind, res)
+	return p.result(ctx, tx, *c.Request, c.Host, c.Kind, ar.Result)
 }
 
 // Kinds of a Nova-path resize (nova_resizes.kind).

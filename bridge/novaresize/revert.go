@@ -22,7 +22,7 @@ func (p *Path) finishFailed(ctx context.Context, tx pgx.Tx, r resizeRow, code, r
 		return p.auditNova(ctx, tx, r, "nova_resize_end", map[string]any{"outcome": "failed", "code": code, "reason": reason,
 			"note": "the request had ended already"})
 	}
-	return p.pipe.FailRequest(ctx, tx, r.RequestID, code, reason)
+	return p.fail.FailRequest(ctx, tx, r.RequestID, code, reason)
 }
 
 // startRevert makes revertResize due; the request fails with code and

@@ -58,12 +58,12 @@ type Change struct {
 	Host     string    `json:"host,omitempty"`
 	// Workload is the workload the request named (training, rendering …).
 	Workload string `json:"workload,omitempty"`
-	// workloadRead: Workload is what the request named, "" included
+	// WorkloadRead: Workload is what the request named, "" included
 	// (RecordChange need not read it).
-	workloadRead bool
-	// unheard: no rule of the policy listens to bridge.vgpu_changed, so
+	WorkloadRead bool `json:"-"`
+	// Unheard: no rule of the policy listens to bridge.vgpu_changed, so
 	// the event is written processed (the pipeline would decide nothing).
-	unheard bool
+	Unheard bool `json:"-"`
 }
 
 // RecordChange writes c's bridge.vgpu_changed event into the inbox in
@@ -73,7 +73,7 @@ func RecordChange(ctx context.Context, tx pgx.Tx, c Change) error {
 	if c.Instance == "" {
 		return nil
 	}
-	if c.Workload == "" && !c.workloadRead {
+	if c.Workload == "" && !c.WorkloadRead {
 		if err := tx.QueryRow(ctx, `SELECT coalesce(body->>'workload', '') FROM requests WHERE id = $1`, c.Request).Scan(&c.Workload); err != nil {
 			return fmt.Errorf("request %s: read workload: %w", c.Request, err)
 		}
@@ -83,36 +83,10 @@ func RecordChange(ctx context.Context, tx pgx.Tx, c Change) error {
 		return err
 	}
 	if err := requests.QueueEvent(ctx, tx, requests.Event{Source: BridgeSource, MessageID: EventVGPUChanged + ":" + c.Request.String(),
-		Type: EventVGPUChanged, Instance: c.Instance, Payload: b, Processed: c.unheard}); err != nil {
+		Type: EventVGPUChanged, Instance: c.Instance, Payload: b, Processed: c.Unheard}); err != nil {
 		return fmt.Errorf("request %s: record the change of instance %s: %w", c.Request, c.Instance, err)
 	}
 	return nil
-}
-
-// directChange says what a direct-path request that just completed
-// changed: attached and released are how many vGPUs it attached and gave
-// back; rv is the request as read with its lock.
-func directChange(reqID uuid.UUID, rv requestView, attached, released int) (Change, bool) {
-	if attached == 0 && released == 0 {
-		return Change{}, false
-	}
-	c := Change{Request: reqID, Path: PathDirect, workloadRead: true, Instance: rv.instance, Workload: rv.workload}
-	switch {
-	case rv.move != "" && attached > 0:
-		c.Change = ChangeMove
-	case rv.move != "":
-		return c, false // the release half of a move: the re-apply says it
-	case attached > 0 && released > 0:
-		c.Change = ChangeResize
-	case attached > 0:
-		c.Change = ChangeAttach
-	default:
-		c.Change = ChangeRelease
-	}
-	if attached > 0 {
-		c.Profile, c.Host = rv.profile, rv.host
-	}
-	return c, true
 }
 
 // mapBridgeEvent maps a bridge event to the policy's: kind

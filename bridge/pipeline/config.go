@@ -1,18 +1,20 @@
 // Package pipeline is the bridge's decision loop. It claims unprocessed
 // inbox rows (events) with FOR UPDATE SKIP LOCKED, maps each to a
 // policy.Event, evaluates the policy against the state the bridge holds,
-// and turns the intents into actions: on the direct path a Placement claim
-// on a GPU of the instance's own host (in the instance's consumer) and the
-// agent commands that create and attach the mdev. The decision, the
+// plans the decision (PlanDecision) and hands the plan to the path that
+// owns its steps (Paths, the Act stage): the direct path (package direct:
+// a Placement claim on a GPU of the instance's own host, in the
+// instance's consumer, and the agent commands that create and attach the
+// mdev) or the Nova-native path (package novaresize). The decision, the
 // attachment records, the commands (outbox rows) and the request's
-// transition are written in one transaction; the relay (package dispatch)
-// publishes the commands.
+// transition are written in one transaction (two when the plan needs
+// claims: decideLocked); the relay (package dispatch) publishes the
+// commands.
 //
-// Results come back through HandleResult: a request succeeds when all its
-// commands succeeded; a failed or refused command, or a deadline passed
-// without an answer, fails it and runs the compensation (the Placement
-// claim released, remove_mdev for the mdev it created), recorded in
-// audit_log.
+// Results come back through HandleResult, which records each and hands it
+// to the path that takes it (ResultTaker); the path moves its request on,
+// and fails and compensates it (Failer) when a command failed or its
+// deadline passed.
 //
 // Several replicas share the work: inbox rows and requests are locked with
 // SKIP LOCKED; events of one instance are handled in inbox order (a

@@ -19,11 +19,12 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
-// madeClaim is a Placement claim made for one event's decision, between
-// its two transactions; it is released if the second does not commit.
-type madeClaim struct {
-	consumer, provider, class string
-	amount, held              int
+// Claim is a Placement claim made for one event's decision, between its
+// two transactions (DirectPath.Claim); it is released if the second does
+// not commit. Held is what the consumer holds of Provider's Class after it.
+type Claim struct {
+	Consumer, Provider, Class string
+	Amount, Held              int
 }
 
 // errRetry wraps errors after which the event is tried again later.
@@ -47,7 +48,7 @@ func (e errRetry) Unwrap() error { return e.err }
 // (decideLocked) keeps other replicas off the instance meanwhile. A crash
 // after the first commit leaves the event open with its plan: it is
 // decided again (the plan is replaced), and the units a crash left
-// claimed but unrecorded are found in the consumer and adopted (claim),
+// claimed but unrecorded are found in the consumer and adopted (DirectPath.Claim),
 // so nothing is leaked or doubled.
 func (p *Processor) processOne(ctx context.Context, c candidate) (bool, error) {
 	start := time.Now()
@@ -160,16 +161,16 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 	// Still under the instance's lock: no other decision can adopt these
 	// units before they are given back.
 	if err != nil || !recorded {
-		var all []madeClaim
+		var all []Claim
 		for _, pa := range w.pending {
 			all = append(all, allClaims(pa.claims)...)
 		}
-		p.releaseClaims(ctx, all, "the record of the decision's claims did not commit")
+		p.direct.ReleaseClaims(ctx, all, "the record of the decision's claims did not commit")
 		return false, false, err
 	}
 	failpoint.Hit(FailAfterRecord)
 	if len(w.unused) > 0 {
-		p.releaseClaims(ctx, w.unused, "the decision did not take the claim")
+		p.direct.ReleaseClaims(ctx, w.unused, "the decision did not take the claim")
 	}
 	return w.Outbox, true, nil
 }
@@ -246,7 +247,7 @@ func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 		w.claims = pa.claims
 		if state := requests.State(st); state.Final() {
 			w.giveBack = true
-		} else if err := p.act(ctx, w, pa.request, state, &pa.plan, pa.facts); err != nil {
+		} else if err := p.direct.ActPlan(ctx, w, pa.request, state, &pa.plan, pa.facts); err != nil {
 			return false, fmt.Errorf("event %d: record the claims of request %s: %w", row.ID, pa.request, err)
 		}
 		w.doneWithClaims()
@@ -275,19 +276,19 @@ func (p *Processor) makeClaims(ctx context.Context, w *Work) error {
 			if s.Kind != flow.StepAttach {
 				continue
 			}
-			made, err := p.claim(ctx, pa.facts, s, planned)
+			made, err := p.direct.Claim(ctx, pa.facts, s, planned)
 			pa.claims = append(pa.claims, stepClaim{made: made, err: err})
-			if err != nil && (errors.Is(err, ErrNoCapacity) || errors.Is(err, errNoAddress)) {
+			if err != nil && (errors.Is(err, ErrNoCapacity) || errors.Is(err, ErrNoAddress)) {
 				break
 			}
 			if err != nil {
 				for _, pa := range w.pending {
-					p.releaseClaims(ctx, allClaims(pa.claims), "a claim of the same decision failed")
+					p.direct.ReleaseClaims(ctx, allClaims(pa.claims), "a claim of the same decision failed")
 				}
 				return errRetry{fmt.Errorf("claim %d × %s on node %s: %w", max(s.Intent.Count, 1), s.Intent.Profile, pa.facts.Instance.Node, err)}
 			}
 			for _, mc := range made {
-				planned = append(planned, flow.Attachment{Provider: mc.provider, Amount: mc.amount})
+				planned = append(planned, flow.Attachment{Provider: mc.Provider, Amount: mc.Amount})
 			}
 		}
 	}
@@ -296,12 +297,12 @@ func (p *Processor) makeClaims(ctx context.Context, w *Work) error {
 
 // stepClaim is what the claim of one attach step made, or why it failed.
 type stepClaim struct {
-	made []madeClaim
+	made []Claim
 	err  error
 }
 
-func allClaims(cs []stepClaim) []madeClaim {
-	var out []madeClaim
+func allClaims(cs []stepClaim) []Claim {
+	var out []Claim
 	for _, c := range cs {
 		out = append(out, c.made...)
 	}
@@ -381,8 +382,8 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 			return err
 		}
 		if reqID, ok := row.BridgeRequest(); ok {
-			return p.failRequest(ctx, tx, reqID, flow.CodeEventFailed,
-				fmt.Sprintf("the bridge gave up after %d attempts: %v", attempts, cause), nil)
+			return p.direct.FailRequest(ctx, tx, reqID, flow.CodeEventFailed,
+				fmt.Sprintf("the bridge gave up after %d attempts: %v", attempts, cause))
 		}
 		return nil
 	}))

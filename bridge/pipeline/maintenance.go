@@ -21,7 +21,7 @@ import (
 // direct-path vGPUs through the agent, their claims given back); after
 // it, an attach of the same profiles on the instance's new host, whose
 // claim is the maintenance reservation moved into the instance's
-// consumer (claim adopts it). The executor writes a bridge event of type
+// consumer (DirectPath.Claim adopts it). The executor writes a bridge event of type
 // EventMaintenance into the inbox and waits on the request it names.
 
 // EventMaintenance is the type of the executor's events.
@@ -136,7 +136,7 @@ func (p *Processor) handleMaintenance(ctx context.Context, w *Work, ev policy.Ev
 		return fail("unknown maintenance half " + m.Half)
 	}
 	d := &policy.Decision{Kind: ev.Kind, Reason: "host maintenance: " + m.Half}
-	if err := p.act(ctx, w, m.Request, requests.Accepted, &plan, f); err != nil {
+	if err := p.direct.ActPlan(ctx, w, m.Request, requests.Accepted, &plan, f); err != nil {
 		return false, false, err
 	}
 	if err := p.recordDecision(ctx, tx, row, &m.Request, d, plan); err != nil {

@@ -1,6 +1,11 @@
 package pipeline
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+)
 
 type metrics struct {
 	events        *prometheus.CounterVec
@@ -35,3 +40,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	return m
 }
+
+// Counters are the pipeline's metrics that the paths acting for it
+// (package direct, package novaresize) count in too: one set of series
+// whichever package took the step.
+type Counters struct{ m *metrics }
+
+// Compensated counts a compensation step (claim_released,
+// mdev_removal_queued, vgpu_restored, restore_failed, resize_reverted).
+func (c Counters) Compensated(step string) { c.m.compensations.WithLabelValues(step).Inc() }
+
+// Finished counts a request the pipeline finished after dispatching it.
+func (c Counters) Finished(state requests.State) { c.m.requests.WithLabelValues(string(state)).Inc() }
+
+// Decided counts an inbox event decided with outcome, among them one a
+// path wrote already processed (nothing listens to it).
+func (c Counters) Decided(outcome flow.Outcome) { c.m.events.WithLabelValues(string(outcome)).Inc() }
+
+// Claimed counts vGPUs claimed in Placement on the direct path.
+func (c Counters) Claimed(n int) { c.m.claims.Add(float64(n)) }

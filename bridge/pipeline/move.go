@@ -145,7 +145,7 @@ func (p *Processor) handleMove(ctx context.Context, w *Work, ev policy.Event) (_
 			}
 		}
 		plan := flow.Plan{Outcome: flow.OutcomeAct, Steps: []flow.Step{{Kind: flow.StepRelease, Release: moved, RemoveOnly: true, Host: moved[0].Host}}}
-		if err := p.act(ctx, w, id, requests.Accepted, &plan, f); err != nil {
+		if err := p.direct.ActPlan(ctx, w, id, requests.Accepted, &plan, f); err != nil {
 			return false, false, err
 		}
 	}
@@ -172,7 +172,7 @@ func (p *Processor) handleMove(ctx context.Context, w *Work, ev policy.Event) (_
 				return false, false, err
 			}
 		} else {
-			if err := p.act(ctx, w, id, requests.Accepted, &plan, f); err != nil {
+			if err := p.direct.ActPlan(ctx, w, id, requests.Accepted, &plan, f); err != nil {
 				return false, false, err
 			}
 		}
@@ -213,9 +213,9 @@ func firstID(ids ...*uuid.UUID) *uuid.UUID {
 func moveMode(vmState string) string {
 	switch vmState {
 	case "", "active", "resized":
-		return agentMode(policy.ModeDirectLive, "active")
+		return AgentMode(policy.ModeDirectLive, "active")
 	}
-	return agentMode(policy.ModeDirectLive, vmState)
+	return AgentMode(policy.ModeDirectLive, vmState)
 }
 
 // moveRequest records a request of the bridge's own for one half of a

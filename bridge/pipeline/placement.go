@@ -61,6 +61,11 @@ type Claimed struct {
 // ErrNoCapacity says no GPU of the host can take the request.
 var ErrNoCapacity = errors.New("no vGPU capacity")
 
+// ErrNoAddress says a claim landed on a GPU provider whose name gives no
+// PCI address: like ErrNoCapacity, it fails the act instead of being
+// tried again.
+var ErrNoAddress = errors.New("the GPU provider's name carries no PCI address (<node>_pci_DDDD_BB_SS_F)")
+
 // ServiceAdapter implements Placement over *placement.Service.
 type ServiceAdapter struct {
 	S *placement.Service

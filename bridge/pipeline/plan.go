@@ -95,7 +95,7 @@ func PlanDecision(d *policy.Decision, f Facts) flow.Plan {
 			if in.Trait == "" {
 				return fail(flow.CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
 			}
-			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepAttach, Intent: in, Mode: agentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
+			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepAttach, Intent: in, Mode: AgentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
 		case policy.IntentRelease:
 			var take []flow.Attachment
 			var inFlight bool
@@ -231,7 +231,7 @@ func PlanDecision(d *policy.Decision, f Facts) flow.Plan {
 			}
 			in.Count = len(old)
 			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepRelease, Intent: in, Release: old, Host: old[0].Host},
-				flow.Step{Kind: flow.StepAttach, Intent: in, Mode: agentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
+				flow.Step{Kind: flow.StepAttach, Intent: in, Mode: AgentMode(in.Mode, f.Instance.VMState), Host: f.Instance.Host})
 		}
 	}
 	if f.Rebuilt && !f.Deleting {
@@ -275,9 +275,9 @@ func hostProblem(f Facts) (string, string) {
 	return "", ""
 }
 
-// agentMode maps the policy's attach mode to the agent's: a live attach
+// AgentMode maps the policy's attach mode to the agent's: a live attach
 // to a domain that is not running changes its definition only.
-func agentMode(m policy.AttachMode, vmState string) string {
+func AgentMode(m policy.AttachMode, vmState string) string {
 	if m == policy.ModeDirectCold {
 		return protocol.ModeCold
 	}
@@ -351,46 +351,6 @@ func NewCommand(kind protocol.Kind, host, requestID, instance string, params any
 		}
 	}
 	return c, c.Validate()
-}
-
-// AttachCommands are the commands of a new attachment: one attach_vgpu
-// naming the parent GPU and the type, so the agent creates the mdev, then
-// attaches it, and removes it again should the attach fail (create_mdev
-// remains for pre-creating devices). One command is one broker and one
-// Postgres round trip fewer than create_mdev followed by attach_vgpu.
-func AttachCommands(a flow.Attachment, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
-	c, err := NewCommand(protocol.AttachVGPU, a.Host, requestID, a.InstanceUUID,
-		protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: a.Mode, FrameRateLimit: a.FrameRateLimit},
-		issued, expires)
-	if err != nil {
-		return nil, fmt.Errorf("attach command for %s: %w", a.ID, err)
-	}
-	return []protocol.Command{c}, nil
-}
-
-// ReleaseCommands take an attachment back: detach_vgpu (unless the domain
-// is gone), then remove_mdev.
-func ReleaseCommands(a flow.Attachment, removeOnly bool, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
-	var out []protocol.Command
-	mdev := a.ID.String()
-	if !removeOnly {
-		mode := a.Mode
-		if mode == "" {
-			mode = protocol.ModeLive
-		}
-		c, err := NewCommand(protocol.DetachVGPU, a.Host, requestID, a.InstanceUUID,
-			protocol.AttachParams{MdevUUID: mdev, Mode: mode}, issued, expires)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	c, err := NewCommand(protocol.RemoveMdev, a.Host, requestID, a.InstanceUUID,
-		protocol.MdevParams{MdevUUID: mdev}, issued, expires)
-	if err != nil {
-		return nil, err
-	}
-	return append(out, c), nil
 }
 
 // novaHostProblem is hostProblem for the Nova path: Nova chooses the

@@ -52,10 +52,11 @@ type Processor struct {
 	wake  wake.Waker
 	hosts atomic.Pointer[hostSet]
 	m     *metrics
-	// stages decide about each event, results take agent results of
-	// requests other packages run (Use).
+	// stages decide about each event, results take each agent result,
+	// direct carries out the direct path's plans and fails requests (Use).
 	stages  []Stage
 	results []ResultTaker
+	direct  DirectPath
 }
 
 // New builds a processor.
@@ -80,44 +81,53 @@ func New(cfg Config, d Deps) (*Processor, error) {
 		d.Log.Warn("pipeline: fewer workers than configured, to leave the pool room", "workers", max(mc-2, 1), "configured", cfg.Workers, "pool", mc)
 		cfg.Workers = max(mc-2, 1)
 	}
-	p := &Processor{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry), stages: DefaultStages()}
+	p := &Processor{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry)}
 	p.hosts.Store(&hostSet{byName: map[string]int{}})
 	return p, nil
 }
 
-// Use sets the stages that decide about each inbox event, in order
-// (stage.go), and the takers that see each agent result before the
-// direct path does (ResultTaker). Call it before Run; without it a
-// processor runs DefaultStages.
-func (p *Processor) Use(stages []Stage, results ...ResultTaker) {
-	p.stages, p.results = stages, results
+// Paths are what the pipeline hands its work to: the stages that decide
+// about each inbox event, in order (stage.go); the takers of agent
+// results, in order, the first that takes one ends its way
+// (ResultTaker); and the direct path, which carries out the plans of the
+// pipeline's own making (moves, maintenance, the second transaction of a
+// decision that claimed) and fails requests (DirectPath). Package direct
+// is the direct path, a taker and an actor of Act; the Nova-native path
+// (package novaresize) adds a stage, an actor and a taker.
+type Paths struct {
+	Stages  []Stage
+	Results []ResultTaker
+	Direct  DirectPath
 }
+
+// Use sets the paths. Call it before Run: a processor without them
+// decides nothing (direct.Wire sets those of the direct path alone).
+func (p *Processor) Use(ps Paths) {
+	p.stages, p.results, p.direct = ps.Stages, ps.Results, ps.Direct
+}
+
+// Lent is what the processor lends the paths that act for it: its
+// configuration (defaults applied), its collaborators and its counters,
+// so that a path works with the same Placement, policy and request store.
+type Lent struct {
+	Config   Config
+	Deps     Deps
+	Counters Counters
+}
+
+// Lend returns what the paths share with the processor.
+func (p *Processor) Lend() Lent { return Lent{Config: p.cfg, Deps: p.d, Counters: Counters{p.m}} }
 
 // Wake makes the inbox loop look at the inbox now.
 func (p *Processor) Wake() { p.wake.Wake() }
 
-// Run processes the inbox and watches deadlines until ctx ends.
+// Run processes the inbox until ctx ends. The deadlines of requests are
+// watched by the path that runs them (direct.Path.Run, novaresize.Path.Run).
 func (p *Processor) Run(ctx context.Context) error {
+	if p.direct == nil {
+		return errors.New("pipeline: no direct path (Use; direct.Wire)")
+	}
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(p.cfg.WatchdogInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if p.paused(ctx, "deadlines") {
-				continue // paused: no decisions, failing requests included
-			}
-			if _, err := p.CheckDeadlines(ctx); err != nil && ctx.Err() == nil {
-				p.log.Warn("pipeline: deadline check failed", logkey.Err, err)
-			}
-		}
-	}()
 	if p.cfg.LoadInterval > 0 {
 		wg.Add(1)
 		go func() {

@@ -27,7 +27,7 @@ type txBeginner interface {
 // rounds runs fn in a transaction of db until it no longer stops for a
 // Placement release (errNeedRelease): between two rounds, with no
 // transaction open, it makes the releases the last round asked for
-// (releaseFor). Decisions do not run in rounds (decideLocked); an agent's
+// (ReleaseFor). Decisions do not run in rounds (decideLocked); an agent's
 // result, a deadline and a Nova-path step that give units back do.
 func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	pc, _ := ctx.Value(roundReleasesKey{}).(*roundReleases)
@@ -55,10 +55,11 @@ func (p *Processor) rounds(ctx context.Context, db txBeginner, fn func(ctx conte
 	}
 }
 
-// releaseFor gives back attachment a's claim in Placement: a release made
-// before this round counts as done; else it is recorded as needed and
-// errNeedRelease stops the round.
-func (p *Processor) releaseFor(ctx context.Context, a flow.Attachment) error {
+// ReleaseFor gives back attachment a's claim in Placement, in a
+// transaction of rounds (InTx, HandleResult): a release made before this
+// round counts as done; else it is recorded as needed and the round stops
+// (its error is returned: pass it on), to run again once it is made.
+func ReleaseFor(ctx context.Context, a flow.Attachment) error {
 	pc := roundReleasesIn(ctx)
 	if pc.released[a.ID] {
 		return nil

@@ -53,11 +53,38 @@ type Actor interface {
 	Act(ctx context.Context, w *Work, s flow.Step) error
 }
 
-// DefaultStages are the stages of the direct path alone: what a
-// processor runs unless told otherwise (Use). The bridge lists its own
-// where it wires the pipeline (setupPipeline).
-func DefaultStages() []Stage {
-	return []Stage{AccountFlavor{}, KnowAllocations{}, ReadRequest{}, ReadEvent{}, FollowMove{}, Evaluate{}, OpenRequest{}, Act{}, Record{}}
+// DirectPath carries out plans on the direct path (package direct):
+// claims in Placement, attachments and agent commands. The pipeline
+// hands it the plans of its decisions (Act), of the moves and maintenance
+// it follows (FollowMove) and, in a decision's second transaction, those
+// that waited for their claims (apply); the claims themselves, made
+// between the two transactions (makeClaims), and their release when the
+// second does not take them; and the failure of requests (Failer).
+type DirectPath interface {
+	Failer
+	// ActPlan carries out plan, an OutcomeAct plan of request reqID (in
+	// state) with facts f, in w's transaction: it records the claims,
+	// attachments and commands and moves the request to decided; or, in
+	// the decision's first transaction, commits a plan that attaches as
+	// planned claims (Work.WaitForClaims). A plan it cannot carry out
+	// becomes a failure or rejection (plan.Outcome) and closes the request
+	// (Work.Close).
+	ActPlan(ctx context.Context, w *Work, reqID uuid.UUID, state requests.State, plan *flow.Plan, f Facts) error
+	// Claim claims the units of attach step s, with no transaction open;
+	// planned are the units the same act claimed before it. ErrNoCapacity
+	// and ErrNoAddress fail the act; other errors retry the event.
+	Claim(ctx context.Context, f Facts, s flow.Step, planned []flow.Attachment) ([]Claim, error)
+	// ReleaseClaims gives back claims made for a decision that did not
+	// take them; what it cannot give back is logged (the drift reconciler
+	// finds it).
+	ReleaseClaims(ctx context.Context, claims []Claim, why string)
+}
+
+// DefaultStages are the stages of the direct path alone, d (tests,
+// benchmarks: direct.Wire). The bridge lists its own where it wires the
+// pipeline (setupPipeline).
+func DefaultStages(d DirectPath) []Stage {
+	return []Stage{AccountFlavor{}, KnowAllocations{}, ReadRequest{}, ReadEvent{}, FollowMove{}, Evaluate{}, OpenRequest{}, Act{Direct: d}, Record{}}
 }
 
 // Work is one event on its way through the stages.
@@ -103,12 +130,12 @@ type Work struct {
 	applying bool
 	claims   []stepClaim
 	used     int
-	seq      int         // the current act's request's last command (apply reads it with the request's state)
-	giveBack bool        // the current act took none of its claims (it failed for want of capacity)
-	unused   []madeClaim // claims the acts did not take, given back after the commit
+	seq      int     // the current act's request's last command (apply reads it with the request's state)
+	giveBack bool    // the current act took none of its claims (it failed for want of capacity)
+	unused   []Claim // claims the acts did not take, given back after the commit
 }
 
-// pendingAct is an act (Processor.act) that waits for its claims.
+// pendingAct is an act (DirectPath.ActPlan) that waits for its claims.
 type pendingAct struct {
 	request uuid.UUID
 	plan    flow.Plan
@@ -121,8 +148,35 @@ func (w *Work) reset(tx pgx.Tx) {
 	*w = Work{Tx: tx, p: w.p, hosts: w.hosts, holdings: w.holdings}
 }
 
-// nextClaim is the claim made for the current act's next attach step.
-func (w *Work) nextClaim() ([]madeClaim, error) {
+// Applying reports whether w is the second transaction of a decision,
+// carrying out the acts that waited for their claims (apply).
+func (w *Work) Applying() bool { return w.applying }
+
+// WaitForClaims makes plan, for request reqID with facts f, wait for the
+// claims of its attach steps: they are made after the decision's
+// transaction commits, and ActPlan runs again with them in the second
+// (apply).
+func (w *Work) WaitForClaims(reqID uuid.UUID, plan flow.Plan, f Facts) {
+	w.pending = append(w.pending, pendingAct{request: reqID, plan: clonePlan(plan), facts: f})
+}
+
+// LastSeq is the last command's number of the request being applied, read
+// with its state (apply); outside apply, 0.
+func (w *Work) LastSeq() int { return w.seq }
+
+// GiveBackClaims gives back, after the transaction, every claim made for
+// the current act: it failed for want of capacity.
+func (w *Work) GiveBackClaims() { w.giveBack = true }
+
+// Close ends request reqID (in state) whose plan does nothing: rejected,
+// or failed when the bridge cannot act (a request with further events
+// waits for its last).
+func (w *Work) Close(ctx context.Context, reqID uuid.UUID, state requests.State, plan flow.Plan) error {
+	return w.p.closeWithout(ctx, w.Tx, w.Row, reqID, state, plan)
+}
+
+// NextClaim is the claim made for the current act's next attach step.
+func (w *Work) NextClaim() ([]Claim, error) {
 	if w.used >= len(w.claims) {
 		return nil, errors.New("an attach step without a claim made for it")
 	}
@@ -160,13 +214,13 @@ func (w *Work) Fail(ctx context.Context, code, reason string) error {
 
 // Notify records the notify steps among steps in the audit log.
 func (w *Work) Notify(ctx context.Context, steps []flow.Step) error {
-	return w.p.notify(ctx, w.Tx, w.Request, w.Facts.Instance.UUID, steps)
+	return RecordNotify(ctx, w.Tx, w.p.actor(), w.Request, w.Facts.Instance.UUID, steps)
 }
 
 // Decided moves the request to decided (or keeps it past that) in phase
 // with reason.
 func (w *Work) Decided(ctx context.Context, phase, reason string) error {
-	_, err := w.p.d.Requests.Transition(ctx, w.Tx, w.Request, nextState(w.State, requests.Decided), phase, reason, "")
+	_, err := w.p.d.Requests.Transition(ctx, w.Tx, w.Request, NextState(w.State, requests.Decided), phase, reason, "")
 	return err
 }
 
@@ -232,7 +286,7 @@ func (ReadEvent) Exec(ctx context.Context, w *Work) (bool, error) {
 		return false, nil
 	}
 	if w.HasRequest {
-		if err := w.p.failRequest(ctx, w.Tx, w.Request, flow.CodeEventFailed, err.Error(), nil); err != nil {
+		if err := w.p.direct.FailRequest(ctx, w.Tx, w.Request, flow.CodeEventFailed, err.Error()); err != nil {
 			return false, err
 		}
 	}
@@ -357,13 +411,15 @@ func (OpenRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 	return false, nil
 }
 
-// Act carries the plan out: on the direct path, a plan that attaches is
-// committed as planned claims and waits for them (the event's second
-// transaction records the claims, attachments and commands: Processor.act),
-// other plans write their commands at once; a Nova resize step goes to
-// NovaResize. A plan that does not act closes its request (rejected, or
-// failed).
+// Act hands the plan to the path that owns its steps: a plan with a Nova
+// resize step to NovaResize, the others to Direct (a plan that attaches
+// is committed as planned claims and waits for them, the event's second
+// transaction records the claims, attachments and commands; other plans
+// write their commands at once). A plan that does not act closes its
+// request (rejected, or failed).
 type Act struct {
+	// Direct runs the plans of the direct path (package direct).
+	Direct DirectPath
 	// NovaResize runs plans with a Nova resize step; nil: they fail with
 	// code nova_path_unavailable (Nova's API is not configured).
 	NovaResize Actor
@@ -395,8 +451,10 @@ func (a Act) Exec(ctx context.Context, w *Work) (bool, error) {
 		} else {
 			err = a.NovaResize.Act(ctx, w, s)
 		}
+	} else if a.Direct == nil {
+		err = errors.New("no direct path to act (pipeline.Act.Direct)")
 	} else {
-		err = p.act(ctx, w, w.Request, w.State, &w.Plan, w.Facts)
+		err = a.Direct.ActPlan(ctx, w, w.Request, w.State, &w.Plan, w.Facts)
 	}
 	if err != nil {
 		return false, fmt.Errorf("decide request %s: %w", w.Request, err)

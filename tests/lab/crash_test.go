@@ -15,8 +15,8 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/direct"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -35,7 +35,7 @@ func killedAfterCreate(t *testing.T, expires time.Time) (*labAgent, flow.Attachm
 	a := startLabAgent(t, failpoint.Env+"="+afterCreate)
 	at := a.attachment(uuid.New(), "mtty_pci-1", protocol.ModeLive)
 	t.Cleanup(func() { cleanupMdev(t, at.ID.String()) })
-	cmds, err := pipeline.AttachCommands(at, uuid.NewString(), time.Now(), expires)
+	cmds, err := direct.AttachCommands(at, uuid.NewString(), time.Now(), expires)
 	testsvc.Must(t, err, "attach commands")
 	c := cmds[0]
 	a.publish(&c)

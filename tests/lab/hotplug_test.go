@@ -19,8 +19,8 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/transport"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/direct"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -205,7 +205,7 @@ func (a *labAgent) attachment(id uuid.UUID, typeID, mode string) flow.Attachment
 func (a *labAgent) attach(at flow.Attachment) protocol.Result {
 	a.t.Helper()
 	now := time.Now()
-	cmds, err := pipeline.AttachCommands(at, uuid.NewString(), now, now.Add(10*time.Minute))
+	cmds, err := direct.AttachCommands(at, uuid.NewString(), now, now.Add(10*time.Minute))
 	testsvc.Must(a.t, err, "attach commands")
 	var r protocol.Result
 	for _, c := range cmds {
@@ -220,7 +220,7 @@ func (a *labAgent) attach(at flow.Attachment) protocol.Result {
 func (a *labAgent) release(at flow.Attachment) protocol.Result {
 	a.t.Helper()
 	now := time.Now()
-	cmds, err := pipeline.ReleaseCommands(at, false, uuid.NewString(), now, now.Add(10*time.Minute))
+	cmds, err := direct.ReleaseCommands(at, false, uuid.NewString(), now, now.Add(10*time.Minute))
 	testsvc.Must(a.t, err, "release commands")
 	var r protocol.Result
 	for _, c := range cmds {

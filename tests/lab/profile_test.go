@@ -15,6 +15,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/hosterr"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/direct"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -154,9 +155,9 @@ func TestAgentProfileChangeSwapsVGPU(t *testing.T) {
 	t.Cleanup(func() { cleanupMdev(t, nu.ID.String()) })
 	req := uuid.NewString()
 	now = time.Now()
-	cmds, err := pipeline.ReleaseCommands(old, false, req, now, now.Add(10*time.Minute))
+	cmds, err := direct.ReleaseCommands(old, false, req, now, now.Add(10*time.Minute))
 	testsvc.Must(t, err, "release commands")
-	attach, err := pipeline.AttachCommands(nu, req, now, now.Add(10*time.Minute))
+	attach, err := direct.AttachCommands(nu, req, now, now.Add(10*time.Minute))
 	testsvc.Must(t, err, "attach commands")
 	for _, c := range append(cmds, attach...) {
 		if r := a.do(c); r.Status != protocol.Succeeded {

@@ -31,6 +31,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/direct"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
@@ -234,7 +235,10 @@ func (w *world) cleanupPlacement() {
 type bridgeReplica struct {
 	svc  *placement.Service
 	proc *pipeline.Processor
-	disp *dispatch.Dispatcher
+	// direct is the processor's direct path (its results, failures and
+	// deadlines).
+	direct *direct.Path
+	disp   *dispatch.Dispatcher
 	// stop ends the replica's pipeline and dispatcher (as at the test's
 	// end); what they committed stays in Postgres.
 	stop func()
@@ -287,6 +291,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
 			Placement: withClaimErr(newOutsideTx(t, w.txw, svc), o.claimErr), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
 	testsvc.Must(t, err, "pipeline")
+	r.direct = direct.Wire(r.proc)
 	dc := dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
 		ResultsBindings: []string{protocol.ResultRoutingKey(w.host)}, ReportsBindings: []string{protocol.ReportRoutingKey(w.host)},
 		RelayInterval: 100 * time.Millisecond, ReconnectMax: 2 * time.Second, Replica: o.name}
@@ -313,7 +318,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	declareTopology(t, w.amqpURL, dc)
 	ctx, cancel := context.WithCancel(w.ctx)
 	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{r.proc.Run, r.disp.Run} {
+	for _, run := range []func(context.Context) error{r.proc.Run, r.direct.Run, r.disp.Run} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

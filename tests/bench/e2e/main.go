@@ -139,6 +139,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/direct"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
@@ -994,6 +995,7 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	directPath := direct.Wire(proc) // results, failures and deadlines of the direct path
 	h.results, h.reports = "vgpu-bench-"+h.id+".results", "vgpu-bench-"+h.id+".reports"
 	// The queues go last, after the bridge and the agents have stopped
 	// (cleanups run in reverse): the dispatcher's, and each host's, which
@@ -1057,7 +1059,7 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 
 	rctx, rcancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{proc.Run, disp.Run, func(ctx context.Context) error { ep.Run(ctx); return nil }} {
+	for _, run := range []func(context.Context) error{proc.Run, directPath.Run, disp.Run, func(ctx context.Context) error { ep.Run(ctx); return nil }} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -52,6 +52,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/direct"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
@@ -160,6 +161,7 @@ func run(flood, quiet int, quietRate float64) (figures, error) {
 	if err != nil {
 		return figures{}, err
 	}
+	directPath := direct.Wire(proc) // the direct path: results, failures, deadlines
 	ep, err := webhook.New(webhook.Config{
 		Sources: []webhook.Source{{Name: "flood", Auth: webhook.AuthBearer, Tokens: []string{hookToken}, Rate: 1e6, Burst: 1e6}},
 		Store:   requests.NewStore(pool, "bench"), Pool: pool, Logger: log, OnCommitted: proc.Wake,
@@ -178,6 +180,7 @@ func run(flood, quiet int, quietRate float64) (figures, error) {
 	var wg sync.WaitGroup
 	wg.Go(func() { ep.Run(rctx) })
 	wg.Go(func() { proc.Run(rctx) })
+	wg.Go(func() { directPath.Run(rctx) })
 	defer func() { stop(); wg.Wait() }()
 	base := "http://" + srv.Addr()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}

@@ -1,0 +1,274 @@
+package direct
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// ActPlan runs an OutcomeAct plan: claims, attachment rows, commands and the
+// request's transition to decided. A claim that cannot be made turns the
+// plan into a failure (plan.Outcome is set to OutcomeFail) after the claims
+// already made are released.
+//
+// In the decision's transaction, a plan that attaches is only planned: its
+// vGPUs are committed as planned claims (requests.PlanClaims, after
+// LockQuota) and the act waits for them (Work.WaitForClaims); the pipeline
+// claims (Claim), and ActPlan runs again in the second transaction (apply) with the claims made.
+func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, state requests.State, plan *flow.Plan, f pipeline.Facts) error {
+	tx, row := w.Tx, w.Row
+	if !w.Applying() {
+		var planned []requests.PlannedClaim
+		for _, s := range plan.Steps {
+			if s.Kind == flow.StepAttach {
+				planned = append(planned, requests.PlannedClaim{Profile: s.Intent.Profile, Units: max(s.Intent.Count, 1)})
+			}
+		}
+		if len(planned) > 0 {
+			// New vGPUs add to the project's usage: lock it now, and stop
+			// if it moved since the decision read it.
+			if err := w.LockQuota(ctx); err != nil {
+				return err
+			}
+			if err := requests.PlanClaims(ctx, tx, row.ID, reqID, f.Instance.UUID, planned); err != nil {
+				return err
+			}
+			w.WaitForClaims(reqID, *plan, f)
+			return nil
+		}
+	}
+	now := time.Now()
+	deadline := now.Add(p.cfg.RequestTimeout)
+	seq := w.LastSeq() // read with the request's state (apply)
+	if !w.Applying() {
+		if err := tx.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1`, reqID).Scan(&seq); err != nil {
+			return err
+		}
+	}
+	var claims []pipeline.Claim
+	var cmds []outCmd
+	var atts []flow.Attachment
+	var release []flow.Attachment
+	var summary []string
+	for _, s := range plan.Steps {
+		switch s.Kind {
+		case flow.StepAttach:
+			made, err := w.NextClaim()
+			claims = append(claims, made...)
+			if err != nil {
+				if errors.Is(err, pipeline.ErrNoCapacity) || errors.Is(err, pipeline.ErrNoAddress) {
+					code := flow.CodeNoCapacity
+					if errors.Is(err, pipeline.ErrNoAddress) {
+						code = flow.CodePlacement
+					}
+					reason := fmt.Sprintf("no GPU of host %s (node %s) can take %d × %s (%s): %v", f.Instance.Host, f.Instance.Node,
+						max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, err)
+					w.GiveBackClaims() // released after the transaction
+					if err := p.auditReleased(ctx, tx, reqID, claims, reason); err != nil {
+						return err
+					}
+					plan.Outcome, plan.Code, plan.Reason, plan.Steps = flow.OutcomeFail, code, reason, nil
+					return w.Close(ctx, reqID, state, *plan)
+				}
+				return pipeline.Retry(fmt.Errorf("claim %d × %s on node %s: %w", max(s.Intent.Count, 1), s.Intent.Profile, f.Instance.Node, err))
+			}
+			for _, mc := range made {
+				a := flow.Attachment{ID: uuid.New(), InstanceUUID: f.Instance.UUID, RequestID: reqID, Host: f.Instance.Host, Node: f.Instance.Node,
+					Provider: mc.Provider, Class: mc.Class, Amount: 1, HeldAfter: mc.Held, PCIAddress: p.d.Placement.GPUAddress(mc.Provider),
+					TypeID: s.Intent.TypeID, Profile: s.Intent.Profile, Trait: s.Intent.Trait, Mode: s.Mode, State: flow.AttPending,
+					FrameRateLimit: s.Intent.FrameRateLimit}
+				for u := 0; u < mc.Amount; u++ {
+					b := a
+					if u > 0 {
+						b.ID = uuid.New()
+					}
+					b.HeldAfter = mc.Held - (mc.Amount - 1 - u)
+					cs, err := AttachCommands(b, reqID.String(), now, deadline)
+					if err != nil {
+						return err
+					}
+					atts = append(atts, b)
+					for _, c := range cs {
+						seq++
+						cmds = append(cmds, outCmd{c: c, seq: seq, attachment: &b.ID})
+					}
+				}
+				frl := ""
+				if s.Intent.FrameRateLimit != nil {
+					frl = ", frame-rate limiter " + map[bool]string{true: "on", false: "off"}[*s.Intent.FrameRateLimit]
+				}
+				summary = append(summary, fmt.Sprintf("attach %d × %s on %s GPU %s%s", mc.Amount, s.Intent.Profile, f.Instance.Host, a.PCIAddress, frl))
+			}
+		case flow.StepRelease:
+			for _, a := range s.Release {
+				cs, err := ReleaseCommands(a, s.RemoveOnly, reqID.String(), now, deadline)
+				if err != nil {
+					return err
+				}
+				release = append(release, a)
+				id := a.ID
+				for _, c := range cs {
+					seq++
+					cmds = append(cmds, outCmd{c: c, seq: seq, attachment: &id})
+				}
+				summary = append(summary, fmt.Sprintf("release %s (mdev %s) on %s", a.Profile, a.ID, a.Host))
+			}
+		case flow.StepReattach:
+			for _, a := range s.Release {
+				c, err := pipeline.NewCommand(protocol.AttachVGPU, a.Host, reqID.String(), a.InstanceUUID,
+					protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: pipeline.AgentMode(policy.ModeDirectLive, f.Instance.VMState),
+						FrameRateLimit: a.FrameRateLimit},
+					now, deadline)
+				if err != nil {
+					return err
+				}
+				id := a.ID
+				seq++
+				cmds = append(cmds, outCmd{c: c, seq: seq, attachment: &id})
+				summary = append(summary, fmt.Sprintf("attach %s (mdev %s) again after Nova rebuilt the domain", a.Profile, a.ID))
+			}
+		case flow.StepCommand:
+			c, err := pipeline.NewCommand(s.Command, s.Host, reqID.String(), f.Instance.UUID, s.Params, now, deadline)
+			if err != nil {
+				plan.Notes = append(plan.Notes, fmt.Sprintf("%s: %v", s.Command, err))
+				continue
+			}
+			seq++
+			cmds = append(cmds, outCmd{c: c, seq: seq})
+			summary = append(summary, string(s.Command))
+		case flow.StepNotify:
+			if err := pipeline.RecordNotify(ctx, tx, p.actor(), reqID, f.Instance.UUID, []flow.Step{s}); err != nil {
+				return err
+			}
+		}
+	}
+	// New vGPUs were in the project's usage as planned since the first
+	// transaction: the record takes their place (apply drops the plan).
+	// The releases begin first: the attachments and commands go in one
+	// statement.
+	for _, a := range release {
+		if err := requests.BeginRelease(ctx, tx, a.ID, reqID); err != nil {
+			return err
+		}
+	}
+	if len(atts) > 0 && len(cmds) > 0 {
+		rows, err := commandRows(reqID, cmds)
+		if err != nil {
+			return err
+		}
+		if err := requests.RecordAct(ctx, tx, reqID, atts, requests.PurposeAction, rows); err != nil {
+			return err
+		}
+	} else {
+		if err := requests.AddAttachments(ctx, tx, reqID, atts); err != nil {
+			return err
+		}
+		if err := insertCommands(ctx, tx, reqID, requests.PurposeAction, cmds); err != nil {
+			return err
+		}
+	}
+	if len(cmds) == 0 {
+		// Only notes and notifications: nothing for the agents.
+		plan.Outcome, plan.Code = flow.OutcomeReject, flow.CodeNoAction
+		if plan.Reason == "" {
+			plan.Reason = joinNonEmpty("; ", plan.Notes...)
+		}
+		if plan.Reason == "" {
+			plan.Reason = "nothing to send to an agent"
+		}
+		return w.Close(ctx, reqID, state, *plan)
+	}
+	reason := joinNonEmpty("; ", summary...)
+	if _, err := p.d.Requests.TransitionUntil(ctx, tx, reqID, pipeline.NextState(state, requests.Decided), "queued", reason, "", deadline); err != nil {
+		return err
+	}
+	p.count.Claimed(len(atts))
+	return nil
+}
+
+// Claim claims the units of an attach step, or adopts units an
+// interrupted earlier attempt claimed for this consumer but recorded
+// nowhere.
+func (p *Path) Claim(ctx context.Context, f pipeline.Facts, s flow.Step, planned []flow.Attachment) ([]pipeline.Claim, error) {
+	n := max(s.Intent.Count, 1)
+	known := map[string]int{}
+	for _, a := range f.Attachments {
+		if a.State != flow.AttFailed && a.State != flow.AttReleased {
+			known[a.Provider] += a.Amount
+		}
+	}
+	for _, a := range planned {
+		known[a.Provider] += a.Amount
+	}
+	// What the bridge last read or wrote of the consumer: read when a
+	// Nova notification said its allocations changed (KnowAllocations), so
+	// a claim is one PUT. Units an interrupted attempt left are found
+	// here too: a failed round releases its claims (and records that), a
+	// crash empties what the process knew.
+	holdings, read, err := p.d.Placement.CachedHoldings(ctx, f.Instance.UUID)
+	if err != nil {
+		return nil, err
+	}
+	if f.Instance.FlavorVGPUs == 0 { // a flavor's units are Nova's, never adopted
+		for _, h := range holdings {
+			if h.Trait != s.Intent.Trait {
+				continue
+			}
+			if excess := h.Amount - known[h.Provider]; excess >= n {
+				if p.d.Placement.GPUAddress(h.Provider) == "" {
+					continue
+				}
+				p.log.Info("pipeline: adopting a claim an interrupted attempt made", logkey.Instance, f.Instance.UUID, "provider", h.Provider, "units", n)
+				return []pipeline.Claim{{Consumer: f.Instance.UUID, Provider: h.Provider, Class: h.Class, Amount: n, Held: h.Amount}}, nil
+			}
+		}
+	}
+	cl, err := p.d.Placement.Claim(ctx, pipeline.ClaimSpec{Consumer: f.Instance.UUID, ProjectID: f.Instance.ProjectID, UserID: f.Instance.UserID,
+		Node: f.Instance.Node, Trait: s.Intent.Trait, Count: n, Read: read})
+	if err != nil {
+		return nil, err
+	}
+	mc := pipeline.Claim{Consumer: f.Instance.UUID, Provider: cl.Provider, Class: cl.Class, Amount: cl.Amount, Held: cl.Held}
+	if p.d.Placement.GPUAddress(cl.Provider) == "" {
+		return []pipeline.Claim{mc}, fmt.Errorf("%w: provider %s", pipeline.ErrNoAddress, cl.Provider)
+	}
+	return []pipeline.Claim{mc}, nil
+}
+
+// ReleaseClaims gives back claims made for a decision that did not
+// happen; errors are logged (the drift reconciler finds what is left).
+func (p *Path) ReleaseClaims(ctx context.Context, claims []pipeline.Claim, why string) {
+	ctx = context.WithoutCancel(ctx)
+	for _, c := range claims {
+		if err := p.d.Placement.ReleaseUnits(ctx, c.Consumer, c.Provider, c.Class, c.Amount, c.Held); err != nil {
+			p.log.Error("pipeline: cannot release a claim; Placement keeps it until the reconciler repairs it",
+				logkey.Instance, c.Consumer, "provider", c.Provider, logkey.Err, err, logkey.Reason, why)
+			continue
+		}
+		p.count.Compensated("claim_released")
+	}
+}
+
+func (p *Path) auditReleased(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, claims []pipeline.Claim, why string) error {
+	for _, c := range claims {
+		detail, _ := json.Marshal(map[string]any{"claim_released": map[string]any{"provider": c.Provider, "class": c.Class, "amount": c.Amount},
+			"reason": why})
+		if err := requests.Audit(ctx, tx, requests.Entry{Actor: p.actor(), Action: "compensate", ObjectType: "instance",
+			ObjectID: c.Consumer, RequestID: reqID.String(), Detail: detail}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,105 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// closeWithout ends a request whose decision does nothing: rejected, or
+// failed when the bridge cannot act. A request with several events (an
+// Alertmanager group) waits for its last one.
+func (p *Processor) closeWithout(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State, plan flow.Plan) error {
+	if state != requests.Accepted {
+		return nil // a sibling event already decided it
+	}
+	var others bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM events WHERE request_id = $1 AND id <> $2 AND processed_at IS NULL)`,
+		reqID.String(), row.ID).Scan(&others); err != nil {
+		return err
+	}
+	if others {
+		return nil
+	}
+	to := requests.Rejected
+	if plan.Outcome == flow.OutcomeFail {
+		to = requests.Failed
+	}
+	_, err := p.d.Requests.Transition(ctx, tx, reqID, to, "", plan.Reason, plan.Code)
+	return err
+}
+
+func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow, reqID *uuid.UUID, d *policy.Decision, plan flow.Plan) error {
+	doc, err := json.Marshal(struct {
+		*policy.Decision
+		Plan struct {
+			Outcome flow.Outcome `json:"outcome"`
+			Code    string       `json:"code,omitempty"`
+			Reason  string       `json:"reason,omitempty"`
+			Notes   []string     `json:"notes,omitempty"`
+		} `json:"plan"`
+		Explanation string `json:"explanation"`
+	}{Decision: d, Plan: struct {
+		Outcome flow.Outcome `json:"outcome"`
+		Code    string       `json:"code,omitempty"`
+		Reason  string       `json:"reason,omitempty"`
+		Notes   []string     `json:"notes,omitempty"`
+	}{plan.Outcome, plan.Code, plan.Reason, plan.Notes}, Explanation: d.Explain()})
+	if err != nil {
+		return err
+	}
+	var inst *string
+	if _, err := uuid.Parse(row.InstanceUUID); err == nil {
+		inst = &row.InstanceUUID
+	}
+	return requests.RecordDecision(ctx, tx, requests.Decision{EventID: row.ID, RequestID: reqID, InstanceUUID: inst,
+		Policy: d.Policy, Rejected: plan.Outcome == flow.OutcomeReject, Reason: plan.Reason, Doc: doc, Replica: p.cfg.Replica})
+}
+
+func rebuildKind(kind string) bool {
+	for _, k := range RebuildEvents {
+		if kind == NovaKindPrefix+k {
+			return true
+		}
+	}
+	return false
+}
+
+// RecordNotify records the notify steps among steps in the audit log, as
+// actor, for request reqID about instance.
+func RecordNotify(ctx context.Context, tx pgx.Tx, actor string, reqID uuid.UUID, instance string, steps []flow.Step) error {
+	for _, s := range steps {
+		if s.Kind != flow.StepNotify {
+			continue
+		}
+		detail, _ := json.Marshal(map[string]any{"message": s.Intent.Message, "rule": s.Intent.Rule, "why": s.Intent.Why})
+		if err := requests.Audit(ctx, tx, requests.Entry{Actor: actor, Action: "notify", ObjectType: "instance",
+			ObjectID: orDefault(instance, "-"), RequestID: reqID.String(), Detail: detail}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// NextState is to, unless the request is already past it (a sibling event
+// of the same request moved it on): then it stays where it is.
+func NextState(cur, to requests.State) requests.State {
+	if cur == requests.Dispatched && to == requests.Decided {
+		return requests.Dispatched
+	}
+	return to
+}
+
+func (p *Processor) actor() string { return "vgpu-bridge/" + p.cfg.Replica }
+
+// Purposes of commands.
+const (
+	PurposeAction       = requests.PurposeAction
+	PurposeCompensation = requests.PurposeCompensation
+)
