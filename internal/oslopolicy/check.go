@@ -79,13 +79,13 @@ type (
 	}
 )
 
-func (trueCheck) String() string       { return "@" }
+func (trueCheck) String() string        { return "@" }
 func (trueCheck) eval(*evaluation) bool { return true }
 
-func (falseCheck) String() string       { return "!" }
+func (falseCheck) String() string        { return "!" }
 func (falseCheck) eval(*evaluation) bool { return false }
 
-func (c notCheck) String() string         { return "not " + group(c.c) }
+func (c notCheck) String() string          { return "not " + group(c.c) }
 func (c notCheck) eval(e *evaluation) bool { return !c.c.eval(e) }
 
 func (c andCheck) String() string { return join(c.cs, " and ") }
