@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sort"
 	"strings"
 
 	"github.com/labstack/echo/v4"
@@ -52,7 +53,9 @@ func (a Access) String() string {
 	return "unknown"
 }
 
-// Role is an operator API role.
+// Role is what a caller is to the operator API, by the base access
+// rules (rules.go): it decides what the caller sees (every project, or
+// Principal.Project's); the route rules decide what it may do.
 type Role string
 
 // Roles of the operator API.
@@ -62,6 +65,10 @@ const (
 	// to its project's instances (POST /v1/requests).
 	RoleMember Role = "member"
 	RoleAdmin  Role = "admin"
+	// RoleNone is a caller no base rule admits: it may use only the routes
+	// a policy file's rule opens to it (e.g. a maintenance role that may
+	// drain hosts), and sees only its token's project.
+	RoleNone Role = ""
 )
 
 // Principal is the authenticated caller of a request.
@@ -76,6 +83,8 @@ type Principal struct {
 	Role Role
 	// Project limits what the caller sees; empty means all projects.
 	Project string
+	// Creds are what the access rules check: the token's roles and scope.
+	Creds Credentials
 }
 
 // Key identifies the caller for what is kept per caller (idempotency
@@ -85,27 +94,6 @@ func (p *Principal) Key() string {
 		return p.ID
 	}
 	return p.Name
-}
-
-// Allows reports whether p may use a route requiring a.
-func (p *Principal) Allows(a Access) bool {
-	switch a {
-	case Public, Custom:
-		return true
-	case Project:
-		return p != nil && (p.Role == RoleReader || p.Role == RoleMember || p.Role == RoleAdmin)
-	case Fleet:
-		return p != nil && (p.Role == RoleAdmin || (p.Role == RoleReader && p.Project == ""))
-	case Admin:
-		return p != nil && p.Role == RoleAdmin
-	}
-	return false
-}
-
-// MayRequest reports whether p may ask for changes (POST /v1/requests):
-// an admin for any instance, a member for its project's.
-func (p *Principal) MayRequest() bool {
-	return p != nil && (p.Role == RoleAdmin || (p.Role == RoleMember && p.Project != ""))
 }
 
 // Authenticator turns a request into a Principal, or fails with a Problem.
@@ -129,7 +117,7 @@ type NoAuth struct{}
 
 // Authenticate implements Authenticator.
 func (NoAuth) Authenticate(*http.Request) (*Principal, error) {
-	return &Principal{Name: "noauth", Role: RoleAdmin}, nil
+	return &Principal{Name: "noauth", Role: RoleAdmin, Creds: Credentials{System: true, Roles: []string{"admin"}}}, nil
 }
 
 // StaticTokens authenticates "X-Auth-Token: <token>" or
@@ -176,6 +164,9 @@ func LoadTokenFile(path string) (*StaticTokens, error) {
 		if len(fs) > 3 {
 			p.Project = fs[3]
 		}
+		// What the access rules see: the role's name, and a system scope
+		// for a line without a project (a fleet reader, or an admin).
+		p.Creds = Credentials{Roles: []string{string(role)}, ProjectID: p.Project, System: p.Project == ""}
 		st.entries = append(st.entries, tokenEntry{sum: sha256.Sum256([]byte(fs[0])), principal: p})
 	}
 	if err := sc.Err(); err != nil {
@@ -223,9 +214,13 @@ func (st *StaticTokens) Authenticate(r *http.Request) (*Principal, error) {
 	return &p, nil
 }
 
-func (s *Server) requireAccess(a Access) echo.MiddlewareFunc {
+// requireAccess authenticates the caller of a route and checks the
+// route's rule (rule: its name; "" for public and custom routes, which
+// authenticate their callers themselves).
+func (s *Server) requireAccess(a Access, rule string) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
+			c.Set(policyCtxKey, s.policy)
 			if a == Public || a == Custom {
 				return next(c)
 			}
@@ -233,9 +228,8 @@ func (s *Server) requireAccess(a Access) echo.MiddlewareFunc {
 			if err != nil {
 				return err
 			}
-			if !p.Allows(a) {
-				return &ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden",
-					Detail: forbidden(p, a), Code: "forbidden"}
+			if err := s.policy.authorize(rule, p); err != nil {
+				return err
 			}
 			SetPrincipal(c, p)
 			return next(c)
@@ -243,17 +237,46 @@ func (s *Server) requireAccess(a Access) echo.MiddlewareFunc {
 	}
 }
 
-// forbidden says why p may not use a route of class a.
-func forbidden(p *Principal, a Access) string {
-	switch {
-	case a == Fleet && p.Project != "":
-		return fmt.Sprintf("this route shows the whole fleet; a reader scoped to project %s sees its project's "+
-			"instances, requests, allocations, events and audit. It needs the admin role or a fleet reader "+
-			"(a system-scoped token)", p.Project)
-	case a == Fleet:
-		return fmt.Sprintf("role %q may not do this; it needs the admin role or a fleet reader", p.Role)
-	case a == Project:
-		return fmt.Sprintf("role %q may not do this; it needs reader, member or admin", p.Role)
+const policyCtxKey = "vgpu.policy"
+
+// Authorize checks a rule for the caller of a route that authenticates
+// its callers itself (class custom): nil, or a 403 problem.
+func Authorize(c echo.Context, rule string, p *Principal) error {
+	pol, _ := c.Get(policyCtxKey).(*Policy)
+	if pol == nil {
+		pol = DefaultPolicy()
 	}
-	return fmt.Sprintf("role %q may not do this; it needs admin", p.Role)
+	return pol.authorize(rule, p)
+}
+
+func (pol *Policy) authorize(rule string, p *Principal) error {
+	if pol.Allowed(rule, p) {
+		return nil
+	}
+	return &ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden", Code: "forbidden",
+		Detail: pol.forbidden(rule, p)}
+}
+
+// forbidden says why p may not pass rule.
+func (pol *Policy) forbidden(rule string, p *Principal) string {
+	why := fmt.Sprintf("access rule %s (%s) does not allow this caller", displayRule(rule), pol.Rule(rule))
+	switch {
+	case p.Role == RoleNone:
+		roles := append([]string(nil), p.Creds.Roles...)
+		sort.Strings(roles)
+		return fmt.Sprintf("%s: its roles [%s] pass none of the rules admin, fleet_reader and project_reader "+
+			"([keystone] admin_roles, fleet_reader_roles, reader_roles)", why, strings.Join(roles, ", "))
+	case p.Project != "" && strings.Contains(pol.Rule(rule), RuleFleetReader) && !strings.Contains(pol.Rule(rule), RuleProjectReader):
+		return fmt.Sprintf("%s: this route shows the whole fleet; a reader scoped to project %s sees its project's "+
+			"instances, requests, allocations, events and audit. It needs the admin role or a fleet reader "+
+			"(a system-scoped token)", why, p.Project)
+	}
+	return fmt.Sprintf("%s (role %q)", why, p.Role)
+}
+
+func displayRule(rule string) string {
+	if strings.HasPrefix(rule, classRulePrefix) {
+		return "of class " + strings.TrimPrefix(rule, classRulePrefix)
+	}
+	return rule
 }
