@@ -50,9 +50,9 @@ type Config struct {
 	Auth          Authenticator
 	// Policy holds the access rules; nil: DefaultPolicy.
 	Policy   *Policy
-	Registry      *prometheus.Registry
-	Logger        *slog.Logger
-	Version       string
+	Registry *prometheus.Registry
+	Logger   *slog.Logger
+	Version  string
 }
 
 // Checker reports whether a dependency is usable; nil means ready.

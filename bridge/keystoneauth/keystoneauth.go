@@ -90,7 +90,7 @@ type Config struct {
 	// fleet_reader, project_member, project_reader) say what a token's
 	// caller is; nil: their defaults, written from the role lists above.
 	Policy *api.Policy
-	Logger       *slog.Logger
+	Logger *slog.Logger
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 }
