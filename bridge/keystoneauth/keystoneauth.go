@@ -5,8 +5,10 @@
 // of a request with Keystone's identity v3 API, keeps the answer in a
 // bounded cache until the token expires or the cache TTL ends (failures a
 // shorter while; a validation Keystone did not answer, a few seconds),
-// maps Keystone role names to the API's reader and admin
-// roles, and limits a non-admin, project-scoped caller to its project.
+// maps the token's roles and scope to the API's admin, reader and member
+// with the base access rules (api.Policy.Classify; their defaults are
+// written from the role lists), and limits a non-admin, project-scoped
+// caller to its project.
 // Tokens are never logged, and the cache keys on their SHA-256.
 package keystoneauth
 
@@ -100,8 +102,6 @@ type Authenticator struct {
 	cfg    Config
 	admin  []string
 	reader []string
-	fleet  []string
-	member []string
 	cache  *cache
 	group  singleflight.Group
 	log    *slog.Logger
@@ -141,7 +141,7 @@ func New(cfg Config) (*Authenticator, error) {
 		}
 		cfg.Policy = pol
 	}
-	a := &Authenticator{cfg: cfg, admin: lower(cfg.AdminRoles), reader: lower(cfg.ReaderRoles), fleet: lower(cfg.FleetReaderRoles), member: lower(cfg.MemberRoles),
+	a := &Authenticator{cfg: cfg, admin: lower(cfg.AdminRoles), reader: lower(cfg.ReaderRoles),
 		cache: newCache(cfg.CacheSize), log: cfg.Logger, now: cfg.Now,
 		validations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vgpu_bridge_keystone_validations_total",
