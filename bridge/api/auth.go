@@ -164,9 +164,11 @@ func LoadTokenFile(path string) (*StaticTokens, error) {
 		if len(fs) > 3 {
 			p.Project = fs[3]
 		}
-		// What the access rules see: the role's name, and a system scope
-		// for a line without a project (a fleet reader, or an admin).
-		p.Creds = Credentials{Roles: []string{string(role)}, ProjectID: p.Project, System: p.Project == ""}
+		// What the access rules see: the role's name with the roles it
+		// implies, as Keystone's default roles imply (admin > member >
+		// reader), and a system scope for a line without a project (a
+		// fleet reader, or an admin).
+		p.Creds = Credentials{Roles: impliedRoles[role], ProjectID: p.Project, System: p.Project == ""}
 		st.entries = append(st.entries, tokenEntry{sum: sha256.Sum256([]byte(fs[0])), principal: p})
 	}
 	if err := sc.Err(); err != nil {
@@ -176,6 +178,13 @@ func LoadTokenFile(path string) (*StaticTokens, error) {
 		return nil, fmt.Errorf("token file %s holds no token", path)
 	}
 	return st, nil
+}
+
+// impliedRoles are a static token's role names, its own first.
+var impliedRoles = map[Role][]string{
+	RoleAdmin:  {"admin", "member", "reader"},
+	RoleMember: {"member", "reader"},
+	RoleReader: {"reader"},
 }
 
 // BearerToken returns the token of r from X-Auth-Token or Authorization.
@@ -253,25 +262,50 @@ func (pol *Policy) authorize(rule string, p *Principal) error {
 	if pol.Allowed(rule, p) {
 		return nil
 	}
-	return &ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden", Code: "forbidden",
+	prob := &ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden", Code: "forbidden",
 		Detail: pol.forbidden(rule, p)}
+	if !strings.HasPrefix(rule, classRulePrefix) {
+		prob.PolicyRule = rule
+	}
+	return prob
 }
 
-// forbidden says why p may not pass rule.
+// forbidden says why p may not pass rule: with the rule at its default,
+// what the route needs, in the words of its class; else the rule as the
+// policy file sets it. (The problem's policy_rule names the rule.)
 func (pol *Policy) forbidden(rule string, p *Principal) string {
-	why := fmt.Sprintf("access rule %s (%s) does not allow this caller", displayRule(rule), pol.Rule(rule))
-	switch {
-	case p.Role == RoleNone:
+	if p.Role == RoleNone {
 		roles := append([]string(nil), p.Creds.Roles...)
 		sort.Strings(roles)
-		return fmt.Sprintf("%s: its roles [%s] pass none of the rules admin, fleet_reader and project_reader "+
-			"([keystone] admin_roles, fleet_reader_roles, reader_roles)", why, strings.Join(roles, ", "))
-	case p.Project != "" && strings.Contains(pol.Rule(rule), RuleFleetReader) && !strings.Contains(pol.Rule(rule), RuleProjectReader):
-		return fmt.Sprintf("%s: this route shows the whole fleet; a reader scoped to project %s sees its project's "+
-			"instances, requests, allocations, events and audit. It needs the admin role or a fleet reader "+
-			"(a system-scoped token)", why, p.Project)
+		return fmt.Sprintf("the token's roles [%s] pass none of the access rules admin, fleet_reader and "+
+			"project_reader, nor %s (%s)", strings.Join(roles, ", "), displayRule(rule), pol.Rule(rule))
 	}
-	return fmt.Sprintf("%s (role %q)", why, p.Role)
+	if pol.overridden[rule] {
+		return fmt.Sprintf("role %q may not do this; access rule %s (%s) does not allow it", p.Role, rule, pol.Rule(rule))
+	}
+	class := Admin
+	if r, ok := pol.byName[rule]; ok {
+		class = r.Class
+	} else if c, ok := strings.CutPrefix(rule, classRulePrefix); ok {
+		for _, a := range []Access{Project, Fleet, Admin} {
+			if a.String() == c {
+				class = a
+			}
+		}
+	}
+	switch {
+	case rule == "vgpu:requests:create":
+		return fmt.Sprintf("role %q may read but not ask for changes; it needs admin, or member of the instance's project", p.Role)
+	case class == Fleet && p.Project != "":
+		return fmt.Sprintf("this route shows the whole fleet; a reader scoped to project %s sees its project's "+
+			"instances, requests, allocations, events and audit. It needs the admin role or a fleet reader "+
+			"(a system-scoped token)", p.Project)
+	case class == Fleet:
+		return fmt.Sprintf("role %q may not do this; it needs the admin role or a fleet reader", p.Role)
+	case class == Project || class == Custom:
+		return fmt.Sprintf("role %q may not do this; it needs reader, member or admin", p.Role)
+	}
+	return fmt.Sprintf("role %q may not do this; it needs admin", p.Role)
 }
 
 func displayRule(rule string) string {

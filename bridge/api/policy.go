@@ -23,7 +23,7 @@ type Credentials struct {
 // defaults, with an operator's overrides ([oslo_policy] policy_file).
 type Policy struct {
 	rules      *oslopolicy.Rules
-	defs       []Rule
+	byName     map[string]Rule
 	overridden map[string]bool
 }
 
@@ -47,7 +47,10 @@ func NewPolicy(names RoleNames, overrides map[string]string) (*Policy, error) {
 		src[classRulePrefix+a.String()] = classDefault(a)
 	}
 	var unknown []string
-	p := &Policy{defs: defs, overridden: map[string]bool{}}
+	p := &Policy{byName: map[string]Rule{}, overridden: map[string]bool{}}
+	for _, d := range defs {
+		p.byName[d.Name] = d
+	}
 	for name, rule := range overrides {
 		if _, ok := src[name]; !ok && strings.HasPrefix(name, "vgpu:") {
 			unknown = append(unknown, name)

@@ -114,8 +114,21 @@ func TestRouteRulesInForce(t *testing.T) {
 		t.Errorf("reader on a drain opened to readers: %d %s", w.Code, w.Body)
 	}
 	w := do(s, "POST", "/v1/gpus/g1/drain", "projtok", "")
-	if w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "vgpu:gpus:drain (rule:maintenance)") {
-		t.Errorf("reader on a GPU drain: %d %s, want 403 naming the rule", w.Code, w.Body)
+	if w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), `"policy_rule":"vgpu:gpus:drain"`) ||
+		!strings.Contains(w.Body.String(), `role \"reader\" may not do this; it needs admin`) {
+		t.Errorf("reader on a GPU drain (default rule): %d %s, want 403 naming the rule and what it needs", w.Code, w.Body)
+	}
+	s2 := New(Config{Auth: tokens(t), Policy: pol})
+	s2.Handle(http.MethodPost, "/v1/hosts/:name/drain", Admin, ok)
+	if w := do(s2, "POST", "/v1/hosts/h1/drain", "memtok", ""); w.Code != http.StatusNoContent {
+		t.Errorf("member: %d", w.Code)
+	}
+	pol2, _ := NewPolicy(StaticRoleNames(), map[string]string{"vgpu:hosts:drain": "role:ops"})
+	s3 := New(Config{Auth: tokens(t), Policy: pol2})
+	s3.Handle(http.MethodPost, "/v1/hosts/:name/drain", Admin, ok)
+	if w := do(s3, "POST", "/v1/hosts/h1/drain", "admintok", ""); w.Code != http.StatusForbidden ||
+		!strings.Contains(w.Body.String(), "access rule vgpu:hosts:drain (role:ops) does not allow it") {
+		t.Errorf("admin on a drain overridden to role:ops: %d %s, want 403 quoting the rule", w.Code, w.Body)
 	}
 	var doc struct {
 		Paths map[string]map[string]map[string]any `json:"paths"`
