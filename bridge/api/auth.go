@@ -13,8 +13,10 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
-// Access is what a route requires of its caller: the role contract.
-// Every route of /v1/openapi.json carries its class as x-vgpu-access.
+// Access is what a route requires of its caller by default: the class
+// of its access rule's default (rules.go), which a policy file may
+// override. Every route of /v1/openapi.json carries its class as
+// x-vgpu-access and its rule as x-vgpu-policy.
 type Access int
 
 const (
