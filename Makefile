@@ -73,11 +73,13 @@ lint: ## go vet, gofmt check, staticcheck when it installs
 	else echo "staticcheck not available from the module proxy; skipped"; fi
 
 .PHONY: genconfig
-genconfig: ## Regenerate the sample configs and the docs' configuration reference from the option definitions
+genconfig: ## Regenerate the sample configs, the sample access policy and their docs' references from the definitions
 	@mkdir -p etc/vgpu-bridge doc/source/reference
 	$(GO) run ./cmd/vgpu-bridge genconfig --config '' -o etc/vgpu-bridge/bridge.conf.sample
 	$(GO) run ./cmd/vgpu-agent genconfig --config '' -o etc/vgpu-bridge/agent.conf.sample
 	$(GO) run ./cmd/vgpu-bridge genconfig --config '' --format rst -o doc/source/reference/bridge-config.rst
+	$(GO) run ./cmd/vgpu-bridge genpolicy --config '' -o etc/vgpu-bridge/policy.yaml.sample
+	$(GO) run ./cmd/vgpu-bridge genpolicy --config '' --format rst -o doc/source/reference/policy.rst
 	$(GO) run ./cmd/vgpu-agent genconfig --config '' --format rst -o doc/source/reference/agent-config.rst
 
 .PHONY: deb

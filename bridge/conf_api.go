@@ -93,6 +93,11 @@ func validateAPI(v *conf.Values) conf.Errors {
 func APIConfig(v *conf.Values) (api.Config, error) {
 	c := api.ConfigFrom(v)
 	c.Listen = optAPIListen.Get(v)
+	pol, err := AccessPolicy(v)
+	if err != nil {
+		return c, fmt.Errorf("[oslo_policy] policy_file: %w", err)
+	}
+	c.Policy = pol
 	switch optAPIAuth.Get(v) {
 	case "noauth":
 		c.Auth = api.NoAuth{}
@@ -107,6 +112,7 @@ func APIConfig(v *conf.Values) (api.Config, error) {
 		if err != nil {
 			return c, err
 		}
+		kc.Policy = pol // its base rules say what a token's caller is
 		ka, err := keystoneauth.New(kc)
 		if err != nil {
 			return c, err

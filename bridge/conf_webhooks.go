@@ -400,6 +400,7 @@ func setupWebhooks(w *wiring, ac api.Config) ([]component, error) {
 		ShutdownGrace:     optShutdownTimeout.Get(v),
 		DisableByFile:     ac.DisableByFile, // one switch takes the bridge out of every pool
 		Auth:              ac.Auth,
+		Policy:            ac.Policy, // GET /v1/requests/{id} with operator credentials
 		// Its own registry: the listener's HTTP histogram would collide
 		// with the API's; the webhook metrics themselves are on reg.
 		Registry: prometheus.NewRegistry(),

@@ -39,6 +39,7 @@ const ReferenceTitle = "vgpu-bridge configuration (bridge.conf)"
 // (new_name "" for an option that was removed). None so far.
 func Options() *conf.Set {
 	return conf.NewSet("VGPU_BRIDGE",
+		accessOptions.WithCheck(validateAccess),
 		accountingOptions.WithCheck(validateAccounting),
 		apiOptions.WithCheck(validateAPI),
 		api.Options(),

@@ -55,7 +55,14 @@ func TestDefaultConfigsAreTheOptionsDefaults(t *testing.T) {
 		{"novaresize", novaresize.ConfigFrom(v), func() novaresize.Config { c := novaresize.DefaultConfig(); c.CallLease = 0; return c }()},
 		{"placement", placementConfigOf(t, v), placement.DefaultConfig()},
 		{"keystone", keystoneauth.ConfigFrom(v), keystoneauth.DefaultConfig()},
-		{"api", func() api.Config { c := apiConfigOf(t, v); c.Listen, c.Auth = "", nil; return c }(), api.DefaultConfig()},
+		{"api", func() api.Config {
+			c := apiConfigOf(t, v)
+			if c.Policy == nil || len(c.Policy.Overridden()) != 0 {
+				t.Errorf("api: the access policy of an empty file is %v, want the defaults", c.Policy)
+			}
+			c.Listen, c.Auth, c.Policy = "", nil, nil
+			return c
+		}(), api.DefaultConfig()},
 		{"oslo_messaging_notifications", NotifyConfig(v), func() notify.Config {
 			c := notify.DefaultConfig()
 			c.ReconnectMin, c.ReconnectMax = amqpconn.DefaultBackoff.Min, amqpconn.DefaultBackoff.Max

@@ -226,7 +226,7 @@ func (r *reloader) stage(v *conf.Values) (*staged, error) {
 	var errs []error
 	// What a running process cannot change.
 	for _, o := range []conf.String{optAPIListen, optAPIAuth, optWHListen, optDBConnection, optDBConnectionFile,
-		optTransportURL, optTransportURLFile} {
+		optTransportURL, optTransportURLFile, optAccessPolicyFile} {
 		if o.Get(v) != o.Get(r.start) {
 			s.restarts = append(s.restarts, "["+o.Option().Section+"] "+o.Option().Name)
 		}

@@ -24,6 +24,10 @@ func TestReloadTokensAllOrNothing(t *testing.T) {
 		}
 	}
 	write("token-one-0123456789 admin ops\n")
+	policyFile := filepath.Join(dir, "access.yaml")
+	if err := os.WriteFile(policyFile, []byte("\"vgpu:hosts:drain\": \"rule:admin or role:vgpu-maintainer\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	load := func(extra ...string) *conf.Values {
 		t.Helper()
 		v, err := LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.transport_url=rabbit://u:p@127.0.0.1:5672/",
@@ -61,6 +65,10 @@ func TestReloadTokensAllOrNothing(t *testing.T) {
 			accepted: []string{"token-two-0123456789"}, refused: []string{"token-three-0123456789"}},
 		{name: "listen needs a restart", file: "token-four-0123456789 reader\n", extra: []string{"api.listen=127.0.0.1:1"},
 			accepted: []string{"token-four-0123456789"}, refused: []string{"token-two-0123456789"}, wantRetry: []string{"[api] listen"}},
+		// The access rules are read at start (the Keystone cache holds
+		// what they made of each token).
+		{name: "access policy file needs a restart", file: "token-four-0123456789 reader\n", extra: []string{"oslo_policy.policy_file=" + policyFile},
+			accepted: []string{"token-four-0123456789"}, wantRetry: []string{"[oslo_policy] policy_file"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

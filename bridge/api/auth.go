@@ -7,13 +7,16 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sort"
 	"strings"
 
 	"github.com/labstack/echo/v4"
 )
 
-// Access is what a route requires of its caller: the role contract.
-// Every route of /v1/openapi.json carries its class as x-vgpu-access.
+// Access is what a route requires of its caller by default: the class
+// of its access rule's default (rules.go), which a policy file may
+// override. Every route of /v1/openapi.json carries its class as
+// x-vgpu-access and its rule as x-vgpu-policy.
 type Access int
 
 const (
@@ -52,7 +55,9 @@ func (a Access) String() string {
 	return "unknown"
 }
 
-// Role is an operator API role.
+// Role is what a caller is to the operator API, by the base access
+// rules (rules.go): it decides what the caller sees (every project, or
+// Principal.Project's); the route rules decide what it may do.
 type Role string
 
 // Roles of the operator API.
@@ -62,6 +67,10 @@ const (
 	// to its project's instances (POST /v1/requests).
 	RoleMember Role = "member"
 	RoleAdmin  Role = "admin"
+	// RoleNone is a caller no base rule admits: it may use only the routes
+	// a policy file's rule opens to it (e.g. a maintenance role that may
+	// drain hosts), and sees only its token's project.
+	RoleNone Role = ""
 )
 
 // Principal is the authenticated caller of a request.
@@ -76,6 +85,8 @@ type Principal struct {
 	Role Role
 	// Project limits what the caller sees; empty means all projects.
 	Project string
+	// Creds are what the access rules check: the token's roles and scope.
+	Creds Credentials
 }
 
 // Key identifies the caller for what is kept per caller (idempotency
@@ -85,27 +96,6 @@ func (p *Principal) Key() string {
 		return p.ID
 	}
 	return p.Name
-}
-
-// Allows reports whether p may use a route requiring a.
-func (p *Principal) Allows(a Access) bool {
-	switch a {
-	case Public, Custom:
-		return true
-	case Project:
-		return p != nil && (p.Role == RoleReader || p.Role == RoleMember || p.Role == RoleAdmin)
-	case Fleet:
-		return p != nil && (p.Role == RoleAdmin || (p.Role == RoleReader && p.Project == ""))
-	case Admin:
-		return p != nil && p.Role == RoleAdmin
-	}
-	return false
-}
-
-// MayRequest reports whether p may ask for changes (POST /v1/requests):
-// an admin for any instance, a member for its project's.
-func (p *Principal) MayRequest() bool {
-	return p != nil && (p.Role == RoleAdmin || (p.Role == RoleMember && p.Project != ""))
 }
 
 // Authenticator turns a request into a Principal, or fails with a Problem.
@@ -129,7 +119,7 @@ type NoAuth struct{}
 
 // Authenticate implements Authenticator.
 func (NoAuth) Authenticate(*http.Request) (*Principal, error) {
-	return &Principal{Name: "noauth", Role: RoleAdmin}, nil
+	return &Principal{Name: "noauth", Role: RoleAdmin, Creds: Credentials{System: true, Roles: []string{"admin"}}}, nil
 }
 
 // StaticTokens authenticates "X-Auth-Token: <token>" or
@@ -176,6 +166,11 @@ func LoadTokenFile(path string) (*StaticTokens, error) {
 		if len(fs) > 3 {
 			p.Project = fs[3]
 		}
+		// What the access rules see: the role's name with the roles it
+		// implies, as Keystone's default roles imply (admin > member >
+		// reader), and a system scope for a line without a project (a
+		// fleet reader, or an admin).
+		p.Creds = Credentials{Roles: impliedRoles[role], ProjectID: p.Project, System: p.Project == ""}
 		st.entries = append(st.entries, tokenEntry{sum: sha256.Sum256([]byte(fs[0])), principal: p})
 	}
 	if err := sc.Err(); err != nil {
@@ -185,6 +180,13 @@ func LoadTokenFile(path string) (*StaticTokens, error) {
 		return nil, fmt.Errorf("token file %s holds no token", path)
 	}
 	return st, nil
+}
+
+// impliedRoles are a static token's role names, its own first.
+var impliedRoles = map[Role][]string{
+	RoleAdmin:  {"admin", "member", "reader"},
+	RoleMember: {"member", "reader"},
+	RoleReader: {"reader"},
 }
 
 // BearerToken returns the token of r from X-Auth-Token or Authorization.
@@ -223,9 +225,13 @@ func (st *StaticTokens) Authenticate(r *http.Request) (*Principal, error) {
 	return &p, nil
 }
 
-func (s *Server) requireAccess(a Access) echo.MiddlewareFunc {
+// requireAccess authenticates the caller of a route and checks the
+// route's rule (rule: its name; "" for public and custom routes, which
+// authenticate their callers themselves).
+func (s *Server) requireAccess(a Access, rule string) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
+			c.Set(policyCtxKey, s.policy)
 			if a == Public || a == Custom {
 				return next(c)
 			}
@@ -233,9 +239,8 @@ func (s *Server) requireAccess(a Access) echo.MiddlewareFunc {
 			if err != nil {
 				return err
 			}
-			if !p.Allows(a) {
-				return &ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden",
-					Detail: forbidden(p, a), Code: "forbidden"}
+			if err := s.policy.authorize(rule, p); err != nil {
+				return err
 			}
 			SetPrincipal(c, p)
 			return next(c)
@@ -243,17 +248,71 @@ func (s *Server) requireAccess(a Access) echo.MiddlewareFunc {
 	}
 }
 
-// forbidden says why p may not use a route of class a.
-func forbidden(p *Principal, a Access) string {
+const policyCtxKey = "vgpu.policy"
+
+// Authorize checks a rule for the caller of a route that authenticates
+// its callers itself (class custom): nil, or a 403 problem.
+func Authorize(c echo.Context, rule string, p *Principal) error {
+	pol, _ := c.Get(policyCtxKey).(*Policy)
+	if pol == nil {
+		pol = DefaultPolicy()
+	}
+	return pol.authorize(rule, p)
+}
+
+func (pol *Policy) authorize(rule string, p *Principal) error {
+	if pol.Allowed(rule, p) {
+		return nil
+	}
+	prob := &ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden", Code: "forbidden",
+		Detail: pol.forbidden(rule, p)}
+	if !strings.HasPrefix(rule, classRulePrefix) {
+		prob.PolicyRule = rule
+	}
+	return prob
+}
+
+// forbidden says why p may not pass rule: with the rule at its default,
+// what the route needs, in the words of its class; else the rule as the
+// policy file sets it. (The problem's policy_rule names the rule.)
+func (pol *Policy) forbidden(rule string, p *Principal) string {
+	if p.Role == RoleNone {
+		roles := append([]string(nil), p.Creds.Roles...)
+		sort.Strings(roles)
+		return fmt.Sprintf("the token's roles [%s] pass none of the access rules admin, fleet_reader and "+
+			"project_reader, nor %s (%s)", strings.Join(roles, ", "), displayRule(rule), pol.Rule(rule))
+	}
+	if pol.overridden[rule] {
+		return fmt.Sprintf("role %q may not do this; access rule %s (%s) does not allow it", p.Role, rule, pol.Rule(rule))
+	}
+	class := Admin
+	if r, ok := pol.byName[rule]; ok {
+		class = r.Class
+	} else if c, ok := strings.CutPrefix(rule, classRulePrefix); ok {
+		for _, a := range []Access{Project, Fleet, Admin} {
+			if a.String() == c {
+				class = a
+			}
+		}
+	}
 	switch {
-	case a == Fleet && p.Project != "":
+	case rule == "vgpu:requests:create":
+		return fmt.Sprintf("role %q may read but not ask for changes; it needs admin, or member of the instance's project", p.Role)
+	case class == Fleet && p.Project != "":
 		return fmt.Sprintf("this route shows the whole fleet; a reader scoped to project %s sees its project's "+
 			"instances, requests, allocations, events and audit. It needs the admin role or a fleet reader "+
 			"(a system-scoped token)", p.Project)
-	case a == Fleet:
+	case class == Fleet:
 		return fmt.Sprintf("role %q may not do this; it needs the admin role or a fleet reader", p.Role)
-	case a == Project:
+	case class == Project || class == Custom:
 		return fmt.Sprintf("role %q may not do this; it needs reader, member or admin", p.Role)
 	}
 	return fmt.Sprintf("role %q may not do this; it needs admin", p.Role)
+}
+
+func displayRule(rule string) string {
+	if strings.HasPrefix(rule, classRulePrefix) {
+		return "of class " + strings.TrimPrefix(rule, classRulePrefix)
+	}
+	return rule
 }

@@ -76,7 +76,9 @@ func (s *Server) Describe(fragment []byte) {
 // Document returns the OpenAPI document as JSON.
 // Each operation carries the access class of its route (x-vgpu-access:
 // public, project, fleet, admin or custom; see Access), taken from its
-// registration, so the contract the document states is the one enforced.
+// registration, so the contract the document states is the one enforced,
+// and the name of the access rule that guards it (x-vgpu-policy), which
+// [oslo_policy] policy_file may override.
 func (s *Server) Document() []byte {
 	s.docMu.Lock()
 	defer s.docMu.Unlock()
@@ -86,6 +88,9 @@ func (s *Server) Document() []byte {
 		ops, _ := paths[path].(map[string]any)
 		if op, ok := ops[method].(map[string]any); ok {
 			op["x-vgpu-access"] = a.String()
+			if r := s.rules[key]; r != "" {
+				op["x-vgpu-policy"] = r
+			}
 		}
 	}
 	b, err := json.MarshalIndent(s.doc, "", "  ")

@@ -35,6 +35,9 @@ type ProblemDetails struct {
 	// replayed), so that its sender can follow it.
 	FirstRequestID string `json:"first_request_id,omitempty"`
 	StatusURL      string `json:"status_url,omitempty"`
+	// PolicyRule names the access rule that refused a caller (403), as
+	// /v1/openapi.json's x-vgpu-policy and [oslo_policy] policy_file do.
+	PolicyRule string `json:"policy_rule,omitempty"`
 	// Headers are added to the answer (e.g. Retry-After); not serialised.
 	Headers map[string]string `json:"-"`
 }

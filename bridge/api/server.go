@@ -48,9 +48,11 @@ type Config struct {
 	// exists, /healthcheck answers 503.
 	DisableByFile string
 	Auth          Authenticator
-	Registry      *prometheus.Registry
-	Logger        *slog.Logger
-	Version       string
+	// Policy holds the access rules; nil: DefaultPolicy.
+	Policy   *Policy
+	Registry *prometheus.Registry
+	Logger   *slog.Logger
+	Version  string
 }
 
 // Checker reports whether a dependency is usable; nil means ready.
@@ -62,6 +64,7 @@ type Server struct {
 	e      *echo.Echo
 	log    *slog.Logger
 	auth   Authenticator
+	policy *Policy
 	reg    *prometheus.Registry
 	http   *http.Server
 	lnMu   sync.Mutex
@@ -72,6 +75,7 @@ type Server struct {
 	docMu  sync.Mutex
 	doc    map[string]any
 	access map[string]Access // "method /openapi/{path}" → class (Handle)
+	rules  map[string]string // "method /openapi/{path}" → access rule (Handle)
 
 	reqs *prometheus.HistogramVec
 
@@ -97,8 +101,11 @@ func New(cfg Config) *Server {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
+	if cfg.Policy == nil {
+		cfg.Policy = DefaultPolicy()
+	}
 	cfg.withDefaults()
-	s := &Server{cfg: cfg, e: echo.New(), log: cfg.Logger, auth: cfg.Auth, reg: cfg.Registry, ready: make(chan struct{})}
+	s := &Server{cfg: cfg, e: echo.New(), log: cfg.Logger, auth: cfg.Auth, policy: cfg.Policy, reg: cfg.Registry, ready: make(chan struct{})}
 	s.e.HideBanner, s.e.HidePort = true, true
 	s.e.HTTPErrorHandler = s.errorHandler
 	s.reqs = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -127,16 +134,35 @@ func (s *Server) Echo() *echo.Echo { return s.e }
 // Registry returns the metrics registry the server exposes.
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
-// Handle registers a route. The access level decides which callers pass
-// the authentication middleware. A GET route answers HEAD too.
+// Handle registers a route. Its access rule (rules.go; RuleFor) decides
+// which callers pass the authentication middleware; access is the class
+// the rule's default gives it, checked here so that x-vgpu-access in
+// the document is what the defaults enforce. A route with no rule of its
+// own is guarded by its class's default. A GET route answers HEAD too.
 func (s *Server) Handle(method, path string, access Access, h echo.HandlerFunc, mw ...echo.MiddlewareFunc) {
+	rule := ""
+	if r := RuleFor(method, path); r != nil {
+		if r.Class != access {
+			panic(fmt.Sprintf("api: %s %s is registered as %s, its rule %s's default makes it %s", method, path, access, r.Name, r.Class))
+		}
+		rule = r.Name
+	} else if access == Project || access == Fleet || access == Admin {
+		rule = classRulePrefix + access.String()
+	}
+	key := strings.ToLower(method) + " " + OpenAPIPath(path)
 	s.docMu.Lock()
 	if s.access == nil {
-		s.access = map[string]Access{}
+		s.access, s.rules = map[string]Access{}, map[string]string{}
 	}
-	s.access[strings.ToLower(method)+" "+OpenAPIPath(path)] = access
+	s.access[key] = access
+	if rule != "" && !strings.HasPrefix(rule, classRulePrefix) {
+		s.rules[key] = rule
+	}
 	s.docMu.Unlock()
-	mws := append([]echo.MiddlewareFunc{s.requireAccess(access)}, mw...)
+	if access == Custom {
+		rule = ""
+	}
+	mws := append([]echo.MiddlewareFunc{s.requireAccess(access, rule)}, mw...)
 	if access != Custom {
 		mws = append([]echo.MiddlewareFunc{s.bodyLimitMW(s.cfg.MaxBodyBytes), bodyMW}, mws...)
 	}

@@ -5,8 +5,10 @@
 // of a request with Keystone's identity v3 API, keeps the answer in a
 // bounded cache until the token expires or the cache TTL ends (failures a
 // shorter while; a validation Keystone did not answer, a few seconds),
-// maps Keystone role names to the API's reader and admin
-// roles, and limits a non-admin, project-scoped caller to its project.
+// maps the token's roles and scope to the API's admin, reader and member
+// with the base access rules (api.Policy.Classify; their defaults are
+// written from the role lists), and limits a non-admin, project-scoped
+// caller to its project.
 // Tokens are never logged, and the cache keys on their SHA-256.
 package keystoneauth
 
@@ -86,7 +88,11 @@ type Config struct {
 	// ChallengeURI is the Keystone URL a 401 answer names
 	// (WWW-Authenticate: Keystone uri="..."), where a caller gets a token.
 	ChallengeURI string
-	Logger       *slog.Logger
+	// Policy holds the access rules whose base rules (admin,
+	// fleet_reader, project_member, project_reader) say what a token's
+	// caller is; nil: their defaults, written from the role lists above.
+	Policy *api.Policy
+	Logger *slog.Logger
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 }
@@ -96,8 +102,6 @@ type Authenticator struct {
 	cfg    Config
 	admin  []string
 	reader []string
-	fleet  []string
-	member []string
 	cache  *cache
 	group  singleflight.Group
 	log    *slog.Logger
@@ -130,7 +134,14 @@ func New(cfg Config) (*Authenticator, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	a := &Authenticator{cfg: cfg, admin: lower(cfg.AdminRoles), reader: lower(cfg.ReaderRoles), fleet: lower(cfg.FleetReaderRoles), member: lower(cfg.MemberRoles),
+	if cfg.Policy == nil {
+		pol, err := api.NewPolicy(cfg.RoleNames(), nil)
+		if err != nil {
+			return nil, fmt.Errorf("keystoneauth: %w", err)
+		}
+		cfg.Policy = pol
+	}
+	a := &Authenticator{cfg: cfg, admin: lower(cfg.AdminRoles), reader: lower(cfg.ReaderRoles),
 		cache: newCache(cfg.CacheSize), log: cfg.Logger, now: cfg.Now,
 		validations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vgpu_bridge_keystone_validations_total",
@@ -152,6 +163,12 @@ func New(cfg Config) (*Authenticator, error) {
 	a.lookups.WithLabelValues("hit")
 	a.lookups.WithLabelValues("miss")
 	return a, nil
+}
+
+// RoleNames are the role lists the base access rules' defaults are
+// written with.
+func (c Config) RoleNames() api.RoleNames {
+	return api.RoleNames{Admin: c.AdminRoles, Reader: c.ReaderRoles, Member: c.MemberRoles, FleetReader: c.FleetReaderRoles}
 }
 
 // Collectors are the Authenticator's metrics, for the bridge's registry.
@@ -312,24 +329,15 @@ func (a *Authenticator) outcome(ti *TokenInfo) *outcome {
 	if id != "" {
 		id += scope
 	}
-	who := func(role api.Role, project string) *outcome {
-		return &outcome{principal: &api.Principal{Name: name, ID: id, Role: role, Project: project}}
+	creds := api.Credentials{UserID: ti.UserID, ProjectID: ti.ProjectID, DomainID: ti.DomainID, System: ti.System, Roles: ti.Roles}
+	role, project, ok := a.cfg.Policy.Classify(creds)
+	// A caller no base rule admits is let in only when a policy file may
+	// open routes to it; with the defaults it could use none, and is told
+	// why here, as before there were rules.
+	if ok && (role != api.RoleNone || len(a.cfg.Policy.Overridden()) > 0) {
+		return &outcome{principal: &api.Principal{Name: name, ID: id, Role: role, Project: project, Creds: creds}}
 	}
-	if hasAny(ti.Roles, a.admin) {
-		return who(api.RoleAdmin, "")
-	}
-	if hasAny(ti.Roles, a.fleet) {
-		return who(api.RoleReader, "")
-	}
-	if hasAny(ti.Roles, a.reader) {
-		switch {
-		case ti.System:
-			return who(api.RoleReader, "")
-		case ti.ProjectID != "" && hasAny(ti.Roles, a.member):
-			return who(api.RoleMember, ti.ProjectID)
-		case ti.ProjectID != "":
-			return who(api.RoleReader, ti.ProjectID)
-		}
+	if hasAny(ti.Roles, a.reader) && role == api.RoleNone {
 		return &outcome{status: http.StatusForbidden, code: "forbidden",
 			detail: "a reader needs a project-scoped (or system-scoped) token; this one is scoped to no project"}
 	}

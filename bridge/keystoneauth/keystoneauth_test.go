@@ -489,3 +489,133 @@ func TestPrincipalKeyedByIDs(t *testing.T) {
 		t.Errorf("names %v, want alice@research for both", keys)
 	}
 }
+
+// TestRulesReproduceRoleLists: with no policy file, the access rules
+// written from the [keystone] role lists admit exactly whom the role
+// lists admitted before there were rules — for every combination of
+// roles and token scope, each rule's routes as their class did (and
+// POST /v1/requests as an admin or a member of a project).
+func TestRulesReproduceRoleLists(t *testing.T) {
+	type before struct {
+		refused bool
+		role    api.Role
+		project string
+	}
+	// classify is the mapping of roles and scope the role lists made.
+	classify := func(c Config, ti TokenInfo) before {
+		has := func(want []string) bool { return hasAny(ti.Roles, lower(want)) }
+		switch {
+		case has(c.AdminRoles):
+			return before{role: api.RoleAdmin}
+		case has(c.FleetReaderRoles):
+			return before{role: api.RoleReader}
+		case has(c.ReaderRoles) && ti.System:
+			return before{role: api.RoleReader}
+		case has(c.ReaderRoles) && ti.ProjectID != "" && has(c.MemberRoles):
+			return before{role: api.RoleMember, project: ti.ProjectID}
+		case has(c.ReaderRoles) && ti.ProjectID != "":
+			return before{role: api.RoleReader, project: ti.ProjectID}
+		}
+		return before{refused: true}
+	}
+	// allows is what a class let in before.
+	allows := func(b before, rule api.Rule) bool {
+		switch {
+		case rule.Name == "vgpu:requests:create":
+			return b.role == api.RoleAdmin || (b.role == api.RoleMember && b.project != "")
+		case rule.Class == api.Project || rule.Class == api.Custom:
+			return true // every role
+		case rule.Class == api.Fleet:
+			return b.role == api.RoleAdmin || b.project == ""
+		}
+		return b.role == api.RoleAdmin
+	}
+	configs := map[string]func(*Config){
+		"defaults": nil,
+		"fleet readers and two admin roles": func(c *Config) {
+			c.FleetReaderRoles, c.AdminRoles = []string{"observer"}, []string{"admin", "vgpu-admin"}
+		},
+		"members": func(c *Config) { c.MemberRoles = []string{"member"} },
+		"no reader roles": func(c *Config) {
+			c.ReaderRoles, c.MemberRoles, c.FleetReaderRoles = nil, []string{"member"}, []string{"observer"}
+		},
+	}
+	roles := []string{"admin", "vgpu-admin", "reader", "member", "observer", "creator"}
+	scopes := map[string]TokenInfo{
+		"project": {ProjectID: "p1", ProjectName: "one"}, "system": {System: true},
+		"domain": {DomainID: "d1"}, "unscoped": {},
+	}
+	for cname, mod := range configs {
+		for sname, scope := range scopes {
+			for mask := 0; mask < 1<<len(roles); mask++ {
+				ti := scope
+				ti.UserID, ti.ExpiresAt = "u1", t0.Add(time.Hour)
+				for i, r := range roles {
+					if mask&(1<<i) != 0 {
+						ti.Roles = append(ti.Roles, r)
+					}
+				}
+				f := &fakeValidator{tokens: map[string]*TokenInfo{"tok": &ti}}
+				a, _ := newAuth(t, f, mod)
+				want := classify(a.cfg, ti)
+				p, err := a.Authenticate(request("tok"))
+				what := fmt.Sprintf("%s, %s token, roles %v", cname, sname, ti.Roles)
+				if want.refused {
+					if status(err) != 403 {
+						t.Errorf("%s: %v (%+v), want 403 as before", what, err, p)
+					}
+					continue
+				}
+				if err != nil {
+					t.Errorf("%s: %v, want %+v", what, err, want)
+					continue
+				}
+				if p.Role != want.role || p.Project != want.project {
+					t.Errorf("%s: role %q project %q, want %q %q", what, p.Role, p.Project, want.role, want.project)
+				}
+				rules, err := api.Rules(a.cfg.RoleNames())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, rule := range rules {
+					if len(rule.Routes) == 0 {
+						continue
+					}
+					if got := a.cfg.Policy.Allowed(rule.Name, p); got != allows(want, rule) {
+						t.Errorf("%s: rule %s (%s) = %v, want %v as before", what, rule.Name, a.cfg.Policy.Rule(rule.Name), got, !got)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestOverrideLetsRoleIn: a policy file that gives a role of its own a
+// right lets that role's token in, to that right only, scoped to its
+// project; without the file the token is refused as before.
+func TestOverrideLetsRoleIn(t *testing.T) {
+	ti := &TokenInfo{UserName: "mia", UserID: "u-mia", ProjectID: "p-ops", ProjectName: "ops", Roles: []string{"vgpu-maintainer"}, ExpiresAt: t0.Add(time.Hour)}
+	pol, err := api.NewPolicy(api.RoleNames{Admin: []string{"admin"}, Reader: []string{"reader", "member"}},
+		map[string]string{"vgpu:hosts:drain": "rule:admin or role:vgpu-maintainer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := newAuth(t, &fakeValidator{tokens: map[string]*TokenInfo{"tok": ti}}, func(c *Config) { c.Policy = pol })
+	p, err := a.Authenticate(request("tok"))
+	if err != nil {
+		t.Fatalf("maintainer refused: %v", err)
+	}
+	if p.Role != api.RoleNone || p.Project != "p-ops" {
+		t.Errorf("maintainer = %+v, want no API role, limited to p-ops", *p)
+	}
+	for rule, want := range map[string]bool{"vgpu:hosts:drain": true, "vgpu:gpus:drain": false, "vgpu:hosts:migrate_all": false,
+		"vgpu:instances:list": false, "vgpu:hosts:list": false, "vgpu:controls:update": false} {
+		if got := pol.Allowed(rule, p); got != want {
+			t.Errorf("maintainer: %s = %v, want %v", rule, got, want)
+		}
+	}
+	plain, _ := newAuth(t, &fakeValidator{tokens: map[string]*TokenInfo{"tok": ti}}, nil)
+	if _, err := plain.Authenticate(request("tok")); status(err) != 403 {
+		t.Errorf("without the policy file: %v, want 403", err)
+	}
+}

@@ -15,20 +15,22 @@ var options = conf.NewGroup()
 
 var (
 	optAdminRoles = options.List("keystone", "admin_roles", "admin",
-		"Keystone roles that make a caller an operator API admin (everything, every project). "+
-			"Example: admin,vgpu-admin")
+		"Keystone roles that make a caller an operator API admin (everything, every project): the default of the "+
+			"access rule admin ([oslo_policy] policy_file may set it). Example: admin,vgpu-admin")
 	optReaderRoles = options.List("keystone", "reader_roles", "reader,member",
 		"Keystone roles that make a caller an operator API reader. A reader's project-scoped token sees only that "+
 			"project's instances, requests, allocations and events (the routes of class project in /v1/openapi.json, "+
 			"x-vgpu-access); the fleet routes (hosts, GPUs, drift, status, controls, audit, placement dry runs, policy "+
 			"explanations) answer it 403. A system-scoped token with one of these roles is a fleet reader: it sees "+
-			"everything, read-only. Example: reader,member")
+			"everything, read-only. The default of the access rules project_reader and fleet_reader "+
+			"([oslo_policy] policy_file may set them). Example: reader,member")
 	optMemberRoles = options.List("keystone", "member_roles", "member",
 		"Of reader_roles, the ones that also let a project-scoped token ask for changes to its project's instances "+
-			"(POST /v1/requests, vgpuctl request). Example: member")
+			"(POST /v1/requests, vgpuctl request): the default of the access rule project_member. Example: member")
 	optFleetReaderRoles = options.List("keystone", "fleet_reader_roles", "",
 		"Keystone roles that make a caller a fleet reader whatever its token's scope: every project and the fleet "+
-			"routes, read-only (for a NOC or monitoring account that has no system-scoped token). Example: vgpu-observer")
+			"routes, read-only (for a NOC or monitoring account that has no system-scoped token); part of the default "+
+			"of the access rule fleet_reader. Example: vgpu-observer")
 	optCacheTTL = options.Duration("keystone", "cache_ttl", 5*time.Minute, 0, 24*time.Hour,
 		"How long a validated token is trusted before Keystone is asked again (never past the token's expiry): "+
 			"the longest a revoked token still works. 0 asks Keystone on every request. Example: 5m").

@@ -67,6 +67,10 @@ func (h *Handler) RegisterStatus(srv *api.Server) {
 	srv.Handle(http.MethodGet, "/v1/requests/:id", api.Custom, h.get)
 }
 
+// RuleGet is the access rule an operator's credentials must pass to read
+// a request (a source's own credentials need not).
+const RuleGet = "vgpu:requests:get"
+
 // StatusFragment is the OpenAPI fragment of GET /v1/requests/{id} alone.
 func StatusFragment() []byte { return statusFragment }
 
@@ -117,7 +121,7 @@ func (h *Handler) get(c echo.Context) error {
 			return c.JSON(http.StatusOK, req)
 		}
 	}
-	if p, err := h.operator.Authenticate(r); err == nil && p.Allows(api.Project) {
+	if p, err := h.operator.Authenticate(r); err == nil && api.Authorize(c, RuleGet, p) == nil {
 		api.SetPrincipal(c, p)
 		if err := h.visible(c, req); err != nil {
 			return err

@@ -31,7 +31,7 @@ var operatorFragment []byte
 // native webhook body; an admin may ask for any instance, a member
 // (a project-scoped Keystone token with one of [keystone] member_roles,
 // or a token line "TOKEN member NAME PROJECT") for its project's
-// instances only. Idempotency-Key works as on webhooks, in a key space of
+// instances only (access rule vgpu:requests:create). Idempotency-Key works as on webhooks, in a key space of
 // the caller's own.
 func (e *Endpoint) RegisterOperator(srv *api.Server) {
 	srv.Handle(http.MethodPost, "/v1/requests", api.Project, e.operatorRequest)
@@ -63,10 +63,16 @@ func schemasOf(frag []byte, names ...string) []byte {
 }
 
 func (e *Endpoint) operatorRequest(c echo.Context) error {
+	// The route's access rule (vgpu:requests:create: admin or a project
+	// member by default) let the caller in; whoever is not admin asks for
+	// its own project's instances only, checked below.
 	who := api.PrincipalFrom(c)
-	if !who.MayRequest() {
-		return &api.ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden", Code: "forbidden",
-			Detail: fmt.Sprintf("role %q may read but not ask for changes; it needs admin, or member of the instance's project", who.Role)}
+	if who.Role != api.RoleAdmin && who.Project == "" {
+		// A fleet reader or a system token an override let in: it has no
+		// project to be limited to (and instances without one must not
+		// count as its).
+		return &api.ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden", Code: "project_not_allowed",
+			Detail: "only an admin may ask for changes without a project-scoped token"}
 	}
 	r := c.Request()
 	var buf bytes.Buffer

@@ -44,7 +44,7 @@ Placement's VGPU inventories and acts through Nova or the vgpu-agents.`,
 // subcommands are the commands of vgpu-bridge, each built by a file of
 // this package (version and genconfig are package daemon's).
 var subcommands = []func(*globals) *cobra.Command{
-	newKeysCmd, newKeystoneCmd, newServeCmd, newMigrateCmd,
+	newGenpolicyCmd, newKeysCmd, newKeystoneCmd, newServeCmd, newMigrateCmd,
 	newPolicyCmd, newPurgeCmd, newSyncCmd, newUpgradeCmd,
 }
 

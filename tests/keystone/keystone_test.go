@@ -63,6 +63,22 @@ func (c api) do(method, path, token string) answer {
 	return answer{resp.StatusCode, resp.Header.Get("Content-Type"), b, resp.Header.Get("WWW-Authenticate")}
 }
 
+// doBody is do with a JSON body.
+func (c api) doBody(method, path, token, body string) answer {
+	c.t.Helper()
+	req, err := http.NewRequest(method, c.base+path, strings.NewReader(body))
+	testsvc.Must(c.t, err, "request")
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("X-Auth-Token", token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	testsvc.Must(c.t, err, method+" "+path)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, resp.Header.Get("Content-Type"), b, resp.Header.Get("WWW-Authenticate")}
+}
+
 // expect checks the status of a call and returns its answer.
 func (c api) expect(want int, method, path, token, who string) answer {
 	c.t.Helper()
@@ -109,12 +125,15 @@ type world struct {
 	projA, projB        string
 	instA, instB        string
 	reqA, reqB, reqNone string
+	gpu                 string // the GPU seedWalk puts in the Placement mirror
 	proxy               *testsvc.Proxy
 	svc                 user
 	pool                *pgxpool.Pool // the bridge's database
 }
 
-func newWorld(t *testing.T) *world {
+// newWorld starts the world; settings are more configuration
+// ("section.option=value"), e.g. an [oslo_policy] policy_file.
+func newWorld(t *testing.T, settings ...string) *world {
 	t.Helper()
 	ks := newKeystone(t)
 	w := &world{ks: ks}
@@ -136,18 +155,19 @@ func newWorld(t *testing.T) *world {
 	t.Setenv("OS_CLIENT_CONFIG_FILE", w.clouds)
 
 	db := testsvc.Postgres(t)
-	v := testbridge.Config(t, db,
+	v := testbridge.Config(t, db, append([]string{
 		"api.auth_strategy=keystone",
 		"keystone.cloud=bridge",
 		"keystone.admin_roles=admin",
 		"keystone.reader_roles=reader,member",
-		"keystone.cache_ttl="+cacheTTL.String(),
+		"keystone.cache_ttl=" + cacheTTL.String(),
 		"keystone.invalid_cache_ttl=1s",
 		"keystone.timeout=1m", // a loaded test machine: Keystone may take seconds
 		// The tests write the Placement mirror directly (providers and
 		// allocations the real Placement does not have); a sync round
 		// would remove them while a slow test still reads them.
 		"placement.sync_interval=24h", "placement.full_sync_interval=168h",
+	}, settings...)...,
 	)
 	d := testbridge.Start(t, v)
 	w.pool = d.Pool

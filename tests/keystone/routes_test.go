@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,23 +19,81 @@ import (
 // TestMemberWalksEveryRoute is the role contract, route by route: a
 // Keystone member of project A, with a project-scoped token, calls every
 // operation /v1/openapi.json lists. Each operation states its class
-// (x-vgpu-access); fleet and admin ones answer 403 problem+json, project
-// ones answer without a trace of project B (its instance, project id,
-// request, allocation or event), public ones answer, and the custom ones
-// (webhooks, a request by id) never show B either. Project B's data and
-// the fleet routes are there: the admin token sees them.
+// (x-vgpu-access) and its access rule (x-vgpu-policy); fleet and admin
+// ones answer 403 problem+json, project ones answer without a trace of
+// project B (its instance, project id, request, allocation or event),
+// public ones answer, and the custom ones (webhooks, a request by id)
+// never show B either. Project B's data and the fleet routes are there:
+// the admin token sees them.
 func TestMemberWalksEveryRoute(t *testing.T) {
 	w := newWorld(t)
+	seedWalk(t, w)
+	member := w.ks.user("walker", w.pa, "member")
+	walkEveryRoute(t, w, "member of A", w.ks.token(member), nil)
+}
+
+// maintainerPolicy is a policy file's one override: the Keystone role
+// vgpu-maintainer may drain hosts (and end their drains), nothing else
+// that needs admin.
+const maintainerPolicy = "# hosts' maintenance without admin\n" +
+	"\"vgpu:hosts:drain\": \"rule:admin or role:vgpu-maintainer\"\n"
+
+// TestMaintainerWalksEveryRoute is the same walk with a policy file that
+// opens host drains to a maintenance role: a member of A that also holds
+// vgpu-maintainer may drain and undrain a host (audited under its name)
+// and is refused every other admin or fleet route, GPU drains and
+// migrate-all included; a plain member walks as with the defaults; a
+// token with only the maintenance role may drain and nothing else, not
+// even its project's reads.
+func TestMaintainerWalksEveryRoute(t *testing.T) {
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	testsvc.Must(t, os.WriteFile(policy, []byte(maintainerPolicy), 0o600), "write policy file")
+	w := newWorld(t, "oslo_policy.policy_file="+policy)
+	seedWalk(t, w)
+	drain := map[string]bool{"vgpu:hosts:drain": true}
+	maint := w.ks.user("maint", w.pa, "member", "vgpu-maintainer")
+	walkEveryRoute(t, w, "member+maintainer of A", w.ks.token(maint), drain)
+	walkEveryRoute(t, w, "member of A", w.ks.token(w.ks.user("walker", w.pa, "member")), nil)
+
+	// The drain itself, with a reason, and its undo: audited as the
+	// maintainer's. (A host the bridge knows: agents would have reported it.)
+	_, err := w.pool.Exec(context.Background(), `INSERT INTO hosts (name) VALUES ('node-k') ON CONFLICT DO NOTHING`)
+	testsvc.Must(t, err, "seed host")
+	only := w.ks.token(w.ks.user("onlymaint", w.pa, "vgpu-maintainer"))
+	admin := w.ks.adminToken()
+	for _, tc := range []struct {
+		method, who, token string
+	}{{"POST", "member+maintainer", w.ks.token(maint)}, {"DELETE", "member+maintainer", w.ks.token(maint)}, {"POST", "maintainer only", only}} {
+		a := w.api.doBody(tc.method, "/v1/hosts/node-k/drain", tc.token, `{"reason": "CHG-1 fan swap"}`)
+		if a.status != 200 {
+			t.Errorf("%s: %s /v1/hosts/node-k/drain = %d (%s), want 200", tc.who, tc.method, a.status, a.body)
+		}
+	}
+	if a := w.api.expect(200, "GET", "/v1/audit", admin, "admin"); !strings.Contains(string(a.body), "maint") {
+		t.Errorf("the audit log does not name the maintainer: %s", a.body)
+	}
+	for _, route := range []string{"GET /v1/instances", "GET /v1/hosts", "POST /v1/gpus/x/drain", "POST /v1/hosts/node-k/migrate-all"} {
+		m, path, _ := strings.Cut(route, " ")
+		a := w.api.do(m, path, only)
+		if a.status != 403 || a.problem(t)["code"] != "forbidden" {
+			t.Errorf("maintainer only: %s = %d (%s), want 403 forbidden", route, a.status, a.body)
+		}
+	}
+}
+
+// seedWalk puts B's and A's allocations in the mirror, and an event of each.
+func seedWalk(t *testing.T, w *world) {
+	t.Helper()
 	ctx := context.Background()
-	// B's and A's allocations in the mirror, and an event of each.
-	gpu, root := uuid.NewString(), uuid.NewString()
+	w.gpu = uuid.NewString()
+	root := uuid.NewString()
 	for _, q := range []struct {
 		sql  string
 		args []any
 	}{
 		{`INSERT INTO placement_providers (uuid, name, generation, root_uuid) VALUES ($1, 'node-k', 1, $1)`, []any{root}},
-		{`INSERT INTO placement_providers (uuid, name, generation, parent_uuid, root_uuid) VALUES ($1, 'node-k_pci_0000_3b_00_0', 1, $2, $2)`, []any{gpu, root}},
-		{`INSERT INTO placement_allocations (provider_uuid, consumer_uuid, resource_class, used) VALUES ($1, $2, 'VGPU', 1), ($1, $3, 'VGPU', 1)`, []any{gpu, w.instA, w.instB}},
+		{`INSERT INTO placement_providers (uuid, name, generation, parent_uuid, root_uuid) VALUES ($1, 'node-k_pci_0000_3b_00_0', 1, $2, $2)`, []any{w.gpu, root}},
+		{`INSERT INTO placement_allocations (provider_uuid, consumer_uuid, resource_class, used) VALUES ($1, $2, 'VGPU', 1), ($1, $3, 'VGPU', 1)`, []any{w.gpu, w.instA, w.instB}},
 		{`INSERT INTO events (source, message_id, event_type, instance_uuid, payload, processed_at) VALUES
 			('nova', $1, 'instance.update', $2::uuid, jsonb_build_object('instance', $2::text), now()),
 			('nova', $3, 'instance.update', $4::uuid, jsonb_build_object('instance', $4::text, 'project', $5::text), now())`,
@@ -42,8 +102,15 @@ func TestMemberWalksEveryRoute(t *testing.T) {
 		_, err := w.pool.Exec(ctx, q.sql, q.args...)
 		testsvc.Must(t, err, "seed")
 	}
-	member := w.ks.user("walker", w.pa, "member")
-	tok, admin := w.ks.token(member), w.ks.adminToken()
+}
+
+// walkEveryRoute calls every operation of the document with tok, a
+// caller of project A: routes of class fleet or admin answer 403 unless
+// their rule is one of opened (then they let the caller in: not 401, 403
+// or 5xx), the others answer, and none shows project B's data.
+func walkEveryRoute(t *testing.T, w *world, caller, tok string, opened map[string]bool) {
+	t.Helper()
+	admin := w.ks.adminToken()
 	secrets := []string{w.instB, w.projB, w.reqB, w.reqNone}
 
 	var doc struct {
@@ -52,10 +119,13 @@ func TestMemberWalksEveryRoute(t *testing.T) {
 	testsvc.Must(t, json.Unmarshal(w.api.expect(200, "GET", "/v1/openapi.json", "", "anyone").body, &doc), "openapi")
 	fill := strings.NewReplacer("{uuid}", w.instA, "{name}", "host-k", "{source}", "no-such-source", "{id}", "")
 	counts := map[string]int{}
+	seen := map[string]bool{}
 	for path, ops := range doc.Paths {
 		for method, op := range ops {
 			access, _ := op["x-vgpu-access"].(string)
+			rule, _ := op["x-vgpu-policy"].(string)
 			counts[access]++
+			seen[rule] = true
 			target := fill.Replace(path)
 			switch {
 			case strings.HasPrefix(path, "/v1/requests/{id}"):
@@ -64,19 +134,28 @@ func TestMemberWalksEveryRoute(t *testing.T) {
 				target = strings.Replace(path, "{id}", "1", 1)
 			}
 			if strings.HasPrefix(path, "/v1/gpus/{id}") {
-				target = strings.Replace(path, "{id}", gpu, 1)
+				target = strings.Replace(path, "{id}", w.gpu, 1)
 			}
 			m := strings.ToUpper(method)
+			if access != "public" && (access != "custom" || path == "/v1/requests/{id}") && rule == "" {
+				t.Errorf("%s %s (%s) names no access rule (x-vgpu-policy)", m, path, access)
+			}
 			a := w.api.do(m, target, tok)
-			who := "member of A: " + m + " " + target + " (" + access + ")"
+			who := caller + ": " + m + " " + target + " (" + access + ", " + rule + ")"
 			switch access {
 			case "fleet", "admin":
+				if opened[rule] {
+					if a.status == 401 || a.status == 403 || a.status >= 500 {
+						t.Errorf("%s = %d, want it let in by the policy file (%s)", who, a.status, a.body)
+					}
+					break
+				}
 				if a.status != 403 {
 					t.Errorf("%s = %d, want 403 (%s)", who, a.status, a.body)
 					continue
 				}
-				if p := a.problem(t); p["code"] != "forbidden" {
-					t.Errorf("%s: problem %v", who, p)
+				if p := a.problem(t); p["code"] != "forbidden" || p["policy_rule"] != rule {
+					t.Errorf("%s: problem %v, want forbidden naming the rule", who, p)
 				}
 				// The route works: the admin reads it (reads only: an
 				// admin's sync or drain would change the world).
@@ -104,18 +183,23 @@ func TestMemberWalksEveryRoute(t *testing.T) {
 	if counts["project"] < 5 || counts["fleet"] < 8 || counts["admin"] < 8 {
 		t.Fatalf("routes walked by class: %v; the document lists fewer than expected", counts)
 	}
-	t.Logf("routes walked by class: %v", counts)
+	for rule := range opened {
+		if !seen[rule] {
+			t.Errorf("no route of the document is guarded by %s", rule)
+		}
+	}
+	t.Logf("%s: routes walked by class: %v", caller, counts)
 
-	// What A's member sees of its own: its instance, allocation, event.
+	// What A's caller sees of its own: its instance, allocation, event.
 	for path, field := range map[string]string{"/v1/instances": "instances", "/v1/allocations": "allocations", "/v1/events": "events"} {
 		var page map[string][]map[string]any
-		testsvc.Must(t, json.Unmarshal(w.api.expect(200, "GET", path, tok, "member of A").body, &page), "decode")
+		testsvc.Must(t, json.Unmarshal(w.api.expect(200, "GET", path, tok, caller).body, &page), "decode")
 		if len(page[field]) != 1 {
-			t.Errorf("member of A: %s lists %d, want A's one: %v", path, len(page[field]), page[field])
+			t.Errorf("%s: %s lists %d, want A's one: %v", caller, path, len(page[field]), page[field])
 		}
 		for _, row := range page[field] {
 			if _, ok := row["host"]; ok && path == "/v1/allocations" {
-				t.Errorf("member of A: %s shows the host of an allocation: %v", path, row)
+				t.Errorf("%s: %s shows the host of an allocation: %v", caller, path, row)
 			}
 		}
 		testsvc.Must(t, json.Unmarshal(w.api.expect(200, "GET", path, admin, "admin").body, &page), "decode")
