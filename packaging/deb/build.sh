@@ -90,6 +90,7 @@ install -D -m 0644 "$root/etc/systemd/vgpu-bridge.sysusers.conf" "$d/usr/lib/sys
 common_doc vgpu-bridge "$d"
 manpages "$bin/vgpu-bridge" 8 "$d"
 install -D -m 0644 "$root/etc/vgpu-bridge/bridge.conf.sample" "$d/usr/share/doc/vgpu-bridge/examples/bridge.conf.sample"
+install -D -m 0644 "$root/etc/vgpu-bridge/policy.yaml.sample" "$d/usr/share/doc/vgpu-bridge/examples/policy.yaml.sample"
 install -m 0644 "$root/README.rst" "$d/usr/share/doc/vgpu-bridge/README.rst"
 install -m 0644 "$root/etc/rabbitmq/setup-accounts.sh" "$d/usr/share/doc/vgpu-bridge/examples/setup-rabbitmq-accounts.sh"
 install -D -m 0644 "$root/etc/grafana/vgpu-bridge.json" "$d/usr/share/vgpu-bridge/grafana/vgpu-bridge.json"

@@ -132,6 +132,7 @@ func files(s Spec) ([]file, error) {
 		{"/etc/vgpu-bridge/profiles.yaml", filepath.Join(s.EtcDir, "profiles.yaml"), 0o644},
 		{"/etc/vgpu-bridge/driver-compat.yaml", filepath.Join(s.EtcDir, "driver-compat.yaml"), 0o644},
 		{"/usr/share/doc/vgpu-bridge/examples/bridge.conf.sample", filepath.Join(s.EtcDir, "bridge.conf.sample"), 0o644},
+		{"/usr/share/doc/vgpu-bridge/examples/policy.yaml.sample", filepath.Join(s.EtcDir, "policy.yaml.sample"), 0o644},
 		{"/etc/ssl/certs/ca-certificates.crt", s.CABundle, 0o644},
 	}
 	byName := map[string]file{}

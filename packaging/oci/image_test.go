@@ -72,7 +72,7 @@ func TestTag(t *testing.T) {
 func spec(t *testing.T) Spec {
 	t.Helper()
 	dir := t.TempDir()
-	for _, n := range []string{"bin", "rules.yaml", "profiles.yaml", "driver-compat.yaml", "bridge.conf.sample", "ca.crt"} {
+	for _, n := range []string{"bin", "rules.yaml", "profiles.yaml", "driver-compat.yaml", "bridge.conf.sample", "policy.yaml.sample", "ca.crt"} {
 		if err := os.WriteFile(filepath.Join(dir, n), []byte("content of "+n+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -122,8 +122,8 @@ func TestLayerTarIsSortedAndStamped(t *testing.T) {
 			t.Errorf("%s: mtime %v, owner names %q/%q", h.Name, h.ModTime, h.Uname, h.Gname)
 		}
 	}
-	if n != 22 {
-		t.Errorf("%d entries, want 22", n)
+	if n != 23 {
+		t.Errorf("%d entries, want 23", n)
 	}
 }
 

@@ -61,6 +61,7 @@ var wantEntries = []string{
 	"usr/share/doc/vgpu-bridge/ 755 0:0",
 	"usr/share/doc/vgpu-bridge/examples/ 755 0:0",
 	"usr/share/doc/vgpu-bridge/examples/bridge.conf.sample 644 0:0",
+	"usr/share/doc/vgpu-bridge/examples/policy.yaml.sample 644 0:0",
 	"var/ 755 0:0",
 	"var/lib/ 755 0:0",
 	"var/lib/vgpu-bridge/ 750 42800:42800",
@@ -334,6 +335,7 @@ func checkFiles(t *testing.T, rootfs string) {
 		"etc/vgpu-bridge/profiles.yaml":                         filepath.Join(etc, "profiles.yaml"),
 		"etc/vgpu-bridge/driver-compat.yaml":                    filepath.Join(etc, "driver-compat.yaml"),
 		"usr/share/doc/vgpu-bridge/examples/bridge.conf.sample": filepath.Join(etc, "bridge.conf.sample"),
+		"usr/share/doc/vgpu-bridge/examples/policy.yaml.sample": filepath.Join(etc, "policy.yaml.sample"),
 		"etc/ssl/certs/ca-certificates.crt":                     "/etc/ssl/certs/ca-certificates.crt",
 	} {
 		if read(filepath.Join(rootfs, dst)) != read(src) {

@@ -148,7 +148,7 @@ func TestDebPackages(t *testing.T) {
 	want := map[string][]string{
 		"vgpu-bridge": {"usr/bin/vgpu-bridge", "lib/systemd/system/vgpu-bridge.service", "lib/systemd/system/vgpu-bridge-migrate.service",
 			"usr/lib/sysusers.d/vgpu-bridge.conf", "etc/vgpu-bridge/rules.yaml", "usr/share/doc/vgpu-bridge/examples/bridge.conf.sample",
-			"usr/share/doc/vgpu-bridge/copyright", "usr/share/vgpu-bridge/prometheus/vgpu-bridge.rules.yaml"},
+			"usr/share/doc/vgpu-bridge/examples/policy.yaml.sample", "usr/share/doc/vgpu-bridge/copyright", "usr/share/vgpu-bridge/prometheus/vgpu-bridge.rules.yaml"},
 		"vgpu-agent": {"usr/bin/vgpu-agent", "lib/systemd/system/vgpu-agent.service", "usr/share/doc/vgpu-agent/examples/agent.conf.sample",
 			"usr/share/doc/vgpu-agent/copyright"},
 		"vgpuctl": {"usr/bin/vgpuctl", "usr/share/doc/vgpuctl/copyright", "usr/share/man/man1/vgpuctl.1.gz",
