@@ -137,8 +137,23 @@ func (p *Policy) Allowed(name string, who *Principal) bool {
 	return p.rules.Allowed(name, who.oslo(), who.target())
 }
 
-func (who *Principal) oslo() oslopolicy.Credentials {
+// creds are the credentials the access rules see: Creds, or, for a
+// principal an Authenticator made with a Role and no credentials (one of
+// the bridge's own, or an embedder's), those that role implies, as a
+// static token's line does.
+func (who *Principal) creds() Credentials {
 	c := who.Creds
+	if len(c.Roles) > 0 || c.System || c.ProjectID != "" || c.UserID != "" {
+		return c
+	}
+	if roles, ok := impliedRoles[who.Role]; ok {
+		return Credentials{Roles: roles, ProjectID: who.Project, System: who.Project == ""}
+	}
+	return c
+}
+
+func (who *Principal) oslo() oslopolicy.Credentials {
+	c := who.creds()
 	attrs := map[string]string{"is_admin": "False"}
 	if who.Role == RoleAdmin {
 		attrs["is_admin"] = "True"
@@ -156,11 +171,12 @@ func (who *Principal) oslo() oslopolicy.Credentials {
 
 func (who *Principal) target() oslopolicy.Target {
 	t := oslopolicy.Target{}
-	if who.Creds.ProjectID != "" {
-		t["project_id"] = who.Creds.ProjectID
+	c := who.creds()
+	if c.ProjectID != "" {
+		t["project_id"] = c.ProjectID
 	}
-	if who.Creds.UserID != "" {
-		t["user_id"] = who.Creds.UserID
+	if c.UserID != "" {
+		t["user_id"] = c.UserID
 	}
 	return t
 }

@@ -178,3 +178,26 @@ func TestSample(t *testing.T) {
 		}
 	}
 }
+
+// TestRoleOnlyPrincipalsKeepTheirRights: a principal an Authenticator made
+// with a Role and no credentials (an embedder's, a test's) passes the
+// rules its role implies, as a static token of that role does.
+func TestRoleOnlyPrincipalsKeepTheirRights(t *testing.T) {
+	st := tokens(t)
+	for _, e := range st.entries {
+		static := e.principal
+		bare := Principal{Name: static.Name, Role: static.Role, Project: static.Project}
+		rules, err := Rules(StaticRoleNames())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rules {
+			if got, want := DefaultPolicy().Allowed(r.Name, &bare), DefaultPolicy().Allowed(r.Name, &static); got != want {
+				t.Errorf("%s (%s %s) without credentials: %s = %v, with them %v", bare.Name, bare.Role, bare.Project, r.Name, got, want)
+			}
+		}
+	}
+	if DefaultPolicy().Allowed("vgpu:dead_letters:replay", &Principal{Name: "nobody"}) {
+		t.Error("a principal with neither a role nor credentials passes an admin rule")
+	}
+}
