@@ -65,12 +65,16 @@ lab-test: services ## Run the tests against the lab VM (brings it up first and l
 lab-test-down: services ## As lab-test, then power the lab VM off, also when a test failed (as `make test` does)
 	@$(call lab_test_down,$(LAB_TEST_FLAGS))
 
-# lab_test_down FLAGS: the lab's tests (TestMain brings the VM up), then the
-# VM powered off whatever their outcome, and the time both took. Inline
+# lab_test_down FLAGS: the lab VM up (apt and module build when missing:
+# outside the tests' own time limit), the lab's tests, then the VM powered
+# off whatever their outcome, and the time each took. A lab that does not
+# come up fails every test (TestMain tries once more and says why). Inline
 # rather than a sub-make: `make -n test` must not run the tests.
 define lab_test_down
 start=$$(date +%s); \
-	trap 'bash tests/lab/lab.sh down; echo "lab: tests and lab down took $$(( $$(date +%s) - start )) s"' EXIT; \
+	trap 'bash tests/lab/lab.sh down; echo "lab: up, tests and down took $$(( $$(date +%s) - start )) s"' EXIT; \
+	bash tests/lab/lab.sh up || echo "lab: lab.sh up failed; the lab's tests will fail"; \
+	echo "lab: up after $$(( $$(date +%s) - start )) s"; \
 	$(GO) test -tags lab -timeout $(LAB_TEST_TIMEOUT) -count=1 $(1) ./tests/lab/
 endef
 
