@@ -12,6 +12,9 @@ LDFLAGS      := -X github.com/vgpu-bridge/vgpu-bridge/internal/version.version=$
 BINARIES     := vgpu-bridge vgpu-agent vgpuctl
 TEST_TIMEOUT ?= 25m
 TEST_FUZZTIME ?= 2s
+# The lab's tests (tests/lab, build tag lab): the lab VM's boot included.
+LAB_TEST_TIMEOUT ?= 40m
+LAB_TEST_FLAGS ?= -v
 FUZZTIME     ?= 1m
 DEB_DIR      ?= build/deb
 IMAGE_DIR    ?= build/image
@@ -35,9 +38,16 @@ services: ## Install (apt) and start Postgres, RabbitMQ, Placement and Keystone 
 	bash tests/services.sh
 
 .PHONY: test
-test: services ## Start the services, run unit and integration tests with the race detector, then each fuzz target briefly
-	CI=$${CI:-} $(GO) test -race -timeout $(TEST_TIMEOUT) -count=1 ./...
-	bash tests/fuzz.sh $(TEST_FUZZTIME)
+test: services ## Start the services, run unit and integration tests with the race detector, each fuzz target briefly, then the lab's tests (the lab VM is powered off at the end)
+	@# The three phases run one after the other (the lab is CPU-heavy: it
+	@# must not share the machine with the parallel go test packages); each
+	@# runs even when one before failed, so a run reports all three, and
+	@# the target fails when any did.
+	@rc=0; \
+	CI=$${CI:-} $(GO) test -race -timeout $(TEST_TIMEOUT) -count=1 ./... || rc=1; \
+	bash tests/fuzz.sh $(TEST_FUZZTIME) || rc=1; \
+	( $(call lab_test_down,) ) || rc=1; \
+	exit $$rc
 
 .PHONY: lab
 lab: ## Bring up the lab VM (tests/lab/lab.sh up: Debian's kernel, systemd, libvirtd, sample mdev drivers under QEMU)
@@ -48,8 +58,25 @@ lab-down: ## Power the lab VM off
 	bash tests/lab/lab.sh down
 
 .PHONY: lab-test
-lab-test: ## Run the tests against the lab VM (brings it up first; not part of `make test`)
-	$(GO) test -tags lab -timeout 40m -count=1 -v ./tests/lab/
+lab-test: services ## Run the tests against the lab VM (brings it up first and leaves it up; `make test` runs them too)
+	$(GO) test -tags lab -timeout $(LAB_TEST_TIMEOUT) -count=1 $(LAB_TEST_FLAGS) ./tests/lab/
+
+.PHONY: lab-test-down
+lab-test-down: services ## As lab-test, then power the lab VM off, also when a test failed (as `make test` does)
+	@$(call lab_test_down,$(LAB_TEST_FLAGS))
+
+# lab_test_down FLAGS: the lab VM up (apt and module build when missing:
+# outside the tests' own time limit), the lab's tests, then the VM powered
+# off whatever their outcome, and the time each took. A lab that does not
+# come up fails every test (TestMain tries once more and says why). Inline
+# rather than a sub-make: `make -n test` must not run the tests.
+define lab_test_down
+start=$$(date +%s); \
+	trap 'bash tests/lab/lab.sh down; echo "lab: up, tests and down took $$(( $$(date +%s) - start )) s"' EXIT; \
+	bash tests/lab/lab.sh up || echo "lab: lab.sh up failed; the lab's tests will fail"; \
+	echo "lab: up after $$(( $$(date +%s) - start )) s"; \
+	$(GO) test -tags lab -timeout $(LAB_TEST_TIMEOUT) -count=1 $(1) ./tests/lab/
+endef
 
 .PHONY: fuzz
 fuzz: ## Run every Go fuzz target for FUZZTIME each (default 1m)

@@ -44,7 +44,7 @@ attach vGPUs, tune GPUs, set VM limits) and reports the host's state.`,
 // subcommands are the commands of vgpu-agent, each built by a file of
 // this package (version and genconfig are package daemon's).
 var subcommands = []func(*globals) *cobra.Command{
-	newInventoryCmd, newDiagnoseCmd, newServeCmd,
+	newInventoryCmd, newDiagnoseCmd, newRestoreCmd, newServeCmd,
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

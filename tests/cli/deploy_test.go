@@ -55,7 +55,16 @@ func TestSystemdUnits(t *testing.T) {
 			"Service.Type": "oneshot", "Service.User": "vgpu-bridge", "Service.NoNewPrivileges": "yes",
 			"Service.ProtectSystem": "strict", "Service.CapabilityBoundingSet": "", "Unit.Before": "vgpu-bridge.service",
 		},
+		// Before libvirtd: the guests it starts at boot need their mdevs
+		// (tests/lab's TestLabRestartRecreatesMdevsBeforeGuests).
+		"vgpu-agent-restore.service": {
+			"Service.Type": "oneshot", "Service.User": "root", "Service.NoNewPrivileges": "yes",
+			"Service.ProtectSystem": "strict", "Service.StateDirectory": "vgpu-bridge/agent",
+			"Service.CapabilityBoundingSet": "CAP_SYS_ADMIN CAP_DAC_OVERRIDE",
+			"Unit.Before":                   "libvirtd.service virtqemud.service libvirt-guests.service nova-compute.service vgpu-agent.service",
+		},
 		"vgpu-agent.service": {
+			"Unit.Wants":   "network-online.target vgpu-agent-restore.service",
 			"Service.User": "root", "Service.NoNewPrivileges": "yes", "Service.ProtectSystem": "strict",
 			"Service.CapabilityBoundingSet": "CAP_SYS_ADMIN CAP_DAC_OVERRIDE", "Service.StateDirectory": "vgpu-bridge/agent",
 			"Service.Restart": "on-failure", "Service.ExecReload": "/bin/kill -HUP $MAINPID", "Service.StandardError": "journal",
@@ -70,7 +79,7 @@ func TestSystemdUnits(t *testing.T) {
 			}
 		}
 		// The agent's unit must leave /sys, cgroups and /dev usable.
-		if name == "vgpu-agent.service" {
+		if strings.HasPrefix(name, "vgpu-agent") {
 			for _, k := range []string{"Service.ProtectKernelTunables", "Service.ProtectControlGroups", "Service.PrivateDevices"} {
 				if v := d[k]; len(v) > 0 && v[0] == "yes" {
 					t.Errorf("%s: %s=yes would stop the agent working", name, k)

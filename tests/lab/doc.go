@@ -6,7 +6,7 @@
 // the lab up (lab.sh up: apt,
 // module build and initramfs cached, boot); when it cannot, every test fails
 // with the command to start it by hand. The tests carry the build tag lab:
-// `make lab-test` (go test -tags lab ./tests/lab/).
+// `make lab-test` (go test -tags lab ./tests/lab/), and `make test` last.
 //
 // A test that needs the VM's own sysfs runs this test binary inside the VM (the
 // binary is copied to the lab's shared directory /lab and run there over ssh

@@ -48,14 +48,39 @@ type labAgent struct {
 	unit  string   // the systemd unit of the agent's current run
 	units []string // every run's unit, for the logs
 	serve string   // the agent's command line
+	bin   string   // the binary and its global options (serve's first part)
+	sets  string   // the --set options (serve's last part)
 }
 
 // startLabAgent starts vgpu-agent in the lab for a new host of the test,
 // with env (KEY=value) added to its environment.
 func startLabAgent(t *testing.T, env ...string) *labAgent {
 	t.Helper()
+	return startLabAgentWith(t, agentOpts{env: env})
+}
+
+// agentOpts are what a test changes of the lab agent's setup.
+type agentOpts struct {
+	host string   // the agent's host name ("": a new one)
+	env  []string // KEY=value added to the agent's environment
+	// conf replaces agent.conf ("": the mtty_pci types, one per edu function).
+	conf string
+	// sets are more --set section.option=value, after the lab's own.
+	sets []string
+	// statePath is the agent's [DEFAULT] state_path, its journal ("": on
+	// the VM's tmpfs, lost when the VM stops).
+	statePath string
+}
+
+// startLabAgentWith starts vgpu-agent in the lab for a new host of the
+// test, set up as o says.
+func startLabAgentWith(t *testing.T, o agentOpts) *labAgent {
+	t.Helper()
 	needLab(t)
-	a := &labAgent{t: t, host: testsvc.Name("lab") + ".lab.test"}
+	a := &labAgent{t: t, host: o.host}
+	if a.host == "" {
+		a.host = testsvc.Name("lab") + ".lab.test"
+	}
 	out, err := vm(t, `ls /sys/bus/pci/drivers/mtty_pci | grep -E '^[0-9a-f]{4}:' | sort`)
 	parents := strings.Fields(out)
 	if err != nil || len(parents) == 0 {
@@ -103,10 +128,14 @@ func startLabAgent(t *testing.T, env ...string) *labAgent {
 		}
 		sets = append(sets, k+"="+v)
 	}
+	state := o.statePath
+	if state == "" {
+		state = "/var/lib/vgpu-lab-agent/" + a.host
+	}
 	// 10.0.2.2 is this machine's loopback as the VM sees it.
 	turl := strings.NewReplacer("@127.0.0.1:", "@10.0.2.2:", "@localhost:", "@10.0.2.2:").Replace(testsvc.TransportURL(t))
 	sets = append(sets, "DEFAULT.host="+a.host, "DEFAULT.transport_url="+turl,
-		"DEFAULT.state_path=/var/lib/vgpu-lab-agent/"+a.host, "DEFAULT.listen=127.0.0.1:0",
+		"DEFAULT.state_path="+state, "DEFAULT.listen=127.0.0.1:0",
 		"DEFAULT.report_check_interval=5s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=20s",
 		"libvirt.connection_uri=qemu:///system", "nvml.backend=none",
 	)
@@ -118,11 +147,16 @@ func startLabAgent(t *testing.T, env ...string) *labAgent {
 		conf = fmt.Sprintf("[devices]\nenabled_types = mtty_pci-1,mtty_pci-2\n\n[mdev_mtty_pci-1]\ndevice_addresses = %s\n\n"+
 			"[mdev_mtty_pci-2]\ndevice_addresses = %s\n", a.parent, a.parent2)
 	}
-	testsvc.Must(t, os.WriteFile(filepath.Join(dir, "agent.conf"), []byte(conf), 0o600), "agent.conf")
-	a.serve = fmt.Sprintf("%s/bin/vgpu-agent --config %s/agents/%s/agent.conf --debug serve", vmShare, vmShare, a.host)
-	for _, s := range sets {
-		a.serve += " --set '" + s + "'"
+	if o.conf != "" {
+		conf = o.conf
 	}
+	sets = append(sets, o.sets...)
+	testsvc.Must(t, os.WriteFile(filepath.Join(dir, "agent.conf"), []byte(conf), 0o600), "agent.conf")
+	a.bin = fmt.Sprintf("%s/bin/vgpu-agent --config %s/agents/%s/agent.conf --debug", vmShare, vmShare, a.host)
+	for _, s := range sets {
+		a.sets += " --set '" + s + "'"
+	}
+	a.serve = a.bin + " serve" + a.sets
 	t.Cleanup(func() {
 		a.stop()
 		out, _ := vm(t, "journalctl -q -o cat -u "+strings.Join(a.units, " -u ")+" | tail -n 300")
@@ -130,7 +164,7 @@ func startLabAgent(t *testing.T, env ...string) *labAgent {
 			t.Logf("vgpu-agent in the lab (%s):\n%s", strings.Join(a.units, ", "), out)
 		}
 	})
-	a.start(env...)
+	a.start(o.env...)
 	return a
 }
 
@@ -259,20 +293,21 @@ printf 'qmp=%%s\n' "$($v qemu-monitor-command %[1]s '{"execute":"query-pci"}' 2>
 		case "mdev":
 			s.Mdev = v == "1"
 		case "qmp":
-			s.QEMUMttys = countVendor(t, v, mttyVendor)
+			s.QEMUMttys = countDevice(t, v, mttyVendor, -1)
 		}
 	}
 	return s
 }
 
-// countVendor counts the PCI functions of vendor in a query-pci answer
-// (-1 when QEMU gave none: the domain does not run).
-func countVendor(t *testing.T, qmp string, vendor int) int {
+// countDevice counts the PCI functions of vendor and device (-1: any) in
+// a query-pci answer (-1 when QEMU gave none: the domain does not run).
+func countDevice(t *testing.T, qmp string, vendor, device int) int {
 	var ans struct {
 		Return []struct {
 			Devices []struct {
 				ID struct {
 					Vendor int `json:"vendor"`
+					Device int `json:"device"`
 				} `json:"id"`
 			} `json:"devices"`
 		} `json:"return"`
@@ -284,7 +319,7 @@ func countVendor(t *testing.T, qmp string, vendor int) int {
 	n := 0
 	for _, b := range ans.Return {
 		for _, d := range b.Devices {
-			if d.ID.Vendor == vendor {
+			if d.ID.Vendor == vendor && (device < 0 || d.ID.Device == device) {
 				n++
 			}
 		}

@@ -19,6 +19,9 @@
 # machine's loopback), sshd (forwarded to 127.0.0.1:$LAB_SSH_PORT), the mdev
 # modules and libvirtd. Two emulated edu PCI functions (00:10.0, 00:11.0) are
 # mtty_pci's mdev parents: a profile change can move a vGPU to another parent.
+# QEMU's pci-testdev (00:12.0), which no driver claims, is bound to vfio-pci
+# behind the emulated intel-iommu at boot (lab-vfio.service): the stand-in
+# for a vendor-VFIO vGPU's SR-IOV VF.
 # Nothing outside Debian's package archive is fetched.
 #
 # Environment (all optional):
@@ -181,8 +184,11 @@ cmd_build() {
 	CACHE=$CACHE_ROOT/$key
 	if [ ! -f "$CACHE/done" ]; then
 		echo "==> lab: building the sample mdev modules and the initramfs for $KVER (cache $CACHE)"
-		local tmp=$CACHE_ROOT/.build-$$
+		local tmp=$CACHE_ROOT/.build-$$ old
 		rm -rf "$tmp"
+		for old in "$CACHE_ROOT"/.build-*; do # a killed build's
+			if [ -d "$old" ] && ! kill -0 "${old##*.build-}" 2>/dev/null; then rm -rf "$old"; fi
+		done
 		mkdir -p "$tmp"
 		build_modules "$tmp" "$KVER"
 		build_initramfs "$tmp" "$KVER"
@@ -229,6 +235,10 @@ make_seed() { # dir
 	rm -rf "$seed"
 	mkdir -p "$seed"
 	cp -a "$HERE/seed/." "$seed/"
+	# What a test keeps on the VM's "disk" across a restart (the VM's root
+	# is a tmpfs overlay): files under the share's seed/ (systemd units, a
+	# libvirt domain) go into the root at boot, as the lab's own do.
+	[ ! -d "$SHARE_DIR/seed" ] || cp -a "$SHARE_DIR/seed/." "$seed/"
 	install -d -m 0700 "$seed/root" "$seed/root/.ssh"
 	install -m 0600 "$SSH_KEY.pub" "$seed/root/.ssh/authorized_keys"
 	# A fixed machine id: an empty one would make systemd run its first-boot presets.
@@ -273,7 +283,7 @@ cmd_up() {
 		-virtfs local,path="$STATE_DIR/seed",mount_tag=seed,security_model=none,readonly=on \
 		-virtfs local,path="$SHARE_DIR",mount_tag=share,security_model=none \
 		-netdev user,id=n0,hostfwd=tcp:127.0.0.1:"$SSH_PORT"-:22 -device virtio-net-pci,netdev=n0 \
-		-device edu,addr=0x10 -device edu,addr=0x11 \
+		-device edu,addr=0x10 -device edu,addr=0x11 -device pci-testdev,addr=0x12 \
 		-display none -monitor none -serial file:"$SERIAL_LOG" \
 		-no-reboot -daemonize -pidfile "$PIDFILE" 8>&- # the VM outlives `up` and its lock
 	local i

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -45,12 +46,21 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run()) // each test fails on upErr: none skips
 }
 
+// upTimeout bounds lab.sh up: on a fresh machine it installs its packages
+// first (apt; on a busy two-core machine that took 17 minutes here, most of
+// it Debian's initramfs triggers) and builds the modules.
+const upTimeout = 30 * time.Minute
+
 func up() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), upTimeout)
 	defer cancel()
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, "bash", labScript, "up")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	// On timeout, the whole group: killing bash alone left its apt or
+	// module build running on.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	if err := cmd.Run(); err != nil {
 		_ = readEnv()
 		return fmt.Errorf("lab.sh up: %w", err)
