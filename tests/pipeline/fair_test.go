@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,7 +37,10 @@ func TestFairBetweenProjects(t *testing.T) {
 	w := newWorld(t)
 	r := w.startBridge(replicaOpts{name: "fair", noRun: true}) // the pipeline runs once the flood is in
 	k := pipeline.DefaultConfig().ProjectShare
-	projB := "b" + w.project[1:]
+	// Another project's id, never the world's (a prefix swap was the
+	// world's own id whenever that began with the swapped-in letter: B's
+	// instances then replaced A's, and A's flood was refused 403).
+	projB := strings.ReplaceAll(uuid.NewString(), "-", "")
 	var instA, instB []string
 	for i := range 40 {
 		instA = append(instA, uuid.NewString())
