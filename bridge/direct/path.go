@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
-	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // Pipeline is what the direct path needs of the pipeline that hands it
@@ -60,15 +59,7 @@ func (p *Path) actor() string { return "vgpu-bridge/" + p.cfg.Replica }
 // paused reports whether operators paused part of the pipeline; errors
 // count as not paused.
 func (p *Path) paused(ctx context.Context, part string) bool {
-	if p.d.Controls == nil {
-		return false
-	}
-	held, err := p.d.Controls.Paused(ctx, part)
-	if err != nil {
-		p.log.Warn("pipeline: cannot read the operator controls", logkey.Err, err)
-		return false
-	}
-	return held
+	return pipeline.Paused(ctx, p.d.Controls, p.log, part)
 }
 
 func (p *Path) kickOutbox() {

@@ -28,12 +28,19 @@ var _ Controls = (*controls.Store)(nil)
 // paused reports whether operators paused the pipeline; errors count as
 // not paused (the gate in each decision's transaction decides again).
 func (p *Processor) paused(ctx context.Context, part string) bool {
-	if p.d.Controls == nil {
+	return Paused(ctx, p.d.Controls, p.log, part)
+}
+
+// Paused reports whether operators paused part of the bridge's work
+// (c nil: never); an error reading the controls is logged and counts as
+// not paused.
+func Paused(ctx context.Context, c Controls, log *slog.Logger, part string) bool {
+	if c == nil {
 		return false
 	}
-	held, err := p.d.Controls.Paused(ctx, part)
+	held, err := c.Paused(ctx, part)
 	if err != nil {
-		p.log.Warn("pipeline: cannot read the operator controls", logkey.Err, err)
+		log.Warn("pipeline: cannot read the operator controls", logkey.Err, err)
 		return false
 	}
 	return held
