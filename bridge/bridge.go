@@ -31,6 +31,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/gmr"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/version"
+	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
@@ -68,6 +69,7 @@ type wiring struct {
 	ctl     *controls.Store // operators' pause, observe-only and drains
 	wake    waker
 	disp    *dispatch.Dispatcher // set by setupPipeline
+	nova    *computeapi.Client   // Nova's one client (nil: not configured), for the Nova path and the server listing
 }
 
 // waker wakes the pipeline when events are stored. The pipeline is built
@@ -161,6 +163,9 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	// (wiring: features)
 	w := &wiring{v: v, replica: replica, pool: pool, srv: srv, reg: reg, log: log, rl: rl, tu: tu,
 		ctl: controls.NewStore(pool, reg, log.With("component", "controls"))}
+	if w.nova, err = novaClient(ctx, v); err != nil {
+		return fmt.Errorf("nova: %w", err)
+	}
 	// The broker is ready when this replica's own session to it (the
 	// dispatcher's, set by setupPipeline before the server starts) is up.
 	srv.AddCheck("broker", brokerCheck(tu, func() api.Checker {
@@ -204,12 +209,8 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	srv.AddCheck("notifications", notif.Ready) // commits to Postgres failing for [notifications] stall_after
 	comps = append(comps, component{"notifications", notif.Run})
 	// Nova's servers listed into the instances: all at first start, then the changes since (catch-up).
-	syncComp, err := setupServerSync(ctx, w, notifCfg.ClockSkewTolerance)
-	if err != nil {
-		return fmt.Errorf("nova server sync: %w", err)
-	}
-	if syncComp != nil {
-		comps = append(comps, *syncComp)
+	if c := setupServerSync(w, notifCfg.ClockSkewTolerance); c != nil {
+		comps = append(comps, *c)
 	}
 	// Pipeline and dispatch: inbox → policy → Placement claim → outbox → agents; results, reports, deadlines.
 	pipeComps, err := setupPipeline(ctx, w, notifCfg.TLS, pol, pl)

@@ -72,14 +72,13 @@ func NovaPathConfig(v *conf.Values) novaresize.Config {
 	return c
 }
 
-// setupNova builds Nova's client for the pipeline; nil (no error) when
-// Nova is not configured. setupPipeline gives it to the Nova-native path.
-func setupNova(ctx context.Context, v *conf.Values) (novaresize.Nova, error) {
-	nc, err := novaClient(ctx, v)
-	if err != nil || nc == nil {
-		return nil, err
+// novaPath is the wiring's Nova client as the Nova-native path sees it;
+// nil (not a typed nil) when Nova is not configured.
+func novaPath(w *wiring) novaresize.Nova {
+	if w.nova == nil {
+		return nil
 	}
-	return nc, nil
+	return w.nova
 }
 
 // novaClient is Nova's client as [nova] and [openstack] configure it; nil
@@ -93,20 +92,16 @@ func novaClient(ctx context.Context, v *conf.Values) (*computeapi.Client, error)
 }
 
 // setupServerSync lists Nova's servers into the instances ([nova]
-// server_sync_interval); no component when Nova is not configured or the
-// listing is off.
-func setupServerSync(ctx context.Context, w *wiring, skew time.Duration) (*component, error) {
+// server_sync_interval) with the wiring's Nova client; no component when
+// Nova is not configured or the listing is off.
+func setupServerSync(w *wiring, skew time.Duration) *component {
 	every := optNovaServerSync.Get(w.v)
-	if every <= 0 {
-		return nil, nil
+	if every <= 0 || w.nova == nil {
+		return nil
 	}
-	nc, err := novaClient(ctx, w.v)
-	if err != nil || nc == nil {
-		return nil, err
-	}
-	s := &ingest.ServerSync{Pool: w.pool, Nova: nc, Log: w.log.With("component", "nova-server-sync"), Interval: every,
+	s := &ingest.ServerSync{Pool: w.pool, Nova: w.nova, Log: w.log.With("component", "nova-server-sync"), Interval: every,
 		Margin: serverSyncMargin, ClockSkewTolerance: skew, Retry: backoff.Policy{Min: time.Second, Max: every}}
-	return &component{"nova-server-sync", s.Run}, nil
+	return &component{"nova-server-sync", s.Run}
 }
 
 // serverSyncMargin is taken off the last listing's start when the bridge

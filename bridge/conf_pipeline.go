@@ -47,11 +47,7 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		return nil, fmt.Errorf("pipeline pool: %w", err)
 	}
 	var disp *dispatch.Dispatcher
-	novaAPI, err := setupNova(ctx, v) // the Nova-native path (conf_nova.go); nil when [nova] is not configured
-	if err != nil {
-		pipePool.Close()
-		return nil, fmt.Errorf("nova: %w", err)
-	}
+	novaAPI := novaPath(w) // the Nova-native path (conf_nova.go); nil when [nova] is not configured
 	proc, err := pipeline.New(pc, pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
 		Policy: pol, Placement: pipeline.ServiceAdapter{S: pl}, Catalog: pol.Catalog(), Log: log.With("component", "pipeline"),
 		Registry: reg, OnOutbox: func() { disp.Kick() }, Controls: ctl})

@@ -189,11 +189,9 @@ func (s *ServerSync) Once(ctx context.Context) (SyncResult, error) {
 	err = s.Nova.EachServerPage(ctx, o, "", func(page []computeapi.Detail) error {
 		r.Servers += len(page)
 		return pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-			var now time.Time
-			if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-				return err
-			}
-			n, err := ApplyServers(ctx, tx, page, now, s.ClockSkewTolerance)
+			// The listing's start bounds its servers' times, as a
+			// notification's receipt bounds its own.
+			n, err := ApplyServers(ctx, tx, page, start, s.ClockSkewTolerance)
 			r.Changed += n
 			return err
 		})

@@ -238,9 +238,7 @@ func (c *Consumer) applyBatch(ctx context.Context, items []*item) (batchResult, 
 				res.unrecognized++
 			}
 			if _, _, ok := instanceOf(ev.Payload); ok {
-				if _, _, ok := snapshotOf(ev); ok {
-					snapEvents = append(snapEvents, ev)
-				}
+				snapEvents = append(snapEvents, ev) // the fold leaves stale copies out (snapshotOf)
 				continue
 			}
 			if queueState(&b, ev) {
