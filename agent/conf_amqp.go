@@ -7,7 +7,7 @@ import (
 )
 
 // [amqp]: TLS to RabbitMQ, used when transport_url is rabbit+ssl://,
-// amqps:// or has ?ssl=1. The names follow oslo.messaging's
+// amqps:// or has ?ssl=1, or [amqp] ssl is set. The names follow oslo.messaging's
 // [oslo_messaging_rabbit] ssl_* options so nova.conf's values can be copied.
 var (
 	optSSLCAFile = amqpOptions.String("amqp", "ssl_ca_file", "",
@@ -22,6 +22,11 @@ var (
 	optSSLKeyFile = amqpOptions.String("amqp", "ssl_key_file", "",
 		"PEM private key of ssl_cert_file; must not be readable by others. Example: /etc/vgpu-bridge/tls/agent.key").
 		Also("oslo_messaging_rabbit", "ssl_key_file")
+	optSSL = amqpOptions.Bool("amqp", "ssl", false,
+		"Use TLS with every broker of transport_url, whatever its scheme says, as oslo.messaging's "+
+			"[oslo_messaging_rabbit] ssl does (so nova-compute's setting can be copied). A URL asks for TLS itself with "+
+			"rabbit+ssl://, amqps:// or ?ssl=1; false never turns that off. Example: true").
+		Also("oslo_messaging_rabbit", "ssl")
 	optSSLServerName = amqpOptions.String("amqp", "ssl_server_name", "",
 		"Name RabbitMQ's certificate must carry (SAN), when it differs from the host in transport_url (e.g. brokers "+
 			"reached by IP address). Empty: each broker's host name from transport_url. Example: rabbit.example.org")

@@ -104,5 +104,12 @@ func TransportURL(v *conf.Values) (*conf.TransportURL, error) {
 		}
 		raw = s
 	}
-	return conf.ParseTransportURL(raw)
+	tu, err := conf.ParseTransportURL(raw)
+	if err != nil {
+		return nil, err
+	}
+	if optSSL.Get(v) {
+		tu.TLS = true // [amqp] ssl, oslo's [oslo_messaging_rabbit] ssl
+	}
+	return tu, nil
 }

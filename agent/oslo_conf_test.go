@@ -22,6 +22,11 @@ func TestNovaStyleConfig(t *testing.T) {
 	if got := tlsFiles(v); got != want {
 		t.Errorf("[amqp] TLS files %+v, want %+v", got, want)
 	}
+	// nova.conf's ssl = True makes the plain rabbit:// URL a TLS one, as
+	// in oslo.messaging (impl_rabbit.Connection._fetch_ssl_params).
+	if tu, err := TransportURL(v); err != nil || !tu.TLS || tu.AMQPURLs()[0][:8] != "amqps://" {
+		t.Errorf("[oslo_messaging_rabbit] ssl = True: transport %+v, %v; want TLS", tu, err)
+	}
 	if got := diagnosticsFrom(v).LogFile; got != "/var/log/kolla/vgpu-agent/agent.log" {
 		t.Errorf("the bundle's log file is %q, want [DEFAULT] log_dir/log_file", got)
 	}
@@ -33,7 +38,7 @@ func TestNovaStyleConfig(t *testing.T) {
 		"[keystone_authtoken] auth_type, password, www_authenticate_uri: ignored",
 		"[notifications] notification_format: ignored",
 		"[oslo_messaging_notifications] driver, transport_url: ignored",
-		"[oslo_messaging_rabbit] amqp_durable_queues, heartbeat_timeout_threshold, rabbit_quorum_queue, ssl: ignored",
+		"[oslo_messaging_rabbit] amqp_durable_queues, heartbeat_timeout_threshold, rabbit_quorum_queue: ignored",
 	}
 	if len(v.Warnings) != len(warnings) {
 		t.Fatalf("warnings:\n%s\nwant %d", strings.Join(v.Warnings, "\n"), len(warnings))

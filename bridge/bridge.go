@@ -134,6 +134,16 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	if err != nil {
 		return fmt.Errorf("[notifications] transport_url: %w", err)
 	}
+	otu, err := OutTransportURL(v, ntu)
+	if err != nil {
+		return fmt.Errorf("[oslo_messaging_notifications] transport_url: %w", err)
+	}
+	// One TLS configuration for every broker connection, built when any of
+	// them uses TLS ([notifications] ssl_* files).
+	brokerTLS, err := BrokerTLS(v, tu, ntu, otu)
+	if err != nil {
+		return err
+	}
 
 	ac, err := APIConfig(v)
 	if err != nil {
@@ -213,13 +223,13 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 		comps = append(comps, *c)
 	}
 	// Pipeline and dispatch: inbox → policy → Placement claim → outbox → agents; results, reports, deadlines.
-	pipeComps, err := setupPipeline(ctx, w, notifCfg.TLS, pol, pl)
+	pipeComps, err := setupPipeline(ctx, w, brokerTLS, pol, pl)
 	if err != nil {
 		return err
 	}
 	comps = append(comps, pipeComps...)
 	// Accounting: GET /v1/usage, audit periods (vgpu.exists), the relay of the bridge's own notifications.
-	acctComps, err := setupAccounting(w, ntu, notifCfg.TLS)
+	acctComps, err := setupAccounting(w, otu, brokerTLS)
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package bridge
 import (
 	"cmp"
 	"crypto/tls"
-	"fmt"
 	"os"
 	"time"
 
@@ -94,7 +93,7 @@ func OutTransportURL(v *conf.Values, notifications *conf.TransportURL) (*conf.Tr
 	if raw == "" {
 		return notifications, nil
 	}
-	return conf.ParseTransportURL(raw)
+	return parseTransportURL(v, raw)
 }
 
 // NotifyConfig maps [oslo_messaging_notifications] (package notify's
@@ -109,9 +108,9 @@ func NotifyConfig(v *conf.Values) notify.Config {
 }
 
 // setupAccounting wires GET /v1/usage, the audit-period closer and the
-// relay of the bridge's own notifications (TLS with the [notifications]
-// ssl_* files).
-func setupAccounting(w *wiring, ntu *conf.TransportURL, tc *tls.Config) ([]component, error) {
+// relay of the bridge's own notifications to tu (TLS with tc, the
+// [notifications] ssl_* files).
+func setupAccounting(w *wiring, tu *conf.TransportURL, tc *tls.Config) ([]component, error) {
 	period, err := usage.ParsePeriod(optAcctPeriod.Get(w.v))
 	if err != nil {
 		return nil, err
@@ -120,10 +119,6 @@ func setupAccounting(w *wiring, ntu *conf.TransportURL, tc *tls.Config) ([]compo
 	closer := &usage.Closer{Pool: w.pool, Period: period, Exists: optAcctExists.Get(w.v), Delay: optAcctCloseDelay.Get(w.v), Replica: w.replica,
 		Log: w.log.With("component", "usage")}
 
-	tu, err := OutTransportURL(w.v, ntu)
-	if err != nil {
-		return nil, fmt.Errorf("[oslo_messaging_notifications] transport_url: %w", err)
-	}
 	host, _ := os.Hostname()
 	rc := NotifyConfig(w.v)
 	rc.URLs = tu.AMQPURLs()

@@ -53,7 +53,7 @@ func TransportURL(v *conf.Values) (*conf.TransportURL, error) {
 		}
 		raw = s
 	}
-	return conf.ParseTransportURL(raw)
+	return parseTransportURL(v, raw)
 }
 
 // Debug reports whether [DEFAULT] debug is set.

@@ -1,7 +1,9 @@
 package bridge
 
 import (
+	"crypto/tls"
 	"fmt"
+	"slices"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
@@ -25,7 +27,42 @@ var (
 	optNotifSSLKey = notificationsOptions.String("notifications", "ssl_key_file", "",
 		"PEM private key of ssl_cert_file. Example: /etc/vgpu-bridge/tls/rabbit.key").
 		Also("oslo_messaging_rabbit", "ssl_key_file")
+	optBrokerSSL = notificationsOptions.Bool("notifications", "ssl", false,
+		"Use TLS with every RabbitMQ broker the bridge connects to ([DEFAULT], [notifications] and "+
+			"[oslo_messaging_notifications] transport_url), whatever each URL's scheme says, as oslo.messaging's "+
+			"[oslo_messaging_rabbit] ssl does. A URL asks for TLS itself with rabbit+ssl://, amqps:// or ?ssl=1; "+
+			"false never turns that off. The broker's certificate and host name are always verified (oslo's "+
+			"ssl_enforce_hostname_verification has no off switch here). Example: true").
+		Also("oslo_messaging_rabbit", "ssl")
 )
+
+// parseTransportURL parses a transport URL of the bridge's: TLS when the
+// URL asks for it or [notifications] ssl is set.
+func parseTransportURL(v *conf.Values, raw string) (*conf.TransportURL, error) {
+	tu, err := conf.ParseTransportURL(raw)
+	if err != nil {
+		return nil, err
+	}
+	if optBrokerSSL.Get(v) {
+		tu.TLS = true
+	}
+	return tu, nil
+}
+
+// BrokerTLS is the TLS client configuration of the bridge's broker
+// connections, from the [notifications] ssl_* files: nil when none of
+// urls uses TLS, so that unused files are not read.
+func BrokerTLS(v *conf.Values, urls ...*conf.TransportURL) (*tls.Config, error) {
+	if !slices.ContainsFunc(urls, func(tu *conf.TransportURL) bool { return tu.TLS }) {
+		return nil, nil
+	}
+	tc, err := conf.ClientTLS(conf.TLSFiles{CAFile: optNotifSSLCA.Get(v),
+		CertFile: optNotifSSLCert.Get(v), KeyFile: optNotifSSLKey.Get(v)})
+	if err != nil {
+		return nil, fmt.Errorf("[notifications] ssl_*: %w", err)
+	}
+	return tc, nil
+}
 
 // notificationsOptions are the [notifications] options declared in this
 // file, the broker's address and TLS files (the consumer's are package
@@ -65,7 +102,7 @@ func NotificationsTransportURL(v *conf.Values) (tu *conf.TransportURL, separate 
 		tu, err = TransportURL(v)
 		return tu, false, err
 	}
-	tu, err = conf.ParseTransportURL(raw)
+	tu, err = parseTransportURL(v, raw)
 	return tu, true, err
 }
 
@@ -74,13 +111,7 @@ func NotificationsTransportURL(v *conf.Values) (tu *conf.TransportURL, separate 
 func NotificationsConfig(v *conf.Values, tu *conf.TransportURL) (ingest.Config, error) {
 	c := ingest.ConfigFrom(v)
 	c.URLs = tu.AMQPURLs()
-	if tu.TLS {
-		tc, err := conf.ClientTLS(conf.TLSFiles{CAFile: optNotifSSLCA.Get(v),
-			CertFile: optNotifSSLCert.Get(v), KeyFile: optNotifSSLKey.Get(v)})
-		if err != nil {
-			return c, fmt.Errorf("[notifications] ssl_*: %w", err)
-		}
-		c.TLS = tc
-	}
-	return c, nil
+	tc, err := BrokerTLS(v, tu)
+	c.TLS = tc
+	return c, err
 }

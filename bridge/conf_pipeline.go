@@ -33,7 +33,7 @@ func PipelineConfig(v *conf.Values, replica string) pipeline.Config {
 // their loops as one component. bridge.Run calls it at the features mark,
 // after placement, policy and notifications:
 //
-//	pipeComps, err := setupPipeline(ctx, w, notifCfg.TLS, pol, pl)
+//	pipeComps, err := setupPipeline(ctx, w, brokerTLS, pol, pl)
 func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *policy.Holder, pl *placement.Service) ([]component, error) {
 	v, replica, tu, reg, log, rl, ctl := w.v, w.replica, w.tu, w.reg, w.log, w.rl, w.ctl
 	sc, err := StoreConfig(v)

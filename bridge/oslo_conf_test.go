@@ -61,12 +61,20 @@ func TestNovaStyleConfig(t *testing.T) {
 	if err != nil || len(tu.Brokers) != 2 || tu.Brokers[1].Host != "rabbit2:5671" {
 		t.Errorf("transport_url: %+v, %v", tu, err)
 	}
+	// nova.conf's ssl = True makes the plain rabbit:// URL a TLS one, as in
+	// oslo.messaging (impl_rabbit.Connection._fetch_ssl_params), for each
+	// broker connection of the bridge.
+	ntu, _, nerr := NotificationsTransportURL(v)
+	otu, oerr := OutTransportURL(v, ntu)
+	if err != nil || nerr != nil || oerr != nil || !tu.TLS || !ntu.TLS || !otu.TLS {
+		t.Errorf("[oslo_messaging_rabbit] ssl = True: TLS %v %v %v (%v %v %v), want TLS for all", tu.TLS, ntu.TLS, otu.TLS, err, nerr, oerr)
+	}
 	want := []string{
 		"[DEFAULT] control_exchange, log_date_format, use_stderr: ignored",
 		"[keystone_authtoken] memcached_servers, service_token_roles_required: ignored",
 		"[notifications] notification_format, notify_on_state_change: ignored",
 		"[oslo_messaging_notifications] retry: ignored",
-		"[oslo_messaging_rabbit] heartbeat_in_pthread, heartbeat_timeout_threshold, kombu_reconnect_delay, ssl: ignored",
+		"[oslo_messaging_rabbit] heartbeat_in_pthread, heartbeat_timeout_threshold, kombu_reconnect_delay: ignored",
 	}
 	if len(v.Warnings) != len(want) {
 		t.Fatalf("warnings:\n%s\nwant %d", strings.Join(v.Warnings, "\n"), len(want))
