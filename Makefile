@@ -19,6 +19,7 @@ FUZZTIME     ?= 1m
 DEB_DIR      ?= build/deb
 IMAGE_DIR    ?= build/image
 IMAGE_NAME   ?= localhost/vgpu-bridge
+AGENT_IMAGE_NAME ?= localhost/vgpu-agent
 IMAGE_ARCH   ?= $(shell $(GO) env GOARCH)
 export PATH  := /usr/local/go/bin:$(PATH)
 
@@ -129,6 +130,16 @@ image: ## OCI image archive of vgpu-bridge into IMAGE_DIR (default build/image; 
 	GOOS= GOARCH= $(GO) run ./packaging/oci -binary $(IMAGE_DIR)/vgpu-bridge -etc etc/vgpu-bridge -arch $(IMAGE_ARCH) \
 	  -version '$(VERSION)' -revision "$$(git rev-parse HEAD 2>/dev/null || echo $(COMMIT))" -name $(IMAGE_NAME) \
 	  -o '$(IMAGE_DIR)/vgpu-bridge-$(VERSION).oci.tar'
+
+.PHONY: image-agent
+image-agent: ## OCI image archive of vgpu-agent into IMAGE_DIR (cgo: libvirt's client library and what it needs, for this machine's architecture; see doc/source/install.rst for its mounts)
+	@mkdir -p $(IMAGE_DIR)
+	@# Built as for the Debian package (make deb), and for the same reason
+	@# without -z now: NVML is the host's library, bound lazily when present.
+	CGO_LDFLAGS='-Wl,-z,relro' $(GO) build -trimpath -buildvcs=false -buildmode=pie -ldflags '-s -w $(LDFLAGS)' -o $(IMAGE_DIR)/vgpu-agent ./cmd/vgpu-agent
+	$(GO) run ./packaging/oci -daemon vgpu-agent -closure -binary $(IMAGE_DIR)/vgpu-agent -etc etc/vgpu-bridge \
+	  -version '$(VERSION)' -revision "$$(git rev-parse HEAD 2>/dev/null || echo $(COMMIT))" -name $(AGENT_IMAGE_NAME) \
+	  -o '$(IMAGE_DIR)/vgpu-agent-$(VERSION).oci.tar'
 
 .PHONY: docs
 docs: ## Build the documentation (doc/source) with Sphinx into doc/build/html, warnings as errors

@@ -5,7 +5,9 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"compress/gzip"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +16,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -36,7 +39,7 @@ const (
 	GID = 42800
 )
 
-// Paths and settings of the image.
+// Paths and settings of the images.
 const (
 	BinaryPath = "/usr/bin/vgpu-bridge"
 	ConfigPath = "/etc/vgpu-bridge/bridge.conf"
@@ -51,17 +54,61 @@ const (
 	ContainerdNameAnnotation = "io.containerd.image.name"
 )
 
+// The agent's image: it runs as root (etc/systemd/vgpu-agent.service says
+// why: sysfs writes, libvirtd's root socket, NVML's administrative calls),
+// its binary is dynamically linked (libvirt's client library through cgo),
+// so the image carries the binary's shared-library closure, and NVML is the
+// host's driver library, mounted at run time.
+const (
+	AgentBinaryPath = "/usr/bin/vgpu-agent"
+	AgentConfigPath = "/etc/vgpu-bridge/agent.conf"
+	AgentStateDir   = "/var/lib/vgpu-bridge/agent"
+	AgentPort       = "9798/tcp"
+)
+
+// Daemons an image can be built for.
+const (
+	Bridge = "vgpu-bridge"
+	Agent  = "vgpu-agent"
+)
+
+// profile is what differs between the daemons' images.
+type profile struct {
+	binary, config, stateDir, port string
+	uid, gid                       int
+	etc                            []string // files of EtcDir copied to /etc/vgpu-bridge
+	samples                        []string // files of EtcDir copied to the examples
+}
+
+func profileOf(daemon string) (profile, error) {
+	switch daemon {
+	case Bridge, "":
+		return profile{binary: BinaryPath, config: ConfigPath, stateDir: StateDir, port: APIPort, uid: UID, gid: GID,
+			etc:     []string{"rules.yaml", "profiles.yaml", "driver-compat.yaml"},
+			samples: []string{"bridge.conf.sample", "policy.yaml.sample"}}, nil
+	case Agent:
+		return profile{binary: AgentBinaryPath, config: AgentConfigPath, stateDir: AgentStateDir, port: AgentPort,
+			samples: []string{"agent.conf.sample"}}, nil
+	}
+	return profile{}, fmt.Errorf("no image for daemon %q (vgpu-bridge or vgpu-agent)", daemon)
+}
+
 // Spec is what an image is built from.
 type Spec struct {
-	Binary   string // the static vgpu-bridge binary
-	EtcDir   string // etc/vgpu-bridge of the repository
-	CABundle string // the build host's CA bundle
-	Version  string
-	Revision string // the commit
-	Source   string // the repository's URL
-	Name     string // repository part of the image name, e.g. localhost/vgpu-bridge
-	Arch     string // GOARCH of Binary
-	Created  time.Time
+	Daemon string // Bridge (the default) or Agent
+	Binary string // the daemon's binary: static for the bridge
+	EtcDir string // etc/vgpu-bridge of the repository
+	// Libraries are the binary's shared libraries and its program
+	// interpreter, paths on the build host (Closure lists them), copied to
+	// the same paths in the image. Empty for a static binary.
+	Libraries []string
+	CABundle  string // the build host's CA bundle
+	Version   string
+	Revision  string // the commit
+	Source    string // the repository's URL
+	Name      string // repository part of the image name, e.g. localhost/vgpu-bridge
+	Arch      string // GOARCH of Binary
+	Created   time.Time
 }
 
 // file is one entry of the layer.
@@ -99,7 +146,7 @@ func GitCommitTime() (int64, error) {
 	return strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
 }
 
-// Passwd and Group are the image's /etc/passwd and /etc/group.
+// Passwd and Group are the bridge image's /etc/passwd and /etc/group.
 func Passwd() string {
 	return "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
 		fmt.Sprintf("vgpu-bridge:x:%d:%d:vgpu-bridge:%s:/usr/sbin/nologin\n", UID, GID, StateDir) +
@@ -112,8 +159,77 @@ func Group() string {
 		"nogroup:x:65534:\n"
 }
 
+// AgentPasswd and AgentGroup are the agent image's: root runs it.
+func AgentPasswd() string {
+	return "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
+		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+}
+
+func AgentGroup() string { return "root:x:0:\nnogroup:x:65534:\n" }
+
+// Closure lists binary's shared libraries and program interpreter as the
+// build host's dynamic loader (the binary's PT_INTERP) resolves them:
+// ld.so --list, which runs nothing of the binary's own code. The image then
+// holds every file the binary needs to start and nothing else of the
+// build host's.
+func Closure(binary string) ([]string, error) {
+	f, err := elf.Open(binary)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var interp string
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b, err := io.ReadAll(p.Open())
+			if err != nil {
+				return nil, fmt.Errorf("%s: program interpreter: %w", binary, err)
+			}
+			interp = strings.TrimRight(string(b), "\x00")
+		}
+	}
+	if interp == "" {
+		return nil, fmt.Errorf("%s is statically linked: it has no shared libraries to copy", binary)
+	}
+	out, err := exec.Command(interp, "--list", binary).Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s --list %s: %w", interp, binary, err)
+	}
+	return parseClosure(string(out))
+}
+
+// parseClosure reads ld.so --list's lines: "name => /path (0x…)" for a
+// library, "/path (0x…)" for the interpreter, "name (0x…)" for the vDSO
+// (no file). A library it could not find ("not found") is an error.
+func parseClosure(out string) ([]string, error) {
+	var libs []string
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		if strings.Contains(line, "not found") {
+			return nil, fmt.Errorf("shared library %s", line)
+		}
+		_, p, ok := strings.Cut(line, "=> ")
+		if !ok {
+			p = line
+		}
+		p, _, _ = strings.Cut(p, " (")
+		if strings.HasPrefix(p, "/") {
+			libs = append(libs, p)
+		}
+	}
+	sort.Strings(libs)
+	return slices.Compact(libs), nil
+}
+
 // files lists the layer's entries, parents included, sorted by name.
 func files(s Spec) ([]file, error) {
+	prof, err := profileOf(s.Daemon)
+	if err != nil {
+		return nil, err
+	}
 	read := func(p string) ([]byte, error) {
 		b, err := os.ReadFile(p)
 		if err != nil {
@@ -127,13 +243,17 @@ func files(s Spec) ([]file, error) {
 		mode int64
 	}
 	srcs := []src{
-		{BinaryPath, s.Binary, 0o755},
-		{"/etc/vgpu-bridge/rules.yaml", filepath.Join(s.EtcDir, "rules.yaml"), 0o644},
-		{"/etc/vgpu-bridge/profiles.yaml", filepath.Join(s.EtcDir, "profiles.yaml"), 0o644},
-		{"/etc/vgpu-bridge/driver-compat.yaml", filepath.Join(s.EtcDir, "driver-compat.yaml"), 0o644},
-		{"/usr/share/doc/vgpu-bridge/examples/bridge.conf.sample", filepath.Join(s.EtcDir, "bridge.conf.sample"), 0o644},
-		{"/usr/share/doc/vgpu-bridge/examples/policy.yaml.sample", filepath.Join(s.EtcDir, "policy.yaml.sample"), 0o644},
+		{prof.binary, s.Binary, 0o755},
 		{"/etc/ssl/certs/ca-certificates.crt", s.CABundle, 0o644},
+	}
+	for _, name := range prof.etc {
+		srcs = append(srcs, src{"/etc/vgpu-bridge/" + name, filepath.Join(s.EtcDir, name), 0o644})
+	}
+	for _, name := range prof.samples {
+		srcs = append(srcs, src{"/usr/share/doc/" + path.Base(prof.binary) + "/examples/" + name, filepath.Join(s.EtcDir, name), 0o644})
+	}
+	for _, lib := range s.Libraries { // a link's target's bytes, at the link's path
+		srcs = append(srcs, src{lib, lib, 0o755})
 	}
 	byName := map[string]file{}
 	for _, f := range srcs {
@@ -143,11 +263,15 @@ func files(s Spec) ([]file, error) {
 		}
 		byName[strings.TrimPrefix(f.dst, "/")] = file{name: strings.TrimPrefix(f.dst, "/"), mode: f.mode, body: b}
 	}
-	byName["etc/passwd"] = file{name: "etc/passwd", mode: 0o644, body: []byte(Passwd())}
-	byName["etc/group"] = file{name: "etc/group", mode: 0o644, body: []byte(Group())}
+	passwd, group := Passwd(), Group()
+	if prof.uid == 0 {
+		passwd, group = AgentPasswd(), AgentGroup()
+	}
+	byName["etc/passwd"] = file{name: "etc/passwd", mode: 0o644, body: []byte(passwd)}
+	byName["etc/group"] = file{name: "etc/group", mode: 0o644, body: []byte(group)}
 	byName["tmp/"] = file{name: "tmp/", mode: 0o1777}
-	state := strings.TrimPrefix(StateDir, "/") + "/"
-	byName[state] = file{name: state, mode: 0o750, uid: UID, gid: GID}
+	state := strings.TrimPrefix(prof.stateDir, "/") + "/"
+	byName[state] = file{name: state, mode: 0o750, uid: prof.uid, gid: prof.gid}
 	// Parents: root-owned 0755.
 	for name := range byName {
 		for d := path.Dir(strings.TrimSuffix(name, "/")); d != "."; d = path.Dir(d) {
@@ -223,7 +347,7 @@ func Tag(version string) string {
 // Labels are the image's OCI labels.
 func Labels(s Spec) map[string]string {
 	return map[string]string{
-		"org.opencontainers.image.title":    "vgpu-bridge",
+		"org.opencontainers.image.title":    cmp.Or(s.Daemon, Bridge),
 		"org.opencontainers.image.version":  s.Version,
 		"org.opencontainers.image.revision": s.Revision,
 		"org.opencontainers.image.licenses": "Apache-2.0",
@@ -236,6 +360,10 @@ func Labels(s Spec) map[string]string {
 func Image(s Spec) (v1.Image, error) {
 	if s.Version == "" {
 		return nil, errors.New("no version")
+	}
+	prof, err := profileOf(s.Daemon)
+	if err != nil {
+		return nil, err
 	}
 	raw, err := LayerTar(s)
 	if err != nil {
@@ -255,12 +383,12 @@ func Image(s Spec) (v1.Image, error) {
 		Created:      created,
 		RootFS:       v1.RootFS{Type: "layers"},
 		Config: v1.Config{
-			Entrypoint:   []string{BinaryPath},
-			Cmd:          []string{"serve", "--config", ConfigPath},
-			User:         fmt.Sprintf("%d:%d", UID, GID),
-			WorkingDir:   StateDir,
+			Entrypoint:   []string{prof.binary},
+			Cmd:          []string{"serve", "--config", prof.config},
+			User:         fmt.Sprintf("%d:%d", prof.uid, prof.gid),
+			WorkingDir:   prof.stateDir,
 			Env:          []string{"PATH=/usr/bin"},
-			ExposedPorts: map[string]struct{}{APIPort: {}},
+			ExposedPorts: map[string]struct{}{prof.port: {}},
 			Labels:       Labels(s),
 			StopSignal:   "SIGTERM",
 		},
@@ -272,7 +400,7 @@ func Image(s Spec) (v1.Image, error) {
 		Layer: layer,
 		History: v1.History{
 			Created:   created,
-			CreatedBy: "make image (packaging/oci): vgpu-bridge " + s.Version,
+			CreatedBy: "make image (packaging/oci): " + cmp.Or(s.Daemon, Bridge) + " " + s.Version,
 		},
 	})
 }

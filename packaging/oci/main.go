@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Command oci builds the OCI image archive of the vgpu-bridge daemon
-// (`make image`) with go-containerregistry, without a container daemon:
-// one layer holding the static binary, the policy files, the sample
+// Command oci builds the OCI image archives of the daemons with
+// go-containerregistry, without a container daemon. `make image`: one
+// layer holding vgpu-bridge's static binary, the policy files, the sample
 // configuration, a CA bundle, /etc/passwd and /etc/group with the
 // vgpu-bridge user (uid/gid 42800), /var/lib/vgpu-bridge and /tmp, and no
-// shell. Every timestamp is SOURCE_DATE_EPOCH (else the commit's time,
-// else 0), so the same inputs give the same bytes.
+// shell. `make image-agent` (-daemon vgpu-agent -closure): the
+// agent's dynamically linked binary with its shared-library closure as the
+// build host's loader resolves it, run as root, /var/lib/vgpu-bridge/agent.
+// Every timestamp is SOURCE_DATE_EPOCH (else the commit's time, else 0),
+// so the same inputs give the same bytes.
 //
 //	go run ./packaging/oci -binary BIN -version V -revision C -o FILE.oci.tar
 package main
@@ -30,7 +33,11 @@ func run(args []string) error {
 	fl := flag.NewFlagSet("oci", flag.ContinueOnError)
 	var s Spec
 	var out string
-	fl.StringVar(&s.Binary, "binary", "", "the static vgpu-bridge binary (CGO_ENABLED=0)")
+	var closure bool
+	fl.StringVar(&s.Daemon, "daemon", Bridge, "the daemon the image runs: vgpu-bridge or vgpu-agent")
+	fl.StringVar(&s.Binary, "binary", "", "the daemon's binary (vgpu-bridge: static, CGO_ENABLED=0)")
+	fl.BoolVar(&closure, "closure", false, "copy the binary's shared libraries and interpreter as the build host's "+
+		"dynamic loader resolves them (a dynamically linked binary)")
 	fl.StringVar(&s.EtcDir, "etc", "etc/vgpu-bridge", "directory of rules.yaml, profiles.yaml, driver-compat.yaml and bridge.conf.sample")
 	fl.StringVar(&s.CABundle, "ca", "/etc/ssl/certs/ca-certificates.crt", "CA bundle copied to /etc/ssl/certs/ca-certificates.crt")
 	fl.StringVar(&s.Version, "version", "", "version: label, ref.name annotation and tag")
@@ -43,7 +50,14 @@ func run(args []string) error {
 		return err
 	}
 	if s.Binary == "" || s.Version == "" || out == "" || fl.NArg() > 0 {
-		return fmt.Errorf("usage: oci -binary BIN -version VERSION [-revision COMMIT] -o FILE")
+		return fmt.Errorf("usage: oci [-daemon vgpu-agent -closure] -binary BIN -version VERSION [-revision COMMIT] -o FILE")
+	}
+	if closure {
+		libs, err := Closure(s.Binary)
+		if err != nil {
+			return err
+		}
+		s.Libraries = libs
 	}
 	created, err := SourceDateEpoch(os.Getenv, GitCommitTime)
 	if err != nil {

@@ -83,12 +83,19 @@ func repoRoot(t *testing.T) string {
 // makeImage runs `make image` into dir and returns the archive's path.
 func makeImage(t *testing.T, dir string) string {
 	t.Helper()
-	cmd := exec.Command("make", "--no-print-directory", "image", "IMAGE_DIR="+dir)
+	return makeTarget(t, "image", dir, "vgpu-bridge")
+}
+
+// makeTarget runs `make target` into dir and returns the path of daemon's
+// archive.
+func makeTarget(t *testing.T, target, dir, daemon string) string {
+	t.Helper()
+	cmd := exec.Command("make", "--no-print-directory", target, "IMAGE_DIR="+dir)
 	cmd.Dir = repoRoot(t)
 	// Not a surrounding make's flags (make test), nor a developer's IMAGE_*.
 	for _, e := range os.Environ() {
 		k, _, _ := strings.Cut(e, "=")
-		if k != "MAKEFLAGS" && k != "MFLAGS" && k != "MAKELEVEL" && !strings.HasPrefix(k, "IMAGE_") {
+		if k != "MAKEFLAGS" && k != "MFLAGS" && k != "MAKELEVEL" && !strings.HasPrefix(k, "IMAGE_") && !strings.HasPrefix(k, "AGENT_IMAGE_") {
 			cmd.Env = append(cmd.Env, e)
 		}
 	}
@@ -96,17 +103,17 @@ func makeImage(t *testing.T, dir string) string {
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("make image IMAGE_DIR=%s: %v\n%s", dir, err, out)
+		t.Fatalf("make %s IMAGE_DIR=%s: %v\n%s", target, dir, err, out)
 	}
-	path := filepath.Join(dir, "vgpu-bridge-"+version+".oci.tar")
+	path := filepath.Join(dir, daemon+"-"+version+".oci.tar")
 	if !strings.Contains(string(out), path) {
-		t.Errorf("make image does not print the archive's path %s:\n%s", path, out)
+		t.Errorf("make %s does not print the archive's path %s:\n%s", target, path, out)
 	}
 	st, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("make image: %s, %.1f MiB, in %v", path, float64(st.Size())/(1<<20), time.Since(start).Round(100*time.Millisecond))
+	t.Logf("make %s: %s, %.1f MiB, in %v", target, path, float64(st.Size())/(1<<20), time.Since(start).Round(100*time.Millisecond))
 	return path
 }
 
@@ -171,6 +178,13 @@ func untar(t *testing.T, path, dir string) {
 // annotations.
 func readImage(t *testing.T, archive string) v1.Image {
 	t.Helper()
+	return readImageNamed(t, archive, "localhost/vgpu-bridge:0.1.0.dev0-test")
+}
+
+// readImageNamed reads the archive's one image back, checking index.json's
+// annotations: the version, and name as the name podman load gives.
+func readImageNamed(t *testing.T, archive, name string) v1.Image {
+	t.Helper()
 	dir := t.TempDir()
 	untar(t, archive, dir)
 	idx, err := layout.ImageIndexFromPath(dir)
@@ -194,7 +208,7 @@ func readImage(t *testing.T, archive string) v1.Image {
 	if got := d.Annotations["org.opencontainers.image.ref.name"]; got != version {
 		t.Errorf("ref.name annotation %q, want %q", got, version)
 	}
-	if got := d.Annotations["io.containerd.image.name"]; got != "localhost/vgpu-bridge:0.1.0.dev0-test" {
+	if got := d.Annotations["io.containerd.image.name"]; got != name {
 		t.Errorf("io.containerd.image.name annotation %q (the name podman load gives)", got)
 	}
 	img, err := idx.Image(d.Digest)
