@@ -9,6 +9,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,5 +186,23 @@ func TestLayoutValidates(t *testing.T) {
 	if len(im.Manifests) != 1 || im.Manifests[0].Annotations[RefNameAnnotation] != s.Version ||
 		im.Manifests[0].Annotations[ContainerdNameAnnotation] != "localhost/vgpu-bridge:1.2.3.dev0-abc" {
 		t.Errorf("index.json manifests %+v", im.Manifests)
+	}
+}
+
+// TestParseClosure reads ld.so --list's three kinds of line (a library, the
+// interpreter, the vDSO, which is no file) and refuses a missing library.
+func TestParseClosure(t *testing.T) {
+	out := "\tlinux-vdso.so.1 (0x00007ffd)\n" +
+		"\tlibvirt.so.0 => /lib/x86_64-linux-gnu/libvirt.so.0 (0x00007f10)\n" +
+		"\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f20)\n" +
+		"\t/lib64/ld-linux-x86-64.so.2 (0x00007f30)\n" +
+		"\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f20)\n"
+	got, err := parseClosure(out)
+	want := []string{"/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libvirt.so.0", "/lib64/ld-linux-x86-64.so.2"}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("parseClosure = %q, %v; want %q", got, err, want)
+	}
+	if _, err := parseClosure("\tlibnvidia-ml.so.1 => not found\n"); err == nil || !strings.Contains(err.Error(), "libnvidia-ml") {
+		t.Errorf("a library not found: %v, want an error naming it", err)
 	}
 }
