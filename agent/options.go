@@ -113,3 +113,7 @@ func TransportURL(v *conf.Values) (*conf.TransportURL, error) {
 	}
 	return tu, nil
 }
+
+// Listen is the address of the agent's /metrics, /healthz and /readyz
+// ([DEFAULT] listen): what `vgpu-agent healthcheck` asks.
+func Listen(v *conf.Values) string { return optListen.Get(v) }

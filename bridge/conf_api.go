@@ -139,3 +139,10 @@ func APIConfig(v *conf.Values) (api.Config, error) {
 	}
 	return c, nil
 }
+
+// APIListener is where the API listens ([api] listen) and the certificate
+// it serves there ([api] tls_cert_file, "" for plain HTTP): what
+// `vgpu-bridge healthcheck` asks.
+func APIListener(v *conf.Values) (listen, certFile string) {
+	return optAPIListen.Get(v), optAPITLSCert.Get(v)
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/daemon"
 )
 
@@ -39,6 +40,7 @@ attach vGPUs, tune GPUs, set VM limits) and reports the host's state.`,
 	LogFormat:      agent.LogFormat,
 	LogLevels:      agent.LogLevels,
 	LogFile:        agent.LogFile,
+	Probe:          func(v *conf.Values) daemon.Probe { return daemon.Probe{Listen: agent.Listen(v)} },
 }
 
 // subcommands are the commands of vgpu-agent, each built by a file of

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/daemon"
 )
 
@@ -39,6 +40,10 @@ Placement's VGPU inventories and acts through Nova or the vgpu-agents.`,
 	LogFormat:      bridge.LogFormat,
 	LogLevels:      bridge.LogLevels,
 	LogFile:        bridge.LogFile,
+	Probe: func(v *conf.Values) daemon.Probe {
+		listen, cert := bridge.APIListener(v)
+		return daemon.Probe{Listen: listen, CertFile: cert}
+	},
 }
 
 // subcommands are the commands of vgpu-bridge, each built by a file of

@@ -63,6 +63,9 @@ type Spec struct {
 	// LogFile is where serve logs ([DEFAULT] log_file and log_dir); ""
 	// or nil: standard error.
 	LogFile func(*conf.Values) string
+	// Probe is where the running daemon answers /healthz and /readyz
+	// (the healthcheck command); nil: it has none.
+	Probe func(*conf.Values) Probe
 }
 
 // Globals are the flags every subcommand shares, and where it writes.
@@ -173,7 +176,7 @@ func Main(spec Spec, args []string, stdout, stderr io.Writer, subcommands ...fun
 	pf.StringArrayVar(&g.Overrides, "set", nil,
 		"override one option, SECTION.OPTION=VALUE (repeatable; wins over file and environment)")
 	pf.BoolVar(&g.Debug, "debug", false, "log at debug level (same as --set DEFAULT.debug=true)")
-	for _, sc := range append(subcommands, versionCmd, genconfigCmd, configCmd) {
+	for _, sc := range append(subcommands, versionCmd, genconfigCmd, configCmd, healthcheckCmd) {
 		root.AddCommand(sc(g))
 	}
 	root.AddCommand(manpage.Command("8"))

@@ -492,6 +492,12 @@ func serve(t *testing.T, rootfs string, cmdArgs []string) {
 	if err != nil || code != http.StatusOK {
 		fail("/healthz = %d %s %v", code, body, err)
 	}
+	// The image's own health command (no shell, no curl in it): the
+	// configuration the daemon reads names the listener it asks.
+	hc := exec.Command(filepath.Join(rootfs, "usr/bin/vgpu-bridge"), append([]string{"healthcheck", "--ready"}, args[1:]...)...)
+	if out, err := hc.CombinedOutput(); err != nil || !strings.Contains(string(out), "healthy: http://"+addr+"/readyz 200") {
+		fail("vgpu-bridge healthcheck --ready = %v:\n%s", err, out)
+	}
 	code, body, err = get("/")
 	var doc struct {
 		Versions []struct {
