@@ -13,7 +13,9 @@ var optAccessPolicyFile = accessOptions.String("oslo_policy", "policy_file", "",
 		"default (etc/vgpu-bridge/policy.yaml.sample); the defaults of the base rules admin, fleet_reader, "+
 		"project_reader and project_member follow the [keystone] role options. Read at start: a file that does not "+
 		"parse, names an unknown vgpu: rule or refers to an undefined rule stops the bridge (and fails "+
-		"`vgpu-bridge config check`); a change needs a restart. Empty: the defaults. While [policy] rules_file "+
+		"`vgpu-bridge config check`). SIGHUP reads it again (a new path too), checked first: a file that does not load "+
+		"is refused with its reason and the rules in use stay; tokens already validated are judged by the new rules "+
+		"from their next request. Empty: the defaults. While [policy] rules_file "+
 		"falls back to the deprecated /etc/vgpu-bridge/policy.yaml, that file cannot be this one. "+
 		"Example: /etc/vgpu-bridge/policy.yaml")
 
@@ -42,11 +44,16 @@ func validateAccess(v *conf.Values) conf.Errors {
 // written from the [keystone] role options with auth_strategy = keystone
 // (else from the token file's role names), and [oslo_policy] policy_file.
 func AccessPolicy(v *conf.Values) (*api.Policy, error) {
-	names := api.StaticRoleNames()
+	return api.LoadPolicy(accessRoleNames(v), optAccessPolicyFile.Get(v))
+}
+
+// accessRoleNames are the role names the base rules' defaults are written
+// with: [keystone]'s with Keystone, the token file's otherwise.
+func accessRoleNames(v *conf.Values) api.RoleNames {
 	if optAPIAuth.Get(v) == "keystone" {
-		names = keystoneauth.ConfigFrom(v).RoleNames()
+		return keystoneauth.ConfigFrom(v).RoleNames()
 	}
-	return api.LoadPolicy(names, optAccessPolicyFile.Get(v))
+	return api.StaticRoleNames()
 }
 
 // AccessRoleNames are the role names the sample and the reference write

@@ -35,7 +35,11 @@ import (
 //   - [security] signing_key_file with key_id (the next commands are signed
 //     with the new key) and agent_keys_file;
 //   - [policy] rules_file: a new path is read (checked first, like the
-//     secrets); the file in use is read again on SIGHUP anyway.
+//     secrets); the file in use is read again on SIGHUP anyway;
+//   - [oslo_policy] policy_file: the access rules are read again (from a
+//     new path too), checked first; tokens already validated are judged by
+//     the new rules from their next request (keystoneauth keeps what
+//     Keystone said of a token, not what the rules made of it).
 //
 // Every other option whose value changed is logged at warning level by
 // name, "changed; needs a restart", and keeps its start value.
@@ -61,6 +65,7 @@ type reloader struct {
 	webhooks *webhook.Endpoint
 	disp     *dispatch.Dispatcher
 	policy   *policy.Holder
+	access   *api.Policy // the API's access rules, replaced in place
 }
 
 func newReloader(v *conf.Values, reg prometheus.Registerer, log *slog.Logger) *reloader {
@@ -88,6 +93,7 @@ func (r *reloader) api(v *conf.Values, ac *api.Config) {
 	if ac.TLSConfig != nil && len(ac.TLSConfig.Certificates) == 1 {
 		r.apiCert = newCertHolder(ac.TLSConfig)
 	}
+	r.access = ac.Policy
 }
 
 // webhookListener makes the separate webhook listener's certificate
@@ -161,7 +167,8 @@ type staged struct {
 	whCert   *tls.Certificate
 	sources  []webhook.Source
 	keys     *dispatch.Keys
-	rules    string // a new [policy] rules_file, checked
+	rules    string      // a new [policy] rules_file, checked
+	access   *api.Policy // the access rules read again
 	changed  []string
 	restarts []string
 }
@@ -197,6 +204,9 @@ func (r *reloader) reload(v *conf.Values) error {
 			r.log.Error("reload: [security] keys", "err", err.Error())
 		}
 	}
+	if s.access != nil {
+		r.access.Replace(s.access)
+	}
 	if s.rules != "" {
 		// Checked in stage; a file broken since keeps the active policy.
 		if err := r.policy.SetRulesFile(s.rules); err != nil {
@@ -226,7 +236,7 @@ func (r *reloader) stage(v *conf.Values) (*staged, error) {
 	var errs []error
 	// What a running process cannot change.
 	for _, o := range []conf.String{optAPIListen, optAPIAuth, optWHListen, optDBConnection, optDBConnectionFile,
-		optTransportURL, optTransportURLFile, optAccessPolicyFile} {
+		optTransportURL, optTransportURLFile} {
 		if o.Get(v) != o.Get(r.start) {
 			s.restarts = append(s.restarts, "["+o.Option().Section+"] "+o.Option().Name)
 		}
@@ -297,6 +307,17 @@ func (r *reloader) stage(v *conf.Values) (*staged, error) {
 			}
 		}
 	}
+	if r.access != nil && (optAccessPolicyFile.Get(v) != "" || optAccessPolicyFile.Get(r.start) != "") {
+		// The role names the base rules' defaults are written with stay
+		// the start's ([keystone] *_roles need a restart).
+		pol, err := api.LoadPolicy(accessRoleNames(r.start), optAccessPolicyFile.Get(v))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("[oslo_policy] policy_file: %w", err))
+		} else {
+			s.access = pol
+			s.changed = append(s.changed, "[oslo_policy] policy_file")
+		}
+	}
 	if r.policy != nil {
 		// A new rules file is read from its new path, not the old one.
 		if path, _ := RulesFile(v); path != r.policy.RulesFile() {
@@ -311,7 +332,8 @@ func (r *reloader) stage(v *conf.Values) (*staged, error) {
 	// Every other option whose value changed is reported: nothing is
 	// taken silently as if applied.
 	for _, name := range v.Changed(r.start) {
-		if reloadable(name) || (name == "[policy] rules_file" && r.policy != nil) || slices.ContainsFunc(s.restarts, func(x string) bool { return strings.HasPrefix(x, name) }) {
+		if reloadable(name) || (name == "[policy] rules_file" && r.policy != nil) ||
+			(name == "[oslo_policy] policy_file" && r.access != nil) || slices.ContainsFunc(s.restarts, func(x string) bool { return strings.HasPrefix(x, name) }) {
 			continue
 		}
 		s.restarts = append(s.restarts, name)

@@ -65,10 +65,9 @@ func TestReloadTokensAllOrNothing(t *testing.T) {
 			accepted: []string{"token-two-0123456789"}, refused: []string{"token-three-0123456789"}},
 		{name: "listen needs a restart", file: "token-four-0123456789 reader\n", extra: []string{"api.listen=127.0.0.1:1"},
 			accepted: []string{"token-four-0123456789"}, refused: []string{"token-two-0123456789"}, wantRetry: []string{"[api] listen"}},
-		// The access rules are read at start (the Keystone cache holds
-		// what they made of each token).
-		{name: "access policy file needs a restart", file: "token-four-0123456789 reader\n", extra: []string{"oslo_policy.policy_file=" + policyFile},
-			accepted: []string{"token-four-0123456789"}, wantRetry: []string{"[oslo_policy] policy_file"}},
+		// The access rules are read again, from a new path too.
+		{name: "access policy file applies", file: "token-four-0123456789 reader\n", extra: []string{"oslo_policy.policy_file=" + policyFile},
+			accepted: []string{"token-four-0123456789"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,6 +95,32 @@ func TestReloadTokensAllOrNothing(t *testing.T) {
 				t.Errorf("needs restart %v, want %v", s.restarts, tc.wantRetry)
 			}
 		})
+	}
+	// The rules in force are the file's, read again on each reload: an edit
+	// in place applies; a file that does not compile is refused and the
+	// rules in use stay.
+	const drain = "vgpu:hosts:drain"
+	if got := ac.Policy.Rule(drain); got != "(rule:admin or role:vgpu-maintainer)" && got != "rule:admin or role:vgpu-maintainer" {
+		t.Errorf("after the reload %s is %q, want the file's", drain, got)
+	}
+	if err := os.WriteFile(policyFile, []byte("\"vgpu:hosts:drain\": \"rule:admin or role:drainer\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	withFile := load("oslo_policy.policy_file=" + policyFile)
+	if err := r.reload(withFile); err != nil {
+		t.Fatal(err)
+	}
+	if got := ac.Policy.Rule(drain); !strings.Contains(got, "role:drainer") {
+		t.Errorf("after an edit in place and SIGHUP %s is %q, want the edited rule", drain, got)
+	}
+	if err := os.WriteFile(policyFile, []byte("\"vgpu:hosts:drian\": \"role:x\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.reload(withFile); err == nil || !strings.Contains(err.Error(), "vgpu:hosts:drian") {
+		t.Errorf("a file naming no rule reloaded: %v, want it refused naming the rule", err)
+	}
+	if got := ac.Policy.Rule(drain); !strings.Contains(got, "role:drainer") {
+		t.Errorf("after a refused reload %s is %q, want the rules in use kept", drain, got)
 	}
 }
 

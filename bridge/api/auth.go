@@ -282,11 +282,12 @@ func (pol *Policy) forbidden(rule string, p *Principal) string {
 		return fmt.Sprintf("the token's roles [%s] pass none of the access rules admin, fleet_reader and "+
 			"project_reader, nor %s (%s)", strings.Join(roles, ", "), displayRule(rule), pol.Rule(rule))
 	}
-	if pol.overridden[rule] {
+	cur := pol.cur.Load()
+	if cur.overridden[rule] {
 		return fmt.Sprintf("role %q may not do this; access rule %s (%s) does not allow it", p.Role, rule, pol.Rule(rule))
 	}
 	class := Admin
-	if r, ok := pol.byName[rule]; ok {
+	if r, ok := cur.byName[rule]; ok {
 		class = r.Class
 	} else if c, ok := strings.CutPrefix(rule, classRulePrefix); ok {
 		for _, a := range []Access{Project, Fleet, Admin} {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/oslopolicy"
 )
@@ -21,11 +22,22 @@ type Credentials struct {
 
 // Policy decides which callers may use which routes: the named rules'
 // defaults, with an operator's overrides ([oslo_policy] policy_file).
+// Replace swaps its rules in place (SIGHUP), so every holder of the
+// pointer (the server, the Keystone authenticator) sees the new rules at
+// once; each decision reads one set of rules.
 type Policy struct {
+	cur atomic.Pointer[policyRules]
+}
+
+// policyRules is one compiled set of rules.
+type policyRules struct {
 	rules      *oslopolicy.Rules
 	byName     map[string]Rule
 	overridden map[string]bool
 }
+
+// Replace makes p decide with q's rules from now on.
+func (p *Policy) Replace(q *Policy) { p.cur.Store(q.cur.Load()) }
 
 // NewPolicy compiles the rules: defaults written from names, replaced by
 // overrides (a policy file's rules, which may also define rules of their
@@ -47,7 +59,7 @@ func NewPolicy(names RoleNames, overrides map[string]string) (*Policy, error) {
 		src[classRulePrefix+a.String()] = classDefault(a)
 	}
 	var unknown []string
-	p := &Policy{byName: map[string]Rule{}, overridden: map[string]bool{}}
+	p := &policyRules{byName: map[string]Rule{}, overridden: map[string]bool{}}
 	for _, d := range defs {
 		p.byName[d.Name] = d
 	}
@@ -65,7 +77,9 @@ func NewPolicy(names RoleNames, overrides map[string]string) (*Policy, error) {
 	if p.rules, err = oslopolicy.Compile(src); err != nil {
 		return nil, fmt.Errorf("access rules: %w", err)
 	}
-	return p, nil
+	pol := &Policy{}
+	pol.cur.Store(p)
+	return pol, nil
 }
 
 const classRulePrefix = "_class:"
@@ -112,8 +126,9 @@ func DefaultPolicy() *Policy { return defaultPolicy }
 
 // Overridden are the rules the policy file sets, sorted.
 func (p *Policy) Overridden() []string {
-	out := make([]string, 0, len(p.overridden))
-	for n := range p.overridden {
+	r := p.cur.Load()
+	out := make([]string, 0, len(r.overridden))
+	for n := range r.overridden {
 		out = append(out, n)
 	}
 	sort.Strings(out)
@@ -122,7 +137,7 @@ func (p *Policy) Overridden() []string {
 
 // Rule is the rule named name as in force, in the policy language.
 func (p *Policy) Rule(name string) string {
-	s, _ := p.rules.Rule(name)
+	s, _ := p.cur.Load().rules.Rule(name)
 	return s
 }
 
@@ -130,11 +145,13 @@ func (p *Policy) Rule(name string) string {
 // target is the caller's own scope (%(project_id)s is its project,
 // %(user_id)s itself): the routes list what the caller's project holds,
 // which the handlers filter by Principal.Project.
-func (p *Policy) Allowed(name string, who *Principal) bool {
+func (p *Policy) Allowed(name string, who *Principal) bool { return p.cur.Load().allowed(name, who) }
+
+func (r *policyRules) allowed(name string, who *Principal) bool {
 	if who == nil {
 		return false
 	}
-	return p.rules.Allowed(name, who.oslo(), who.target())
+	return r.rules.Allowed(name, who.oslo(), who.target())
 }
 
 // creds are the credentials the access rules see: Creds, or, for a
@@ -190,15 +207,16 @@ func (who *Principal) target() oslopolicy.Target {
 // nothing, which no rule can limit to a project.
 func (p *Policy) Classify(c Credentials) (role Role, project string, ok bool) {
 	probe := &Principal{Creds: c}
+	r := p.cur.Load()
 	switch {
-	case p.Allowed(RuleAdmin, probe):
+	case r.allowed(RuleAdmin, probe):
 		return RoleAdmin, "", true
-	case p.Allowed(RuleFleetReader, probe):
+	case r.allowed(RuleFleetReader, probe):
 		return RoleReader, "", true
 	case c.ProjectID == "":
-	case p.Allowed(RuleProjectMember, probe):
+	case r.allowed(RuleProjectMember, probe):
 		return RoleMember, c.ProjectID, true
-	case p.Allowed(RuleProjectReader, probe):
+	case r.allowed(RuleProjectReader, probe):
 		return RoleReader, c.ProjectID, true
 	}
 	switch {

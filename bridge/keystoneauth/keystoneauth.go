@@ -197,7 +197,12 @@ func (a *Authenticator) SetLogger(l *slog.Logger) {
 func (a *Authenticator) CacheLen() int { return a.cache.len() }
 
 // outcome is a validation's cached result: a principal, or a refusal.
+// A token Keystone accepted keeps what Keystone said of it (info), and
+// what the caller may do is read from it with the access rules in force
+// at each request, so that a policy file reloaded (SIGHUP) applies to
+// cached tokens too.
 type outcome struct {
+	info      *TokenInfo // set when Keystone accepted the token
 	principal *api.Principal
 	status    int // 401 or 403 when refused
 	code      string
@@ -205,6 +210,9 @@ type outcome struct {
 }
 
 func (a *Authenticator) result(o *outcome) (*api.Principal, error) {
+	if o.info != nil {
+		o = a.outcome(o.info)
+	}
 	if o.principal != nil {
 		p := *o.principal
 		return &p, nil
@@ -335,15 +343,15 @@ func (a *Authenticator) outcome(ti *TokenInfo) *outcome {
 	// open routes to it; with the defaults it could use none, and is told
 	// why here, as before there were rules.
 	if ok && (role != api.RoleNone || len(a.cfg.Policy.Overridden()) > 0) {
-		return &outcome{principal: &api.Principal{Name: name, ID: id, Role: role, Project: project, Creds: creds}}
+		return &outcome{info: ti, principal: &api.Principal{Name: name, ID: id, Role: role, Project: project, Creds: creds}}
 	}
 	if hasAny(ti.Roles, a.reader) && role == api.RoleNone {
-		return &outcome{status: http.StatusForbidden, code: "forbidden",
+		return &outcome{info: ti, status: http.StatusForbidden, code: "forbidden",
 			detail: "a reader needs a project-scoped (or system-scoped) token; this one is scoped to no project"}
 	}
 	roles := append([]string(nil), ti.Roles...)
 	sort.Strings(roles)
-	return &outcome{status: http.StatusForbidden, code: "forbidden",
+	return &outcome{info: ti, status: http.StatusForbidden, code: "forbidden",
 		detail: fmt.Sprintf("the token's roles [%s] include none of [keystone] admin_roles [%s] or reader_roles [%s]",
 			strings.Join(roles, ", "), strings.Join(a.admin, ", "), strings.Join(a.reader, ", "))}
 }

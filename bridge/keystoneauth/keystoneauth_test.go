@@ -619,3 +619,42 @@ func TestOverrideLetsRoleIn(t *testing.T) {
 		t.Errorf("without the policy file: %v, want 403", err)
 	}
 }
+
+// TestCachedTokenJudgedByRulesInForce: a policy file reloaded (the rules
+// replaced in place) applies to a token validated and cached before: the
+// cache keeps what Keystone said of the token, not what the old rules
+// made of it, and Keystone is not asked again.
+func TestCachedTokenJudgedByRulesInForce(t *testing.T) {
+	f := &fakeValidator{tokens: map[string]*TokenInfo{"tok": {UserID: "u1", UserName: "ops", ProjectID: "p1",
+		Roles: []string{"vgpu-operator"}, ExpiresAt: t0.Add(time.Hour)}}}
+	a, _ := newAuth(t, f, nil)
+	pol := a.cfg.Policy
+	if got := status(func() error { _, err := a.Authenticate(request("tok")); return err }()); got != http.StatusForbidden {
+		t.Fatalf("with the default rules: status %d, want 403", got)
+	}
+	granted, err := api.NewPolicy(a.cfg.RoleNames(), map[string]string{api.RuleAdmin: "role:admin or role:vgpu-operator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol.Replace(granted)
+	p, err := a.Authenticate(request("tok"))
+	if err != nil || p.Role != api.RoleAdmin {
+		t.Fatalf("after the rules were replaced: %+v, %v; want admin", p, err)
+	}
+	pol.Replace(mustPolicy(t, a.cfg.RoleNames()))
+	if got := status(func() error { _, err := a.Authenticate(request("tok")); return err }()); got != http.StatusForbidden {
+		t.Fatalf("with the defaults back: status %d, want 403", got)
+	}
+	if got := f.calls.Load(); got != 1 {
+		t.Errorf("Keystone asked %d times, want 1 (the token stays cached)", got)
+	}
+}
+
+func mustPolicy(t *testing.T, names api.RoleNames) *api.Policy {
+	t.Helper()
+	p, err := api.NewPolicy(names, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
