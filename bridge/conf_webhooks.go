@@ -358,6 +358,9 @@ func setupWebhooks(w *wiring, ac api.Config) ([]component, error) {
 	}
 	wc.Store, wc.Pool, wc.Registerer, wc.Logger = store, pool, reg, log.With("component", "webhooks")
 	wc.OnCommitted = w.wake.Wake // accepted events are decided at once, not at the next poll
+	if l := instanceLookup(w); l != nil {
+		wc.Lookup = l // a project's caller naming a server the bridge does not know yet: asked of Nova
+	}
 	ep, err := webhook.New(wc)
 	if err != nil {
 		return nil, fmt.Errorf("webhooks: %w", err)
