@@ -23,8 +23,9 @@ var serverGetTemplate string
 
 // Server is what a test sets of a server; the rest is the sample's.
 type Server struct {
-	ID, TenantID, Host string
-	Updated            time.Time
+	ID, TenantID string
+	Host, Node   string // compute host and hypervisor hostname (Node: Host when empty)
+	Updated      time.Time
 }
 
 var placeholder = regexp.MustCompile(`%\((\w+)\)s`)
@@ -56,6 +57,9 @@ func ServerGetResponse(s Server) []byte {
 	if s.Host != "" {
 		doc["server"]["OS-EXT-SRV-ATTR:host"] = s.Host
 		doc["server"]["OS-EXT-SRV-ATTR:hypervisor_hostname"] = s.Host
+	}
+	if s.Node != "" {
+		doc["server"]["OS-EXT-SRV-ATTR:hypervisor_hostname"] = s.Node
 	}
 	b, _ := json.Marshal(doc)
 	return b
