@@ -70,6 +70,7 @@ type wiring struct {
 	wake    waker
 	disp    *dispatch.Dispatcher // set by setupPipeline
 	nova    *computeapi.Client   // Nova's one client (nil: not configured), for the Nova path and the server listing
+	lookup  *ingest.Lookup       // servers looked up in Nova on demand (nil: Nova not configured)
 }
 
 // waker wakes the pipeline when events are stored. The pipeline is built
@@ -176,6 +177,7 @@ func Run(ctx context.Context, v *conf.Values, log *slog.Logger, started func(*Da
 	if w.nova, err = novaClient(ctx, v); err != nil {
 		return fmt.Errorf("nova: %w", err)
 	}
+	w.lookup = setupLookup(w)
 	// The broker is ready when this replica's own session to it (the
 	// dispatcher's, set by setupPipeline before the server starts) is up.
 	srv.AddCheck("broker", brokerCheck(tu, func() api.Checker {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
@@ -23,6 +24,11 @@ var (
 			"purged). The first listing, at the bridge's first start with Nova configured, reads every server, so "+
 			"that instances created before the bridge are known. 0 turns the listing off. Needs an admin token "+
 			"(all_tenants). Example: 10m")
+	optNovaLookupAbsentTTL = novaOptions.Duration("nova", "server_lookup_absent_ttl", time.Minute, 0, time.Hour,
+		"A request naming a server the bridge does not know yet (created before the bridge, not listed yet) makes the "+
+			"bridge ask Nova for that one server (GET /servers/{id}) and store it as the listing does, then decide. "+
+			"Nova's 404 for an id is remembered this long: requests naming that id meanwhile are rejected "+
+			"unknown_instance without asking Nova again. 0 remembers nothing (every such request asks Nova). Example: 1m")
 	optNovaTokenFile = novaOptions.String("nova", "token_file", "",
 		"A file holding a static token sent as X-Auth-Token, used with endpoint_override instead of Keystone "+
 			"(noauth2 takes \"<user>:<project>\", e.g. admin:admin). The token must be an admin's: the bridge lists "+
@@ -102,6 +108,26 @@ func setupServerSync(w *wiring, skew time.Duration) *component {
 	s := &ingest.ServerSync{Pool: w.pool, Nova: w.nova, Log: w.log.With("component", "nova-server-sync"), Interval: every,
 		Margin: serverSyncMargin, ClockSkewTolerance: skew, Retry: backoff.Policy{Min: time.Second, Max: every}}
 	return &component{"nova-server-sync", s.Run}
+}
+
+// setupLookup is the on-demand lookup of servers the bridge does not know
+// (ingest.Lookup), with the wiring's Nova client; nil when Nova is not
+// configured (a request naming an unknown server is then rejected at once).
+func setupLookup(w *wiring) *ingest.Lookup {
+	if w.nova == nil {
+		return nil
+	}
+	return ingest.NewLookup(ingest.LookupConfig{AbsentTTL: optNovaLookupAbsentTTL.Get(w.v),
+		ClockSkewTolerance: ingest.ConfigFrom(w.v).ClockSkewTolerance}, w.pool, w.nova, w.reg)
+}
+
+// instanceLookup is the wiring's lookup as the pipeline and the webhooks
+// see it: nil (not a typed nil) when Nova is not configured.
+func instanceLookup(w *wiring) pipeline.InstanceLookup {
+	if w.lookup == nil {
+		return nil
+	}
+	return w.lookup
 }
 
 // serverSyncMargin is taken off the last listing's start when the bridge

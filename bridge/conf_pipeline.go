@@ -50,7 +50,7 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 	novaAPI := novaPath(w) // the Nova-native path (conf_nova.go); nil when [nova] is not configured
 	proc, err := pipeline.New(pc, pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
 		Policy: pol, Placement: pipeline.ServiceAdapter{S: pl}, Catalog: pol.Catalog(), Log: log.With("component", "pipeline"),
-		Registry: reg, OnOutbox: func() { disp.Kick() }, Controls: ctl})
+		Registry: reg, OnOutbox: func() { disp.Kick() }, Controls: ctl, Lookup: instanceLookup(w)})
 	if err != nil {
 		pipePool.Close()
 		return nil, err

@@ -73,7 +73,8 @@ var webhooksOptions = conf.NewGroup().
 			Help: "Client addresses allowed to send; empty allows any. Example: 10.20.0.0/16,2001:db8::/32"},
 		conf.Option{Name: "allowed_projects", Kind: conf.KindList,
 			Help: "Keystone project ids whose instances the source may act on; empty allows any. A request for an instance of " +
-				"another project, or one the bridge does not know yet (no Nova notification or listing of servers named it), is refused 403 (project_not_allowed); " +
+				"another project, or one the bridge does not know (with Nova configured: one Nova does not have, the bridge asks it), is refused 403 (project_not_allowed), " +
+				"the same answer for both; " +
 				"Alertmanager alerts naming one are skipped. Example: 3f2b0c9e8d7a4b6c9e1f0a2b3c4d5e6f"},
 		conf.Option{Name: "trusted_proxies", Kind: conf.KindList,
 			Help: "Proxies whose X-Forwarded-For is believed when finding the client's address; empty believes none. Example: 10.0.0.5/32"},
@@ -358,6 +359,9 @@ func setupWebhooks(w *wiring, ac api.Config) ([]component, error) {
 	}
 	wc.Store, wc.Pool, wc.Registerer, wc.Logger = store, pool, reg, log.With("component", "webhooks")
 	wc.OnCommitted = w.wake.Wake // accepted events are decided at once, not at the next poll
+	if l := instanceLookup(w); l != nil {
+		wc.Lookup = l // a project's caller naming a server the bridge does not know yet: asked of Nova
+	}
 	ep, err := webhook.New(wc)
 	if err != nil {
 		return nil, fmt.Errorf("webhooks: %w", err)

@@ -137,6 +137,14 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 			p.m.quotaRetries.Inc()
 			continue
 		}
+		if nl := (errLookup{}); errors.As(err, &nl) && w.looked == nil {
+			// The request's instance is unknown: Nova is asked for it
+			// with no transaction open, and the event decided again.
+			if w.looked, err = p.lookUp(ctx, nl); err != nil {
+				return false, false, err
+			}
+			continue
+		}
 		break
 	}
 	if err != nil || len(w.pending) == 0 {

@@ -26,6 +26,9 @@ type InstanceFacts struct {
 	FlavorVGPUs int
 	Known       bool // a row exists in instances
 	Deleted     bool
+	// Absent is true when the instance is not Known and Nova's API, asked
+	// for it during this decision (Deps.Lookup), has no such server.
+	Absent bool
 }
 
 // Facts are the inputs of planning besides the decision.
@@ -358,6 +361,8 @@ func NewCommand(kind protocol.Kind, host, requestID, instance string, params any
 func novaHostProblem(f Facts) (string, string) {
 	in := f.Instance
 	switch {
+	case !in.Known && in.Absent:
+		return fmt.Sprintf("instance %s is not known to the bridge, and Nova has no such server (GET /servers/%s answered 404 just now)", in.UUID, in.UUID), flow.CodeNoInstance
 	case !in.Known:
 		return fmt.Sprintf("instance %s is not known to the bridge (no Nova notification or listing of Nova's servers named it yet)", in.UUID), flow.CodeNoInstance
 	case in.Deleted:

@@ -42,6 +42,19 @@ type Deps struct {
 	// Controls are the operators' pause and observe-only switches; nil:
 	// always running.
 	Controls Controls
+	// Lookup asks Nova for a server a request names that the bridge does
+	// not know (ingest.Lookup); nil: such a request is rejected
+	// unknown_instance at once (Nova is not configured).
+	Lookup InstanceLookup
+}
+
+// InstanceLookup looks up one server in Nova's API and stores it in the
+// instances as a listing of Nova's servers would (ingest.Lookup.LookUp):
+// true when Nova has it (in project, when not ""), false when Nova says it
+// has none (or it is another project's); an error when Nova could not be
+// asked. It is called with no transaction open.
+type InstanceLookup interface {
+	LookUp(ctx context.Context, instance, project string) (bool, error)
 }
 
 // Processor runs the pipeline. It is safe for concurrent use.

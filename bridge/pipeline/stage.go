@@ -119,6 +119,10 @@ type Work struct {
 	// read before the decision when Nova changed its allocations
 	// (decideLocked): the decision takes them as they were then.
 	holdings map[string][]placement.Holding
+	// looked is what Nova answered when the decision found the request's
+	// instance unknown and asked for it (decideLocked, lookup.go); nil
+	// before.
+	looked *lookedUp
 	// requestID is the event's global request id, which the claims and
 	// the second transaction are made under.
 	requestID string
@@ -145,7 +149,7 @@ type pendingAct struct {
 
 // reset makes w the start of a decision in tx.
 func (w *Work) reset(tx pgx.Tx) {
-	*w = Work{Tx: tx, p: w.p, hosts: w.hosts, holdings: w.holdings}
+	*w = Work{Tx: tx, p: w.p, hosts: w.hosts, holdings: w.holdings, looked: w.looked}
 }
 
 // Applying reports whether w is the second transaction of a decision,
@@ -361,6 +365,9 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	}
 	if w.Row.FollowUp() {
 		facts.Rebuilt = false // re-attached when the event came
+	}
+	if err := w.needLookup(&facts, st); err != nil {
+		return false, err // asked outside the transaction, then decided again
 	}
 	w.Facts, w.snap = facts, st
 	w.Decision = evaluate(ev, st, ls)

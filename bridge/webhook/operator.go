@@ -103,7 +103,7 @@ func (e *Endpoint) operatorRequest(c echo.Context) error {
 		refusal, err := e.scopeTo(r.Context(), []string{who.Project}, FormatNative, p)
 		if err != nil {
 			e.log.Error("requests: cannot read the instance's project", logkey.Err, err)
-			return storeUnavailable("checked")
+			return scopeUnavailable(err)
 		}
 		if refusal != "" {
 			return &api.ProblemDetails{Status: http.StatusForbidden, Title: "Forbidden", Code: "project_not_allowed",

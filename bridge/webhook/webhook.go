@@ -172,6 +172,10 @@ type Config struct {
 	// OnCommitted, when set, is called after a commit that stored new
 	// events, so the pipeline decides at once instead of at its next poll.
 	OnCommitted func()
+	// Lookup, when set, asks Nova for a server a project's caller names
+	// that the bridge does not know yet, and stores it (ingest.Lookup),
+	// before the caller's projects are checked (scopeTo).
+	Lookup InstanceLookup
 	// Now is the clock (time.Now).
 	Now func() time.Time
 }
@@ -562,7 +566,8 @@ func (e *Endpoint) handle(c echo.Context) error {
 	if scoped {
 		if refusal, err := e.scopeTo(r.Context(), allowed, src.cfg.Format, p); err != nil {
 			e.log.Error("webhook: cannot read the instances' projects", logkey.Source, name, logkey.Err, err)
-			return e.refuse(c, name, remote, "store_unavailable", storeUnavailable("checked"))
+			prob := scopeUnavailable(err)
+			return e.refuse(c, name, remote, prob.Code, prob)
 		} else if refusal != "" {
 			return e.refuse(c, name, remote, "project_not_allowed", &api.ProblemDetails{Status: http.StatusForbidden, Detail: refusal})
 		}
@@ -722,6 +727,72 @@ func (e *Endpoint) AuthenticateSource(r *http.Request, name string) (projects []
 
 var _ requests.SourceAuthenticator = (*Endpoint)(nil)
 
+// projectsOf reads the projects of the instances among ids the bridge
+// knows.
+func (e *Endpoint) projectsOf(ctx context.Context, ids []string) (map[string]string, error) {
+	rows, err := e.pool.Query(ctx, `SELECT uuid::text, coalesce(project_id, '') FROM instances WHERE uuid = ANY($1::uuid[])`, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	project := map[string]string{}
+	for rows.Next() {
+		var id, proj string
+		if err := rows.Scan(&id, &proj); err != nil {
+			return nil, err
+		}
+		project[id] = proj
+	}
+	return project, rows.Err()
+}
+
+// InstanceLookup looks up a server in Nova and stores it in the instances
+// (ingest.Lookup.LookUp): false when Nova has none; an error when Nova
+// could not be asked.
+type InstanceLookup interface {
+	LookUp(ctx context.Context, instance, project string) (bool, error)
+}
+
+// maxLookups bounds the servers one message makes the bridge ask Nova for;
+// the others it names and the bridge does not know stay unknown.
+const maxLookups = 8
+
+// errNovaUnavailable is scopeTo's error when Nova could not be asked for
+// a server the bridge does not know: the caller retries (503).
+var errNovaUnavailable = errors.New("Nova could not be asked for the instance")
+
+// lookUpUnknown asks Nova (Config.Lookup) for the ids the bridge does not
+// know (not in known), at most maxLookups of them, with no transaction
+// open; it reports whether it asked. The lookup stores what Nova has, of
+// whatever project: the caller's projects are checked on the stored row,
+// so a server of another project is refused as an unknown one is.
+func (e *Endpoint) lookUpUnknown(ctx context.Context, ids []string, known map[string]string) (bool, error) {
+	if e.cfg.Lookup == nil {
+		return false, nil
+	}
+	asked := map[string]bool{}
+	for _, id := range ids {
+		if _, ok := known[id]; ok || asked[id] || len(asked) >= maxLookups {
+			continue
+		}
+		asked[id] = true
+		if _, err := e.cfg.Lookup.LookUp(ctx, id, ""); err != nil {
+			return true, fmt.Errorf("%w: %w", errNovaUnavailable, err)
+		}
+	}
+	return len(asked) > 0, nil
+}
+
+// scopeUnavailable is the problem of a scopeTo that failed.
+func scopeUnavailable(err error) *api.ProblemDetails {
+	if errors.Is(err, errNovaUnavailable) {
+		return &api.ProblemDetails{Status: http.StatusServiceUnavailable, Code: "nova_unavailable",
+			Detail:  "the request names an instance the bridge does not know yet, and Nova could not be asked for it; retry",
+			Headers: map[string]string{"Retry-After": "5"}}
+	}
+	return storeUnavailable("checked")
+}
+
 // readAll is io.ReadAll with a bound, for callback answers.
 func readAll(r io.Reader, n int64) []byte {
 	b, _ := io.ReadAll(io.LimitReader(r, n))
@@ -739,22 +810,16 @@ func (e *Endpoint) scopeTo(ctx context.Context, allowedProjects []string, format
 	for _, ev := range p.events {
 		ids = append(ids, ev.vm)
 	}
-	rows, err := e.pool.Query(ctx, `SELECT uuid::text, coalesce(project_id, '') FROM instances WHERE uuid = ANY($1::uuid[])`, ids)
+	project, err := e.projectsOf(ctx, ids)
 	if err != nil {
 		return "", err
 	}
-	project := map[string]string{}
-	for rows.Next() {
-		var id, proj string
-		if err := rows.Scan(&id, &proj); err != nil {
-			rows.Close()
+	if asked, err := e.lookUpUnknown(ctx, ids, project); err != nil {
+		return "", err
+	} else if asked {
+		if project, err = e.projectsOf(ctx, ids); err != nil {
 			return "", err
 		}
-		project[id] = proj
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return "", err
 	}
 	allowed := func(vm string) bool {
 		proj, ok := project[vm]

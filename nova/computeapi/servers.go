@@ -3,10 +3,13 @@ package computeapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Detail is a server as GET /servers/detail lists it for an admin: what
@@ -83,6 +86,31 @@ func (s serverBody) server() Server {
 func (s serverBody) detail() Detail {
 	return Detail{Server: s.server(), ProjectID: s.TenantID, UserID: s.UserID, AvailabilityZone: s.AZ, PowerState: s.PowerState,
 		Created: s.Created, Updated: s.Updated, Metadata: s.Metadata}
+}
+
+// ServerDetail reads one server of any project as an admin sees it (GET
+// /servers/{id}, the same body as one server of the listing): what the
+// bridge keeps of an instance it looks up on demand. A server Nova does not
+// have, or has deleted, is a KindNotFound error (IsNotFound): Nova's
+// nova.api.openstack.compute.servers.ServersController.show reads the
+// instance with read_deleted "no" (nova.api.openstack.common.get_instance).
+func (c *Client) ServerDetail(ctx context.Context, id, requestID string) (Detail, error) {
+	op := "GET /servers/" + id
+	if _, err := uuid.Parse(id); err != nil {
+		// Nova answers 404 to an id that is not a UUID; the bridge does not
+		// put it in a URL.
+		return Detail{}, &Error{Op: "GET /servers/{id}", Kind: KindNotFound, Status: http.StatusNotFound, Err: fmt.Errorf("%q is not a server id", id)}
+	}
+	var out serverJSON
+	o := c.opts(requestID, http.StatusOK)
+	o.JSONResponse = &out
+	if _, err := c.sc.Request(ctx, http.MethodGet, c.sc.ServiceURL("servers", id), o); err != nil {
+		return Detail{}, classify(op, err)
+	}
+	if out.Server.ID != id {
+		return Detail{}, &Error{Op: op, Kind: KindFinal, Err: fmt.Errorf("the answer names server %q", out.Server.ID)}
+	}
+	return out.Server.detail(), nil
 }
 
 // maxServerPages bounds one listing: a marker Nova keeps answering with

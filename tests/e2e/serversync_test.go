@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,15 +90,23 @@ func TestServersKnownFromNovaAPI(t *testing.T) {
 // the webhook source e2e (directSecret) and the extra overrides.
 func startNovaBridge(t *testing.T, n *novaharness.Nova, extra ...string) (*bridge.Daemon, *apiclient.Client) {
 	t.Helper()
+	return startNovaBridgeINI(t, n, "", extra...)
+}
+
+// startNovaBridgeINI is startNovaBridge with more of the configuration
+// file (ini: sections of its own, such as other webhook sources).
+func startNovaBridgeINI(t *testing.T, n *novaharness.Nova, ini string, extra ...string) (*bridge.Daemon, *apiclient.Client) {
+	t.Helper()
 	dir := t.TempDir()
 	rules, tok := filepath.Join(dir, "policy.yaml"), filepath.Join(dir, "nova-token")
-	secretFile, ini := filepath.Join(dir, "webhook.secret"), filepath.Join(dir, "bridge.conf")
+	secretFile, iniFile := filepath.Join(dir, "webhook.secret"), filepath.Join(dir, "bridge.conf")
 	testsvc.Must(t, os.WriteFile(rules, []byte(directPolicy), 0o600), "policy")
 	testsvc.Must(t, os.WriteFile(tok, []byte(n.Token()+"\n"), 0o600), "nova token")
 	testsvc.Must(t, os.WriteFile(secretFile, []byte(directSecret+"\n"), 0o600), "secret")
-	testsvc.Must(t, os.WriteFile(ini, []byte("[webhook_source:e2e]\nauth = hmac\nsecret_files = "+secretFile+
-		"\nrate = 100\nburst = 100\n"), 0o600), "bridge.conf")
-	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: testbridge.Overrides(t, testsvc.Postgres(t), append([]string{
+	ini = strings.ReplaceAll(ini, "SECRET_FILE", secretFile)
+	testsvc.Must(t, os.WriteFile(iniFile, []byte("[webhook_source:e2e]\nauth = hmac\nsecret_files = "+secretFile+
+		"\nrate = 100\nburst = 100\n"+ini), 0o600), "bridge.conf")
+	v, err := bridge.LoadConfig(conf.Source{File: iniFile, Overrides: testbridge.Overrides(t, testsvc.Postgres(t), append([]string{
 		"DEFAULT.transport_url=" + n.TransportURL(),
 		"policy.rules_file=" + rules,
 		"nova.endpoint_override=" + n.ComputeEndpoint(),

@@ -258,6 +258,9 @@ type replicaOpts struct {
 	tracer pgx.QueryTracer
 	// claimErr, when set, is what every Placement claim answers.
 	claimErr error
+	// lookup, when set, looks up the instances a request names that the
+	// bridge does not know (pipeline.Deps.Lookup).
+	lookup pipeline.InstanceLookup
 	// maxAttempts bounds the attempts at an event (the default when 0).
 	maxAttempts int
 }
@@ -289,7 +292,8 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 		WatchdogInterval: 200 * time.Millisecond, RetryMin: 200 * time.Millisecond, RetryMax: time.Second, HostsRefresh: 500 * time.Millisecond,
 		LoadInterval: cmp.Or(o.loadInterval, -1), MaxAttempts: o.maxAttempts},
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
-			Placement: withClaimErr(newOutsideTx(t, w.txw, svc), o.claimErr), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
+			Placement: withClaimErr(newOutsideTx(t, w.txw, svc), o.claimErr), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() },
+			Lookup: o.lookup})
 	testsvc.Must(t, err, "pipeline")
 	r.direct = direct.Wire(r.proc)
 	dc := dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
