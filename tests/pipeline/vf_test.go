@@ -1,6 +1,7 @@
 package pipeline_test
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -227,6 +228,41 @@ func TestBridgeOwnedVFStaleRelease(t *testing.T) {
 	}
 	if st := w.attachmentRows(instB)[0].State; st != flow.AttAttached {
 		t.Errorf("B's attachment is %s, want attached", st)
+	}
+}
+
+// TestBridgeOwnedVFPublishedBySyncLeader: the placement service's sync
+// loop (the replica holding the sync lock) publishes a declared GPU once
+// its agent reported it, with no call of the test's: the provider appears
+// under the compute node, in the bridge's index too.
+func TestBridgeOwnedVFPublishedBySyncLeader(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.startAgent()
+	r := w.startBridge(replicaOpts{name: "r1", owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}},
+		syncInterval: 500 * time.Millisecond})
+	ctx, cancel := context.WithCancel(w.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	name := placement.GPUProviderName(w.node, vfPF)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ps, err := w.placementClient().Providers(w.ctx, placement.ListOpts{Name: name})
+		testsvc.Must(t, err, "list providers")
+		if len(ps) == 1 {
+			if g, ok := r.svc.Index().Lookup(ps[0].UUID); ok && g.Class == placement.BridgeClass {
+				w.gpus[vfPF] = ps[0].UUID
+				if ps[0].ParentUUID != w.root {
+					t.Errorf("provider %s parent %s, want the compute node %s", name, ps[0].ParentUUID, w.root)
+				}
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sync loop never published %s (providers %+v)", name, ps)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 
