@@ -190,6 +190,17 @@ func (s *Service) PublishGPU(ctx context.Context, g OwnedGPU) (bool, string, err
 		return false, "", fmt.Errorf("compute node provider %q: %d found (Nova registers it)", g.Node, len(roots))
 	}
 	root := roots[0].UUID
+	// Nova reports the VFs of a GPU in its [pci] device_spec (with
+	// report_in_placement) under a provider of the PF named
+	// <node>_<ADDRESS> (nova.compute.pci_placement_translator.
+	// PlacementView._get_rp_name_for_address): such a GPU is Nova's.
+	novaName := g.Node + "_" + strings.ToUpper(g.PCI)
+	if ps, err := s.client.Providers(ctx, ListOpts{Name: novaName}); err != nil {
+		return false, "", err
+	} else if len(ps) > 0 {
+		return false, "", fmt.Errorf("GPU %s of %s: %w: Nova reports its VFs in Placement (provider %s, [pci] device_spec); "+
+			"take it out of [placement] bridge_owned_vf_gpus", g.PCI, g.Node, ErrNotOwned, novaName)
+	}
 	name := GPUProviderName(g.Node, g.PCI)
 	changed := false
 	rp, err := s.ownedProvider(ctx, name, root)

@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -263,6 +264,33 @@ func TestBridgeOwnedVFPublishedBySyncLeader(t *testing.T) {
 			t.Fatalf("the sync loop never published %s (providers %+v)", name, ps)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestBridgeOwnedVFRefusedWhenNovaReportsIt: a declared GPU whose VFs
+// Nova's resource tracker reports in Placement ([pci] device_spec with
+// report_in_placement: a provider <node>_<PF> under the compute node) is
+// Nova's: the bridge creates no provider for it and says why.
+func TestBridgeOwnedVFRefusedWhenNovaReportsIt(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.startAgent()
+	r := w.startBridge(replicaOpts{name: "r1", owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}}})
+	w.reportedFreeVFs(30 * time.Second)
+	nova := uuid.NewString()
+	_, err := resourceproviders.Create(w.ctx, w.sc, resourceproviders.CreateOpts{Name: w.node + "_" + strings.ToUpper(vfPF), UUID: nova,
+		ParentProviderUUID: w.root}).Extract()
+	testsvc.Must(t, err, "Nova's PCI provider")
+	w.gpus["nova-pf"] = nova
+	n, err := r.svc.PublishOwned(w.ctx)
+	if !errors.Is(err, placement.ErrNotOwned) || n != 0 {
+		t.Errorf("PublishOwned = %d, %v; want 0, %v", n, err, placement.ErrNotOwned)
+	}
+	ps, err := w.placementClient().Providers(w.ctx, placement.ListOpts{Name: placement.GPUProviderName(w.node, vfPF)})
+	testsvc.Must(t, err, "list providers")
+	if len(ps) != 0 {
+		w.gpus[vfPF] = ps[0].UUID
+		t.Errorf("the bridge created %s for a GPU Nova reports", ps[0].UUID)
 	}
 }
 
