@@ -202,6 +202,11 @@ func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
 			pg.Types = append(pg.Types, protocol.VGPUType{ID: t.ID, Name: t.Name, FramebufferMiB: int(t.FramebufferMB),
 				MaxInstances: t.MaxInstances, AvailableInstances: t.Available})
 		}
+		for _, vf := range g.VFs {
+			if vf.Current == "" {
+				pg.FreeVFs = append(pg.FreeVFs, vf.Addr.String())
+			}
+		}
 		for _, v := range g.VGPUs {
 			a := protocol.VGPU{TypeID: v.Type, InstanceUUID: v.Instance, Owner: protocol.OwnerNova, GuestDriver: v.GuestDriver}
 			if v.Running {

@@ -3,10 +3,12 @@ package bridge
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 func TestPlacementConfig(t *testing.T) {
@@ -21,6 +23,7 @@ func TestPlacementConfig(t *testing.T) {
 		"placement.token_file=" + tok,
 		"placement.vgpu_resource_classes=VGPU,CUSTOM_VGPU_A16",
 		"placement.sync_interval=30s",
+		"placement.bridge_owned_vf_gpus=cn-1.example.org/0000:c1:00.0=1430,cn-2/0000:41:00.0=1429",
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -34,11 +37,16 @@ func TestPlacementConfig(t *testing.T) {
 		pc.ConsumerType != "INSTANCE" || pc.Replica != "r1" {
 		t.Fatalf("config %+v", pc)
 	}
+	want := []placement.OwnedDecl{{Host: "cn-1.example.org", PCI: "0000:c1:00.0", TypeID: "1430"}, {Host: "cn-2", PCI: "0000:41:00.0", TypeID: "1429"}}
+	if !slices.Equal(pc.OwnedVFGPUs, want) {
+		t.Errorf("OwnedVFGPUs = %+v, want %+v", pc.OwnedVFGPUs, want)
+	}
 }
 
 func TestPlacementConfigErrors(t *testing.T) {
 	base := []string{"database.connection=postgres://u@h/db", "DEFAULT.transport_url=rabbit://g:g@h:5672/", "api.auth_strategy=noauth"}
-	for _, o := range []string{"placement.microversion=2.0", "placement.type_trait_prefix=NVIDIA_"} {
+	for _, o := range []string{"placement.microversion=2.0", "placement.type_trait_prefix=NVIDIA_",
+		"placement.bridge_owned_vf_gpus=cn-1/0000:c1:00.0", "placement.bridge_owned_vf_gpus=cn-1/0000:c1:00.0=nvidia-232"} {
 		if _, err := LoadConfig(conf.Source{Overrides: append(base, o)}); err == nil {
 			t.Errorf("%s accepted", o)
 		}

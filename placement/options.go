@@ -37,6 +37,13 @@ var (
 			"driver_compat_file), adding and removing only traits of that prefix, so that a flavor or image asking for "+
 			"trait:CUSTOM_VGPU_GUEST_DRIVER_R535=required never lands where the guest would show code 43. Each change "+
 			"is audited. Needs a Placement account allowed to write traits. Example: true")
+	optOwnedVFGPUs = options.List("placement", "bridge_owned_vf_gpus", "",
+		"Vendor-VFIO GPUs (SR-IOV, vGPU 17+) that Nova does not manage and the bridge owns, as HOST/PF=TYPE: Nova's "+
+			"compute service host, the GPU's physical function and the numeric vGPU type its VFs offer. For each, the "+
+			"bridge creates a child provider of the compute node's provider with an inventory of CUSTOM_VGPU_BRIDGE "+
+			"(the VFs it can still type) and the type's trait, which only its direct path claims: Nova's "+
+			"resources:VGPU flavors never match it. Never list a GPU that is in Nova's [pci] device_spec or "+
+			"[devices] enabled_mdev_types. Example: compute-7/0000:c1:00.0=1430")
 	optSyncInterval = options.Duration("placement", "sync_interval", time.Minute, time.Second, 24*time.Hour,
 		"Time between incremental syncs (providers whose generation moved). Example: 30s")
 	optFullSyncInterval = options.Duration("placement", "full_sync_interval", time.Hour, time.Minute, 7*24*time.Hour,
@@ -68,6 +75,11 @@ func check(v *conf.Values) conf.Errors {
 	if p := optTypePrefix.Get(v); !reTraitPrefix.MatchString(p) {
 		errs = append(errs, &conf.Error{Section: "placement", Option: "type_trait_prefix", Value: p, Problem: "not a custom trait prefix; allowed: CUSTOM_[A-Z0-9_]*"})
 	}
+	for _, d := range optOwnedVFGPUs.Get(v) {
+		if _, err := ParseOwnedDecl(d); err != nil {
+			errs = append(errs, &conf.Error{Section: "placement", Option: "bridge_owned_vf_gpus", Value: d, Problem: err.Error() + "; allowed: HOST/PF=TYPE"})
+		}
+	}
 	if len(optClasses.Get(v)) == 0 {
 		errs = append(errs, &conf.Error{Section: "placement", Option: "vgpu_resource_classes", Problem: "is empty; allowed: VGPU or CUSTOM_* classes"})
 	}
@@ -96,7 +108,20 @@ func ConfigFrom(v *conf.Values) Config {
 		AddDriverTraits:  optAddDriverTraits.Get(v),
 		StaleReportAge:   optStaleReportAge.Get(v),
 		ConsumerType:     optConsumerType.Get(v),
+		OwnedVFGPUs:      ownedDecls(optOwnedVFGPUs.Get(v)),
 	}
+}
+
+// ownedDecls parses [placement] bridge_owned_vf_gpus (check has refused
+// what does not parse).
+func ownedDecls(list []string) []OwnedDecl {
+	var out []OwnedDecl
+	for _, s := range list {
+		if d, err := ParseOwnedDecl(s); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 var defaults = sync.OnceValue(func() Config { return ConfigFrom(conf.Defaults(options)) })

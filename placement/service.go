@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,10 @@ type Config struct {
 	// StaleReportAge excludes hosts whose last agent report is older
 	// (hosts that never reported are not excluded).
 	StaleReportAge time.Duration
+	// OwnedVFGPUs are the vendor-VFIO GPUs the operator declared
+	// bridge-owned ([placement] bridge_owned_vf_gpus): the sync leader
+	// keeps a provider of class BridgeClass for each (PublishOwned).
+	OwnedVFGPUs []OwnedDecl
 	// ConsumerType written with claims (1.38+).
 	ConsumerType string
 	// Replica names this process in the sync state (default hostname).
@@ -130,6 +135,11 @@ type Service struct {
 // re-typing advice).
 func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, cat *catalog.Catalog, log *slog.Logger) (*Service, error) {
 	cfg.defaults()
+	if !slices.Contains(cfg.Classes, BridgeClass) {
+		// The bridge's own GPUs are GPUs too (they are the only providers
+		// of this class: no operator option is needed to see them).
+		cfg.Classes = append(slices.Clone(cfg.Classes), BridgeClass)
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -293,6 +303,11 @@ func (s *Service) lead(ctx context.Context) error {
 		if s.cfg.AddTypeTraits && err == nil {
 			if _, terr := s.AddTypeTraits(ctx); terr != nil && ctx.Err() == nil {
 				s.log.Warn("placement: adding type traits", logkey.Err, terr)
+			}
+		}
+		if len(s.cfg.OwnedVFGPUs) > 0 && err == nil {
+			if _, perr := s.PublishOwned(ctx); perr != nil && ctx.Err() == nil {
+				s.log.Warn("placement: bridge-owned GPUs", logkey.Err, perr)
 			}
 		}
 		if s.cfg.AddDriverTraits && err == nil {

@@ -75,7 +75,7 @@ func (e *Executor) prepare(c protocol.Command) (handler, error) {
 			}
 			return func(ctx context.Context, r *run) (any, error) {
 				if p.VendorVFIO {
-					_, err := e.ensureVF(ctx, r, parent, p.TypeID, true)
+					_, err := e.ensureVF(ctx, r, parent, p.TypeID, p.MdevUUID, true)
 					return map[string]any{"vf": parent.String(), "type_id": p.TypeID}, err
 				}
 				_, err := e.ensureMdev(ctx, r, parent, p.TypeID, p.MdevUUID, true)
@@ -84,7 +84,7 @@ func (e *Executor) prepare(c protocol.Command) (handler, error) {
 		}
 		return func(ctx context.Context, r *run) (any, error) {
 			if p.VendorVFIO {
-				return nil, e.removeVF(ctx, r, parent)
+				return nil, e.removeVF(ctx, r, parent, p.MdevUUID)
 			}
 			return nil, e.removeMdev(ctx, r, p.MdevUUID)
 		}, nil
@@ -117,6 +117,13 @@ func (e *Executor) prepare(c protocol.Command) (handler, error) {
 		}
 		if c.Kind == protocol.DetachVGPU {
 			return func(ctx context.Context, r *run) (any, error) {
+				if p.VendorVFIO && p.MdevUUID != "" && !r.done(stepDetached) {
+					// The VF went to a later vGPU since: this detach is late,
+					// and its vGPU is gone already.
+					if d, ok := e.j.Owned(journal.VFKey(parent.String())); ok && d.UUID != "" && !strings.EqualFold(d.UUID, p.MdevUUID) {
+						return map[string]any{"device": dev.String(), "mode": p.Mode, "skipped": "vf owned by vGPU " + d.UUID}, nil
+					}
+				}
 				return map[string]any{"device": dev.String(), "mode": p.Mode},
 					e.detach(ctx, r, c.InstanceUUID, dev, p.Mode, timeout)
 			}, nil
@@ -310,7 +317,11 @@ func (e *Executor) ensureMdev(ctx context.Context, r *run, parent pci.Addr, type
 }
 
 // ensureVF sets a vendor-VFIO VF's vGPU type (step vf_type_set).
-func (e *Executor) ensureVF(ctx context.Context, r *run, vf pci.Addr, typeID string, strict bool) (string, error) {
+//
+// owner, when given, names the vGPU (the bridge's attachment id) the type
+// is set for; the journal keeps it so that a late release of an earlier
+// owner of the same VF never clears it (removeVF).
+func (e *Executor) ensureVF(ctx context.Context, r *run, vf pci.Addr, typeID, owner string, strict bool) (string, error) {
 	return r.step(stepVFTypeSet, func() (string, error) {
 		op := fmt.Sprintf("set vgpu type %s on vf %s", typeID, vf)
 		key := journal.VFKey(vf.String())
@@ -331,7 +342,7 @@ func (e *Executor) ensureVF(ctx context.Context, r *run, vf pci.Addr, typeID str
 			return dataExisted, nil
 		}
 		if !isOwned {
-			owned = journal.Device{Kind: journal.KindVF, Parent: vf.String(), Type: typeID, CommandID: r.c.ID}
+			owned = journal.Device{Kind: journal.KindVF, UUID: owner, Parent: vf.String(), Type: typeID, CommandID: r.c.ID}
 			if err := e.j.Own(owned); err != nil {
 				return "", hosterr.New(hosterr.Internal, "journal", err)
 			}
@@ -398,12 +409,19 @@ func (e *Executor) notInUse(ctx context.Context, uuid string) error {
 	return nil
 }
 
-// removeVF clears a VF type the journal owns, then releases it.
-func (e *Executor) removeVF(ctx context.Context, r *run, vf pci.Addr) error {
+// removeVF clears a VF type the journal owns, then releases it. When
+// owner is given and the journal holds the VF for another owner (the VF
+// was released and typed again for a later vGPU), it is refused: a late
+// or repeated release never clears a later owner's vGPU.
+func (e *Executor) removeVF(ctx context.Context, r *run, vf pci.Addr, owner string) error {
 	key := journal.VFKey(vf.String())
 	if !r.done(stepRemoved) {
-		if _, ok := e.j.Owned(key); !ok {
+		d, ok := e.j.Owned(key)
+		if !ok {
 			return refuse(protocol.CodeNotOwned, "vf %s type is not in the agent's journal; it is never cleared by the agent", vf)
+		}
+		if owner != "" && d.UUID != "" && !strings.EqualFold(d.UUID, owner) {
+			return refuse(protocol.CodeNotOwned, "vf %s is typed for vGPU %s now, not %s; it is left alone", vf, d.UUID, owner)
 		}
 	}
 	if _, err := r.step(stepRemoved, func() (string, error) {
@@ -422,7 +440,7 @@ func (e *Executor) attachVGPU(ctx context.Context, r *run, p protocol.AttachPara
 	var err error
 	switch {
 	case p.VendorVFIO && p.TypeID != "":
-		created, err = e.ensureVF(ctx, r, parent, p.TypeID, false)
+		created, err = e.ensureVF(ctx, r, parent, p.TypeID, p.MdevUUID, false)
 	case p.VendorVFIO:
 		if _, err = e.findVF(ctx, parent); err != nil {
 			return err

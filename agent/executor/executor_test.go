@@ -525,6 +525,45 @@ func TestVendorVFIO(t *testing.T) {
 	}
 }
 
+// TestVendorVFIOLateReleaseOfEarlierOwner: a VF released by vGPU A and
+// typed again for vGPU B (here in the same domain) is left alone by A's
+// release delivered late with new command ids: the detach does nothing,
+// the remove is refused not_owned and B's type stays.
+func TestVendorVFIOLateReleaseOfEarlierOwner(t *testing.T) {
+	en := newEnv(t)
+	vf := pci.MustParse("0000:41:00.4")
+	en.h.vfs[vf] = &sysfs.VF{Addr: vf, PhysFn: pci.MustParse("0000:41:00.0"), Creatable: []sysfs.VFType{{ID: "1428"}}}
+	const ownerA, ownerB = "7f0c4a52-0000-4000-8000-00000000000a", "7f0c4a52-0000-4000-8000-00000000000b"
+	attach := func(id, owner string) protocol.Command {
+		return command(t, id, protocol.AttachVGPU, protocol.AttachParams{MdevUUID: owner, ParentPCI: vf.String(), TypeID: "1428", VendorVFIO: true, Mode: protocol.ModeLive})
+	}
+	detach := func(id, owner string) protocol.Command {
+		return command(t, id, protocol.DetachVGPU, protocol.AttachParams{MdevUUID: owner, ParentPCI: vf.String(), VendorVFIO: true, Mode: protocol.ModeLive})
+	}
+	remove := func(id, owner string) protocol.Command {
+		return command(t, id, protocol.RemoveMdev, protocol.MdevParams{MdevUUID: owner, ParentPCI: vf.String(), TypeID: "1428", VendorVFIO: true})
+	}
+	wantStatus(t, en.exec(attach("a1", ownerA)), protocol.Succeeded, "")
+	wantStatus(t, en.exec(detach("a2", ownerA)), protocol.Succeeded, "")
+	wantStatus(t, en.exec(remove("a3", ownerA)), protocol.Succeeded, "")
+	wantStatus(t, en.exec(attach("b1", ownerB)), protocol.Succeeded, "")
+
+	wantStatus(t, en.exec(detach("a2-late", ownerA)), protocol.Succeeded, "")
+	if _, ok := en.h.doms[dom1].Has(Hostdev{PCI: vf}); !ok {
+		t.Error("A's late detach detached B's VF")
+	}
+	wantStatus(t, en.exec(remove("a3-late", ownerA)), protocol.Refused, protocol.CodeNotOwned)
+	if en.h.vfs[vf].Current != "1428" {
+		t.Errorf("A's late remove cleared B's VF type (now %q)", en.h.vfs[vf].Current)
+	}
+	// B's own release still works.
+	wantStatus(t, en.exec(detach("b2", ownerB)), protocol.Succeeded, "")
+	wantStatus(t, en.exec(remove("b3", ownerB)), protocol.Succeeded, "")
+	if en.h.vfs[vf].Current != "" {
+		t.Error("B's release did not clear the VF type")
+	}
+}
+
 func TestVerify(t *testing.T) {
 	en := newEnv(t)
 	v := command(t, "v1", protocol.VerifyVGPU, protocol.VerifyParams{TypeID: t4q})

@@ -246,11 +246,14 @@ type Report struct {
 
 // GPU is one physical GPU (or vendor-VFIO VF) in a report.
 type GPU struct {
-	PCI            string     `json:"pci"` // 0000:3b:00.0
-	UUID           string     `json:"uuid,omitempty"`
-	Name           string     `json:"name,omitempty"`
-	VendorVFIO     bool       `json:"vendor_vfio,omitempty"`
-	PhysFn         string     `json:"physfn,omitempty"` // the PF of a vendor-VFIO VF
+	PCI        string `json:"pci"` // 0000:3b:00.0
+	UUID       string `json:"uuid,omitempty"`
+	Name       string `json:"name,omitempty"`
+	VendorVFIO bool   `json:"vendor_vfio,omitempty"`
+	PhysFn     string `json:"physfn,omitempty"` // the PF of a vendor-VFIO VF
+	// FreeVFs are, for a vendor-VFIO GPU (PCI is its PF), its VFs that
+	// have no vGPU type set: those a bridge-owned GPU's attach may type.
+	FreeVFs        []string   `json:"free_vfs,omitempty"`
 	DriverVersion  string     `json:"driver_version,omitempty"`
 	Types          []VGPUType `json:"types"`
 	Active         []VGPU     `json:"active"`

@@ -121,6 +121,11 @@ func (c *Client) Audit(ctx context.Context, f AuditFilter) (AuditList, error) {
 	return out, err
 }
 
+// BridgeOwnedClass is the resource class of bridge-owned GPU providers
+// (placement.BridgeClass, which this package does not import: a test
+// keeps the two equal). Profile.BridgeOwned counts those GPUs.
+const BridgeOwnedClass = "CUSTOM_VGPU_BRIDGE"
+
 // Profile is one vGPU profile of the catalog with the fleet's counts.
 type Profile struct {
 	Name           string `json:"name"`
@@ -132,6 +137,7 @@ type Profile struct {
 	GPU            string `json:"gpu"`
 	Source         string `json:"source"`
 	GPUs           int    `json:"gpus"`
+	BridgeOwned    int    `json:"bridge_owned_gpus,omitempty"`
 	Capacity       int    `json:"capacity"`
 	Used           int    `json:"used"`
 	Free           int    `json:"free"`

@@ -17,6 +17,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls/controlswire"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 )
@@ -298,14 +299,17 @@ func decodeCursor(s string) (int64, bool) {
 // counts of GPUs typed for it.
 type ProfileRecord struct {
 	catalog.Profile
-	GPUs     int `json:"gpus"`
-	Capacity int `json:"capacity"`
-	Used     int `json:"used"`
-	Free     int `json:"free"`
+	GPUs int `json:"gpus"`
+	// BridgeOwnedGPUs are, of GPUs, those of the bridge's own resource
+	// class (placement.BridgeClass): Nova's vGPU flavors never reach them.
+	BridgeOwnedGPUs int `json:"bridge_owned_gpus,omitempty"`
+	Capacity        int `json:"capacity"`
+	Used            int `json:"used"`
+	Free            int `json:"free"`
 }
 
 func (a *API) profiles(c echo.Context) error {
-	type count struct{ gpus, capacity, used, free int }
+	type count struct{ gpus, bridge, capacity, used, free int }
 	counts := map[string]*count{}
 	if a.GPUs != nil {
 		for _, g := range a.GPUs() {
@@ -318,6 +322,9 @@ func (a *API) profiles(c echo.Context) error {
 				counts[g.Types[0]] = x
 			}
 			x.gpus++
+			if g.Class == placement.BridgeClass {
+				x.bridge++
+			}
 			x.capacity += g.Capacity()
 			x.used += g.Used
 			x.free += g.Free()
@@ -333,7 +340,7 @@ func (a *API) profiles(c echo.Context) error {
 			}
 			r := ProfileRecord{Profile: p}
 			if x := counts[p.Trait]; p.Trait != "" && x != nil {
-				r.GPUs, r.Capacity, r.Used, r.Free = x.gpus, x.capacity, x.used, x.free
+				r.GPUs, r.BridgeOwnedGPUs, r.Capacity, r.Used, r.Free = x.gpus, x.bridge, x.capacity, x.used, x.free
 			}
 			out = append(out, r)
 		}

@@ -62,6 +62,16 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 	var atts []flow.Attachment
 	var release []flow.Attachment
 	var summary []string
+	// fail gives the claims made back and turns the plan into a failure.
+	fail := func(code, reason string) error {
+		w.GiveBackClaims() // released after the transaction
+		if err := p.auditReleased(ctx, tx, reqID, claims, reason); err != nil {
+			return err
+		}
+		plan.Outcome, plan.Code, plan.Reason, plan.Steps = flow.OutcomeFail, code, reason, nil
+		return w.Close(ctx, reqID, state, *plan)
+	}
+	vfs := vfPicker{tx: tx}
 	for _, s := range plan.Steps {
 		switch s.Kind {
 		case flow.StepAttach:
@@ -75,12 +85,7 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 					}
 					reason := fmt.Sprintf("no GPU of host %s (node %s) can take %d × %s (%s): %v", f.Instance.Host, f.Instance.Node,
 						max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, err)
-					w.GiveBackClaims() // released after the transaction
-					if err := p.auditReleased(ctx, tx, reqID, claims, reason); err != nil {
-						return err
-					}
-					plan.Outcome, plan.Code, plan.Reason, plan.Steps = flow.OutcomeFail, code, reason, nil
-					return w.Close(ctx, reqID, state, *plan)
+					return fail(code, reason)
 				}
 				return pipeline.Retry(fmt.Errorf("claim %d × %s on node %s: %w", max(s.Intent.Count, 1), s.Intent.Profile, f.Instance.Node, err))
 			}
@@ -95,6 +100,17 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 						b.ID = uuid.New()
 					}
 					b.HeldAfter = mc.Held - (mc.Amount - 1 - u)
+					if IsVF(b) {
+						// A bridge-owned VF GPU: the vGPU is one of its free VFs.
+						vf, err := vfs.pick(ctx, b.Host, a.PCIAddress)
+						if errors.Is(err, errNoFreeVF) {
+							return fail(flow.CodeNoCapacity, fmt.Sprintf("GPU %s of host %s can take %s by Placement, but %v", a.PCIAddress, b.Host, s.Intent.Profile, err))
+						}
+						if err != nil {
+							return err
+						}
+						b.PCIAddress = vf
+					}
 					cs, err := AttachCommands(b, reqID.String(), now, deadline)
 					if err != nil {
 						return err
@@ -109,7 +125,11 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 				if s.Intent.FrameRateLimit != nil {
 					frl = ", frame-rate limiter " + map[bool]string{true: "on", false: "off"}[*s.Intent.FrameRateLimit]
 				}
-				summary = append(summary, fmt.Sprintf("attach %d × %s on %s GPU %s%s", mc.Amount, s.Intent.Profile, f.Instance.Host, a.PCIAddress, frl))
+				on := ""
+				if IsVF(a) {
+					on = " (VF " + atts[len(atts)-1].PCIAddress + ")"
+				}
+				summary = append(summary, fmt.Sprintf("attach %d × %s on %s GPU %s%s%s", mc.Amount, s.Intent.Profile, f.Instance.Host, a.PCIAddress, on, frl))
 			}
 		case flow.StepRelease:
 			for _, a := range s.Release {
@@ -123,13 +143,16 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 					seq++
 					cmds = append(cmds, outCmd{c: c, seq: seq, attachment: &id})
 				}
-				summary = append(summary, fmt.Sprintf("release %s (mdev %s) on %s", a.Profile, a.ID, a.Host))
+				dev := "mdev " + a.ID.String()
+				if IsVF(a) {
+					dev = "VF " + a.PCIAddress
+				}
+				summary = append(summary, fmt.Sprintf("release %s (%s) on %s", a.Profile, dev, a.Host))
 			}
 		case flow.StepReattach:
 			for _, a := range s.Release {
 				c, err := pipeline.NewCommand(protocol.AttachVGPU, a.Host, reqID.String(), a.InstanceUUID,
-					protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: pipeline.AgentMode(policy.ModeDirectLive, f.Instance.VMState),
-						FrameRateLimit: a.FrameRateLimit},
+					attachParams(a, pipeline.AgentMode(policy.ModeDirectLive, f.Instance.VMState)),
 					now, deadline)
 				if err != nil {
 					return err

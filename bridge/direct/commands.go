@@ -13,6 +13,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 // outCmd is a command of a request on its way into the outbox: its place
@@ -50,18 +51,35 @@ func commandRows(reqID uuid.UUID, cmds []outCmd) ([]requests.Command, error) {
 // attaches it, and removes it again should the attach fail (create_mdev
 // remains for pre-creating devices). One command is one broker and one
 // Postgres round trip fewer than create_mdev followed by attach_vgpu.
+//
+// On a bridge-owned VF GPU (IsVF) it names the VF and the numeric type
+// instead: the agent sets the VF's type (its journal records the
+// attachment as the VF's owner) and hot-plugs the VF as a PCI hostdev.
 func AttachCommands(a flow.Attachment, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
-	c, err := pipeline.NewCommand(protocol.AttachVGPU, a.Host, requestID, a.InstanceUUID,
-		protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, Mode: a.Mode, FrameRateLimit: a.FrameRateLimit},
-		issued, expires)
+	c, err := pipeline.NewCommand(protocol.AttachVGPU, a.Host, requestID, a.InstanceUUID, attachParams(a, a.Mode), issued, expires)
 	if err != nil {
 		return nil, fmt.Errorf("attach command for %s: %w", a.ID, err)
 	}
 	return []protocol.Command{c}, nil
 }
 
+// IsVF reports whether the attachment is a VF of a bridge-owned
+// vendor-VFIO GPU: its provider's class is placement.BridgeClass (the
+// bridge owns VF GPUs only; [placement] bridge_owned_vf_gpus) and its
+// PCIAddress is the VF.
+func IsVF(a flow.Attachment) bool { return a.Class == placement.BridgeClass }
+
+// attachParams are the attach_vgpu params of a in mode.
+func attachParams(a flow.Attachment, mode string) protocol.AttachParams {
+	return protocol.AttachParams{MdevUUID: a.ID.String(), ParentPCI: a.PCIAddress, TypeID: a.TypeID, VendorVFIO: IsVF(a), Mode: mode,
+		FrameRateLimit: a.FrameRateLimit}
+}
+
 // ReleaseCommands take an attachment back: detach_vgpu (unless the domain
-// is gone), then remove_mdev.
+// is gone), then remove_mdev. For a VF both name the VF and the
+// attachment (MdevUUID): the agent clears the VF's type only while its
+// journal holds the VF for this attachment, so a late or repeated release
+// never clears a later owner's vGPU.
 func ReleaseCommands(a flow.Attachment, removeOnly bool, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
 	var out []protocol.Command
 	mdev := a.ID.String()
@@ -71,16 +89,33 @@ func ReleaseCommands(a flow.Attachment, removeOnly bool, requestID string, issue
 			mode = protocol.ModeLive
 		}
 		c, err := pipeline.NewCommand(protocol.DetachVGPU, a.Host, requestID, a.InstanceUUID,
-			protocol.AttachParams{MdevUUID: mdev, Mode: mode}, issued, expires)
+			release(protocol.AttachParams{MdevUUID: mdev, Mode: mode}, a), issued, expires)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, c)
 	}
 	c, err := pipeline.NewCommand(protocol.RemoveMdev, a.Host, requestID, a.InstanceUUID,
-		protocol.MdevParams{MdevUUID: mdev}, issued, expires)
+		removeParams(a), issued, expires)
 	if err != nil {
 		return nil, err
 	}
 	return append(out, c), nil
+}
+
+// release adds to p, for a VF, the VF and vendor_vfio.
+func release(p protocol.AttachParams, a flow.Attachment) protocol.AttachParams {
+	if IsVF(a) {
+		p.ParentPCI, p.VendorVFIO = a.PCIAddress, true
+	}
+	return p
+}
+
+// removeParams are the remove_mdev params of a: the mdev, or the VF.
+func removeParams(a flow.Attachment) protocol.MdevParams {
+	p := protocol.MdevParams{MdevUUID: a.ID.String()}
+	if IsVF(a) {
+		p.ParentPCI, p.TypeID, p.VendorVFIO = a.PCIAddress, a.TypeID, true
+	}
+	return p
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 // Kind names a difference between Placement, the hosts and the bridge.
@@ -255,7 +256,8 @@ func Detect(s *Snapshot) []Finding {
 		var found *protocol.VGPU
 		for _, g := range h.Report.GPUs {
 			for i := range g.Active {
-				if g.Active[i].MdevUUID == a.ID {
+				// A bridge-owned VF GPU's vGPU is its VF (a.PCI).
+				if g.Active[i].MdevUUID == a.ID || (a.Class == placement.BridgeClass && a.PCI != "" && g.Active[i].PCI == a.PCI) {
 					found = &g.Active[i]
 				}
 			}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 const (
@@ -66,6 +67,22 @@ func TestDetect(t *testing.T) {
 		{"missing device", func(s *Snapshot) {
 			s.Attachments = []AttachmentView{att}
 			s.Allocations[provA][instA] = 1
+		}, []want{{MissingDevice, false, 0}}},
+		{"a bridge-owned VF GPU's vGPU is found by its VF", func(s *Snapshot) {
+			a := att
+			a.Class, a.PCI = placement.BridgeClass, "0000:c1:00.5"
+			s.Attachments = []AttachmentView{a}
+			s.GPUs[0].Class = placement.BridgeClass
+			s.Allocations[provA][instA] = 1
+			active(s, protocol.VGPU{PCI: "0000:c1:00.5", TypeID: "1429", InstanceUUID: instA, Owner: protocol.OwnerAgent})
+		}, nil},
+		{"a bridge-owned VF GPU's vGPU missing from the report", func(s *Snapshot) {
+			a := att
+			a.Class, a.PCI = placement.BridgeClass, "0000:c1:00.5"
+			s.Attachments = []AttachmentView{a}
+			s.GPUs[0].Class = placement.BridgeClass
+			s.Allocations[provA][instA] = 1
+			active(s, protocol.VGPU{PCI: "0000:c1:00.6", TypeID: "1429", InstanceUUID: instA, Owner: protocol.OwnerAgent})
 		}, []want{{MissingDevice, false, 0}}},
 		{"report older than the attach is not judged", func(s *Snapshot) {
 			a := att

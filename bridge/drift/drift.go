@@ -296,6 +296,7 @@ func leanReport(raw []byte) (protocol.Report, error) {
 			PCI    string `json:"pci"`
 			Active []struct {
 				MdevUUID     string `json:"mdev_uuid"`
+				PCI          string `json:"pci"`
 				TypeID       string `json:"type_id"`
 				InstanceUUID string `json:"instance_uuid"`
 				Owner        string `json:"owner"`
@@ -311,7 +312,7 @@ func leanReport(raw []byte) (protocol.Report, error) {
 		if len(g.Active) > 0 {
 			r.GPUs[i].Active = make([]protocol.VGPU, len(g.Active))
 			for j, v := range g.Active {
-				r.GPUs[i].Active[j] = protocol.VGPU{MdevUUID: v.MdevUUID, TypeID: v.TypeID, InstanceUUID: v.InstanceUUID, Owner: v.Owner}
+				r.GPUs[i].Active[j] = protocol.VGPU{MdevUUID: v.MdevUUID, PCI: v.PCI, TypeID: v.TypeID, InstanceUUID: v.InstanceUUID, Owner: v.Owner}
 			}
 		}
 	}

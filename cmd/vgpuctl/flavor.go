@@ -19,6 +19,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
 	"github.com/spf13/cobra"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/computeapi"
@@ -263,7 +264,11 @@ func planProfiles(ctx context.Context, g *globals, names []string) ([]nova.PlanP
 	var out []nova.PlanProfile
 	if len(names) == 0 {
 		for _, p := range pl.Profiles {
-			if p.GPUs > 0 && p.Trait != "" {
+			if p.GPUs > 0 && p.BridgeOwned > 0 {
+				fmt.Fprintf(g.stderr, "vgpuctl: profile %s: %d of its %d GPUs are bridge-owned (resource class %s): "+
+					"Nova's resources:VGPU flavors never reach them, only the bridge's direct path does\n", p.Name, p.BridgeOwned, p.GPUs, apiclient.BridgeOwnedClass)
+			}
+			if p.GPUs-p.BridgeOwned > 0 && p.Trait != "" {
 				out = append(out, nova.PlanProfile{Name: p.Name, TypeID: p.TypeID, Trait: p.Trait})
 			}
 		}

@@ -8,7 +8,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 // fakeNova is the compute API's flavor calls, in memory.
@@ -284,5 +286,45 @@ func TestFlavorPlanCoveredByCreated(t *testing.T) {
 	}
 	if n := len(fn.names()); n != 3 {
 		t.Errorf("%d flavors in Nova, want the two bases and one vGPU flavor", n)
+	}
+}
+
+// TestFlavorPlanBridgeOwned: a profile whose only GPUs are bridge-owned is
+// not planned (Nova's resources:VGPU flavors never reach those GPUs), and
+// the plan says so, naming the bridge's resource class.
+func TestFlavorPlanBridgeOwned(t *testing.T) {
+	t.Setenv("OS_CLOUD", "")
+	t.Setenv("VGPUCTL_COMPUTE_TOKEN", "")
+	if apiclient.BridgeOwnedClass != placement.BridgeClass {
+		t.Fatalf("apiclient.BridgeOwnedClass %s, placement.BridgeClass %s", apiclient.BridgeOwnedClass, placement.BridgeClass)
+	}
+	br := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(map[string]any{"profiles": []map[string]any{
+			{"name": "T4-4Q", "type_id": "nvidia-232", "trait": "CUSTOM_NVIDIA_232", "gpus": 3, "bridge_owned_gpus": 1},
+			{"name": "H200X-70C", "type_id": "1429", "trait": "CUSTOM_1429", "gpus": 1, "bridge_owned_gpus": 1},
+		}})
+	}))
+	defer br.Close()
+	fn := &fakeNova{}
+	fn.add("1", "m1.small", 2, 2048, 20, nil)
+	nv := httptest.NewServer(fn)
+	defer nv.Close()
+	code, out, errs := vgpuctl("flavor", "plan", "--url", br.URL, "--token", "t", "--compute-url", nv.URL+"/v2.1", "--compute-token", "admin:admin")
+	if code != exitOK {
+		t.Fatalf("plan: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "m1.small.vgpu-t4-4q") {
+		t.Errorf("T4-4Q (two Nova GPUs) not planned:\n%s", out)
+	}
+	if strings.Contains(out, "H200X-70C") {
+		t.Errorf("a profile of bridge-owned GPUs only is planned:\n%s", out)
+	}
+	for _, want := range []string{
+		"profile H200X-70C: 1 of its 1 GPUs are bridge-owned (resource class CUSTOM_VGPU_BRIDGE)",
+		"profile T4-4Q: 1 of its 3 GPUs are bridge-owned",
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errs)
+		}
 	}
 }

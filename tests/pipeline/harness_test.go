@@ -263,12 +263,16 @@ type replicaOpts struct {
 	lookup pipeline.InstanceLookup
 	// maxAttempts bounds the attempts at an event (the default when 0).
 	maxAttempts int
+	// owned are the bridge-owned VF GPUs ([placement] bridge_owned_vf_gpus).
+	owned []placement.OwnedDecl
+	// syncInterval is the placement service's (its Run is the test's to start).
+	syncInterval time.Duration
 }
 
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	t := w.t
 	svc, err := placement.New(w.ctx, placement.Config{Client: placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin"},
-		SyncConcurrency: 4, Replica: o.name}, w.pool, w.holder.Catalog(), logger())
+		SyncConcurrency: 4, Replica: o.name, OwnedVFGPUs: o.owned, SyncInterval: o.syncInterval}, w.pool, w.holder.Catalog(), logger())
 	testsvc.Must(t, err, "placement service")
 	_, err = svc.SyncNow(w.ctx, true, nil)
 	if err != nil && err != placement.ErrSyncBusy {

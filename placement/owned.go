@@ -1,0 +1,314 @@
+package placement
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/traits"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
+)
+
+// BridgeClass is the resource class of the GPU providers the bridge owns
+// (bridge-owned GPUs: GPUs Nova does not manage). Nova's vGPU flavors ask
+// for resources:VGPU=N, which never matches it, so Nova's scheduler never
+// places a server on a bridge-owned GPU; only the bridge's direct path
+// claims it. A flavor would have to name resources:CUSTOM_VGPU_BRIDGE=1
+// to reach it, and `vgpuctl flavor plan` never prints one that does.
+const BridgeClass = "CUSTOM_VGPU_BRIDGE"
+
+// OwnedDecl declares one vendor-VFIO GPU (its physical function) of a
+// compute host bridge-owned, offering vGPUs of TypeID on its VFs:
+// "HOST/PF=TYPE" in [placement] bridge_owned_vf_gpus.
+type OwnedDecl struct {
+	Host   string // Nova's compute service host (the agent's [DEFAULT] host)
+	PCI    string // the PF, 0000:c1:00.0
+	TypeID string // numeric vGPU type id, 1430
+}
+
+func (d OwnedDecl) String() string { return d.Host + "/" + d.PCI + "=" + d.TypeID }
+
+// ParseOwnedDecl parses "HOST/PF=TYPE" (fake-compute-0/0000:c1:00.0=1430).
+func ParseOwnedDecl(s string) (OwnedDecl, error) {
+	hostPCI, typ, ok := strings.Cut(strings.TrimSpace(s), "=")
+	if !ok {
+		return OwnedDecl{}, fmt.Errorf("%q: want HOST/PF=TYPE", s)
+	}
+	i := strings.LastIndex(hostPCI, "/")
+	if i <= 0 || i == len(hostPCI)-1 {
+		return OwnedDecl{}, fmt.Errorf("%q: want HOST/PF=TYPE", s)
+	}
+	d := OwnedDecl{Host: hostPCI[:i], PCI: strings.ToLower(hostPCI[i+1:]), TypeID: typ}
+	if engine.PCIAddress(GPUProviderName("n", d.PCI)) == "" {
+		return OwnedDecl{}, fmt.Errorf("%q: %q is not a PCI address (DDDD:BB:SS.F)", s, d.PCI)
+	}
+	if d.TypeID == "" || strings.Trim(d.TypeID, "0123456789") != "" {
+		return OwnedDecl{}, fmt.Errorf("%q: %q is not a numeric vendor-VFIO type id", s, d.TypeID)
+	}
+	return d, nil
+}
+
+// OwnedGPU is what the bridge publishes for one bridge-owned GPU: a child
+// provider of the compute node's provider, named as Nova names a GPU's
+// (GPUProviderName), with Total units of BridgeClass and the type's trait.
+type OwnedGPU struct {
+	Node  string // the compute node's provider name
+	PCI   string // the PF
+	Trait string // the type trait, catalog.TraitFor(type id)
+	// Total is how many vGPUs of the type the GPU holds or can still
+	// hold: its VFs typed with it by the agent (the bridge's vGPUs) and
+	// the free VFs that can still take it (creatable_vgpu_types). The
+	// VFs Nova typed are not counted.
+	Total int
+}
+
+// OwnedFromReport is what the declared GPUs of one host's report are
+// worth in Placement; a declared GPU the report lacks, or reports as not
+// vendor-VFIO, is left out.
+func OwnedFromReport(decls []OwnedDecl, host string, r protocol.Report) []OwnedGPU {
+	node := r.Node
+	if node == "" {
+		node = host
+	}
+	var out []OwnedGPU
+	for _, d := range decls {
+		if d.Host != host {
+			continue
+		}
+		for _, g := range r.GPUs {
+			if !g.VendorVFIO || !strings.EqualFold(g.PCI, d.PCI) {
+				continue
+			}
+			total := 0
+			for _, t := range g.Types {
+				if t.ID == d.TypeID {
+					total += t.AvailableInstances
+				}
+			}
+			for _, a := range g.Active {
+				if a.TypeID == d.TypeID && a.Owner == protocol.OwnerAgent {
+					total++
+				}
+			}
+			out = append(out, OwnedGPU{Node: node, PCI: d.PCI, Trait: catalog.TraitFor(d.TypeID), Total: total})
+		}
+	}
+	return out
+}
+
+// ErrNotOwned says a provider with the name of a bridge-owned GPU exists
+// and is not the bridge's (it has inventory of another class, or another
+// parent): the bridge leaves it alone.
+var ErrNotOwned = errors.New("provider exists and is not the bridge's")
+
+// PublishOwned brings the providers of the bridge-owned GPUs that the
+// agents' last reports (the hosts table) show in line with them
+// (PublishGPU), then syncs the changed ones into the mirror and the
+// index. The reports are read first, Placement is written after: no
+// Placement call is made inside a database transaction. It returns how
+// many providers it changed.
+func (s *Service) PublishOwned(ctx context.Context) (int, error) {
+	if len(s.cfg.OwnedVFGPUs) == 0 || s.store == nil {
+		return 0, nil
+	}
+	hosts := make([]string, 0, len(s.cfg.OwnedVFGPUs))
+	for _, d := range s.cfg.OwnedVFGPUs {
+		if !slices.Contains(hosts, d.Host) {
+			hosts = append(hosts, d.Host)
+		}
+	}
+	rows, err := s.store.Pool().Query(ctx, `SELECT name, report FROM hosts WHERE name = ANY($1) AND report IS NOT NULL`, hosts)
+	if err != nil {
+		return 0, fmt.Errorf("bridge-owned GPUs: hosts: %w", err)
+	}
+	var gpus []OwnedGPU
+	for rows.Next() {
+		var host string
+		var raw []byte
+		if err := rows.Scan(&host, &raw); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("bridge-owned GPUs: hosts: %w", err)
+		}
+		var r protocol.Report
+		if err := json.Unmarshal(raw, &r); err != nil {
+			s.log.Warn("placement: bridge-owned GPUs: unreadable report", logkey.Host, host, logkey.Err, err)
+			continue
+		}
+		gpus = append(gpus, OwnedFromReport(s.cfg.OwnedVFGPUs, host, r)...)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("bridge-owned GPUs: hosts: %w", err)
+	}
+	changed := 0
+	var firstErr error
+	for _, g := range gpus {
+		did, _, err := s.PublishGPU(ctx, g)
+		if err != nil {
+			s.log.Warn("placement: bridge-owned GPU not published", "node", g.Node, "pci", g.PCI, logkey.Err, err)
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		if did {
+			changed++
+		}
+	}
+	if changed > 0 {
+		if _, err := s.SyncNow(ctx, false, nil); err != nil && !errors.Is(err, ErrSyncBusy) && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return changed, firstErr
+}
+
+// PublishGPU makes g's provider as Neutron's agents make theirs: found by
+// name under the compute node's provider, or created there (POST
+// /resource_providers with parent_provider_uuid); then its inventory of
+// BridgeClass and its traits are written when they differ, each under the
+// provider's generation (a conflict is read again and retried). Those are
+// the only inventories the bridge writes, on providers it created. It
+// reports whether it changed anything, and the provider's uuid.
+func (s *Service) PublishGPU(ctx context.Context, g OwnedGPU) (bool, string, error) {
+	sc := s.client.ServiceClient()
+	roots, err := s.client.Providers(ctx, ListOpts{Name: g.Node})
+	if err != nil {
+		return false, "", err
+	}
+	if len(roots) != 1 {
+		return false, "", fmt.Errorf("compute node provider %q: %d found (Nova registers it)", g.Node, len(roots))
+	}
+	root := roots[0].UUID
+	// Nova reports the VFs of a GPU in its [pci] device_spec (with
+	// report_in_placement) under a provider of the PF named
+	// <node>_<ADDRESS> (nova.compute.pci_placement_translator.
+	// PlacementView._get_rp_name_for_address): such a GPU is Nova's.
+	novaName := g.Node + "_" + strings.ToUpper(g.PCI)
+	if ps, err := s.client.Providers(ctx, ListOpts{Name: novaName}); err != nil {
+		return false, "", err
+	} else if len(ps) > 0 {
+		return false, "", fmt.Errorf("GPU %s of %s: %w: Nova reports its VFs in Placement (provider %s, [pci] device_spec); "+
+			"take it out of [placement] bridge_owned_vf_gpus", g.PCI, g.Node, ErrNotOwned, novaName)
+	}
+	name := GPUProviderName(g.Node, g.PCI)
+	changed := false
+	rp, err := s.ownedProvider(ctx, name, root)
+	if err != nil {
+		return false, "", err
+	}
+	if rp == "" {
+		p, err := resourceproviders.Create(ctx, sc, resourceproviders.CreateOpts{Name: name, ParentProviderUUID: root}).Extract()
+		if gophercloud.ResponseCodeIs(err, 409) { // another replica made it meanwhile
+			rp, err = s.ownedProvider(ctx, name, root)
+			if err == nil && rp == "" {
+				err = fmt.Errorf("provider %s: created meanwhile, then gone", name)
+			}
+			if err != nil {
+				return false, "", err
+			}
+		} else if err != nil {
+			return false, "", fmt.Errorf("create provider %s: %w", name, classify("POST /resource_providers", err))
+		} else {
+			rp, changed = p.UUID, true
+			s.log.Info("placement: bridge-owned GPU provider created", "provider", name, logkey.Provider, rp, "parent", root)
+		}
+	}
+	if err := ensureClass(ctx, sc, BridgeClass); err != nil {
+		return changed, rp, err
+	}
+	if err := traits.Create(ctx, sc, g.Trait).ExtractErr(); err != nil {
+		return changed, rp, fmt.Errorf("create trait %s: %w", g.Trait, classify("PUT /traits/{name}", err))
+	}
+	// With no VF left for the type, the inventory stays with its units
+	// reserved: deleting it would fail while vGPUs are allocated, and
+	// Placement wants a total of at least 1.
+	want := engine.Inventory{Total: max(g.Total, 1), Reserved: max(g.Total, 1) - g.Total, MinUnit: 1, MaxUnit: max(g.Total, 1), StepSize: 1, AllocationRatio: 1}
+	for attempt := 0; ; attempt++ {
+		inv, gen, err := s.client.Inventories(ctx, rp)
+		if err != nil {
+			return changed, rp, err
+		}
+		cur, ok := inv[BridgeClass]
+		if ok && len(inv) == 1 && cur == want {
+			break
+		}
+		err = putInventory(ctx, sc, rp, gen, map[string]engine.Inventory{BridgeClass: want})
+		if err == nil {
+			changed = true
+			s.log.Info("placement: bridge-owned GPU inventory written", "provider", name, "class", BridgeClass, "total", g.Total)
+			break
+		}
+		if !IsConflict(err) || attempt >= 4 {
+			return changed, rp, fmt.Errorf("inventory of %s: %w", name, err)
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		cur, gen, err := s.client.Traits(ctx, rp)
+		if err != nil {
+			return changed, rp, err
+		}
+		if len(cur) == 1 && cur[0] == g.Trait {
+			break
+		}
+		_, err = resourceproviders.UpdateTraits(ctx, sc, rp, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: gen, Traits: []string{g.Trait}}).Extract()
+		if err == nil {
+			changed = true
+			s.log.Info("placement: bridge-owned GPU trait set", "provider", name, "trait", g.Trait)
+			break
+		}
+		if !gophercloud.ResponseCodeIs(err, 409) || attempt >= 4 {
+			return changed, rp, fmt.Errorf("traits of %s: %w", name, classify("PUT /resource_providers/{uuid}/traits", err))
+		}
+	}
+	return changed, rp, nil
+}
+
+// ownedProvider finds the provider named name: "" when there is none; an
+// error wrapping ErrNotOwned when it is not a bridge-owned GPU's (another
+// parent, or inventory of another class).
+func (s *Service) ownedProvider(ctx context.Context, name, root string) (string, error) {
+	ps, err := s.client.Providers(ctx, ListOpts{Name: name})
+	if err != nil || len(ps) == 0 {
+		return "", err
+	}
+	p := ps[0]
+	if p.ParentUUID != root {
+		return "", fmt.Errorf("provider %s: %w: its parent is %s, not the compute node's %s", name, ErrNotOwned, p.ParentUUID, root)
+	}
+	inv, _, err := s.client.Inventories(ctx, p.UUID)
+	if err != nil {
+		return "", err
+	}
+	for c := range maps.Keys(inv) {
+		if c != BridgeClass {
+			return "", fmt.Errorf("provider %s: %w: it has %s inventory (Nova's?)", name, ErrNotOwned, c)
+		}
+	}
+	return p.UUID, nil
+}
+
+// putInventory replaces rp's inventories (PUT
+// /resource_providers/{uuid}/inventories) under generation gen.
+func putInventory(ctx context.Context, sc *gophercloud.ServiceClient, rp string, gen int, inv map[string]engine.Inventory) error {
+	body := map[string]any{"resource_provider_generation": gen, "inventories": inv}
+	_, err := sc.Put(ctx, sc.ServiceURL("resource_providers", rp, "inventories"), body, nil, &gophercloud.RequestOpts{OkCodes: []int{200}})
+	return classify("PUT /resource_providers/{uuid}/inventories", err)
+}
+
+// ensureClass creates the custom resource class when missing (PUT
+// /resource_classes/{name}, microversion 1.7+: 201 or 204).
+func ensureClass(ctx context.Context, sc *gophercloud.ServiceClient, class string) error {
+	_, err := sc.Put(ctx, sc.ServiceURL("resource_classes", class), nil, nil, &gophercloud.RequestOpts{OkCodes: []int{201, 204}})
+	return classify("PUT /resource_classes/{name}", err)
+}
