@@ -48,9 +48,14 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 	}
 	var disp *dispatch.Dispatcher
 	novaAPI := novaPath(w) // the Nova-native path (conf_nova.go); nil when [nova] is not configured
+	limits, err := QuotaLimits(v, pl) // [quota] driver = unified_limits (conf_quota.go); nil otherwise
+	if err != nil {
+		pipePool.Close()
+		return nil, err
+	}
 	proc, err := pipeline.New(pc, pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
 		Policy: pol, Placement: pipeline.ServiceAdapter{S: pl}, Catalog: pol.Catalog(), Log: log.With("component", "pipeline"),
-		Registry: reg, OnOutbox: func() { disp.Kick() }, Controls: ctl})
+		Registry: reg, OnOutbox: func() { disp.Kick() }, Controls: ctl, Limits: limits})
 	if err != nil {
 		pipePool.Close()
 		return nil, err

@@ -112,10 +112,16 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		w.holdings = map[string][]placement.Holding{inst: hl}
 	}
 	eager := false
+	var unified *unifiedRead // the project's unified limits, read before the transaction (quota.go)
+	if p.d.Limits != nil && c.project != "" && strings.HasPrefix(c.source, WebhookSourcePrefix) {
+		if unified, err = p.readUnified(ctx, conn, c.project); err != nil {
+			return false, false, err
+		}
+	}
 	for {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			w.reset(tx)
-			w.quota = &quotaGuard{p: p, eager: eager}
+			w.quota = &quotaGuard{p: p, eager: eager, unified: unified}
 			held := ""
 			if release != nil {
 				held = inst
@@ -135,6 +141,15 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		if errors.Is(err, errQuotaMoved) && !eager {
 			eager = true // again, locking the project's usage before reading it
 			p.m.quotaRetries.Inc()
+			continue
+		}
+		var need errNeedLimits
+		if errors.As(err, &need) && (unified == nil || unified.project != need.project) {
+			// The project was known only in the transaction: its limits
+			// are read now, with none open, and the decision taken again.
+			if unified, err = p.readUnified(ctx, conn, need.project); err != nil {
+				return false, false, err
+			}
 			continue
 		}
 		break

@@ -42,6 +42,10 @@ type Deps struct {
 	// Controls are the operators' pause and observe-only switches; nil:
 	// always running.
 	Controls Controls
+	// Limits are Keystone's unified limits of the projects ([quota]
+	// driver = unified_limits, quota.go); nil: the policy file's quotas
+	// only.
+	Limits LimitSource
 }
 
 // Processor runs the pipeline. It is safe for concurrent use.

@@ -2,11 +2,14 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/unifiedlimits"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
@@ -36,6 +39,9 @@ type quotaGuard struct {
 	project string
 	usage   policy.Usage // what the decision read
 	locked  bool
+	// unified is what was read of the project's unified limits before
+	// the decision's transaction (Deps.Limits; nil: not read).
+	unified *unifiedRead
 }
 
 // usageRead says how loadFacts reads a project's usage: under a decision's
@@ -44,12 +50,15 @@ type quotaGuard struct {
 type usageRead struct {
 	guard *quotaGuard
 	lazy  bool
+	// limits: the snapshot gets the project's unified limits (Evaluate's
+	// read, with Deps.Limits).
+	limits bool
 }
 
 // lazily is Evaluate's read of the usage under g: without the lock unless
 // an earlier round saw the usage move.
 func (g *quotaGuard) lazily() usageRead {
-	return usageRead{guard: g, lazy: g != nil && !g.eager}
+	return usageRead{guard: g, lazy: g != nil && !g.eager, limits: g != nil}
 }
 
 // errQuotaMoved stops a round whose project's usage changed between its
@@ -105,4 +114,164 @@ func (w *Work) LockQuota(ctx context.Context) error {
 		return errQuotaMoved
 	}
 	return nil
+}
+
+// With [quota] driver = unified_limits (Deps.Limits), a decision is also
+// checked against the project's Keystone unified limits (package
+// unifiedlimits): "class:VGPU", the limit Nova enforces on flavors, and
+// the bridge's "vgpu:<profile>" limits. Their usage is read outside the
+// decision's transaction (no Placement or Keystone call runs inside one):
+// the limits (cached), then Placement's VGPU usage of the project, as
+// Nova counts class:VGPU (nova.limit.placement._get_usage). Placement
+// holds the direct path's claims too: they live in the instance's
+// consumer. What Placement does not hold yet is added in the transaction:
+// the vGPUs decisions planned and are claiming (planned_claims), and the
+// direct-path vGPUs recorded since Placement was read (a decision that
+// claimed and recorded between the read and this one). A claim made but
+// not yet recorded counts twice for that moment: the count errs high,
+// never low. Per-profile usage is the bridge's own count of the profile
+// (direct-path, planned, Nova resizes under way, flavors whose profile is
+// known): Nova 26 counts no vGPU type.
+
+// LimitSource is what the pipeline reads of Keystone's unified limits and
+// Placement's usage (unifiedlimits.Source).
+type LimitSource interface {
+	Limits(ctx context.Context, project string) ([]unifiedlimits.Limit, error)
+	PlacementVGPUs(ctx context.Context, project string) (int, error)
+}
+
+// unifiedRead is one read of a project's unified limits and usage,
+// before a decision's transaction.
+type unifiedRead struct {
+	project   string
+	limits    []unifiedlimits.Limit
+	placement int // Placement's VGPU usage of the project
+	attached  int // the bridge's direct-path vGPUs of the project just before Placement was read
+}
+
+// errNeedLimits stops a decision whose project's unified limits were not
+// read before its transaction (its project was not known then):
+// decideLocked reads them and decides again.
+type errNeedLimits struct{ project string }
+
+func (e errNeedLimits) Error() string {
+	return fmt.Sprintf("the unified limits of project %s are read before the decision", e.project)
+}
+
+// readUnified reads project's unified limits and usage, with no
+// transaction open on q. A failure is an errRetry: the event waits and is
+// tried again (unifiedlimits.ErrUnavailable), never decided as if the
+// project had no limit.
+func (p *Processor) readUnified(ctx context.Context, q Querier, project string) (*unifiedRead, error) {
+	ls, err := p.d.Limits.Limits(ctx, project)
+	if err != nil {
+		return nil, errRetry{err}
+	}
+	r := &unifiedRead{project: project, limits: ls}
+	if r.attached, _, err = bridgeVGPUs(ctx, q, project); err != nil {
+		return nil, err
+	}
+	if r.placement, err = p.d.Limits.PlacementVGPUs(ctx, project); err != nil {
+		return nil, errRetry{err}
+	}
+	return r, nil
+}
+
+// bridgeVGPUs counts the project's direct-path vGPUs (pending or
+// attached) and the vGPUs its open decisions planned to claim.
+func bridgeVGPUs(ctx context.Context, q Querier, project string) (attached, planned int, err error) {
+	err = q.QueryRow(ctx, `SELECT
+			coalesce((SELECT sum(a.amount) FROM vgpu_attachments a JOIN instances i ON i.uuid = a.instance_uuid
+				WHERE i.project_id = $1 AND a.state IN ('pending','attached')), 0)::int,
+			coalesce((SELECT sum(c.units) FROM planned_claims c JOIN instances i ON i.uuid = c.instance_uuid
+				JOIN events e ON e.id = c.event_id AND e.processed_at IS NULL WHERE i.project_id = $1), 0)::int`, project).
+		Scan(&attached, &planned)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read the direct-path vGPUs of project %s: %w", project, err)
+	}
+	return attached, planned, nil
+}
+
+// projectLimits is the project's unified limits with their usage, for
+// the policy (policy.LimitState), in the decision's transaction; nil
+// without Deps.Limits. It needs the read decideLocked made before the
+// transaction (errNeedLimits when there is none for project).
+func (p *Processor) projectLimits(ctx context.Context, tx pgx.Tx, project string, g *quotaGuard) ([]policy.UnifiedLimit, error) {
+	if p.d.Limits == nil {
+		return nil, nil
+	}
+	if g == nil || g.unified == nil || g.unified.project != project {
+		return nil, errNeedLimits{project}
+	}
+	r := g.unified
+	attached, planned, err := bridgeVGPUs(ctx, tx, project)
+	if err != nil {
+		return nil, err
+	}
+	var byProfile map[string]int
+	out := make([]policy.UnifiedLimit, 0, len(r.limits))
+	for _, l := range r.limits {
+		ul := policy.UnifiedLimit{Resource: l.Resource, Profile: l.Profile, Limit: l.Limit}
+		if l.Profile == "" {
+			ul.Usage = r.placement + planned + max(0, attached-r.attached)
+		} else {
+			if byProfile == nil {
+				if byProfile, err = p.profileUsage(ctx, tx, project); err != nil {
+					return nil, err
+				}
+			}
+			ul.Usage = byProfile[l.Profile]
+		}
+		out = append(out, ul)
+	}
+	return out, nil
+}
+
+// profileUsage is the bridge's count of the project's vGPUs by profile:
+// direct-path (pending or attached), planned, Nova resizes under way, and
+// flavors' vGPUs whose request group requires a profile's trait.
+func (p *Processor) profileUsage(ctx context.Context, q Querier, project string) (map[string]int, error) {
+	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int, NULL::jsonb FROM vgpu_attachments a
+			JOIN instances i ON i.uuid = a.instance_uuid
+			WHERE i.project_id = $1 AND a.state IN ('pending','attached') GROUP BY 1
+		UNION ALL
+		SELECT coalesce(r.profile,''), sum(r.count)::int, NULL FROM nova_resizes r JOIN instances i ON i.uuid = r.instance_uuid
+			WHERE i.project_id = $1 AND r.step <> 'done' GROUP BY 1
+		UNION ALL
+		SELECT c.profile, sum(c.units)::int, NULL FROM planned_claims c JOIN instances i ON i.uuid = c.instance_uuid
+			JOIN events e ON e.id = c.event_id AND e.processed_at IS NULL
+			WHERE i.project_id = $1 GROUP BY 1
+		UNION ALL
+		SELECT '', 0, vgpu_demand FROM instances
+			WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0 AND vgpu_demand IS NOT NULL`, project)
+	if err != nil {
+		return nil, fmt.Errorf("read the usage by profile of project %s: %w", project, err)
+	}
+	out := map[string]int{}
+	var prof string
+	var n int
+	var demand []byte
+	_, err = pgx.ForEachRow(rows, []any{&prof, &n, &demand}, func() error {
+		if demand == nil {
+			out[prof] += n
+			return nil
+		}
+		var d nova.Demand
+		if p.d.Catalog == nil || json.Unmarshal(demand, &d) != nil {
+			return nil
+		}
+		for _, g := range d.Groups {
+			for _, tr := range g.Required {
+				if cp, ok := p.d.Catalog.ByTrait(tr); ok {
+					out[cp.Name] += g.Resources[nova.ResourceVGPU]
+					break
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the usage by profile of project %s: %w", project, err)
+	}
+	return out, nil
 }
