@@ -203,8 +203,13 @@ func (p *Processor) projectLimits(ctx context.Context, tx pgx.Tx, project string
 	if g == nil || g.unified == nil || g.unified.project != project {
 		return nil, errNeedLimits{project}
 	}
-	r := g.unified
-	attached, planned, err := bridgeVGPUs(ctx, tx, project)
+	return p.limitsFrom(ctx, tx, g.unified)
+}
+
+// limitsFrom completes r, read before, with what q reads now.
+func (p *Processor) limitsFrom(ctx context.Context, q Querier, r *unifiedRead) ([]policy.UnifiedLimit, error) {
+	project := r.project
+	attached, planned, err := bridgeVGPUs(ctx, q, project)
 	if err != nil {
 		return nil, err
 	}
@@ -216,7 +221,7 @@ func (p *Processor) projectLimits(ctx context.Context, tx pgx.Tx, project string
 			ul.Usage = r.placement + planned + max(0, attached-r.attached)
 		} else {
 			if byProfile == nil {
-				if byProfile, err = p.profileUsage(ctx, tx, project); err != nil {
+				if byProfile, err = p.profileUsage(ctx, q, project); err != nil {
 					return nil, err
 				}
 			}
@@ -274,4 +279,83 @@ func (p *Processor) profileUsage(ctx context.Context, q Querier, project string)
 		return nil, fmt.Errorf("read the usage by profile of project %s: %w", project, err)
 	}
 	return out, nil
+}
+
+// QuotaView is a project's limits and usage as the bridge sees them
+// (GET /v1/quota, vgpuctl quota show).
+type QuotaView struct {
+	ProjectID string `json:"project_id"`
+	// Driver is [quota] driver: "bridge" or "unified_limits".
+	Driver string `json:"driver"`
+	// VGPUs and FramebufferMiB are the bridge's own count of the project's
+	// vGPUs (direct-path, planned, Nova resizes under way, flavors), which
+	// the policy file's quota is checked against.
+	VGPUs          int `json:"vgpus"`
+	FramebufferMiB int `json:"framebuffer_mib"`
+	// Policy is the policy file's quota of the project (0: unlimited).
+	Policy PolicyQuota `json:"policy"`
+	// Limits are Keystone's unified limits with their usage as the
+	// bridge counts it for them; empty with driver = bridge.
+	Limits []QuotaLimit `json:"limits"`
+}
+
+// PolicyQuota is the policy file's effective quota of a project.
+type PolicyQuota struct {
+	MaxVGPUs          int      `json:"max_vgpus"`
+	MaxFramebufferGiB int      `json:"max_framebuffer_gib"`
+	MaxVGPUsPerVM     int      `json:"max_vgpus_per_vm"`
+	AllowedProfiles   []string `json:"allowed_profiles"`
+}
+
+// QuotaLimit is one unified limit of a project with its usage.
+type QuotaLimit struct {
+	Resource string `json:"resource"`
+	Profile  string `json:"profile,omitempty"`
+	Limit    int    `json:"limit"`
+	Usage    int    `json:"usage"`
+	Origin   string `json:"origin"`
+}
+
+// ErrLimitsUnavailable wraps a QuotaView that could not read Keystone or
+// Placement.
+var ErrLimitsUnavailable = unifiedlimits.ErrUnavailable
+
+// Quota reads project's QuotaView, outside any transaction.
+func (p *Processor) Quota(ctx context.Context, project string) (QuotaView, error) {
+	v := QuotaView{ProjectID: project, Driver: "bridge", Limits: []QuotaLimit{}}
+	u, err := p.projectUsage(ctx, p.d.Pool, project)
+	if err != nil {
+		return v, err
+	}
+	v.VGPUs, v.FramebufferMiB = u.VGPUs, u.FramebufferMiB
+	if pol := p.d.Policy.Policy(); pol != nil {
+		q := pol.ProjectQuota(project)
+		deref := func(n *int) int {
+			if n == nil {
+				return 0
+			}
+			return *n
+		}
+		v.Policy = PolicyQuota{MaxVGPUs: deref(q.MaxVGPUs), MaxFramebufferGiB: deref(q.MaxFramebufferGiB),
+			MaxVGPUsPerVM: deref(q.MaxVGPUsPerVM), AllowedProfiles: q.AllowedProfiles}
+	}
+	if v.Policy.AllowedProfiles == nil {
+		v.Policy.AllowedProfiles = []string{}
+	}
+	if p.d.Limits == nil {
+		return v, nil
+	}
+	v.Driver = "unified_limits"
+	r, err := p.readUnified(ctx, p.d.Pool, project)
+	if err != nil {
+		return v, err
+	}
+	ls, err := p.limitsFrom(ctx, p.d.Pool, r)
+	if err != nil {
+		return v, err
+	}
+	for i, l := range ls {
+		v.Limits = append(v.Limits, QuotaLimit{Resource: l.Resource, Profile: l.Profile, Limit: l.Limit, Usage: l.Usage, Origin: r.limits[i].Origin})
+	}
+	return v, nil
 }
