@@ -23,6 +23,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/keystoneauth"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/unifiedlimits"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
@@ -184,7 +185,7 @@ func TestUnifiedLimitsDirectPath(t *testing.T) {
 	testsvc.Must(t, err, "Nova's allocation of project C")
 	w.created = append(w.created, novas)
 	w.startAgent()
-	w.startBridge(replicaOpts{name: "r1", limits: lw.source(limitsKeystoneURL())})
+	r1 := w.startBridge(replicaOpts{name: "r1", limits: lw.source(limitsKeystoneURL())})
 
 	attach := func(i int) requests.Request {
 		return w.wait(w.submit("GPU_REQUEST", w.domains[i].UUID, map[string]any{"vgpu_profile": "T4-4Q"}), 90*time.Second)
@@ -211,6 +212,26 @@ func TestUnifiedLimitsDirectPath(t *testing.T) {
 		case tc.refused && (two.State != requests.Rejected || two.Code != flow.CodeQuota || !strings.Contains(two.Reason, tc.reasonOf)):
 			t.Errorf("%s: second attach %s (%s: %s), want rejected with code quota and a reason with %q", tc.name, two.State, two.Code,
 				two.Reason, tc.reasonOf)
+		}
+	}
+	// What vgpuctl quota show prints (GET /v1/quota): C's class:VGPU
+	// counts Nova's VGPU and the bridge's; D's per-profile limit.
+	for _, tc := range []struct {
+		project string
+		want    pipeline.QuotaLimit
+	}{
+		{a, pipeline.QuotaLimit{Resource: "class:VGPU", Limit: 1, Usage: 1, Origin: "project"}},
+		{c, pipeline.QuotaLimit{Resource: "class:VGPU", Limit: 2, Usage: 2, Origin: "registered"}},
+		{d, pipeline.QuotaLimit{Resource: "vgpu:T4-4Q", Profile: "T4-4Q", Limit: 1, Usage: 1, Origin: "project"}},
+	} {
+		v, err := r1.proc.Quota(w.ctx, tc.project)
+		testsvc.Must(t, err, "quota view")
+		found := false
+		for _, l := range v.Limits {
+			found = found || l == tc.want
+		}
+		if v.Driver != "unified_limits" || !found {
+			t.Errorf("quota of %s: %+v; want driver unified_limits and %+v", tc.project, v, tc.want)
 		}
 	}
 }
