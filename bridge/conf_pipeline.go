@@ -62,7 +62,7 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		return nil, err
 	}
 	(&quotaapi.API{Quota: proc.Quota}).Register(w.srv) // GET /v1/quota (vgpuctl quota show)
-	directPath := direct.New(proc) // the direct path: claims and commands, agent results, failures and compensation, deadlines
+	directPath := direct.New(proc)                     // the direct path: claims and commands, agent results, failures and compensation, deadlines
 	nc := NovaPathConfig(v)
 	nc.Replica, nc.RetryMin, nc.RetryMax, nc.MaxAttempts, nc.StaleReportAge = replica, pc.RetryMin, pc.RetryMax, pc.MaxAttempts, pc.StaleReportAge
 	resizes := novaresize.New(nc, novaresize.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
