@@ -99,6 +99,10 @@ func lockProject(ctx context.Context, tx pgx.Tx, project string) error {
 // or once locked, it does nothing.
 func (w *Work) LockQuota(ctx context.Context) error {
 	g := w.quota
+	if g != nil && g.unified != nil && g.unified.err != nil && g.unified.project == g.project {
+		// The unified limits could not be read: what adds waits.
+		return g.unified.err
+	}
 	if g == nil || g.locked || g.project == "" {
 		return nil
 	}
@@ -147,6 +151,11 @@ type unifiedRead struct {
 	limits    []unifiedlimits.Limit
 	placement int // Placement's VGPU usage of the project
 	attached  int // the bridge's direct-path vGPUs of the project just before Placement was read
+	// err is why Keystone or Placement could not be read (an errRetry):
+	// the policy runs without the unified limits, and a decision that
+	// adds vGPUs stops at LockQuota with it, to be tried again; one that
+	// adds nothing (a release) goes on.
+	err error
 }
 
 // errNeedLimits stops a decision whose project's unified limits were not
@@ -159,20 +168,22 @@ func (e errNeedLimits) Error() string {
 }
 
 // readUnified reads project's unified limits and usage, with no
-// transaction open on q. A failure is an errRetry: the event waits and is
-// tried again (unifiedlimits.ErrUnavailable), never decided as if the
+// transaction open on q. When Keystone or Placement cannot be read, r.err
+// says why (unifiedlimits.ErrUnavailable, as an errRetry): a decision that
+// adds vGPUs waits and is tried again (LockQuota), never decided as if the
 // project had no limit.
 func (p *Processor) readUnified(ctx context.Context, q Querier, project string) (*unifiedRead, error) {
-	ls, err := p.d.Limits.Limits(ctx, project)
-	if err != nil {
-		return nil, errRetry{err}
+	r := &unifiedRead{project: project}
+	var err error
+	if r.limits, err = p.d.Limits.Limits(ctx, project); err != nil {
+		r.err = errRetry{err}
+		return r, nil
 	}
-	r := &unifiedRead{project: project, limits: ls}
 	if r.attached, _, err = bridgeVGPUs(ctx, q, project); err != nil {
 		return nil, err
 	}
 	if r.placement, err = p.d.Limits.PlacementVGPUs(ctx, project); err != nil {
-		return nil, errRetry{err}
+		r.err = errRetry{err}
 	}
 	return r, nil
 }
@@ -202,6 +213,9 @@ func (p *Processor) projectLimits(ctx context.Context, tx pgx.Tx, project string
 	}
 	if g == nil || g.unified == nil || g.unified.project != project {
 		return nil, errNeedLimits{project}
+	}
+	if g.unified.err != nil {
+		return nil, nil // LockQuota stops a decision that adds
 	}
 	return p.limitsFrom(ctx, tx, g.unified)
 }
@@ -347,6 +361,9 @@ func (p *Processor) Quota(ctx context.Context, project string) (QuotaView, error
 	}
 	v.Driver = "unified_limits"
 	r, err := p.readUnified(ctx, p.d.Pool, project)
+	if err == nil {
+		err = r.err
+	}
 	if err != nil {
 		return v, err
 	}

@@ -237,14 +237,16 @@ func TestUnifiedLimitsDirectPath(t *testing.T) {
 }
 
 // TestUnifiedLimitsKeystoneUnreachable: when the limits cannot be read,
-// a request is never decided as if its project had no limit: the event
-// waits and is tried again, and after its last attempt the request fails
-// (event_failed) without a vGPU. Without the unified limits it succeeds.
+// a request that adds a vGPU is never decided as if its project had no
+// limit: the event waits and is tried again, and after its last attempt
+// the request fails (event_failed) without a vGPU. Without the unified
+// limits it succeeds. A decision that adds nothing (a rejection) does not
+// wait for Keystone.
 func TestUnifiedLimitsKeystoneUnreachable(t *testing.T) {
 	t.Parallel()
 	lw := newLimitsWorld(t, 2)
 	a := lw.project("limits-down", -1)
-	w := newWorldWith(t, testsvc.DirectPolicy(), withProjects(map[int]string{4: a}))
+	w := newWorldWith(t, testsvc.DirectPolicy(), withProjects(map[int]string{4: a, 5: a}))
 	w.startAgent()
 	w.startBridge(replicaOpts{name: "r1", maxAttempts: 3, limits: lw.source("http://127.0.0.1:1/v3/")})
 	r := w.wait(w.submit("GPU_REQUEST", w.domains[4].UUID, map[string]any{"vgpu_profile": "T4-4Q"}), 90*time.Second)
@@ -254,6 +256,10 @@ func TestUnifiedLimitsKeystoneUnreachable(t *testing.T) {
 	}
 	if n := vgpuUnits(w.allocations(w.domains[4].UUID)); n != 0 {
 		t.Errorf("the instance holds %d VGPU in Placement; want 0", n)
+	}
+	r = w.wait(w.submit("GPU_REQUEST", w.domains[5].UUID, map[string]any{"vgpu_profile": "NO-SUCH-1Q"}), 90*time.Second)
+	if r.State != requests.Rejected {
+		t.Errorf("a request the policy rejects, with Keystone unreachable: %s (%s: %s); want rejected at once", r.State, r.Code, r.Reason)
 	}
 }
 
