@@ -1,6 +1,8 @@
 package bridge
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -36,5 +38,29 @@ func TestQuotaConfig(t *testing.T) {
 				t.Errorf("unified %v, want %v", got, tc.unified)
 			}
 		})
+	}
+}
+
+// TestQuotaConfigOsloLimit: nova.conf's [oslo_limit], pasted, sets the
+// endpoint and the credentials the limits are read with.
+func TestQuotaConfigOsloLimit(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "bridge.conf")
+	ini := "[DEFAULT]\ntransport_url = rabbit://g:g@h:5672/\n[database]\nconnection = postgres://u@h/db\n[api]\nauth_strategy = noauth\n" +
+		"[quota]\ndriver = unified_limits\n" +
+		"[oslo_limit]\nendpoint_id = 6b9ed2c8e8a84a5d8b0d3c4f2a9e6f10\nauth_url = http://keystone:5000/v3\nusername = vgpu-bridge\n" +
+		"password = secret\nuser_domain_name = Default\nsystem_scope = all\n"
+	if err := os.WriteFile(f, []byte(ini), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v, err := LoadConfig(conf.Source{File: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if optQuotaEndpointID.Get(v) != "6b9ed2c8e8a84a5d8b0d3c4f2a9e6f10" || optQuotaAuthURL.Get(v) != "http://keystone:5000/v3" ||
+		optQuotaUsername.Get(v) != "vgpu-bridge" || optQuotaPassword.Get(v) != "secret" || optQuotaSystemScope.Get(v) != "all" {
+		t.Errorf("[oslo_limit] not read: endpoint %q, auth_url %q, user %q", optQuotaEndpointID.Get(v), optQuotaAuthURL.Get(v), optQuotaUsername.Get(v))
+	}
+	if _, err := quotaKeystone(v); err != nil {
+		t.Errorf("quotaKeystone: %v", err)
 	}
 }
