@@ -113,8 +113,10 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 	}
 	eager := false
 	var unified *unifiedRead // the project's unified limits, read before the transaction (quota.go)
-	if p.d.Limits != nil && c.project != "" && strings.HasPrefix(c.source, WebhookSourcePrefix) {
-		if unified, err = p.readUnified(ctx, conn, c.project); err != nil {
+	if p.d.Limits != nil && strings.HasPrefix(c.source, WebhookSourcePrefix) {
+		// A request: its decision reads them; other events only when a
+		// rule listens (errNeedLimits below).
+		if unified, err = p.readUnifiedOf(ctx, conn, c.project, inst); err != nil {
 			return false, false, err
 		}
 	}

@@ -188,6 +188,22 @@ func (p *Processor) readUnified(ctx context.Context, q Querier, project string) 
 	return r, nil
 }
 
+// readUnifiedOf is readUnified of project, else of instance's project as
+// the bridge knows it; nil when neither is known (the decision asks with
+// errNeedLimits once it knows).
+func (p *Processor) readUnifiedOf(ctx context.Context, q Querier, project, instance string) (*unifiedRead, error) {
+	if project == "" && instance != "" {
+		err := q.QueryRow(ctx, `SELECT coalesce(project_id,'') FROM instances WHERE uuid = $1`, instance).Scan(&project)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("read the project of %s: %w", instance, err)
+		}
+	}
+	if project == "" {
+		return nil, nil
+	}
+	return p.readUnified(ctx, q, project)
+}
+
 // bridgeVGPUs counts the project's direct-path vGPUs (pending or
 // attached) and the vGPUs its open decisions planned to claim.
 func bridgeVGPUs(ctx context.Context, q Querier, project string) (attached, planned int, err error) {
