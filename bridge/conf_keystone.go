@@ -137,6 +137,23 @@ func keystoneCredentialsCloud(v *conf.Values) clouds.Cloud {
 		Interface: optKSInterface.Get(v), CACertFile: optKSCAFile.Get(v)}
 }
 
+// keystoneClient is the bridge's Keystone client, logged in with the
+// [keystone] credentials (cloud, auth_url and the rest), else [openstack]
+// cloud's; it logs in at its first call.
+func keystoneClient(v *conf.Values) (*keystoneauth.Keystone, error) {
+	kc := keystoneauth.KeystoneConfig{Cloud: keystoneCloud(v), Timeout: keystoneauth.ConfigFrom(v).Timeout}
+	if optKeystoneCloud.Get(v) == "" && optKSAuthURL.Get(v) != "" {
+		// auth_url's credentials, read by the same clouds.yaml logic as
+		// an entry of the file (JSON is YAML).
+		b, err := json.Marshal(clouds.Clouds{Clouds: map[string]clouds.Cloud{keystoneCredentialsName: keystoneCredentialsCloud(v)}})
+		if err != nil {
+			return nil, fmt.Errorf("[keystone] credentials: %w", err)
+		}
+		kc.Cloud, kc.ParseOptions = keystoneCredentialsName, []clouds.ParseOption{clouds.WithCloudsYAML(bytes.NewReader(b))}
+	}
+	return keystoneauth.NewKeystone(kc)
+}
+
 func keystoneCloud(v *conf.Values) string {
 	if c := optKeystoneCloud.Get(v); c != "" {
 		return c
@@ -148,17 +165,7 @@ func keystoneCloud(v *conf.Values) string {
 // (reading clouds.yaml, without logging in).
 func KeystoneAuthConfig(v *conf.Values, log *slog.Logger) (keystoneauth.Config, error) {
 	c := keystoneauth.ConfigFrom(v)
-	kc := keystoneauth.KeystoneConfig{Cloud: keystoneCloud(v), Timeout: c.Timeout}
-	if optKeystoneCloud.Get(v) == "" && optKSAuthURL.Get(v) != "" {
-		// auth_url's credentials, read by the same clouds.yaml logic as
-		// an entry of the file (JSON is YAML).
-		b, err := json.Marshal(clouds.Clouds{Clouds: map[string]clouds.Cloud{keystoneCredentialsName: keystoneCredentialsCloud(v)}})
-		if err != nil {
-			return keystoneauth.Config{}, fmt.Errorf("[keystone] credentials: %w", err)
-		}
-		kc.Cloud, kc.ParseOptions = keystoneCredentialsName, []clouds.ParseOption{clouds.WithCloudsYAML(bytes.NewReader(b))}
-	}
-	ks, err := keystoneauth.NewKeystone(kc)
+	ks, err := keystoneClient(v)
 	if err != nil {
 		return keystoneauth.Config{}, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/novaresize"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/quotaapi"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
@@ -47,15 +48,21 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		return nil, fmt.Errorf("pipeline pool: %w", err)
 	}
 	var disp *dispatch.Dispatcher
-	novaAPI := novaPath(w) // the Nova-native path (conf_nova.go); nil when [nova] is not configured
-	proc, err := pipeline.New(pc, pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
-		Policy: pol, Placement: pipeline.ServiceAdapter{S: pl}, Catalog: pol.Catalog(), Log: log.With("component", "pipeline"),
-		Registry: reg, OnOutbox: func() { disp.Kick() }, Controls: ctl, Lookup: instanceLookup(w)})
+	novaAPI := novaPath(w)            // the Nova-native path (conf_nova.go); nil when [nova] is not configured
+	limits, err := QuotaLimits(v, pl) // [quota] driver = unified_limits (conf_quota.go); nil otherwise
 	if err != nil {
 		pipePool.Close()
 		return nil, err
 	}
-	directPath := direct.New(proc) // the direct path: claims and commands, agent results, failures and compensation, deadlines
+	proc, err := pipeline.New(pc, pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
+		Policy: pol, Placement: pipeline.ServiceAdapter{S: pl}, Catalog: pol.Catalog(), Log: log.With("component", "pipeline"),
+		Registry: reg, OnOutbox: func() { disp.Kick() }, Controls: ctl, Lookup: instanceLookup(w), Limits: limits})
+	if err != nil {
+		pipePool.Close()
+		return nil, err
+	}
+	(&quotaapi.API{Quota: proc.Quota}).Register(w.srv) // GET /v1/quota (vgpuctl quota show)
+	directPath := direct.New(proc)                     // the direct path: claims and commands, agent results, failures and compensation, deadlines
 	nc := NovaPathConfig(v)
 	nc.Replica, nc.RetryMin, nc.RetryMax, nc.MaxAttempts, nc.StaleReportAge = replica, pc.RetryMin, pc.RetryMax, pc.MaxAttempts, pc.StaleReportAge
 	resizes := novaresize.New(nc, novaresize.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),

@@ -62,6 +62,7 @@ func Options() *conf.Set {
 		placementOptions,
 		placement.Options(),
 		policyOptions.WithCheck(validatePolicy),
+		quotaOptions.WithCheck(validateQuota),
 		retentionOptions,
 		controls.Options(),
 		securityOptions.WithCheck(validateSecurity),

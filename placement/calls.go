@@ -238,6 +238,25 @@ func (c *Client) ProjectUsages(ctx context.Context, project, user string) (map[s
 	})
 }
 
+// ProjectClassUsages returns a project's usage by resource class, every
+// consumer together, as Nova reads it for its unified limits: GET
+// /usages?project_id= at microversion 1.9
+// (nova.scheduler.client.report.SchedulerReportClient.get_usages_counts_for_limits,
+// GET_USAGES_VERSION). A class the project does not use is absent.
+func (c *Client) ProjectClassUsages(ctx context.Context, project string) (map[string]int, error) {
+	sc := *c.sc
+	sc.Microversion = "1.9"
+	return retry(ctx, func() (map[string]int, error) {
+		var body struct {
+			Usages map[string]int `json:"usages"`
+		}
+		if err := usages.Get(ctx, &sc, usages.GetOpts{ProjectID: project}).ExtractInto(&body); err != nil {
+			return nil, classify("GET /usages", err)
+		}
+		return body.Usages, nil
+	})
+}
+
 // CandidatesOpts is the query of GET /allocation_candidates.
 type CandidatesOpts struct {
 	Resources string   // "VGPU:1"

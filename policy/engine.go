@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
 	"sort"
 	"strconv"
@@ -39,7 +40,10 @@ type evaluation struct {
 	project Project
 	quota   Quota
 	usage   Usage // updated as intents are accepted
-	vmCount int   // the instance's vGPUs, updated likewise
+	// limits are the project's unified limits (LimitState), their usage
+	// updated as intents are accepted; nil when not enforced.
+	limits  []UnifiedLimit
+	vmCount int // the instance's vGPUs, updated likewise
 	guest   string
 	d       *Decision
 	// valCache holds the explanation values already read in this
@@ -114,6 +118,9 @@ func (p *Policy) evaluate(ev Event, st State, ls LoadState, only map[string]bool
 	}
 	e.hosts = st.Hosts()
 	e.usage = st.ProjectUsage(projectID)
+	if ls, ok := st.(LimitState); ok {
+		e.limits = append([]UnifiedLimit(nil), ls.ProjectLimits(projectID)...) // a copy: accepted intents add to it
+	}
 	e.vmCount = e.inst.VGPUCount
 	e.quota = p.projectQuota(projectID)
 	mode, _ := p.attachMode(projectID, "")
@@ -504,7 +511,38 @@ func (e *evaluation) quotaFits(prof catalog.Profile, count int, resize bool) boo
 	if m := deref(q.MaxFramebufferGiB); m > 0 && e.usage.FramebufferMiB+addFB > m*1024 {
 		return false
 	}
-	return true
+	return e.limitReason(prof, count, resize) == ""
+}
+
+// limitDelta is what an intent adds to unified limit l: every vGPU an
+// attach adds counts in class:VGPU and in its profile's limit; a resize
+// adds none to class:VGPU (the count stays) and moves the instance's
+// vGPUs into the target profile's limit.
+func (e *evaluation) limitDelta(l UnifiedLimit, prof catalog.Profile, count int, resize bool) int {
+	switch {
+	case l.Profile != "" && l.Profile != prof.Name:
+		return 0
+	case !resize:
+		return count
+	case l.Profile == "":
+		return 0
+	}
+	return e.vmCount
+}
+
+// limitReason says which of the project's unified limits the intent
+// would exceed (oslo_limit.limit._EnforcerUtils.enforce_limits:
+// usage + delta > limit), naming the limit, the usage and the request;
+// "" if none.
+func (e *evaluation) limitReason(prof catalog.Profile, count int, resize bool) string {
+	for _, l := range e.limits {
+		d := e.limitDelta(l, prof, count, resize)
+		if d > 0 && l.Usage+d > l.Limit {
+			return fmt.Sprintf("project %s would exceed its Keystone unified limit %s: limit %d, usage %d, request %d",
+				cmp.Or(e.project.ID, "(unknown)"), l.Resource, l.Limit, l.Usage, d)
+		}
+	}
+	return ""
 }
 
 // delta is what an intent adds to the project's vGPUs and framebuffer.
@@ -551,7 +589,7 @@ func (e *evaluation) quotaReason(prof catalog.Profile, count int, resize bool) s
 	if m := deref(q.MaxFramebufferGiB); m > 0 && e.usage.FramebufferMiB+addFB > m*1024 {
 		return fmt.Sprintf("project %s would hold %s GiB of vGPU framebuffer; its quota is %d GiB", pid, gib(e.usage.FramebufferMiB+addFB), m)
 	}
-	return ""
+	return e.limitReason(prof, count, resize)
 }
 
 func gib(mib int) string {
@@ -649,6 +687,11 @@ func (e *evaluation) change(in *Intent) string {
 		}
 		e.usage.VGPUs -= in.Count
 		e.vmCount -= in.Count
+		for i, l := range e.limits {
+			if l.Profile == "" || l.Profile == in.Profile {
+				e.limits[i].Usage -= in.Count
+			}
+		}
 		in.Mode, _ = e.p.attachMode(e.project.ID, in.Profile)
 		return ""
 	}
@@ -687,6 +730,9 @@ func (e *evaluation) change(in *Intent) string {
 		return why
 	}
 	in.Why += "; mode " + string(mode) + " (" + modeWhy + ")"
+	for i, l := range e.limits {
+		e.limits[i].Usage += e.limitDelta(l, prof, in.Count, in.Kind == IntentResize)
+	}
 	if in.Kind == IntentAttach {
 		e.usage.VGPUs += in.Count
 		e.usage.FramebufferMiB += in.Count * prof.FramebufferMiB

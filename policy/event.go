@@ -119,6 +119,30 @@ type State interface {
 	ProjectUsage(projectID string) Usage
 }
 
+// UnifiedLimit is one of Keystone's unified limits on a project's vGPUs
+// ([quota] driver = unified_limits, package unifiedlimits) and the
+// project's usage of its resource, as the bridge counts it.
+type UnifiedLimit struct {
+	// Resource is the limit's name: "class:VGPU" (Nova's, every vGPU of
+	// the project) or "vgpu:<profile>" (the bridge's, one profile's).
+	Resource string
+	// Profile is the profile a per-profile limit counts; "" for class:VGPU.
+	Profile string
+	Limit   int
+	Usage   int
+}
+
+// LimitState is a State that also holds its project's unified limits:
+// with it, every attach and resize is checked against them too
+// (oslo_limit.limit._EnforcerUtils.enforce_limits: usage + delta > limit
+// is refused).
+type LimitState interface {
+	State
+	// ProjectLimits returns the project's limits with its usage; nil
+	// when the project's limits are not enforced by the bridge.
+	ProjectLimits(projectID string) []UnifiedLimit
+}
+
 // LoadState is what load rules remember across events.
 type LoadState interface {
 	// Since returns when rule's condition started to hold for an instance.

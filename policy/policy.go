@@ -202,6 +202,10 @@ func (p *Policy) step(name string, dir int) string {
 	return n[1]
 }
 
+// ProjectQuota returns the effective quota of a project: the policy
+// file's defaults with the project's own on top.
+func (p *Policy) ProjectQuota(id string) Quota { return p.projectQuota(id) }
+
 // projectQuota returns the effective quota of a project.
 func (p *Policy) projectQuota(id string) Quota {
 	q := p.spec.Quota

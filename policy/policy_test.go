@@ -677,3 +677,74 @@ func TestNestedFieldsInRules(t *testing.T) {
 		t.Errorf("tune-asked: %+v", d.Rules[1])
 	}
 }
+
+// limitState is a MemState with unified limits (policy.LimitState).
+type limitState struct {
+	*MemState
+	limits map[string][]UnifiedLimit
+}
+
+func (s limitState) ProjectLimits(id string) []UnifiedLimit { return s.limits[id] }
+
+// TestUnifiedLimits: Keystone's unified limits refuse what would take the
+// project over them (usage + request > limit, as oslo_limit enforces),
+// with code quota and a reason naming the limit, the usage and the
+// request; class:VGPU counts every vGPU an attach adds and none a resize
+// adds; vgpu:<profile> counts its profile only, a resize moving the
+// instance's vGPUs into the target profile.
+func TestUnifiedLimits(t *testing.T) {
+	p := testPolicy(t)
+	vgpu := func(limit, usage int) UnifiedLimit {
+		return UnifiedLimit{Resource: "class:VGPU", Limit: limit, Usage: usage}
+	}
+	prof := func(name string, limit, usage int) UnifiedLimit {
+		return UnifiedLimit{Resource: "vgpu:" + name, Profile: name, Limit: limit, Usage: usage}
+	}
+	attach := Event{Kind: KindGPURequest, InstanceUUID: "vm-none", Profile: "T4-2Q"}
+	resize := Event{Kind: KindGPUResize, InstanceUUID: "vm-4q", Profile: "T4-2Q"}
+	for _, tc := range []struct {
+		name   string
+		ev     Event
+		limits []UnifiedLimit
+		reason string // "" when the change passes
+	}{
+		{"attach under class:VGPU", attach, []UnifiedLimit{vgpu(2, 1)}, ""},
+		{"attach over class:VGPU", attach, []UnifiedLimit{vgpu(1, 1)},
+			"project p1 would exceed its Keystone unified limit class:VGPU: limit 1, usage 1, request 1"},
+		{"class:VGPU 0: nothing allowed", attach, []UnifiedLimit{vgpu(0, 0)},
+			"project p1 would exceed its Keystone unified limit class:VGPU: limit 0, usage 0, request 1"},
+		{"another profile's limit", attach, []UnifiedLimit{vgpu(4, 1), prof("T4-4Q", 1, 1)}, ""},
+		{"its profile's limit", attach, []UnifiedLimit{vgpu(4, 1), prof("T4-2Q", 1, 1)},
+			"project p1 would exceed its Keystone unified limit vgpu:T4-2Q: limit 1, usage 1, request 1"},
+		{"resize adds no class:VGPU", resize, []UnifiedLimit{vgpu(1, 1)}, ""},
+		{"resize into a full profile", resize, []UnifiedLimit{vgpu(1, 1), prof("T4-2Q", 2, 2)},
+			"project p1 would exceed its Keystone unified limit vgpu:T4-2Q: limit 2, usage 2, request 1"},
+		{"resize into a profile with room", resize, []UnifiedLimit{vgpu(1, 1), prof("T4-2Q", 2, 1)}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := limitState{MemState: fleet(), limits: map[string][]UnifiedLimit{"p1": tc.limits}}
+			d := p.Evaluate(tc.ev, st, nil)
+			changed := false
+			for _, in := range d.Intents {
+				changed = changed || in.Kind == IntentAttach || in.Kind == IntentResize
+			}
+			if tc.reason == "" {
+				if !changed {
+					t.Errorf("refused, want it to pass\n%s", d.Explain())
+				}
+				return
+			}
+			found := false
+			for _, r := range d.Refused {
+				found = found || r.Code == RefusalQuota && strings.Contains(r.Reason, tc.reason)
+			}
+			if changed || !found {
+				t.Errorf("intents %v, refused %+v; want refused with code quota: %q\n%s", d.Intents, d.Refused, tc.reason, d.Explain())
+			}
+		})
+	}
+	// Without LimitState the same attach passes.
+	if d := p.Evaluate(attach, fleet(), nil); len(d.Refused) > 0 {
+		t.Errorf("without unified limits: refused %+v", d.Refused)
+	}
+}

@@ -71,6 +71,8 @@ var routeRules = []Rule{
 		Description: "Read the fleet's status summary.", Routes: []string{"GET /v1/status"}},
 	{Name: "vgpu:usage:get", Default: defaultProject, Class: Project,
 		Description: "Read vGPU usage (a project reader: its project's).", Routes: []string{"GET /v1/usage"}},
+	{Name: "vgpu:quota:get", Default: defaultProject, Class: Project,
+		Description: "Read a project's vGPU limits and usage (a project reader: its project's).", Routes: []string{"GET /v1/quota"}},
 	{Name: "vgpu:profiles:list", Default: defaultProject, Class: Project,
 		Description: "List the vGPU profiles.", Routes: []string{"GET /v1/profiles"}},
 	{Name: "vgpu:instances:list", Default: defaultProject, Class: Project,

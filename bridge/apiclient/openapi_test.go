@@ -74,6 +74,9 @@ func TestTypesMatchOpenAPI(t *testing.T) {
 		{Diagnostics{}, []string{"Diagnostics"}},
 		{AuditRecord{}, []string{"AuditRecord"}},
 		{UsageRow{}, []string{"UsageRow"}},
+		{Quota{}, []string{"QuotaView"}},
+		{PolicyQuota{}, []string{"PolicyQuota"}},
+		{QuotaLimit{}, []string{"QuotaLimit"}},
 	} {
 		typ := reflect.TypeOf(tc.value)
 		t.Run(typ.Name(), func(t *testing.T) {

@@ -69,6 +69,12 @@ func NewKeystone(cfg KeystoneConfig) (*Keystone, error) {
 // AuthURL is the identity endpoint of the clouds.yaml cloud k logs in to.
 func (k *Keystone) AuthURL() string { return k.cloud.Auth.IdentityEndpoint }
 
+// IdentityClient is k's identity v3 client, logged in with the bridge's
+// credentials (the unified limits' reads, package unifiedlimits).
+func (k *Keystone) IdentityClient(ctx context.Context) (*gophercloud.ServiceClient, error) {
+	return k.client(ctx)
+}
+
 func (k *Keystone) client(ctx context.Context) (*gophercloud.ServiceClient, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -112,10 +112,18 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		w.holdings = map[string][]placement.Holding{inst: hl}
 	}
 	eager := false
+	var unified *unifiedRead // the project's unified limits, read before the transaction (quota.go)
+	if p.d.Limits != nil && strings.HasPrefix(c.source, WebhookSourcePrefix) {
+		// A request: its decision reads them; other events only when a
+		// rule listens (errNeedLimits below).
+		if unified, err = p.readUnifiedOf(ctx, conn, c.project, inst); err != nil {
+			return false, false, err
+		}
+	}
 	for {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			w.reset(tx)
-			w.quota = &quotaGuard{p: p, eager: eager}
+			w.quota = &quotaGuard{p: p, eager: eager, unified: unified}
 			held := ""
 			if release != nil {
 				held = inst
@@ -141,6 +149,15 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 			// The request's instance is unknown: Nova is asked for it
 			// with no transaction open, and the event decided again.
 			if w.looked, err = p.lookUp(ctx, nl); err != nil {
+				return false, false, err
+			}
+			continue
+		}
+		var need errNeedLimits
+		if errors.As(err, &need) && (unified == nil || unified.project != need.project) {
+			// The project was known only in the transaction: its limits
+			// are read now, with none open, and the decision taken again.
+			if unified, err = p.readUnified(ctx, conn, need.project); err != nil {
 				return false, false, err
 			}
 			continue

@@ -46,6 +46,10 @@ type Deps struct {
 	// not know (ingest.Lookup); nil: such a request is rejected
 	// unknown_instance at once (Nova is not configured).
 	Lookup InstanceLookup
+	// Limits are Keystone's unified limits of the projects ([quota]
+	// driver = unified_limits, quota.go); nil: the policy file's quotas
+	// only.
+	Limits LimitSource
 }
 
 // InstanceLookup looks up one server in Nova's API and stores it in the

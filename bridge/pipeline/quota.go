@@ -2,11 +2,14 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/unifiedlimits"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
@@ -36,6 +39,9 @@ type quotaGuard struct {
 	project string
 	usage   policy.Usage // what the decision read
 	locked  bool
+	// unified is what was read of the project's unified limits before
+	// the decision's transaction (Deps.Limits; nil: not read).
+	unified *unifiedRead
 }
 
 // usageRead says how loadFacts reads a project's usage: under a decision's
@@ -44,12 +50,15 @@ type quotaGuard struct {
 type usageRead struct {
 	guard *quotaGuard
 	lazy  bool
+	// limits: the snapshot gets the project's unified limits (Evaluate's
+	// read, with Deps.Limits).
+	limits bool
 }
 
 // lazily is Evaluate's read of the usage under g: without the lock unless
 // an earlier round saw the usage move.
 func (g *quotaGuard) lazily() usageRead {
-	return usageRead{guard: g, lazy: g != nil && !g.eager}
+	return usageRead{guard: g, lazy: g != nil && !g.eager, limits: g != nil}
 }
 
 // errQuotaMoved stops a round whose project's usage changed between its
@@ -90,6 +99,10 @@ func lockProject(ctx context.Context, tx pgx.Tx, project string) error {
 // or once locked, it does nothing.
 func (w *Work) LockQuota(ctx context.Context) error {
 	g := w.quota
+	if g != nil && g.unified != nil && g.unified.err != nil && g.unified.project == g.project {
+		// The unified limits could not be read: what adds waits.
+		return g.unified.err
+	}
 	if g == nil || g.locked || g.project == "" {
 		return nil
 	}
@@ -105,4 +118,277 @@ func (w *Work) LockQuota(ctx context.Context) error {
 		return errQuotaMoved
 	}
 	return nil
+}
+
+// With [quota] driver = unified_limits (Deps.Limits), a decision is also
+// checked against the project's Keystone unified limits (package
+// unifiedlimits): "class:VGPU", the limit Nova enforces on flavors, and
+// the bridge's "vgpu:<profile>" limits. Their usage is read outside the
+// decision's transaction (no Placement or Keystone call runs inside one):
+// the limits (cached), then Placement's VGPU usage of the project, as
+// Nova counts class:VGPU (nova.limit.placement._get_usage). Placement
+// holds the direct path's claims too: they live in the instance's
+// consumer. What Placement does not hold yet is added in the transaction:
+// the vGPUs decisions planned and are claiming (planned_claims), and the
+// direct-path vGPUs recorded since Placement was read (a decision that
+// claimed and recorded between the read and this one). A claim made but
+// not yet recorded counts twice for that moment: the count errs high,
+// never low. Per-profile usage is the bridge's own count of the profile
+// (direct-path, planned, Nova resizes under way, flavors whose profile is
+// known): Nova 26 counts no vGPU type.
+
+// LimitSource is what the pipeline reads of Keystone's unified limits and
+// Placement's usage (unifiedlimits.Source).
+type LimitSource interface {
+	Limits(ctx context.Context, project string) ([]unifiedlimits.Limit, error)
+	PlacementVGPUs(ctx context.Context, project string) (int, error)
+}
+
+// unifiedRead is one read of a project's unified limits and usage,
+// before a decision's transaction.
+type unifiedRead struct {
+	project   string
+	limits    []unifiedlimits.Limit
+	placement int // Placement's VGPU usage of the project
+	attached  int // the bridge's direct-path vGPUs of the project just before Placement was read
+	// err is why Keystone or Placement could not be read (an errRetry):
+	// the policy runs without the unified limits, and a decision that
+	// adds vGPUs stops at LockQuota with it, to be tried again; one that
+	// adds nothing (a release) goes on.
+	err error
+}
+
+// errNeedLimits stops a decision whose project's unified limits were not
+// read before its transaction (its project was not known then):
+// decideLocked reads them and decides again.
+type errNeedLimits struct{ project string }
+
+func (e errNeedLimits) Error() string {
+	return fmt.Sprintf("the unified limits of project %s are read before the decision", e.project)
+}
+
+// readUnified reads project's unified limits and usage, with no
+// transaction open on q. When Keystone or Placement cannot be read, r.err
+// says why (unifiedlimits.ErrUnavailable, as an errRetry): a decision that
+// adds vGPUs waits and is tried again (LockQuota), never decided as if the
+// project had no limit.
+func (p *Processor) readUnified(ctx context.Context, q Querier, project string) (*unifiedRead, error) {
+	r := &unifiedRead{project: project}
+	var err error
+	if r.limits, err = p.d.Limits.Limits(ctx, project); err != nil {
+		r.err = errRetry{err}
+		return r, nil
+	}
+	if r.attached, _, err = bridgeVGPUs(ctx, q, project); err != nil {
+		return nil, err
+	}
+	if r.placement, err = p.d.Limits.PlacementVGPUs(ctx, project); err != nil {
+		r.err = errRetry{err}
+	}
+	return r, nil
+}
+
+// readUnifiedOf is readUnified of project, else of instance's project as
+// the bridge knows it; nil when neither is known (the decision asks with
+// errNeedLimits once it knows).
+func (p *Processor) readUnifiedOf(ctx context.Context, q Querier, project, instance string) (*unifiedRead, error) {
+	if project == "" && instance != "" {
+		err := q.QueryRow(ctx, `SELECT coalesce(project_id,'') FROM instances WHERE uuid = $1`, instance).Scan(&project)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("read the project of %s: %w", instance, err)
+		}
+	}
+	if project == "" {
+		return nil, nil
+	}
+	return p.readUnified(ctx, q, project)
+}
+
+// bridgeVGPUs counts the project's direct-path vGPUs (pending or
+// attached) and the vGPUs its open decisions planned to claim.
+func bridgeVGPUs(ctx context.Context, q Querier, project string) (attached, planned int, err error) {
+	err = q.QueryRow(ctx, `SELECT
+			coalesce((SELECT sum(a.amount) FROM vgpu_attachments a JOIN instances i ON i.uuid = a.instance_uuid
+				WHERE i.project_id = $1 AND a.state IN ('pending','attached')), 0)::int,
+			coalesce((SELECT sum(c.units) FROM planned_claims c JOIN instances i ON i.uuid = c.instance_uuid
+				JOIN events e ON e.id = c.event_id AND e.processed_at IS NULL WHERE i.project_id = $1), 0)::int`, project).
+		Scan(&attached, &planned)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read the direct-path vGPUs of project %s: %w", project, err)
+	}
+	return attached, planned, nil
+}
+
+// projectLimits is the project's unified limits with their usage, for
+// the policy (policy.LimitState), in the decision's transaction; nil
+// without Deps.Limits. It needs the read decideLocked made before the
+// transaction (errNeedLimits when there is none for project).
+func (p *Processor) projectLimits(ctx context.Context, tx pgx.Tx, project string, g *quotaGuard) ([]policy.UnifiedLimit, error) {
+	if p.d.Limits == nil {
+		return nil, nil
+	}
+	if g == nil || g.unified == nil || g.unified.project != project {
+		return nil, errNeedLimits{project}
+	}
+	if g.unified.err != nil {
+		return nil, nil // LockQuota stops a decision that adds
+	}
+	return p.limitsFrom(ctx, tx, g.unified)
+}
+
+// limitsFrom completes r, read before, with what q reads now.
+func (p *Processor) limitsFrom(ctx context.Context, q Querier, r *unifiedRead) ([]policy.UnifiedLimit, error) {
+	project := r.project
+	attached, planned, err := bridgeVGPUs(ctx, q, project)
+	if err != nil {
+		return nil, err
+	}
+	var byProfile map[string]int
+	out := make([]policy.UnifiedLimit, 0, len(r.limits))
+	for _, l := range r.limits {
+		ul := policy.UnifiedLimit{Resource: l.Resource, Profile: l.Profile, Limit: l.Limit}
+		if l.Profile == "" {
+			ul.Usage = r.placement + planned + max(0, attached-r.attached)
+		} else {
+			if byProfile == nil {
+				if byProfile, err = p.profileUsage(ctx, q, project); err != nil {
+					return nil, err
+				}
+			}
+			ul.Usage = byProfile[l.Profile]
+		}
+		out = append(out, ul)
+	}
+	return out, nil
+}
+
+// profileUsage is the bridge's count of the project's vGPUs by profile:
+// direct-path (pending or attached), planned, Nova resizes under way, and
+// flavors' vGPUs whose request group requires a profile's trait.
+func (p *Processor) profileUsage(ctx context.Context, q Querier, project string) (map[string]int, error) {
+	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int, NULL::jsonb FROM vgpu_attachments a
+			JOIN instances i ON i.uuid = a.instance_uuid
+			WHERE i.project_id = $1 AND a.state IN ('pending','attached') GROUP BY 1
+		UNION ALL
+		SELECT coalesce(r.profile,''), sum(r.count)::int, NULL FROM nova_resizes r JOIN instances i ON i.uuid = r.instance_uuid
+			WHERE i.project_id = $1 AND r.step <> 'done' GROUP BY 1
+		UNION ALL
+		SELECT c.profile, sum(c.units)::int, NULL FROM planned_claims c JOIN instances i ON i.uuid = c.instance_uuid
+			JOIN events e ON e.id = c.event_id AND e.processed_at IS NULL
+			WHERE i.project_id = $1 GROUP BY 1
+		UNION ALL
+		SELECT '', 0, vgpu_demand FROM instances
+			WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0 AND vgpu_demand IS NOT NULL`, project)
+	if err != nil {
+		return nil, fmt.Errorf("read the usage by profile of project %s: %w", project, err)
+	}
+	out := map[string]int{}
+	var prof string
+	var n int
+	var demand []byte
+	_, err = pgx.ForEachRow(rows, []any{&prof, &n, &demand}, func() error {
+		if demand == nil {
+			out[prof] += n
+			return nil
+		}
+		var d nova.Demand
+		if p.d.Catalog == nil || json.Unmarshal(demand, &d) != nil {
+			return nil
+		}
+		for _, g := range d.Groups {
+			for _, tr := range g.Required {
+				if cp, ok := p.d.Catalog.ByTrait(tr); ok {
+					out[cp.Name] += g.Resources[nova.ResourceVGPU]
+					break
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the usage by profile of project %s: %w", project, err)
+	}
+	return out, nil
+}
+
+// QuotaView is a project's limits and usage as the bridge sees them
+// (GET /v1/quota, vgpuctl quota show).
+type QuotaView struct {
+	ProjectID string `json:"project_id"`
+	// Driver is [quota] driver: "bridge" or "unified_limits".
+	Driver string `json:"driver"`
+	// VGPUs and FramebufferMiB are the bridge's own count of the project's
+	// vGPUs (direct-path, planned, Nova resizes under way, flavors), which
+	// the policy file's quota is checked against.
+	VGPUs          int `json:"vgpus"`
+	FramebufferMiB int `json:"framebuffer_mib"`
+	// Policy is the policy file's quota of the project (0: unlimited).
+	Policy PolicyQuota `json:"policy"`
+	// Limits are Keystone's unified limits with their usage as the
+	// bridge counts it for them; empty with driver = bridge.
+	Limits []QuotaLimit `json:"limits"`
+}
+
+// PolicyQuota is the policy file's effective quota of a project.
+type PolicyQuota struct {
+	MaxVGPUs          int      `json:"max_vgpus"`
+	MaxFramebufferGiB int      `json:"max_framebuffer_gib"`
+	MaxVGPUsPerVM     int      `json:"max_vgpus_per_vm"`
+	AllowedProfiles   []string `json:"allowed_profiles"`
+}
+
+// QuotaLimit is one unified limit of a project with its usage.
+type QuotaLimit struct {
+	Resource string `json:"resource"`
+	Profile  string `json:"profile,omitempty"`
+	Limit    int    `json:"limit"`
+	Usage    int    `json:"usage"`
+	Origin   string `json:"origin"`
+}
+
+// ErrLimitsUnavailable wraps a QuotaView that could not read Keystone or
+// Placement.
+var ErrLimitsUnavailable = unifiedlimits.ErrUnavailable
+
+// Quota reads project's QuotaView, outside any transaction.
+func (p *Processor) Quota(ctx context.Context, project string) (QuotaView, error) {
+	v := QuotaView{ProjectID: project, Driver: "bridge", Limits: []QuotaLimit{}}
+	u, err := p.projectUsage(ctx, p.d.Pool, project)
+	if err != nil {
+		return v, err
+	}
+	v.VGPUs, v.FramebufferMiB = u.VGPUs, u.FramebufferMiB
+	if pol := p.d.Policy.Policy(); pol != nil {
+		q := pol.ProjectQuota(project)
+		deref := func(n *int) int {
+			if n == nil {
+				return 0
+			}
+			return *n
+		}
+		v.Policy = PolicyQuota{MaxVGPUs: deref(q.MaxVGPUs), MaxFramebufferGiB: deref(q.MaxFramebufferGiB),
+			MaxVGPUsPerVM: deref(q.MaxVGPUsPerVM), AllowedProfiles: q.AllowedProfiles}
+	}
+	if v.Policy.AllowedProfiles == nil {
+		v.Policy.AllowedProfiles = []string{}
+	}
+	if p.d.Limits == nil {
+		return v, nil
+	}
+	v.Driver = "unified_limits"
+	r, err := p.readUnified(ctx, p.d.Pool, project)
+	if err == nil {
+		err = r.err
+	}
+	if err != nil {
+		return v, err
+	}
+	ls, err := p.limitsFrom(ctx, p.d.Pool, r)
+	if err != nil {
+		return v, err
+	}
+	for i, l := range ls {
+		v.Limits = append(v.Limits, QuotaLimit{Resource: l.Resource, Profile: l.Profile, Limit: l.Limit, Usage: l.Usage, Origin: r.limits[i].Origin})
+	}
+	return v, nil
 }

@@ -36,9 +36,19 @@ type snapshot struct {
 	byName  map[string]int
 	usage   policy.Usage
 	project string
+	// limits are the project's unified limits (Deps.Limits); nil: none.
+	limits []policy.UnifiedLimit
 }
 
-var _ policy.State = (*snapshot)(nil)
+var _ policy.LimitState = (*snapshot)(nil)
+
+// ProjectLimits implements policy.LimitState.
+func (s *snapshot) ProjectLimits(id string) []policy.UnifiedLimit {
+	if id == s.project {
+		return s.limits
+	}
+	return nil
+}
 
 func (s *snapshot) Instance(id string) (policy.Instance, bool) {
 	if id == "" || s.inst.UUID != id {
@@ -332,6 +342,11 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 			return f, nil, err
 		}
 		st.usage, st.project = u, project
+		if ur.limits {
+			if st.limits, err = p.projectLimits(ctx, tx, project, ur.guard); err != nil {
+				return f, nil, err
+			}
+		}
 	}
 	return f, st, nil
 }

@@ -155,6 +155,7 @@ func newRoot(g *globals) *cobra.Command {
 		driftCmd, flavorCmd, diagnoseCmd,
 		hostCmd,  // host maintenance: migrate-all
 		usageCmd, // accounting: GET /v1/usage
+		quotaCmd, // limits and usage: GET /v1/quota
 	} {
 		root.AddCommand(f(g))
 	}

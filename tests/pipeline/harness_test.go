@@ -95,15 +95,22 @@ func newWorld(t *testing.T) *world { return newWorldWith(t, testPolicy) }
 // newWorldWith is newWorld with other policy rules.
 // worldOpts change the world newWorldWith builds.
 type worldOpts struct {
-	moreDomains int    // running domains added on the fake host (w.domains[len-n:])
-	gpuBTrait   string // gpuB's type trait in Placement (default: T4-4Q's)
-	gpuBTotal   int    // and its VGPU total (default 4)
-	gpuBForeign string // an mdev of this type on gpuB that Placement does not know of
+	moreDomains int            // running domains added on the fake host (w.domains[len-n:])
+	gpuBTrait   string         // gpuB's type trait in Placement (default: T4-4Q's)
+	gpuBTotal   int            // and its VGPU total (default 4)
+	gpuBForeign string         // an mdev of this type on gpuB that Placement does not know of
+	projects    map[int]string // the project of w.domains[i], in Placement and the bridge (default w.project)
 }
 
 type worldOpt func(*worldOpts)
 
 func withDomains(n int) worldOpt { return func(o *worldOpts) { o.moreDomains = n } }
+
+// withProjects puts w.domains[i] in project projects[i] (Placement's
+// consumer and the bridge's instance row).
+func withProjects(projects map[int]string) worldOpt {
+	return func(o *worldOpts) { o.projects = projects }
+}
 
 // withGPUB types gpuB in Placement with trait (total VGPUs), and, when
 // foreign is set, puts an mdev of that type on it in the fake host.
@@ -203,12 +210,13 @@ func (w *world) placementFleet() {
 		if i == 0 { // Nova's vGPU instance
 			res[w.gpus[gpuA]] = allocations.ProviderAllocationsOpts{Resources: map[string]int{"VGPU": 1}}
 		}
-		err := allocations.Update(ctx, w.sc, d.UUID, allocations.UpdateOpts{Allocations: res, ProjectID: w.project, UserID: w.user,
+		project := cmp.Or(w.opts.projects[i], w.project)
+		err := allocations.Update(ctx, w.sc, d.UUID, allocations.UpdateOpts{Allocations: res, ProjectID: project, UserID: w.user,
 			ConsumerType: "INSTANCE"}).ExtractErr()
 		testsvc.Must(t, err, "instance allocations")
 		w.created = append(w.created, d.UUID)
 		_, err = w.pool.Exec(ctx, `INSERT INTO instances (uuid, project_id, user_id, host, node, vm_state, power_state)
-			VALUES ($1, $2, $3, $4, $5, 'active', 'running')`, d.UUID, w.project, w.user, w.host, w.node)
+			VALUES ($1, $2, $3, $4, $5, 'active', 'running')`, d.UUID, project, w.user, w.host, w.node)
 		testsvc.Must(t, err, "instance row")
 	}
 }
@@ -267,6 +275,9 @@ type replicaOpts struct {
 	owned []placement.OwnedDecl
 	// syncInterval is the placement service's (its Run is the test's to start).
 	syncInterval time.Duration
+	// limits, when set, are the projects' unified limits ([quota]
+	// driver = unified_limits).
+	limits pipeline.LimitSource
 }
 
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
@@ -297,7 +308,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 		LoadInterval: cmp.Or(o.loadInterval, -1), MaxAttempts: o.maxAttempts},
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
 			Placement: withClaimErr(newOutsideTx(t, w.txw, svc), o.claimErr), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() },
-			Lookup: o.lookup})
+			Lookup: o.lookup, Limits: o.limits})
 	testsvc.Must(t, err, "pipeline")
 	r.direct = direct.Wire(r.proc)
 	dc := dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
