@@ -17,7 +17,9 @@ import (
 
 // FailRequest fails a request with code and reason and compensates what
 // it did (failRequest): the pipeline's Failer, whatever path ran the
-// request. It runs inside rounds (pipeline.Processor.InTx).
+// request. It runs in a transaction of the pipeline (InTx, a result's,
+// a decision's): the claims it gives back are planned there
+// (pipeline.ReleaseFor) and made once it committed.
 func (p *Path) FailRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string) error {
 	return p.failRequest(ctx, tx, reqID, code, reason, nil)
 }
@@ -78,7 +80,7 @@ func (p *Path) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code,
 	for _, a := range atts {
 		detail := map[string]any{"reason": reason, "code": code}
 		if a.Provider != "" {
-			if err := pipeline.ReleaseFor(ctx, a); err != nil {
+			if err := pipeline.ReleaseFor(ctx, tx, a); err != nil {
 				return err
 			}
 			detail["claim_released"] = map[string]any{"provider": a.Provider, "class": a.Class, "amount": a.Amount}

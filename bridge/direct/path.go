@@ -16,8 +16,9 @@ import (
 type Pipeline interface {
 	// Lend gives the pipeline's configuration, collaborators and counters.
 	Lend() pipeline.Lent
-	// InTx runs fn in a transaction of rounds: FailRequest and the
-	// completion of a request may give claims back between rounds.
+	// InTx runs fn in a transaction of the pipeline: the claims
+	// FailRequest and the completion of a request give back in it
+	// (pipeline.ReleaseFor) are made once it committed.
 	InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error
 }
 

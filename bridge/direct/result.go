@@ -118,7 +118,7 @@ func (p *Path) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time
 	}
 	for _, a := range rel {
 		if a.Provider != "" {
-			if err := pipeline.ReleaseFor(ctx, a); err != nil {
+			if err := pipeline.ReleaseFor(ctx, tx, a); err != nil {
 				return false, err
 			}
 		}
@@ -240,7 +240,7 @@ func (p *Path) restoreFailed(ctx context.Context, tx pgx.Tx, reqID, attID uuid.U
 	}
 	a := atts[0]
 	if a.Provider != "" {
-		if err := pipeline.ReleaseFor(ctx, a); err != nil {
+		if err := pipeline.ReleaseFor(ctx, tx, a); err != nil {
 			return err
 		}
 	}

@@ -128,6 +128,11 @@ func (p *Processor) Run(ctx context.Context) error {
 		return errors.New("pipeline: no direct path (Use; direct.Wire)")
 	}
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p.runReleaseSweep(ctx) // planned releases a crash or Placement left
+	}()
 	if p.cfg.LoadInterval > 0 {
 		wg.Add(1)
 		go func() {

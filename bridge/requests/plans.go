@@ -3,9 +3,12 @@ package requests
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 )
 
 // A decision that needs Placement claims is taken in two transactions
@@ -56,4 +59,84 @@ func CloseApplied(ctx context.Context, q Execer, eventID int64) error {
 		return fmt.Errorf("close event %d with its claims recorded: %w", eventID, err)
 	}
 	return nil
+}
+
+// A transaction that gives a vGPU's claim back to Placement records the
+// release (PlanRelease) and commits; the release is made with no
+// transaction open, by the process that committed it at once, or by any
+// replica's sweep (LeaseReleases) once its lease ran out; ReleasesDone
+// deletes what Placement gave back. Releases are idempotent (held_after).
+
+// PlanRelease records that attachment a's claim is to be given back to
+// Placement once the transaction commits; the committing process holds
+// it for lease (the sweep leaves it alone until then). A release planned
+// already for a is kept.
+func PlanRelease(ctx context.Context, tx pgx.Tx, a flow.Attachment, lease time.Duration) error {
+	_, err := tx.Exec(ctx, `INSERT INTO planned_releases (attachment_id, request_id, instance_uuid, provider_uuid, resource_class, amount, held_after, not_before)
+		VALUES ($1, $2, $3::uuid, $4::uuid, $5, $6, $7, now() + make_interval(secs => $8)) ON CONFLICT (attachment_id) DO NOTHING`,
+		a.ID, reqOrNull(a.RequestID), a.InstanceUUID, a.Provider, a.Class, max(a.Amount, 1), a.HeldAfter, lease.Seconds())
+	if err != nil {
+		return fmt.Errorf("plan the release of attachment %s: %w", a.ID, err)
+	}
+	return nil
+}
+
+// ReleasesDone deletes the planned releases of attachments ids: Placement
+// gave their units back (or had them no more).
+func ReleasesDone(ctx context.Context, q Execer, ids []uuid.UUID) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := q.Exec(ctx, `DELETE FROM planned_releases WHERE attachment_id = ANY($1)`, ids); err != nil {
+		return fmt.Errorf("record %d release(s) made: %w", len(ids), err)
+	}
+	return nil
+}
+
+// ReleaseFailed records why the planned release of attachment id failed;
+// it is tried again once lease passed.
+func ReleaseFailed(ctx context.Context, q Execer, id uuid.UUID, cause string, lease time.Duration) error {
+	if _, err := q.Exec(ctx, `UPDATE planned_releases SET attempts = attempts + 1, last_error = $2, not_before = now() + make_interval(secs => $3)
+		WHERE attachment_id = $1`, id, cause, lease.Seconds()); err != nil {
+		return fmt.Errorf("record the failed release of attachment %s: %w", id, err)
+	}
+	return nil
+}
+
+// LeaseReleases takes up to limit planned releases whose lease ran out
+// (their process crashed, or Placement failed them) and leases them for
+// lease, in one statement: replicas take different ones.
+func LeaseReleases(ctx context.Context, q RowsQuerier, limit int, lease time.Duration) ([]flow.Attachment, error) {
+	rows, err := q.Query(ctx, `UPDATE planned_releases SET not_before = now() + make_interval(secs => $2)
+		WHERE attachment_id IN (SELECT attachment_id FROM planned_releases WHERE not_before <= now()
+			ORDER BY not_before LIMIT $1 FOR UPDATE SKIP LOCKED)
+		RETURNING attachment_id, coalesce(request_id, '00000000-0000-0000-0000-000000000000'::uuid), instance_uuid::text,
+			provider_uuid::text, resource_class, amount, held_after`, limit, lease.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("lease planned releases: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (flow.Attachment, error) {
+		var a flow.Attachment
+		err := r.Scan(&a.ID, &a.RequestID, &a.InstanceUUID, &a.Provider, &a.Class, &a.Amount, &a.HeldAfter)
+		return a, err
+	})
+}
+
+// ReleasesPending reports whether a planned release of instance's vGPUs
+// is not made yet: Placement still holds units the bridge records as
+// given back, which a claim must not take for its own.
+func ReleasesPending(ctx context.Context, q Querier, instance string) (bool, error) {
+	var pending bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM planned_releases WHERE instance_uuid = $1::uuid)`, instance).Scan(&pending); err != nil {
+		return false, fmt.Errorf("planned releases of %s: %w", instance, err)
+	}
+	return pending, nil
+}
+
+// reqOrNull is id, or NULL for the zero id (an attachment of no request).
+func reqOrNull(id uuid.UUID) *uuid.UUID {
+	if id == uuid.Nil {
+		return nil
+	}
+	return &id
 }

@@ -111,6 +111,78 @@ func TestCrashAfterRelease(t *testing.T) {
 	if states != "released" {
 		t.Errorf("attachments %q, want one released", states)
 	}
+	// The release made before the crash and not recorded is found done
+	// by the sweep once its lease ran out.
+	f.waitNoPlannedRelease(a.vm)
+	if n := f.vgpuUnits(a.vm); n != 0 {
+		t.Errorf("VGPU after the sweep: %d, want 0", n)
+	}
+}
+
+// TestCrashBeforeRelease kills the bridge after the agent's last result
+// of a release was recorded, with the request's end and its planned
+// release, and before the claim was given back to Placement: after a
+// restart the sweep gives it back once (its lease ran out), and the
+// request stays succeeded with one vGPU released.
+func TestCrashBeforeRelease(t *testing.T) {
+	f := newFleet(t)
+	a := f.hosts[0]
+	f.startProcess("")
+	f.startAgent(a)
+	f.notifyCreates()
+	if r := f.final(f.request(a)); r.State != "succeeded" {
+		t.Fatalf("attach: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	syscall.Kill(-f.proc.Process.Pid, syscall.SIGTERM) //nolint:errcheck
+	<-f.procDone
+	f.startProcess(pipeline.FailBeforePlacement)
+	id := f.send(map[string]any{"type": "GPU_RELEASE", "vm_id": a.vm})
+	f.waitKilled(pipeline.FailBeforePlacement)
+	// Recorded first, released after: at the crash the request ended and
+	// its release is planned, Placement still holds the unit.
+	var state string
+	var planned int
+	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT state, (SELECT count(*) FROM planned_releases WHERE instance_uuid = $2) FROM requests WHERE id = $1`,
+		id, a.vm).Scan(&state, &planned), "request")
+	if state != "succeeded" || planned != 1 {
+		t.Errorf("at the crash: request %s, planned releases %d; want succeeded and 1 (recorded before the release)", state, planned)
+	}
+	if n := f.vgpuUnits(a.vm); n != 1 {
+		t.Errorf("VGPU at the crash: %d, want 1 (not given back yet)", n)
+	}
+	f.startProcess("")
+	f.waitNoPlannedRelease(a.vm)
+	if n := f.vgpuUnits(a.vm); n != 0 {
+		t.Errorf("VGPU after the restart: %d, want 0", n)
+	}
+	if r := f.final(id); r.State != "succeeded" {
+		t.Errorf("release after the restart: %s (%s: %s), want succeeded", r.State, r.Code, r.Reason)
+	}
+	var states string
+	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT string_agg(state, ',') FROM vgpu_attachments WHERE instance_uuid = $1`, a.vm).Scan(&states), "attachments")
+	if states != "released" {
+		t.Errorf("attachments %q, want one released", states)
+	}
+}
+
+// waitNoPlannedRelease waits until no planned release of instance is
+// left: a restarted bridge's sweep makes those a crash left once their
+// lease (a minute) ran out.
+func (f *fleet) waitNoPlannedRelease(instance string) {
+	t := f.t
+	t.Helper()
+	deadline := time.Now().Add(150 * time.Second)
+	for {
+		var n int
+		testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT count(*) FROM planned_releases WHERE instance_uuid = $1`, instance).Scan(&n), "planned releases")
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d planned release(s) of %s left after %s", n, instance, 150*time.Second)
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // startProcess runs the bridge as a subprocess on the fleet's database and

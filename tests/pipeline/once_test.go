@@ -25,11 +25,12 @@ type statements struct {
 type statement struct {
 	sql  string
 	args []any
+	conn *pgx.Conn
 }
 
-func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+func (s *statements) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	s.mu.Lock()
-	s.seen = append(s.seen, statement{d.SQL, d.Args})
+	s.seen = append(s.seen, statement{d.SQL, d.Args, c})
 	s.mu.Unlock()
 	return ctx
 }
@@ -62,6 +63,49 @@ next:
 		n++
 	}
 	return n
+}
+
+// lastResultCost returns the statements and transactions of the last
+// agent result recorded (UPDATE commands SET result_status): every
+// transaction that recorded it (rolled back or committed), from its begin
+// to its end on its connection, and the statements that record its
+// releases made afterwards (DELETE FROM planned_releases).
+func (s *statements) lastResultCost() (n, txs int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	const finish = "UPDATE commands SET result_status"
+	var cmd any
+	for _, q := range s.seen {
+		if strings.Contains(q.sql, finish) && len(q.args) > 0 {
+			cmd = q.args[0]
+		}
+	}
+	for i, q := range s.seen {
+		if !strings.Contains(q.sql, finish) || len(q.args) == 0 || fmt.Sprint(q.args[0]) != fmt.Sprint(cmd) {
+			continue
+		}
+		from := i
+		for from > 0 && !(s.seen[from].conn == q.conn && strings.HasPrefix(s.seen[from].sql, "begin")) {
+			from--
+		}
+		txs++
+		for _, r := range s.seen[from:] {
+			if r.conn != q.conn {
+				continue
+			}
+			n++
+			if r.sql == "commit" || r.sql == "rollback" {
+				break
+			}
+		}
+	}
+	for _, q := range s.seen {
+		if strings.Contains(q.sql, "DELETE FROM planned_releases") {
+			n++
+			txs++
+		}
+	}
+	return n, txs
 }
 
 // TestDecidedOnce: a direct-path attach is decided once. The event is
@@ -158,5 +202,63 @@ func TestGivenUpDropsPlan(t *testing.T) {
 	}
 	if n := vgpuUnits(w.allocations(inst)); n != 0 {
 		t.Errorf("VGPU held by %s: %d, want 0", inst, n)
+	}
+}
+
+// TestReleasedOnce: an agent's result that gives a vGPU back runs its
+// transaction once. The transaction records the result, the request's
+// end and the planned release, and commits; the release is made with no
+// transaction open (outsideTx checks), and one statement deletes the
+// planned release. Before, the transaction stopped for the release, which
+// was made between two runs of the whole transaction: every statement of
+// the result ran twice.
+func TestReleasedOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.startAgent()
+	st := &statements{}
+	w.startBridge(replicaOpts{name: "r1", tracer: st})
+	inst := w.domains[4].UUID
+	if r := w.wait(w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q"}), 60*time.Second); r.State != requests.Succeeded {
+		t.Fatalf("attach: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	st.reset()
+	rel := w.submit("GPU_RELEASE", inst, nil)
+	if r := w.wait(rel, 60*time.Second); r.State != requests.Succeeded {
+		t.Fatalf("release: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	total, begins := st.count(nil), st.count(nil, "begin")
+	// The planned release is deleted right after the request's end
+	// commits: wait for it (the request reads succeeded before).
+	deadline := time.Now().Add(10 * time.Second)
+	for st.count(nil, "DELETE FROM planned_releases") == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, c := range []struct {
+		what  string
+		parts []string
+		want  int
+	}{
+		{"results recorded (detach_vgpu, remove_mdev)", []string{"UPDATE commands SET result_status"}, 2},
+		{"the release planned", []string{"INSERT INTO planned_releases"}, 1},
+		{"the release recorded made", []string{"DELETE FROM planned_releases"}, 1},
+		{"transactions rolled back", []string{"rollback"}, 0},
+	} {
+		if got := st.count(nil, c.parts...); got != c.want {
+			t.Errorf("%s: %d statements, want %d", c.what, got, c.want)
+		}
+	}
+	last, lastBegins := st.lastResultCost()
+	t.Logf("GPU_RELEASE, webhook to released: %d statements, %d transactions; the result that releases: %d statements, %d transactions (pipeline pool)",
+		total, begins, last, lastBegins)
+	if n := vgpuUnits(w.allocations(inst)); n != 0 {
+		t.Errorf("VGPU held after the release: %d, want 0", n)
+	}
+	var left int
+	if err := w.pool.QueryRow(w.ctx, `SELECT count(*) FROM planned_releases WHERE instance_uuid = $1`, inst).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("planned releases left: %d, want 0", left)
 	}
 }
