@@ -115,7 +115,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 	var planned []flow.Attachment // releases the decision planned (ReleaseFor)
 	for {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			ptx := &Tx{Tx: tx}
+			ptx := &plannedTx{Tx: tx}
 			defer func() { planned = ptx.releases }()
 			w.reset(ptx)
 			w.quota = &quotaGuard{p: p, eager: eager}
@@ -143,7 +143,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		break
 	}
 	if err == nil {
-		p.releasePlanned(ctx, planned) // committed: made with no transaction open
+		p.rel.made(ctx, planned) // committed: made with no transaction open
 	}
 	if err != nil || len(w.pending) == 0 {
 		return w.Outbox, closed && err == nil, err
@@ -159,7 +159,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 	failpoint.Hit(FailAfterPlacement)
 	recorded := false
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		ptx := &Tx{Tx: tx}
+		ptx := &plannedTx{Tx: tx}
 		defer func() { planned = ptx.releases }()
 		w.Tx, w.Outbox, w.unused = ptx, false, nil
 		var err error
@@ -167,7 +167,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		return err
 	})
 	if err == nil {
-		p.releasePlanned(ctx, planned)
+		p.rel.made(ctx, planned)
 	}
 	// Still under the instance's lock: no other decision can adopt these
 	// units before they are given back.
@@ -384,7 +384,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 		return errors.Join(cause, requests.EventNotBefore(ctx, p.d.Pool, id, wait))
 	}
 	// Give up: close the event; its request fails with the last error.
-	return errors.Join(cause, p.inTx(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
+	return errors.Join(cause, p.rel.inTx(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		row, ok, err := lockEvent(ctx, tx, id, false)
 		if err != nil || !ok {
 			return err

@@ -42,7 +42,7 @@ type AgentResult struct {
 func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err error) {
 	defer wrapErr(&err, "result of command %s", r.CommandID)
 	var ar AgentResult
-	err = p.inTx(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
+	err = p.rel.inTx(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		ar = AgentResult{Result: r}
 		body, _ := json.Marshal(r)
 		c, ok, err := requests.FinishCommandOnce(ctx, tx, r.CommandID, r.Host, string(r.Status), body)
@@ -133,7 +133,7 @@ type Failer interface {
 // recorded there and made in Placement once it committed, never inside
 // the transaction.
 func (p *Processor) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return p.inTx(ctx, p.d.Pool, fn)
+	return p.rel.inTx(ctx, p.d.Pool, fn)
 }
 
 // SucceedRequest ends a request that another package ran (a resize

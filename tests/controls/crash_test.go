@@ -76,26 +76,13 @@ func TestCrashAtEachClaimStep(t *testing.T) {
 }
 
 // TestCrashAfterRelease kills the bridge after it gave a released vGPU's
-// claim back to Placement and before it recorded that: after a restart
-// the release finishes once, the claim stays given back (the repeated
-// release finds it done) and the vGPU is recorded released.
+// claim back to Placement and before it recorded that (the request's end
+// and its planned release committed before): after a restart the
+// request stays succeeded, the claim stays given back (the sweep's
+// repeated release finds it done) and the vGPU is recorded released.
 func TestCrashAfterRelease(t *testing.T) {
 	f := newFleet(t)
-	a := f.hosts[0]
-	f.startProcess("")
-	f.startAgent(a)
-	f.notifyCreates()
-	if r := f.final(f.request(a)); r.State != "succeeded" {
-		t.Fatalf("attach: %s (%s: %s)", r.State, r.Code, r.Reason)
-	}
-	if n := f.vgpuUnits(a.vm); n != 1 {
-		t.Fatalf("VGPU after the attach: %d, want 1", n)
-	}
-	syscall.Kill(-f.proc.Process.Pid, syscall.SIGTERM) //nolint:errcheck
-	<-f.procDone
-	f.startProcess(pipeline.FailAfterPlacement)
-	id := f.send(map[string]any{"type": "GPU_RELEASE", "vm_id": a.vm})
-	f.waitKilled(pipeline.FailAfterPlacement)
+	a, id := f.releaseKilledAt(pipeline.FailAfterPlacement)
 	if n := f.vgpuUnits(a.vm); n != 0 {
 		t.Errorf("VGPU at the crash: %d, want 0 (given back before the record)", n)
 	}
@@ -106,11 +93,7 @@ func TestCrashAfterRelease(t *testing.T) {
 	if n := f.vgpuUnits(a.vm); n != 0 {
 		t.Errorf("VGPU after the release: %d, want 0", n)
 	}
-	var states string
-	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT string_agg(state, ',') FROM vgpu_attachments WHERE instance_uuid = $1`, a.vm).Scan(&states), "attachments")
-	if states != "released" {
-		t.Errorf("attachments %q, want one released", states)
-	}
+	f.expectReleased(a.vm)
 	// The release made before the crash and not recorded is found done
 	// by the sweep once its lease ran out.
 	f.waitNoPlannedRelease(a.vm)
@@ -126,18 +109,7 @@ func TestCrashAfterRelease(t *testing.T) {
 // request stays succeeded with one vGPU released.
 func TestCrashBeforeRelease(t *testing.T) {
 	f := newFleet(t)
-	a := f.hosts[0]
-	f.startProcess("")
-	f.startAgent(a)
-	f.notifyCreates()
-	if r := f.final(f.request(a)); r.State != "succeeded" {
-		t.Fatalf("attach: %s (%s: %s)", r.State, r.Code, r.Reason)
-	}
-	syscall.Kill(-f.proc.Process.Pid, syscall.SIGTERM) //nolint:errcheck
-	<-f.procDone
-	f.startProcess(pipeline.FailBeforePlacement)
-	id := f.send(map[string]any{"type": "GPU_RELEASE", "vm_id": a.vm})
-	f.waitKilled(pipeline.FailBeforePlacement)
+	a, id := f.releaseKilledAt(pipeline.FailBeforePlacement)
 	// Recorded first, released after: at the crash the request ended and
 	// its release is planned, Placement still holds the unit.
 	var state string
@@ -158,8 +130,39 @@ func TestCrashBeforeRelease(t *testing.T) {
 	if r := f.final(id); r.State != "succeeded" {
 		t.Errorf("release after the restart: %s (%s: %s), want succeeded", r.State, r.Code, r.Reason)
 	}
+	f.expectReleased(a.vm)
+}
+
+// releaseKilledAt attaches a vGPU to the first host's VM, restarts the
+// bridge with failpoint fp armed, sends GPU_RELEASE and waits until the
+// bridge killed itself at fp. It returns the host and the release's id.
+func (f *fleet) releaseKilledAt(fp string) (*host, string) {
+	t := f.t
+	t.Helper()
+	a := f.hosts[0]
+	f.startProcess("")
+	f.startAgent(a)
+	f.notifyCreates()
+	if r := f.final(f.request(a)); r.State != "succeeded" {
+		t.Fatalf("attach: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	if n := f.vgpuUnits(a.vm); n != 1 {
+		t.Fatalf("VGPU after the attach: %d, want 1", n)
+	}
+	syscall.Kill(-f.proc.Process.Pid, syscall.SIGTERM) //nolint:errcheck
+	<-f.procDone
+	f.startProcess(fp)
+	id := f.send(map[string]any{"type": "GPU_RELEASE", "vm_id": a.vm})
+	f.waitKilled(fp)
+	return a, id
+}
+
+// expectReleased checks that the VM's one vGPU is recorded released.
+func (f *fleet) expectReleased(vm string) {
+	t := f.t
+	t.Helper()
 	var states string
-	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT string_agg(state, ',') FROM vgpu_attachments WHERE instance_uuid = $1`, a.vm).Scan(&states), "attachments")
+	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT string_agg(state, ',') FROM vgpu_attachments WHERE instance_uuid = $1`, vm).Scan(&states), "attachments")
 	if states != "released" {
 		t.Errorf("attachments %q, want one released", states)
 	}

@@ -449,7 +449,16 @@ func (w *world) wait(id uuid.UUID, within time.Duration) requests.Request {
 }
 
 // allocations returns a consumer's allocations: provider → class → amount.
+//
+// A request ends (its transaction commits) before the claims it gives
+// back are released in Placement, right after, with no transaction open
+// (pipeline.ReleaseFor): the releases it planned are waited for first.
 func (w *world) allocations(consumer string) map[string]map[string]int {
+	w.waitFor(10*time.Second, "the planned releases of "+consumer+" made", func() bool {
+		var n int
+		testsvc.Must(w.t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM planned_releases WHERE instance_uuid::text = $1`, consumer).Scan(&n), "planned releases")
+		return n == 0
+	})
 	a, err := allocations.Get(w.ctx, w.sc, consumer).Extract()
 	testsvc.Must(w.t, err, "get allocations")
 	out := map[string]map[string]int{}
