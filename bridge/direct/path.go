@@ -51,7 +51,7 @@ func New(pipe Pipeline) *Path {
 // (setupPipeline). Run the returned Path's loop beside proc's.
 func Wire(proc *pipeline.Processor) *Path {
 	p := New(proc)
-	proc.Use(pipeline.Paths{Stages: pipeline.DefaultStages(p), Results: []pipeline.ResultTaker{p}, Direct: p})
+	proc.Use(pipeline.Paths{Stages: pipeline.DefaultStages(p, p.FollowMove()), Results: []pipeline.ResultTaker{p}, Direct: p})
 	return p
 }
 
