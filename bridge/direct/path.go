@@ -18,7 +18,8 @@ type Pipeline interface {
 	Lend() pipeline.Lent
 	// InTx runs fn in a transaction of the pipeline: the claims
 	// FailRequest and the completion of a request give back in it
-	// (pipeline.ReleaseFor) are made once it committed.
+	// (pipeline.ReleaseFor) are made once it committed, and the request
+	// ends after them (pipeline.Finish).
 	InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error
 }
 

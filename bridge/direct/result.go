@@ -149,7 +149,8 @@ func (p *Path) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time
 		}
 		changed = !c.Unheard
 	}
-	if _, err := p.d.Requests.Transition(ctx, tx, reqID, requests.Succeeded, "", reason, ""); err != nil {
+	// Succeeded once the claims given back are made (pipeline.Finish).
+	if err := pipeline.Finish(ctx, tx, p.d.Requests, reqID, requests.Succeeded, reason, ""); err != nil {
 		return false, err
 	}
 	p.count.Finished(requests.Succeeded)

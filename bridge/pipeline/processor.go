@@ -82,7 +82,7 @@ func New(cfg Config, d Deps) (*Processor, error) {
 		d.Log.Warn("pipeline: fewer workers than configured, to leave the pool room", "workers", max(mc-2, 1), "configured", cfg.Workers, "pool", mc)
 		cfg.Workers = max(mc-2, 1)
 	}
-	p := &Processor{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry), rel: releaser{pl: d.Placement, pool: d.Pool, log: d.Log}}
+	p := &Processor{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry), rel: releaser{pl: d.Placement, pool: d.Pool, store: d.Requests, log: d.Log}}
 	p.hosts.Store(&hostSet{byName: map[string]int{}})
 	return p, nil
 }

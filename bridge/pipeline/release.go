@@ -19,11 +19,16 @@ import (
 
 // A transaction that gives vGPUs' claims back to Placement (an agent's
 // result, a deadline, a Nova-path step, a failed event) records each
-// release in it (ReleaseFor: planned_releases) and commits; the releases
-// are then made with no transaction open, and one short statement deletes
-// the rows Placement gave back (releaser.made). A crash between any two
-// steps leaves the rows, which the sweep (releaser.sweep) makes once their
-// lease ran out; a release made already counts as done (held_after).
+// release in it (ReleaseFor: planned_releases) and, where a request ends
+// with them, the end it takes (Finish: planned_finishes), and commits; the
+// request is not final yet. The releases are then made with no
+// transaction open, and a second short transaction deletes the rows
+// Placement gave back and ends the requests that waited on them
+// (releaser.made): a request seen final has its units back. A crash
+// between any two steps leaves the rows, which the sweep (releaser.sweep)
+// makes once their lease ran out; a release made already counts as done
+// (held_after), and the end is made once (its row locked and deleted with
+// the request's final transition).
 
 const (
 	// releaseLease is how long the process that committed a planned
@@ -38,9 +43,10 @@ const (
 // (ReleaseFor) once they committed, and sweeps up those a crash or
 // Placement left.
 type releaser struct {
-	pl   Placement
-	pool *pgxpool.Pool
-	log  *slog.Logger
+	pl    Placement
+	pool  *pgxpool.Pool
+	store *requests.Store // the requests' final transitions
+	log   *slog.Logger
 }
 
 // txBeginner is a pool or a connection.
@@ -70,6 +76,25 @@ func ReleaseFor(ctx context.Context, tx pgx.Tx, a flow.Attachment) error {
 	return nil
 }
 
+// Finish ends request reqID in the final state to (succeeded, failed)
+// with reason and code, in tx, a transaction of the pipeline. When tx
+// planned releases (ReleaseFor), the end is only recorded
+// (planned_finishes): the request ends in the transaction that records
+// the releases made, so that a client who sees it final finds the units
+// back in Placement. Otherwise it ends in tx.
+func Finish(ctx context.Context, tx pgx.Tx, store *requests.Store, reqID uuid.UUID, to requests.State, reason, code string) error {
+	ptx, ok := tx.(*plannedTx)
+	if !ok || len(ptx.releases) == 0 {
+		_, err := store.Transition(ctx, tx, reqID, to, "", reason, code)
+		return err
+	}
+	ids := make([]uuid.UUID, len(ptx.releases))
+	for i, a := range ptx.releases {
+		ids[i] = a.ID
+	}
+	return requests.PlanFinish(ctx, ptx.Tx, requests.Finish{Request: reqID, State: to, Reason: reason, Code: code}, ids)
+}
+
 // inTx runs fn in a transaction of db, then makes the Placement releases
 // fn planned (ReleaseFor), with no transaction open.
 func (r releaser) inTx(ctx context.Context, db txBeginner, fn func(ctx context.Context, tx pgx.Tx) error) error {
@@ -87,10 +112,12 @@ func (r releaser) inTx(ctx context.Context, db txBeginner, fn func(ctx context.C
 	return nil
 }
 
-// made makes the committed planned releases rel in Placement
-// and deletes those it made. A release that fails stays planned, with
-// its error, for the sweep: the transaction that planned it committed,
-// so its caller is not failed for it.
+// made makes the committed planned releases rel in Placement, then, in
+// one short transaction, deletes those it made and ends the requests
+// that waited on them (finish). A release that fails stays planned, with
+// its error, for the sweep, and so does the end of its request: the
+// transaction that planned it committed, so its caller is not failed for
+// it.
 func (r releaser) made(ctx context.Context, rel []flow.Attachment) {
 	if len(rel) == 0 {
 		return
@@ -110,16 +137,54 @@ func (r releaser) made(ctx context.Context, rel []flow.Attachment) {
 		done = append(done, a.ID)
 	}
 	failpoint.Hit(FailAfterPlacement)
-	if err := requests.ReleasesDone(ctx, r.pool, done); err != nil {
+	if len(done) == 0 {
+		return
+	}
+	if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if err := requests.ReleasesDone(ctx, tx, done); err != nil {
+			return err
+		}
+		_, err := r.finish(ctx, tx, done)
+		return err
+	}); err != nil {
 		// Made again by the sweep, where it counts as done.
 		r.log.Warn("pipeline: cannot record releases made; the sweep finds them done", logkey.Err, err)
 	}
 }
 
+// finish ends, in tx, the requests whose planned end (Finish) no planned
+// release holds up any more; with made set, only those that waited on
+// one of these releases. A request ended already another way (its
+// transition refused) keeps its end. It returns how many it ended.
+func (r releaser) finish(ctx context.Context, tx pgx.Tx, made []uuid.UUID) (int, error) {
+	ready, err := requests.ReadyFinishes(ctx, tx, made, 64)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, f := range ready {
+		_, err := r.store.Transition(ctx, tx, f.Request, f.State, "", f.Reason, f.Code)
+		switch {
+		case errors.Is(err, requests.ErrIllegal):
+			r.log.Warn("pipeline: a request ended another way before its releases were made", logkey.RequestID, f.Request, "want", f.State, logkey.Err, err)
+		case err != nil:
+			return n, err
+		default:
+			n++
+		}
+		if err := requests.DropFinish(ctx, tx, f.Request); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
 // sweep makes the planned releases whose lease ran out (their
 // process crashed before making them, or Placement failed them), a
-// batch at a time; replicas take different ones. It returns how many it
-// took.
+// batch at a time; replicas take different ones. Then it ends the
+// requests no planned release holds up (a crash, or two replicas that
+// each recorded one of a request's releases at once). It returns how
+// many releases it took.
 func (r releaser) sweep(ctx context.Context) (int, error) {
 	n := 0
 	for {
@@ -128,12 +193,24 @@ func (r releaser) sweep(ctx context.Context) (int, error) {
 			return n, err
 		}
 		if len(rel) == 0 {
-			return n, nil
+			break
 		}
 		r.log.Info("pipeline: making planned releases a process left", "count", len(rel))
 		r.made(ctx, rel)
 		n += len(rel)
 		if ctx.Err() != nil {
+			return n, ctx.Err()
+		}
+	}
+	for {
+		var ended int
+		if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) (err error) {
+			ended, err = r.finish(ctx, tx, nil)
+			return err
+		}); err != nil {
+			return n, fmt.Errorf("end requests whose releases were made: %w", err)
+		}
+		if ended == 0 || ctx.Err() != nil {
 			return n, ctx.Err()
 		}
 	}

@@ -123,7 +123,7 @@ func wrapErr(errp *error, format string, args ...any) {
 // (package direct: its vGPUs' claims and mdevs). It runs in a
 // transaction of the pipeline (InTx, HandleResult's, a decision's): the
 // claims it gives back are planned there (ReleaseFor) and made once it
-// committed.
+// committed; the request reads failed once they are (Finish).
 type Failer interface {
 	FailRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string) error
 }
@@ -131,7 +131,8 @@ type Failer interface {
 // InTx runs fn in a transaction of the pipeline's pool, as the pipeline
 // runs its own: the claims FailRequest and ReleaseFor give back in it are
 // recorded there and made in Placement once it committed, never inside
-// the transaction.
+// the transaction; a request Finish ends in it ends after them, in a
+// second short transaction.
 func (p *Processor) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	return p.rel.inTx(ctx, p.d.Pool, fn)
 }

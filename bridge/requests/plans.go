@@ -133,6 +133,77 @@ func ReleasesPending(ctx context.Context, q Querier, instance string) (bool, err
 	return pending, nil
 }
 
+// A request whose end gives vGPUs back (a release completed, a failure
+// compensated) ends only once Placement has the units back: the
+// transaction that plans the releases records the end (PlanFinish)
+// instead of making it; the transaction that records the releases made
+// takes the ends no planned release holds up any more (ReadyFinishes),
+// moves each request to its final state and deletes its row (DropFinish).
+
+// Finish is the final state a request takes once the planned releases it
+// waits on are made.
+type Finish struct {
+	Request      uuid.UUID
+	State        State
+	Reason, Code string
+}
+
+// PlanFinish records that request f.Request ends in f.State once the
+// planned releases of attachments releases are made. A finish planned
+// already for the request is replaced, and waits on both's releases.
+func PlanFinish(ctx context.Context, tx pgx.Tx, f Finish, releases []uuid.UUID) error {
+	if !f.State.Final() {
+		return fmt.Errorf("plan the end of request %s: %s is not final: %w", f.Request, f.State, ErrIllegal)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO planned_finishes (request_id, state, reason, code, releases) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (request_id) DO UPDATE SET state = excluded.state, reason = excluded.reason, code = excluded.code,
+			releases = ARRAY(SELECT DISTINCT unnest(planned_finishes.releases || excluded.releases))`,
+		f.Request, string(f.State), f.Reason, f.Code, releases)
+	if err != nil {
+		return fmt.Errorf("plan the end of request %s: %w", f.Request, err)
+	}
+	return nil
+}
+
+// FinishPlanned reports whether request id's end is planned: it is
+// ending, and only waits for its releases.
+func FinishPlanned(ctx context.Context, q Querier, id uuid.UUID) (bool, error) {
+	var planned bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM planned_finishes WHERE request_id = $1)`, id).Scan(&planned); err != nil {
+		return false, fmt.Errorf("planned end of request %s: %w", id, err)
+	}
+	return planned, nil
+}
+
+// ReadyFinishes locks, in tx, up to limit planned ends none of whose
+// releases is still planned; with made set, only those waiting on one of
+// the releases made (the attachments' ids). Ends another transaction
+// holds are skipped: it takes them.
+func ReadyFinishes(ctx context.Context, tx pgx.Tx, made []uuid.UUID, limit int) ([]Finish, error) {
+	rows, err := tx.Query(ctx, `SELECT request_id, state, reason, code FROM planned_finishes f
+		WHERE ($1::uuid[] IS NULL OR f.releases && $1::uuid[])
+			AND NOT EXISTS (SELECT 1 FROM planned_releases r WHERE r.attachment_id = ANY(f.releases))
+		ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED`, made, limit)
+	if err != nil {
+		return nil, fmt.Errorf("planned ends ready: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Finish, error) {
+		var f Finish
+		var st string
+		err := r.Scan(&f.Request, &st, &f.Reason, &f.Code)
+		f.State = State(st)
+		return f, err
+	})
+}
+
+// DropFinish deletes the planned end of request id: it was made.
+func DropFinish(ctx context.Context, q Execer, id uuid.UUID) error {
+	if _, err := q.Exec(ctx, `DELETE FROM planned_finishes WHERE request_id = $1`, id); err != nil {
+		return fmt.Errorf("drop the planned end of request %s: %w", id, err)
+	}
+	return nil
+}
+
 // reqOrNull is id, or NULL for the zero id (an attachment of no request).
 func reqOrNull(id uuid.UUID) *uuid.UUID {
 	if id == uuid.Nil {

@@ -281,25 +281,6 @@ type attachment struct {
 	ID, State, Profile, PCI, Provider string
 }
 
-// waitReleasesMade waits until the bridge made the Placement releases
-// planned for vm's vGPUs: a request ends before them (with no transaction
-// open, right after its end commits).
-func (w *elasticWorld) waitReleasesMade(vm string) {
-	w.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n int
-		testsvc.Must(w.t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM planned_releases WHERE instance_uuid = $1`, vm).Scan(&n), "planned releases")
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("%d planned release(s) of %s not made after 10s", n, vm)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func (w *elasticWorld) attachments(vm string) []attachment {
 	w.t.Helper()
 	rows, err := w.pool.Query(w.ctx, `SELECT id::text, state, coalesce(profile, ''), coalesce(pci_address, ''), coalesce(provider_uuid::text, '')
@@ -345,9 +326,7 @@ func (w *elasticWorld) novaActions(server string) map[string]int {
 func (w *elasticWorld) expectHeld(vm, pci string, nodeBefore map[string]int) string {
 	t := w.t
 	t.Helper()
-	// Placement, once the releases the last request planned are made
-	// (right after it ended: pipeline.ReleaseFor).
-	w.waitReleasesMade(vm)
+	// Placement.
 	al := w.n.Allocations(t, vm)
 	if !maps.Equal(al[w.root], nodeBefore) {
 		t.Errorf("Nova's allocations of %s on the compute node: %v, want them unchanged: %v", vm, al[w.root], nodeBefore)

@@ -258,6 +258,9 @@ type replicaOpts struct {
 	tracer pgx.QueryTracer
 	// claimErr, when set, is what every Placement claim answers.
 	claimErr error
+	// releaseDelay, when set, is how long every Placement release waits
+	// before it is made.
+	releaseDelay time.Duration
 	// maxAttempts bounds the attempts at an event (the default when 0).
 	maxAttempts int
 }
@@ -289,7 +292,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 		WatchdogInterval: 200 * time.Millisecond, RetryMin: 200 * time.Millisecond, RetryMax: time.Second, HostsRefresh: 500 * time.Millisecond,
 		LoadInterval: cmp.Or(o.loadInterval, -1), MaxAttempts: o.maxAttempts},
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
-			Placement: withClaimErr(newOutsideTx(t, w.txw, svc), o.claimErr), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
+			Placement: withReleaseDelay(withClaimErr(newOutsideTx(t, w.txw, svc), o.claimErr), o.releaseDelay), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() }})
 	testsvc.Must(t, err, "pipeline")
 	r.direct = direct.Wire(r.proc)
 	dc := dispatch.Config{URLs: []string{w.amqpURL}, ResultsQueue: w.results, ReportsQueue: w.reports,
@@ -448,17 +451,16 @@ func (w *world) wait(id uuid.UUID, within time.Duration) requests.Request {
 	}
 }
 
+// plannedReleases returns how many releases of instance's vGPUs are
+// planned and not made yet.
+func (w *world) plannedReleases(instance string) int {
+	var n int
+	testsvc.Must(w.t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM planned_releases WHERE instance_uuid::text = $1`, instance).Scan(&n), "planned releases")
+	return n
+}
+
 // allocations returns a consumer's allocations: provider → class → amount.
-//
-// A request ends (its transaction commits) before the claims it gives
-// back are released in Placement, right after, with no transaction open
-// (pipeline.ReleaseFor): the releases it planned are waited for first.
 func (w *world) allocations(consumer string) map[string]map[string]int {
-	w.waitFor(10*time.Second, "the planned releases of "+consumer+" made", func() bool {
-		var n int
-		testsvc.Must(w.t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM planned_releases WHERE instance_uuid::text = $1`, consumer).Scan(&n), "planned releases")
-		return n == 0
-	})
 	a, err := allocations.Get(w.ctx, w.sc, consumer).Extract()
 	testsvc.Must(w.t, err, "get allocations")
 	out := map[string]map[string]int{}

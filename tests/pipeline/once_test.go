@@ -68,8 +68,9 @@ next:
 // lastResultCost returns the statements and transactions of the last
 // agent result recorded (UPDATE commands SET result_status): every
 // transaction that recorded it (rolled back or committed), from its begin
-// to its end on its connection, and the statements that record its
-// releases made afterwards (DELETE FROM planned_releases).
+// to its end on its connection, and every transaction that recorded its
+// releases made afterwards (DELETE FROM planned_releases) and ended its
+// request.
 func (s *statements) lastResultCost() (n, txs int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -81,7 +82,8 @@ func (s *statements) lastResultCost() (n, txs int) {
 		}
 	}
 	for i, q := range s.seen {
-		if !strings.Contains(q.sql, finish) || len(q.args) == 0 || fmt.Sprint(q.args[0]) != fmt.Sprint(cmd) {
+		result := strings.Contains(q.sql, finish) && len(q.args) > 0 && fmt.Sprint(q.args[0]) == fmt.Sprint(cmd)
+		if !result && !strings.Contains(q.sql, "DELETE FROM planned_releases") {
 			continue
 		}
 		from := i
@@ -97,12 +99,6 @@ func (s *statements) lastResultCost() (n, txs int) {
 			if r.sql == "commit" || r.sql == "rollback" {
 				break
 			}
-		}
-	}
-	for _, q := range s.seen {
-		if strings.Contains(q.sql, "DELETE FROM planned_releases") {
-			n++
-			txs++
 		}
 	}
 	return n, txs
@@ -176,6 +172,11 @@ func withClaimErr(o outsideTx, err error) outsideTx {
 	return o
 }
 
+func withReleaseDelay(o outsideTx, d time.Duration) outsideTx {
+	o.releaseDelay = d
+	return o
+}
+
 // TestGivenUpDropsPlan: when Placement never takes the claim, the event is
 // tried again (its plan replaced each time) until the bridge gives up; the
 // request fails, and nothing it planned is left to count in the project's
@@ -206,18 +207,19 @@ func TestGivenUpDropsPlan(t *testing.T) {
 }
 
 // TestReleasedOnce: an agent's result that gives a vGPU back runs its
-// transaction once. The transaction records the result, the request's
-// end and the planned release, and commits; the release is made with no
-// transaction open (outsideTx checks), and one statement deletes the
-// planned release. Before, the transaction stopped for the release, which
-// was made between two runs of the whole transaction: every statement of
-// the result ran twice.
+// transaction once, and the request reads succeeded only once Placement
+// has the units back. The result's transaction records the result, the
+// planned release and the request's planned end, and commits; the release
+// is made with no transaction open (outsideTx checks; Placement is slowed
+// by a second); a second short transaction deletes the planned release and
+// ends the request. Before: the request read succeeded a release (here a
+// second) before Placement had the units back.
 func TestReleasedOnce(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	w.startAgent()
 	st := &statements{}
-	w.startBridge(replicaOpts{name: "r1", tracer: st})
+	w.startBridge(replicaOpts{name: "r1", tracer: st, releaseDelay: time.Second})
 	inst := w.domains[4].UUID
 	if r := w.wait(w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q"}), 60*time.Second); r.State != requests.Succeeded {
 		t.Fatalf("attach: %s (%s: %s)", r.State, r.Code, r.Reason)
@@ -227,13 +229,11 @@ func TestReleasedOnce(t *testing.T) {
 	if r := w.wait(rel, 60*time.Second); r.State != requests.Succeeded {
 		t.Fatalf("release: %s (%s: %s)", r.State, r.Code, r.Reason)
 	}
-	total, begins := st.count(nil), st.count(nil, "begin")
-	// The planned release is deleted right after the request's end
-	// commits: wait for it (the request reads succeeded before).
-	deadline := time.Now().Add(10 * time.Second)
-	for st.count(nil, "DELETE FROM planned_releases") == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+	// Final: the units are back in Placement now, not a moment later.
+	if n := vgpuUnits(w.allocations(inst)); n != 0 {
+		t.Errorf("VGPU held when the release read succeeded: %d, want 0", n)
 	}
+	total, begins := st.count(nil), st.count(nil, "begin")
 	for _, c := range []struct {
 		what  string
 		parts []string
@@ -241,7 +241,9 @@ func TestReleasedOnce(t *testing.T) {
 	}{
 		{"results recorded (detach_vgpu, remove_mdev)", []string{"UPDATE commands SET result_status"}, 2},
 		{"the release planned", []string{"INSERT INTO planned_releases"}, 1},
+		{"the end planned", []string{"INSERT INTO planned_finishes"}, 1},
 		{"the release recorded made", []string{"DELETE FROM planned_releases"}, 1},
+		{"the end made", []string{"DELETE FROM planned_finishes"}, 1},
 		{"transactions rolled back", []string{"rollback"}, 0},
 	} {
 		if got := st.count(nil, c.parts...); got != c.want {
@@ -251,14 +253,13 @@ func TestReleasedOnce(t *testing.T) {
 	last, lastBegins := st.lastResultCost()
 	t.Logf("GPU_RELEASE, webhook to released: %d statements, %d transactions; the result that releases: %d statements, %d transactions (pipeline pool)",
 		total, begins, last, lastBegins)
-	if n := vgpuUnits(w.allocations(inst)); n != 0 {
-		t.Errorf("VGPU held after the release: %d, want 0", n)
-	}
-	var left int
-	if err := w.pool.QueryRow(w.ctx, `SELECT count(*) FROM planned_releases WHERE instance_uuid = $1`, inst).Scan(&left); err != nil {
+	var left, ends, finals int
+	if err := w.pool.QueryRow(w.ctx, `SELECT (SELECT count(*) FROM planned_releases WHERE instance_uuid = $1),
+		(SELECT count(*) FROM planned_finishes WHERE request_id = $2),
+		(SELECT count(*) FROM audit_log WHERE request_id::text = $3 AND action = 'transition' AND detail->>'to' = 'succeeded')`, inst, rel, rel.String()).Scan(&left, &ends, &finals); err != nil {
 		t.Fatal(err)
 	}
-	if left != 0 {
-		t.Errorf("planned releases left: %d, want 0", left)
+	if left != 0 || ends != 0 || finals != 1 {
+		t.Errorf("planned releases left: %d, planned ends left: %d, final transitions: %d; want 0, 0, 1", left, ends, finals)
 	}
 }
