@@ -80,14 +80,14 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		resizes.Events(),           // a Nova notification of a resize the bridge runs moves that resize on
 		pipeline.ReadRequest{},     // a webhook's request, locked; an ended one is skipped
 		pipeline.ReadEvent{},       // the inbox row as the policy's event
-		pipeline.FollowMove{},      // direct-path vGPUs follow a Nova move of their instance
+		directPath.FollowMove(),    // direct-path vGPUs follow a Nova move or host maintenance of their instance
 		pipeline.Evaluate{},        // facts, the policy, the plan
 		pipeline.OpenRequest{},     // a request for a notification the policy acts on
 		act,                        // the direct path (claims, attachments, commands), or a resize through Nova
 		pipeline.Record{},          // the decision, and the policy's load state
 	},
 		Results: []pipeline.ResultTaker{resizes, directPath}, // verify_vgpu results of resizes go to the resize, the others to the direct path
-		Direct:  directPath,                                  // moves, maintenance, claims; failing a request undoes its direct-path work, whatever path ran it
+		Direct:  directPath,                                  // claims; failing a request undoes its direct-path work, whatever path ran it
 	})
 	dc := DispatchConfig(v, tu, replica)
 	dc.TLS = tlsCfg

@@ -253,6 +253,16 @@ func (p *Path) Claim(ctx context.Context, f pipeline.Facts, s flow.Step, planned
 				if p.d.Placement.GPUAddress(h.Provider) == "" {
 					continue
 				}
+				// Units of vGPUs the bridge gave back and has not yet
+				// released in Placement (planned_releases) are no crash's
+				// leftovers: their release takes them.
+				pending, err := requests.ReleasesPending(ctx, p.d.Pool, f.Instance.UUID)
+				if err != nil {
+					return nil, err
+				}
+				if pending {
+					break
+				}
 				p.log.Info("pipeline: adopting a claim an interrupted attempt made", logkey.Instance, f.Instance.UUID, "provider", h.Provider, "units", n)
 				return []pipeline.Claim{{Consumer: f.Instance.UUID, Provider: h.Provider, Class: h.Class, Amount: n, Held: h.Amount}}, nil
 			}

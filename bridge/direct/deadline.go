@@ -73,7 +73,9 @@ func (p *Path) CheckDeadlines(ctx context.Context) (int, error) {
 		err := p.pipe.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			var id uuid.UUID
 			err := tx.QueryRow(ctx, `SELECT id FROM requests WHERE state IN ('accepted','decided','dispatched')
-				AND deadline_at IS NOT NULL AND deadline_at < now() ORDER BY deadline_at LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&id)
+				AND deadline_at IS NOT NULL AND deadline_at < now()
+				AND NOT EXISTS (SELECT 1 FROM planned_finishes f WHERE f.request_id = requests.id)
+				ORDER BY deadline_at LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&id)
 			if errors.Is(err, pgx.ErrNoRows) {
 				done = true
 				return nil

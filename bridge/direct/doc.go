@@ -14,8 +14,9 @@
 //
 // The Path plugs into the pipeline (package pipeline) as package
 // novaresize does: it carries out the plans of the direct path (ActPlan:
-// the pipeline's Act stage, the moves and maintenance it follows, and the
-// second transaction of a decision whose claims it made with Claim), it
+// the pipeline's Act stage and the second transaction of a decision whose
+// claims it made with Claim), its own stage makes the vGPUs follow a Nova
+// move or host maintenance of their instance (FollowMove), it
 // takes the agent results (TakeResult), it is the pipeline's Failer
 // (FailRequest, whatever path ran the request), and its loop (Run) fails
 // the requests whose deadline passed.
@@ -25,5 +26,8 @@
 //	result.go    TakeResult: an agent's result moves the request on; complete
 //	fail.go      FailRequest and compensate: claims back, undo commands, restores
 //	deadline.go  Run, CheckDeadlines: requests past their deadline, ended ones in flight
+//	follow.go    FollowMove, the stage of moves and maintenance
+//	move.go      handleMove: vGPUs released on the old host, applied again on the new
+//	maintenance.go handleMaintenance: host maintenance's detach and attach halves
 //	commands.go  the path's commands (AttachCommands, ReleaseCommands) and their outbox rows
 package direct

@@ -17,7 +17,10 @@ import (
 
 // FailRequest fails a request with code and reason and compensates what
 // it did (failRequest): the pipeline's Failer, whatever path ran the
-// request. It runs inside rounds (pipeline.Processor.InTx).
+// request. It runs in a transaction of the pipeline (InTx, a result's,
+// a decision's): the claims it gives back are planned there
+// (pipeline.ReleaseFor) and made once it committed, and the request
+// reads failed only once they are (pipeline.Finish).
 func (p *Path) FailRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string) error {
 	return p.failRequest(ctx, tx, reqID, code, reason, nil)
 }
@@ -38,6 +41,9 @@ func (p *Path) failRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code
 	if state.Final() {
 		return nil
 	}
+	if ending, err := requests.FinishPlanned(ctx, tx, reqID); err != nil || ending {
+		return err // it ends once its releases are made (pipeline.Finish)
+	}
 	if state != requests.Accepted {
 		if _, err := p.d.Requests.Transition(ctx, tx, reqID, state, flow.PhaseCompensating, reason, code); err != nil {
 			return err
@@ -46,7 +52,8 @@ func (p *Path) failRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code
 	if err := p.compensate(ctx, tx, reqID, code, reason, cause); err != nil {
 		return err
 	}
-	if _, err := p.d.Requests.Transition(ctx, tx, reqID, requests.Failed, "", reason, code); err != nil {
+	// Failed once the claims compensate gave back are made (pipeline.Finish).
+	if err := pipeline.Finish(ctx, tx, p.d.Requests, reqID, requests.Failed, reason, code); err != nil {
 		return err
 	}
 	p.count.Finished(requests.Failed)
@@ -78,7 +85,7 @@ func (p *Path) compensate(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code,
 	for _, a := range atts {
 		detail := map[string]any{"reason": reason, "code": code}
 		if a.Provider != "" {
-			if err := pipeline.ReleaseFor(ctx, a); err != nil {
+			if err := pipeline.ReleaseFor(ctx, tx, a); err != nil {
 				return err
 			}
 			detail["claim_released"] = map[string]any{"provider": a.Provider, "class": a.Class, "amount": a.Amount}

@@ -16,8 +16,10 @@ import (
 type Pipeline interface {
 	// Lend gives the pipeline's configuration, collaborators and counters.
 	Lend() pipeline.Lent
-	// InTx runs fn in a transaction of rounds: FailRequest and the
-	// completion of a request may give claims back between rounds.
+	// InTx runs fn in a transaction of the pipeline: the claims
+	// FailRequest and the completion of a request give back in it
+	// (pipeline.ReleaseFor) are made once it committed, and the request
+	// ends after them (pipeline.Finish).
 	InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error
 }
 
@@ -50,7 +52,7 @@ func New(pipe Pipeline) *Path {
 // (setupPipeline). Run the returned Path's loop beside proc's.
 func Wire(proc *pipeline.Processor) *Path {
 	p := New(proc)
-	proc.Use(pipeline.Paths{Stages: pipeline.DefaultStages(p), Results: []pipeline.ResultTaker{p}, Direct: p})
+	proc.Use(pipeline.Paths{Stages: pipeline.DefaultStages(p, p.FollowMove()), Results: []pipeline.ResultTaker{p}, Direct: p})
 	return p
 }
 

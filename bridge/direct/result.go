@@ -118,7 +118,7 @@ func (p *Path) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time
 	}
 	for _, a := range rel {
 		if a.Provider != "" {
-			if err := pipeline.ReleaseFor(ctx, a); err != nil {
+			if err := pipeline.ReleaseFor(ctx, tx, a); err != nil {
 				return false, err
 			}
 		}
@@ -149,7 +149,8 @@ func (p *Path) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time
 		}
 		changed = !c.Unheard
 	}
-	if _, err := p.d.Requests.Transition(ctx, tx, reqID, requests.Succeeded, "", reason, ""); err != nil {
+	// Succeeded once the claims given back are made (pipeline.Finish).
+	if err := pipeline.Finish(ctx, tx, p.d.Requests, reqID, requests.Succeeded, reason, ""); err != nil {
 		return false, err
 	}
 	p.count.Finished(requests.Succeeded)
@@ -240,7 +241,7 @@ func (p *Path) restoreFailed(ctx context.Context, tx pgx.Tx, reqID, attID uuid.U
 	}
 	a := atts[0]
 	if a.Provider != "" {
-		if err := pipeline.ReleaseFor(ctx, a); err != nil {
+		if err := pipeline.ReleaseFor(ctx, tx, a); err != nil {
 			return err
 		}
 	}

@@ -88,7 +88,7 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err erro
 	}
 	if len(f.Attachments) > 0 {
 		// A resize rewrites the instance's allocations: the bridge's own
-		// claims would have to follow (move.go) while it resizes.
+		// claims would have to follow (direct/move.go) while it resizes.
 		return fail(flow.CodeUnsupported, fmt.Sprintf("instance %s holds %d direct-path vGPU(s); release them before a resize through Nova, or use attach_mode direct-live",
 			f.Instance.UUID, len(f.Attachments)))
 	}

@@ -120,9 +120,12 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 			return false, false, err
 		}
 	}
+	var planned []flow.Attachment // releases the decision planned (ReleaseFor)
 	for {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			w.reset(tx)
+			ptx := &plannedTx{Tx: tx}
+			defer func() { planned = ptx.releases }()
+			w.reset(ptx)
 			w.quota = &quotaGuard{p: p, eager: eager, unified: unified}
 			held := ""
 			if release != nil {
@@ -164,6 +167,9 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		}
 		break
 	}
+	if err == nil {
+		p.rel.made(ctx, planned) // committed: made with no transaction open
+	}
 	if err != nil || len(w.pending) == 0 {
 		return w.Outbox, closed && err == nil, err
 	}
@@ -178,11 +184,16 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 	failpoint.Hit(FailAfterPlacement)
 	recorded := false
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		w.Tx, w.Outbox, w.unused = tx, false, nil
+		ptx := &plannedTx{Tx: tx}
+		defer func() { planned = ptx.releases }()
+		w.Tx, w.Outbox, w.unused = ptx, false, nil
 		var err error
 		recorded, err = p.apply(ctx, w)
 		return err
 	})
+	if err == nil {
+		p.rel.made(ctx, planned)
+	}
 	// Still under the instance's lock: no other decision can adopt these
 	// units before they are given back.
 	if err != nil || !recorded {
@@ -284,7 +295,7 @@ func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 // Failpoints of a decision that needs Placement claims
 // (internal/failpoint): crash tests kill the bridge at each.
 const (
-	FailBeforePlacement = "pipeline.before_placement" // the plan committed; no claim made yet (also: a round stopped for a release)
+	FailBeforePlacement = "pipeline.before_placement" // the plan (or a planned release) committed; no claim (release) made yet
 	FailAfterPlacement  = "pipeline.after_placement"  // the claim (or release) is made in Placement, not recorded
 	FailAfterRecord     = "pipeline.after_record"     // recorded and committed; outbox not kicked
 )
@@ -398,7 +409,7 @@ func (p *Processor) retryLater(ctx context.Context, id int64, cause error) error
 		return errors.Join(cause, requests.EventNotBefore(ctx, p.d.Pool, id, wait))
 	}
 	// Give up: close the event; its request fails with the last error.
-	return errors.Join(cause, p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
+	return errors.Join(cause, p.rel.inTx(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		row, ok, err := lockEvent(ctx, tx, id, false)
 		if err != nil || !ok {
 			return err

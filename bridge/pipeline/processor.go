@@ -74,6 +74,7 @@ type Processor struct {
 	stages  []Stage
 	results []ResultTaker
 	direct  DirectPath
+	rel     releaser // the Placement releases its transactions plan
 }
 
 // New builds a processor.
@@ -98,7 +99,7 @@ func New(cfg Config, d Deps) (*Processor, error) {
 		d.Log.Warn("pipeline: fewer workers than configured, to leave the pool room", "workers", max(mc-2, 1), "configured", cfg.Workers, "pool", mc)
 		cfg.Workers = max(mc-2, 1)
 	}
-	p := &Processor{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry)}
+	p := &Processor{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry), rel: releaser{pl: d.Placement, pool: d.Pool, store: d.Requests, log: d.Log}}
 	p.hosts.Store(&hostSet{byName: map[string]int{}})
 	return p, nil
 }
@@ -107,10 +108,11 @@ func New(cfg Config, d Deps) (*Processor, error) {
 // about each inbox event, in order (stage.go); the takers of agent
 // results, in order, the first that takes one ends its way
 // (ResultTaker); and the direct path, which carries out the plans of the
-// pipeline's own making (moves, maintenance, the second transaction of a
-// decision that claimed) and fails requests (DirectPath). Package direct
-// is the direct path, a taker and an actor of Act; the Nova-native path
-// (package novaresize) adds a stage, an actor and a taker.
+// pipeline's own making (the second transaction of a decision that
+// claimed) and fails requests (DirectPath). Package direct is the direct
+// path, a stage (FollowMove: moves, maintenance), a taker and an actor of
+// Act; the Nova-native path (package novaresize) adds a stage, an actor
+// and a taker.
 type Paths struct {
 	Stages  []Stage
 	Results []ResultTaker
@@ -145,6 +147,11 @@ func (p *Processor) Run(ctx context.Context) error {
 		return errors.New("pipeline: no direct path (Use; direct.Wire)")
 	}
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p.rel.run(ctx) // planned releases a crash or Placement left
+	}()
 	if p.cfg.LoadInterval > 0 {
 		wg.Add(1)
 		go func() {

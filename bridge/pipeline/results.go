@@ -42,8 +42,8 @@ type AgentResult struct {
 func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err error) {
 	defer wrapErr(&err, "result of command %s", r.CommandID)
 	var ar AgentResult
-	err = p.rounds(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
-		ar = AgentResult{Result: r} // a round stopped for a release is run again from the start
+	err = p.rel.inTx(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		ar = AgentResult{Result: r}
 		body, _ := json.Marshal(r)
 		c, ok, err := requests.FinishCommandOnce(ctx, tx, r.CommandID, r.Host, string(r.Status), body)
 		if err != nil {
@@ -120,18 +120,21 @@ func wrapErr(errp *error, format string, args ...any) {
 }
 
 // Failer fails a request with code and reason and undoes what it began
-// (package direct: its vGPUs' claims and mdevs). It runs inside rounds
-// (InTx, or a stage's transaction that gives nothing back to Placement),
-// since the undoing may give claims back between rounds.
+// (package direct: its vGPUs' claims and mdevs). It runs in a
+// transaction of the pipeline (InTx, HandleResult's, a decision's): the
+// claims it gives back are planned there (ReleaseFor) and made once it
+// committed; the request reads failed once they are (Finish).
 type Failer interface {
 	FailRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string) error
 }
 
 // InTx runs fn in a transaction of the pipeline's pool, as the pipeline
-// runs its own: FailRequest inside it may give claims back to Placement
-// between rounds, never inside the transaction.
+// runs its own: the claims FailRequest and ReleaseFor give back in it are
+// recorded there and made in Placement once it committed, never inside
+// the transaction; a request Finish ends in it ends after them, in a
+// second short transaction.
 func (p *Processor) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return p.rounds(ctx, p.d.Pool, fn)
+	return p.rel.inTx(ctx, p.d.Pool, fn)
 }
 
 // SucceedRequest ends a request that another package ran (a resize

@@ -55,8 +55,7 @@ type Actor interface {
 
 // DirectPath carries out plans on the direct path (package direct):
 // claims in Placement, attachments and agent commands. The pipeline
-// hands it the plans of its decisions (Act), of the moves and maintenance
-// it follows (FollowMove) and, in a decision's second transaction, those
+// hands it the plans of its decisions (Act) and, in a decision's second transaction, those
 // that waited for their claims (apply); the claims themselves, made
 // between the two transactions (makeClaims), and their release when the
 // second does not take them; and the failure of requests (Failer).
@@ -81,10 +80,11 @@ type DirectPath interface {
 }
 
 // DefaultStages are the stages of the direct path alone, d (tests,
-// benchmarks: direct.Wire). The bridge lists its own where it wires the
-// pipeline (setupPipeline).
-func DefaultStages(d DirectPath) []Stage {
-	return []Stage{AccountFlavor{}, KnowAllocations{}, ReadRequest{}, ReadEvent{}, FollowMove{}, Evaluate{}, OpenRequest{}, Act{Direct: d}, Record{}}
+// benchmarks: direct.Wire); follow is its stage that makes vGPUs follow
+// their instance (moves, host maintenance). The bridge lists its own
+// where it wires the pipeline (setupPipeline).
+func DefaultStages(d DirectPath, follow Stage) []Stage {
+	return []Stage{AccountFlavor{}, KnowAllocations{}, ReadRequest{}, ReadEvent{}, follow, Evaluate{}, OpenRequest{}, Act{Direct: d}, Record{}}
 }
 
 // Work is one event on its way through the stages.
@@ -199,9 +199,9 @@ func (w *Work) doneWithClaims() {
 	w.claims, w.used, w.giveBack = nil, 0, false
 }
 
-// heldBy returns the units consumer holds in Placement as read before the
+// HeldBy returns the units consumer holds in Placement as read before the
 // decision.
-func (w *Work) heldBy(consumer string) ([]placement.Holding, error) {
+func (w *Work) HeldBy(consumer string) ([]placement.Holding, error) {
 	hl, ok := w.holdings[consumer]
 	if !ok {
 		return nil, fmt.Errorf("the allocations of %s were not read before the decision", consumer)
@@ -296,25 +296,6 @@ func (ReadEvent) Exec(ctx context.Context, w *Work) (bool, error) {
 	}
 	w.closed = true
 	return true, requests.MarkEventFailed(ctx, w.Tx, w.Row.ID, err.Error())
-}
-
-// FollowMove makes direct-path vGPUs follow a Nova move of their instance
-// (move.go).
-type FollowMove struct{}
-
-// Exec implements Stage.
-func (FollowMove) Exec(ctx context.Context, w *Work) (bool, error) {
-	outbox, handled, err := w.p.handleMaintenance(ctx, w, w.Event)
-	if err != nil || handled {
-		w.Outbox = w.Outbox || outbox
-		return handled, err
-	}
-	outbox, handled, err = w.p.handleMove(ctx, w, w.Event)
-	if err != nil {
-		return false, fmt.Errorf("follow the move of %s: %w", w.Row.InstanceUUID, err)
-	}
-	w.Outbox = w.Outbox || outbox
-	return handled, nil
 }
 
 // Evaluate runs the policy on the event with the facts it needs and plans

@@ -142,7 +142,7 @@ func isCustom(rc string) bool { return len(rc) > 7 && rc[:7] == "CUSTOM_" }
 // instance's allocations in Placement are not what they were: its
 // creation and its moves (MoveEvents).
 func allocationEvent(kind string) bool {
-	return kind == NovaKindPrefix+"instance.create.end" || moveKind(kind)
+	return kind == NovaKindPrefix+"instance.create.end" || IsMove(kind)
 }
 
 // KnowAllocations keeps the bridge's record of what each instance holds
@@ -163,7 +163,7 @@ func (KnowAllocations) Exec(ctx context.Context, w *Work) (bool, error) {
 	case kind == NovaKindPrefix+"instance.delete.end":
 		w.p.d.Placement.Forget(w.Row.InstanceUUID)
 	case allocationEvent(kind):
-		_, err := w.heldBy(w.Row.InstanceUUID)
+		_, err := w.HeldBy(w.Row.InstanceUUID)
 		return false, err
 	}
 	return false, nil

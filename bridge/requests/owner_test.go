@@ -31,6 +31,8 @@ var owners = map[string]string{
 	"request_callbacks":         "bridge/requests",
 	"request_callback_attempts": "bridge/requests",
 	"planned_claims":            "bridge/requests",
+	"planned_releases":          "bridge/requests",
+	"planned_finishes":          "bridge/requests",
 
 	// Each feature's own records.
 	"vgpu_usage_periods":     "bridge/usage",

@@ -76,11 +76,93 @@ func TestCrashAtEachClaimStep(t *testing.T) {
 }
 
 // TestCrashAfterRelease kills the bridge after it gave a released vGPU's
-// claim back to Placement and before it recorded that: after a restart
-// the release finishes once, the claim stays given back (the repeated
-// release finds it done) and the vGPU is recorded released.
+// claim back to Placement and before it recorded that (the planned
+// release and the request's planned end committed before): the request is
+// not final at the crash, nor after the restart until the sweep (once the
+// release's lease ran out) finds the release done and ends it; it then
+// reads succeeded once, with the claim given back and the vGPU released.
 func TestCrashAfterRelease(t *testing.T) {
 	f := newFleet(t)
+	a, id := f.releaseKilledAt(pipeline.FailAfterPlacement)
+	f.expectEnding(id, a.vm)
+	if n := f.vgpuUnits(a.vm); n != 0 {
+		t.Errorf("VGPU at the crash: %d, want 0 (given back before the record)", n)
+	}
+	f.startProcess("")
+	// The lease (a minute from the crash) has not run out: the restarted
+	// bridge leaves the release, and the request is still not final.
+	f.expectEnding(id, a.vm)
+	f.expectEndedOnce(id, a.vm)
+}
+
+// TestCrashBeforeRelease kills the bridge after the agent's last result
+// of a release was recorded, with the planned release and the request's
+// planned end, and before the claim was given back to Placement: the
+// request is not final at the crash; after a restart the sweep gives the
+// claim back once (its lease ran out) and ends the request, once.
+func TestCrashBeforeRelease(t *testing.T) {
+	f := newFleet(t)
+	a, id := f.releaseKilledAt(pipeline.FailBeforePlacement)
+	f.expectEnding(id, a.vm)
+	if n := f.vgpuUnits(a.vm); n != 1 {
+		t.Errorf("VGPU at the crash: %d, want 1 (not given back yet)", n)
+	}
+	f.startProcess("")
+	f.expectEndedOnce(id, a.vm)
+}
+
+// expectEnding checks that request id is not final and that its end
+// waits for the planned release of the vGPU of vm.
+func (f *fleet) expectEnding(id, vm string) {
+	t := f.t
+	t.Helper()
+	var state string
+	var planned, ends int
+	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT state, (SELECT count(*) FROM planned_releases WHERE instance_uuid = $2),
+		(SELECT count(*) FROM planned_finishes WHERE request_id = $1) FROM requests WHERE id = $1`,
+		id, vm).Scan(&state, &planned, &ends), "request")
+	if state == "succeeded" || state == "failed" || planned != 1 || ends != 1 {
+		t.Errorf("request %s, planned releases %d, planned ends %d; want it not final, waiting for 1 release", state, planned, ends)
+	}
+}
+
+// expectEndedOnce waits until request id is final (a restarted bridge's
+// sweep makes what a crash left once its lease, a minute, ran out) and
+// checks that, when it first reads final, Placement has vm's vGPU back
+// and nothing is left planned; the request succeeded, once, and the vGPU
+// is recorded released.
+func (f *fleet) expectEndedOnce(id, vm string) {
+	t := f.t
+	t.Helper()
+	var r apiclient.Request
+	f.waitFor(150*time.Second, "request "+id+" final", func() bool {
+		var err error
+		r, err = f.admin.Request(f.ctx, id)
+		return err == nil && apiclient.FinalState(r.State)
+	})
+	if n := f.vgpuUnits(vm); n != 0 {
+		t.Errorf("VGPU when the request read %s: %d, want 0", r.State, n)
+	}
+	if r.State != "succeeded" {
+		t.Errorf("release after the restart: %s (%s: %s), want succeeded", r.State, r.Code, r.Reason)
+	}
+	var planned, ends, transitions int
+	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT (SELECT count(*) FROM planned_releases WHERE instance_uuid = $2),
+		(SELECT count(*) FROM planned_finishes WHERE request_id::text = $1),
+		(SELECT count(*) FROM audit_log WHERE request_id::text = $1 AND action = 'transition' AND detail->>'to' = 'succeeded')`,
+		id, vm).Scan(&planned, &ends, &transitions), "plans")
+	if planned != 0 || ends != 0 || transitions != 1 {
+		t.Errorf("planned releases %d, planned ends %d, transitions to succeeded %d; want 0, 0, 1", planned, ends, transitions)
+	}
+	f.expectReleased(vm)
+}
+
+// releaseKilledAt attaches a vGPU to the first host's VM, restarts the
+// bridge with failpoint fp armed, sends GPU_RELEASE and waits until the
+// bridge killed itself at fp. It returns the host and the release's id.
+func (f *fleet) releaseKilledAt(fp string) (*host, string) {
+	t := f.t
+	t.Helper()
 	a := f.hosts[0]
 	f.startProcess("")
 	f.startAgent(a)
@@ -93,21 +175,18 @@ func TestCrashAfterRelease(t *testing.T) {
 	}
 	syscall.Kill(-f.proc.Process.Pid, syscall.SIGTERM) //nolint:errcheck
 	<-f.procDone
-	f.startProcess(pipeline.FailAfterPlacement)
+	f.startProcess(fp)
 	id := f.send(map[string]any{"type": "GPU_RELEASE", "vm_id": a.vm})
-	f.waitKilled(pipeline.FailAfterPlacement)
-	if n := f.vgpuUnits(a.vm); n != 0 {
-		t.Errorf("VGPU at the crash: %d, want 0 (given back before the record)", n)
-	}
-	f.startProcess("")
-	if r := f.final(id); r.State != "succeeded" {
-		t.Fatalf("release after the restart: %s (%s: %s), want succeeded", r.State, r.Code, r.Reason)
-	}
-	if n := f.vgpuUnits(a.vm); n != 0 {
-		t.Errorf("VGPU after the release: %d, want 0", n)
-	}
+	f.waitKilled(fp)
+	return a, id
+}
+
+// expectReleased checks that the VM's one vGPU is recorded released.
+func (f *fleet) expectReleased(vm string) {
+	t := f.t
+	t.Helper()
 	var states string
-	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT string_agg(state, ',') FROM vgpu_attachments WHERE instance_uuid = $1`, a.vm).Scan(&states), "attachments")
+	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT string_agg(state, ',') FROM vgpu_attachments WHERE instance_uuid = $1`, vm).Scan(&states), "attachments")
 	if states != "released" {
 		t.Errorf("attachments %q, want one released", states)
 	}

@@ -269,6 +269,9 @@ type replicaOpts struct {
 	// lookup, when set, looks up the instances a request names that the
 	// bridge does not know (pipeline.Deps.Lookup).
 	lookup pipeline.InstanceLookup
+	// releaseDelay, when set, is how long every Placement release waits
+	// before it is made.
+	releaseDelay time.Duration
 	// maxAttempts bounds the attempts at an event (the default when 0).
 	maxAttempts int
 	// owned are the bridge-owned VF GPUs ([placement] bridge_owned_vf_gpus).
@@ -307,7 +310,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 		WatchdogInterval: 200 * time.Millisecond, RetryMin: 200 * time.Millisecond, RetryMax: time.Second, HostsRefresh: 500 * time.Millisecond,
 		LoadInterval: cmp.Or(o.loadInterval, -1), MaxAttempts: o.maxAttempts},
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
-			Placement: withClaimErr(newOutsideTx(t, w.txw, svc), o.claimErr), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() },
+			Placement: withReleaseDelay(withClaimErr(newOutsideTx(t, w.txw, svc), o.claimErr), o.releaseDelay), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() },
 			Lookup: o.lookup, Limits: o.limits})
 	testsvc.Must(t, err, "pipeline")
 	r.direct = direct.Wire(r.proc)
@@ -465,6 +468,14 @@ func (w *world) wait(id uuid.UUID, within time.Duration) requests.Request {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// plannedReleases returns how many releases of instance's vGPUs are
+// planned and not made yet.
+func (w *world) plannedReleases(instance string) int {
+	var n int
+	testsvc.Must(w.t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM planned_releases WHERE instance_uuid::text = $1`, instance).Scan(&n), "planned releases")
+	return n
 }
 
 // allocations returns a consumer's allocations: provider → class → amount.

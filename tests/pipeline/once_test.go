@@ -25,11 +25,12 @@ type statements struct {
 type statement struct {
 	sql  string
 	args []any
+	conn *pgx.Conn
 }
 
-func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+func (s *statements) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	s.mu.Lock()
-	s.seen = append(s.seen, statement{d.SQL, d.Args})
+	s.seen = append(s.seen, statement{d.SQL, d.Args, c})
 	s.mu.Unlock()
 	return ctx
 }
@@ -62,6 +63,45 @@ next:
 		n++
 	}
 	return n
+}
+
+// lastResultCost returns the statements and transactions of the last
+// agent result recorded (UPDATE commands SET result_status): every
+// transaction that recorded it (rolled back or committed), from its begin
+// to its end on its connection, and every transaction that recorded its
+// releases made afterwards (DELETE FROM planned_releases) and ended its
+// request.
+func (s *statements) lastResultCost() (n, txs int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	const finish = "UPDATE commands SET result_status"
+	var cmd any
+	for _, q := range s.seen {
+		if strings.Contains(q.sql, finish) && len(q.args) > 0 {
+			cmd = q.args[0]
+		}
+	}
+	for i, q := range s.seen {
+		result := strings.Contains(q.sql, finish) && len(q.args) > 0 && fmt.Sprint(q.args[0]) == fmt.Sprint(cmd)
+		if !result && !strings.Contains(q.sql, "DELETE FROM planned_releases") {
+			continue
+		}
+		from := i
+		for from > 0 && !(s.seen[from].conn == q.conn && strings.HasPrefix(s.seen[from].sql, "begin")) {
+			from--
+		}
+		txs++
+		for _, r := range s.seen[from:] {
+			if r.conn != q.conn {
+				continue
+			}
+			n++
+			if r.sql == "commit" || r.sql == "rollback" {
+				break
+			}
+		}
+	}
+	return n, txs
 }
 
 // TestDecidedOnce: a direct-path attach is decided once. The event is
@@ -132,6 +172,11 @@ func withClaimErr(o outsideTx, err error) outsideTx {
 	return o
 }
 
+func withReleaseDelay(o outsideTx, d time.Duration) outsideTx {
+	o.releaseDelay = d
+	return o
+}
+
 // TestGivenUpDropsPlan: when Placement never takes the claim, the event is
 // tried again (its plan replaced each time) until the bridge gives up; the
 // request fails, and nothing it planned is left to count in the project's
@@ -158,5 +203,63 @@ func TestGivenUpDropsPlan(t *testing.T) {
 	}
 	if n := vgpuUnits(w.allocations(inst)); n != 0 {
 		t.Errorf("VGPU held by %s: %d, want 0", inst, n)
+	}
+}
+
+// TestReleasedOnce: an agent's result that gives a vGPU back runs its
+// transaction once, and the request reads succeeded only once Placement
+// has the units back. The result's transaction records the result, the
+// planned release and the request's planned end, and commits; the release
+// is made with no transaction open (outsideTx checks; Placement is slowed
+// by a second); a second short transaction deletes the planned release and
+// ends the request. Before: the request read succeeded a release (here a
+// second) before Placement had the units back.
+func TestReleasedOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.startAgent()
+	st := &statements{}
+	w.startBridge(replicaOpts{name: "r1", tracer: st, releaseDelay: time.Second})
+	inst := w.domains[4].UUID
+	if r := w.wait(w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q"}), 60*time.Second); r.State != requests.Succeeded {
+		t.Fatalf("attach: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	st.reset()
+	rel := w.submit("GPU_RELEASE", inst, nil)
+	if r := w.wait(rel, 60*time.Second); r.State != requests.Succeeded {
+		t.Fatalf("release: %s (%s: %s)", r.State, r.Code, r.Reason)
+	}
+	// Final: the units are back in Placement now, not a moment later.
+	if n := vgpuUnits(w.allocations(inst)); n != 0 {
+		t.Errorf("VGPU held when the release read succeeded: %d, want 0", n)
+	}
+	total, begins := st.count(nil), st.count(nil, "begin")
+	for _, c := range []struct {
+		what  string
+		parts []string
+		want  int
+	}{
+		{"results recorded (detach_vgpu, remove_mdev)", []string{"UPDATE commands SET result_status"}, 2},
+		{"the release planned", []string{"INSERT INTO planned_releases"}, 1},
+		{"the end planned", []string{"INSERT INTO planned_finishes"}, 1},
+		{"the release recorded made", []string{"DELETE FROM planned_releases"}, 1},
+		{"the end made", []string{"DELETE FROM planned_finishes"}, 1},
+		{"transactions rolled back", []string{"rollback"}, 0},
+	} {
+		if got := st.count(nil, c.parts...); got != c.want {
+			t.Errorf("%s: %d statements, want %d", c.what, got, c.want)
+		}
+	}
+	last, lastBegins := st.lastResultCost()
+	t.Logf("GPU_RELEASE, webhook to released: %d statements, %d transactions; the result that releases: %d statements, %d transactions (pipeline pool)",
+		total, begins, last, lastBegins)
+	var left, ends, finals int
+	if err := w.pool.QueryRow(w.ctx, `SELECT (SELECT count(*) FROM planned_releases WHERE instance_uuid = $1),
+		(SELECT count(*) FROM planned_finishes WHERE request_id = $2),
+		(SELECT count(*) FROM audit_log WHERE request_id::text = $3 AND action = 'transition' AND detail->>'to' = 'succeeded')`, inst, rel, rel.String()).Scan(&left, &ends, &finals); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || ends != 0 || finals != 1 {
+		t.Errorf("planned releases left: %d, planned ends left: %d, final transitions: %d; want 0, 0, 1", left, ends, finals)
 	}
 }

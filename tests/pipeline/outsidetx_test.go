@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
@@ -34,6 +35,9 @@ type outsideTx struct {
 	bad   *[]string
 	// claimErr, when set, is what every claim answers (Placement away).
 	claimErr error
+	// releaseDelay, when set, is how long every release waits before
+	// Placement is asked (a slow Placement).
+	releaseDelay time.Duration
 }
 
 func newOutsideTx(t *testing.T, watch *txWatch, svc *placement.Service) outsideTx {
@@ -144,6 +148,7 @@ func (o outsideTx) Forget(consumer string) { o.p.Forget(consumer) }
 
 func (o outsideTx) ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error {
 	o.check("release units of " + consumer)
+	time.Sleep(o.releaseDelay)
 	return o.p.ReleaseUnits(ctx, consumer, provider, class, amount, heldAfter)
 }
 

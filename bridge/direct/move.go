@@ -1,0 +1,222 @@
+package direct
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
+)
+
+// outcomeMove counts, among the pipeline's decided events, those a move
+// made vGPUs follow (vgpu_bridge_pipeline_events_total{outcome="move"}).
+const outcomeMove flow.Outcome = "move"
+
+// Move request kinds' body "move" values.
+const (
+	moveRelease = "release" // remove_mdev on the host the instance left; its claim is gone with Nova's rewrite
+	moveReapply = "reapply" // claim on a GPU of the new host, attach_vgpu (creating the mdev) there
+)
+
+// handleMove keeps the instance's direct-path vGPUs where the instance is
+// after a Nova move: a vGPU whose instance left its host, or whose claim
+// Nova's rewrite of the allocations dropped, is released (remove_mdev on
+// its old host, where Nova has undefined or redefined the domain; its
+// claim is no longer in the consumer) by one request, and applied again
+// on the instance's current host (claim in the consumer, attach_vgpu,
+// which creates the mdev, through that host's agent) by another, so that a failure of
+// one never leaves the other half-done. A shelve offload only releases
+// (the vGPUs are marked shelved); the unshelve applies the shelved ones
+// on the host Nova chose. It reports handled = false when the event needs
+// nothing of this (the vGPUs are where the instance is, with their
+// claims): the ordinary path runs then, and for RebuildEvents attaches
+// them again to the domain Nova recreated without them (an unshelve on
+// the same host, a rebuild that was not an evacuation).
+func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event) (_, _ bool, err error) {
+	tx, row := w.Tx, w.Row
+	defer wrapErr(&err, "instance %s moved (%s)", ev.InstanceUUID, ev.Kind)
+	if row.Webhook() || !pipeline.IsMove(ev.Kind) || ev.InstanceUUID == "" {
+		return false, false, nil
+	}
+	if row.ObserveOnly() {
+		return false, false, nil // observe-only mode acts on nothing (controls.go)
+	}
+	if _, err := uuid.Parse(ev.InstanceUUID); err != nil {
+		return false, false, nil
+	}
+	f, err := w.LoadFacts(ctx, ev)
+	if err != nil {
+		return false, false, err
+	}
+	if !f.Instance.Known || f.Instance.Deleted {
+		return false, false, nil
+	}
+	shelved, err := shelvedAttachments(ctx, tx, ev.InstanceUUID)
+	if err != nil {
+		return false, false, err
+	}
+	var attached []flow.Attachment
+	for _, a := range f.Attachments {
+		if a.State == flow.AttAttached {
+			attached = append(attached, a)
+		}
+	}
+	if len(attached) == 0 && len(shelved) == 0 {
+		return false, false, nil
+	}
+	offload := ev.Kind == pipeline.NovaKindPrefix+"instance.shelve_offload.end" || f.Instance.Host == ""
+	holds := map[string]int{} // units the consumer holds per GPU provider
+	if !offload {
+		hl, err := w.HeldBy(ev.InstanceUUID) // read before the decision, outside its transaction
+		if err != nil {
+			return false, false, err
+		}
+		for _, h := range hl {
+			holds[h.Provider] += h.Amount
+		}
+	}
+	// Which vGPUs moved: off the instance's host, or without their claim.
+	var moved []flow.Attachment
+	need := map[string]int{}
+	for _, a := range attached {
+		need[a.Provider] += a.Amount
+	}
+	for _, a := range attached {
+		if offload || a.Host != f.Instance.Host || a.Provider == "" || holds[a.Provider] < need[a.Provider] {
+			moved = append(moved, a)
+		}
+	}
+	var reapply []flow.Attachment
+	if !offload {
+		reapply = append(reapply, moved...)
+		if ev.Kind == pipeline.NovaKindPrefix+"instance.unshelve.end" {
+			reapply = append(reapply, shelved...)
+		}
+	}
+	if len(moved) == 0 && len(reapply) == 0 {
+		return false, false, nil
+	}
+	why := strings.TrimPrefix(ev.Kind, pipeline.NovaKindPrefix)
+
+	// The release: the old mdevs go; their claims left the consumer with
+	// Nova's rewrite (the provider is forgotten so that completing the
+	// release never takes units off a claim made since on the same GPU).
+	var relID *uuid.UUID
+	if len(moved) > 0 {
+		id := uuid.New()
+		relID = &id
+		if err := p.moveRequest(ctx, tx, row, id, moveRelease); err != nil {
+			return false, false, err
+		}
+		for i, a := range moved {
+			if holds[a.Provider] == 0 || offload {
+				if err := requests.ForgetClaim(ctx, tx, a.ID, offload, fmt.Sprintf("claim dropped by Nova (%s)", why)); err != nil {
+					return false, false, err
+				}
+				moved[i].Provider = ""
+			}
+		}
+		plan := flow.Plan{Outcome: flow.OutcomeAct, Steps: []flow.Step{{Kind: flow.StepRelease, Release: moved, RemoveOnly: true, Host: moved[0].Host}}}
+		if err := p.ActPlan(ctx, w, id, requests.Accepted, &plan, f); err != nil {
+			return false, false, err
+		}
+	}
+
+	// The re-apply on the instance's current host.
+	var reqID *uuid.UUID
+	plan := flow.Plan{Outcome: flow.OutcomeAct}
+	if len(reapply) > 0 {
+		id := uuid.New()
+		reqID = &id
+		if err := p.moveRequest(ctx, tx, row, id, moveReapply); err != nil {
+			return false, false, err
+		}
+		mode := moveMode(f.Instance.VMState)
+		for _, a := range reapply {
+			plan.Steps = append(plan.Steps, flow.Step{Kind: flow.StepAttach, Mode: mode, Host: f.Instance.Host,
+				Intent: policy.Intent{Kind: policy.IntentAttach, Rule: "move", Instance: a.InstanceUUID, Profile: a.Profile, TypeID: a.TypeID,
+					Trait: a.Trait, Count: max(a.Amount, 1), Mode: policy.ModeDirectLive,
+					Why: fmt.Sprintf("vGPU %s (mdev %s) applied again on host %s after %s", a.Profile, a.ID, f.Instance.Host, why)}})
+		}
+		if problem, code := pipeline.HostProblem(f); problem != "" {
+			plan = flow.Plan{Outcome: flow.OutcomeFail, Code: code, Reason: "the vGPUs cannot follow the instance: " + problem}
+			if err := w.Close(ctx, id, requests.Accepted, plan); err != nil {
+				return false, false, err
+			}
+		} else {
+			if err := p.ActPlan(ctx, w, id, requests.Accepted, &plan, f); err != nil {
+				return false, false, err
+			}
+		}
+		if len(shelved) > 0 && ev.Kind == pipeline.NovaKindPrefix+"instance.unshelve.end" {
+			ids := make([]uuid.UUID, len(shelved))
+			for i, a := range shelved {
+				ids[i] = a.ID
+			}
+			if err := requests.Unshelve(ctx, tx, ids); err != nil {
+				return false, false, err
+			}
+		}
+	}
+	if relID != nil {
+		plan.Notes = append(plan.Notes, fmt.Sprintf("release on the old host: request %s", relID))
+	}
+	if err := w.RecordDecision(ctx, firstID(reqID, relID), &policy.Decision{Kind: ev.Kind, Reason: "the instance moved (" + why + ")"}, plan); err != nil {
+		return false, false, err
+	}
+	p.count.Decided(outcomeMove)
+	p.log.Info("pipeline: vGPUs follow a Nova move", logkey.Instance, ev.InstanceUUID, logkey.Host, f.Instance.Host, "event", why,
+		"released", len(moved), "reapplied", len(reapply))
+	return true, true, nil
+}
+
+func firstID(ids ...*uuid.UUID) *uuid.UUID {
+	for _, id := range ids {
+		if id != nil {
+			return id
+		}
+	}
+	return nil
+}
+
+// moveMode is the attach mode on the new host: live into a running
+// domain (active, or resized and awaiting the confirm), else into its
+// definition.
+func moveMode(vmState string) string {
+	switch vmState {
+	case "", "active", "resized":
+		return pipeline.AgentMode(policy.ModeDirectLive, "active")
+	}
+	return pipeline.AgentMode(policy.ModeDirectLive, vmState)
+}
+
+// moveRequest records a request of the bridge's own for one half of a
+// move.
+func (p *Path) moveRequest(ctx context.Context, tx pgx.Tx, row pipeline.InboxRow, id uuid.UUID, half string) (err error) {
+	defer wrapErr(&err, "open move request %s", id)
+	var inst *uuid.UUID
+	if u, err := uuid.Parse(row.InstanceUUID); err == nil {
+		inst = &u
+	}
+	body, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "message_id": row.MessageID, "move": half})
+	return p.d.Requests.Create(ctx, tx, requests.Request{ID: id, Source: row.Source, Kind: row.EventType, InstanceUUID: inst, Body: body})
+}
+
+// shelvedAttachments are the instance's vGPUs released by a shelve
+// offload, to apply again at the unshelve.
+func shelvedAttachments(ctx context.Context, q pipeline.Querier, instance string) ([]flow.Attachment, error) {
+	rows, err := q.Query(ctx, `SELECT `+requests.AttachmentColumns+` FROM vgpu_attachments
+		WHERE instance_uuid = $1 AND shelved AND state IN ('releasing','released') ORDER BY created_at, id`, instance)
+	if err != nil {
+		return nil, fmt.Errorf("read shelved vGPUs of %s: %w", instance, err)
+	}
+	return requests.ScanAttachments(rows)
+}
