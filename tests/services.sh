@@ -56,6 +56,7 @@ PACKAGES=(
 	lintian dpkg-dev fakeroot
 	chromium
 	curl
+	ansible-core
 )
 
 have_systemd() { [ -d /run/systemd/system ]; }
