@@ -266,17 +266,7 @@ func (p *Processor) limitsFrom(ctx context.Context, q Querier, r *unifiedRead) (
 // direct-path (pending or attached), planned, Nova resizes under way, and
 // flavors' vGPUs whose request group requires a profile's trait.
 func (p *Processor) profileUsage(ctx context.Context, q Querier, project string) (map[string]int, error) {
-	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int, NULL::jsonb FROM vgpu_attachments a
-			JOIN instances i ON i.uuid = a.instance_uuid
-			WHERE i.project_id = $1 AND a.state IN ('pending','attached') GROUP BY 1
-		UNION ALL
-		SELECT coalesce(r.profile,''), sum(r.count)::int, NULL FROM nova_resizes r JOIN instances i ON i.uuid = r.instance_uuid
-			WHERE i.project_id = $1 AND r.step <> 'done' GROUP BY 1
-		UNION ALL
-		SELECT c.profile, sum(c.units)::int, NULL FROM planned_claims c JOIN instances i ON i.uuid = c.instance_uuid
-			JOIN events e ON e.id = c.event_id AND e.processed_at IS NULL
-			WHERE i.project_id = $1 GROUP BY 1
-		UNION ALL
+	rows, err := q.Query(ctx, bridgeVGPUsByProfile+`
 		SELECT '', 0, vgpu_demand FROM instances
 			WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0 AND vgpu_demand IS NOT NULL`, project)
 	if err != nil {

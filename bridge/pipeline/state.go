@@ -364,12 +364,12 @@ func activeAttachments(ctx context.Context, q Querier, instance string) ([]flow.
 	return out, nil
 }
 
-func (p *Processor) projectUsage(ctx context.Context, q Querier, project string) (policy.Usage, error) {
-	// Direct-path vGPUs; vGPUs of Nova resizes still under way (they
-	// count before Nova's notifications do); vGPUs decisions planned and
-	// are claiming (requests.PlanClaims); the flavors' vGPUs, with
-	// their request groups for the framebuffer.
-	rows, err := q.Query(ctx, `SELECT coalesce(a.profile,''), sum(a.amount)::int, NULL::jsonb FROM vgpu_attachments a
+// bridgeVGPUsByProfile are the rows (profile, count, NULL) of project $1's
+// vGPUs the bridge knows before Placement does or beside it: direct-path
+// vGPUs (pending or attached), vGPUs of Nova resizes still under way, and
+// vGPUs decisions planned and are claiming; the callers add their flavor
+// arm after its UNION ALL.
+const bridgeVGPUsByProfile = `SELECT coalesce(a.profile,''), sum(a.amount)::int, NULL::jsonb FROM vgpu_attachments a
 			JOIN instances i ON i.uuid = a.instance_uuid
 			WHERE i.project_id = $1 AND a.state IN ('pending','attached') GROUP BY 1
 		UNION ALL
@@ -379,7 +379,14 @@ func (p *Processor) projectUsage(ctx context.Context, q Querier, project string)
 		SELECT c.profile, sum(c.units)::int, NULL FROM planned_claims c JOIN instances i ON i.uuid = c.instance_uuid
 			JOIN events e ON e.id = c.event_id AND e.processed_at IS NULL
 			WHERE i.project_id = $1 GROUP BY 1
-		UNION ALL
+		UNION ALL`
+
+func (p *Processor) projectUsage(ctx context.Context, q Querier, project string) (policy.Usage, error) {
+	// Direct-path vGPUs; vGPUs of Nova resizes still under way (they
+	// count before Nova's notifications do); vGPUs decisions planned and
+	// are claiming (requests.PlanClaims); the flavors' vGPUs, with
+	// their request groups for the framebuffer.
+	rows, err := q.Query(ctx, bridgeVGPUsByProfile+`
 		SELECT '', vgpus, coalesce(vgpu_demand, 'null'::jsonb) FROM instances
 			WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0`, project)
 	if err != nil {

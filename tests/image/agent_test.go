@@ -138,42 +138,7 @@ func neededClosure(t *testing.T, bin string) map[string]bool {
 // entry names.
 func unpackAll(t *testing.T, img v1.Image, rootfs string) []string {
 	t.Helper()
-	layers, err := img.Layers()
-	if err != nil || len(layers) != 1 {
-		t.Fatalf("%d layers (%v), want 1", len(layers), err)
-	}
-	rc, err := layers[0].Uncompressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	tr := tar.NewReader(rc)
 	var names []string
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return names
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		names = append(names, h.Name)
-		dst := filepath.Join(rootfs, filepath.FromSlash(h.Name))
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(dst, 0o755); err != nil {
-				t.Fatal(err)
-			}
-		case tar.TypeReg:
-			b, err := io.ReadAll(tr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(dst, b, os.FileMode(h.Mode)&0o755); err != nil {
-				t.Fatal(err)
-			}
-		default:
-			t.Errorf("%s: entry of type %c; the layer holds files and directories only", h.Name, h.Typeflag)
-		}
-	}
+	eachEntry(t, img, rootfs, func(h *tar.Header) { names = append(names, h.Name) })
+	return names
 }

@@ -274,6 +274,30 @@ func checkConfig(t *testing.T, img v1.Image) {
 // rootfs.
 func unpackLayer(t *testing.T, img v1.Image, rootfs string) {
 	t.Helper()
+	var got []string
+	eachEntry(t, img, rootfs, func(h *tar.Header) {
+		got = append(got, fmt.Sprintf("%s %o %d:%d", h.Name, h.Mode, h.Uid, h.Gid))
+		if !h.ModTime.Equal(time.Unix(epoch, 0)) {
+			t.Errorf("%s: mtime %v, want SOURCE_DATE_EPOCH", h.Name, h.ModTime)
+		}
+		if h.Uname != "" || h.Gname != "" {
+			t.Errorf("%s: owner names %q:%q, want numeric owners only", h.Name, h.Uname, h.Gname)
+		}
+	})
+	if !slices.Equal(got, wantEntries) {
+		t.Errorf("layer entries:\n%s\nwant exactly:\n%s", strings.Join(got, "\n"), strings.Join(wantEntries, "\n"))
+	}
+	for _, sh := range []string{"bin/sh", "usr/bin/sh", "bin/busybox"} {
+		if slices.ContainsFunc(got, func(e string) bool { return strings.HasPrefix(e, sh+" ") }) {
+			t.Errorf("the layer holds %s", sh)
+		}
+	}
+}
+
+// eachEntry writes the one layer's files and directories into rootfs and
+// calls fn with each entry's header; any other kind of entry is an error.
+func eachEntry(t *testing.T, img v1.Image, rootfs string, fn func(*tar.Header)) {
+	t.Helper()
 	layers, err := img.Layers()
 	if err != nil || len(layers) != 1 {
 		t.Fatalf("%d layers (%v), want 1", len(layers), err)
@@ -284,22 +308,15 @@ func unpackLayer(t *testing.T, img v1.Image, rootfs string) {
 	}
 	defer rc.Close()
 	tr := tar.NewReader(rc)
-	var got []string
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
-			break
+			return
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, fmt.Sprintf("%s %o %d:%d", h.Name, h.Mode, h.Uid, h.Gid))
-		if !h.ModTime.Equal(time.Unix(epoch, 0)) {
-			t.Errorf("%s: mtime %v, want SOURCE_DATE_EPOCH", h.Name, h.ModTime)
-		}
-		if h.Uname != "" || h.Gname != "" {
-			t.Errorf("%s: owner names %q:%q, want numeric owners only", h.Name, h.Uname, h.Gname)
-		}
+		fn(h)
 		dst := filepath.Join(rootfs, filepath.FromSlash(h.Name))
 		switch h.Typeflag {
 		case tar.TypeDir:
@@ -316,14 +333,6 @@ func unpackLayer(t *testing.T, img v1.Image, rootfs string) {
 			}
 		default:
 			t.Errorf("%s: entry of type %c; the layer holds files and directories only", h.Name, h.Typeflag)
-		}
-	}
-	if !slices.Equal(got, wantEntries) {
-		t.Errorf("layer entries:\n%s\nwant exactly:\n%s", strings.Join(got, "\n"), strings.Join(wantEntries, "\n"))
-	}
-	for _, sh := range []string{"bin/sh", "usr/bin/sh", "bin/busybox"} {
-		if slices.ContainsFunc(got, func(e string) bool { return strings.HasPrefix(e, sh+" ") }) {
-			t.Errorf("the layer holds %s", sh)
 		}
 	}
 }
