@@ -41,7 +41,9 @@ func TestHealthcheck(t *testing.T) {
 	if err := os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsSrv.Certificate().Raw}), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := func(s *httptest.Server) string { return strings.TrimPrefix(strings.TrimPrefix(s.URL, "https://"), "http://") }
+	addr := func(s *httptest.Server) string {
+		return strings.TrimPrefix(strings.TrimPrefix(s.URL, "https://"), "http://")
+	}
 	_, plainPort, _ := net.SplitHostPort(addr(plain))
 	closed := httptest.NewServer(mux)
 	closedAddr := addr(closed)
