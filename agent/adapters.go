@@ -196,7 +196,7 @@ func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
 			pg.Health = protocol.HealthUnknown
 		}
 		for _, t := range g.Types {
-			if !t.Allowed && !g.Allowed {
+			if t.Refused != "" || !t.Allowed && !g.Allowed {
 				continue
 			}
 			pg.Types = append(pg.Types, protocol.VGPUType{ID: t.ID, Name: t.Name, FramebufferMiB: int(t.FramebufferMB),

@@ -297,6 +297,9 @@ func (e *Executor) ensureMdev(ctx context.Context, r *run, parent pci.Addr, type
 			}
 			return dataExisted, nil
 		}
+		if err := e.refuseMIGMdev(ctx, op, parent, typeID); err != nil {
+			return "", err
+		}
 		if !isOwned {
 			owned = journal.Device{Kind: journal.KindMdev, UUID: uuid, Parent: parent.String(), Type: typeID, CommandID: r.c.ID}
 			if err := e.j.Own(owned); err != nil {
@@ -314,6 +317,22 @@ func (e *Executor) ensureMdev(ctx context.Context, r *run, parent pci.Addr, type
 		}
 		return dataCreated, nil
 	})
+}
+
+// refuseMIGMdev refuses to create an mdev of a MIG-backed type: its GPU
+// instance would have to exist first, and the agent makes none. A parent
+// whose types cannot be listed is left to the kernel to refuse.
+func (e *Executor) refuseMIGMdev(ctx context.Context, op string, parent pci.Addr, typeID string) error {
+	types, err := e.cfg.Sysfs.Types(ctx, parent)
+	if err != nil {
+		return nil
+	}
+	for _, t := range types {
+		if t.ID == typeID && sysfs.MIGBacked(t.Name) {
+			return hosterr.Errorf(hosterr.Unsupported, op, "%s (%s)", sysfs.MIGRefusal, t.Name)
+		}
+	}
+	return nil
 }
 
 // ensureVF sets a vendor-VFIO VF's vGPU type (step vf_type_set).
@@ -340,6 +359,11 @@ func (e *Executor) ensureVF(ctx context.Context, r *run, vf pci.Addr, typeID, ow
 				return "", hosterr.Errorf(hosterr.Exists, op, "vf type is set and is not the agent's (Nova's?)")
 			}
 			return dataExisted, nil
+		}
+		for _, t := range cur.Creatable {
+			if t.ID == typeID && sysfs.MIGBacked(t.Name) {
+				return "", hosterr.Errorf(hosterr.Unsupported, op, "%s (%s)", sysfs.MIGRefusal, t.Name)
+			}
 		}
 		if !isOwned {
 			owned = journal.Device{Kind: journal.KindVF, UUID: owner, Parent: vf.String(), Type: typeID, CommandID: r.c.ID}

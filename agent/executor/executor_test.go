@@ -644,3 +644,40 @@ func counterValue(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestMIGBackedTypeRefused: a MIG-backed type is never created, on an mdev
+// GPU or a VF, even when the allow-list lets everything through and the
+// kernel would have capacity; nothing is created or owned.
+func TestMIGBackedTypeRefused(t *testing.T) {
+	en := newEnv(t)
+	const mig = "nvidia-699"
+	en.h.available[gpu0+"/"+mig] = 7
+	en.h.names[gpu0+"/"+mig] = "GRID A100-1-5C"
+	r := en.exec(command(t, "m", protocol.CreateMdev, protocol.MdevParams{MdevUUID: mdev1, ParentPCI: gpu0, TypeID: mig}))
+	wantStatus(t, r, protocol.Failed, string(hosterr.Unsupported))
+	if !strings.Contains(r.Message, "MIG") {
+		t.Errorf("message %q does not name MIG", r.Message)
+	}
+	if n := en.h.count("create_mdev"); n != 0 {
+		t.Errorf("CreateMdev called %d times", n)
+	}
+	if _, ok := en.j.Owned(journal.MdevKey(mdev1)); ok {
+		t.Error("refused create left an owned device")
+	}
+
+	vf := pci.MustParse("0000:41:00.4")
+	en.h.vfs[vf] = &sysfs.VF{Addr: vf, PhysFn: pci.MustParse("0000:41:00.0"),
+		Creatable: []sysfs.VFType{{ID: "1428", Name: "NVIDIA H100-1-10C"}}}
+	r = en.exec(command(t, "v", protocol.AttachVGPU, protocol.AttachParams{ParentPCI: vf.String(), TypeID: "1428", VendorVFIO: true, Mode: protocol.ModeLive}))
+	wantStatus(t, r, protocol.Failed, string(hosterr.Unsupported))
+	if en.h.vfs[vf].Current != "" || en.h.count("set_vf_type") != 0 {
+		t.Errorf("vf typed: current %q", en.h.vfs[vf].Current)
+	}
+	if _, ok := en.h.doms[dom1].Has(Hostdev{PCI: vf}); ok {
+		t.Error("vf attached")
+	}
+
+	// A time-sliced type on the same GPU is still created.
+	en.h.names[gpu0+"/"+t4q] = "GRID T4-4Q"
+	wantStatus(t, en.exec(command(t, "t", protocol.CreateMdev, protocol.MdevParams{MdevUUID: mdev1, ParentPCI: gpu0, TypeID: t4q})), protocol.Succeeded, "")
+}

@@ -18,7 +18,8 @@ import (
 type fakeHost struct {
 	mu        sync.Mutex
 	mdevs     map[string]sysfs.Mdev
-	available map[string]int // parent/type → instances left
+	available map[string]int    // parent/type → instances left
+	names     map[string]string // parent/type → type name ("GRID A100-1-5C")
 	vfs       map[pci.Addr]*sysfs.VF
 	doms      map[string]*Domain
 	ops       []string
@@ -26,7 +27,7 @@ type fakeHost struct {
 }
 
 func newFakeHost() *fakeHost {
-	return &fakeHost{mdevs: map[string]sysfs.Mdev{}, available: map[string]int{}, vfs: map[pci.Addr]*sysfs.VF{},
+	return &fakeHost{mdevs: map[string]sysfs.Mdev{}, available: map[string]int{}, names: map[string]string{}, vfs: map[pci.Addr]*sysfs.VF{},
 		doms: map[string]*Domain{}, errs: map[string]error{}}
 }
 
@@ -100,6 +101,19 @@ func (f *fakeHost) Mdevs(context.Context) ([]sysfs.Mdev, error) {
 	var out []sysfs.Mdev
 	for _, m := range f.mdevs {
 		out = append(out, m)
+	}
+	return out, nil
+}
+
+func (f *fakeHost) Types(_ context.Context, parent pci.Addr) ([]sysfs.MdevType, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []sysfs.MdevType
+	for k, n := range f.available {
+		p, typ, _ := strings.Cut(k, "/")
+		if p == parent.String() {
+			out = append(out, sysfs.MdevType{ID: typ, Name: f.names[k], AvailableInstances: n})
+		}
 	}
 	return out, nil
 }

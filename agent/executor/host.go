@@ -16,6 +16,8 @@ type Sysfs interface {
 	CreateMdev(ctx context.Context, parent pci.Addr, typeID, uuid string) error
 	RemoveMdev(ctx context.Context, uuid string) error
 	Mdevs(ctx context.Context) ([]sysfs.Mdev, error)
+	// Types lists a parent's mdev types with their names.
+	Types(ctx context.Context, parent pci.Addr) ([]sysfs.MdevType, error)
 	VFs(ctx context.Context) ([]sysfs.VF, error)
 	// SetVFType writes a VF's current_vgpu_type; "0" clears it.
 	SetVFType(ctx context.Context, vf pci.Addr, typeID string) error

@@ -116,6 +116,9 @@ type Type struct {
 	Available     int    `json:"available"`
 	InUse         int    `json:"in_use"`
 	Allowed       bool   `json:"allowed"`
+	// Refused says why the agent never offers this type, whatever the
+	// allow-list says (sysfs.MIGRefusal).
+	Refused string `json:"refused,omitempty"`
 }
 
 // VGPU is a vGPU that exists on a GPU, with the instance using it.
@@ -275,7 +278,11 @@ func (s *Scanner) Scan(ctx context.Context) (*Inventory, error) {
 		g.EnabledType = s.Allow.TypeFor(a)
 		g.Allowed = s.Allow.AllowGPU(a)
 		for i := range g.Types {
-			g.Types[i].Allowed = s.Allow.AllowType(a, g.Types[i].ID)
+			t := &g.Types[i]
+			t.Allowed = s.Allow.AllowType(a, t.ID)
+			if sysfs.MIGBacked(t.Name) {
+				t.Allowed, t.Refused = false, sysfs.MIGRefusal
+			}
 		}
 		health(g, nvmlGPUs[a], s.GPUs != nil && inv.NVML)
 	}

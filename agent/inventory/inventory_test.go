@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/gpu"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/inventory"
@@ -370,5 +371,51 @@ func TestScanMdevTypesUnreadable(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestMIGBackedTypesRefused: a GPU offering MIG-backed types (A100-1-5C)
+// beside time-sliced ones lists them refused, with the reason, whatever
+// the allow-list, and the agent's report offers only the time-sliced ones.
+func TestMIGBackedTypesRefused(t *testing.T) {
+	spec := fakehost.DefaultSpec()
+	spec.VFIOGPUs, spec.Domains = nil, nil
+	a100 := fakehost.MdevGPU{Addr: pci.MustParse("0000:af:00.0"), Name: "NVIDIA A100-PCIE-40GB", DeviceID: "0x20f1", MemoryMB: 40960,
+		IOMMUGroup: 40, BAR1MB: 256,
+		Types: []fakehost.Type{
+			{ID: "nvidia-470", Name: "GRID A100-4C", Class: "Compute", FramebufferMB: 4096, MaxInstance: 10},
+			{ID: "nvidia-699", Name: "GRID A100-1-5C", Class: "Compute", FramebufferMB: 4864, MaxInstance: 7},
+		}}
+	spec.MdevGPUs = []fakehost.MdevGPU{a100}
+	s, _ := scanner(t, spec)
+	inv, err := s.Scan(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(inv.GPUs, func(g inventory.GPU) bool { return g.Addr == a100.Addr })
+	if i < 0 {
+		t.Fatalf("A100 not scanned: %+v", inv.GPUs)
+	}
+	g := inv.GPUs[i]
+	if mig := findType(g, "nvidia-699"); mig.Allowed || !strings.Contains(mig.Refused, "MIG") {
+		t.Errorf("MIG-backed type = %+v, want refused", mig)
+	}
+	if ts := findType(g, "nvidia-470"); !ts.Allowed || ts.Refused != "" {
+		t.Errorf("time-sliced type = %+v, want allowed", ts)
+	}
+	rep := agent.ToReport(inv, nil)
+	for _, rg := range rep.GPUs {
+		for _, rt := range rg.Types {
+			if rt.ID == "nvidia-699" {
+				t.Errorf("report offers the MIG-backed type on %s", rg.PCI)
+			}
+		}
+	}
+	var out strings.Builder
+	if err := inventory.WriteTable(&out, inv); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "nvidia-699 refused") {
+		t.Errorf("table does not show the refusal:\n%s", out.String())
 	}
 }

@@ -29,10 +29,19 @@ func WriteTable(w io.Writer, inv *Inventory) error {
 	for _, g := range inv.GPUs {
 		fmt.Fprintf(tw, "\n%s types\tNAME\tCLASS\tFB MiB\tMAX\tIN USE\tAVAILABLE\tALLOWED\n", g.Addr)
 		for _, t := range g.Types {
-			if t.InUse == 0 && t.Available == 0 && !t.Allowed {
+			if t.InUse == 0 && t.Available == 0 && !t.Allowed && t.Refused == "" {
 				continue
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%d\t%d\t%v\n", t.ID, t.Name, dash(t.Class), t.FramebufferMB, t.MaxInstances, t.InUse, t.Available, t.Allowed)
+			allowed := fmt.Sprint(t.Allowed)
+			if t.Refused != "" {
+				allowed = "refused"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", t.ID, t.Name, dash(t.Class), t.FramebufferMB, t.MaxInstances, t.InUse, t.Available, allowed)
+		}
+		for _, t := range g.Types {
+			if t.Refused != "" {
+				fmt.Fprintf(tw, "  %s refused\t%s\n", t.ID, t.Refused)
+			}
 		}
 		if len(g.VGPUs) > 0 {
 			fmt.Fprintf(tw, "%s vGPUs\tTYPE\tINSTANCE\tDOMAIN\tLIVE\tFB MiB\tLICENSED\n", g.Addr)
