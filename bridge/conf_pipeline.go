@@ -63,6 +63,11 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 	}
 	(&quotaapi.API{Quota: proc.Quota}).Register(w.srv) // GET /v1/quota (vgpuctl quota show)
 	directPath := direct.New(proc)                     // the direct path: claims and commands, agent results, failures and compensation, deadlines
+	if w.reqAPI != nil {
+		// POST /v1/requests/{id}/cancel: a request with vGPUs in flight
+		// reads cancelled once their claims are given back.
+		w.reqAPI.SetCanceller(directPath)
+	}
 	nc := NovaPathConfig(v)
 	nc.Replica, nc.RetryMin, nc.RetryMax, nc.MaxAttempts, nc.StaleReportAge = replica, pc.RetryMin, pc.RetryMax, pc.MaxAttempts, pc.StaleReportAge
 	resizes := novaresize.New(nc, novaresize.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
