@@ -47,7 +47,7 @@ func (p *Path) verifiableHosts(ctx context.Context, q pipeline.Querier, exclude 
 
 // Act runs a plan with a Nova resize step in the decision's transaction
 // (pipeline.Actor): checks, the dry run, and the nova_resizes row whose
-// resize call the loop makes. Failures end the request (Work.Fail).
+// resize call the loop makes. Failures end the request (pipeline.Decisions.Fail).
 func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err error) {
 	defer wrapErr(&err, "resize through Nova")
 	tx, reqID, f := w.Tx, w.Request, w.Facts

@@ -49,7 +49,7 @@ func (ss Stages) Exec(ctx context.Context, w *Work) (bool, error) {
 // Actor carries out a plan's step of a kind the pipeline hands to another
 // package (the Nova-native resize), in the decision's transaction. It
 // either records what it will do and moves the request to decided, or
-// ends the request with Work.Fail.
+// ends the request with Decisions.Fail.
 type Actor interface {
 	Act(ctx context.Context, w *Work, s flow.Step) error
 }
@@ -68,7 +68,7 @@ type DirectPath interface {
 	// the decision's first transaction, commits a plan that attaches as
 	// planned claims (Work.WaitForClaims). A plan it cannot carry out
 	// becomes a failure or rejection (plan.Outcome) and closes the request
-	// (Work.Close).
+	// (Decisions.Close).
 	ActPlan(ctx context.Context, w *Work, reqID uuid.UUID, state requests.State, plan *flow.Plan, f Facts) error
 	// Claim claims the units of attach step s, with no transaction open;
 	// planned are the units the same act claimed before it. ErrNoCapacity
