@@ -25,6 +25,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requestid"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ui"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/amqpconn"
@@ -69,6 +70,7 @@ type wiring struct {
 	ctl     *controls.Store // operators' pause, observe-only and drains
 	wake    waker
 	disp    *dispatch.Dispatcher // set by setupPipeline
+	reqAPI  *requests.Handler    // the request routes (setupWebhooks); setupPipeline gives it the direct path's Cancel
 	nova    *computeapi.Client   // Nova's one client (nil: not configured), for the Nova path and the server listing
 	lookup  *ingest.Lookup       // servers looked up in Nova on demand (nil: Nova not configured)
 }

@@ -62,29 +62,47 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		return nil, err
 	}
 	(&quotaapi.API{Quota: proc.Quota}).Register(w.srv) // GET /v1/quota (vgpuctl quota show)
+	lent := proc.Lend()                                // what the stages and paths work with: the pipeline's Placement, policy, request store, counters, decisions
 	directPath := direct.New(proc)                     // the direct path: claims and commands, agent results, failures and compensation, deadlines
+	if w.reqAPI != nil {
+		// POST /v1/requests/{id}/cancel: a request with vGPUs in flight
+		// reads cancelled once their claims are given back.
+		w.reqAPI.SetCanceller(directPath)
+	}
 	nc := NovaPathConfig(v)
 	nc.Replica, nc.RetryMin, nc.RetryMax, nc.MaxAttempts, nc.StaleReportAge = replica, pc.RetryMin, pc.RetryMax, pc.MaxAttempts, pc.StaleReportAge
 	resizes := novaresize.New(nc, novaresize.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
-		Pipeline: proc, Fail: directPath, Catalog: pol.Catalog(), Nova: novaAPI, Capacity: novaresize.DryRun{S: pl}, Controls: ctl,
+		Pipeline: proc, Decisions: lent.Decisions, Counters: lent.Counters, Fail: directPath, Catalog: pol.Catalog(), Nova: novaAPI, Capacity: novaresize.DryRun{S: pl}, Controls: ctl,
 		Log: log.With("component", "nova-resize")})
-	act := pipeline.Act{Direct: directPath}
+	act := pipeline.Act{Direct: directPath, Decisions: lent.Decisions}
 	if novaAPI != nil {
 		act.NovaResize = resizes
 	}
 	// What happens to each inbox event, in order; the first stage that
 	// finishes it ends its way (pipeline.Stage).
+	// Each stage holds what it works with.
+	cfg, deps, count, dec := lent.Config, lent.Deps, lent.Counters, lent.Decisions
 	proc.Use(pipeline.Paths{Stages: []pipeline.Stage{
-		pipeline.AccountFlavor{},   // the usage of the vGPUs an instance's flavor gives it, as Nova says it stands
-		pipeline.KnowAllocations{}, // the instance's allocations read when Nova changed them, for one-call claims later
-		resizes.Events(),           // a Nova notification of a resize the bridge runs moves that resize on
-		pipeline.ReadRequest{},     // a webhook's request, locked; an ended one is skipped
-		pipeline.ReadEvent{},       // the inbox row as the policy's event
-		directPath.FollowMove(),    // direct-path vGPUs follow a Nova move or host maintenance of their instance
-		pipeline.Evaluate{},        // facts, the policy, the plan
-		pipeline.OpenRequest{},     // a request for a notification the policy acts on
-		act,                        // the direct path (claims, attachments, commands), or a resize through Nova
-		pipeline.Record{},          // the decision, and the policy's load state
+		// the usage of the vGPUs an instance's flavor gives it, as Nova says it stands
+		pipeline.AccountFlavor{Catalog: deps.Catalog, ClockSkew: cfg.ClockSkewTolerance},
+		// the instance's allocations read when Nova changed them, for one-call claims later
+		pipeline.KnowAllocations{Allocations: deps.Placement},
+		// a Nova notification of a resize the bridge runs moves that resize on
+		resizes.Events(),
+		// a webhook's request, locked; an ended one is skipped
+		pipeline.ReadRequest{Count: count},
+		// the inbox row as the policy's event; one that does not map fails its request
+		pipeline.ReadEvent{ClockSkew: cfg.ClockSkewTolerance, Fail: directPath},
+		// direct-path vGPUs follow a Nova move or host maintenance of their instance
+		directPath.FollowMove(),
+		// facts, the policy, the plan
+		pipeline.Evaluate{Policy: deps.Policy, Decisions: dec, Count: count, LooksUp: deps.Lookup != nil},
+		// a request for a notification the policy acts on
+		pipeline.OpenRequest{Requests: deps.Requests},
+		// the direct path (claims, attachments, commands), or a resize through Nova
+		act,
+		// the decision, and the policy's load state
+		pipeline.Record{Decisions: dec, Count: count},
 	},
 		Results: []pipeline.ResultTaker{resizes, directPath}, // verify_vgpu results of resizes go to the resize, the others to the direct path
 		Direct:  directPath,                                  // claims; failing a request undoes its direct-path work, whatever path ran it

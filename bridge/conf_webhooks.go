@@ -375,6 +375,7 @@ func setupWebhooks(w *wiring, ac api.Config) ([]component, error) {
 	}
 	h := requests.NewHandler(store, ac.Auth, ep, log.With("component", "requests"))
 	h.Register(srv)
+	w.reqAPI = h
 	ep.RegisterOperator(srv) // POST /v1/requests: a request with API credentials
 	comps := []component{{name: "webhooks", run: ep.Run}}
 	if webhooksShareAPI(v) {

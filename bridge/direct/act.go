@@ -39,7 +39,7 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 		if len(planned) > 0 {
 			// New vGPUs add to the project's usage: lock it now, and stop
 			// if it moved since the decision read it.
-			if err := w.LockQuota(ctx); err != nil {
+			if err := p.dec.LockQuota(ctx, w); err != nil {
 				return err
 			}
 			if err := requests.PlanClaims(ctx, tx, row.ID, reqID, f.Instance.UUID, planned); err != nil {
@@ -69,7 +69,7 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 			return err
 		}
 		plan.Outcome, plan.Code, plan.Reason, plan.Steps = flow.OutcomeFail, code, reason, nil
-		return w.Close(ctx, reqID, state, *plan)
+		return p.dec.Close(ctx, w, reqID, state, *plan)
 	}
 	vfs := vfPicker{tx: tx}
 	for _, s := range plan.Steps {
@@ -211,7 +211,7 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 		if plan.Reason == "" {
 			plan.Reason = "nothing to send to an agent"
 		}
-		return w.Close(ctx, reqID, state, *plan)
+		return p.dec.Close(ctx, w, reqID, state, *plan)
 	}
 	reason := joinNonEmpty("; ", summary...)
 	if _, err := p.d.Requests.TransitionUntil(ctx, tx, reqID, pipeline.NextState(state, requests.Decided), "queued", reason, "", deadline); err != nil {

@@ -3,6 +3,8 @@ package direct
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,6 +25,49 @@ import (
 // reads failed only once they are (pipeline.Finish).
 func (p *Path) FailRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, code, reason string) error {
 	return p.failRequest(ctx, tx, reqID, code, reason, nil)
+}
+
+// Cancel ends request id at actor's word (POST /v1/requests/{id}/cancel:
+// requests.Canceller): failed, code cancelled. A request with direct-path
+// vGPUs in flight (being attached or released) is failed as failRequest
+// fails it, in one transaction of the pipeline: its compensation is
+// queued, the claims it gives back are planned (pipeline.ReleaseFor), and
+// it reads cancelled only once they are made (pipeline.Finish); a crash
+// between the steps leaves the plans, which the release sweep makes. Any
+// other request ends at once (requests.Store.Cancel). A final request,
+// or one whose end already waits for its releases, is refused
+// (requests.ErrIllegal).
+func (p *Path) Cancel(ctx context.Context, id uuid.UUID, actor string) error {
+	err := p.pipe.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		var st string
+		var inFlight, ending bool
+		err := tx.QueryRow(ctx, `SELECT r.state,
+				EXISTS (SELECT 1 FROM vgpu_attachments a
+					WHERE (a.request_id = r.id AND a.state = 'pending') OR (a.release_request_id = r.id AND a.state = 'releasing')),
+				EXISTS (SELECT 1 FROM planned_finishes f WHERE f.request_id = r.id)
+			FROM requests r WHERE r.id = $1 FOR UPDATE OF r`, id).Scan(&st, &inFlight, &ending)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("cancel request %s: %w", id, requests.ErrNotFound)
+		case err != nil:
+			return fmt.Errorf("cancel request %s: %w", id, err)
+		case requests.State(st).Final() || ending:
+			return fmt.Errorf("cancel request %s: it is %s: %w", id, st, requests.ErrIllegal)
+		case !inFlight:
+			_, err := p.d.Requests.Cancel(ctx, tx, id, actor)
+			return err
+		}
+		reason := "cancelled by " + actor
+		if err := requests.Audit(ctx, tx, requests.Entry{Actor: actor, Action: "cancel", ObjectType: "request",
+			ObjectID: id.String(), RequestID: id.String()}); err != nil {
+			return err
+		}
+		return p.failRequest(ctx, tx, id, flow.CodeCancelled, reason, nil)
+	})
+	if err == nil {
+		p.kickOutbox() // the compensation's commands
+	}
+	return err
 }
 
 // failRequest fails a request with code and reason and compensates what

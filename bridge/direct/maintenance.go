@@ -35,13 +35,13 @@ func (p *Path) handleMaintenance(ctx context.Context, w *pipeline.Work, ev polic
 		return false, false, err
 	}
 	ev.Kind = pipeline.BridgeKindPrefix + pipeline.EventMaintenance
-	f, err := w.LoadFacts(ctx, ev)
+	f, err := p.dec.LoadFacts(ctx, w, ev)
 	if err != nil {
 		return false, false, err
 	}
 	fail := func(reason string) (bool, bool, error) {
 		plan := flow.Plan{Outcome: flow.OutcomeFail, Code: flow.CodeEventFailed, Reason: reason}
-		if err := w.Close(ctx, m.Request, requests.Accepted, plan); err != nil {
+		if err := p.dec.Close(ctx, w, m.Request, requests.Accepted, plan); err != nil {
 			return false, false, err
 		}
 		return false, true, nil
@@ -87,7 +87,7 @@ func (p *Path) handleMaintenance(ctx context.Context, w *pipeline.Work, ev polic
 	if err := p.ActPlan(ctx, w, m.Request, requests.Accepted, &plan, f); err != nil {
 		return false, false, err
 	}
-	if err := w.RecordDecision(ctx, &m.Request, d, plan); err != nil {
+	if err := p.dec.RecordDecision(ctx, w, &m.Request, d, plan); err != nil {
 		return false, false, err
 	}
 	p.log.Info("pipeline: host maintenance", logkey.Instance, m.Instance, logkey.Host, f.Instance.Host, "half", m.Half, "request_id", m.Request)

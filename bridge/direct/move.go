@@ -52,7 +52,7 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 	if _, err := uuid.Parse(ev.InstanceUUID); err != nil {
 		return false, false, nil
 	}
-	f, err := w.LoadFacts(ctx, ev)
+	f, err := p.dec.LoadFacts(ctx, w, ev)
 	if err != nil {
 		return false, false, err
 	}
@@ -148,7 +148,7 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 		}
 		if problem, code := pipeline.HostProblem(f); problem != "" {
 			plan = flow.Plan{Outcome: flow.OutcomeFail, Code: code, Reason: "the vGPUs cannot follow the instance: " + problem}
-			if err := w.Close(ctx, id, requests.Accepted, plan); err != nil {
+			if err := p.dec.Close(ctx, w, id, requests.Accepted, plan); err != nil {
 				return false, false, err
 			}
 		} else {
@@ -169,7 +169,7 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 	if relID != nil {
 		plan.Notes = append(plan.Notes, fmt.Sprintf("release on the old host: request %s", relID))
 	}
-	if err := w.RecordDecision(ctx, firstID(reqID, relID), &policy.Decision{Kind: ev.Kind, Reason: "the instance moved (" + why + ")"}, plan); err != nil {
+	if err := p.dec.RecordDecision(ctx, w, firstID(reqID, relID), &policy.Decision{Kind: ev.Kind, Reason: "the instance moved (" + why + ")"}, plan); err != nil {
 		return false, false, err
 	}
 	p.count.Decided(outcomeMove)

@@ -31,6 +31,7 @@ type Path struct {
 	d     pipeline.Deps
 	count pipeline.Counters
 	pipe  Pipeline
+	dec   pipeline.Decisions // its part in the decisions it takes part in (ActPlan, FollowMove)
 	log   *slog.Logger
 }
 
@@ -43,7 +44,7 @@ var (
 // policy, request store and configuration.
 func New(pipe Pipeline) *Path {
 	l := pipe.Lend()
-	return &Path{cfg: l.Config, d: l.Deps, count: l.Counters, pipe: pipe, log: l.Deps.Log}
+	return &Path{cfg: l.Config, d: l.Deps, count: l.Counters, pipe: pipe, dec: l.Decisions, log: l.Deps.Log}
 }
 
 // Wire makes proc a pipeline of the direct path alone (tests,
@@ -52,7 +53,7 @@ func New(pipe Pipeline) *Path {
 // (setupPipeline). Run the returned Path's loop beside proc's.
 func Wire(proc *pipeline.Processor) *Path {
 	p := New(proc)
-	proc.Use(pipeline.Paths{Stages: pipeline.DefaultStages(p, p.FollowMove()), Results: []pipeline.ResultTaker{p}, Direct: p})
+	proc.Use(pipeline.Paths{Stages: pipeline.DefaultStages(proc.Lend(), p, p.FollowMove()), Results: []pipeline.ResultTaker{p}, Direct: p})
 	return p
 }
 

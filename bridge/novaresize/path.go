@@ -109,7 +109,6 @@ type Pipeline interface {
 	// InTx runs fn in a transaction in which the Failer may run.
 	InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error
 	SucceedRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, reason string) error
-	Compensated(step string)
 }
 
 // Capacity is the dry run that fails a resize fast (CanFit).
@@ -133,6 +132,12 @@ type Deps struct {
 	Pool     *pgxpool.Pool
 	Requests *requests.Store
 	Pipeline Pipeline
+	// Decisions are the pipeline's, for the decisions Act takes part in
+	// (pipeline.Lent).
+	Decisions pipeline.Decisions
+	// Counters are the pipeline's (pipeline.Lent): compensations count
+	// in one series whichever path made them.
+	Counters pipeline.Counters
 	// Fail fails a request and undoes what it began (the pipeline's
 	// Failer, package direct).
 	Fail    pipeline.Failer
@@ -154,6 +159,8 @@ type Path struct {
 	pool     *pgxpool.Pool
 	reqs     *requests.Store
 	pipe     Pipeline
+	dec      pipeline.Decisions
+	count    pipeline.Counters
 	fail     pipeline.Failer
 	catalog  pipeline.Catalog
 	capacity Capacity
@@ -171,7 +178,7 @@ func New(cfg Config, d Deps) *Path {
 	if d.Requests == nil {
 		d.Requests = requests.NewStore(d.Pool, "vgpu-bridge")
 	}
-	return &Path{cfg: cfg, nova: d.Nova, pool: d.Pool, reqs: d.Requests, pipe: d.Pipeline, fail: d.Fail, catalog: d.Catalog,
+	return &Path{cfg: cfg, nova: d.Nova, pool: d.Pool, reqs: d.Requests, pipe: d.Pipeline, dec: d.Decisions, count: d.Counters, fail: d.Fail, catalog: d.Catalog,
 		capacity: d.Capacity, controls: d.Controls, log: d.Log, wake: make(chan struct{}, 1)}
 }
 

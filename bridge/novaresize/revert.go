@@ -38,7 +38,7 @@ func (p *Path) startRevert(ctx context.Context, tx pgx.Tx, r resizeRow, code, re
 			return err
 		}
 	}
-	p.pipe.Compensated("resize_reverted")
+	p.count.Compensated("resize_reverted")
 	return p.auditNova(ctx, tx, r, "compensate", map[string]any{"revert_resize": true, "code": code, "reason": reason})
 }
 

@@ -47,18 +47,18 @@ func (p *Path) verifiableHosts(ctx context.Context, q pipeline.Querier, exclude 
 
 // Act runs a plan with a Nova resize step in the decision's transaction
 // (pipeline.Actor): checks, the dry run, and the nova_resizes row whose
-// resize call the loop makes. Failures end the request (Work.Fail).
+// resize call the loop makes. Failures end the request (pipeline.Decisions.Fail).
 func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err error) {
 	defer wrapErr(&err, "resize through Nova")
 	tx, reqID, f := w.Tx, w.Request, w.Facts
-	fail := func(code, reason string) error { return w.Fail(ctx, code, reason) }
+	fail := func(code, reason string) error { return p.dec.Fail(ctx, w, code, reason) }
 	if p.nova == nil {
 		return fail(flow.CodeNovaPath, "the Nova-native path needs Nova's API: set [nova] endpoint_override and token_file, or [openstack] cloud")
 	}
 	for _, o := range w.Plan.Steps {
 		switch o.Kind {
 		case flow.StepNotify:
-			if err := w.Notify(ctx, []flow.Step{o}); err != nil {
+			if err := p.dec.Notify(ctx, w, []flow.Step{o}); err != nil {
 				return err
 			}
 		case flow.StepNovaResize:
@@ -123,7 +123,7 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err erro
 	}
 	// A resize under way counts in the project's usage: lock it now, and
 	// stop if it moved since the decision read it.
-	if err := w.LockQuota(ctx); err != nil {
+	if err := p.dec.LockQuota(ctx, w); err != nil {
 		return err
 	}
 	if err := requests.CreateNovaResize(ctx, tx, requests.NovaResize{Request: reqID, Instance: f.Instance.UUID, Profile: in.Profile,
@@ -138,7 +138,7 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err erro
 	if len(w.Plan.Notes) > 0 {
 		reason += "; " + strings.Join(w.Plan.Notes, "; ")
 	}
-	if err := w.Decided(ctx, flow.PhaseQueued, reason); err != nil {
+	if err := p.dec.Decided(ctx, w, flow.PhaseQueued, reason); err != nil {
 		return err
 	}
 	p.kick()

@@ -15,7 +15,7 @@ import (
 // closeWithout ends a request whose decision does nothing: rejected, or
 // failed when the bridge cannot act. A request with several events (an
 // Alertmanager group) waits for its last one.
-func (p *Processor) closeWithout(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State, plan flow.Plan) error {
+func (d Decisions) closeWithout(ctx context.Context, tx pgx.Tx, row InboxRow, reqID uuid.UUID, state requests.State, plan flow.Plan) error {
 	if state != requests.Accepted {
 		return nil // a sibling event already decided it
 	}
@@ -31,11 +31,11 @@ func (p *Processor) closeWithout(ctx context.Context, tx pgx.Tx, row InboxRow, r
 	if plan.Outcome == flow.OutcomeFail {
 		to = requests.Failed
 	}
-	_, err := p.d.Requests.Transition(ctx, tx, reqID, to, "", plan.Reason, plan.Code)
+	_, err := d.requests.Transition(ctx, tx, reqID, to, "", plan.Reason, plan.Code)
 	return err
 }
 
-func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow, reqID *uuid.UUID, d *policy.Decision, plan flow.Plan) error {
+func (d Decisions) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow, reqID *uuid.UUID, dec *policy.Decision, plan flow.Plan) error {
 	doc, err := json.Marshal(struct {
 		*policy.Decision
 		Plan struct {
@@ -45,12 +45,12 @@ func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow,
 			Notes   []string     `json:"notes,omitempty"`
 		} `json:"plan"`
 		Explanation string `json:"explanation"`
-	}{Decision: d, Plan: struct {
+	}{Decision: dec, Plan: struct {
 		Outcome flow.Outcome `json:"outcome"`
 		Code    string       `json:"code,omitempty"`
 		Reason  string       `json:"reason,omitempty"`
 		Notes   []string     `json:"notes,omitempty"`
-	}{plan.Outcome, plan.Code, plan.Reason, plan.Notes}, Explanation: d.Explain()})
+	}{plan.Outcome, plan.Code, plan.Reason, plan.Notes}, Explanation: dec.Explain()})
 	if err != nil {
 		return err
 	}
@@ -59,7 +59,7 @@ func (p *Processor) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow,
 		inst = &row.InstanceUUID
 	}
 	return requests.RecordDecision(ctx, tx, requests.Decision{EventID: row.ID, RequestID: reqID, InstanceUUID: inst,
-		Policy: d.Policy, Rejected: plan.Outcome == flow.OutcomeReject, Reason: plan.Reason, Doc: doc, Replica: p.cfg.Replica})
+		Policy: dec.Policy, Rejected: plan.Outcome == flow.OutcomeReject, Reason: plan.Reason, Doc: doc, Replica: d.replica})
 }
 
 func rebuildKind(kind string) bool {
@@ -96,7 +96,7 @@ func NextState(cur, to requests.State) requests.State {
 	return to
 }
 
-func (p *Processor) actor() string { return "vgpu-bridge/" + p.cfg.Replica }
+func (d Decisions) actor() string { return "vgpu-bridge/" + d.replica }
 
 // Purposes of commands.
 const (

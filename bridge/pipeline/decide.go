@@ -97,7 +97,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		release = r
 		return true, nil
 	}
-	w := &Work{p: p, hosts: hs}
+	w := &Work{hosts: hs}
 	if inst != "" && !strings.HasPrefix(c.source, WebhookSourcePrefix) && allocationEvent(NovaKindPrefix+c.kind) {
 		if locked, err := sessionLock(inst); err != nil || !locked {
 			return false, false, err // another replica decides for the instance now
@@ -116,7 +116,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 	if p.d.Limits != nil && strings.HasPrefix(c.source, WebhookSourcePrefix) {
 		// A request: its decision reads them; other events only when a
 		// rule listens (errNeedLimits below).
-		if unified, err = p.readUnifiedOf(ctx, conn, c.project, inst); err != nil {
+		if unified, err = p.facts.readUnifiedOf(ctx, conn, c.project, inst); err != nil {
 			return false, false, err
 		}
 	}
@@ -126,7 +126,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 			ptx := &plannedTx{Tx: tx}
 			defer func() { planned = ptx.releases }()
 			w.reset(ptx)
-			w.quota = &quotaGuard{p: p, eager: eager, unified: unified}
+			w.quota = &quotaGuard{eager: eager, unified: unified}
 			held := ""
 			if release != nil {
 				held = inst
@@ -160,7 +160,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		if errors.As(err, &need) && (unified == nil || unified.project != need.project) {
 			// The project was known only in the transaction: its limits
 			// are read now, with none open, and the decision taken again.
-			if unified, err = p.readUnified(ctx, conn, need.project); err != nil {
+			if unified, err = p.facts.readUnified(ctx, conn, need.project); err != nil {
 				return false, false, err
 			}
 			continue
@@ -252,6 +252,7 @@ func (p *Processor) decide(ctx context.Context, w *Work, id int64, held string) 
 		}
 	}
 	w.Row, w.requestID = row, requestid.From(ctx)
+	w.lastAttempt = row.Attempts+1 >= p.cfg.MaxAttempts
 	return true, p.run(ctx, w)
 }
 
@@ -273,6 +274,7 @@ func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 		return false, err
 	}
 	w.Row.Attempts = row.Attempts
+	w.lastAttempt = row.Attempts+1 >= p.cfg.MaxAttempts
 	w.applying = true
 	for _, pa := range w.pending {
 		var st string

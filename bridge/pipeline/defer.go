@@ -99,7 +99,7 @@ func reevaluationStages(stages []Stage) []Stage {
 // follow-up carries the event's request when the decision deferred the
 // whole event (OutcomeDefer), or when the event is a notification (its
 // request_id is Nova's); otherwise the request ends with what fired.
-func (p *Processor) deferHeld(ctx context.Context, w *Work) error {
+func deferHeld(ctx context.Context, w *Work) error {
 	rules, until := w.Decision.HeldRules()
 	if len(rules) == 0 || periodic(w.Row) {
 		return nil
@@ -141,7 +141,7 @@ func superseded(ctx context.Context, tx pgx.Tx, row InboxRow) (int64, error) {
 // reevaluate prepares a follow-up's evaluation: the policy's now is the
 // time of the re-evaluation (never before the hold's end); a superseded
 // follow-up gets its decision and plan here, and ok is false.
-func (p *Processor) reevaluate(ctx context.Context, w *Work, pol *policy.Policy) (ok bool, err error) {
+func reevaluate(ctx context.Context, w *Work, pol *policy.Policy) (ok bool, err error) {
 	now := time.Now()
 	if now.Before(w.Row.NotBefore) {
 		now = w.Row.NotBefore
@@ -167,10 +167,10 @@ func (p *Processor) reevaluate(ctx context.Context, w *Work, pol *policy.Policy)
 
 // deferRequest keeps a request whose event is deferred accepted, in phase
 // deferred.
-func (p *Processor) deferRequest(ctx context.Context, w *Work) error {
+func (d Decisions) deferRequest(ctx context.Context, w *Work) error {
 	if w.State != requests.Accepted {
 		return nil // a sibling event of the request already decided it
 	}
-	_, err := p.d.Requests.Transition(ctx, w.Tx, w.Request, requests.Accepted, flow.PhaseDeferred, w.Plan.Reason, "")
+	_, err := d.requests.Transition(ctx, w.Tx, w.Request, requests.Accepted, flow.PhaseDeferred, w.Plan.Reason, "")
 	return err
 }

@@ -16,15 +16,15 @@ import (
 
 // LoadFacts reads the facts of ev in w's transaction, as Evaluate does
 // (the project's usage under the decision's quota guard).
-func (w *Work) LoadFacts(ctx context.Context, ev policy.Event) (Facts, error) {
-	f, _, err := w.p.loadFacts(ctx, w.Tx, ev, w.hosts, usageRead{guard: w.quota})
+func (d Decisions) LoadFacts(ctx context.Context, w *Work, ev policy.Event) (Facts, error) {
+	f, _, err := d.facts.loadFacts(ctx, w.Tx, ev, w.hosts, usageRead{guard: w.quota})
 	return f, err
 }
 
-// RecordDecision records decision d with plan for w's event and request
+// RecordDecision records decision dec with plan for w's event and request
 // reqID (nil for none).
-func (w *Work) RecordDecision(ctx context.Context, reqID *uuid.UUID, d *policy.Decision, plan flow.Plan) error {
-	return w.p.recordDecision(ctx, w.Tx, w.Row, reqID, d, plan)
+func (d Decisions) RecordDecision(ctx context.Context, w *Work, reqID *uuid.UUID, dec *policy.Decision, plan flow.Plan) error {
+	return d.recordDecision(ctx, w.Tx, w.Row, reqID, dec, plan)
 }
 
 // ObserveOnly reports whether operators set observe-only mode when the

@@ -29,9 +29,10 @@ type lookedUp struct{ found bool }
 
 // needLookup returns errLookup when the decision should ask Nova for its
 // instance before going on: a request's event, an instance the bridge has
-// no row of, Nova configured, not asked yet in this decision. After the
-// lookup it marks the facts: Absent when Nova has no such server.
-func (w *Work) needLookup(f *Facts, st *snapshot) error {
+// no row of, Nova configured (canAsk), not asked yet in this decision.
+// After the lookup it marks the facts: Absent when Nova has no such
+// server.
+func (w *Work) needLookup(f *Facts, st *snapshot, canAsk bool) error {
 	if w.looked != nil && !w.looked.found {
 		// Nova has no such server, or it is not in the event's project
 		// (stored all the same): the decision sees no instance.
@@ -42,7 +43,7 @@ func (w *Work) needLookup(f *Facts, st *snapshot) error {
 		}
 		return nil
 	}
-	if f.Instance.Known || f.Instance.UUID == "" || !w.HasRequest || w.p.d.Lookup == nil || w.looked != nil {
+	if f.Instance.Known || f.Instance.UUID == "" || !w.HasRequest || !canAsk || w.looked != nil {
 		return nil
 	}
 	// The project the event was queued under, when it has one: a server

@@ -57,5 +57,8 @@ func (c Counters) Finished(state requests.State) { c.m.requests.WithLabelValues(
 // path wrote already processed (nothing listens to it).
 func (c Counters) Decided(outcome flow.Outcome) { c.m.events.WithLabelValues(string(outcome)).Inc() }
 
+// Skipped counts an inbox event skipped: its request is final already.
+func (c Counters) Skipped() { c.m.events.WithLabelValues("skipped").Inc() }
+
 // Claimed counts vGPUs claimed in Placement on the direct path.
 func (c Counters) Claimed(n int) { c.m.claims.Add(float64(n)) }

@@ -75,6 +75,8 @@ type Processor struct {
 	results []ResultTaker
 	direct  DirectPath
 	rel     releaser // the Placement releases its transactions plan
+	facts   *factReader
+	dec     Decisions // lent to the stages (Lend)
 }
 
 // New builds a processor.
@@ -100,6 +102,8 @@ func New(cfg Config, d Deps) (*Processor, error) {
 		cfg.Workers = max(mc-2, 1)
 	}
 	p := &Processor{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry), rel: releaser{pl: d.Placement, pool: d.Pool, store: d.Requests, log: d.Log}}
+	p.facts = &factReader{staleAge: cfg.StaleReportAge, catalog: d.Catalog, limits: d.Limits, log: d.Log}
+	p.dec = Decisions{facts: p.facts, requests: d.Requests, replica: cfg.Replica}
 	p.hosts.Store(&hostSet{byName: map[string]int{}})
 	return p, nil
 }
@@ -125,17 +129,21 @@ func (p *Processor) Use(ps Paths) {
 	p.stages, p.results, p.direct = ps.Stages, ps.Results, ps.Direct
 }
 
-// Lent is what the processor lends the paths that act for it: its
-// configuration (defaults applied), its collaborators and its counters,
-// so that a path works with the same Placement, policy and request store.
+// Lent is what the processor lends the stages and the paths that act for
+// it: its configuration (defaults applied), its collaborators, its
+// counters and what a stage uses to take part in a decision, so that a
+// stage or path works with the same Placement, policy and request store.
 type Lent struct {
-	Config   Config
-	Deps     Deps
-	Counters Counters
+	Config    Config
+	Deps      Deps
+	Counters  Counters
+	Decisions Decisions
 }
 
-// Lend returns what the paths share with the processor.
-func (p *Processor) Lend() Lent { return Lent{Config: p.cfg, Deps: p.d, Counters: Counters{p.m}} }
+// Lend returns what the stages and paths share with the processor.
+func (p *Processor) Lend() Lent {
+	return Lent{Config: p.cfg, Deps: p.d, Counters: Counters{p.m}, Decisions: p.dec}
+}
 
 // Wake makes the inbox loop look at the inbox now.
 func (p *Processor) Wake() { p.wake.Wake() }

@@ -34,7 +34,6 @@ import (
 
 // quotaGuard is one decision's view of its project's usage (Work.quota).
 type quotaGuard struct {
-	p       *Processor
 	eager   bool // lock before reading: the usage moved in an earlier round
 	project string
 	usage   policy.Usage // what the decision read
@@ -67,14 +66,14 @@ var errQuotaMoved = errors.New("the project's vGPU usage changed while the decis
 
 // readUsage reads project's usage for a decision, locking it first
 // unless ur.lazy.
-func (p *Processor) readUsage(ctx context.Context, tx pgx.Tx, project string, ur usageRead) (policy.Usage, error) {
+func (r *factReader) readUsage(ctx context.Context, tx pgx.Tx, project string, ur usageRead) (policy.Usage, error) {
 	g := ur.guard
 	if !ur.lazy {
 		if err := lockProject(ctx, tx, project); err != nil {
 			return policy.Usage{}, err
 		}
 	}
-	u, err := p.projectUsage(ctx, tx, project)
+	u, err := r.projectUsage(ctx, tx, project)
 	if err != nil || g == nil {
 		return u, err
 	}
@@ -97,7 +96,7 @@ func lockProject(ctx context.Context, tx pgx.Tx, project string) error {
 // takes the project's lock, held to the commit, and checks that the usage
 // the decision was taken on has not moved meanwhile. Outside a decision,
 // or once locked, it does nothing.
-func (w *Work) LockQuota(ctx context.Context) error {
+func (d Decisions) LockQuota(ctx context.Context, w *Work) error {
 	g := w.quota
 	if g != nil && g.unified != nil && g.unified.err != nil && g.unified.project == g.project {
 		// The unified limits could not be read: what adds waits.
@@ -110,7 +109,7 @@ func (w *Work) LockQuota(ctx context.Context) error {
 		return err
 	}
 	g.locked = true
-	u, err := g.p.projectUsage(ctx, w.Tx, g.project)
+	u, err := d.facts.projectUsage(ctx, w.Tx, g.project)
 	if err != nil {
 		return err
 	}
@@ -172,26 +171,26 @@ func (e errNeedLimits) Error() string {
 // says why (unifiedlimits.ErrUnavailable, as an errRetry): a decision that
 // adds vGPUs waits and is tried again (LockQuota), never decided as if the
 // project had no limit.
-func (p *Processor) readUnified(ctx context.Context, q Querier, project string) (*unifiedRead, error) {
-	r := &unifiedRead{project: project}
+func (r *factReader) readUnified(ctx context.Context, q Querier, project string) (*unifiedRead, error) {
+	u := &unifiedRead{project: project}
 	var err error
-	if r.limits, err = p.d.Limits.Limits(ctx, project); err != nil {
-		r.err = errRetry{err}
-		return r, nil
+	if u.limits, err = r.limits.Limits(ctx, project); err != nil {
+		u.err = errRetry{err}
+		return u, nil
 	}
-	if r.attached, _, err = bridgeVGPUs(ctx, q, project); err != nil {
+	if u.attached, _, err = bridgeVGPUs(ctx, q, project); err != nil {
 		return nil, err
 	}
-	if r.placement, err = p.d.Limits.PlacementVGPUs(ctx, project); err != nil {
-		r.err = errRetry{err}
+	if u.placement, err = r.limits.PlacementVGPUs(ctx, project); err != nil {
+		u.err = errRetry{err}
 	}
-	return r, nil
+	return u, nil
 }
 
 // readUnifiedOf is readUnified of project, else of instance's project as
 // the bridge knows it; nil when neither is known (the decision asks with
 // errNeedLimits once it knows).
-func (p *Processor) readUnifiedOf(ctx context.Context, q Querier, project, instance string) (*unifiedRead, error) {
+func (r *factReader) readUnifiedOf(ctx context.Context, q Querier, project, instance string) (*unifiedRead, error) {
 	if project == "" && instance != "" {
 		err := q.QueryRow(ctx, `SELECT coalesce(project_id,'') FROM instances WHERE uuid = $1`, instance).Scan(&project)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
@@ -201,7 +200,7 @@ func (p *Processor) readUnifiedOf(ctx context.Context, q Querier, project, insta
 	if project == "" {
 		return nil, nil
 	}
-	return p.readUnified(ctx, q, project)
+	return r.readUnified(ctx, q, project)
 }
 
 // bridgeVGPUs counts the project's direct-path vGPUs (pending or
@@ -223,8 +222,8 @@ func bridgeVGPUs(ctx context.Context, q Querier, project string) (attached, plan
 // the policy (policy.LimitState), in the decision's transaction; nil
 // without Deps.Limits. It needs the read decideLocked made before the
 // transaction (errNeedLimits when there is none for project).
-func (p *Processor) projectLimits(ctx context.Context, tx pgx.Tx, project string, g *quotaGuard) ([]policy.UnifiedLimit, error) {
-	if p.d.Limits == nil {
+func (r *factReader) projectLimits(ctx context.Context, tx pgx.Tx, project string, g *quotaGuard) ([]policy.UnifiedLimit, error) {
+	if r.limits == nil {
 		return nil, nil
 	}
 	if g == nil || g.unified == nil || g.unified.project != project {
@@ -233,25 +232,25 @@ func (p *Processor) projectLimits(ctx context.Context, tx pgx.Tx, project string
 	if g.unified.err != nil {
 		return nil, nil // LockQuota stops a decision that adds
 	}
-	return p.limitsFrom(ctx, tx, g.unified)
+	return r.limitsFrom(ctx, tx, g.unified)
 }
 
 // limitsFrom completes r, read before, with what q reads now.
-func (p *Processor) limitsFrom(ctx context.Context, q Querier, r *unifiedRead) ([]policy.UnifiedLimit, error) {
-	project := r.project
+func (r *factReader) limitsFrom(ctx context.Context, q Querier, u *unifiedRead) ([]policy.UnifiedLimit, error) {
+	project := u.project
 	attached, planned, err := bridgeVGPUs(ctx, q, project)
 	if err != nil {
 		return nil, err
 	}
 	var byProfile map[string]int
-	out := make([]policy.UnifiedLimit, 0, len(r.limits))
-	for _, l := range r.limits {
+	out := make([]policy.UnifiedLimit, 0, len(u.limits))
+	for _, l := range u.limits {
 		ul := policy.UnifiedLimit{Resource: l.Resource, Profile: l.Profile, Limit: l.Limit}
 		if l.Profile == "" {
-			ul.Usage = r.placement + planned + max(0, attached-r.attached)
+			ul.Usage = u.placement + planned + max(0, attached-u.attached)
 		} else {
 			if byProfile == nil {
-				if byProfile, err = p.profileUsage(ctx, q, project); err != nil {
+				if byProfile, err = r.profileUsage(ctx, q, project); err != nil {
 					return nil, err
 				}
 			}
@@ -265,7 +264,7 @@ func (p *Processor) limitsFrom(ctx context.Context, q Querier, r *unifiedRead) (
 // profileUsage is the bridge's count of the project's vGPUs by profile:
 // direct-path (pending or attached), planned, Nova resizes under way, and
 // flavors' vGPUs whose request group requires a profile's trait.
-func (p *Processor) profileUsage(ctx context.Context, q Querier, project string) (map[string]int, error) {
+func (r *factReader) profileUsage(ctx context.Context, q Querier, project string) (map[string]int, error) {
 	rows, err := q.Query(ctx, bridgeVGPUsByProfile+`
 		SELECT '', 0, vgpu_demand FROM instances
 			WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0 AND vgpu_demand IS NOT NULL`, project)
@@ -282,12 +281,12 @@ func (p *Processor) profileUsage(ctx context.Context, q Querier, project string)
 			return nil
 		}
 		var d nova.Demand
-		if p.d.Catalog == nil || json.Unmarshal(demand, &d) != nil {
+		if r.catalog == nil || json.Unmarshal(demand, &d) != nil {
 			return nil
 		}
 		for _, g := range d.Groups {
 			for _, tr := range g.Required {
-				if cp, ok := p.d.Catalog.ByTrait(tr); ok {
+				if cp, ok := r.catalog.ByTrait(tr); ok {
 					out[cp.Name] += g.Resources[nova.ResourceVGPU]
 					break
 				}
@@ -343,7 +342,7 @@ var ErrLimitsUnavailable = unifiedlimits.ErrUnavailable
 // Quota reads project's QuotaView, outside any transaction.
 func (p *Processor) Quota(ctx context.Context, project string) (QuotaView, error) {
 	v := QuotaView{ProjectID: project, Driver: "bridge", Limits: []QuotaLimit{}}
-	u, err := p.projectUsage(ctx, p.d.Pool, project)
+	u, err := p.facts.projectUsage(ctx, p.d.Pool, project)
 	if err != nil {
 		return v, err
 	}
@@ -366,14 +365,14 @@ func (p *Processor) Quota(ctx context.Context, project string) (QuotaView, error
 		return v, nil
 	}
 	v.Driver = "unified_limits"
-	r, err := p.readUnified(ctx, p.d.Pool, project)
+	r, err := p.facts.readUnified(ctx, p.d.Pool, project)
 	if err == nil {
 		err = r.err
 	}
 	if err != nil {
 		return v, err
 	}
-	ls, err := p.limitsFrom(ctx, p.d.Pool, r)
+	ls, err := p.facts.limitsFrom(ctx, p.d.Pool, r)
 	if err != nil {
 		return v, err
 	}

@@ -147,9 +147,6 @@ func (p *Processor) SucceedRequest(ctx context.Context, tx pgx.Tx, reqID uuid.UU
 	return nil
 }
 
-// Compensated counts a compensation step another package took.
-func (p *Processor) Compensated(step string) { p.m.compensations.WithLabelValues(step).Inc() }
-
 // QueueAction queues command c as the next action of request reqID.
 func QueueAction(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, c protocol.Command) error {
 	var seq int

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -48,7 +49,7 @@ func (ss Stages) Exec(ctx context.Context, w *Work) (bool, error) {
 // Actor carries out a plan's step of a kind the pipeline hands to another
 // package (the Nova-native resize), in the decision's transaction. It
 // either records what it will do and moves the request to decided, or
-// ends the request with Work.Fail.
+// ends the request with Decisions.Fail.
 type Actor interface {
 	Act(ctx context.Context, w *Work, s flow.Step) error
 }
@@ -67,7 +68,7 @@ type DirectPath interface {
 	// the decision's first transaction, commits a plan that attaches as
 	// planned claims (Work.WaitForClaims). A plan it cannot carry out
 	// becomes a failure or rejection (plan.Outcome) and closes the request
-	// (Work.Close).
+	// (Decisions.Close).
 	ActPlan(ctx context.Context, w *Work, reqID uuid.UUID, state requests.State, plan *flow.Plan, f Facts) error
 	// Claim claims the units of attach step s, with no transaction open;
 	// planned are the units the same act claimed before it. ErrNoCapacity
@@ -80,14 +81,26 @@ type DirectPath interface {
 }
 
 // DefaultStages are the stages of the direct path alone, d (tests,
-// benchmarks: direct.Wire); follow is its stage that makes vGPUs follow
-// their instance (moves, host maintenance). The bridge lists its own
-// where it wires the pipeline (setupPipeline).
-func DefaultStages(d DirectPath, follow Stage) []Stage {
-	return []Stage{AccountFlavor{}, KnowAllocations{}, ReadRequest{}, ReadEvent{}, follow, Evaluate{}, OpenRequest{}, Act{Direct: d}, Record{}}
+// benchmarks: direct.Wire), each with its dependencies from l; follow is
+// the path's stage that makes vGPUs follow their instance (moves, host
+// maintenance). The bridge lists its own where it wires the pipeline
+// (setupPipeline).
+func DefaultStages(l Lent, d DirectPath, follow Stage) []Stage {
+	return []Stage{
+		AccountFlavor{Catalog: l.Deps.Catalog, ClockSkew: l.Config.ClockSkewTolerance},
+		KnowAllocations{Allocations: l.Deps.Placement},
+		ReadRequest{Count: l.Counters},
+		ReadEvent{ClockSkew: l.Config.ClockSkewTolerance, Fail: d},
+		follow,
+		Evaluate{Policy: l.Deps.Policy, Decisions: l.Decisions, Count: l.Counters, LooksUp: l.Deps.Lookup != nil},
+		OpenRequest{Requests: l.Deps.Requests},
+		Act{Direct: d, Decisions: l.Decisions},
+		Record{Decisions: l.Decisions, Count: l.Counters},
+	}
 }
 
-// Work is one event on its way through the stages.
+// Work is one event on its way through the stages: its state only; what
+// the stages work with they hold themselves (Decisions, Counters, …).
 type Work struct {
 	Tx  pgx.Tx
 	Row InboxRow
@@ -106,10 +119,12 @@ type Work struct {
 	// Outbox is set by a stage that queued commands for the agents.
 	Outbox bool
 
-	p      *Processor
 	hosts  *hostSet
 	snap   *snapshot
 	closed bool // marked processed (or failed) by a stage already
+	// lastAttempt: the event is on its last attempt ([pipeline]
+	// max_attempts; LastAttempt).
+	lastAttempt bool
 
 	// quota is the decision's view of its project's vGPU usage (nil
 	// outside a decision): see quota.go and LockQuota.
@@ -149,7 +164,7 @@ type pendingAct struct {
 
 // reset makes w the start of a decision in tx.
 func (w *Work) reset(tx pgx.Tx) {
-	*w = Work{Tx: tx, p: w.p, hosts: w.hosts, holdings: w.holdings, looked: w.looked}
+	*w = Work{Tx: tx, hosts: w.hosts, holdings: w.holdings, looked: w.looked}
 }
 
 // Applying reports whether w is the second transaction of a decision,
@@ -171,13 +186,6 @@ func (w *Work) LastSeq() int { return w.seq }
 // GiveBackClaims gives back, after the transaction, every claim made for
 // the current act: it failed for want of capacity.
 func (w *Work) GiveBackClaims() { w.giveBack = true }
-
-// Close ends request reqID (in state) whose plan does nothing: rejected,
-// or failed when the bridge cannot act (a request with further events
-// waits for its last).
-func (w *Work) Close(ctx context.Context, reqID uuid.UUID, state requests.State, plan flow.Plan) error {
-	return w.p.closeWithout(ctx, w.Tx, w.Row, reqID, state, plan)
-}
 
 // NextClaim is the claim made for the current act's next attach step.
 func (w *Work) NextClaim() ([]Claim, error) {
@@ -209,28 +217,9 @@ func (w *Work) HeldBy(consumer string) ([]placement.Holding, error) {
 	return hl, nil
 }
 
-// Fail ends the request without acting: the plan becomes a failure with
-// code and reason (a request with further events waits for its last).
-func (w *Work) Fail(ctx context.Context, code, reason string) error {
-	w.Plan.Outcome, w.Plan.Code, w.Plan.Reason, w.Plan.Steps = flow.OutcomeFail, code, reason, nil
-	return w.p.closeWithout(ctx, w.Tx, w.Row, w.Request, w.State, w.Plan)
-}
-
-// Notify records the notify steps among steps in the audit log.
-func (w *Work) Notify(ctx context.Context, steps []flow.Step) error {
-	return RecordNotify(ctx, w.Tx, w.p.actor(), w.Request, w.Facts.Instance.UUID, steps)
-}
-
-// Decided moves the request to decided (or keeps it past that) in phase
-// with reason.
-func (w *Work) Decided(ctx context.Context, phase, reason string) error {
-	_, err := w.p.d.Requests.Transition(ctx, w.Tx, w.Request, NextState(w.State, requests.Decided), phase, reason, "")
-	return err
-}
-
 // LastAttempt reports whether the event is on its last attempt: a stage
 // that would wait (Retry) should go on instead.
-func (w *Work) LastAttempt() bool { return w.Row.Attempts+1 >= w.p.cfg.MaxAttempts }
+func (w *Work) LastAttempt() bool { return w.lastAttempt }
 
 // Retry wraps err so that the event is tried again later (with backoff)
 // instead of counting as a failure of the stage's code.
@@ -239,10 +228,12 @@ func Retry(err error) error { return errRetry{err} }
 // ReadRequest reads the state of the bridge request a webhook event
 // belongs to, locked; an event whose request ended (cancelled before the
 // pipeline got to it) is done.
-type ReadRequest struct{}
+type ReadRequest struct {
+	Count Counters // events skipped
+}
 
 // Exec implements Stage.
-func (ReadRequest) Exec(ctx context.Context, w *Work) (bool, error) {
+func (r ReadRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 	id, ok := w.Row.BridgeRequest()
 	if !ok {
 		return false, nil
@@ -269,7 +260,7 @@ func (ReadRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 		}
 	}
 	if w.State.Final() {
-		w.p.m.events.WithLabelValues("skipped").Inc()
+		r.Count.Skipped()
 		return true, nil
 	}
 	return false, nil
@@ -279,18 +270,24 @@ func (ReadRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 // map closes as failed, and so does its request. The event's time, the
 // policy's clock for it (cooldowns, windows), is bounded by the bridge's
 // receipt (eventTime).
-type ReadEvent struct{}
+type ReadEvent struct {
+	// ClockSkew is [pipeline] clock_skew_tolerance (eventTime).
+	ClockSkew time.Duration
+	// Fail fails the request of a row that does not map (the direct
+	// path: it undoes what the request did).
+	Fail Failer
+}
 
 // Exec implements Stage.
-func (ReadEvent) Exec(ctx context.Context, w *Work) (bool, error) {
+func (r ReadEvent) Exec(ctx context.Context, w *Work) (bool, error) {
 	ev, err := MapEvent(w.Row)
 	if err == nil {
-		ev.Time = eventTime(w.Row, w.p.cfg.ClockSkewTolerance)
+		ev.Time = eventTime(w.Row, r.ClockSkew)
 		w.Event = ev
 		return false, nil
 	}
 	if w.HasRequest {
-		if err := w.p.direct.FailRequest(ctx, w.Tx, w.Request, flow.CodeEventFailed, err.Error()); err != nil {
+		if err := r.Fail.FailRequest(ctx, w.Tx, w.Request, flow.CodeEventFailed, err.Error()); err != nil {
 			return false, err
 		}
 	}
@@ -301,14 +298,20 @@ func (ReadEvent) Exec(ctx context.Context, w *Work) (bool, error) {
 // Evaluate runs the policy on the event with the facts it needs and plans
 // the decision. A notification nobody asked about ends here unless the
 // plan acts: its decision is recorded only when a rule listened.
-type Evaluate struct{}
+type Evaluate struct {
+	Policy    PolicySource
+	Decisions Decisions
+	Count     Counters // events by outcome
+	// LooksUp: Nova is asked for a server a request names that the
+	// bridge does not know (Deps.Lookup is set; lookup.go).
+	LooksUp bool
+}
 
 // Exec implements Stage.
-func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
-	p := w.p
-	pol := p.d.Policy.Policy()
+func (e Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
+	pol := e.Policy.Policy()
 	if w.Row.FollowUp() {
-		ok, err := p.reevaluate(ctx, w, pol)
+		ok, err := reevaluate(ctx, w, pol)
 		if err != nil {
 			return false, err
 		}
@@ -316,8 +319,8 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 			if w.HasRequest {
 				return false, nil
 			}
-			p.m.events.WithLabelValues(string(w.Plan.Outcome)).Inc()
-			return true, p.recordDecision(ctx, w.Tx, w.Row, nil, w.Decision, w.Plan)
+			e.Count.Decided(w.Plan.Outcome)
+			return true, e.Decisions.recordDecision(ctx, w.Tx, w.Row, nil, w.Decision, w.Plan)
 		}
 	}
 	ev := w.Event
@@ -330,13 +333,13 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	if !w.HasRequest && !rebuildKind(ev.Kind) && ev.Kind != NovaKindPrefix+"instance.delete.end" {
 		// Most notifications: no rule listens, nothing to re-apply.
 		if !pol.Listens(ev.Kind) {
-			p.m.events.WithLabelValues(string(flow.OutcomeNothing)).Inc()
+			e.Count.Decided(flow.OutcomeNothing)
 			return true, nil
 		}
 	}
 	// The project's usage is read without its lock: the decision takes
 	// the lock only if it adds to it (LockQuota).
-	facts, st, err := p.loadFacts(ctx, w.Tx, ev, w.hosts, w.quota.lazily())
+	facts, st, err := e.Decisions.facts.loadFacts(ctx, w.Tx, ev, w.hosts, w.quota.lazily())
 	if err != nil {
 		return false, fmt.Errorf("load facts: %w", err)
 	}
@@ -347,7 +350,7 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	if w.Row.FollowUp() {
 		facts.Rebuilt = false // re-attached when the event came
 	}
-	if err := w.needLookup(&facts, st); err != nil {
+	if err := w.needLookup(&facts, st, e.LooksUp); err != nil {
 		return false, err // asked outside the transaction, then decided again
 	}
 	w.Facts, w.snap = facts, st
@@ -364,25 +367,27 @@ func (Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	if w.HasRequest || w.Plan.Outcome == flow.OutcomeAct {
 		return false, nil
 	}
-	p.m.events.WithLabelValues(string(w.Plan.Outcome)).Inc()
+	e.Count.Decided(w.Plan.Outcome)
 	if len(w.Decision.Rules) == 0 {
 		return true, nil
 	}
-	if err := p.recordDecision(ctx, w.Tx, w.Row, nil, w.Decision, w.Plan); err != nil {
+	if err := e.Decisions.recordDecision(ctx, w.Tx, w.Row, nil, w.Decision, w.Plan); err != nil {
 		return false, err
 	}
 	if err := policystate.Apply(ctx, w.Tx, w.Decision.LoadUpdates); err != nil {
 		return false, fmt.Errorf("apply policy state: %w", err)
 	}
-	return true, p.deferHeld(ctx, w)
+	return true, deferHeld(ctx, w)
 }
 
 // OpenRequest makes a request for an event that acts without one (a
 // notification a rule acts on).
-type OpenRequest struct{}
+type OpenRequest struct {
+	Requests *requests.Store
+}
 
 // Exec implements Stage.
-func (OpenRequest) Exec(ctx context.Context, w *Work) (bool, error) {
+func (o OpenRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 	if w.HasRequest {
 		return false, nil
 	}
@@ -392,7 +397,7 @@ func (OpenRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 		inst = &u
 	}
 	body, _ := json.Marshal(map[string]any{"event_id": w.Row.ID, "event_type": w.Row.EventType, "message_id": w.Row.MessageID})
-	if err := w.p.d.Requests.Create(ctx, w.Tx, requests.Request{ID: id, Source: w.Row.Source, Kind: w.Row.EventType, InstanceUUID: inst, Body: body}); err != nil {
+	if err := o.Requests.Create(ctx, w.Tx, requests.Request{ID: id, Source: w.Row.Source, Kind: w.Row.EventType, InstanceUUID: inst, Body: body}); err != nil {
 		return false, fmt.Errorf("create request %s: %w", id, err)
 	}
 	w.Request, w.HasRequest, w.State = id, true, requests.Accepted
@@ -411,22 +416,24 @@ type Act struct {
 	// NovaResize runs plans with a Nova resize step; nil: they fail with
 	// code nova_path_unavailable (Nova's API is not configured).
 	NovaResize Actor
+	// Decisions defer, notify and close the requests of plans that do
+	// not act.
+	Decisions Decisions
 }
 
 // Exec implements Stage.
 func (a Act) Exec(ctx context.Context, w *Work) (bool, error) {
-	p := w.p
 	if w.Plan.Outcome == flow.OutcomeDefer {
-		if err := p.deferRequest(ctx, w); err != nil {
+		if err := a.Decisions.deferRequest(ctx, w); err != nil {
 			return false, fmt.Errorf("request %s: defer: %w", w.Request, err)
 		}
 		return false, nil
 	}
 	if w.Plan.Outcome != flow.OutcomeAct {
-		if err := w.Notify(ctx, w.Plan.Steps); err != nil {
+		if err := a.Decisions.Notify(ctx, w, w.Plan.Steps); err != nil {
 			return false, fmt.Errorf("request %s: notify: %w", w.Request, err)
 		}
-		if err := p.closeWithout(ctx, w.Tx, w.Row, w.Request, w.State, w.Plan); err != nil {
+		if err := a.Decisions.closeWithout(ctx, w.Tx, w.Row, w.Request, w.State, w.Plan); err != nil {
 			return false, fmt.Errorf("request %s: close %s: %w", w.Request, w.Plan.Outcome, err)
 		}
 		return false, nil
@@ -434,7 +441,7 @@ func (a Act) Exec(ctx context.Context, w *Work) (bool, error) {
 	var err error
 	if s, ok := novaStep(w.Plan.Steps); ok {
 		if a.NovaResize == nil {
-			err = w.Fail(ctx, flow.CodeNovaPath, fmt.Sprintf("attach mode %s (the Nova-native path) needs Nova's API: set [nova] endpoint_override and token_file, "+
+			err = a.Decisions.Fail(ctx, w, flow.CodeNovaPath, fmt.Sprintf("attach mode %s (the Nova-native path) needs Nova's API: set [nova] endpoint_override and token_file, "+
 				"or [openstack] cloud; or set attach_mode: direct-live or direct-cold for this project or profile in the policy", orDefault(string(s.Intent.Mode), "nova-resize")))
 		} else {
 			err = a.NovaResize.Act(ctx, w, s)
@@ -453,19 +460,22 @@ func (a Act) Exec(ctx context.Context, w *Work) (bool, error) {
 
 // Record records the decision with the plan's outcome and applies the
 // policy's load-state updates.
-type Record struct{}
+type Record struct {
+	Decisions Decisions
+	Count     Counters // events by outcome
+}
 
 // Exec implements Stage.
-func (Record) Exec(ctx context.Context, w *Work) (bool, error) {
-	w.p.m.events.WithLabelValues(string(w.Plan.Outcome)).Inc()
+func (r Record) Exec(ctx context.Context, w *Work) (bool, error) {
+	r.Count.Decided(w.Plan.Outcome)
 	id := w.Request
-	if err := w.p.recordDecision(ctx, w.Tx, w.Row, &id, w.Decision, w.Plan); err != nil {
+	if err := r.Decisions.recordDecision(ctx, w.Tx, w.Row, &id, w.Decision, w.Plan); err != nil {
 		return false, err
 	}
 	if err := policystate.Apply(ctx, w.Tx, w.Decision.LoadUpdates); err != nil {
 		return false, fmt.Errorf("request %s: apply policy state: %w", w.Request, err)
 	}
-	return true, w.p.deferHeld(ctx, w)
+	return true, deferHeld(ctx, w)
 }
 
 // run passes one locked event through the stages and marks it

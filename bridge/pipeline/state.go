@@ -245,8 +245,8 @@ type Querier interface {
 
 // loadFacts reads the event's instance, its direct-path vGPUs, its host's
 // last report and its project's usage (as ur says: readUsage).
-func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, hs *hostSet, ur usageRead) (Facts, *snapshot, error) {
-	f := Facts{Now: time.Now(), StaleAge: p.cfg.StaleReportAge, Deleting: ev.Kind == NovaKindPrefix+"instance.delete.end"}
+func (r *factReader) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, hs *hostSet, ur usageRead) (Facts, *snapshot, error) {
+	f := Facts{Now: time.Now(), StaleAge: r.staleAge, Deleting: ev.Kind == NovaKindPrefix+"instance.delete.end"}
 	f.Instance.UUID = ev.InstanceUUID
 	f.Rebuilt = rebuildKind(ev.Kind)
 	st := &snapshot{hosts: hs.hosts, byName: hs.byName}
@@ -322,7 +322,7 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 	}
 	if vgpus > 0 {
 		// The flavor's (Nova's) vGPUs, with the GPU the host's agent reports (package novaresize).
-		in.VGPUs = append(in.VGPUs, p.flavorVGPU(ctx, tx, ev.InstanceUUID, f.Instance.Host, vgpus))
+		in.VGPUs = append(in.VGPUs, r.flavorVGPU(ctx, tx, ev.InstanceUUID, f.Instance.Host, vgpus))
 	}
 	if f.Instance.Known {
 		st.inst = in
@@ -337,13 +337,13 @@ func (p *Processor) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, h
 		// or Nova call), after the decision's attachments or Nova resize
 		// are written, so the next one counts them. A decision's own
 		// round takes it only when it adds (quota.go).
-		u, err := p.readUsage(ctx, tx, project, ur)
+		u, err := r.readUsage(ctx, tx, project, ur)
 		if err != nil {
 			return f, nil, err
 		}
 		st.usage, st.project = u, project
 		if ur.limits {
-			if st.limits, err = p.projectLimits(ctx, tx, project, ur.guard); err != nil {
+			if st.limits, err = r.projectLimits(ctx, tx, project, ur.guard); err != nil {
 				return f, nil, err
 			}
 		}
@@ -381,7 +381,7 @@ const bridgeVGPUsByProfile = `SELECT coalesce(a.profile,''), sum(a.amount)::int,
 			WHERE i.project_id = $1 GROUP BY 1
 		UNION ALL`
 
-func (p *Processor) projectUsage(ctx context.Context, q Querier, project string) (policy.Usage, error) {
+func (r *factReader) projectUsage(ctx context.Context, q Querier, project string) (policy.Usage, error) {
 	// Direct-path vGPUs; vGPUs of Nova resizes still under way (they
 	// count before Nova's notifications do); vGPUs decisions planned and
 	// are claiming (requests.PlanClaims); the flavors' vGPUs, with
@@ -400,9 +400,9 @@ func (p *Processor) projectUsage(ctx context.Context, q Querier, project string)
 		u.VGPUs += n
 		switch {
 		case demand != nil:
-			u.FramebufferMiB += p.flavorFramebufferMiB(demand)
-		case prof != "" && p.d.Catalog != nil:
-			if cp, ok := p.d.Catalog.ByName(prof); ok {
+			u.FramebufferMiB += r.flavorFramebufferMiB(demand)
+		case prof != "" && r.catalog != nil:
+			if cp, ok := r.catalog.ByName(prof); ok {
 				u.FramebufferMiB += n * cp.FramebufferMiB
 			}
 		}
@@ -418,16 +418,16 @@ func (p *Processor) projectUsage(ctx context.Context, q Querier, project string)
 // request group, its VGPU units times the framebuffer of the profile its
 // required CUSTOM_NVIDIA_* trait names. A group without such a trait (any
 // type) counts 0: the profile is not known until Nova places it.
-func (p *Processor) flavorFramebufferMiB(demand []byte) int {
+func (r *factReader) flavorFramebufferMiB(demand []byte) int {
 	var d nova.Demand
-	if p.d.Catalog == nil || json.Unmarshal(demand, &d) != nil {
+	if r.catalog == nil || json.Unmarshal(demand, &d) != nil {
 		return 0
 	}
 	mib := 0
 	for _, g := range d.Groups {
 		n := g.Resources[nova.ResourceVGPU]
 		for _, tr := range g.Required {
-			if cp, ok := p.d.Catalog.ByTrait(tr); ok && n > 0 {
+			if cp, ok := r.catalog.ByTrait(tr); ok && n > 0 {
 				mib += n * cp.FramebufferMiB
 				break
 			}
@@ -492,10 +492,10 @@ func ReportedVGPU(ctx context.Context, q Querier, cat Catalog, instance, host st
 // n units on the GPU its host's agent reports, when known (tune intents
 // need it). The profile stays empty: the policy's resize rules act on
 // direct-path vGPUs only.
-func (p *Processor) flavorVGPU(ctx context.Context, q Querier, instance, host string, n int) policy.VGPU {
-	v, _, err := ReportedVGPU(ctx, q, p.d.Catalog, instance, host)
+func (r *factReader) flavorVGPU(ctx context.Context, q Querier, instance, host string, n int) policy.VGPU {
+	v, _, err := ReportedVGPU(ctx, q, r.catalog, instance, host)
 	if err != nil {
-		p.log.Debug("pipeline: cannot read the host's report", logkey.Host, host, logkey.Err, err)
+		r.log.Debug("pipeline: cannot read the host's report", logkey.Host, host, logkey.Err, err)
 	}
 	return policy.VGPU{Count: n, GPU: v.GPU}
 }

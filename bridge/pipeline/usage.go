@@ -24,11 +24,16 @@ import (
 // adds no seconds. A delete ends the instance's intervals whatever its
 // time, never before they began, and after the bridge received a delete
 // no later event gives the instance vGPUs again.
-type AccountFlavor struct{}
+type AccountFlavor struct {
+	// Catalog names the profiles of flavors' traits (may be nil).
+	Catalog Catalog
+	// ClockSkew is [pipeline] clock_skew_tolerance (novaTime).
+	ClockSkew time.Duration
+}
 
 // Exec implements Stage.
-func (AccountFlavor) Exec(ctx context.Context, w *Work) (bool, error) {
-	h, ok := w.p.flavorHolding(w.Row)
+func (a AccountFlavor) Exec(ctx context.Context, w *Work) (bool, error) {
+	h, ok := flavorHolding(a.Catalog, w.Row)
 	if !ok {
 		return false, nil
 	}
@@ -42,7 +47,7 @@ func (AccountFlavor) Exec(ctx context.Context, w *Work) (bool, error) {
 			h.VGPUs, h.Deleted = nil, true
 		}
 	}
-	_, err := requests.SyncFlavorUsage(ctx, w.Tx, h, novaTime(w.Row, w.p.cfg.ClockSkewTolerance))
+	_, err := requests.SyncFlavorUsage(ctx, w.Tx, h, novaTime(w.Row, a.ClockSkew))
 	return false, err
 }
 
@@ -78,8 +83,9 @@ func novaTime(row InboxRow, tol time.Duration) time.Time {
 }
 
 // flavorHolding reads what the instance's flavor gives it from a Nova
-// instance notification's payload; ok is false for other events.
-func (p *Processor) flavorHolding(row InboxRow) (requests.FlavorHolding, bool) {
+// instance notification's payload, the profiles named by cat (may be
+// nil); ok is false for other events.
+func flavorHolding(cat Catalog, row InboxRow) (requests.FlavorHolding, bool) {
 	if row.Webhook() || row.InstanceUUID == "" {
 		return requests.FlavorHolding{}, false
 	}
@@ -122,9 +128,9 @@ func (p *Processor) flavorHolding(row InboxRow) (requests.FlavorHolding, bool) {
 				continue
 			}
 			v := requests.FlavorVGPU{ResourceClass: rc, Amount: n}
-			if p.d.Catalog != nil {
+			if cat != nil {
 				for _, tr := range g.Required {
-					if cp, ok := p.d.Catalog.ByTrait(tr); ok {
+					if cp, ok := cat.ByTrait(tr); ok {
 						v.Profile, v.VGPUType = cp.Name, cp.TypeID
 						break
 					}
@@ -152,16 +158,19 @@ func allocationEvent(kind string) bool {
 // decision, outside its transaction (that read is the record); a deleted
 // instance's record is dropped here without a read. A failed read leaves
 // the event to be tried again; nothing else waits on it.
-type KnowAllocations struct{}
+type KnowAllocations struct {
+	// Allocations is the record of what instances hold (Placement).
+	Allocations interface{ Forget(instance string) }
+}
 
 // Exec implements Stage.
-func (KnowAllocations) Exec(ctx context.Context, w *Work) (bool, error) {
+func (k KnowAllocations) Exec(ctx context.Context, w *Work) (bool, error) {
 	if w.Row.Webhook() || w.Row.InstanceUUID == "" {
 		return false, nil
 	}
 	switch kind := NovaKindPrefix + w.Row.EventType; {
 	case kind == NovaKindPrefix+"instance.delete.end":
-		w.p.d.Placement.Forget(w.Row.InstanceUUID)
+		k.Allocations.Forget(w.Row.InstanceUUID)
 	case allocationEvent(kind):
 		_, err := w.HeldBy(w.Row.InstanceUUID)
 		return false, err

@@ -48,7 +48,7 @@ func sampleRow(t *testing.T, name string, extraSpecs map[string]string) InboxRow
 // that holds resources; nothing once it is shelved offloaded or deleted,
 // or for a flavor without vGPUs.
 func TestFlavorHolding(t *testing.T) {
-	p := &Processor{d: Deps{Catalog: fakeCatalog{"CUSTOM_NVIDIA_232": {Name: "T4-4Q", TypeID: "nvidia-232"}}}}
+	cat := fakeCatalog{"CUSTOM_NVIDIA_232": {Name: "T4-4Q", TypeID: "nvidia-232"}}
 	typed := map[string]string{"resources:VGPU": "1", "trait:CUSTOM_NVIDIA_232": "required"}
 	untyped := map[string]string{"resources1:VGPU": "2", "resources:VCPU": "1"}
 	for _, tc := range []struct {
@@ -65,7 +65,7 @@ func TestFlavorHolding(t *testing.T) {
 		{"instance-create-start", typed, nil}, // building: not launched yet
 	} {
 		t.Run(tc.sample, func(t *testing.T) {
-			h, ok := p.flavorHolding(sampleRow(t, tc.sample, tc.specs))
+			h, ok := flavorHolding(cat, sampleRow(t, tc.sample, tc.specs))
 			if !ok {
 				t.Fatal("not read as an instance event")
 			}
@@ -82,10 +82,10 @@ func TestFlavorHolding(t *testing.T) {
 			}
 		})
 	}
-	if _, ok := p.flavorHolding(InboxRow{Source: "webhook:batch", InstanceUUID: "x", Payload: []byte(`{}`)}); ok {
+	if _, ok := flavorHolding(cat, InboxRow{Source: "webhook:batch", InstanceUUID: "x", Payload: []byte(`{}`)}); ok {
 		t.Error("a webhook row was read as a Nova instance event")
 	}
-	if _, ok := p.flavorHolding(sampleRow(t, "flavor-create", nil)); ok {
+	if _, ok := flavorHolding(cat, sampleRow(t, "flavor-create", nil)); ok {
 		t.Error("a flavor notification was read as an instance event")
 	}
 }

@@ -1,18 +1,19 @@
 package requests
 
 import (
+	"context"
 	_ "embed"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/labstack/echo/v4"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 )
 
 //go:embed openapi.json
@@ -37,7 +38,23 @@ type Handler struct {
 	operator api.Authenticator
 	sources  SourceAuthenticator
 	log      *slog.Logger
+	// canceller ends cancelled requests whose vGPUs are in flight (SetCanceller); nil: Cancel.
+	canceller atomic.Pointer[Canceller]
 }
+
+// Canceller cancels a request at an operator's word where compensation
+// may be due (direct.Path.Cancel): the request reads final only once the
+// claims it gives back are made. It answers ErrNotFound for no such
+// request and ErrIllegal for one that is final, or ending already.
+type Canceller interface {
+	Cancel(ctx context.Context, id uuid.UUID, actor string) error
+}
+
+// SetCanceller makes POST /v1/requests/{id}/cancel go through c (the
+// pipeline is wired after the routes); until then a cancel ends the
+// request at once (Store.Cancel) and what it had in flight is
+// compensated after.
+func (h *Handler) SetCanceller(c Canceller) { h.canceller.Store(&c) }
 
 // NewHandler returns the routes over store. operator authenticates operator
 // API callers (the [api] auth strategy); sources, when not nil, lets a
@@ -178,22 +195,41 @@ func (h *Handler) cancel(c echo.Context) error {
 			return err
 		}
 	}
+	ctx := c.Request().Context()
 	var out Request
-	err = h.store.Do(c.Request().Context(), func(tx pgx.Tx) error {
-		var err error
-		out, err = h.store.transition(c.Request().Context(), tx, actor, id, Failed, "", "cancelled by "+actor, flow.CodeCancelled)
-		return err
-	})
+	if cc := h.canceller.Load(); cc != nil {
+		if err = (*cc).Cancel(ctx, id, actor); err == nil || IsIllegal(err) {
+			var gerr error
+			if out, gerr = h.store.Get(ctx, id); gerr != nil {
+				return gerr
+			}
+		}
+	} else {
+		err = h.store.Do(ctx, func(tx pgx.Tx) error {
+			var err error
+			out, err = h.store.Cancel(ctx, tx, id, actor)
+			return err
+		})
+	}
 	switch {
 	case IsNotFound(err):
 		return notFound(raw)
 	case IsIllegal(err):
 		return &api.ProblemDetails{Status: http.StatusConflict, Title: "Conflict", Code: "final_state",
-			Detail: fmt.Sprintf("request %s is already %s", id, out.State)}
+			Detail: fmt.Sprintf("request %s is already %s", id, orEnding(out))}
 	case err != nil:
 		return err
 	}
 	return c.JSON(http.StatusOK, out)
+}
+
+// orEnding is the state a cancel found request r in: final, or ending
+// (its end waits for the claims it gives back).
+func orEnding(r Request) string {
+	if r.State.Final() {
+		return string(r.State)
+	}
+	return "ending"
 }
 
 func (h *Handler) list(c echo.Context) error {

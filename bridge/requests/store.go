@@ -24,6 +24,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 )
 
 // State is where a request stands.
@@ -286,6 +288,15 @@ func (s *Store) List(ctx context.Context, o ListOptions) ([]Request, error) {
 // It returns the request as it is after the move.
 func (s *Store) Transition(ctx context.Context, tx pgx.Tx, id uuid.UUID, to State, phase, reason, code string) (Request, error) {
 	return s.transition(ctx, tx, s.actor, id, to, phase, reason, code)
+}
+
+// Cancel ends request id at actor's word (an operator's cancel): failed,
+// code cancelled, in tx, the move audited as actor's. ErrIllegal: it is
+// final already. A request whose vGPUs are in flight is cancelled
+// through the pipeline instead (Canceller), so that it ends after their
+// compensation.
+func (s *Store) Cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, actor string) (Request, error) {
+	return s.transition(ctx, tx, actor, id, Failed, "", "cancelled by "+actor, flow.CodeCancelled)
 }
 
 // TransitionUntil is Transition that also sets when the request's

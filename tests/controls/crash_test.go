@@ -132,6 +132,16 @@ func (f *fleet) expectEnding(id, vm string) {
 // and nothing is left planned; the request succeeded, once, and the vGPU
 // is recorded released.
 func (f *fleet) expectEndedOnce(id, vm string) {
+	f.t.Helper()
+	f.endedOnce(id, vm, "succeeded")
+	f.expectReleased(vm)
+}
+
+// endedOnce waits until request id is final (see expectEndedOnce) and
+// checks that, when it first reads final, Placement has vm's vGPU back
+// and nothing is left planned, and that it reached state want, once. It
+// returns the request as it first read final.
+func (f *fleet) endedOnce(id, vm, want string) apiclient.Request {
 	t := f.t
 	t.Helper()
 	var r apiclient.Request
@@ -143,18 +153,18 @@ func (f *fleet) expectEndedOnce(id, vm string) {
 	if n := f.vgpuUnits(vm); n != 0 {
 		t.Errorf("VGPU when the request read %s: %d, want 0", r.State, n)
 	}
-	if r.State != "succeeded" {
-		t.Errorf("release after the restart: %s (%s: %s), want succeeded", r.State, r.Code, r.Reason)
+	if r.State != want {
+		t.Errorf("request after the restart: %s (%s: %s), want %s", r.State, r.Code, r.Reason, want)
 	}
 	var planned, ends, transitions int
 	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT (SELECT count(*) FROM planned_releases WHERE instance_uuid = $2),
 		(SELECT count(*) FROM planned_finishes WHERE request_id::text = $1),
-		(SELECT count(*) FROM audit_log WHERE request_id::text = $1 AND action = 'transition' AND detail->>'to' = 'succeeded')`,
-		id, vm).Scan(&planned, &ends, &transitions), "plans")
+		(SELECT count(*) FROM audit_log WHERE request_id::text = $1 AND action = 'transition' AND detail->>'to' = $3)`,
+		id, vm, want).Scan(&planned, &ends, &transitions), "plans")
 	if planned != 0 || ends != 0 || transitions != 1 {
-		t.Errorf("planned releases %d, planned ends %d, transitions to succeeded %d; want 0, 0, 1", planned, ends, transitions)
+		t.Errorf("planned releases %d, planned ends %d, transitions to %s %d; want 0, 0, 1", planned, ends, want, transitions)
 	}
-	f.expectReleased(vm)
+	return r
 }
 
 // releaseKilledAt attaches a vGPU to the first host's VM, restarts the
@@ -228,5 +238,60 @@ func (f *fleet) waitKilled(fp string) {
 	b, _ := os.ReadFile(filepath.Join(f.dir, "bridge.log"))
 	if !strings.Contains(string(b), "failpoint "+fp+": SIGKILL") {
 		t.Fatalf("the bridge was killed, but not at failpoint %s", fp)
+	}
+}
+
+// TestCrashAtEachCancelStep cancels (POST /v1/requests/{id}/cancel) a
+// request whose agent has not answered, its vGPU claimed, and kills the
+// bridge before the claim is given back to Placement, and after that but
+// before it is recorded. Each time the request is not final at the crash,
+// its release and its cancelled end planned; after a restart the sweep
+// (once the release's lease ran out) gives the claim back once, if not
+// given already, and only then does the request read failed, cancelled,
+// once.
+func TestCrashAtEachCancelStep(t *testing.T) {
+	for _, step := range []struct {
+		fp   string
+		held int // VGPU in Placement at the crash
+	}{{pipeline.FailBeforePlacement, 1}, {pipeline.FailAfterPlacement, 0}} {
+		t.Run(step.fp, func(t *testing.T) {
+			f := newFleet(t)
+			a := f.hosts[0]
+			f.startProcess("")
+			f.notifyCreates()
+			id := f.request(a) // no agent: the request waits, dispatched, its claim held
+			f.waitFor(60*time.Second, "request "+id+" dispatched", func() bool {
+				r, err := f.admin.Request(f.ctx, id)
+				return err == nil && r.State == "dispatched"
+			})
+			if n := f.vgpuUnits(a.vm); n != 1 {
+				t.Fatalf("VGPU while the agent is silent: %d, want 1", n)
+			}
+			syscall.Kill(-f.proc.Process.Pid, syscall.SIGTERM) //nolint:errcheck
+			<-f.procDone
+			f.startProcess(step.fp)
+			go f.admin.CancelRequest(f.ctx, id) //nolint:errcheck // the bridge dies under it
+			f.waitKilled(step.fp)
+
+			f.expectEnding(id, a.vm)
+			var code string
+			testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT code FROM planned_finishes WHERE request_id = $1`, id).Scan(&code), "planned end")
+			if code != "cancelled" {
+				t.Errorf("planned end's code %q, want cancelled", code)
+			}
+			if n := f.vgpuUnits(a.vm); n != step.held {
+				t.Errorf("VGPU at the crash: %d, want %d", n, step.held)
+			}
+			f.startProcess("")
+			r := f.endedOnce(id, a.vm, "failed")
+			if r.Code != "cancelled" {
+				t.Errorf("request after the restart: %s (%s: %s), want failed cancelled", r.State, r.Code, r.Reason)
+			}
+			var states string
+			testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT string_agg(state, ',') FROM vgpu_attachments WHERE instance_uuid = $1`, a.vm).Scan(&states), "attachments")
+			if states != "failed" {
+				t.Errorf("attachments %q, want one failed", states)
+			}
+		})
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -261,11 +260,14 @@ func mustUUID(t *testing.T, s string) uuid.UUID {
 }
 
 // TestCancelCompensates: an operator cancels a request while its agent
-// has not answered → the claim is released and the compensation recorded.
+// has not answered → the claim is released and the compensation recorded,
+// and the request reads cancelled only once Placement has the claim back,
+// though Placement is slowed by a second: until then it is not final, its
+// release and its end planned.
 func TestCancelCompensates(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	w.startBridge(replicaOpts{name: "r1"})
+	r1 := w.startBridge(replicaOpts{name: "r1", releaseDelay: time.Second})
 	inst := w.domains[6].UUID
 	id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q"})
 	deadline := time.Now().Add(20 * time.Second)
@@ -280,23 +282,41 @@ func TestCancelCompensates(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// What POST /v1/requests/{id}/cancel does.
-	testsvc.Must(t, w.requests.Do(w.ctx, func(tx pgx.Tx) error {
-		_, err := w.requests.Transition(w.ctx, tx, id, requests.Failed, "", "cancelled by admin", flow.CodeCancelled)
-		return err
-	}), "cancel")
-	// A cancel makes the request final at once; its compensation comes
-	// after (the deadline loop), and the claim it gives back is made
-	// once the compensation committed (pipeline.ReleaseFor).
-	deadline = time.Now().Add(20 * time.Second)
-	for w.auditCount(id, "compensate") == 0 || w.plannedReleases(inst) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no compensation, or its release not made, after the cancel")
+	// What POST /v1/requests/{id}/cancel does (requests.Canceller).
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- r1.direct.Cancel(w.ctx, id, "admin") }()
+	// While Placement is slow to take the claim back, the request is not
+	// final: the release and the cancel wait, planned.
+	deadline = time.Now().Add(10 * time.Second)
+	for w.plannedReleases(inst) == 0 {
+		select {
+		case err := <-cancelled:
+			t.Fatalf("the cancel returned (%v) with no release planned before it", err)
+		default:
 		}
-		time.Sleep(100 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatal("no release planned after the cancel")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if n := vgpuUnits(w.allocations(inst)); n != 0 {
-		t.Errorf("VGPU still claimed after the cancel: %d", n)
+	var ends int
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM planned_finishes WHERE request_id = $1 AND code = $2`, id, flow.CodeCancelled).Scan(&ends), "planned ends")
+	if r, err := w.requests.Get(w.ctx, id); err != nil || r.State.Final() || ends != 1 {
+		t.Errorf("request while its release is planned: %s (%v), planned cancelled ends %d; want it not final, 1", r.State, err, ends)
+	}
+	testsvc.Must(t, <-cancelled, "cancel")
+	r := w.wait(id, 10*time.Second)
+	if r.State != requests.Failed || r.Code != flow.CodeCancelled || r.Reason != "cancelled by admin" {
+		t.Errorf("request after the cancel: %s code %q (%s); want failed %s", r.State, r.Code, r.Reason, flow.CodeCancelled)
+	}
+	if n := vgpuUnits(w.allocations(inst)); n != 0 { // no wait: final means given back
+		t.Errorf("VGPU still claimed when the request read cancelled: %d", n)
+	}
+	if n, c := w.auditCount(id, "compensate"), w.auditCount(id, "cancel"); n != 1 || c != 1 {
+		t.Errorf("compensate audit rows %d, cancel %d; want 1 and 1", n, c)
+	}
+	if err := r1.direct.Cancel(w.ctx, id, "admin"); !requests.IsIllegal(err) {
+		t.Errorf("cancel of a cancelled request: %v, want ErrIllegal", err)
 	}
 	if atts := w.attachments(inst); len(atts) != 1 || atts[0].state != flow.AttFailed {
 		t.Errorf("attachments %+v, want one failed", atts)
