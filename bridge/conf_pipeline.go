@@ -48,11 +48,16 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		return nil, fmt.Errorf("pipeline pool: %w", err)
 	}
 	var disp *dispatch.Dispatcher
-	novaAPI := novaPath(w)            // the Nova-native path (conf_nova.go); nil when [nova] is not configured
-	limits, err := QuotaLimits(v, pl) // [quota] driver = unified_limits (conf_quota.go); nil otherwise
+	novaAPI := novaPath(w) // the Nova-native path (conf_nova.go); nil when [nova] is not configured
+	// [quota] driver = unified_limits (conf_quota.go); nil otherwise.
+	limitSrc, err := QuotaLimits(v, pl, log.With("component", "unified-limits"))
 	if err != nil {
 		pipePool.Close()
 		return nil, err
+	}
+	var limits pipeline.LimitSource
+	if limitSrc != nil { // not a typed nil in the interface
+		limits = limitSrc
 	}
 	proc, err := pipeline.New(pc, pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+replica),
 		Policy: pol, Placement: pipeline.ServiceAdapter{S: pl}, Catalog: pol.Catalog(), Log: log.With("component", "pipeline"),
@@ -134,6 +139,10 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		go func() { errc <- resizes.Run(ctx) }()    // Nova calls and deadlines of resizes through Nova
 		return errors.Join(<-errc, <-errc, <-errc, <-errc)
 	}
+	comps := []component{{name: "pipeline", run: run}}
+	if limitSrc != nil {
+		comps = append(comps, component{name: "unified-limits", run: limitSrc.Run}) // [quota] refresh_interval
+	}
 	// Host maintenance (vgpuctl host migrate-all): its routes and executor.
-	return append([]component{{name: "pipeline", run: run}}, setupMaintenance(w, novaAPI, pl, proc)...), nil
+	return append(comps, setupMaintenance(w, novaAPI, pl, proc)...), nil
 }

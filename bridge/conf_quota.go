@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/keystoneauth"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/unifiedlimits"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
@@ -66,6 +66,12 @@ var (
 	optQuotaCacheTTL = quotaOptions.Duration("quota", "cache_ttl", 30*time.Second, 0, time.Hour,
 		"With driver = unified_limits: how long limits read from Keystone are used before they are read again "+
 			"(usage is read from Placement at each decision). Example: 1m")
+	optQuotaRefreshInterval = quotaOptions.Duration("quota", "refresh_interval", 20*time.Second, 0, time.Hour,
+		"With driver = unified_limits: how often the limits of the projects asked for in the last hour are read again "+
+			"in the background, so that a decision finds them read instead of waiting for Keystone; shorter than "+
+			"cache_ttl keeps them from expiring. A failed read keeps the limits read before until they are older than "+
+			"cache_ttl; then decisions that add vGPUs wait for Keystone. 0: read only when a decision finds them older "+
+			"than cache_ttl. Example: 20s")
 )
 
 // quotaOptions are the [quota] options; Options assembles them into the
@@ -90,8 +96,8 @@ func validateQuota(v *conf.Values) conf.Errors {
 }
 
 // QuotaLimits is the pipeline's source of unified limits: nil with
-// driver = bridge.
-func QuotaLimits(v *conf.Values, pl *placement.Service) (pipeline.LimitSource, error) {
+// driver = bridge. Its Run refreshes them ([quota] refresh_interval).
+func QuotaLimits(v *conf.Values, pl *placement.Service, log *slog.Logger) (*unifiedlimits.Source, error) {
 	if optQuotaDriver.Get(v) != QuotaDriverUnifiedLimits {
 		return nil, nil
 	}
@@ -100,7 +106,8 @@ func QuotaLimits(v *conf.Values, pl *placement.Service) (pipeline.LimitSource, e
 		return nil, err
 	}
 	return unifiedlimits.New(unifiedlimits.Config{ComputeEndpointID: optQuotaEndpointID.Get(v),
-		ProfileEndpointID: optQuotaProfileEndpointID.Get(v), TTL: optQuotaCacheTTL.Get(v)}, ks, pl.Client())
+		ProfileEndpointID: optQuotaProfileEndpointID.Get(v), TTL: optQuotaCacheTTL.Get(v), Refresh: optQuotaRefreshInterval.Get(v),
+		Log: log}, ks, pl.Client())
 }
 
 // quotaKeystone is the Keystone client the limits are read with: [quota]

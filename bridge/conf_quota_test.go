@@ -47,8 +47,8 @@ func TestQuotaConfigOsloLimit(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "bridge.conf")
 	ini := "[DEFAULT]\ntransport_url = rabbit://g:g@h:5672/\n[database]\nconnection = postgres://u@h/db\n[api]\nauth_strategy = noauth\n" +
 		"[quota]\ndriver = unified_limits\n" +
-		"[oslo_limit]\nendpoint_id = 6b9ed2c8e8a84a5d8b0d3c4f2a9e6f10\nauth_url = http://keystone:5000/v3\nusername = vgpu-bridge\n" +
-		"password = secret\nuser_domain_name = Default\nsystem_scope = all\n"
+		"[oslo_limit]\nendpoint_id = 6b9ed2c8e8a84a5d8b0d3c4f2a9e6f10\nauth_type = password\nauth_url = http://keystone:5000/v3\nusername = vgpu-bridge\n" +
+		"password = secret\nuser_domain_name = Default\nsystem_scope = all\nvalid_interfaces = internal\n"
 	if err := os.WriteFile(f, []byte(ini), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -62,5 +62,11 @@ func TestQuotaConfigOsloLimit(t *testing.T) {
 	}
 	if _, err := quotaKeystone(v); err != nil {
 		t.Errorf("quotaKeystone: %v", err)
+	}
+	// nova.conf's other [oslo_limit] options are read and ignored, named
+	// in a warning.
+	if w := strings.Join(v.Warnings, "\n"); !strings.Contains(w, "oslo_limit") || !strings.Contains(w, "auth_type") ||
+		!strings.Contains(w, "valid_interfaces") {
+		t.Errorf("warnings %q; want one naming [oslo_limit]'s auth_type and valid_interfaces", v.Warnings)
 	}
 }

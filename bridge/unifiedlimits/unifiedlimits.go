@@ -37,6 +37,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
@@ -96,6 +97,17 @@ type Config struct {
 	// TTL is how long limits read from Keystone are used before they are
 	// read again; default 30s.
 	TTL time.Duration
+	// Refresh, when positive, is how often Run reads again, in the
+	// background, the limits of the projects asked for within Idle, so a
+	// decision finds them read (while Refresh < TTL) instead of waiting
+	// for Keystone. 0: limits are read again only when a decision finds
+	// them older than TTL.
+	Refresh time.Duration
+	// Idle is how long a project nobody asked for keeps being refreshed;
+	// default 1h. After it, its limits are read when next asked for.
+	Idle time.Duration
+	// Log receives the background reads' failures; nil discards them.
+	Log *slog.Logger
 }
 
 // ErrUnavailable wraps every failure to read limits or usage: the
@@ -120,7 +132,8 @@ type Source struct {
 type scope struct{ service, region string }
 
 type cached struct {
-	at     time.Time
+	at     time.Time // read from Keystone
+	used   time.Time // last asked for (Limits)
 	limits []Limit
 }
 
@@ -137,6 +150,12 @@ func New(cfg Config, identity Identity, usages Usages) (*Source, error) {
 	if cfg.TTL <= 0 {
 		cfg.TTL = 30 * time.Second
 	}
+	if cfg.Idle <= 0 {
+		cfg.Idle = time.Hour
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
 	return &Source{cfg: cfg, identity: identity, usages: usages, now: time.Now,
 		scopes: map[string]scope{}, projects: map[string]cached{}, registers: map[string]cachedRegistered{}}, nil
 }
@@ -144,20 +163,89 @@ func New(cfg Config, identity Identity, usages Usages) (*Source, error) {
 // Limits returns the project's class:VGPU limit, then its vgpu:<profile>
 // limits sorted by profile.
 func (s *Source) Limits(ctx context.Context, project string) ([]Limit, error) {
+	now := s.now()
 	s.mu.Lock()
 	c, ok := s.projects[project]
+	if ok {
+		c.used = now
+		s.projects[project] = c
+	}
 	s.mu.Unlock()
-	if ok && s.now().Sub(c.at) < s.cfg.TTL {
+	if ok && now.Sub(c.at) < s.cfg.TTL {
 		return c.limits, nil
 	}
 	out, err := s.read(ctx, project)
 	if err != nil {
 		return nil, fmt.Errorf("%w: project %s: %w", ErrUnavailable, project, err)
 	}
-	s.mu.Lock()
-	s.projects[project] = cached{at: s.now(), limits: out}
-	s.mu.Unlock()
+	s.store(project, out, now)
 	return out, nil
+}
+
+// store caches limits read of project; used is when it was last asked
+// for (zero: keep what the cache has).
+func (s *Source) store(project string, limits []Limit, used time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if used.IsZero() {
+		c, ok := s.projects[project]
+		if !ok {
+			return // forgotten meanwhile
+		}
+		used = c.used
+	}
+	s.projects[project] = cached{at: s.now(), used: used, limits: limits}
+}
+
+// Run reads the limits again every Config.Refresh until ctx ends (at
+// once when Refresh is 0: nothing to do): those of each project asked for
+// within Config.Idle, the registered limits once per round; a project
+// idle longer is forgotten. A failed read keeps what was read before,
+// used until it is older than the TTL, as without Run; it is logged.
+func (s *Source) Run(ctx context.Context) error {
+	if s.cfg.Refresh <= 0 {
+		return nil
+	}
+	t := time.NewTicker(s.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if err := s.Refresh(ctx); err != nil && ctx.Err() == nil {
+			s.cfg.Log.Warn("unified limits: background read failed; the limits read before are used until they are older than [quota] cache_ttl",
+				"err", err)
+		}
+	}
+}
+
+// Refresh is one round of Run.
+func (s *Source) Refresh(ctx context.Context) error {
+	now := s.now()
+	var projects []string
+	s.mu.Lock()
+	for p, c := range s.projects {
+		if now.Sub(c.used) > s.cfg.Idle {
+			delete(s.projects, p)
+			continue
+		}
+		projects = append(projects, p)
+	}
+	s.registers = map[string]cachedRegistered{} // read once for the round
+	s.mu.Unlock()
+	sort.Strings(projects)
+	var errs []error
+	for _, p := range projects {
+		out, err := s.read(ctx, p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("project %s: %w", p, err))
+			continue
+		}
+		s.store(p, out, time.Time{})
+	}
+	return errors.Join(errs...)
 }
 
 func (s *Source) read(ctx context.Context, project string) ([]Limit, error) {

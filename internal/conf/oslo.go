@@ -48,8 +48,8 @@ type osloSection struct {
 
 // osloSections are the oslo sections a file may hold. The names come from
 // oslo.log's _options.py, oslo.messaging's impl_rabbit.py and
-// notify/notifier.py, keystonemiddleware's auth_token/_opts.py and Nova's
-// conf/notifications.py.
+// notify/notifier.py, keystonemiddleware's auth_token/_opts.py, oslo.limit's
+// opts.py and Nova's conf/notifications.py.
 var osloSections = map[string]osloSection{
 	DefaultSection: {
 		whose: "oslo.log's, oslo.messaging's and oslo.service's process settings; " +
@@ -82,6 +82,10 @@ var osloSections = map[string]osloSection{
 	"oslo_messaging_notifications": {
 		whose: "oslo.messaging's notifier",
 		known: []string{"driver", "transport_url", "topics", "retry"},
+	},
+	"oslo_limit": {
+		whose: "oslo.limit's Keystone session, with which Nova reads unified limits; the bridge reads them with a " +
+			"password login, system-scoped, and TLS verified against cafile or the system's CAs",
 	},
 	"notifications": {
 		whose: "Nova's own notifications",

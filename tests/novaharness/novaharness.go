@@ -69,6 +69,10 @@ type Options struct {
 	// LogDir receives the services' logs and configuration. Default: a
 	// temporary directory, removed by Close unless the run failed.
 	LogDir string
+	// UnifiedLimits, when set, has Nova enforce Keystone's unified limits
+	// ([quota] driver = nova.quota.UnifiedLimitsDriver, [oslo_limit]).
+	// Default: the database quota driver with unlimited quotas.
+	UnifiedLimits *UnifiedLimits
 }
 
 // Nova is a running Nova.
@@ -85,6 +89,7 @@ type Nova struct {
 	placement string
 	hook      *hookServer
 	fake      map[string]*FakeHost
+	limits    *UnifiedLimits // Options.UnifiedLimits
 
 	mu        sync.Mutex
 	children  map[string]vgpuChild     // provider uuid → GPU
@@ -146,7 +151,7 @@ func New(ctx context.Context, o Options) (n *Nova, err error) {
 		return nil, err
 	}
 	n = &Nova{id: fmt.Sprintf("nt%dx%s", os.Getpid(), randHex(3)), fake: map[string]*FakeHost{},
-		children: map[string]vgpuChild{}, mark: begin}
+		children: map[string]vgpuChild{}, mark: begin, limits: o.UnifiedLimits}
 	defer func() {
 		if err != nil {
 			n.failed = true
@@ -475,6 +480,9 @@ cores = -1
 ram = -1
 `, n.id, n.transport, port, filepath.Join(n.dir, "state"), filepath.Join(n.dir, "api-paste.ini"),
 		n.dbURL("api"), n.dbURL("cell1"), n.placement, filepath.Join(n.dir, "lock"))
+	if n.limits != nil {
+		n.limits.writeConfig(&b)
+	}
 	files["nova.conf"] = b.Bytes()
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(n.dir, name), data, 0o644); err != nil {
