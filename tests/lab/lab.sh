@@ -61,6 +61,8 @@ PACKAGES=(
 	libvirt-clients           # virsh
 	iproute2
 	gcc make libc6-dev
+	qemu-utils                # qemu-img: Nova's libvirt driver (tests/lab/nova_test.go) converts and layers images
+	python3-libvirt           # Nova's libvirt driver, run in the lab by tests/lab/nova_test.go
 )
 
 # ---------------------------------------------------------------- install

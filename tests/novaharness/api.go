@@ -167,9 +167,15 @@ func (n *Nova) CreateFlavor(t testing.TB, name string, vcpus, ramMB, diskGB int,
 // on host when it is not empty, and returns its id without waiting.
 func (n *Nova) CreateServer(t testing.TB, name, flavorID, host string) string {
 	t.Helper()
+	return n.CreateServerFrom(t, name, flavorID, ImageID, host)
+}
+
+// CreateServerFrom is CreateServer from another image (Options.ImagesFile).
+func (n *Nova) CreateServerFrom(t testing.TB, name, flavorID, imageID, host string) string {
+	t.Helper()
 	ctx, cancel := testCtx(t)
 	defer cancel()
-	s := map[string]any{"name": name, "flavorRef": flavorID, "imageRef": ImageID, "networks": "none"}
+	s := map[string]any{"name": name, "flavorRef": flavorID, "imageRef": imageID, "networks": "none"}
 	if host != "" {
 		s["host"] = host
 	}
@@ -251,9 +257,16 @@ func (n *Nova) Server(t testing.TB, id string) Server {
 // at once, with Nova's fault, unless status is ERROR.
 func (n *Nova) WaitServer(t testing.TB, id, status string) Server {
 	t.Helper()
+	return n.WaitServerWithin(t, id, status, 2*time.Minute)
+}
+
+// WaitServerWithin is WaitServer waiting up to within (a compute in the
+// lab VM runs emulated).
+func (n *Nova) WaitServerWithin(t testing.TB, id, status string, within time.Duration) Server {
+	t.Helper()
 	ctx, cancel := testCtx(t)
 	defer cancel()
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(within)
 	for {
 		s, err := n.GetServer(ctx, id)
 		if err != nil {
@@ -266,7 +279,7 @@ func (n *Nova) WaitServer(t testing.TB, id, status string) Server {
 			t.Fatalf("server %s went to ERROR waiting for %s: %s", id, status, s.Fault)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("server %s is %s (task %q), not %s, after 2m", id, s.Status, s.TaskState, status)
+			t.Fatalf("server %s is %s (task %q), not %s, after %s", id, s.Status, s.TaskState, status, within)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -276,12 +289,18 @@ func (n *Nova) WaitServer(t testing.TB, id, status string) Server {
 // longer knows it.
 func (n *Nova) DeleteServer(t testing.TB, id string) {
 	t.Helper()
+	n.DeleteServerWithin(t, id, 2*time.Minute)
+}
+
+// DeleteServerWithin is DeleteServer waiting up to within.
+func (n *Nova) DeleteServerWithin(t testing.TB, id string, within time.Duration) {
+	t.Helper()
 	ctx, cancel := testCtx(t)
 	defer cancel()
 	if err := n.do(ctx, http.MethodDelete, "/servers/"+url.PathEscape(id), nil, nil); err != nil && !IsNotFound(err) {
 		t.Fatalf("delete server %s: %v", id, err)
 	}
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(within)
 	for {
 		s, err := n.GetServer(ctx, id)
 		if IsNotFound(err) {
@@ -291,7 +310,7 @@ func (n *Nova) DeleteServer(t testing.TB, id string) {
 			t.Fatalf("server %s: %v", id, err)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("server %s still %s (task %q) 2m after delete", id, s.Status, s.TaskState)
+			t.Fatalf("server %s still %s (task %q) %s after delete", id, s.Status, s.TaskState, within)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -473,10 +492,17 @@ var runName = regexp.MustCompile(`-nt([0-9]+)x[0-9a-f]{6}$`)
 // each host's compute node) after deleting every allocation against them.
 func (n *Nova) cleanupPlacement(ctx context.Context) error {
 	n.mu.Lock()
-	children := slices.Clone(n.providers)
+	children, hosts := slices.Clone(n.providers), slices.Clone(n.hosts)
 	n.mu.Unlock()
+	return n.removeTrees(ctx, hosts, children)
+}
+
+// removeTrees deletes the provider trees of hosts (compute node providers
+// named so, and every provider in their trees) and the providers in
+// children, with every allocation against them.
+func (n *Nova) removeTrees(ctx context.Context, hosts, children []string) error {
 	var roots []string
-	for _, h := range n.hosts {
+	for _, h := range hosts {
 		if p, err := n.providerByName(ctx, h); err == nil {
 			roots = append(roots, p.UUID)
 			// Children Nova or a test made that the harness does not know.

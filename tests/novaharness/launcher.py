@@ -150,10 +150,43 @@ def _wrap_fake_driver():
     d.finish_revert_migration = _revert
 
 
+def _add_images(glance):
+    """Adds the images NOVATEST_IMAGES lists (a JSON file: a list of
+    GlanceFixture image dicts, each with an optional "file" whose bytes are
+    the image's data) to this process's GlanceFixture. Every service of a
+    run reads the same file, so nova-api shows the images that nova-compute
+    downloads (GlanceFixture.download returns the data given to create)."""
+    path = os.environ.get("NOVATEST_IMAGES")
+    if not path:
+        return
+    with open(path) as f:
+        images = json.load(f)
+    for meta in images:
+        meta = dict(meta)
+        src = meta.pop("file", None)
+        meta.setdefault("status", "active")
+        meta.setdefault("visibility", "public")
+        meta.setdefault("deleted", False)
+        meta.setdefault("min_ram", 0)
+        meta.setdefault("min_disk", 0)
+        meta.setdefault("protected", False)
+        meta.setdefault("tags", [])
+        meta.setdefault("created_at", glance.timestamp)
+        meta.setdefault("updated_at", glance.timestamp)
+        if src:
+            meta.setdefault("size", os.path.getsize(src))
+        if src and SERVICE == "compute":
+            with open(src, "rb") as data:
+                glance.create(None, meta, data=data)
+        else:
+            glance.create(None, meta)
+
+
 def main():
     if SERVICE != "manage":
         host = _Host()
-        host.useFixture(nova_fixtures.GlanceFixture(host))
+        glance = host.useFixture(nova_fixtures.GlanceFixture(host))
+        _add_images(glance)
         host.useFixture(nova_fixtures.NeutronFixture(host))
     if SERVICE == "compute":
         _wrap_fake_driver()

@@ -73,6 +73,11 @@ type Options struct {
 	// ([quota] driver = nova.quota.UnifiedLimitsDriver, [oslo_limit]).
 	// Default: the database quota driver with unlimited quotas.
 	UnifiedLimits *UnifiedLimits
+	// ImagesFile names a JSON file of images every service adds to its
+	// GlanceFixture (launcher.py's _add_images): a list of image dicts as
+	// GlanceFixture keeps them, each with an optional "file" holding the
+	// image's data, which nova-compute downloads.
+	ImagesFile string
 }
 
 // Nova is a running Nova.
@@ -87,6 +92,7 @@ type Nova struct {
 	hosts     []string
 	procs     []*proc
 	placement string
+	images    string // Options.ImagesFile
 	hook      *hookServer
 	fake      map[string]*FakeHost
 	limits    *UnifiedLimits // Options.UnifiedLimits
@@ -161,7 +167,7 @@ func New(ctx context.Context, o Options) (n *Nova, err error) {
 		}
 	}()
 	sweep(ctx)
-	n.dir = o.LogDir
+	n.dir, n.images = o.LogDir, o.ImagesFile
 	if n.dir == "" {
 		if n.dir, err = os.MkdirTemp("", "novatest-"+n.id+"-"); err != nil {
 			return n, err
@@ -273,6 +279,67 @@ func (n *Nova) AddHost(t testing.TB, prefix string) string {
 		t.Fatalf("AddHost %s: %v\n%s", h, err, n.LogTail(30))
 	}
 	return h
+}
+
+// RemoteCompute is a nova-compute this harness does not run (one in the
+// lab VM, with Nova's libvirt driver) but whose services it serves: Config
+// is what its nova.conf adds to the run's own (Launcher's --config-file
+// ConfigFile, then this).
+type RemoteCompute struct {
+	Launcher   string // launcher.py of the run
+	ConfigFile string // the run's nova.conf
+	Config     string // [DEFAULT] host, transport_url and [placement] for the remote side
+}
+
+// AddRemoteHost prepares a nova-compute that runs elsewhere as host,
+// reaching this machine's loopback services at addr (the lab VM's
+// 10.0.2.2). The host's name must be its hypervisor's node name (so its
+// compute node provider is named host); Close removes its providers and
+// allocations as it does those of the harness's own hosts. Start the
+// compute, then WaitHost.
+func (n *Nova) AddRemoteHost(host, addr string) (RemoteCompute, error) {
+	swap := func(u string) (string, error) {
+		p, err := url.Parse(u)
+		if err != nil {
+			return "", err
+		}
+		port := p.Port()
+		p.Host = addr
+		if port != "" {
+			p.Host = net.JoinHostPort(addr, port)
+		}
+		return p.String(), nil
+	}
+	transport, err := swap(n.transport)
+	if err != nil {
+		return RemoteCompute{}, fmt.Errorf("transport url: %w", err)
+	}
+	placement, err := swap(n.placement)
+	if err != nil {
+		return RemoteCompute{}, fmt.Errorf("placement url: %w", err)
+	}
+	// The host's name is fixed (its node name), so a run that was killed
+	// may have left its provider tree: Nova would fail to create its own.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := n.removeTrees(ctx, []string{host}, nil); err != nil {
+		return RemoteCompute{}, fmt.Errorf("remove %s's stale providers: %w", host, err)
+	}
+	n.mu.Lock()
+	n.hosts = append(n.hosts, host)
+	n.mu.Unlock()
+	return RemoteCompute{
+		Launcher:   filepath.Join(n.dir, "launcher.py"),
+		ConfigFile: filepath.Join(n.dir, "nova.conf"),
+		Config: fmt.Sprintf("[DEFAULT]\nhost = %s\ntransport_url = %s\n[placement]\nendpoint_override = %s\n",
+			host, transport, placement),
+	}, nil
+}
+
+// WaitHost waits, up to within, until host's nova-compute is up with its
+// resource provider, then maps it to the cell.
+func (n *Nova) WaitHost(ctx context.Context, host string, within time.Duration) error {
+	return n.waitReadyWithin(ctx, []string{host}, within)
 }
 
 // novaModules are what the launcher imports.
@@ -503,7 +570,7 @@ func (n *Nova) command(ctx context.Context, service string, args ...string) *exe
 		cmd = exec.Command(Python, full...)
 	}
 	cmd.Dir = n.dir
-	cmd.Env = pythonEnv([]string{"NOVATEST_HOOK_URL=" + n.hook.url})
+	cmd.Env = pythonEnv([]string{"NOVATEST_HOOK_URL=" + n.hook.url, "NOVATEST_IMAGES=" + n.images})
 	// Own process group (nova-api forks a worker); killed with us.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	return cmd
@@ -564,7 +631,11 @@ func (n *Nova) exited() *proc {
 }
 
 func (n *Nova) waitReady(ctx context.Context, hosts []string) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	return n.waitReadyWithin(ctx, hosts, 5*time.Minute)
+}
+
+func (n *Nova) waitReadyWithin(ctx context.Context, hosts []string, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	step := func(what string, ok func() (bool, error)) error {
 		for {

@@ -1,0 +1,391 @@
+//go:build lab
+
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
+)
+
+// Nova's own libvirt driver in the lab: nova-api, nova-conductor and
+// nova-scheduler run on this machine (tests/novaharness: Debian's
+// python3-nova 26, noauth2, the shared Placement), and one nova-compute
+// runs inside the lab VM with compute_driver = libvirt.LibvirtDriver,
+// virt_type = qemu and [devices] enabled_mdev_types naming a type of the
+// mtty_pci sample driver, whose mdev parents are the VM's emulated edu PCI
+// functions (so that libvirt lists them as pci_0000_00_1x_0 with
+// mdev_types, the only parents Nova 26's driver handles). The compute
+// reaches RabbitMQ and Placement at 10.0.2.2 (this machine's loopback
+// through QEMU's user networking). Its images come from Nova's own
+// GlanceFixture, given the nested guest's kernel and initramfs
+// (launcher.py's NOVATEST_IMAGES): a server boots them as an AMI-style
+// image (kernel_id, ramdisk_id, os_command_line) with no network.
+const (
+	// labNovaHost is the lab compute's host and its hypervisor's node name
+	// (the VM's hostname), so its compute node provider is named so.
+	labNovaHost = "lab"
+	// labNovaType is the mdev type Nova offers: mtty_pci's dual-port
+	// serial device.
+	labNovaType = "mtty_pci-2"
+	// labNovaUnit is the transient systemd unit nova-compute runs as.
+	labNovaUnit = "vgpu-lab-nova-compute"
+	// labNovaState is nova-compute's state_path in the VM.
+	labNovaState = "/var/lib/vgpu-lab-nova"
+	// labNovaStart bounds nova-compute's start (importing Nova under
+	// emulation reads thousands of files over 9p: minutes on a busy
+	// machine) until its providers are in Placement.
+	labNovaStart = 15 * time.Minute
+	// labNovaOp bounds one server operation through the lab's compute.
+	labNovaOp = 10 * time.Minute
+)
+
+// labNova is a Nova whose one compute host is the lab VM.
+type labNova struct {
+	*novaharness.Nova
+	disk  string // the image to boot servers from
+	vmDir string // the run's directory as the VM sees it
+}
+
+// startLabNova starts Nova on this machine and its compute in the lab VM,
+// and waits until the compute's provider tree is in Placement. Cleanup
+// stops the compute, deletes what Nova left in the VM (domains, mdevs)
+// and closes Nova.
+func startLabNova(t *testing.T) *labNova {
+	t.Helper()
+	needLab(t)
+	share, vmShare := labEnv["LAB_SHARE_DIR"], labEnv["LAB_VM_SHARE_DIR"]
+	kernel, initrd := labEnv["LAB_GUEST_KERNEL"], labEnv["LAB_GUEST_INITRD"]
+	if share == "" || vmShare == "" || kernel == "" || initrd == "" {
+		t.Fatalf("lab.sh env lacks the share or the guest's kernel and initramfs: %v", labEnv)
+	}
+	name := fmt.Sprintf("nova-%d", time.Now().UnixNano())
+	dir := filepath.Join(share, name)
+	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The root disk: a megabyte of zeros (the guest runs from its
+	// initramfs); Nova converts and layers it with qemu-img.
+	disk := filepath.Join(dir, "disk.raw")
+	if err := os.WriteFile(disk, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const kernelID, ramdiskID, diskID = "6b1d7c1e-0a4f-4f57-9a1e-6c0000000001", "6b1d7c1e-0a4f-4f57-9a1e-6c0000000002", "6b1d7c1e-0a4f-4f57-9a1e-6c0000000003"
+	images := []map[string]any{
+		{"id": kernelID, "name": "lab-guest-kernel", "disk_format": "aki", "container_format": "aki", "file": kernel},
+		{"id": ramdiskID, "name": "lab-guest-initramfs", "disk_format": "ari", "container_format": "ari", "file": initrd},
+		{"id": diskID, "name": "lab-guest", "disk_format": "raw", "container_format": "bare", "file": disk,
+			"properties": map[string]any{"kernel_id": kernelID, "ramdisk_id": ramdiskID, "architecture": "x86_64",
+				"hw_machine_type": "pc", "os_command_line": "console=ttyS0 rdinit=/init quiet panic=-1 mitigations=off"}},
+	}
+	b, err := json.Marshal(images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	imagesFile := filepath.Join(dir, "images.json")
+	if err := os.WriteFile(imagesFile, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	n, err := novaharness.New(ctx, novaharness.Options{LogDir: filepath.Join(dir, "run"), ImagesFile: imagesFile})
+	if err != nil {
+		t.Fatalf("start Nova: %v", err)
+	}
+	ln := &labNova{Nova: n, disk: diskID, vmDir: filepath.Join(vmShare, name)}
+	t.Cleanup(func() { ln.close(t) })
+	t.Logf("Nova's services on this machine started in %s (%s)", n.StartupTime().Round(time.Second), n.StartupPhases())
+
+	rc, err := n.AddRemoteHost(labNovaHost, "10.0.2.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := rc.Config + fmt.Sprintf(`[DEFAULT]
+compute_driver = libvirt.LibvirtDriver
+state_path = %[1]s
+instances_path = %[1]s/instances
+[oslo_concurrency]
+lock_path = %[1]s/lock
+[libvirt]
+virt_type = qemu
+cpu_mode = none
+[workarounds]
+# Debian's python3-nova without nova-common has no rootwrap.conf; nova-compute
+# runs as root here, and privsep's helper starts through sudo alone.
+disable_rootwrap = true
+[devices]
+enabled_mdev_types = %[2]s
+`, labNovaState, labNovaType)
+	if err := os.WriteFile(filepath.Join(dir, "run", "lab-compute.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	vmRun := filepath.Join(ln.vmDir, "run")
+	start := time.Now()
+	// Nova 26's driver takes every device libvirt lists with mdev_types
+	// for a PCI one (_get_mdev_capabilities_for_dev reads its
+	// pci_capability): the plain mtty sample's virtual parent, which
+	// libvirt 9.0 lists as mtty_mtty without one, makes its resource
+	// update fail (AttributeError) and no VGPU inventory is reported. A
+	// compute host has PCI parents only: the module is unloaded while
+	// Nova runs, and loaded again after.
+	out, err := vm(t, fmt.Sprintf(`set -e
+systemctl stop %[1]s 2>/dev/null || true
+systemctl reset-failed %[1]s 2>/dev/null || true
+modprobe -r mtty
+rm -rf %[2]s && mkdir -p %[2]s/instances %[2]s/lock
+systemd-run --unit %[1]s --collect -p KillMode=control-group \
+  --setenv=NOVATEST_IMAGES=%[3]s --setenv=PYTHONDONTWRITEBYTECODE=1 --setenv=PYTHONNOUSERSITE=1 \
+  %[4]s %[5]s/launcher.py compute --config-file %[5]s/nova.conf --config-file %[5]s/lab-compute.conf`,
+		labNovaUnit, labNovaState, imagesFile, novaharness.Python, vmRun))
+	if err != nil {
+		t.Fatalf("start nova-compute in the lab VM: %v\n%s", err, out)
+	}
+	if err := n.WaitHost(ctx2(t, labNovaStart), labNovaHost, labNovaStart); err != nil {
+		t.Fatalf("the lab's nova-compute: %v\n%s", err, ln.journal(t))
+	}
+	// Nova's first update_available_resource writes the GPUs' providers
+	// (one per mdev parent) after the compute node's.
+	poll(t, labNovaStart, func() (bool, string) {
+		g := ln.gpus(t)
+		return len(g) == 2, fmt.Sprintf("Nova's VGPU providers under %s: %v", labNovaHost, g)
+	})
+	t.Logf("the lab's nova-compute (libvirt driver) up with its VGPU providers after %s", time.Since(start).Round(time.Second))
+	return ln
+}
+
+// ctx2 is a context for one wait of the lab's Nova.
+func ctx2(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d+time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// journal is the lab compute's log so far (its last lines).
+func (ln *labNova) journal(t *testing.T) string {
+	out, _ := vm(t, "journalctl -u "+labNovaUnit+" --no-pager -n 60 -o cat")
+	return out
+}
+
+// gpus maps the VGPU providers Nova made under the lab's compute node to
+// their VGPU inventory total and their PCI address (from their names:
+// <node>_pci_0000_00_10_0).
+func (ln *labNova) gpus(t *testing.T) map[string]labGPU {
+	t.Helper()
+	root := ln.ComputeNodeProvider(t, labNovaHost)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var tree struct {
+		Providers []struct{ UUID, Name string } `json:"resource_providers"`
+	}
+	if err := ln.PlacementCall(ctx, http.MethodGet, "/resource_providers?in_tree="+root, nil, &tree); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]labGPU{}
+	for _, p := range tree.Providers {
+		var inv struct {
+			Inventories map[string]struct{ Total int } `json:"inventories"`
+		}
+		if err := ln.PlacementCall(ctx, http.MethodGet, "/resource_providers/"+p.UUID+"/inventories", nil, &inv); err != nil {
+			t.Fatal(err)
+		}
+		v, ok := inv.Inventories["VGPU"]
+		if !ok {
+			continue
+		}
+		m := regexp.MustCompile(`_pci_(\w{4})_(\w{2})_(\w{2})_(\w)$`).FindStringSubmatch(p.Name)
+		if m == nil {
+			t.Fatalf("VGPU provider %s is not named <node>_pci_<address>", p.Name)
+		}
+		out[p.UUID] = labGPU{Name: p.Name, Total: v.Total, PCI: fmt.Sprintf("%s:%s:%s.%s", m[1], m[2], m[3], m[4])}
+	}
+	return out
+}
+
+type labGPU struct {
+	Name  string
+	PCI   string // sysfs form
+	Total int
+}
+
+func (ln *labNova) close(t *testing.T) {
+	if out, err := vm(t, fmt.Sprintf(`systemctl stop %[1]s 2>/dev/null; systemctl reset-failed %[1]s 2>/dev/null
+v="virsh -c qemu:///system"
+for d in $($v list --all --name | grep '^instance-'); do $v destroy $d >/dev/null 2>&1; $v undefine $d >/dev/null 2>&1; done
+# Nova leaves its mdevs behind for reuse: remove those no domain holds.
+for m in /sys/bus/mdev/devices/*; do
+  [ -e "$m" ] || continue
+  case "$(basename "$(readlink -f "$m/mdev_type")")" in %[2]s) echo 1 >"$m/remove" 2>/dev/null || true;; esac
+done
+rm -rf %[3]s
+modprobe mtty`, labNovaUnit, labNovaType, labNovaState)); err != nil {
+		t.Logf("cleaning the lab's Nova up: %v\n%s", err, out)
+	}
+	if t.Failed() {
+		t.Logf("the lab's nova-compute log:\n%s", ln.journal(t))
+		ln.MarkFailed()
+	}
+	if err := ln.Close(); err != nil {
+		t.Errorf("stop Nova: %v", err)
+	}
+}
+
+// domainMdevs lists the mdev UUIDs in a domain's live XML in the VM.
+func domainMdevs(t *testing.T, domain string) []string {
+	t.Helper()
+	out, err := vm(t, "virsh -c qemu:///system dumpxml "+domain)
+	if err != nil {
+		t.Fatalf("dumpxml %s: %v\n%s", domain, err, out)
+	}
+	var ids []string
+	for _, m := range regexp.MustCompile(`(?s)<hostdev[^>]*type='mdev'.*?<address uuid='([0-9a-f-]+)'`).FindAllStringSubmatch(out, -1) {
+		ids = append(ids, m[1])
+	}
+	return ids
+}
+
+// mdevOf reads an mdev's type and parent (sysfs form) in the VM; ok is
+// false when the kernel has no such mdev.
+func mdevOf(t *testing.T, id string) (typ, parent string, ok bool) {
+	t.Helper()
+	out, err := vm(t, fmt.Sprintf(`d=/sys/bus/mdev/devices/%s; [ -e $d ] || { echo absent; exit 0; }
+echo "type=$(basename "$(readlink -f $d/mdev_type)")"; echo "parent=$(basename "$(dirname "$(readlink -f $d)")")"`, id))
+	if err != nil {
+		t.Fatalf("reading mdev %s: %v\n%s", id, err, out)
+	}
+	if strings.Contains(out, "absent") {
+		return "", "", false
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if k, v, found := strings.Cut(strings.TrimSpace(l), "="); found {
+			switch k {
+			case "type":
+				typ = v
+			case "parent":
+				parent = v
+			}
+		}
+	}
+	return typ, parent, true
+}
+
+// consoleOf is a Nova instance's serial console log (virtlogd's file).
+func consoleOf(t *testing.T, server string) string {
+	out, _ := vm(t, fmt.Sprintf("cat %s/instances/%s/console.log 2>/dev/null", labNovaState, server))
+	return out
+}
+
+// TestNovaLibvirtDriverBootsVGPUServer: Nova's real libvirt driver in the
+// lab reports the mdev parents' VGPU inventory on child providers of its
+// compute node, boots a resources:VGPU=1 server there through the real
+// Nova API — an mdev of the enabled type created on the GPU whose
+// provider holds the allocation, in the domain's XML and seen by the
+// guest's kernel — and, as Nova 26's driver does, leaves the mdev when
+// the server is deleted and hands that unassigned mdev to the next
+// server on the same GPU rather than creating another
+// (LibvirtDriver._allocate_mdevs, _get_existing_mdevs_not_assigned).
+func TestNovaLibvirtDriverBootsVGPUServer(t *testing.T) {
+	ln := startLabNova(t)
+	gpus := ln.gpus(t)
+	for uuid, g := range gpus {
+		if g.Total < 1 {
+			t.Errorf("VGPU provider %s (%s) offers %d", g.Name, uuid, g.Total)
+		}
+	}
+	// Both servers on one GPU, as an operator steers flavors with a trait
+	// of their own on Nova's GPU provider.
+	var gpuRP string
+	for uuid := range gpus {
+		gpuRP = uuid
+		break
+	}
+	ln.addTrait(t, gpuRP, "CUSTOM_VGPU_LAB_REUSE")
+	// No root disk size: the lab VM's overlay root is under 1 GB, so
+	// Nova reports no DISK_GB (the root disk is the image's size).
+	flavor := ln.CreateFlavor(t, "lab.vgpu", 1, 192, 0, map[string]string{
+		"resources:VGPU": "1", "trait:CUSTOM_VGPU_LAB_REUSE": "required"})
+
+	boot := func(name string, inGuest bool) (server, mdev string) {
+		t.Helper()
+		start := time.Now()
+		id := ln.CreateServerFrom(t, name, flavor, ln.disk, labNovaHost)
+		s := ln.WaitServerWithin(t, id, "ACTIVE", labNovaOp)
+		t.Logf("%s ACTIVE on %s after %s", name, s.Host, time.Since(start).Round(time.Second))
+		if s.Host != labNovaHost {
+			t.Fatalf("%s on %s, want %s", name, s.Host, labNovaHost)
+		}
+		var vgpuOn []string
+		for rp, res := range ln.Allocations(t, id) {
+			if res["VGPU"] > 0 {
+				vgpuOn = append(vgpuOn, rp)
+			}
+		}
+		if len(vgpuOn) != 1 || vgpuOn[0] != gpuRP {
+			t.Fatalf("%s's VGPU allocations on %v, want the one GPU provider %s", name, vgpuOn, gpuRP)
+		}
+		g := gpus[gpuRP]
+		mdevs := domainMdevs(t, s.InstanceName)
+		if len(mdevs) != 1 {
+			t.Fatalf("domain %s has mdevs %v, want one", s.InstanceName, mdevs)
+		}
+		typ, parent, ok := mdevOf(t, mdevs[0])
+		if !ok || typ != labNovaType || parent != g.PCI {
+			t.Fatalf("mdev %s: type %q parent %q exists %v; want %s on %s (the allocated provider %s)",
+				mdevs[0], typ, parent, ok, labNovaType, g.PCI, g.Name)
+		}
+		if !inGuest {
+			return id, mdevs[0]
+		}
+		// The guest's kernel lists the mtty function Nova gave it (the
+		// nested guest's boot is the slow part: once is enough).
+		start = time.Now()
+		poll(t, labNovaOp, func() (bool, string) {
+			last := lastGuestPCI(consoleOf(t, id))
+			return strings.Contains(last, mttyGuestID), fmt.Sprintf("%s's PCI functions: %q (want an mtty function)", name, last)
+		})
+		t.Logf("%s's kernel lists the mtty function after %s", name, time.Since(start).Round(time.Second))
+		return id, mdevs[0]
+	}
+
+	first, mdev := boot("lab-vgpu-1", true)
+	ln.DeleteServerWithin(t, first, labNovaOp)
+	if typ, parent, ok := mdevOf(t, mdev); !ok || typ != labNovaType || parent != gpus[gpuRP].PCI {
+		t.Fatalf("after the delete, mdev %s: exists %v (%s on %s); Nova 26 leaves it for reuse", mdev, ok, typ, parent)
+	}
+	second, reused := boot("lab-vgpu-2", false)
+	if reused != mdev {
+		t.Errorf("the second server on GPU %s got mdev %s, not the unassigned %s Nova left", gpus[gpuRP].PCI, reused, mdev)
+	}
+	ln.DeleteServerWithin(t, second, labNovaOp)
+}
+
+// addTrait adds trait to a provider's traits (creating the custom trait),
+// under the provider's generation.
+func (ln *labNova) addTrait(t *testing.T, rp, trait string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := ln.PlacementCall(ctx, http.MethodPut, "/traits/"+trait, nil, nil); err != nil {
+		t.Fatalf("create trait %s: %v", trait, err)
+	}
+	var cur struct {
+		Traits     []string `json:"traits"`
+		Generation int      `json:"resource_provider_generation"`
+	}
+	if err := ln.PlacementCall(ctx, http.MethodGet, "/resource_providers/"+rp+"/traits", nil, &cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Traits = append(cur.Traits, trait)
+	if err := ln.PlacementCall(ctx, http.MethodPut, "/resource_providers/"+rp+"/traits", cur, nil); err != nil {
+		t.Fatalf("set traits of %s: %v", rp, err)
+	}
+}
