@@ -69,6 +69,12 @@ type Options struct {
 	// LogDir receives the services' logs and configuration. Default: a
 	// temporary directory, removed by Close unless the run failed.
 	LogDir string
+	// PCIAliases are [pci] alias entries (JSON objects) of every service:
+	// nova-api turns a flavor's pci_passthrough:alias into PCI requests
+	// with them when a server is created, so they are known from the
+	// start. With any, the scheduler also runs PciPassthroughFilter.
+	// Hosts whose compute reports PCI devices are added with AddPCIHost.
+	PCIAliases []string
 }
 
 // Nova is a running Nova.
@@ -85,6 +91,8 @@ type Nova struct {
 	placement string
 	hook      *hookServer
 	fake      map[string]*FakeHost
+	// pciAliases are Options.PCIAliases.
+	pciAliases []string
 
 	mu        sync.Mutex
 	children  map[string]vgpuChild     // provider uuid → GPU
@@ -170,6 +178,7 @@ func New(ctx context.Context, o Options) (n *Nova, err error) {
 		return n, err
 	}
 	n.transport = o.TransportURL
+	n.pciAliases = o.PCIAliases
 	if n.transport == "" {
 		if err := n.createVhost(ctx); err != nil {
 			return n, err
@@ -246,6 +255,13 @@ func (n *Nova) startCompute(h string) error {
 // by a package's tests, each test can have hosts of its own.
 func (n *Nova) AddHost(t testing.TB, prefix string) string {
 	t.Helper()
+	return n.addHost(t, prefix, nil)
+}
+
+// addHost is AddHost; prepare, when set, runs once the host's fake host
+// and compute configuration exist, before its nova-compute starts.
+func (n *Nova) addHost(t testing.TB, prefix string, prepare func(h string) error) string {
+	t.Helper()
 	ctx, cancel := testCtx(t)
 	defer cancel()
 	h := prefix + "-" + n.id
@@ -257,6 +273,11 @@ func (n *Nova) AddHost(t testing.TB, prefix string) string {
 	}
 	if err := n.prepareHost(h); err != nil {
 		t.Fatal(err)
+	}
+	if prepare != nil {
+		if err := prepare(h); err != nil {
+			t.Fatalf("AddHost %s: %v", h, err)
+		}
 	}
 	n.mu.Lock()
 	n.hosts = append(n.hosts, h)
@@ -475,6 +496,7 @@ cores = -1
 ram = -1
 `, n.id, n.transport, port, filepath.Join(n.dir, "state"), filepath.Join(n.dir, "api-paste.ini"),
 		n.dbURL("api"), n.dbURL("cell1"), n.placement, filepath.Join(n.dir, "lock"))
+	writePCIConfig(&b, n.pciAliases)
 	files["nova.conf"] = b.Bytes()
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(n.dir, name), data, 0o644); err != nil {
