@@ -48,7 +48,7 @@ var (
 		"Nova-owned VF GPUs: the resource classes of Nova's PCI providers (the resource_class of [pci] device_spec "+
 			"entries, with [pci] report_in_placement) whose VFs are vGPUs, each with the numeric vGPU type its VFs "+
 			"are typed for, as CLASS=TYPE. The bridge mirrors those providers (one per physical function, made by "+
-			"Nova's resource tracker) as GPUs of that type for dry runs, flavor choice and accounting; its direct path "+
+			"Nova's resource tracker) as GPUs of that type for the GPU list, dry runs and flavor choice; its direct path "+
 			"never claims on them, and it never writes them. `vgpuctl host layout` prints the matching device_spec. "+
 			"Example: CUSTOM_VGPU_VF_1430=1430")
 	optSyncInterval = options.Duration("placement", "sync_interval", time.Minute, time.Second, 24*time.Hour,
