@@ -16,6 +16,10 @@ post_live_migration on the source) so that each, after doing its own
 work, POSTs what it did to NOVATEST_HOOK_URL and waits for the answer: the Go harness then plays
 Nova's libvirt driver on the host's simulated host (mdevs, domain). A
 failed hook fails the driver call, as a libvirt error would.
+
+A compute added with AddPCIHost also reports PCI devices (the fake host's
+PF and VFs) from its get_available_resource, as Nova's own
+FakeDriverWithPciResources does (_add_pci_devices).
 """
 
 import json
