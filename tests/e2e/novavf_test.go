@@ -117,6 +117,9 @@ func TestNovaOwnedVFs(t *testing.T) {
 	if len(devs) != 1 || !slices.Contains(v.VFs, devs[0]) {
 		t.Fatalf("Nova's PCI devices of %s: %v, want one of %v", vm, devs, v.VFs)
 	}
+	if d, ok := fh.Domain(t, vm); !ok || len(d.Hostdevs) != 1 || d.Hostdevs[0].Type != "pci" || d.Hostdevs[0].Addr.String() != devs[0] {
+		t.Errorf("domain of %s (found %v): %+v, want the VF %s (Nova's libvirt driver's hostdev)", vm, ok, d.Hostdevs, devs[0])
+	}
 	w.waitFor(2*time.Minute, "Nova's update_available_resource heals the allocation of "+vm, func() bool {
 		return w.n.Allocations(t, vm)[rp][v.ResourceClass] == 1
 	})

@@ -93,6 +93,8 @@ type Nova struct {
 	fake      map[string]*FakeHost
 	// pciAliases are Options.PCIAliases.
 	pciAliases []string
+	// pciHosts are the hosts AddPCIHost added.
+	pciHosts map[string]bool
 
 	mu        sync.Mutex
 	children  map[string]vgpuChild     // provider uuid → GPU

@@ -15,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
+
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -85,6 +87,12 @@ func (h *FakeHost) VFIODevices(pf string) ([]PCIDevice, error) {
 func (n *Nova) AddPCIHost(t testing.TB, prefix string, p PCIPassthrough) string {
 	t.Helper()
 	return n.addHost(t, prefix, func(h string) error {
+		n.mu.Lock()
+		if n.pciHosts == nil {
+			n.pciHosts = map[string]bool{}
+		}
+		n.pciHosts[h] = true
+		n.mu.Unlock()
 		all := slices.Clone(p.Devices)
 		for _, pf := range p.VFIOGPUs {
 			d, err := n.FakeHost(h).VFIODevices(pf)
@@ -127,8 +135,8 @@ func writePCIConfig(b *bytes.Buffer, aliases []string) {
 	}
 }
 
-// PCIDevices are the addresses of the PCI devices Nova allocated to an
-// instance (its cell database's pci_devices rows, status allocated).
+// PCIDevices are the addresses of the PCI devices Nova claimed or
+// allocated for an instance (its cell database's pci_devices rows).
 func (n *Nova) PCIDevices(t testing.TB, instance string) []string {
 	t.Helper()
 	ctx, cancel := testCtx(t)
@@ -151,11 +159,36 @@ func (n *Nova) pciDevices(ctx context.Context, instance string) ([]string, error
 		return nil, err
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT address FROM pci_devices WHERE instance_uuid = $1 AND status = 'allocated' AND deleted = 0 ORDER BY address`, instance)
+	rows, err := conn.Query(ctx, `SELECT address FROM pci_devices WHERE instance_uuid = $1 AND status IN ('claimed', 'allocated') AND deleted = 0 ORDER BY address`, instance)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// passthrough are the PCI devices Nova gave an instance on a host added
+// with AddPCIHost (none elsewhere): what Nova's libvirt driver puts in the
+// guest's domain as <hostdev type='pci'> (LibvirtDriver._guest_add_pci_devices).
+func (n *Nova) passthrough(ctx context.Context, host, instance string) ([]pci.Addr, error) {
+	n.mu.Lock()
+	ok := n.pciHosts[host]
+	n.mu.Unlock()
+	if !ok {
+		return nil, nil
+	}
+	addrs, err := n.pciDevices(ctx, instance)
+	if err != nil {
+		return nil, fmt.Errorf("PCI devices of %s: %w", instance, err)
+	}
+	var out []pci.Addr
+	for _, a := range addrs {
+		p, err := pci.Parse(a)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // PCIProvider is the uuid of the provider Nova's resource tracker made

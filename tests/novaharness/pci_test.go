@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/libvirt"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
 )
@@ -79,6 +80,12 @@ func TestPCIHostReportsVFs(t *testing.T) {
 	devs := n.PCIDevices(t, id)
 	if len(devs) != 1 || !slices.Contains(v.VFs, devs[0]) {
 		t.Fatalf("Nova's PCI devices of the server %v, want one of the VFs %v", devs, v.VFs)
+	}
+	// The harness, as Nova's libvirt driver, gave the guest the VF.
+	fh := n.FakeHost(host)
+	dom, ok := fh.Domain(t, id)
+	if !ok || !slices.ContainsFunc(dom.Hostdevs, func(h libvirt.Hostdev) bool { return h.Type == "pci" && h.Addr.String() == devs[0] }) {
+		t.Errorf("domain of %s (found %v): %+v, want the VF %s as a PCI hostdev", id, ok, dom.Hostdevs, devs[0])
 	}
 	wait(t, 2*time.Minute, "the server's allocation healed onto "+rp, func() bool {
 		return n.Allocations(t, id)[rp][v.ResourceClass] == 1
