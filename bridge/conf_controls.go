@@ -21,9 +21,10 @@ import (
 func setupControls(w *wiring, pl *placement.Service, pol *policy.Holder, notif *ingest.Consumer) []component {
 	v, ctl, srv, log := w.v, w.ctl, w.srv, w.log.With("component", "controls")
 	a := &controls.API{
-		Store:   ctl,
-		Catalog: pol.Catalog(),
-		GPUs:    pl.Index().GPUs,
+		Store:    ctl,
+		Catalog:  pol.Catalog(),
+		GPUs:     pl.Index().GPUs,
+		IsNovaVF: pl.IsNovaVF,
 		KnownHost: func(name string) bool {
 			return len(pl.Index().HostGPUs(name)) > 0
 		},

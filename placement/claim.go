@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
@@ -54,6 +55,9 @@ func (s *Service) Claim(ctx context.Context, cr ClaimRequest) (*Claim, error) {
 	}
 	q := cr.Request
 	q.AllowRetype = false
+	// Nova-owned VF GPUs are Nova's to hand out (flavors with a PCI
+	// alias): the bridge mirrors them, never claims on them.
+	q.ExcludeClasses = append(slices.Clone(q.ExcludeClasses), slices.Sorted(maps.Keys(s.cfg.NovaVFClasses))...)
 	tried := map[string]bool{}
 	attempts := 0
 	read := cr.Read

@@ -44,6 +44,13 @@ var (
 			"(the VFs it can still type) and the type's trait, which only its direct path claims: Nova's "+
 			"resources:VGPU flavors never match it. Never list a GPU that is in Nova's [pci] device_spec or "+
 			"[devices] enabled_mdev_types. Example: compute-7/0000:c1:00.0=1430")
+	optNovaVFClasses = options.List("placement", "nova_vf_resource_classes", "",
+		"Nova-owned VF GPUs: the resource classes of Nova's PCI providers (the resource_class of [pci] device_spec "+
+			"entries, with [pci] report_in_placement) whose VFs are vGPUs, each with the numeric vGPU type its VFs "+
+			"are typed for, as CLASS=TYPE. The bridge mirrors those providers (one per physical function, made by "+
+			"Nova's resource tracker) as GPUs of that type for the GPU list, dry runs and flavor choice; its direct path "+
+			"never claims on them, and it never writes them. `vgpuctl host layout` prints the matching device_spec. "+
+			"Example: CUSTOM_VGPU_VF_1430=1430")
 	optSyncInterval = options.Duration("placement", "sync_interval", time.Minute, time.Second, 24*time.Hour,
 		"Time between incremental syncs (providers whose generation moved). Example: 30s")
 	optFullSyncInterval = options.Duration("placement", "full_sync_interval", time.Hour, time.Minute, 7*24*time.Hour,
@@ -80,6 +87,11 @@ func check(v *conf.Values) conf.Errors {
 			errs = append(errs, &conf.Error{Section: "placement", Option: "bridge_owned_vf_gpus", Value: d, Problem: err.Error() + "; allowed: HOST/PF=TYPE"})
 		}
 	}
+	for _, d := range optNovaVFClasses.Get(v) {
+		if _, _, err := ParseNovaVFClass(d); err != nil {
+			errs = append(errs, &conf.Error{Section: "placement", Option: "nova_vf_resource_classes", Value: d, Problem: err.Error() + "; allowed: CUSTOM_CLASS=TYPE"})
+		}
+	}
 	if len(optClasses.Get(v)) == 0 {
 		errs = append(errs, &conf.Error{Section: "placement", Option: "vgpu_resource_classes", Problem: "is empty; allowed: VGPU or CUSTOM_* classes"})
 	}
@@ -109,7 +121,23 @@ func ConfigFrom(v *conf.Values) Config {
 		StaleReportAge:   optStaleReportAge.Get(v),
 		ConsumerType:     optConsumerType.Get(v),
 		OwnedVFGPUs:      ownedDecls(optOwnedVFGPUs.Get(v)),
+		NovaVFClasses:    novaVFClasses(optNovaVFClasses.Get(v)),
 	}
+}
+
+// novaVFClasses parses [placement] nova_vf_resource_classes (check has
+// refused what does not parse); nil for none.
+func novaVFClasses(list []string) map[string]string {
+	var out map[string]string
+	for _, s := range list {
+		if class, typeID, err := ParseNovaVFClass(s); err == nil {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[class] = typeID
+		}
+	}
+	return out
 }
 
 // ownedDecls parses [placement] bridge_owned_vf_gpus (check has refused

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -60,6 +61,11 @@ type Config struct {
 	// bridge-owned ([placement] bridge_owned_vf_gpus): the sync leader
 	// keeps a provider of class BridgeClass for each (PublishOwned).
 	OwnedVFGPUs []OwnedDecl
+	// NovaVFClasses are the resource classes of Nova's PCI providers whose
+	// VFs are vGPUs (Nova-owned VF GPUs), each with its numeric vGPU type
+	// id ([placement] nova_vf_resource_classes): mirrored and indexed as
+	// GPUs of that type, never claimed by the direct path (Claim).
+	NovaVFClasses map[string]string
 	// ConsumerType written with claims (1.38+).
 	ConsumerType string
 	// Replica names this process in the sync state (default hostname).
@@ -140,6 +146,16 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, cat *catalog.Catal
 		// of this class: no operator option is needed to see them).
 		cfg.Classes = append(slices.Clone(cfg.Classes), BridgeClass)
 	}
+	classTypes := map[string]string{}
+	for _, c := range slices.Sorted(maps.Keys(cfg.NovaVFClasses)) {
+		// Nova's PCI providers of these classes are GPUs too, typed by
+		// the option (their trait, when the device_spec gives one, is
+		// not under type_trait_prefix).
+		if !slices.Contains(cfg.Classes, c) {
+			cfg.Classes = append(slices.Clone(cfg.Classes), c)
+		}
+		classTypes[c] = catalog.TraitFor(cfg.NovaVFClasses[c])
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -150,7 +166,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, cat *catalog.Catal
 	s := &Service{
 		cfg:       cfg,
 		client:    c,
-		index:     index.New(index.Config{Classes: cfg.Classes, TypePrefix: cfg.TypePrefix}),
+		index:     index.New(index.Config{Classes: cfg.Classes, TypePrefix: cfg.TypePrefix, ClassTypes: classTypes}),
 		catalog:   cat,
 		log:       log,
 		nodeOf:    map[string]string{},
@@ -163,7 +179,7 @@ func New(ctx context.Context, cfg Config, pool *pgxpool.Pool, cat *catalog.Catal
 		s.engine.Retype = s.retype
 	}
 	if pool != nil {
-		s.store = mirror.New(pool, cfg.Classes, cfg.TypePrefix)
+		s.store = mirror.New(pool, cfg.Classes, cfg.TypePrefix).WithClassTypes(cfg.NovaVFClasses)
 	}
 	s.syncer = &Syncer{Client: c, Store: s.store, Index: s.index, Classes: cfg.Classes, Concurrency: cfg.SyncConcurrency, TraitListingMin: cfg.TraitListingMin, Log: log}
 	return s, nil

@@ -138,6 +138,7 @@ type Profile struct {
 	Source         string `json:"source"`
 	GPUs           int    `json:"gpus"`
 	BridgeOwned    int    `json:"bridge_owned_gpus,omitempty"`
+	NovaVF         int    `json:"nova_vf_gpus,omitempty"`
 	Capacity       int    `json:"capacity"`
 	Used           int    `json:"used"`
 	Free           int    `json:"free"`

@@ -46,6 +46,9 @@ type API struct {
 	// GPUs lists the fleet's GPUs (placement index) for per-profile counts;
 	// nil: no counts.
 	GPUs func() []engine.GPU
+	// IsNovaVF reports whether a GPU class is that of Nova-owned VF GPUs
+	// ([placement] nova_vf_resource_classes); nil: none is.
+	IsNovaVF func(class string) bool
 	// KnownHost reports whether a name the hosts table lacks is a node of
 	// the Placement mirror (drain before its agent first reports).
 	KnownHost func(name string) bool
@@ -303,13 +306,17 @@ type ProfileRecord struct {
 	// BridgeOwnedGPUs are, of GPUs, those of the bridge's own resource
 	// class (placement.BridgeClass): Nova's vGPU flavors never reach them.
 	BridgeOwnedGPUs int `json:"bridge_owned_gpus,omitempty"`
-	Capacity        int `json:"capacity"`
-	Used            int `json:"used"`
-	Free            int `json:"free"`
+	// NovaVFGPUs are, of GPUs, Nova-owned VF GPUs (Nova's PCI providers):
+	// a server gets one through a flavor's pci_passthrough:alias, not
+	// resources:VGPU.
+	NovaVFGPUs int `json:"nova_vf_gpus,omitempty"`
+	Capacity   int `json:"capacity"`
+	Used       int `json:"used"`
+	Free       int `json:"free"`
 }
 
 func (a *API) profiles(c echo.Context) error {
-	type count struct{ gpus, bridge, capacity, used, free int }
+	type count struct{ gpus, bridge, novaVF, capacity, used, free int }
 	counts := map[string]*count{}
 	if a.GPUs != nil {
 		for _, g := range a.GPUs() {
@@ -324,6 +331,9 @@ func (a *API) profiles(c echo.Context) error {
 			x.gpus++
 			if g.Class == placement.BridgeClass {
 				x.bridge++
+			}
+			if a.IsNovaVF != nil && a.IsNovaVF(g.Class) {
+				x.novaVF++
 			}
 			x.capacity += g.Capacity()
 			x.used += g.Used
@@ -340,7 +350,7 @@ func (a *API) profiles(c echo.Context) error {
 			}
 			r := ProfileRecord{Profile: p}
 			if x := counts[p.Trait]; p.Trait != "" && x != nil {
-				r.GPUs, r.BridgeOwnedGPUs, r.Capacity, r.Used, r.Free = x.gpus, x.bridge, x.capacity, x.used, x.free
+				r.GPUs, r.BridgeOwnedGPUs, r.NovaVFGPUs, r.Capacity, r.Used, r.Free = x.gpus, x.bridge, x.novaVF, x.capacity, x.used, x.free
 			}
 			out = append(out, r)
 		}

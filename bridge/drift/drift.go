@@ -66,6 +66,15 @@ type Placement interface {
 	ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error
 }
 
+// NovaVFClasses is what a Placement may also offer: whether a GPU's
+// resource class is that of Nova-owned VF GPUs ([placement]
+// nova_vf_resource_classes). Their allocations are Nova's PCI claims,
+// which no flavor's resources:VGPU and no bridge vGPU accounts for: the
+// reconciler leaves them alone.
+type NovaVFClasses interface {
+	IsNovaVF(class string) bool
+}
+
 // ConsumerTyper is what a Placement may also offer: the Placement
 // consumer type of a consumer ("" when it has none, or none is known).
 // With it, the consumers the bridge does not know as instances are asked
@@ -557,7 +566,11 @@ func (r *Reconciler) readAllocations(ctx context.Context, s *Snapshot) error {
 	sem := make(chan struct{}, r.cfg.Concurrency)
 	var firstErr error
 	failed := 0
+	novaVF, _ := r.d.Placement.(NovaVFClasses)
 	for _, g := range s.GPUs {
+		if novaVF != nil && novaVF.IsNovaVF(g.Class) {
+			continue // Nova's PCI claims: neither the bridge's nor a vGPU flavor's
+		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {

@@ -15,7 +15,11 @@ type ServiceAdapter struct {
 var (
 	_ Placement     = ServiceAdapter{}
 	_ ConsumerTyper = ServiceAdapter{}
+	_ NovaVFClasses = ServiceAdapter{}
 )
+
+// IsNovaVF implements NovaVFClasses.
+func (a ServiceAdapter) IsNovaVF(class string) bool { return a.S.IsNovaVF(class) }
 
 // ConsumerType implements ConsumerTyper (GET /allocations/{consumer}).
 func (a ServiceAdapter) ConsumerType(ctx context.Context, consumer string) (string, error) {

@@ -67,3 +67,37 @@ func TestReadTransient(t *testing.T) {
 		}
 	}
 }
+
+// novaVFPlacement is a Placement whose class CUSTOM_VGPU_VF_1430 is that
+// of Nova-owned VF GPUs; it records the providers whose allocations were read.
+type novaVFPlacement struct {
+	typedPlacement
+	read []string
+}
+
+func (p *novaVFPlacement) ProviderAllocations(_ context.Context, provider string) (map[string]map[string]int, error) {
+	p.read = append(p.read, provider)
+	return map[string]map[string]int{instA: {"VGPU": 1, "CUSTOM_VGPU_VF_1430": 1}}, nil
+}
+
+func (p *novaVFPlacement) IsNovaVF(class string) bool { return class == "CUSTOM_VGPU_VF_1430" }
+
+// TestReadAllocationsSkipsNovaVFs: the allocations on Nova-owned VF GPUs
+// (Nova's PCI claims) are not read, so no finding is made of them; the
+// other GPUs' are.
+func TestReadAllocationsSkipsNovaVFs(t *testing.T) {
+	const provB = "bbbbbbbb-0000-0000-0000-00000000000b"
+	p := &novaVFPlacement{}
+	r := &Reconciler{d: Deps{Placement: p}, cfg: Config{Concurrency: 2}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := &Snapshot{GPUs: []GPUView{{Provider: provA, Class: "VGPU"}, {Provider: provB, Class: "CUSTOM_VGPU_VF_1430"}},
+		Allocations: map[string]map[string]int{}, Unread: map[string]bool{}}
+	if err := r.readAllocations(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.read) != 1 || p.read[0] != provA {
+		t.Errorf("read the allocations of %v, want %s only", p.read, provA)
+	}
+	if _, ok := s.Allocations[provB]; ok || s.Allocations[provA][instA] != 1 {
+		t.Errorf("allocations %v, want %s's only", s.Allocations, provA)
+	}
+}

@@ -268,7 +268,11 @@ func planProfiles(ctx context.Context, g *globals, names []string) ([]nova.PlanP
 				fmt.Fprintf(g.stderr, "vgpuctl: profile %s: %d of its %d GPUs are bridge-owned (resource class %s): "+
 					"Nova's resources:VGPU flavors never reach them, only the bridge's direct path does\n", p.Name, p.BridgeOwned, p.GPUs, apiclient.BridgeOwnedClass)
 			}
-			if p.GPUs-p.BridgeOwned > 0 && p.Trait != "" {
+			if p.GPUs > 0 && p.NovaVF > 0 {
+				fmt.Fprintf(g.stderr, "vgpuctl: profile %s: %d of its %d GPUs are Nova-owned VFs: a flavor reaches them with "+
+					"pci_passthrough:alias (vgpuctl host layout prints it), not resources:VGPU\n", p.Name, p.NovaVF, p.GPUs)
+			}
+			if p.GPUs-p.BridgeOwned-p.NovaVF > 0 && p.Trait != "" {
 				out = append(out, nova.PlanProfile{Name: p.Name, TypeID: p.TypeID, Trait: p.Trait})
 			}
 		}

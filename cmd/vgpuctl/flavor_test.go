@@ -302,6 +302,7 @@ func TestFlavorPlanBridgeOwned(t *testing.T) {
 		json.NewEncoder(w).Encode(map[string]any{"profiles": []map[string]any{
 			{"name": "T4-4Q", "type_id": "nvidia-232", "trait": "CUSTOM_NVIDIA_232", "gpus": 3, "bridge_owned_gpus": 1},
 			{"name": "H200X-70C", "type_id": "1429", "trait": "CUSTOM_1429", "gpus": 1, "bridge_owned_gpus": 1},
+			{"name": "H200X-35C", "type_id": "1430", "trait": "CUSTOM_1430", "gpus": 2, "nova_vf_gpus": 2},
 		}})
 	}))
 	defer br.Close()
@@ -319,7 +320,11 @@ func TestFlavorPlanBridgeOwned(t *testing.T) {
 	if strings.Contains(out, "H200X-70C") {
 		t.Errorf("a profile of bridge-owned GPUs only is planned:\n%s", out)
 	}
+	if strings.Contains(out, "H200X-35C") {
+		t.Errorf("a resources:VGPU flavor is planned for a profile of Nova-owned VFs only:\n%s", out)
+	}
 	for _, want := range []string{
+		"profile H200X-35C: 2 of its 2 GPUs are Nova-owned VFs: a flavor reaches them with pci_passthrough:alias",
 		"profile H200X-70C: 1 of its 1 GPUs are bridge-owned (resource class CUSTOM_VGPU_BRIDGE)",
 		"profile T4-4Q: 1 of its 3 GPUs are bridge-owned",
 	} {

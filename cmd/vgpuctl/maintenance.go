@@ -18,9 +18,9 @@ import (
 func hostCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "host",
-		Short: "Host maintenance: move every vGPU VM off a host (admin)",
+		Short: "Host maintenance: move every vGPU VM off a host (admin); the nova.conf of Nova-owned VFs (layout)",
 	}
-	cmd.AddCommand(migrateAllCmd(g), maintenanceCmd(g))
+	cmd.AddCommand(migrateAllCmd(g), maintenanceCmd(g), hostLayoutCmd(g))
 	return cmd
 }
 

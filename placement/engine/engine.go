@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -56,8 +57,11 @@ type Request struct {
 	Strategy     Strategy // "" means Pack
 	ExcludeGPUs  []string // provider UUIDs to skip (stale or unhealthy reports, drained)
 	ExcludeHosts []string // host names to skip
-	AllowRetype  bool     // also point at empty GPUs of another type that could serve
-	Limit        int      // 0 means DefaultLimit
+	// ExcludeClasses are resource classes whose GPUs the request never
+	// takes (the direct path: Nova-owned VF GPUs).
+	ExcludeClasses []string
+	AllowRetype    bool // also point at empty GPUs of another type that could serve
+	Limit          int  // 0 means DefaultLimit
 }
 
 // Candidate is one ranked answer.
@@ -176,6 +180,9 @@ func (e *Engine) compile(r Request) *filter {
 
 // place reports whether g's location is allowed.
 func (f *filter) place(g *GPU) bool {
+	if len(f.req.ExcludeClasses) > 0 && slices.Contains(f.req.ExcludeClasses, g.Class) {
+		return false
+	}
 	if f.excludeGPUs != nil {
 		if _, ok := f.excludeGPUs[g.UUID]; ok {
 			return false

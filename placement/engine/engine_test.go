@@ -155,6 +155,10 @@ func TestPCIAddress(t *testing.T) {
 		"host.example_pci_0000_3b_00_4": "0000:3b:00.4",
 		"compute1":                      "",
 		"x_pci_0000_zz_00_0":            "",
+		"compute1_0000:C1:00.0":         "0000:c1:00.0", // Nova's PCI tracker's provider of a PF
+		"compute1_0000:C1:00":           "",
+		"compute1_0000-C1:00.0":         "",
+		"compute1_0000:G1:00.0":         "",
 	} {
 		if got := engine.PCIAddress(name); got != want {
 			t.Errorf("PCIAddress(%q) = %q, want %q", name, got, want)

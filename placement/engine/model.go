@@ -143,11 +143,14 @@ func (g *GPU) HasTrait(t string) bool { return hasSorted(g.Traits, t) }
 // "<node>_pci_0000_84_00_0" → "0000:84:00.0"; "" if the name has another form.
 func (g *GPU) PCIAddress() string { return PCIAddress(g.Name) }
 
-// PCIAddress parses Nova's pGPU provider name suffix "_pci_DDDD_BB_SS_F".
+// PCIAddress parses Nova's pGPU provider name suffix "_pci_DDDD_BB_SS_F",
+// or the suffix "_DDDD:BB:SS.F" of the provider Nova's PCI tracker makes
+// for a PF's VFs (nova.compute.pci_placement_translator: the address
+// upper-cased), which it returns lower-cased.
 func PCIAddress(name string) string {
 	i := strings.LastIndex(name, "_pci_")
 	if i < 0 {
-		return ""
+		return pciTrackerAddress(name)
 	}
 	parts := strings.Split(name[i+5:], "_")
 	if len(parts) != 4 {
@@ -169,4 +172,31 @@ func PCIAddress(name string) string {
 func hasSorted(s []string, t string) bool {
 	i := sort.SearchStrings(s, t)
 	return i < len(s) && s[i] == t
+}
+
+// pciTrackerAddress parses the "_DDDD:BB:SS.F" suffix of a provider Nova's
+// PCI tracker made; "" for another form.
+func pciTrackerAddress(name string) string {
+	i := strings.LastIndex(name, "_")
+	if i < 0 || len(name)-i-1 != len("0000:00:00.0") {
+		return ""
+	}
+	a := strings.ToLower(name[i+1:])
+	for k, c := range a {
+		switch k {
+		case 4, 7:
+			if c != ':' {
+				return ""
+			}
+		case 10:
+			if c != '.' {
+				return ""
+			}
+		default:
+			if !strings.ContainsRune("0123456789abcdef", c) {
+				return ""
+			}
+		}
+	}
+	return a
 }

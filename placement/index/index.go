@@ -23,6 +23,12 @@ type Config struct {
 	Classes []string
 	// TypePrefix marks vGPU type traits. Default: engine.DefaultTypePrefix.
 	TypePrefix string
+	// ClassTypes type the GPUs of a class that carry no type trait
+	// under TypePrefix: class → type trait (Nova-owned VF GPUs, whose
+	// class [placement] nova_vf_resource_classes maps to a type). Such a
+	// type is not TypeFromReport: the bridge never writes it to Nova's
+	// provider.
+	ClassTypes map[string]string
 }
 
 type bucketSet struct {
@@ -339,9 +345,17 @@ func (x *Index) hostLocked(rootUUID string) *engine.Host {
 // or, when it has no type trait, its own and the type its agent reports.
 // Both are shared (x.sets): Types is the run of Traits with the type
 // prefix (sorted, they are contiguous).
-func (x *Index) typedLocked(name string, own []string) (traits, types []string, fromReport bool) {
+func (x *Index) typedLocked(name, class string, own []string) (traits, types []string, fromReport bool) {
 	traits = x.sets.Intern(own)
 	types = x.typesOf(traits)
+	if t := x.cfg.ClassTypes[class]; len(types) == 0 && t != "" {
+		k, found := slices.BinarySearch(traits, t)
+		if !found {
+			with := make([]string, 0, len(traits)+1)
+			traits = x.sets.Intern(append(append(append(with, traits[:k]...), t), traits[k:]...))
+		}
+		return traits, traits[k : k+1 : k+1], false
+	}
 	if t := x.reported.get(name); len(types) == 0 && t != "" {
 		k, found := slices.BinarySearch(traits, t)
 		if !found {
@@ -388,7 +402,7 @@ func (x *Index) SetReportedTypes(m map[string]string) {
 		if g.TypeFromReport {
 			own = slices.DeleteFunc(slices.Clone(g.Traits), func(t string) bool { return t == g.Types[0] })
 		}
-		traits, types, fromReport := x.typedLocked(g.Name, own)
+		traits, types, fromReport := x.typedLocked(g.Name, g.Class, own)
 		if slices.Equal(types, g.Types) && fromReport == g.TypeFromReport {
 			continue
 		}
@@ -463,7 +477,7 @@ func (x *Index) keepReported(m map[string]string) reportedTypes {
 }
 
 func (x *Index) newGPULocked(p *Record) *engine.GPU {
-	traits, types, fromReport := x.typedLocked(p.Name, p.Traits)
+	traits, types, fromReport := x.typedLocked(p.Name, p.Class, p.Traits)
 	return &engine.GPU{
 		UUID:       p.UUID,
 		Name:       p.Name,

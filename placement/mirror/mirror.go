@@ -38,6 +38,15 @@ type Store struct {
 	pool       *pgxpool.Pool
 	typePrefix string
 	classes    []string
+	classTypes map[string]string // class → numeric type id (Nova-owned VF GPUs)
+}
+
+// WithClassTypes types the GPUs of the given classes that carry no type
+// trait (class → type id, [placement] nova_vf_resource_classes) in the
+// gpus table, and returns s.
+func (s *Store) WithClassTypes(m map[string]string) *Store {
+	s.classTypes = m
+	return s
 }
 
 // New returns a store on pool. classes are the vGPU resource classes and
@@ -191,7 +200,11 @@ func (s *Store) insert(ctx context.Context, tx pgx.Tx, ps []engine.Provider) err
 			gu = append(gu, p.UUID)
 			groot = append(groot, root)
 			gpci = append(gpci, engine.PCIAddress(p.Name))
-			gtype = append(gtype, s.typeID(p.Traits))
+			typ := s.typeID(p.Traits)
+			if typ == "" {
+				typ = s.classTypes[class]
+			}
+			gtype = append(gtype, typ)
 			gclass = append(gclass, class)
 			ggen = append(ggen, int64(p.Generation))
 		}

@@ -62,7 +62,15 @@ func newDirectWorld(t *testing.T, prefix string) *directWorld {
 	w.gpu = w.n.AddVGPUChild(t, w.host, directGPU, directTrait, 4)
 	w.flavor = w.n.CreateFlavor(t, prefix+".small", 2, 2048, 10, nil)
 	w.n.StartAgent(t, w.host)
+	w.startBridge()
+	return w
+}
 
+// startBridge starts the world's in-process bridge on a database of its
+// own, with the direct policy and extra overrides (section.option=value).
+func (w *directWorld) startBridge(extra ...string) {
+	t := w.t
+	t.Helper()
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "policy.yaml")
 	secretFile := filepath.Join(dir, "webhook.secret")
@@ -72,17 +80,16 @@ func newDirectWorld(t *testing.T, prefix string) *directWorld {
 	testsvc.Must(t, os.WriteFile(ini, []byte("[webhook_source:e2e]\nauth = hmac\nsecret_files = "+secretFile+
 		"\nrate = 100\nburst = 100\n"), 0o600), "bridge.conf")
 	dbURL := testsvc.Postgres(t)
-	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: testbridge.Overrides(t, dbURL,
-		"DEFAULT.transport_url="+w.n.TransportURL(), // Nova's vhost: its notifications, the agent's queues
-		"policy.rules_file="+rules,
+	v, err := bridge.LoadConfig(conf.Source{File: ini, Overrides: testbridge.Overrides(t, dbURL, append([]string{
+		"DEFAULT.transport_url=" + w.n.TransportURL(), // Nova's vhost: its notifications, the agent's queues
+		"policy.rules_file=" + rules,
 		"pipeline.poll_interval=50ms",
 		"placement.sync_interval=5s",
-	)})
+	}, extra...)...)})
 	testsvc.Must(t, err, "bridge configuration")
 	d := testbridge.Start(t, v)
 	w.pool = d.Pool
 	w.api = apiclient.New(apiclient.Config{URL: "http://" + d.API.Addr(), Token: testbridge.AdminToken, Timeout: 30 * time.Second})
-	return w
 }
 
 // bootServer boots a server without vGPU on the world's host and waits

@@ -47,7 +47,9 @@ func sharedNova(t *testing.T) *novaharness.Nova {
 	shared.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 		defer cancel()
-		shared.n, shared.err = novaharness.New(ctx, novaharness.Options{})
+		// The alias of the Nova-owned VF GPUs (TestNovaOwnedVFs) is
+		// nova-api's from the start.
+		shared.n, shared.err = novaharness.New(ctx, novaharness.Options{PCIAliases: []string{novaOwnedVFs().AliasSpec()}})
 		if shared.err == nil {
 			t.Logf("shared Nova started in %s (%s)", shared.n.StartupTime().Round(100*time.Millisecond), shared.n.StartupPhases())
 		}

@@ -16,6 +16,10 @@ post_live_migration on the source) so that each, after doing its own
 work, POSTs what it did to NOVATEST_HOOK_URL and waits for the answer: the Go harness then plays
 Nova's libvirt driver on the host's simulated host (mdevs, domain). A
 failed hook fails the driver call, as a libvirt error would.
+
+A compute added with AddPCIHost also reports PCI devices (the fake host's
+PF and VFs) from its get_available_resource, as Nova's own
+FakeDriverWithPciResources does (_add_pci_devices).
 """
 
 import json
@@ -148,6 +152,38 @@ def _wrap_fake_driver():
     d.spawn, d.destroy = _spawn, _destroy
     d.power_off, d.power_on = _power_off, _power_on
     d.finish_revert_migration = _revert
+    _add_pci_devices(d)
+
+
+def _add_pci_devices(d):
+    """Report the host's PCI devices when the harness listed some.
+
+    As nova.virt.fake.FakeDriverWithPciResources.get_available_resource
+    does: the resources FakeDriver reports plus pci_passthrough_devices, a
+    JSON list of device dicts (address, vendor_id, product_id, dev_type,
+    parent_addr, numa_node, label, ...), here read from
+    pci-devices-<host>.json next to this file (tests/novaharness
+    AddPCIHost). Nova's resource tracker then tracks the devices that
+    [pci] device_spec matches and, with [pci] report_in_placement, puts
+    one provider per PF under the compute node
+    (nova.compute.pci_placement_translator).
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    available = d.get_available_resource
+
+    def _get_available_resource(self, nodename):
+        host_status = available(self, nodename)
+        # (CONF is parsed by now, not when the driver is wrapped.)
+        path = os.path.join(here, "pci-devices-%s.json" % CONF.host)
+        if os.path.exists(path):
+            with open(path) as f:
+                devs = json.load(f)
+            for dev in devs:
+                dev.setdefault("status", "available")
+            host_status["pci_passthrough_devices"] = json.dumps(devs)
+        return host_status
+
+    d.get_available_resource = _get_available_resource
 
 
 def _add_images(glance):

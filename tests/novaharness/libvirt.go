@@ -385,7 +385,11 @@ func (n *Nova) driverCall(ctx context.Context, c hookCall) error {
 				fh.mdevs[c.InstanceUUID] = append(fh.mdevs[c.InstanceUUID], id)
 			}
 		}
-		if err := conn.DefineAndStart(ctx, domainXML(c.InstanceName, c.InstanceUUID, made)); err != nil {
+		vfs, err := n.passthrough(ctx, c.Host, c.InstanceUUID)
+		if err != nil {
+			return err
+		}
+		if err := conn.DefineAndStart(ctx, domainXML(c.InstanceName, c.InstanceUUID, made, vfs...)); err != nil {
 			return fmt.Errorf("domain of %s: %w", c.InstanceUUID, err)
 		}
 		if c.Event == "spawn_stopped" {
@@ -423,12 +427,15 @@ func (h *FakeHost) undefine(ctx context.Context, instance string) error {
 }
 
 // domainXML is the test-driver domain of an instance with mdev hostdevs.
-func domainXML(name, id string, mdevs []string) string {
+func domainXML(name, id string, mdevs []string, vfs ...pci.Addr) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "<domain type='test'>\n  <name>%s</name>\n  <uuid>%s</uuid>\n", html.EscapeString(name), html.EscapeString(id))
 	b.WriteString("  <memory unit='KiB'>2097152</memory>\n  <vcpu>2</vcpu>\n  <os><type arch='x86_64'>hvm</type></os>\n  <devices>\n")
 	for _, m := range mdevs {
 		b.WriteString("    " + libvirt.MdevHostdevXML(m) + "\n")
+	}
+	for _, a := range vfs {
+		b.WriteString("    " + libvirt.PCIHostdevXML(a) + "\n")
 	}
 	b.WriteString("  </devices>\n</domain>\n")
 	return b.String()

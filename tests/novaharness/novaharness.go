@@ -78,6 +78,12 @@ type Options struct {
 	// GlanceFixture keeps them, each with an optional "file" holding the
 	// image's data, which nova-compute downloads.
 	ImagesFile string
+	// PCIAliases are [pci] alias entries (JSON objects) of every service:
+	// nova-api turns a flavor's pci_passthrough:alias into PCI requests
+	// with them when a server is created, so they are known from the
+	// start. With any, the scheduler also runs PciPassthroughFilter.
+	// Hosts whose compute reports PCI devices are added with AddPCIHost.
+	PCIAliases []string
 }
 
 // Nova is a running Nova.
@@ -96,6 +102,10 @@ type Nova struct {
 	hook      *hookServer
 	fake      map[string]*FakeHost
 	limits    *UnifiedLimits // Options.UnifiedLimits
+	// pciAliases are Options.PCIAliases.
+	pciAliases []string
+	// pciHosts are the hosts AddPCIHost added.
+	pciHosts map[string]bool
 
 	mu        sync.Mutex
 	children  map[string]vgpuChild     // provider uuid → GPU
@@ -181,6 +191,7 @@ func New(ctx context.Context, o Options) (n *Nova, err error) {
 		return n, err
 	}
 	n.transport = o.TransportURL
+	n.pciAliases = o.PCIAliases
 	if n.transport == "" {
 		if err := n.createVhost(ctx); err != nil {
 			return n, err
@@ -257,6 +268,13 @@ func (n *Nova) startCompute(h string) error {
 // by a package's tests, each test can have hosts of its own.
 func (n *Nova) AddHost(t testing.TB, prefix string) string {
 	t.Helper()
+	return n.addHost(t, prefix, nil)
+}
+
+// addHost is AddHost; prepare, when set, runs once the host's fake host
+// and compute configuration exist, before its nova-compute starts.
+func (n *Nova) addHost(t testing.TB, prefix string, prepare func(h string) error) string {
+	t.Helper()
 	ctx, cancel := testCtx(t)
 	defer cancel()
 	h := prefix + "-" + n.id
@@ -268,6 +286,11 @@ func (n *Nova) AddHost(t testing.TB, prefix string) string {
 	}
 	if err := n.prepareHost(h); err != nil {
 		t.Fatal(err)
+	}
+	if prepare != nil {
+		if err := prepare(h); err != nil {
+			t.Fatalf("AddHost %s: %v", h, err)
+		}
 	}
 	n.mu.Lock()
 	n.hosts = append(n.hosts, h)
@@ -550,6 +573,7 @@ ram = -1
 	if n.limits != nil {
 		n.limits.writeConfig(&b)
 	}
+	writePCIConfig(&b, n.pciAliases)
 	files["nova.conf"] = b.Bytes()
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(n.dir, name), data, 0o644); err != nil {
