@@ -3,6 +3,8 @@ package placement
 import (
 	"context"
 	"sync"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 )
 
 // consumerCache keeps each consumer's allocations and generation as the
@@ -85,3 +87,50 @@ func (s *Service) CachedVGPU(ctx context.Context, instance string) (out []Holdin
 // ForgetConsumer drops what the bridge knows of a consumer's allocations
 // (it changed them by another way, or Nova did).
 func (s *Service) ForgetConsumer(consumer string) { s.consumers.forget(consumer) }
+
+// ReconcileConsumer brings the mirror's and the index's record of what
+// con holds (as just read from Placement) in line with it. Placement bumps
+// the generation only of the providers a write allocates on, not of those
+// it takes allocations off (objects/allocation.py _set_allocations): after
+// Nova moves an instance's allocations back (a revert) or away, the
+// provider it left keeps its generation and the incremental sync would
+// keep the old allocation until the next full sync. Each provider where
+// the mirror differs from con is read back (learn); a failure is logged,
+// and the full sync corrects it.
+func (s *Service) ReconcileConsumer(ctx context.Context, con *Consumer) {
+	if s.store == nil || con == nil {
+		return
+	}
+	mirrored, err := s.store.Allocations(ctx, con.UUID)
+	if err != nil {
+		s.log.Warn("placement: read the mirror of a consumer", logkey.Consumer, con.UUID, logkey.Err, err)
+		return
+	}
+	type key struct{ rp, class string }
+	have := map[key]int{}
+	for _, a := range mirrored {
+		have[key{a.Provider, a.Class}] = a.Used
+	}
+	want := map[key]int{}
+	for rp, res := range con.Providers {
+		for _, c := range s.classes() {
+			if n, ok := res[c]; ok && n > 0 {
+				if _, gpu := s.index.Lookup(rp); gpu {
+					want[key{rp, c}] = n
+				}
+			}
+		}
+	}
+	for k, n := range have {
+		if _, ok := want[k]; !ok {
+			s.log.Info("placement: the mirror drops an allocation Placement no longer has", logkey.Consumer, con.UUID,
+				logkey.Provider, k.rp, "mirrored", n)
+			s.learn(ctx, k.rp, con.UUID, k.class, 0)
+		}
+	}
+	for k, n := range want {
+		if have[k] != n {
+			s.learn(ctx, k.rp, con.UUID, k.class, n)
+		}
+	}
+}

@@ -106,8 +106,16 @@ func (a ServiceAdapter) retypeHint(c ClaimSpec) string {
 }
 
 // Holdings implements Placement.
+// The pipeline reads them when a Nova notification says they changed
+// (a creation, a move): the mirror's record of the consumer is made to
+// agree (a provider Nova took them off keeps its generation, so the
+// incremental sync would not see it).
 func (a ServiceAdapter) Holdings(ctx context.Context, consumer string) ([]placement.Holding, *placement.Consumer, error) {
-	return a.S.ReadVGPU(ctx, consumer)
+	hl, con, err := a.S.ReadVGPU(ctx, consumer)
+	if err == nil {
+		a.S.ReconcileConsumer(ctx, con)
+	}
+	return hl, con, err
 }
 
 // CachedHoldings implements Placement.

@@ -146,9 +146,17 @@ func isCustom(rc string) bool { return len(rc) > 7 && rc[:7] == "CUSTOM_" }
 
 // allocationEvent reports whether, after Nova notification kind, an
 // instance's allocations in Placement are not what they were: its
-// creation and its moves (MoveEvents).
+// creation, its moves (MoveEvents), a live migration rolled back (the
+// destination's claim dropped, the source's allocations moved back from
+// the migration consumer) and a failed rebuild (a failed evacuation drops
+// the destination's allocations).
 func allocationEvent(kind string) bool {
-	return kind == NovaKindPrefix+"instance.create.end" || IsMove(kind)
+	switch kind {
+	case NovaKindPrefix + "instance.create.end", NovaKindPrefix + "instance.live_migration_rollback.end",
+		NovaKindPrefix + "instance.rebuild.error":
+		return true
+	}
+	return IsMove(kind)
 }
 
 // KnowAllocations keeps the bridge's record of what each instance holds

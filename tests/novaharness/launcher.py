@@ -67,6 +67,24 @@ class _Host(object):
             CONF.set_override(k, v, group)
 
 
+def _vgpu_first(allocations):
+    """The one VGPU allocation Nova 26's libvirt driver serves: LibvirtDriver.
+    _vgpu_allocations keeps the providers with VGPU in the dict's own order
+    and _allocate_mdevs looks up only the first (next(iter(...))), in
+    nova/virt/libvirt/driver.py. Go's maps lose that order, so it is
+    picked here."""
+    for rp, alloc in (allocations or {}).items():
+        n = (alloc.get("resources") or {}).get("VGPU", 0)
+        if n > 0:
+            return {"provider": rp, "count": n}
+    return None
+
+
+class _Unavailable(Exception):
+    """The hook answered 409: what libvirt's driver raises as
+    ComputeResourcesUnavailable."""
+
+
 def _hook(event, instance, allocations=None, dest=None):
     url = os.environ.get("NOVATEST_HOOK_URL")
     if not url:
@@ -77,6 +95,7 @@ def _hook(event, instance, allocations=None, dest=None):
         "instance_uuid": instance.uuid,
         "instance_name": instance.name,
         "allocations": allocations,
+        "vgpu_first": _vgpu_first(allocations),
         "dest": dest,
     }
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
@@ -85,10 +104,24 @@ def _hook(event, instance, allocations=None, dest=None):
         with urllib.request.urlopen(req, timeout=60) as resp:
             resp.read()
     except urllib.error.HTTPError as e:
+        if e.code == 409:
+            raise _Unavailable(e.read().decode(errors="replace"))
         raise RuntimeError("novatest hook %s for %s: %s %s" % (event, instance.uuid, e.code, e.read().decode(errors="replace")))
 
 
+def _domains():
+    """The instance uuids with a domain on this host's fake host."""
+    url = os.environ.get("NOVATEST_HOOK_URL")
+    if not url:
+        return []
+    req = urllib.request.Request(url, data=json.dumps({"event": "list", "host": CONF.host}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read() or b"[]")
+
+
 def _wrap_fake_driver():
+    from nova import exception
     from nova.virt import fake
 
     d = fake.FakeDriver
@@ -101,7 +134,15 @@ def _wrap_fake_driver():
     def _spawn(self, context, instance, image_meta, injected_files, admin_password, allocations, *a, **kw):
         spawn(self, context, instance, image_meta, injected_files, admin_password, allocations, *a, **kw)
         power = kw.get("power_on", a[2] if len(a) > 2 else True)
-        _hook("spawn" if power else "spawn_stopped", instance, allocations)
+        try:
+            _hook("spawn" if power else "spawn_stopped", instance, allocations)
+        except _Unavailable as e:
+            # LibvirtDriver._allocate_mdevs: a VGPU allocation on a provider
+            # not in this host's tree raises ComputeResourcesUnavailable
+            # before any guest exists (an evacuation then fails and Nova
+            # keeps the instance where it was: ComputeManager.rebuild_instance).
+            destroy(self, context, instance, None)
+            raise exception.ComputeResourcesUnavailable(reason=str(e))
 
     def _destroy(self, context, instance, *a, **kw):
         destroy(self, context, instance, *a, **kw)
@@ -146,6 +187,44 @@ def _wrap_fake_driver():
         self.instances.pop(instance.uuid, None)
         _hook("live_migration_source", instance)
 
+    reboot = d.reboot
+    list_uuids = d.list_instance_uuids
+
+    def _reboot(self, context, instance, network_info, reboot_type, block_device_info=None,
+                bad_volumes_callback=None, accel_info=None):
+        # FakeDriver.reboot powers the guest on through power_on (which
+        # the harness would see as a start of a running domain): the
+        # unwrapped one here, and the hook sees the reboot itself.
+        if instance.uuid not in self.instances and reboot_type.lower() == "hard":
+            spawn(self, context, instance, instance.image_meta, None, None, None,
+                  block_device_info=block_device_info)
+        else:
+            power_on(self, context, instance, network_info, block_device_info=block_device_info)
+        _hook("reboot_" + reboot_type.lower(), instance)
+
+    def _list_uuids(self):
+        # A restarted nova-compute's FakeDriver knows no guest; libvirt
+        # lists the host's domains (Host.list_instance_domains), which
+        # ComputeManager._destroy_evacuated_instances needs to find the
+        # guest an evacuation left on this host.
+        uuids = list_uuids(self)
+        for u in _domains():
+            if u not in uuids:
+                uuids.append(u)
+        return uuids
+
+    migrate_off = d.migrate_disk_and_power_off
+
+    def _migrate_off(self, context, instance, dest, *a, **kw):
+        # LibvirtDriver.migrate_disk_and_power_off powers the source guest
+        # off; it stays defined (with its mdevs) for a revert.
+        out = migrate_off(self, context, instance, dest, *a, **kw)
+        _hook("power_off", instance)
+        return out
+
+    d.migrate_disk_and_power_off = _migrate_off
+    d.reboot = _reboot
+    d.list_instance_uuids = _list_uuids
     d.live_migration = _live_migration
     d.post_live_migration_at_destination = _at_dest
     d.post_live_migration = _post_live

@@ -206,6 +206,13 @@ type hookCall struct {
 	Allocations map[string]struct {
 		Resources map[string]int `json:"resources"`
 	} `json:"allocations"`
+	// VGPUFirst is the one VGPU allocation of Allocations that Nova 26's
+	// libvirt driver serves (the first in Placement's order: launcher.py
+	// _vgpu_first); nil without VGPU.
+	VGPUFirst *struct {
+		Provider string `json:"provider"`
+		Count    int    `json:"count"`
+	} `json:"vgpu_first"`
 }
 
 func newHookServer(n *Nova) (*hookServer, error) {
@@ -236,8 +243,16 @@ func (h *hookServer) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 50*time.Second)
 	defer cancel()
+	if c.Event == "list" {
+		h.n.listDomains(ctx, w, c.Host)
+		return
+	}
 	if err := h.n.driverCall(ctx, c); err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+		code := http.StatusInternalServerError
+		if errors.Is(err, errUnavailable) {
+			code = http.StatusConflict // launcher.py raises ComputeResourcesUnavailable
+		}
+		http.Error(w, err.Error(), code)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -321,7 +336,11 @@ func (n *Nova) driverCall(ctx context.Context, c hookCall) error {
 	if err := n.held(ctx, c); err != nil {
 		return err
 	}
-	if err := n.liveFailure(c); err != nil {
+	err := n.liveFailure(c)
+	if err == nil {
+		err = n.mdevMigrationRefused(ctx, c)
+	}
+	if err != nil {
 		fh := n.FakeHost(c.Host)
 		if fh != nil {
 			fh.mu.Lock()
@@ -343,14 +362,25 @@ func (n *Nova) driverCall(ctx context.Context, c hookCall) error {
 		return nil // the source's guest keeps running until live_migration_source
 	case "live_migration_source":
 		return fh.undefine(ctx, c.InstanceUUID)
-	case "spawn", "spawn_stopped", "revert", "live_migration_dest":
+	case "reboot_hard", "reboot_soft":
+		return fh.reboot(ctx, c.InstanceUUID)
+	case "revert":
+		return fh.revert(ctx, c)
+	case "spawn", "spawn_stopped", "live_migration_dest":
 		vgpus := map[string]int{}
 		for rp, a := range c.Allocations {
 			if a.Resources["VGPU"] > 0 {
 				vgpus[rp] = a.Resources["VGPU"]
 			}
 		}
-		if c.Event == "revert" || c.Event == "live_migration_dest" { // the driver gets no allocations: read them
+		if c.VGPUFirst != nil { // a spawn: the driver serves the first VGPU allocation only
+			first, err := n.firstVGPU(c)
+			if err != nil {
+				return err
+			}
+			vgpus = first
+		}
+		if c.Event == "live_migration_dest" { // the driver gets no allocations: read them
 			al, err := n.allocations(ctx, c.InstanceUUID)
 			if err != nil {
 				return err
@@ -376,9 +406,15 @@ func (n *Nova) driverCall(ctx context.Context, c hookCall) error {
 			if err != nil {
 				return err
 			}
+			free, err := fh.unassignedMdevs(ctx, child.pci, child.typeID)
+			if err != nil {
+				return err
+			}
 			for range count {
 				id := uuid.NewString()
-				if err := fh.Drivers.Sysfs.CreateMdev(ctx, parent, child.typeID, id); err != nil {
+				if len(free) > 0 { // _allocate_mdevs: an unassigned mdev first
+					id, free = free[len(free)-1], free[:len(free)-1]
+				} else if err := fh.Drivers.Sysfs.CreateMdev(ctx, parent, child.typeID, id); err != nil {
 					return fmt.Errorf("create mdev for %s: %w", c.InstanceUUID, err)
 				}
 				made = append(made, id)
