@@ -191,7 +191,8 @@ func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
 	}
 	for _, g := range inv.GPUs {
 		pg := protocol.GPU{PCI: g.Addr.String(), UUID: g.UUID, Name: g.Name, VendorVFIO: g.Mode == "vendor_vfio",
-			DriverVersion: g.DriverVersion, Health: g.Health, Types: []protocol.VGPUType{}, Active: []protocol.VGPU{}}
+			DriverVersion: g.DriverVersion, Health: g.Health, EnabledType: g.EnabledType,
+			Types: []protocol.VGPUType{}, Active: []protocol.VGPU{}}
 		if pg.Health == "" {
 			pg.Health = protocol.HealthUnknown
 		}

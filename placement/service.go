@@ -503,9 +503,10 @@ func (s *Service) readHosts(ctx context.Context) {
 
 // ReportedTypes are the vGPU types an agent's report fixes for its GPUs,
 // by GPU provider name as Nova names it (node "_pci_" address) → type
-// trait: the type of the vGPUs that exist on it, else the one type the
-// agent offers there. A GPU offering several types, none in use, is left
-// out: its type is Nova's choice ([devices] enabled_mdev_types).
+// trait: the type of the vGPUs that exist on it, else the type the
+// agent's allow-list (a copy of Nova's [devices] enabled_mdev_types)
+// enables there, else the one type the agent offers there. A GPU offering
+// several types, none in use and none enabled by name, is left out.
 func ReportedTypes(node string, r protocol.Report) map[string]string {
 	out := map[string]string{}
 	for _, g := range r.GPUs {
@@ -516,7 +517,7 @@ func ReportedTypes(node string, r protocol.Report) map[string]string {
 		if len(g.Types) > 0 {
 			offered = g.Types[0].ID
 		}
-		if typ := reportedType(len(g.Active), active, len(g.Types), offered); len(typ) > 0 && g.PCI != "" {
+		if typ := reportedType(len(g.Active), active, g.EnabledType, len(g.Types), offered); len(typ) > 0 && g.PCI != "" {
 			out[GPUProviderName(node, g.PCI)] = catalog.TraitFor(typ)
 		}
 	}
@@ -524,12 +525,14 @@ func ReportedTypes(node string, r protocol.Report) map[string]string {
 }
 
 // reportedType is the type a report fixes for one GPU with active vGPUs,
-// the first of type first, and types offered, the first offered: empty
-// for none.
-func reportedType[S string | []byte](active int, first S, types int, offered S) S {
+// the first of type first, the type enabled on it, and types offered,
+// the first offered: empty for none.
+func reportedType[S string | []byte](active int, first, enabled S, types int, offered S) S {
 	switch {
 	case active > 0:
 		return first
+	case len(enabled) > 0:
+		return enabled
 	case types == 1:
 		return offered
 	}
@@ -557,7 +560,8 @@ const reportedTypesSQL = `SELECT coalesce(nullif(h.report->>'node', ''), h.node,
 	coalesce(jsonb_array_length(CASE jsonb_typeof(g->'active') WHEN 'array' THEN g->'active' END), 0),
 	coalesce(g->'active'->0->>'type_id', ''),
 	coalesce(jsonb_array_length(CASE jsonb_typeof(g->'types') WHEN 'array' THEN g->'types' END), 0),
-	coalesce(g->'types'->0->>'id', '')
+	coalesce(g->'types'->0->>'id', ''),
+	coalesce(g->>'enabled_type', '')
 FROM hosts h CROSS JOIN LATERAL jsonb_array_elements(CASE jsonb_typeof(h.report->'gpus') WHEN 'array' THEN h.report->'gpus' ELSE '[]' END) AS g
 WHERE h.report IS NOT NULL`
 
@@ -585,15 +589,15 @@ func readReportedTypes(ctx context.Context, pool *pgxpool.Pool, n int) (map[stri
 		return t
 	}
 	// (scanned where the driver holds them: valid until the next row)
-	var node, pci, active, offered pgtype.DriverBytes
+	var node, pci, active, offered, enabled pgtype.DriverBytes
 	var nActive, nTypes int
 	var name []byte
-	scan := []any{&node, &pci, &nActive, &active, &nTypes, &offered}
+	scan := []any{&node, &pci, &nActive, &active, &nTypes, &offered, &enabled}
 	for rows.Next() {
 		if err := rows.Scan(scan...); err != nil {
 			return nil, err
 		}
-		typ := reportedType(nActive, []byte(active), nTypes, []byte(offered))
+		typ := reportedType(nActive, []byte(active), []byte(enabled), nTypes, []byte(offered))
 		if len(typ) == 0 || len(pci) == 0 {
 			continue
 		}

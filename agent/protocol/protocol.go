@@ -253,7 +253,13 @@ type GPU struct {
 	PhysFn     string `json:"physfn,omitempty"` // the PF of a vendor-VFIO VF
 	// FreeVFs are, for a vendor-VFIO GPU (PCI is its PF), its VFs that
 	// have no vGPU type set: those a bridge-owned GPU's attach may type.
-	FreeVFs        []string   `json:"free_vfs,omitempty"`
+	FreeVFs []string `json:"free_vfs,omitempty"`
+	// EnabledType is the type the agent's allow-list gives this GPU, as
+	// Nova's [devices] enabled_mdev_types and [mdev_<type>]
+	// device_addresses do (the agent's are a copy of them): the type Nova
+	// offers on it, among the several in Types. Empty when the list names
+	// none for it (or allows everything).
+	EnabledType    string     `json:"enabled_type,omitempty"`
 	DriverVersion  string     `json:"driver_version,omitempty"`
 	Types          []VGPUType `json:"types"`
 	Active         []VGPU     `json:"active"`

@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
 // Nova's own libvirt driver in the lab: nova-api, nova-conductor and
@@ -217,17 +220,20 @@ type labGPU struct {
 	Total int
 }
 
+// removeMdevsOfType removes every mdev of Nova's type that no running
+// domain holds (Nova leaves its mdevs behind for reuse).
+const removeMdevsOfType = `for m in /sys/bus/mdev/devices/*; do
+  [ -e "$m" ] || continue
+  case "$(basename "$(readlink -f "$m/mdev_type")")" in ` + labNovaType + `) echo 1 >"$m/remove" 2>/dev/null || true;; esac
+done`
+
 func (ln *labNova) close(t *testing.T) {
 	if out, err := vm(t, fmt.Sprintf(`systemctl stop %[1]s 2>/dev/null; systemctl reset-failed %[1]s 2>/dev/null
 v="virsh -c qemu:///system"
 for d in $($v list --all --name | grep '^instance-'); do $v destroy $d >/dev/null 2>&1; $v undefine $d >/dev/null 2>&1; done
-# Nova leaves its mdevs behind for reuse: remove those no domain holds.
-for m in /sys/bus/mdev/devices/*; do
-  [ -e "$m" ] || continue
-  case "$(basename "$(readlink -f "$m/mdev_type")")" in %[2]s) echo 1 >"$m/remove" 2>/dev/null || true;; esac
-done
+%[2]s
 rm -rf %[3]s
-modprobe mtty`, labNovaUnit, labNovaType, labNovaState)); err != nil {
+modprobe mtty`, labNovaUnit, removeMdevsOfType, labNovaState)); err != nil {
 		t.Logf("cleaning the lab's Nova up: %v\n%s", err, out)
 	}
 	if t.Failed() {
@@ -284,7 +290,20 @@ func consoleOf(t *testing.T, server string) string {
 	return out
 }
 
-// TestNovaLibvirtDriverBootsVGPUServer: Nova's real libvirt driver in the
+// TestNovaLibvirtDriver runs, on one Nova whose compute is the lab VM
+// (Nova's services and the compute start once: minutes under emulation),
+// the server Nova boots with a vGPU of its own, then the bridge's
+// direct-path vGPU on a server Nova booted without one.
+func TestNovaLibvirtDriver(t *testing.T) {
+	ln := startLabNova(t)
+	t.Run("BootsVGPUServer", func(t *testing.T) { labNovaBootsVGPUServer(t, ln) })
+	if out, err := vm(t, removeMdevsOfType); err != nil {
+		t.Fatalf("removing the mdevs Nova left: %v\n%s", err, out)
+	}
+	t.Run("DirectPathAndRebuild", func(t *testing.T) { labNovaDirectPathAndRebuild(t, ln) })
+}
+
+// labNovaBootsVGPUServer: Nova's real libvirt driver in the
 // lab reports the mdev parents' VGPU inventory on child providers of its
 // compute node, boots a resources:VGPU=1 server there through the real
 // Nova API — an mdev of the enabled type created on the GPU whose
@@ -293,8 +312,7 @@ func consoleOf(t *testing.T, server string) string {
 // the server is deleted and hands that unassigned mdev to the next
 // server on the same GPU rather than creating another
 // (LibvirtDriver._allocate_mdevs, _get_existing_mdevs_not_assigned).
-func TestNovaLibvirtDriverBootsVGPUServer(t *testing.T) {
-	ln := startLabNova(t)
+func labNovaBootsVGPUServer(t *testing.T, ln *labNova) {
 	gpus := ln.gpus(t)
 	for uuid, g := range gpus {
 		if g.Total < 1 {
@@ -388,4 +406,161 @@ func (ln *labNova) addTrait(t *testing.T, rp, trait string) {
 	if err := ln.PlacementCall(ctx, http.MethodPut, "/resource_providers/"+rp+"/traits", cur, nil); err != nil {
 		t.Fatalf("set traits of %s: %v", rp, err)
 	}
+}
+
+// labBridgeProfiles is the bridge's profile seed for the lab: the sample
+// driver names its types "Dual port serial", not a vGPU profile, so the
+// seed gives mtty_pci-2 a profile name of the usual form.
+const labBridgeProfiles = `profiles:
+  - {name: LAB-2Q, type_id: mtty_pci-2, max_instances: 12}
+`
+
+// startLabBridge runs an in-process bridge on a database of its own,
+// listening to the lab Nova's notifications and serving its agents
+// (Nova's vhost, as a deployment's bridge and agents share Nova's
+// broker), with the direct-path policy.
+func startLabBridge(t *testing.T, ln *labNova) *apiclient.Client {
+	t.Helper()
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "policy.yaml")
+	profiles := filepath.Join(dir, "profiles.yaml")
+	token := filepath.Join(dir, "nova-token")
+	testsvc.Must(t, os.WriteFile(rules, []byte(testsvc.DirectPolicy(testsvc.RuleReleaseOnDelete)), 0o600), "policy")
+	testsvc.Must(t, os.WriteFile(profiles, []byte(labBridgeProfiles), 0o600), "profiles")
+	testsvc.Must(t, os.WriteFile(token, []byte(ln.Token()+"\n"), 0o600), "nova token")
+	v := testbridge.Config(t, testsvc.Postgres(t),
+		"DEFAULT.transport_url="+ln.TransportURL(),
+		"policy.rules_file="+rules,
+		"policy.profiles_file="+profiles,
+		"nova.endpoint_override="+ln.ComputeEndpoint(),
+		"nova.token_file="+token,
+		"pipeline.poll_interval=100ms",
+		"placement.sync_interval=5s",
+		"dispatch.results_queue="+testsvc.Name("lab-results"),
+		"dispatch.reports_queue="+testsvc.Name("lab-reports"),
+	)
+	d := testbridge.Start(t, v)
+	return apiclient.New(apiclient.Config{URL: "http://" + d.API.Addr(), Token: testbridge.AdminToken, Timeout: 30 * time.Second})
+}
+
+// vmURL is a broker URL of this machine as the lab VM reaches it.
+func vmURL(u string) string {
+	return strings.NewReplacer("@127.0.0.1:", "@10.0.2.2:", "@localhost:", "@10.0.2.2:").Replace(u)
+}
+
+// labVGPU is what the lab holds of an instance's vGPUs: its VGPU
+// allocations in Placement (provider → units), the mdevs in its domain's
+// live XML and every mdev of Nova's type on the lab's GPUs.
+type labVGPU struct {
+	Allocated  map[string]int
+	InDomain   []string
+	OfTypeHost []string
+}
+
+func (ln *labNova) vgpuOf(t *testing.T, server string) labVGPU {
+	t.Helper()
+	s := ln.Server(t, server)
+	v := labVGPU{Allocated: map[string]int{}, InDomain: domainMdevs(t, s.InstanceName)}
+	for rp, res := range ln.Allocations(t, server) {
+		if res["VGPU"] > 0 {
+			v.Allocated[rp] = res["VGPU"]
+		}
+	}
+	out, err := vm(t, fmt.Sprintf(`for m in /sys/bus/mdev/devices/*; do [ -e "$m" ] || continue
+[ "$(basename "$(readlink -f "$m/mdev_type")")" = %s ] && basename "$m"; done; true`, labNovaType))
+	if err != nil {
+		t.Fatalf("listing mdevs: %v\n%s", err, out)
+	}
+	v.OfTypeHost = strings.Fields(out)
+	return v
+}
+
+// labNovaDirectPathAndRebuild: under Nova's own libvirt driver, the
+// bridge attaches a direct-path vGPU to a server Nova booted without one
+// (a claim on Nova's GPU provider in the instance's consumer, an mdev the
+// agent creates and hot-plugs into Nova's domain), and a rebuild of that
+// server through Nova then leaves it with one vGPU: Nova's driver spawns
+// the rebuilt guest with the instance's whole allocation, the bridge's
+// VGPU included, and takes the mdev the old domain left unassigned
+// (LibvirtDriver._allocate_mdevs); the bridge must neither lose that vGPU
+// nor add a second.
+func labNovaDirectPathAndRebuild(t *testing.T, ln *labNova) {
+	startLabAgentWith(t, agentOpts{
+		host: labNovaHost,
+		conf: "[devices]\nenabled_types = " + labNovaType + "\n",
+		sets: []string{"DEFAULT.transport_url=" + vmURL(ln.TransportURL())},
+	})
+	api := startLabBridge(t, ln)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+
+	flavor := ln.CreateFlavor(t, "lab.small", 1, 192, 0, nil)
+	id := ln.CreateServerFrom(t, "lab-direct", flavor, ln.disk, labNovaHost)
+	ln.WaitServerWithin(t, id, "ACTIVE", labNovaOp)
+	poll(t, 5*time.Minute, func() (bool, string) {
+		in, err := api.Instance(ctx, id)
+		return err == nil && in.Host != nil && *in.Host == labNovaHost, fmt.Sprintf("the bridge's instance %s: %+v %v", id, in, err)
+	})
+
+	start := time.Now()
+	ans, err := api.CreateRequest(ctx, apiclient.NewRequest{Type: "GPU_REQUEST", VMID: id, Workload: "training", VGPUProfile: "LAB-2Q", Count: 1}, "")
+	testsvc.Must(t, err, "GPU_REQUEST")
+	req := waitLabRequest(t, ctx, api, ans.RequestID)
+	if req.State != "succeeded" {
+		gpus, gerr := api.GPUs(ctx, apiclient.GPUFilter{Host: labNovaHost})
+		host, herr := api.Host(ctx, labNovaHost)
+		t.Fatalf("GPU_REQUEST %s: %s %s %s\nthe bridge's GPUs of %s: %s %v\nits host: %s %v", ans.RequestID, req.State, req.Code, req.Reason,
+			labNovaHost, gpus.Raw, gerr, host.Raw, herr)
+	}
+	t.Logf("direct-path vGPU attached to Nova's server in %s", time.Since(start).Round(time.Second))
+	before := ln.vgpuOf(t, id)
+	if len(before.Allocated) != 1 || len(before.InDomain) != 1 || len(before.OfTypeHost) != 1 || before.OfTypeHost[0] != before.InDomain[0] {
+		t.Fatalf("after the attach: %+v; want one VGPU allocated, one mdev in the domain, the only one of its type", before)
+	}
+
+	// Rebuild through Nova (same image, same host).
+	start = time.Now()
+	rctx, rcancel := context.WithTimeout(ctx, time.Minute)
+	err = ln.ComputeAs(rctx, http.MethodPost, "/servers/"+id+"/action", ln.Token(), map[string]any{"rebuild": map[string]any{"imageRef": ln.disk}}, nil)
+	rcancel()
+	testsvc.Must(t, err, "rebuild")
+	poll(t, labNovaOp, func() (bool, string) {
+		s := ln.Server(t, id)
+		return s.Status == "ACTIVE" && s.TaskState == "", fmt.Sprintf("server %s %s (task %q)", id, s.Status, s.TaskState)
+	})
+	t.Logf("rebuilt by Nova in %s", time.Since(start).Round(time.Second))
+	// The bridge follows the rebuild from Nova's notifications; give it
+	// the time to act on them (re-applying a vGPU would show below).
+	var after labVGPU
+	poll(t, 5*time.Minute, func() (bool, string) {
+		after = ln.vgpuOf(t, id)
+		reqs, err := api.Requests(ctx, apiclient.RequestFilter{InstanceUUID: id})
+		busy := err != nil
+		for _, r := range reqs.Requests {
+			if r.State != "succeeded" && r.State != "failed" && r.State != "rejected" {
+				busy = true
+			}
+		}
+		return !busy && len(after.InDomain) > 0, fmt.Sprintf("after the rebuild: %+v, requests %+v %v", after, reqs.Requests, err)
+	})
+	if len(after.Allocated) != 1 || len(after.InDomain) != 1 || len(after.OfTypeHost) != 1 {
+		t.Fatalf("after the rebuild: %+v; want one VGPU allocated, one mdev in the domain, one of its type on the host (before: %+v)", after, before)
+	}
+	if after.InDomain[0] != before.InDomain[0] {
+		t.Errorf("the rebuilt domain has mdev %s, not the unassigned %s Nova's driver reuses", after.InDomain[0], before.InDomain[0])
+	}
+	ln.DeleteServerWithin(t, id, labNovaOp)
+}
+
+// waitLabRequest waits until a bridge request is final.
+func waitLabRequest(t *testing.T, ctx context.Context, api *apiclient.Client, id string) apiclient.Request {
+	t.Helper()
+	var r apiclient.Request
+	poll(t, labNovaOp, func() (bool, string) {
+		var err error
+		r, err = api.Request(ctx, id)
+		return err == nil && (r.State == "succeeded" || r.State == "failed" || r.State == "rejected"),
+			fmt.Sprintf("request %s: %s %s %v", id, r.State, r.Reason, err)
+	})
+	return r
 }

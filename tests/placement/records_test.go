@@ -180,6 +180,7 @@ func TestReadReportedTypes(t *testing.T) {
 		{"cmp1", "cmp1.example.org", protocol.Report{Node: "cmp1.example.org", GPUs: []protocol.GPU{
 			{PCI: "0000:3b:00.0", Types: t4},                                   // the one type offered
 			{PCI: "0000:3c:00.0", Types: two},                                  // several, none in use: Nova's choice
+			{PCI: "0000:3a:00.0", Types: two, EnabledType: "nvidia-231"},       // which the allow-list names
 			{PCI: "0000:3d:00.0", Types: two, Active: active("nvidia-231", 2)}, // the type in use
 			{PCI: "0000:3e:00.0", Types: nil, Active: active("nvidia-232", 1)},
 			{PCI: "", Types: t4},  // no address
@@ -208,8 +209,8 @@ func TestReadReportedTypes(t *testing.T) {
 	if !maps.Equal(got, want) {
 		t.Errorf("read %v\nwant %v", got, want)
 	}
-	if len(want) != 7 {
-		t.Errorf("ReportedTypes found %d GPUs, want 7: %v", len(want), want)
+	if len(want) != 8 || want["cmp1.example.org_pci_0000_3a_00_0"] != "CUSTOM_NVIDIA_231" {
+		t.Errorf("ReportedTypes found %d GPUs, want 8 with the enabled type: %v", len(want), want)
 	}
 }
 
