@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
@@ -110,6 +111,9 @@ type LayoutOptions struct {
 	// VFWait is how long to wait for enabled VFs to show their
 	// nvidia/ files (the driver probes them after sriov_numvfs).
 	VFWait time.Duration
+	// FakeHostDir, when set, applies the layout to the simulated host
+	// there (built when missing) instead of [sysfs] root.
+	FakeHostDir string
 }
 
 // ApplyLayout applies (or, dry, checks) [devices] vf_layout on the host's
@@ -122,6 +126,13 @@ func ApplyLayout(ctx context.Context, v *conf.Values, o LayoutOptions, log *slog
 	if len(l) == 0 {
 		log.Info("vf layout: [devices] vf_layout is empty, nothing to do")
 		return LayoutResult{Steps: []LayoutStep{}}, nil
+	}
+	if o.FakeHostDir != "" {
+		h, err := fakehost.LoadOrBuild(o.FakeHostDir)
+		if err != nil {
+			return LayoutResult{}, err
+		}
+		return ApplyVFLayout(ctx, h.Sysfs, l, o, log)
 	}
 	s, err := hostSettingsFrom(v)
 	if err != nil {

@@ -29,6 +29,8 @@ is printed), 2 a bad configuration.`,
 
 func newLayoutRunCmd(g *globals, use, short string, dry bool) *cobra.Command {
 	var output string
+	var o agent.LayoutOptions
+	o.DryRun = dry
 	c := &cobra.Command{
 		Use:   use,
 		Short: short,
@@ -41,7 +43,7 @@ func newLayoutRunCmd(g *globals, use, short string, dry bool) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := agent.ApplyLayout(cmd.Context(), v, agent.LayoutOptions{DryRun: dry}, g.Logger(v))
+			res, err := agent.ApplyLayout(cmd.Context(), v, o, g.Logger(v))
 			if err != nil {
 				return err
 			}
@@ -73,5 +75,6 @@ func newLayoutRunCmd(g *globals, use, short string, dry bool) *cobra.Command {
 		},
 	}
 	c.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	c.Flags().StringVar(&o.FakeHostDir, "fake-host", "", "act on the simulated host under DIR (as `serve --fake-host DIR`)")
 	return c
 }
