@@ -64,7 +64,7 @@ func TestSystemdUnits(t *testing.T) {
 			"Unit.Before":                   "libvirtd.service virtqemud.service libvirt-guests.service nova-compute.service vgpu-agent.service",
 		},
 		// After the driver's modules, before nova-compute: Nova's resource
-		// tracker finds the VFs enabled and typed (issue 34).
+		// tracker finds the VFs enabled and typed.
 		"vgpu-agent-layout.service": {
 			"Service.Type": "oneshot", "Service.RemainAfterExit": "yes", "Service.User": "root", "Service.NoNewPrivileges": "yes",
 			"Service.ProtectSystem": "strict", "Service.CapabilityBoundingSet": "CAP_SYS_ADMIN CAP_DAC_OVERRIDE",
