@@ -19,6 +19,12 @@ var (
 	optEnabledMdevTypes = devicesOptions.List("devices", "enabled_mdev_types", "",
 		"Nova's name for enabled_types, accepted so nova.conf's [devices] section can be copied as is; "+
 			"the two lists are merged. Example: nvidia-232")
+	optVFLayout = devicesOptions.List("devices", "vf_layout", "",
+		"Boot layout of Nova-owned vendor-VFIO GPUs (VFs listed in Nova's [pci] device_spec), applied by "+
+			"`vgpu-agent layout apply` (vgpu-agent-layout.service, before nova-compute): PF=TYPE:COUNT entries, "+
+			"each enabling VFs of the PF (sriov_numvfs) and typing COUNT of them, in address order, with the vGPU "+
+			"type id TYPE (1429 or nvidia-1429). One type per GPU. Empty: no layout. "+
+			"Example: 0000:c1:00.0=1430:4,0000:c2:00.0=1429:2")
 )
 
 // devicesOptions are the options declared in this file; Options assembles them
@@ -36,6 +42,9 @@ var devicesOptions = conf.NewGroup().
 func checkDevices(v *conf.Values) conf.Errors {
 	if _, err := AllowList(v); err != nil {
 		return conf.Errors{{Section: "devices", Option: "enabled_types", Problem: err.Error()}}
+	}
+	if _, err := VFLayoutFrom(v); err != nil {
+		return conf.Errors{{Section: "devices", Option: "vf_layout", Problem: err.Error()}}
 	}
 	return nil
 }

@@ -277,3 +277,36 @@ func (h *Host) SetVGPUParams(ctx context.Context, mdevUUID string, vf pci.Addr, 
 	}
 	return nil
 }
+
+// SetNumVFs writes n to the PF's sriov_numvfs, enabling n VFs. The kernel
+// takes a new count only from 0, so a PF with VFs already enabled is
+// Exists unless it has exactly n (a no-op); n above sriov_totalvfs is
+// Invalid.
+func (h *Host) SetNumVFs(ctx context.Context, pf pci.Addr, n int) error {
+	op := fmt.Sprintf("set sriov_numvfs of %s to %d", pf, n)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	dir := h.path("bus", "pci", "devices", pf.String())
+	total, err := readInt(filepath.Join(dir, "sriov_totalvfs"))
+	if err != nil {
+		return classify(op, err)
+	}
+	if n < 0 || n > total {
+		return hosterr.Errorf(hosterr.Invalid, op, "%s supports 0 to %d VFs", pf, total)
+	}
+	cur, err := readInt(filepath.Join(dir, "sriov_numvfs"))
+	if err != nil {
+		return classify(op, err)
+	}
+	switch {
+	case cur == n:
+		return nil
+	case cur != 0:
+		return hosterr.Errorf(hosterr.Exists, op, "%s has %d VFs enabled; the count changes only from 0", pf, cur)
+	}
+	if err := h.w.WriteFile(filepath.Join(dir, "sriov_numvfs"), []byte(strconv.Itoa(n))); err != nil {
+		return classify(op, err)
+	}
+	return nil
+}

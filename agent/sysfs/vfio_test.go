@@ -169,3 +169,36 @@ func FuzzParseCreatableTypes(f *testing.F) {
 		}
 	})
 }
+
+func TestSetNumVFs(t *testing.T) {
+	ctx := context.Background()
+	pf := pci.MustParse("0000:c1:00.0")
+	numvfs := func(tr *tree) string {
+		b, _ := os.ReadFile(filepath.Join(tr.root, "bus/pci/devices/0000:c1:00.0/sriov_numvfs"))
+		return string(b)
+	}
+	for _, tc := range []struct {
+		name    string
+		current string // sriov_numvfs before
+		n       int
+		code    hosterr.Code // "" for success
+		after   string
+	}{
+		{"from 0", "0\n", 4, "", "4"},
+		{"the count it has", "3\n", 3, "", "3\n"},
+		{"another count while VFs are enabled", "3\n", 4, hosterr.Exists, "3\n"},
+		{"more than sriov_totalvfs", "0\n", 17, hosterr.Invalid, "0\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := vfioTree(t)
+			tr.file("devices/pci0000:c0/0000:c1:00.0/sriov_numvfs", tc.current)
+			err := New(tr.root).SetNumVFs(ctx, pf, tc.n)
+			if tc.code == "" && err != nil || tc.code != "" && !hosterr.Is(err, tc.code) {
+				t.Errorf("err = %v, want code %q", err, tc.code)
+			}
+			if got := numvfs(tr); got != tc.after {
+				t.Errorf("sriov_numvfs = %q, want %q", got, tc.after)
+			}
+		})
+	}
+}

@@ -46,7 +46,7 @@ attach vGPUs, tune GPUs, set VM limits) and reports the host's state.`,
 // subcommands are the commands of vgpu-agent, each built by a file of
 // this package (version and genconfig are package daemon's).
 var subcommands = []func(*globals) *cobra.Command{
-	newInventoryCmd, newDiagnoseCmd, newRestoreCmd, newServeCmd,
+	newInventoryCmd, newDiagnoseCmd, newLayoutCmd, newRestoreCmd, newServeCmd,
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

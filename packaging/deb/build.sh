@@ -110,6 +110,7 @@ d=$work/vgpu-agent
 install -D -m 0755 "$bin/vgpu-agent" "$d/usr/bin/vgpu-agent"
 install -D -m 0644 "$root/etc/systemd/vgpu-agent.service" "$d/lib/systemd/system/vgpu-agent.service"
 install -D -m 0644 "$root/etc/systemd/vgpu-agent-restore.service" "$d/lib/systemd/system/vgpu-agent-restore.service"
+install -D -m 0644 "$root/etc/systemd/vgpu-agent-layout.service" "$d/lib/systemd/system/vgpu-agent-layout.service"
 common_doc vgpu-agent "$d"
 manpages "$bin/vgpu-agent" 8 "$d"
 install -D -m 0644 "$root/etc/vgpu-bridge/agent.conf.sample" "$d/usr/share/doc/vgpu-agent/examples/agent.conf.sample"

@@ -63,6 +63,16 @@ func TestSystemdUnits(t *testing.T) {
 			"Service.CapabilityBoundingSet": "CAP_SYS_ADMIN CAP_DAC_OVERRIDE",
 			"Unit.Before":                   "libvirtd.service virtqemud.service libvirt-guests.service nova-compute.service vgpu-agent.service",
 		},
+		// After the driver's modules, before nova-compute: Nova's resource
+		// tracker finds the VFs enabled and typed.
+		"vgpu-agent-layout.service": {
+			"Service.Type": "oneshot", "Service.RemainAfterExit": "yes", "Service.User": "root", "Service.NoNewPrivileges": "yes",
+			"Service.ProtectSystem": "strict", "Service.CapabilityBoundingSet": "CAP_SYS_ADMIN CAP_DAC_OVERRIDE",
+			"Service.ExecStart": "/usr/bin/vgpu-agent layout apply --config /etc/vgpu-bridge/agent.conf",
+			"Unit.After":        "local-fs.target systemd-modules-load.service nvidia-vgpu-mgr.service nvidia-vgpud.service",
+			"Unit.Before":       "nova-compute.service libvirtd.service virtqemud.service libvirt-guests.service vgpu-agent-restore.service vgpu-agent.service",
+			"Install.WantedBy":  "multi-user.target",
+		},
 		"vgpu-agent.service": {
 			"Unit.Wants":   "network-online.target vgpu-agent-restore.service",
 			"Service.User": "root", "Service.NoNewPrivileges": "yes", "Service.ProtectSystem": "strict",

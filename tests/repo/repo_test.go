@@ -149,7 +149,8 @@ func TestDebPackages(t *testing.T) {
 		"vgpu-bridge": {"usr/bin/vgpu-bridge", "lib/systemd/system/vgpu-bridge.service", "lib/systemd/system/vgpu-bridge-migrate.service",
 			"usr/lib/sysusers.d/vgpu-bridge.conf", "etc/vgpu-bridge/rules.yaml", "usr/share/doc/vgpu-bridge/examples/bridge.conf.sample",
 			"usr/share/doc/vgpu-bridge/examples/policy.yaml.sample", "usr/share/doc/vgpu-bridge/copyright", "usr/share/vgpu-bridge/prometheus/vgpu-bridge.rules.yaml"},
-		"vgpu-agent": {"usr/bin/vgpu-agent", "lib/systemd/system/vgpu-agent.service", "lib/systemd/system/vgpu-agent-restore.service", "usr/share/doc/vgpu-agent/examples/agent.conf.sample",
+		"vgpu-agent": {"usr/bin/vgpu-agent", "lib/systemd/system/vgpu-agent.service", "lib/systemd/system/vgpu-agent-restore.service", "lib/systemd/system/vgpu-agent-layout.service",
+			"usr/share/doc/vgpu-agent/examples/agent.conf.sample",
 			"usr/share/doc/vgpu-agent/copyright"},
 		"vgpuctl": {"usr/bin/vgpuctl", "usr/share/doc/vgpuctl/copyright", "usr/share/man/man1/vgpuctl.1.gz",
 			"usr/share/man/man1/vgpuctl-flavor-plan.1.gz", "usr/share/bash-completion/completions/vgpuctl",
@@ -157,7 +158,7 @@ func TestDebPackages(t *testing.T) {
 	}
 	want["vgpu-bridge"] = append(want["vgpu-bridge"], "usr/share/man/man8/vgpu-bridge.8.gz", "usr/share/man/man8/vgpu-bridge-upgrade-check.8.gz")
 	want["vgpu-agent"] = append(want["vgpu-agent"], "usr/share/man/man8/vgpu-agent.8.gz", "usr/share/man/man8/vgpu-agent-serve.8.gz",
-		"usr/share/man/man8/vgpu-agent-restore-devices.8.gz")
+		"usr/share/man/man8/vgpu-agent-restore-devices.8.gz", "usr/share/man/man8/vgpu-agent-layout-apply.8.gz")
 	for pkg, files := range want {
 		debs, _ := filepath.Glob(filepath.Join(out, pkg+"_0.1.0~dev0+test_*.deb"))
 		if len(debs) != 1 {
