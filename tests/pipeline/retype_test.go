@@ -1,9 +1,13 @@
 package pipeline_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"slices"
 	"testing"
 	"time"
@@ -13,7 +17,9 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/placementapi"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
@@ -62,6 +68,19 @@ func (w *world) emptyVFGPU() {
 		}
 		return false
 	})
+}
+
+// retypeAPI posts a re-type to the operator API route over svc (as
+// vgpuctl gpu retype does): the status, the body and its content type.
+func (w *world) retypeAPI(svc *placement.Service, pf, typeID string) (int, string, string) {
+	w.t.Helper()
+	srv := api.New(api.Config{Listen: "127.0.0.1:0", Auth: api.NoAuth{}})
+	placementapi.New(svc).Register(srv)
+	req := httptest.NewRequest(http.MethodPost, "/v1/hosts/"+w.host+"/gpus/"+pf+"/retype", strings.NewReader(`{"type_id": "`+typeID+`"}`))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	srv.Echo().ServeHTTP(rec, req)
+	return rec.Code, rec.Body.String(), rec.Header().Get("Content-Type")
 }
 
 // ownedCandidates asks Placement for one unit of the bridge's class with
@@ -121,7 +140,21 @@ func TestBridgeOwnedVFRetype(t *testing.T) {
 	w.wantOwnedInventory(rp, 2, 0)
 	w.wantOffers(rp, true, false)
 
-	testsvc.Must(t, r.svc.Retype(w.ctx, w.host, vfPF, retypeTo), "re-type")
+	code, body, _ := w.retypeAPI(r.svc, vfPF, retypeTo)
+	if code != http.StatusOK {
+		t.Fatalf("POST retype: %d %s", code, body)
+	}
+	var res placementapi.RetypeResult
+	testsvc.Must(t, json.Unmarshal([]byte(body), &res), "retype answer")
+	if res.TypeID != retypeTo || res.Step != placement.RetypeDone || res.PCI != vfPF {
+		t.Errorf("retype answer = %+v, want %s %s done", res, vfPF, retypeTo)
+	}
+	var detail string
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT detail::text FROM audit_log WHERE action = 'gpu.retype' AND object_id = $1`,
+		w.host+"/"+vfPF).Scan(&detail), "audit row")
+	if !strings.Contains(detail, `"from": "`+vfType+`"`) || !strings.Contains(detail, `"to": "`+retypeTo+`"`) {
+		t.Errorf("audit detail = %s, want from %s to %s", detail, vfType, retypeTo)
+	}
 	w.wantTraits(rp, retypeTrait)
 	w.wantOwnedInventory(rp, 4, 0)
 	w.wantOffers(rp, false, true)
@@ -166,6 +199,20 @@ func TestBridgeOwnedVFRetypeRefused(t *testing.T) {
 	if err := r.svc.Retype(w.ctx, w.host, vfPF, retypeTo); !errors.Is(err, placement.ErrRetypeNotCreatable) {
 		t.Errorf("re-type to %s beside Nova's %s VF: %v, want %v", retypeTo, vfType, err, placement.ErrRetypeNotCreatable)
 	}
+	for _, c := range []struct {
+		pf, typeID string
+		want       int
+		title      string
+	}{
+		{"0000:3b:00.0", retypeTo, http.StatusNotFound, "GPU not bridge-owned"},
+		{vfPF, retypeTo, http.StatusUnprocessableEntity, "Type not creatable"},
+		{vfPF, "H200X-35C", http.StatusUnprocessableEntity, "Invalid request"},
+	} {
+		code, body, ctype := w.retypeAPI(r.svc, c.pf, c.typeID)
+		if code != c.want || ctype != "application/problem+json" || !strings.Contains(body, `"title":"`+c.title+`"`) {
+			t.Errorf("POST retype %s %s: %d %s (%s), want %d problem+json %q", c.pf, c.typeID, code, body, ctype, c.want, c.title)
+		}
+	}
 	w.wantTraits(rp, vfTrait)
 	w.wantOwnedInventory(rp, 1, 0)
 
@@ -182,6 +229,9 @@ func TestBridgeOwnedVFRetypeRefused(t *testing.T) {
 	w.reportedVF(w.attachments(inst)[0].pci, inst, true, 30*time.Second)
 	if err := r.svc.Retype(w.ctx, w.host, vfPF, retypeTo); !errors.Is(err, placement.ErrRetypeInUse) {
 		t.Errorf("re-type of a GPU with a typed VF: %v, want %v", err, placement.ErrRetypeInUse)
+	}
+	if code, body, _ := w.retypeAPI(r.svc, vfPF, retypeTo); code != http.StatusConflict {
+		t.Errorf("POST retype of a GPU in use: %d %s, want 409", code, body)
 	}
 	w.wantTraits(rp, vfTrait)
 	typ, step, err := r.svc.OwnedType(w.ctx, w.host, vfPF)
