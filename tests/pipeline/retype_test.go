@@ -294,3 +294,42 @@ func TestBridgeOwnedVFRetypeStoppedAtEachStep(t *testing.T) {
 		})
 	}
 }
+
+// TestBridgeOwnedVFRetypeUndoneWhenClaimed: a bridge stops once it has
+// recorded a re-type and before its provider stops offering the old type;
+// meanwhile a direct-path request claims a vGPU of the old type there. The
+// bridge started again finds the claim after the withdrawal and undoes the
+// re-type: the old type is offered again (one VF left), never the new
+// one, and the bridge's state forgets the re-type.
+func TestBridgeOwnedVFRetypeUndoneWhenClaimed(t *testing.T) {
+	t.Parallel()
+	w, r, rp := vfWorld(t)
+	w.emptyVFGPU()
+	_, err := r.svc.PublishOwned(w.ctx)
+	testsvc.Must(t, err, "publish the empty GPU")
+	stopped := w.retypeService("stops-at-withdrawing", func(step string) error {
+		if step == placement.RetypeWithdrawing {
+			return errCrash
+		}
+		return nil
+	})
+	if err := stopped.Retype(w.ctx, w.host, vfPF, retypeTo); !errors.Is(err, errCrash) {
+		t.Fatalf("re-type: %v, want the stop", err)
+	}
+	inst := w.domains[3].UUID
+	id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": vfProfile})
+	if res := w.wait(id, 60*time.Second); res.State != requests.Succeeded {
+		t.Fatalf("attach %s: %s (%s: %s)", vfProfile, res.State, res.Code, res.Reason)
+	}
+	restarted := w.retypeService("restarted", nil)
+	_, err = restarted.PublishOwned(w.ctx)
+	testsvc.Must(t, err, "publish after the restart")
+	w.wantTraits(rp, vfTrait)
+	w.wantOffers(rp, true, false)
+	w.wantOwnedInventory(rp, 2, 1)
+	typ, step, err := restarted.OwnedType(w.ctx, w.host, vfPF)
+	testsvc.Must(t, err, "owned type")
+	if typ != vfType || step != "" {
+		t.Errorf("bridge's type after the undo = %s (%q), want %s, never re-typed", typ, step, vfType)
+	}
+}
