@@ -256,8 +256,8 @@ func (s *Service) resumeRetypes(ctx context.Context) (map[[2]string]bool, error)
 	stuck := map[[2]string]bool{}
 	var firstErr error
 	for _, row := range rows {
-		if row.step == RetypeDone {
-			continue
+		if _, ok := s.ownedDecl(row.host, row.pci); !ok || row.step == RetypeDone {
+			continue // done, or the GPU is no longer declared bridge-owned
 		}
 		if err := s.resumeRetype(ctx, row); err != nil && !errors.Is(err, ErrRetypeInUse) {
 			s.log.Warn("placement: bridge-owned GPU re-type not resumed", logkey.Host, row.host, "pci", row.pci, logkey.Err, err)
