@@ -121,8 +121,18 @@ func (s *Service) PublishOwned(ctx context.Context) (int, error) {
 	if len(s.cfg.OwnedVFGPUs) == 0 || s.store == nil {
 		return 0, nil
 	}
-	hosts := make([]string, 0, len(s.cfg.OwnedVFGPUs))
-	for _, d := range s.cfg.OwnedVFGPUs {
+	// Re-types a stopped bridge left are finished first; a GPU whose
+	// re-type cannot finish yet is left as it is (offering nothing).
+	stuck, resumeErr := s.resumeRetypes(ctx)
+	if stuck == nil {
+		return 0, resumeErr
+	}
+	decls, err := s.ownedDecls(ctx, stuck)
+	if err != nil {
+		return 0, err
+	}
+	hosts := make([]string, 0, len(decls))
+	for _, d := range decls {
 		if !slices.Contains(hosts, d.Host) {
 			hosts = append(hosts, d.Host)
 		}
@@ -144,14 +154,14 @@ func (s *Service) PublishOwned(ctx context.Context) (int, error) {
 			s.log.Warn("placement: bridge-owned GPUs: unreadable report", logkey.Host, host, logkey.Err, err)
 			continue
 		}
-		gpus = append(gpus, OwnedFromReport(s.cfg.OwnedVFGPUs, host, r)...)
+		gpus = append(gpus, OwnedFromReport(decls, host, r)...)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("bridge-owned GPUs: hosts: %w", err)
 	}
 	changed := 0
-	var firstErr error
+	firstErr := resumeErr
 	for _, g := range gpus {
 		did, _, err := s.PublishGPU(ctx, g)
 		if err != nil {

@@ -61,6 +61,11 @@ type Config struct {
 	// bridge-owned ([placement] bridge_owned_vf_gpus): the sync leader
 	// keeps a provider of class BridgeClass for each (PublishOwned).
 	OwnedVFGPUs []OwnedDecl
+	// RetypeStepHook, when set, is called each time a re-type of a
+	// bridge-owned GPU has recorded a step (RetypeWithdrawing,
+	// RetypeTyped, RetypeDone); an error it returns stops the re-type
+	// there, as a crash would. Tests set it.
+	RetypeStepHook func(step string) error
 	// NovaVFClasses are the resource classes of Nova's PCI providers whose
 	// VFs are vGPUs (Nova-owned VF GPUs), each with its numeric vGPU type
 	// id ([placement] nova_vf_resource_classes): mirrored and indexed as

@@ -237,6 +237,16 @@ func (c *Client) Sync(ctx context.Context, full bool) (SyncResult, error) {
 	return out, err
 }
 
+// RetypeGPU re-types the empty bridge-owned VF GPU pf of host to typeID
+// (admin, audited).
+func (c *Client) RetypeGPU(ctx context.Context, host, pf, typeID string) (RetypeResult, error) {
+	var out RetypeResult
+	raw, err := c.callInto(ctx, Call{Method: http.MethodPost, Path: "/v1/hosts/" + url.PathEscape(host) + "/gpus/" + url.PathEscape(pf) + "/retype",
+		Body: map[string]string{"type_id": typeID}}, &out)
+	out.Raw = raw
+	return out, err
+}
+
 // Explain asks the active policy what it decides for body, which is
 // {"event": {...}} with an optional "state".
 func (c *Client) Explain(ctx context.Context, body json.RawMessage) (Explanation, error) {

@@ -56,6 +56,7 @@ func TestTypesMatchOpenAPI(t *testing.T) {
 		{Intent{}, []string{"PolicyIntent"}},
 		{WebhookAnswer{}, []string{"WebhookAccepted"}},
 		{SyncResult{}, []string{"SyncResult"}},
+		{RetypeResult{}, []string{"RetypeResult"}},
 		{Controls{}, []string{"Controls"}},
 		{Drain{}, []string{"HostDrain", "GPUDrain"}},
 		{Profile{}, []string{"ProfileRecord"}},

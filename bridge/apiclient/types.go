@@ -283,3 +283,13 @@ type SyncResult struct {
 	DurationSeconds float64         `json:"duration_seconds"`
 	Raw             json.RawMessage `json:"-"`
 }
+
+// RetypeResult answers POST /v1/hosts/{name}/gpus/{pci}/retype: the GPU's
+// type now and the step of its re-type (done).
+type RetypeResult struct {
+	Host   string          `json:"host"`
+	PCI    string          `json:"pci"`
+	TypeID string          `json:"type_id"`
+	Step   string          `json:"step"`
+	Raw    json.RawMessage `json:"-"`
+}

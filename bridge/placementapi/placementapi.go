@@ -1,7 +1,9 @@
 // Package placementapi serves the placement part of the operator API:
 // POST /v1/placements/dry-run, POST /v1/placements/sync, GET /v1/gpus,
 // GET /v1/hosts, GET /v1/hosts/{name} and GET /v1/allocations, all read
-// from the mirror and its in-memory index.
+// from the mirror and its in-memory index; and POST
+// /v1/hosts/{name}/gpus/{pci}/retype, which re-types an empty
+// bridge-owned VF GPU (retype.go).
 package placementapi
 
 import (
@@ -70,6 +72,7 @@ func (h *Handlers) Register(srv *api.Server) {
 	srv.Handle(http.MethodGet, "/v1/hosts", api.Fleet, h.hosts)
 	srv.Handle(http.MethodGet, "/v1/hosts/:name", api.Fleet, h.host)
 	srv.Handle(http.MethodGet, "/v1/allocations", api.Project, h.allocations)
+	srv.Handle(http.MethodPost, "/v1/hosts/:name/gpus/:pci/retype", api.Admin, h.retype)
 	srv.Describe(openAPI)
 }
 

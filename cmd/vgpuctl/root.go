@@ -153,6 +153,7 @@ func newRoot(g *globals) *cobra.Command {
 		hostsCmd, gpusCmd, instancesCmd, allocationsCmd, eventsCmd, deadLettersCmd,
 		requestsCmd, requestCmd, placeCmd, syncCmd, policyCmd, webhookCmd,
 		driftCmd, flavorCmd, diagnoseCmd,
+		gpuCmd,   // one GPU: retype
 		hostCmd,  // host maintenance: migrate-all
 		usageCmd, // accounting: GET /v1/usage
 		quotaCmd, // limits and usage: GET /v1/quota
