@@ -89,7 +89,7 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 	cfg, deps, count, dec := lent.Config, lent.Deps, lent.Counters, lent.Decisions
 	proc.Use(pipeline.Paths{Stages: []pipeline.Stage{
 		// the usage of the vGPUs an instance's flavor gives it, as Nova says it stands
-		pipeline.AccountFlavor{Catalog: deps.Catalog, ClockSkew: cfg.ClockSkewTolerance},
+		pipeline.AccountFlavor{Catalog: deps.Catalog, ClockSkew: cfg.ClockSkewTolerance, NovaVFAliases: cfg.NovaVFAliases},
 		// the instance's allocations read when Nova changed them, for one-call claims later
 		pipeline.KnowAllocations{Allocations: deps.Placement},
 		// a Nova notification of a resize the bridge runs moves that resize on

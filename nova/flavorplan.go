@@ -29,7 +29,16 @@ type PlanProfile struct {
 	Name   string `json:"name"`
 	TypeID string `json:"type_id,omitempty"`
 	Trait  string `json:"trait"`
+	// Alias, when set, is the Nova PCI alias ([pci] alias) of the
+	// profile's Nova-owned VFs: its flavors ask for pci_passthrough:alias=
+	// ALIAS:1 (Nova's PciPassthroughFilter places them on a VF), not for
+	// resources:VGPU and the trait.
+	Alias string `json:"alias,omitempty"`
 }
+
+// AliasSpec is the flavor extra spec of Nova's PCI passthrough requests
+// (nova.pci.request.get_pci_requests_from_flavor).
+const AliasSpec = "pci_passthrough:alias"
 
 // PlanAction says what a proposal needs.
 type PlanAction string
@@ -148,6 +157,14 @@ func PlanFlavors(flavors []PlanFlavor, profiles []PlanProfile, base func(PlanFla
 			continue
 		}
 		seen[p.Name] = true
+		if p.Alias != "" {
+			if strings.ContainsAny(p.Alias, ":, ") {
+				plan.Skipped = append(plan.Skipped, PlanSkip{Profile: p.Name, Reason: fmt.Sprintf("alias %q: a PCI alias name has no ':', ',' or space", p.Alias)})
+				continue
+			}
+			good = append(good, p)
+			continue
+		}
 		if p.Trait == "" {
 			plan.Skipped = append(plan.Skipped, PlanSkip{Profile: p.Name, Reason: "no trait: the profile's type id is not known yet"})
 			continue
@@ -184,6 +201,10 @@ func PlanFlavors(flavors []PlanFlavor, profiles []PlanProfile, base func(PlanFla
 		}
 		for _, p := range good {
 			name := PlannedFlavorName(base.Name, p.Name)
+			if _, pci := base.ExtraSpecs[AliasSpec]; pci && p.Alias != "" {
+				plan.Skipped = append(plan.Skipped, PlanSkip{Flavor: base.Name, Profile: p.Name, Reason: "asks for PCI devices already (" + AliasSpec + ")"})
+				continue
+			}
 			if len(name) > MaxFlavorName {
 				plan.Skipped = append(plan.Skipped, PlanSkip{Flavor: base.Name, Profile: p.Name,
 					Reason: fmt.Sprintf("the name %s… is longer than Nova's %d characters", name[:40], MaxFlavorName)})
@@ -193,8 +214,12 @@ func PlanFlavors(flavors []PlanFlavor, profiles []PlanProfile, base func(PlanFla
 			if specs == nil {
 				specs = map[string]string{}
 			}
-			specs["resources:"+ResourceVGPU] = "1"
-			specs["trait:"+p.Trait] = "required"
+			if p.Alias != "" {
+				specs[AliasSpec] = p.Alias + ":1"
+			} else {
+				specs["resources:"+ResourceVGPU] = "1"
+				specs["trait:"+p.Trait] = "required"
+			}
 			want := PlanFlavor{Name: name, VCPUs: base.VCPUs, RAM: base.RAM, Disk: base.Disk, Ephemeral: base.Ephemeral,
 				Swap: base.Swap, Public: base.Public, ExtraSpecs: specs}
 			prop := FlavorProposal{Flavor: want, BasedOn: base.Name, Profile: p.Name, Trait: p.Trait}
@@ -228,7 +253,7 @@ func PlanFlavors(flavors []PlanFlavor, profiles []PlanProfile, base func(PlanFla
 			}
 			if prop.Action == PlanCreate {
 				creates = append(creates, planned{name, want})
-				prop.Detail = describe(want, base, p.Trait)
+				prop.Detail = describe(want, base, p)
 				if !want.Public {
 					prop.Detail += "; private like " + base.Name + ": grant projects access (openstack flavor set --project)"
 				}
@@ -284,7 +309,7 @@ func FlavorDifferences(have, want PlanFlavor) []string {
 // describe is a proposal's contents on one line: "vcpus=2 ram=2048
 // disk=20 + resources:VGPU=1 trait:CUSTOM_NVIDIA_232=required", and how
 // many extra specs come from the base.
-func describe(f PlanFlavor, base PlanFlavor, trait string) string {
+func describe(f PlanFlavor, base PlanFlavor, p PlanProfile) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "vcpus=%d ram=%d disk=%d", f.VCPUs, f.RAM, f.Disk)
 	if f.Ephemeral > 0 {
@@ -293,7 +318,11 @@ func describe(f PlanFlavor, base PlanFlavor, trait string) string {
 	if f.Swap > 0 {
 		fmt.Fprintf(&b, " swap=%d", f.Swap)
 	}
-	fmt.Fprintf(&b, " + resources:%s=1 trait:%s=required", ResourceVGPU, trait)
+	if p.Alias != "" {
+		fmt.Fprintf(&b, " + %s=%s:1 (Nova-owned VF)", AliasSpec, p.Alias)
+	} else {
+		fmt.Fprintf(&b, " + resources:%s=1 trait:%s=required", ResourceVGPU, p.Trait)
+	}
 	if n := len(base.ExtraSpecs); n > 0 {
 		fmt.Fprintf(&b, " + the %d extra spec(s) of %s", n, base.Name)
 	}

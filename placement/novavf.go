@@ -43,3 +43,31 @@ func (s *Service) IsNovaVF(class string) bool {
 	_, ok := s.cfg.NovaVFClasses[class]
 	return ok
 }
+
+// NovaVFAlias is a Nova PCI alias ([pci] alias) whose devices are the VFs
+// of Nova-owned VF GPUs: a flavor's pci_passthrough:alias naming it gives
+// its servers that many VFs of Class, typed TypeID. The bridge counts them
+// in its usage accounting and its per-profile quota ([placement]
+// nova_vf_aliases).
+type NovaVFAlias struct {
+	Class  string // the device_spec's resource_class (nova_vf_resource_classes)
+	TypeID string // the numeric vGPU type the class's VFs are typed for
+}
+
+// ParseNovaVFAlias parses "ALIAS=CLASS" (h200x-35c=CUSTOM_VGPU_VF_1430).
+// An alias name is what Nova's pci_passthrough:alias can name: no ':' or
+// ',' (nova.pci.request._translate_alias_to_requests splits on them).
+func ParseNovaVFAlias(s string) (alias, class string, err error) {
+	alias, class, ok := strings.Cut(strings.TrimSpace(s), "=")
+	alias, class = strings.TrimSpace(alias), strings.TrimSpace(class)
+	if !ok || alias == "" {
+		return "", "", fmt.Errorf("%q: want ALIAS=CLASS", s)
+	}
+	if strings.ContainsAny(alias, ":,") {
+		return "", "", fmt.Errorf("%q: an alias name has no ':' or ','", s)
+	}
+	if !reNovaVFClass.MatchString(class) {
+		return "", "", fmt.Errorf("%q: %q is not a custom resource class (CUSTOM_[A-Z0-9_]+)", s, class)
+	}
+	return alias, class, nil
+}

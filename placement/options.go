@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"fmt"
 	"regexp"
 	"sync"
 	"time"
@@ -51,6 +52,12 @@ var (
 			"Nova's resource tracker) as GPUs of that type for the GPU list, dry runs and flavor choice; its direct path "+
 			"never claims on them, and it never writes them. `vgpuctl host layout` prints the matching device_spec. "+
 			"Example: CUSTOM_VGPU_VF_1430=1430")
+	optNovaVFAliases = options.List("placement", "nova_vf_aliases", "",
+		"Nova-owned VF GPUs: the names of Nova's PCI aliases ([pci] alias) that select their VFs, each with the "+
+			"resource class (one of nova_vf_resource_classes) of those VFs, as ALIAS=CLASS. A server whose flavor's "+
+			"pci_passthrough:alias names one holds that many VFs of the class's vGPU type: the bridge counts them in "+
+			"its vGPU-second accounting and in its per-profile quota (Nova 26 counts neither). `vgpuctl host layout "+
+			"--alias` prints the line. Example: h200x-35c=CUSTOM_VGPU_VF_1430")
 	optSyncInterval = options.Duration("placement", "sync_interval", time.Minute, time.Second, 24*time.Hour,
 		"Time between incremental syncs (providers whose generation moved). Example: 30s")
 	optFullSyncInterval = options.Duration("placement", "full_sync_interval", time.Hour, time.Minute, 7*24*time.Hour,
@@ -90,6 +97,16 @@ func check(v *conf.Values) conf.Errors {
 	for _, d := range optNovaVFClasses.Get(v) {
 		if _, _, err := ParseNovaVFClass(d); err != nil {
 			errs = append(errs, &conf.Error{Section: "placement", Option: "nova_vf_resource_classes", Value: d, Problem: err.Error() + "; allowed: CUSTOM_CLASS=TYPE"})
+		}
+	}
+	classes := novaVFClasses(optNovaVFClasses.Get(v))
+	for _, d := range optNovaVFAliases.Get(v) {
+		_, class, err := ParseNovaVFAlias(d)
+		if err == nil && classes[class] == "" {
+			err = fmt.Errorf("%q: %s is not in nova_vf_resource_classes", d, class)
+		}
+		if err != nil {
+			errs = append(errs, &conf.Error{Section: "placement", Option: "nova_vf_aliases", Value: d, Problem: err.Error() + "; allowed: ALIAS=CLASS"})
 		}
 	}
 	if len(optClasses.Get(v)) == 0 {
@@ -136,6 +153,25 @@ func novaVFClasses(list []string) map[string]string {
 			}
 			out[class] = typeID
 		}
+	}
+	return out
+}
+
+// NovaVFAliases is [placement] nova_vf_aliases with each alias's class
+// typed by nova_vf_resource_classes (check has refused the rest); nil for
+// none.
+func NovaVFAliases(v *conf.Values) map[string]NovaVFAlias {
+	classes := novaVFClasses(optNovaVFClasses.Get(v))
+	var out map[string]NovaVFAlias
+	for _, s := range optNovaVFAliases.Get(v) {
+		alias, class, err := ParseNovaVFAlias(s)
+		if err != nil || classes[class] == "" {
+			continue
+		}
+		if out == nil {
+			out = map[string]NovaVFAlias{}
+		}
+		out[alias] = NovaVFAlias{Class: class, TypeID: classes[class]}
 	}
 	return out
 }

@@ -25,6 +25,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 // Config configures a Processor. The bridge maps its [pipeline] options
@@ -71,6 +73,11 @@ type Config struct {
 	// interval begins or ends no earlier than this before the bridge
 	// received the event, and never after it.
 	ClockSkewTolerance time.Duration
+	// NovaVFAliases are Nova's PCI aliases of Nova-owned VF GPUs
+	// ([placement] nova_vf_aliases): a server whose flavor names one in
+	// pci_passthrough:alias holds that many vGPUs of the alias's type, in
+	// the usage accounting (AccountFlavor) and the quota (projectUsage).
+	NovaVFAliases map[string]placement.NovaVFAlias
 }
 
 func (c *Config) setDefaults() {

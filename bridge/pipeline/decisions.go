@@ -9,6 +9,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 // factReader reads what a decision is taken on (state.go, quota.go): an
@@ -19,6 +20,8 @@ type factReader struct {
 	catalog  Catalog       // may be nil
 	limits   LimitSource   // nil: the policy file's quotas only
 	log      *slog.Logger
+	// aliases are the PCI aliases of Nova-owned VF GPUs (Config.NovaVFAliases).
+	aliases map[string]placement.NovaVFAlias
 }
 
 // Decisions is what a stage uses to take part in the decision about an

@@ -85,6 +85,7 @@ func ConfigFrom(v *conf.Values) Config {
 		LoadInterval:       cmp.Or(optLoadInterval.Get(v), -1), // 0: off
 		LoadWindow:         optLoadWindow.Get(v),
 		ClockSkewTolerance: ingest.ConfigFrom(v).ClockSkewTolerance,
+		NovaVFAliases:      placement.NovaVFAliases(v),
 	}
 }
 

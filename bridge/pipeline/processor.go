@@ -102,7 +102,8 @@ func New(cfg Config, d Deps) (*Processor, error) {
 		cfg.Workers = max(mc-2, 1)
 	}
 	p := &Processor{cfg: cfg, d: d, log: d.Log, m: newMetrics(d.Registry), rel: releaser{pl: d.Placement, pool: d.Pool, store: d.Requests, log: d.Log}}
-	p.facts = &factReader{staleAge: cfg.StaleReportAge, catalog: d.Catalog, limits: d.Limits, log: d.Log}
+	p.facts = &factReader{staleAge: cfg.StaleReportAge, catalog: d.Catalog, limits: d.Limits, log: d.Log,
+		aliases: cfg.NovaVFAliases}
 	p.dec = Decisions{facts: p.facts, requests: d.Requests, replica: cfg.Replica}
 	p.hosts.Store(&hostSet{byName: map[string]int{}})
 	return p, nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/unifiedlimits"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
@@ -262,8 +263,9 @@ func (r *factReader) limitsFrom(ctx context.Context, q Querier, u *unifiedRead) 
 }
 
 // profileUsage is the bridge's count of the project's vGPUs by profile:
-// direct-path (pending or attached), planned, Nova resizes under way, and
-// flavors' vGPUs whose request group requires a profile's trait.
+// direct-path (pending or attached), planned, Nova resizes under way,
+// flavors' vGPUs whose request group requires a profile's trait, and the
+// VFs of Nova-owned VF GPUs flavors ask for by alias (novaVFUsage).
 func (r *factReader) profileUsage(ctx context.Context, q Querier, project string) (map[string]int, error) {
 	rows, err := q.Query(ctx, bridgeVGPUsByProfile+`
 		SELECT '', 0, vgpu_demand FROM instances
@@ -297,6 +299,43 @@ func (r *factReader) profileUsage(ctx context.Context, q Querier, project string
 	if err != nil {
 		return nil, fmt.Errorf("read the usage by profile of project %s: %w", project, err)
 	}
+	vfs, err := r.novaVFUsage(ctx, q, project)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range vfs {
+		if v.Profile != "" {
+			out[v.Profile] += v.Amount
+		}
+	}
+	return out, nil
+}
+
+// novaVFUsage are the VFs of Nova-owned VF GPUs the project's instances
+// hold by their flavors' pci_passthrough:alias (novaVFs; none without
+// [placement] nova_vf_aliases): every instance not deleted, as flavors'
+// vGPUs count. Nova 26 counts PCI devices in no quota (neither its
+// unified limits nor class:VGPU, which is Placement's VGPU class), so the
+// bridge's own quota is the only one that sees them.
+func (r *factReader) novaVFUsage(ctx context.Context, q Querier, project string) ([]requests.FlavorVGPU, error) {
+	if len(r.aliases) == 0 {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, `SELECT flavor->'extra_specs'->>'`+novaAliasSpec+`' FROM instances
+		WHERE project_id = $1 AND deleted_at IS NULL AND coalesce(vm_state,'') <> 'deleted'
+			AND flavor->'extra_specs' ? '`+novaAliasSpec+`'`, project)
+	if err != nil {
+		return nil, fmt.Errorf("read the Nova-owned VFs of project %s: %w", project, err)
+	}
+	var out []requests.FlavorVGPU
+	var spec string
+	_, err = pgx.ForEachRow(rows, []any{&spec}, func() error {
+		out = append(out, novaVFs(r.catalog, r.aliases, spec)...)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the Nova-owned VFs of project %s: %w", project, err)
+	}
 	return out, nil
 }
 
@@ -307,7 +346,8 @@ type QuotaView struct {
 	// Driver is [quota] driver: "bridge" or "unified_limits".
 	Driver string `json:"driver"`
 	// VGPUs and FramebufferMiB are the bridge's own count of the project's
-	// vGPUs (direct-path, planned, Nova resizes under way, flavors), which
+	// vGPUs (direct-path, planned, Nova resizes under way, flavors, VFs of
+	// Nova-owned VF GPUs asked for by alias), which
 	// the policy file's quota is checked against.
 	VGPUs          int `json:"vgpus"`
 	FramebufferMiB int `json:"framebuffer_mib"`

@@ -87,7 +87,7 @@ type DirectPath interface {
 // (setupPipeline).
 func DefaultStages(l Lent, d DirectPath, follow Stage) []Stage {
 	return []Stage{
-		AccountFlavor{Catalog: l.Deps.Catalog, ClockSkew: l.Config.ClockSkewTolerance},
+		AccountFlavor{Catalog: l.Deps.Catalog, ClockSkew: l.Config.ClockSkewTolerance, NovaVFAliases: l.Config.NovaVFAliases},
 		KnowAllocations{Allocations: l.Deps.Placement},
 		ReadRequest{Count: l.Counters},
 		ReadEvent{ClockSkew: l.Config.ClockSkewTolerance, Fail: d},

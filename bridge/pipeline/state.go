@@ -411,6 +411,19 @@ func (r *factReader) projectUsage(ctx context.Context, q Querier, project string
 	if err != nil {
 		return u, fmt.Errorf("read usage of project %s: %w", project, err)
 	}
+	// The VFs of Nova-owned VF GPUs flavors ask for by alias.
+	vfs, err := r.novaVFUsage(ctx, q, project)
+	if err != nil {
+		return u, err
+	}
+	for _, v := range vfs {
+		u.VGPUs += v.Amount
+		if r.catalog != nil {
+			if cp, ok := r.catalog.ByTypeID(v.VGPUType); ok {
+				u.FramebufferMiB += v.Amount * cp.FramebufferMiB
+			}
+		}
+	}
 	return u, nil
 }
 

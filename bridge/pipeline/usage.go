@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/clock"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 // AccountFlavor keeps the usage of the vGPUs an instance's flavor gives
@@ -29,11 +32,15 @@ type AccountFlavor struct {
 	Catalog Catalog
 	// ClockSkew is [pipeline] clock_skew_tolerance (novaTime).
 	ClockSkew time.Duration
+	// NovaVFAliases are the PCI aliases of Nova-owned VF GPUs
+	// (Config.NovaVFAliases): a flavor's pci_passthrough:alias naming one
+	// gives vGPUs of its type (novaVFs).
+	NovaVFAliases map[string]placement.NovaVFAlias
 }
 
 // Exec implements Stage.
 func (a AccountFlavor) Exec(ctx context.Context, w *Work) (bool, error) {
-	h, ok := flavorHolding(a.Catalog, w.Row)
+	h, ok := flavorHolding(a.Catalog, a.NovaVFAliases, w.Row)
 	if !ok {
 		return false, nil
 	}
@@ -84,8 +91,10 @@ func novaTime(row InboxRow, tol time.Duration) time.Time {
 
 // flavorHolding reads what the instance's flavor gives it from a Nova
 // instance notification's payload, the profiles named by cat (may be
-// nil); ok is false for other events.
-func flavorHolding(cat Catalog, row InboxRow) (requests.FlavorHolding, bool) {
+// nil): its resources:VGPU (or custom class) request groups, and the VFs
+// of Nova-owned VF GPUs its pci_passthrough:alias asks for (aliases,
+// novaVFs); ok is false for other events.
+func flavorHolding(cat Catalog, aliases map[string]placement.NovaVFAlias, row InboxRow) (requests.FlavorHolding, bool) {
 	if row.Webhook() || row.InstanceUUID == "" {
 		return requests.FlavorHolding{}, false
 	}
@@ -118,6 +127,7 @@ func flavorHolding(cat Catalog, row InboxRow) (requests.FlavorHolding, bool) {
 	if h.Host == "" || !requests.HoldsVGPU(in.State) || !in.DeletedAt.IsZero() {
 		return h, true
 	}
+	h.VGPUs = novaVFs(cat, aliases, in.Flavor.ExtraSpecs[novaAliasSpec])
 	d, err := nova.ParseExtraSpecs(in.Flavor.ExtraSpecs)
 	if err != nil {
 		return h, true
@@ -140,6 +150,48 @@ func flavorHolding(cat Catalog, row InboxRow) (requests.FlavorHolding, bool) {
 		}
 	}
 	return h, true
+}
+
+// novaAliasSpec is the flavor extra spec of Nova's PCI passthrough
+// requests (nova.pci.request.get_pci_requests_from_flavor).
+const novaAliasSpec = "pci_passthrough:alias"
+
+// novaVFs are the vGPUs a flavor's pci_passthrough:alias value spec gives
+// a server: for each "NAME:COUNT" whose alias is one of Nova-owned VF
+// GPUs, COUNT units of its class and type (the profile named by cat, may
+// be nil). Nova parses the value the same way
+// (nova.pci.request._translate_alias_to_requests: comma-separated
+// NAME:COUNT, the name stripped); other aliases (NICs, whole GPUs) and
+// what does not parse give nothing.
+//
+// The flavor is the source of truth, not the allocation Nova heals onto
+// the VF's provider: Nova's scheduler does not allocate PCI devices in
+// Placement, and its resource tracker writes the allocation only at its
+// next update_available_resource (a minute later by default), while the
+// server holds its VF from its launch, which the notification dates. So
+// the seconds are counted the way flavors' vGPUs are, from Nova's
+// notifications, and the quota counts the server before the heal.
+func novaVFs(cat Catalog, aliases map[string]placement.NovaVFAlias, spec string) []requests.FlavorVGPU {
+	if spec == "" || len(aliases) == 0 {
+		return nil
+	}
+	var out []requests.FlavorVGPU
+	for _, part := range strings.Split(spec, ",") {
+		name, count, ok := strings.Cut(part, ":")
+		a, known := aliases[strings.TrimSpace(name)]
+		n, err := strconv.Atoi(strings.TrimSpace(count))
+		if !ok || !known || err != nil || n <= 0 {
+			continue
+		}
+		v := requests.FlavorVGPU{ResourceClass: a.Class, VGPUType: a.TypeID, Amount: n}
+		if cat != nil {
+			if cp, ok := cat.ByTypeID(a.TypeID); ok {
+				v.Profile = cp.Name
+			}
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 func isCustom(rc string) bool { return len(rc) > 7 && rc[:7] == "CUSTOM_" }

@@ -8,13 +8,21 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/nova/novatest"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/catalog"
 )
 
 type fakeCatalog map[string]catalog.Profile // by trait
 
-func (c fakeCatalog) ByName(string) (catalog.Profile, bool)   { return catalog.Profile{}, false }
-func (c fakeCatalog) ByTypeID(string) (catalog.Profile, bool) { return catalog.Profile{}, false }
+func (c fakeCatalog) ByName(string) (catalog.Profile, bool) { return catalog.Profile{}, false }
+func (c fakeCatalog) ByTypeID(id string) (catalog.Profile, bool) {
+	for _, p := range c {
+		if p.TypeID == id {
+			return p, true
+		}
+	}
+	return catalog.Profile{}, false
+}
 func (c fakeCatalog) ByTrait(tr string) (catalog.Profile, bool) {
 	p, ok := c[tr]
 	return p, ok
@@ -46,9 +54,17 @@ func sampleRow(t *testing.T, name string, extraSpecs map[string]string) InboxRow
 // What a flavor gives an instance is read from each of Nova's own
 // notification samples: the vGPU groups of a flavor on a host, in a state
 // that holds resources; nothing once it is shelved offloaded or deleted,
-// or for a flavor without vGPUs.
+// or for a flavor without vGPUs. A flavor's pci_passthrough:alias naming
+// an alias of Nova-owned VF GPUs gives that many VFs of its class and
+// type; other aliases give nothing.
 func TestFlavorHolding(t *testing.T) {
-	cat := fakeCatalog{"CUSTOM_NVIDIA_232": {Name: "T4-4Q", TypeID: "nvidia-232"}}
+	cat := fakeCatalog{"CUSTOM_NVIDIA_232": {Name: "T4-4Q", TypeID: "nvidia-232"}, "CUSTOM_1430": {Name: "H200X-35C", TypeID: "1430"}}
+	aliases := map[string]placement.NovaVFAlias{"h200x-35c": {Class: "CUSTOM_VGPU_VF_1430", TypeID: "1430"},
+		"odd-type": {Class: "CUSTOM_VGPU_VF_9", TypeID: "9"}}
+	vf := map[string]string{"pci_passthrough:alias": "h200x-35c:2"}
+	vfAndNIC := map[string]string{"pci_passthrough:alias": "nic:1, h200x-35c : 1,odd-type:1"}
+	notVF := map[string]string{"pci_passthrough:alias": "nic:1,h200x-35c:x,h200x-35c"}
+	vfWant := requests.FlavorVGPU{Profile: "H200X-35C", VGPUType: "1430", ResourceClass: "CUSTOM_VGPU_VF_1430", Amount: 2}
 	typed := map[string]string{"resources:VGPU": "1", "trait:CUSTOM_NVIDIA_232": "required"}
 	untyped := map[string]string{"resources1:VGPU": "2", "resources:VCPU": "1"}
 	for _, tc := range []struct {
@@ -63,9 +79,15 @@ func TestFlavorHolding(t *testing.T) {
 		{"instance-shelve_offload-end", typed, nil},
 		{"instance-delete-end", typed, nil},
 		{"instance-create-start", typed, nil}, // building: not launched yet
+		{"instance-create-end", vf, []requests.FlavorVGPU{vfWant}},
+		{"instance-create-end", vfAndNIC, []requests.FlavorVGPU{{Profile: "H200X-35C", VGPUType: "1430", ResourceClass: "CUSTOM_VGPU_VF_1430", Amount: 1},
+			{VGPUType: "9", ResourceClass: "CUSTOM_VGPU_VF_9", Amount: 1}}},
+		{"instance-create-end", notVF, nil},
+		{"instance-shelve_offload-end", vf, nil},
+		{"instance-delete-end", vf, nil},
 	} {
 		t.Run(tc.sample, func(t *testing.T) {
-			h, ok := flavorHolding(cat, sampleRow(t, tc.sample, tc.specs))
+			h, ok := flavorHolding(cat, aliases, sampleRow(t, tc.sample, tc.specs))
 			if !ok {
 				t.Fatal("not read as an instance event")
 			}
@@ -82,10 +104,10 @@ func TestFlavorHolding(t *testing.T) {
 			}
 		})
 	}
-	if _, ok := flavorHolding(cat, InboxRow{Source: "webhook:batch", InstanceUUID: "x", Payload: []byte(`{}`)}); ok {
+	if _, ok := flavorHolding(cat, aliases, InboxRow{Source: "webhook:batch", InstanceUUID: "x", Payload: []byte(`{}`)}); ok {
 		t.Error("a webhook row was read as a Nova instance event")
 	}
-	if _, ok := flavorHolding(cat, sampleRow(t, "flavor-create", nil)); ok {
+	if _, ok := flavorHolding(cat, aliases, sampleRow(t, "flavor-create", nil)); ok {
 		t.Error("a flavor notification was read as an instance event")
 	}
 }

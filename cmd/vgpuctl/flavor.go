@@ -48,6 +48,13 @@ GPU providers typed for it carry in Placement), so that Nova's scheduler can
 only place it on a GPU of that type. Flavors that ask for a vGPU already, and
 flavors with malformed extra specs (reported on stderr), are not bases.
 
+A profile whose GPUs are Nova-owned VFs ([placement] nova_vf_resource_classes)
+gets no resources:VGPU flavor; with --alias PROFILE=ALIAS (the [pci] alias
+vgpuctl host layout printed) it gets alias flavors instead: BASE's contents
+plus pci_passthrough:alias=ALIAS:1, planned for bases that ask for no PCI
+device yet. A profile with both Nova's mdev GPUs and Nova-owned VFs keeps its
+resources:VGPU flavors only (one name cannot be both).
+
 ACTION says what each proposal needs:
   create    no flavor has the name, nor the same contents: --apply creates it
   exists    a flavor of the name has the planned contents
@@ -100,6 +107,7 @@ type flavorPlanOpts struct {
 	apply        bool
 	profiles     []string
 	patterns     []string
+	aliases      []string // PROFILE=ALIAS: the Nova PCI alias of a profile's Nova-owned VFs
 	computeURL   string
 	computeToken string
 }
@@ -119,6 +127,7 @@ func flavorPlanCmd(g *globals) *cobra.Command {
 	fl := cmd.Flags()
 	fl.BoolVar(&o.apply, "apply", false, "create the proposals whose action is create")
 	fl.StringSliceVar(&o.profiles, "profile", nil, "only these profiles, e.g. T4-4Q (repeat or comma-separate; default: every profile with GPUs typed for it)")
+	fl.StringSliceVar(&o.aliases, "alias", nil, "PROFILE=ALIAS: plan alias flavors (pci_passthrough:alias=ALIAS:1) for a profile whose GPUs are Nova-owned VFs, ALIAS being the [pci] alias vgpuctl host layout printed, e.g. H200X-35C=h200x-35c (repeat or comma-separate)")
 	fl.StringSliceVar(&o.patterns, "flavor", nil, "only base flavors whose name matches one of these shell patterns, e.g. 'm1.*' (repeat or comma-separate)")
 	fl.StringVar(&o.computeURL, "compute-url", "", "Nova's compute API URL, e.g. http://127.0.0.1:8774/v2.1 (default: the catalog's, after a Keystone login: --os-cloud or OS_* variables)")
 	fl.StringVar(&o.computeToken, "compute-token", "", "token for --compute-url without Keystone (env VGPUCTL_COMPUTE_TOKEN; prefer the environment)")
@@ -145,7 +154,15 @@ func flavorPlan(ctx context.Context, g *globals, o flavorPlanOpts) error {
 		return usageErr(errors.New("--compute-url needs --compute-token, or --os-cloud or OS_* variables for a Keystone token"))
 	}
 
-	profiles, err := planProfiles(ctx, g, o.profiles)
+	aliases := map[string]string{}
+	for _, a := range o.aliases {
+		prof, alias, ok := strings.Cut(a, "=")
+		if !ok || prof == "" || alias == "" || strings.ContainsAny(alias, ":, ") {
+			return usageErr(fmt.Errorf("--alias %q: want PROFILE=ALIAS, an alias name without ':', ',' or space", a))
+		}
+		aliases[strings.ToUpper(prof)] = alias
+	}
+	profiles, err := planProfiles(ctx, g, o.profiles, aliases)
 	if err != nil {
 		return err
 	}
@@ -255,8 +272,10 @@ func matchAny(patterns []string, name string) bool {
 }
 
 // planProfiles reads the catalog from the bridge: the profiles named, or
-// (none named) those the fleet's GPUs are typed for.
-func planProfiles(ctx context.Context, g *globals, names []string) ([]nova.PlanProfile, error) {
+// (none named) those the fleet's GPUs are typed for. A profile given an
+// alias (by upper-case name) is planned as alias flavors when its GPUs
+// are Nova-owned VFs.
+func planProfiles(ctx context.Context, g *globals, names []string, aliases map[string]string) ([]nova.PlanProfile, error) {
 	pl, err := g.api().Profiles(ctx, "", "")
 	if err != nil {
 		return nil, err
@@ -268,9 +287,16 @@ func planProfiles(ctx context.Context, g *globals, names []string) ([]nova.PlanP
 				fmt.Fprintf(g.stderr, "vgpuctl: profile %s: %d of its %d GPUs are bridge-owned (resource class %s): "+
 					"Nova's resources:VGPU flavors never reach them, only the bridge's direct path does\n", p.Name, p.BridgeOwned, p.GPUs, apiclient.BridgeOwnedClass)
 			}
-			if p.GPUs > 0 && p.NovaVF > 0 {
+			alias := aliases[strings.ToUpper(p.Name)]
+			switch {
+			case p.GPUs > 0 && p.NovaVF > 0 && alias != "" && p.GPUs-p.BridgeOwned-p.NovaVF > 0:
+				fmt.Fprintf(g.stderr, "vgpuctl: profile %s: %d of its %d GPUs are Nova-owned VFs and others are Nova's mdev GPUs: "+
+					"one flavor name cannot be both; its alias flavor is not planned\n", p.Name, p.NovaVF, p.GPUs)
+			case p.GPUs > 0 && p.NovaVF > 0 && alias != "":
+				out = append(out, nova.PlanProfile{Name: p.Name, TypeID: p.TypeID, Alias: alias})
+			case p.GPUs > 0 && p.NovaVF > 0:
 				fmt.Fprintf(g.stderr, "vgpuctl: profile %s: %d of its %d GPUs are Nova-owned VFs: a flavor reaches them with "+
-					"pci_passthrough:alias (vgpuctl host layout prints it), not resources:VGPU\n", p.Name, p.NovaVF, p.GPUs)
+					"pci_passthrough:alias (vgpuctl host layout prints it; --alias %s=NAME plans it), not resources:VGPU\n", p.Name, p.NovaVF, p.GPUs, p.Name)
 			}
 			if p.GPUs-p.BridgeOwned-p.NovaVF > 0 && p.Trait != "" {
 				out = append(out, nova.PlanProfile{Name: p.Name, TypeID: p.TypeID, Trait: p.Trait})
@@ -283,6 +309,10 @@ func planProfiles(ctx context.Context, g *globals, names []string) ([]nova.PlanP
 		for _, p := range pl.Profiles {
 			if strings.EqualFold(p.Name, n) {
 				found = true
+				if alias := aliases[strings.ToUpper(p.Name)]; alias != "" {
+					out = append(out, nova.PlanProfile{Name: p.Name, TypeID: p.TypeID, Alias: alias})
+					break
+				}
 				if p.Trait == "" {
 					return nil, fmt.Errorf("profile %s: its type id is not known yet (no agent has reported it, and the profile catalog names none), so it has no trait", p.Name)
 				}

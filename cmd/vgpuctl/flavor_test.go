@@ -333,3 +333,71 @@ func TestFlavorPlanBridgeOwned(t *testing.T) {
 		}
 	}
 }
+
+// TestFlavorPlanNovaVFAlias: with --alias H200X-35C=h200x-35c, a profile
+// whose GPUs are Nova-owned VFs gets alias flavors (its base's contents
+// plus pci_passthrough:alias=h200x-35c:1, no resources:VGPU, no trait),
+// which --apply creates; a base that asks for PCI devices already is left
+// out; a profile of Nova's mdev GPUs keeps its resources:VGPU flavor; a
+// bad --alias is a usage error.
+func TestFlavorPlanNovaVFAlias(t *testing.T) {
+	t.Setenv("OS_CLOUD", "")
+	t.Setenv("VGPUCTL_COMPUTE_TOKEN", "")
+	br := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(map[string]any{"profiles": []map[string]any{
+			{"name": "T4-4Q", "type_id": "nvidia-232", "trait": "CUSTOM_NVIDIA_232", "gpus": 2},
+			{"name": "H200X-35C", "type_id": "1430", "trait": "CUSTOM_1430", "gpus": 2, "nova_vf_gpus": 2},
+		}})
+	}))
+	defer br.Close()
+	fn := &fakeNova{}
+	fn.add("1", "m1.small", 2, 2048, 20, nil)
+	fn.add("2", "nic.small", 2, 2048, 20, map[string]string{"pci_passthrough:alias": "nic:1"})
+	nv := httptest.NewServer(fn)
+	defer nv.Close()
+	base := []string{"flavor", "plan", "--url", br.URL, "--token", "t", "--compute-url", nv.URL + "/v2.1", "--compute-token", "admin:admin",
+		"--alias", "h200x-35c=h200x-35c"}
+
+	code, out, errs := vgpuctl(append(base, "-o", "json")...)
+	if code != exitOK {
+		t.Fatalf("plan: exit %d: %s", code, errs)
+	}
+	var pj planJSON
+	if err := json.Unmarshal([]byte(out), &pj); err != nil {
+		t.Fatalf("json: %v\n%s", err, out)
+	}
+	byName := map[string]nova.FlavorProposal{}
+	for _, p := range pj.Proposals {
+		byName[p.Flavor.Name] = p
+	}
+	vf := byName["m1.small.vgpu-h200x-35c"]
+	if vf.Action != nova.PlanCreate || vf.Profile != "H200X-35C" || len(vf.Flavor.ExtraSpecs) != 1 ||
+		vf.Flavor.ExtraSpecs["pci_passthrough:alias"] != "h200x-35c:1" || !strings.Contains(vf.Detail, "pci_passthrough:alias=h200x-35c:1") {
+		t.Errorf("alias flavor: %+v", vf)
+	}
+	if t4 := byName["m1.small.vgpu-t4-4q"]; t4.Flavor.ExtraSpecs["resources:VGPU"] != "1" {
+		t.Errorf("T4-4Q flavor: %+v", t4)
+	}
+	if _, ok := byName["nic.small.vgpu-h200x-35c"]; ok {
+		t.Errorf("an alias flavor planned on a base with PCI devices: %+v", pj.Proposals)
+	}
+	left := false
+	for _, s := range pj.Skipped {
+		left = left || s.Flavor == "nic.small" && s.Profile == "H200X-35C" && strings.Contains(s.Reason, "pci_passthrough:alias")
+	}
+	if !left {
+		t.Errorf("skipped %+v lacks nic.small for H200X-35C", pj.Skipped)
+	}
+
+	code, out, errs = vgpuctl(append(base, "--apply", "--flavor", "m1.*")...)
+	if code != exitOK || !strings.Contains(out, "m1.small.vgpu-h200x-35c") || !strings.Contains(out, "created") {
+		t.Fatalf("apply: exit %d:\n%s\n%s", code, out, errs)
+	}
+	if got := fn.names()["m1.small.vgpu-h200x-35c"]; got["pci_passthrough:alias"] != "h200x-35c:1" || len(got) != 1 {
+		t.Errorf("created alias flavor's extra specs %v", got)
+	}
+
+	if code, _, _ := vgpuctl(append(base[:len(base)-1], "H200X-35C=a:b")...); code != exitUsage {
+		t.Errorf("--alias with ':' : exit %d, want usage", code)
+	}
+}

@@ -26,6 +26,7 @@ type hostLayout struct {
 	Alias               string            `json:"alias"`
 	ExtraSpecs          map[string]string `json:"extra_specs"`
 	BridgeOption        string            `json:"bridge_nova_vf_resource_classes"`
+	BridgeAliasOption   string            `json:"bridge_nova_vf_aliases"`
 	Provider            string            `json:"provider,omitempty"`
 	ReportInPlacement   bool              `json:"report_in_placement"`
 	UpdateResourcesNote string            `json:"note"`
@@ -44,7 +45,9 @@ vGPU type ("Nova-owned VF GPUs"):
     is created) and the flavor extra spec pci_passthrough:alias=NAME:1;
   * the bridge's [placement] nova_vf_resource_classes entry, which makes the
     bridge mirror that provider as a GPU of the type (dry runs, flavor
-    choice, accounting) and keeps its direct path off it.
+    choice) and keeps its direct path off it, and its nova_vf_aliases entry,
+    which counts the servers of the alias's flavors in the bridge's
+    vGPU-second accounting and per-profile quota.
 
 Nothing is changed. The VFs must be typed (nvidia/current_vgpu_type) before
 nova-compute starts, by the host's boot layout, and no more VFs listed than
@@ -84,7 +87,7 @@ func hostLayoutCmd(g *globals) *cobra.Command {
 			}
 			l := hostLayout{PF: strings.ToLower(v.PF), VFs: v.VFs, TypeID: typeID, ResourceClass: v.ResourceClass, Trait: v.TypeTrait,
 				DeviceSpec: specs, Alias: v.AliasSpec(), ExtraSpecs: v.ExtraSpecs(), ReportInPlacement: true,
-				BridgeOption: v.ResourceClass + "=" + typeID,
+				BridgeOption: v.ResourceClass + "=" + typeID, BridgeAliasOption: v.Alias + "=" + v.ResourceClass,
 				UpdateResourcesNote: "Nova 26 allocates the VF in Placement at its next update_available_resource " +
 					"([DEFAULT] update_resources_interval), not when it schedules"}
 			if node != "" {
@@ -103,6 +106,7 @@ func hostLayoutCmd(g *globals) *cobra.Command {
 				row(w, "every Nova service", "pci", "alias", l.Alias)
 				row(w, "flavor", "extra_specs", "pci_passthrough:alias", l.ExtraSpecs["pci_passthrough:alias"])
 				row(w, "vgpu-bridge", "placement", "nova_vf_resource_classes", l.BridgeOption)
+				row(w, "vgpu-bridge", "placement", "nova_vf_aliases", l.BridgeAliasOption)
 				if l.Provider != "" {
 					row(w, "placement (Nova writes it)", "provider", l.Provider, fmt.Sprintf("%s=%d, traits COMPUTE_MANAGED_PCI_DEVICE,%s",
 						v.ResourceClass, len(v.VFs), v.TypeTrait))

@@ -32,11 +32,12 @@ func TestHostLayout(t *testing.T) {
 	}
 	if l.Alias != `{"device_type":"type-VF","name":"h200x-35c","product_id":"2335","vendor_id":"10de"}` ||
 		l.ExtraSpecs["pci_passthrough:alias"] != "h200x-35c:1" || l.BridgeOption != "CUSTOM_VGPU_VF_1430=1430" ||
+		l.BridgeAliasOption != "h200x-35c=CUSTOM_VGPU_VF_1430" ||
 		l.Provider != "compute-7_0000:C1:00.0" || l.Trait != "CUSTOM_1430" || !l.ReportInPlacement {
 		t.Errorf("layout %+v", l)
 	}
 	code, out, _ = vgpuctl(args...)
-	for _, want := range []string{"report_in_placement", wantSpecs[0], "pci_passthrough:alias", "nova_vf_resource_classes", "compute-7_0000:C1:00.0"} {
+	for _, want := range []string{"report_in_placement", wantSpecs[0], "pci_passthrough:alias", "nova_vf_resource_classes", "nova_vf_aliases", "compute-7_0000:C1:00.0"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("table (exit %d) lacks %q:\n%s", code, want, out)
 		}

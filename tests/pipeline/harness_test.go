@@ -281,6 +281,9 @@ type replicaOpts struct {
 	// limits, when set, are the projects' unified limits ([quota]
 	// driver = unified_limits).
 	limits pipeline.LimitSource
+	// novaVFAliases are Nova's PCI aliases of Nova-owned VF GPUs
+	// ([placement] nova_vf_aliases).
+	novaVFAliases map[string]placement.NovaVFAlias
 }
 
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
@@ -308,7 +311,7 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	var kick func()
 	r.proc, err = pipeline.New(pipeline.Config{Replica: o.name, PollInterval: 50 * time.Millisecond, RequestTimeout: o.requestTimeout,
 		WatchdogInterval: 200 * time.Millisecond, RetryMin: 200 * time.Millisecond, RetryMax: time.Second, HostsRefresh: 500 * time.Millisecond,
-		LoadInterval: cmp.Or(o.loadInterval, -1), MaxAttempts: o.maxAttempts},
+		LoadInterval: cmp.Or(o.loadInterval, -1), MaxAttempts: o.maxAttempts, NovaVFAliases: o.novaVFAliases},
 		pipeline.Deps{Pool: pipePool, Requests: requests.NewStore(pipePool, "vgpu-bridge/"+o.name), Policy: w.holder,
 			Placement: withReleaseDelay(withClaimErr(newOutsideTx(t, w.txw, svc), o.claimErr), o.releaseDelay), Catalog: w.holder.Catalog(), Log: logger(), OnOutbox: func() { kick() },
 			Lookup: o.lookup, Limits: o.limits})
