@@ -1,10 +1,8 @@
 package unifiedlimits_test
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -23,21 +21,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
-// The real Keystone of tests/keystone.sh (`make services`).
-func keystoneURL() string {
-	return cmp.Or(os.Getenv("VGPU_TEST_KEYSTONE_URL"), "http://127.0.0.1:5000/v3/")
-}
-
-func adminPassword(t *testing.T) string {
-	t.Helper()
-	p := cmp.Or(os.Getenv("VGPU_TEST_KEYSTONE_PASSWORD_FILE"), "/var/lib/vgpu-bridge-test/keystone/admin-password")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("Keystone admin password: %v; start Keystone with `tests/keystone.sh` (run by `make services`)", err)
-	}
-	return strings.TrimSpace(string(b))
-}
-
 // TestRefreshInBackground: with a TTL of an hour, a changed limit in the
 // real Keystone is not seen by Limits (the cache answers) until Run,
 // every Refresh, reads the project's limits again: a raised project limit
@@ -46,8 +29,8 @@ func adminPassword(t *testing.T) string {
 func TestRefreshInBackground(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pc, err := openstack.AuthenticatedClient(ctx, gophercloud.AuthOptions{IdentityEndpoint: keystoneURL(), Username: "admin",
-		Password: adminPassword(t), DomainName: "Default", TenantName: "admin"})
+	pc, err := openstack.AuthenticatedClient(ctx, gophercloud.AuthOptions{IdentityEndpoint: testsvc.KeystoneURL(), Username: "admin",
+		Password: testsvc.KeystoneAdminPassword(t), DomainName: "Default", TenantName: "admin"})
 	testsvc.Must(t, err, "Keystone admin login (start Keystone with `make services`)")
 	admin, err := openstack.NewIdentityV3(pc, gophercloud.EndpointOpts{})
 	testsvc.Must(t, err, "identity client")
@@ -70,7 +53,7 @@ func TestRefreshInBackground(t *testing.T) {
 	testsvc.Must(t, err, "project limit")
 
 	yaml := fmt.Sprintf("clouds:\n  limits:\n    auth:\n      auth_url: %s\n      username: admin\n      password: %s\n"+
-		"      system_scope: all\n      user_domain_name: Default\n    identity_api_version: 3\n", keystoneURL(), adminPassword(t))
+		"      system_scope: all\n      user_domain_name: Default\n    identity_api_version: 3\n", testsvc.KeystoneURL(), testsvc.KeystoneAdminPassword(t))
 	ks, err := keystoneauth.NewKeystone(keystoneauth.KeystoneConfig{Cloud: "limits", Timeout: 30 * time.Second,
 		ParseOptions: []clouds.ParseOption{clouds.WithCloudsYAML(strings.NewReader(yaml))}})
 	testsvc.Must(t, err, "keystone client")

@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -29,21 +27,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
-// The real Keystone of tests/keystone.sh (`make services`).
-func keystoneURL() string {
-	return cmp.Or(os.Getenv("VGPU_TEST_KEYSTONE_URL"), "http://127.0.0.1:5000/v3/")
-}
-
-func keystoneAdminPassword(t *testing.T) string {
-	t.Helper()
-	p := cmp.Or(os.Getenv("VGPU_TEST_KEYSTONE_PASSWORD_FILE"), "/var/lib/vgpu-bridge-test/keystone/admin-password")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("Keystone admin password: %v; start Keystone with `tests/keystone.sh` (run by `make services`)", err)
-	}
-	return strings.TrimSpace(string(b))
-}
-
 // limitsKeystone is what a unified-limits test makes in the real
 // Keystone, deleted when the test ends.
 type limitsKeystone struct {
@@ -56,8 +39,8 @@ type limitsKeystone struct {
 func newLimitsKeystone(t *testing.T) *limitsKeystone {
 	t.Helper()
 	ctx := context.Background()
-	pc, err := openstack.AuthenticatedClient(ctx, gophercloud.AuthOptions{IdentityEndpoint: keystoneURL(), Username: "admin",
-		Password: keystoneAdminPassword(t), DomainName: "Default", TenantName: "admin"})
+	pc, err := openstack.AuthenticatedClient(ctx, gophercloud.AuthOptions{IdentityEndpoint: testsvc.KeystoneURL(), Username: "admin",
+		Password: testsvc.KeystoneAdminPassword(t), DomainName: "Default", TenantName: "admin"})
 	testsvc.Must(t, err, "Keystone admin login (start Keystone with `make services`)")
 	admin, err := openstack.NewIdentityV3(pc, gophercloud.EndpointOpts{})
 	testsvc.Must(t, err, "identity client")
@@ -154,12 +137,12 @@ func TestUnifiedLimitsNova(t *testing.T) {
 	project := ks.project("ulimits")
 	vgpuLimit := ks.limit(project, compute, unifiedlimits.ResourceVGPU, 1)
 	ks.limit(project, bridgeSvc, unifiedlimits.ProfilePrefix+"T4-4Q", 1)
-	password := keystoneAdminPassword(t)
+	password := testsvc.KeystoneAdminPassword(t)
 
 	// A Nova of its own: the shared one keeps the database quota driver
 	// (its tests share project admin, which has no unified limits).
 	n := novaharness.Start(t, novaharness.Options{UnifiedLimits: &novaharness.UnifiedLimits{EndpointID: computeEP,
-		AuthURL: strings.TrimSuffix(keystoneURL(), "/"), Username: "admin", Password: password, UserDomainName: "Default"}})
+		AuthURL: strings.TrimSuffix(testsvc.KeystoneURL(), "/"), Username: "admin", Password: password, UserDomainName: "Default"}})
 	host, gpu := addDirectHost(t, n, "ulimits")
 	prefix := testsvc.Name("ulimits")
 	plain := n.CreateFlavor(t, prefix+".small", 2, 2048, 10, nil)
@@ -169,7 +152,7 @@ func TestUnifiedLimitsNova(t *testing.T) {
 	d, api := startNovaBridgeINI(t, n, "",
 		"quota.driver=unified_limits",
 		// nova.conf's [oslo_limit], a user of the bridge's.
-		"quota.endpoint_id="+computeEP, "quota.auth_url="+keystoneURL(), "quota.username=admin", "quota.password="+password,
+		"quota.endpoint_id="+computeEP, "quota.auth_url="+testsvc.KeystoneURL(), "quota.username=admin", "quota.password="+password,
 		"quota.user_domain_name=Default", "quota.system_scope=all",
 		"quota.profile_endpoint_id="+bridgeEP,
 		"quota.cache_ttl=1s",

@@ -46,7 +46,7 @@ func TestQuotaCountsNovaOwnedVFs(t *testing.T) {
 	w := newWorldWith(t, testPolicy, withProjects(map[int]string{4: d, 5: d, 6: e}))
 	w.startAgent()
 	r := w.startBridge(replicaOpts{name: "r1", owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}},
-		limits: lw.source(limitsKeystoneURL()), novaVFAliases: vfAliases})
+		limits: lw.source(testsvc.KeystoneURL()), novaVFAliases: vfAliases})
 	w.reportedFreeVFs(30 * time.Second)
 	_, err := r.svc.PublishOwned(w.ctx)
 	testsvc.Must(t, err, "publish the bridge-owned GPUs")

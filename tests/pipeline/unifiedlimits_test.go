@@ -1,11 +1,9 @@
 package pipeline_test
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -30,21 +28,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
-// The real Keystone of tests/keystone.sh (`make services`).
-func limitsKeystoneURL() string {
-	return cmp.Or(os.Getenv("VGPU_TEST_KEYSTONE_URL"), "http://127.0.0.1:5000/v3/")
-}
-
-func keystoneAdminPassword(t *testing.T) string {
-	t.Helper()
-	p := cmp.Or(os.Getenv("VGPU_TEST_KEYSTONE_PASSWORD_FILE"), "/var/lib/vgpu-bridge-test/keystone/admin-password")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("Keystone admin password: %v; start Keystone with `tests/keystone.sh` (run by `make services`)", err)
-	}
-	return strings.TrimSpace(string(b))
-}
-
 // limitsWorld is what a unified-limits test makes in the real Keystone,
 // all deleted when it ends: a compute service of its own with an
 // endpoint in RegionOne (the endpoint Nova's [oslo_limit] endpoint_id
@@ -65,8 +48,8 @@ type limitsWorld struct {
 func newLimitsWorld(t *testing.T, registeredVGPU int) *limitsWorld {
 	t.Helper()
 	ctx := context.Background()
-	pc, err := openstack.AuthenticatedClient(ctx, gophercloud.AuthOptions{IdentityEndpoint: limitsKeystoneURL(), Username: "admin",
-		Password: keystoneAdminPassword(t), DomainName: "Default", TenantName: "admin"})
+	pc, err := openstack.AuthenticatedClient(ctx, gophercloud.AuthOptions{IdentityEndpoint: testsvc.KeystoneURL(), Username: "admin",
+		Password: testsvc.KeystoneAdminPassword(t), DomainName: "Default", TenantName: "admin"})
 	testsvc.Must(t, err, "Keystone admin login")
 	admin, err := openstack.NewIdentityV3(pc, gophercloud.EndpointOpts{})
 	testsvc.Must(t, err, "identity client")
@@ -148,7 +131,7 @@ func (lw *limitsWorld) sourceScoped(authURL, scope string) *unifiedlimits.Source
 	t := lw.t
 	yaml := fmt.Sprintf("clouds:\n  limits:\n    auth:\n      auth_url: %s\n      username: admin\n      password: %s\n"+
 		"      %s\n      user_domain_name: Default\n    identity_api_version: 3\n",
-		authURL, keystoneAdminPassword(t), scope)
+		authURL, testsvc.KeystoneAdminPassword(t), scope)
 	ks, err := keystoneauth.NewKeystone(keystoneauth.KeystoneConfig{Cloud: "limits", Timeout: 30 * time.Second,
 		ParseOptions: []clouds.ParseOption{clouds.WithCloudsYAML(strings.NewReader(yaml))}})
 	testsvc.Must(t, err, "keystone client")
@@ -185,7 +168,7 @@ func TestUnifiedLimitsDirectPath(t *testing.T) {
 	testsvc.Must(t, err, "Nova's allocation of project C")
 	w.created = append(w.created, novas)
 	w.startAgent()
-	r1 := w.startBridge(replicaOpts{name: "r1", limits: lw.source(limitsKeystoneURL())})
+	r1 := w.startBridge(replicaOpts{name: "r1", limits: lw.source(testsvc.KeystoneURL())})
 
 	attach := func(i int) requests.Request {
 		return w.wait(w.submit("GPU_REQUEST", w.domains[i].UUID, map[string]any{"vgpu_profile": "T4-4Q"}), 90*time.Second)
@@ -278,7 +261,7 @@ func TestUnifiedLimitsSource(t *testing.T) {
 	a, b := lw.project("limits-src-a", 1), lw.project("limits-src-b", -1)
 	lw.limit(a, lw.bridge, unifiedlimits.ProfilePrefix+"T4-4Q", 0)
 	lw.limit(b, lw.bridge, unifiedlimits.ProfilePrefix+"A16-2Q", 4)
-	src := lw.source(limitsKeystoneURL())
+	src := lw.source(testsvc.KeystoneURL())
 	for _, tc := range []struct {
 		project string
 		want    []unifiedlimits.Limit
@@ -299,13 +282,13 @@ func TestUnifiedLimitsSource(t *testing.T) {
 
 	// No class:VGPU registered: 0, as oslo_limit takes a missing limit.
 	none := newLimitsWorld(t, -1)
-	got, err := none.source(limitsKeystoneURL()).Limits(lw.ctx, a)
+	got, err := none.source(testsvc.KeystoneURL()).Limits(lw.ctx, a)
 	testsvc.Must(t, err, "limits")
 	if want := []unifiedlimits.Limit{{Resource: "class:VGPU", Limit: 0, Origin: "none"}}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("without a registered class:VGPU: %+v; want %+v", got, want)
 	}
 
-	_, err = lw.sourceScoped(limitsKeystoneURL(), "project_name: admin\n      project_domain_name: Default").Limits(lw.ctx, b)
+	_, err = lw.sourceScoped(testsvc.KeystoneURL(), "project_name: admin\n      project_domain_name: Default").Limits(lw.ctx, b)
 	if err == nil || !errors.Is(err, unifiedlimits.ErrUnavailable) || !strings.Contains(err.Error(), "not system-scoped") {
 		t.Errorf("with a project-scoped token: %v; want unified limits unavailable, not system-scoped", err)
 	}
