@@ -48,6 +48,9 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/limits"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/registeredlimits"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/tokens"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // ResourceVGPU is the unified limit Nova enforces on a flavor's
@@ -206,19 +209,13 @@ func (s *Source) Run(ctx context.Context) error {
 	if s.cfg.Refresh <= 0 {
 		return nil
 	}
-	t := time.NewTicker(s.cfg.Refresh)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	wake.Every(ctx, s.cfg.Refresh, func(ctx context.Context) {
 		if err := s.Refresh(ctx); err != nil && ctx.Err() == nil {
 			s.cfg.Log.Warn("unified limits: background read failed; the limits read before are used until they are older than [quota] cache_ttl",
-				"err", err)
+				logkey.Err, err)
 		}
-	}
+	})
+	return nil
 }
 
 // Refresh is one round of Run.
