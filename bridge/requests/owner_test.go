@@ -56,6 +56,7 @@ var owners = map[string]string{
 	"maintenance_vms":        "bridge/maintenance",
 	"policy_load_since":      "bridge/policystate",
 	"policy_last_change":     "bridge/policystate",
+	"owned_gpu_types":        "placement", // re-types of bridge-owned GPUs (placement/retype.go)
 
 	// The mirror of Placement.
 	"placement_providers":   "placement/mirror",
