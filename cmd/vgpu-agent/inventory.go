@@ -24,9 +24,12 @@ func (f *hostFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&f.fakeHost, "fake-host", "", "look at the simulated host under DIR (as `serve --fake-host DIR`)")
 }
 
-func (f *hostFlags) check() error {
-	if f.output != "table" && f.output != "json" {
-		return usageError{Err: fmt.Errorf("-o must be table or json, not %q", f.output)}
+func (f *hostFlags) check() error { return checkOutput(f.output) }
+
+// checkOutput refuses an -o other than table or json (a usage error: exit 2).
+func checkOutput(output string) error {
+	if output != "table" && output != "json" {
+		return usageError{Err: fmt.Errorf("-o must be table or json, not %q", output)}
 	}
 	return nil
 }

@@ -36,8 +36,8 @@ func newLayoutRunCmd(g *globals, use, short string, dry bool) *cobra.Command {
 		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return usageError{Err: fmt.Errorf("-o must be table or json, not %q", output)}
+			if err := checkOutput(output); err != nil {
+				return err
 			}
 			v, err := g.Load()
 			if err != nil {

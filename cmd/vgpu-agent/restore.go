@@ -22,8 +22,8 @@ It exits 1 when a device could not be recreated, and refuses to run while
 an agent holds the journal.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return usageError{Err: fmt.Errorf("-o must be table or json, not %q", output)}
+			if err := checkOutput(output); err != nil {
+				return err
 			}
 			v, err := g.Load()
 			if err != nil {
