@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
@@ -162,15 +164,10 @@ func (w *moveWorld) assertOneVGPU(step, vm, host string, direct bool) string {
 	}
 	if direct {
 		w.waitFor(time.Minute, step+": the bridge's one attachment of "+vm+" attached on "+host, func() bool {
-			var hosts []string
 			rows, err := w.pool.Query(w.ctx, `SELECT coalesce(host,'') FROM vgpu_attachments WHERE instance_uuid = $1 AND state = 'attached'`, vm)
 			testsvc.Must(t, err, "attachments")
-			for rows.Next() {
-				var h string
-				testsvc.Must(t, rows.Scan(&h), "attachment")
-				hosts = append(hosts, h)
-			}
-			rows.Close()
+			hosts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			testsvc.Must(t, err, "attachment")
 			return len(hosts) == 1 && hosts[0] == host
 		})
 	}
