@@ -1,34 +1,51 @@
 package e2e
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
 // TestNoValidHost is scenario 3: not enough vGPU capacity. The bridge's
-// Placement mirror was synced while the GPU was free; a tenant's server
-// then took all of it. The bridge's dry run (on its stale mirror) passes,
-// Nova's scheduler (on Placement itself) finds no host:
-// compute_task.migrate_server.error ends the request as failed with
+// Placement mirror was synced while the GPU was free; another Placement
+// client (an operator's reservation, another service: a consumer no Nova
+// notification names) then took all of it. The bridge's dry run (on its
+// stale mirror) passes, Nova's scheduler (on Placement itself) finds no
+// host: compute_task.migrate_server.error ends the request as failed with
 // Nova's reason, and the server stays as it was. Once the mirror is
 // synced, the next request fails fast without calling Nova.
+//
+// A tenant's server would not do: the bridge reads the allocations of
+// every instance a notification names, so it learns at once what a new
+// server holds.
 func TestNoValidHost(t *testing.T) {
 	w := newWorld(t, worldOpts{typ: typeNoHost, extra: []string{
 		// The mirror keeps what the first sync saw.
 		"placement.sync_interval=24h", "placement.full_sync_interval=168h"}})
 	plain := w.flavor("small", 2, 2048, 10, 0)
 	w.flavor("small.vgpu", 2, 2048, 10, 1)
-	hogFlavor := w.flavor("hog", 1, 512, 1, w.typ.max)
 	w.startBridge()
 	vm := w.n.CreateServer(t, "e2e-vm", plain, w.host)
 	w.n.WaitServer(t, vm, "ACTIVE")
-	hog := w.n.CreateServer(t, "e2e-hog", hogFlavor, w.host)
-	w.n.WaitServer(t, hog, "ACTIVE")
-	if al := w.n.Allocations(t, hog); al[w.gpu]["VGPU"] != w.typ.max {
-		t.Fatalf("the hog holds %v, want all %d VGPU of the GPU", al, w.typ.max)
-	}
 	w.waitInstance(vm, w.host, 0)
+	// After the bridge's first sync: the whole GPU to a consumer outside Nova.
+	reservation := uuid.NewString()
+	err := w.n.PlacementCall(t.Context(), http.MethodPut, "/allocations/"+reservation, map[string]any{
+		"allocations":         map[string]any{w.gpu: map[string]any{"resources": map[string]int{"VGPU": w.typ.max}}},
+		"project_id":          uuid.NewString(),
+		"user_id":             uuid.NewString(),
+		"consumer_generation": nil,
+		"consumer_type":       "RESERVATION",
+	}, nil)
+	testsvc.Must(t, err, "reserve the GPU in Placement")
+	t.Cleanup(func() {
+		_ = w.n.PlacementCall(context.Background(), http.MethodDelete, "/allocations/"+reservation, nil, nil)
+	})
 	w.waitAgent()
 
 	id := w.gpuRequest(vm, w.typ.profile)
