@@ -14,6 +14,7 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocationcandidates"
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/traits"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
@@ -85,8 +86,14 @@ func (w *world) retypeAPI(svc *placement.Service, pf, typeID string) (int, strin
 
 // ownedCandidates asks Placement for one unit of the bridge's class with
 // the type's trait in the world's tree: the providers it offers.
+//
+// Placement refuses a query that requires a trait it does not know (400
+// "No such trait"): on a fresh Placement CUSTOM_1430 exists only once a
+// re-type made it, so the trait is created first (as the bridge does
+// before it sets one).
 func (w *world) ownedCandidates(trait string) []string {
 	w.t.Helper()
+	testsvc.Must(w.t, traits.Create(w.ctx, w.sc, trait).ExtractErr(), "create trait "+trait)
 	pages, err := allocationcandidates.List(w.sc, allocationcandidates.ListOpts{Resources: placement.BridgeClass + ":1",
 		Required: []string{trait}, InTree: w.root}).AllPages(w.ctx)
 	testsvc.Must(w.t, err, "allocation candidates")
