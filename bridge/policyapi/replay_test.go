@@ -26,7 +26,7 @@ import (
 // replayServer serves the policy routes with the sample rules in force,
 // static tokens "admin-token" (admin) and "reader-token" (a fleet
 // reader), and pool (may be nil).
-func replayServer(t *testing.T, pool *pgxpool.Pool) *api.Server {
+func replayServer(t testing.TB, pool *pgxpool.Pool) *api.Server {
 	t.Helper()
 	h, err := policy.NewHolder(policy.Config{
 		RulesFile:    "../../etc/vgpu-bridge/rules.yaml",
@@ -161,4 +161,33 @@ rules:
 	if ev := doc.Events[1]; ev.Kind != "webhook.GPU_RELEASE" || !ev.Active.Rejected || ev.Candidate.Rejected || len(ev.Candidate.Intents) != 0 {
 		t.Errorf("release event = %+v", ev)
 	}
+}
+
+// FuzzReplayRequest: whatever the body, the replay route answers a
+// problem (no database here, so at best 503) and never panics; a body that
+// reaches the database is a valid window with rules that compile.
+func FuzzReplayRequest(f *testing.F) {
+	f.Add(`{"since": "2026-12-05T00:00:00Z", "until": "2026-12-06T00:00:00Z", "rules": "version: 1\nrules: []\n"}`)
+	f.Add(`{"since": "2026-12-05T00:00:00Z", "until": "2026-12-06T00:00:00Z", "rules": "rules:\n  - name: x\n    on: [alert]\n    then: [atach(1)]\n", "max_events": 5}`)
+	f.Add(`{"since": "2026-12-06T00:00:00Z", "until": "2026-12-05T00:00:00Z", "rules": "x"}`)
+	f.Add(`{"rules": null, "max_events": -1}`)
+	f.Add(`[]`)
+	srv := replayServer(f, nil)
+	f.Fuzz(func(t *testing.T, body string) {
+		rec := postReplay(srv, "admin-token", body)
+		if rec.Header().Get("Content-Type") != "application/problem+json" {
+			t.Fatalf("status %d, %s: %s", rec.Code, rec.Header().Get("Content-Type"), rec.Body)
+		}
+		if rec.Code == http.StatusServiceUnavailable {
+			var req replayRequest
+			if json.Unmarshal([]byte(body), &req) != nil || req.Since == nil || req.Until == nil || !req.Since.Before(*req.Until) || req.Rules == nil {
+				t.Fatalf("reached the database with %q", body)
+			}
+			if _, err := policy.Load(strings.NewReader(*req.Rules), policy.Options{}); err != nil && !strings.Contains(err.Error(), "catalog") {
+				t.Fatalf("reached the database with rules that do not compile: %v", err)
+			}
+		} else if rec.Code >= 500 {
+			t.Fatalf("status %d: %s", rec.Code, rec.Body)
+		}
+	})
 }
