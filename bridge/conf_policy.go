@@ -135,7 +135,8 @@ func setupPolicy(w *wiring, cat *catalog.Catalog, state func() policy.State, loa
 			Help: "Rules in the active policy."},
 			func() float64 { return float64(len(h.Policy().Rules())) }),
 	)
-	policyapi.New(policyapi.Config{Holder: h, State: state, Load: load}).Register(srv)
+	policyapi.New(policyapi.Config{Holder: h, State: state, Load: load, Pool: w.pool,
+		ClockSkew: PipelineConfig(v, w.replica).ClockSkewTolerance, Log: log}).Register(srv)
 	log.Info("policy loaded", "file", cfg.RulesFile, "rules", len(h.Policy().Rules()), "policy", h.Policy().Hash())
 	run := func(ctx context.Context) error {
 		hup := make(chan os.Signal, 1)

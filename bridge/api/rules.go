@@ -131,6 +131,8 @@ var routeRules = []Rule{
 		Description: "Run a drift check now.", Routes: []string{"POST /v1/drift/run"}},
 	{Name: "vgpu:policy:explain", Default: defaultFleet, Class: Fleet,
 		Description: "Explain the placement policy's decision for an event.", Routes: []string{"POST /v1/policy/explain"}},
+	{Name: "vgpu:policy:replay", Default: defaultAdmin, Class: Admin,
+		Description: "Run the recorded events of a window through the placement policy and a candidate rules file, with no side effect.", Routes: []string{"POST /v1/policy/replay"}},
 	{Name: "vgpu:placements:dry_run", Default: defaultFleet, Class: Fleet,
 		Description: "Place a vGPU request without acting.", Routes: []string{"POST /v1/placements/dry-run"}},
 	{Name: "vgpu:placements:sync", Default: defaultAdmin, Class: Admin,

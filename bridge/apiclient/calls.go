@@ -256,6 +256,15 @@ func (c *Client) Explain(ctx context.Context, body json.RawMessage) (Explanation
 	return out, err
 }
 
+// ReplayPolicy runs the recorded events of a window through the active
+// policy and a candidate rules file, with no side effect (admin).
+func (c *Client) ReplayPolicy(ctx context.Context, req PolicyReplayRequest) (PolicyReplay, error) {
+	var out PolicyReplay
+	raw, err := c.callInto(ctx, Call{Method: http.MethodPost, Path: "/v1/policy/replay", Body: req}, &out)
+	out.Raw = raw
+	return out, err
+}
+
 func set(q url.Values, k, v string) {
 	if v != "" {
 		q.Set(k, v)

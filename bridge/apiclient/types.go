@@ -293,3 +293,53 @@ type RetypeResult struct {
 	Step   string          `json:"step"`
 	Raw    json.RawMessage `json:"-"`
 }
+
+// PolicyReplayRequest is the body of POST /v1/policy/replay: the window
+// and the candidate rules file's text.
+type PolicyReplayRequest struct {
+	Since     time.Time `json:"since"`
+	Until     time.Time `json:"until"`
+	Rules     string    `json:"rules"`
+	MaxEvents int       `json:"max_events,omitempty"`
+}
+
+// PolicyReplaySide is what one policy decided about a replayed event.
+type PolicyReplaySide struct {
+	Intents    []Intent `json:"intents"`
+	Rejected   bool     `json:"rejected,omitempty"`
+	Reason     string   `json:"reason,omitempty"`
+	RuleErrors []string `json:"rule_errors,omitempty"`
+}
+
+// PolicyReplayEvent is one replayed event: the intents of the rules in
+// force (Active) and of the candidate, and the intent kinds that differ.
+type PolicyReplayEvent struct {
+	ID        int64            `json:"id"`
+	Kind      string           `json:"kind"`
+	Instance  string           `json:"instance_uuid,omitempty"`
+	Time      time.Time        `json:"time"`
+	Active    PolicyReplaySide `json:"active"`
+	Candidate PolicyReplaySide `json:"candidate"`
+	Differs   []string         `json:"differs,omitempty"`
+	Error     string           `json:"error,omitempty"`
+}
+
+// PolicyReplaySummary counts a replay.
+type PolicyReplaySummary struct {
+	Events    int            `json:"events"`
+	Evaluated int            `json:"evaluated"`
+	Failed    int            `json:"failed"`
+	Differing int            `json:"differing"`
+	Differ    map[string]int `json:"differ"`
+	Truncated bool           `json:"truncated"`
+	MaxEvents int            `json:"max_events"`
+}
+
+// PolicyReplay is the answer of POST /v1/policy/replay.
+type PolicyReplay struct {
+	Events  []PolicyReplayEvent `json:"events"`
+	Summary PolicyReplaySummary `json:"summary"`
+	// Error says why the replay ended early.
+	Error string          `json:"error,omitempty"`
+	Raw   json.RawMessage `json:"-"`
+}

@@ -191,7 +191,7 @@ Load rules see no history here: a rule with "for" reports that it starts holding
 	explain.Flags().StringVar(&files.compat, "compat", "", "driver compatibility file (default: [policy] driver_compat_file, or driver-compat.yaml next to the policy)")
 	explain.Flags().StringVarP(&output, "output", "o", "text", "text or json")
 	explain.Flags().StringVar(&at, "at", "", "time of an event without one (RFC 3339); default now")
-	c.AddCommand(check, explain)
+	c.AddCommand(check, explain, newPolicyReplayCmd(g))
 	return c
 }
 

@@ -292,3 +292,39 @@ func FuzzEmit(f *testing.F) {
 		}
 	})
 }
+
+// TestPolicyReplay: vgpuctl sends the window and the candidate's text, and
+// shows the events side by side with the summary.
+func TestPolicyReplay(t *testing.T) {
+	var got map[string]any
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/policy/replay" {
+			http.NotFound(w, r)
+			return
+		}
+		json.NewDecoder(r.Body).Decode(&got)
+		io.WriteString(w, `{"events": [
+{"id": 7, "kind": "webhook.GPU_LOAD", "instance_uuid": "vm1", "time": "2026-12-05T08:00:00Z",
+ "active": {"intents": []}, "candidate": {"intents": [{"kind": "resize", "profile": "T4-8Q"}, {"kind": "notify"}]}, "differs": ["resize", "notify"]}],
+"summary": {"events": 1, "evaluated": 1, "failed": 0, "differing": 1, "differ": {"resize": 1, "notify": 1}, "truncated": false, "max_events": 1000}}`)
+	}))
+	defer srv.Close()
+	rules := filepath.Join(t.TempDir(), "candidate.yaml")
+	os.WriteFile(rules, []byte("version: 1\nrules: []\n"), 0o600)
+	code, out, errs := vgpuctl("policy", "replay", "--url", srv.URL, "--rules", rules, "--since", "2026-12-05T00:00:00Z", "--until", "2026-12-06T00:00:00Z")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if got["rules"] != "version: 1\nrules: []\n" || got["since"] != "2026-12-05T00:00:00Z" || got["until"] != "2026-12-06T00:00:00Z" {
+		t.Errorf("body = %v", got)
+	}
+	for _, want := range []string{"resize(T4-8Q) notify", "resize,notify", "events: 1 read, 1 evaluated, 0 failed, 1 differ",
+		"would differ: attach 0, release 0, resize 1, tune 0, set_limits 0, notify 1, reject 0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if code, _, _ := vgpuctl("policy", "replay", "--url", srv.URL, "--rules", rules, "--since", "yesterday"); code != exitUsage {
+		t.Errorf("--since yesterday: exit %d, want %d", code, exitUsage)
+	}
+}
