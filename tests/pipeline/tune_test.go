@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,4 +122,65 @@ func (w *world) tuneResult(id uuid.UUID, kind string) tuneDetails {
 	}
 	testsvc.Must(w.t, json.Unmarshal(raw, &d), "details")
 	return tuneDetails{status: status, verified: status == "succeeded" && d.Verified, Applied: d.Applied}
+}
+
+// TestTenantTuneRefusedOnASharedGPU: tuning a webhook request asks for
+// (a tenant's, not an operator rule's) is refused with the reason when
+// another tenant's vGPU shares the GPU (GPU A holds the vGPU of another
+// project's VM), audited, and the GPU keeps its clocks; on a GPU the
+// tenant is alone on (GPU B), the same request is applied and read back.
+func TestTenantTuneRefusedOnASharedGPU(t *testing.T) {
+	t.Parallel()
+	other := "0ther0project0000000000000000001"
+	w := newWorldWith(t, testsvc.DirectPolicy(), withGPUB("CUSTOM_NVIDIA_233", 2, ""), withProjects(map[int]string{0: other}))
+	w.startAgent()
+	w.startBridge(replicaOpts{name: "r1"})
+	shared, alone := w.domains[3].UUID, w.domains[4].UUID
+	tune := map[string]any{"clocks_mhz": 1200}
+
+	for _, c := range []struct {
+		inst, profile, gpu string
+	}{{shared, "T4-4Q", gpuA}, {alone, "T4-8Q", gpuB}} {
+		id := w.submit("GPU_REQUEST", c.inst, map[string]any{"vgpu_profile": c.profile, "count": 1, "workload": "inference"})
+		if r := w.wait(id, 60*time.Second); r.State != requests.Succeeded {
+			t.Fatalf("request %s: %s (%s: %s)", id, r.State, r.Code, r.Reason)
+		}
+		if atts := w.attachments(c.inst); len(atts) != 1 || atts[0].pci != c.gpu {
+			t.Fatalf("attachments of %s: %+v, want one on %s", c.inst, atts, c.gpu)
+		}
+	}
+	before := w.readGPU(pci.MustParse(gpuA))
+
+	// Shared: refused, with the reason, audited; the clocks stay.
+	id := w.submit("GPU_LOAD", shared, map[string]any{"tune": tune})
+	r := w.wait(id, 60*time.Second)
+	var refused string
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT coalesce(d.decision->'refused'->0->>'reason', '') FROM decisions d WHERE d.request_id = $1`,
+		id).Scan(&refused), "decision")
+	if !strings.Contains(refused, "GPU "+gpuA) || !strings.Contains(refused, "shared with another tenant") || !strings.Contains(refused, other) {
+		t.Errorf("refusal %q, want GPU %s shared with project %s", refused, gpuA, other)
+	}
+	if r.State == requests.Succeeded || !strings.Contains(r.Reason, "shared with another tenant") {
+		t.Errorf("request %s: %s (%s), want it not to succeed, with the reason", id, r.State, r.Reason)
+	}
+	if n := w.auditCount(id, "tune_refused"); n != 1 {
+		t.Errorf("%d tune_refused audit rows, want 1", n)
+	}
+	var n int
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM commands WHERE request_id = $1`, id).Scan(&n), "commands")
+	if g := w.readGPU(pci.MustParse(gpuA)); n != 0 || g.Clocks.AppSM != before.Clocks.AppSM {
+		t.Errorf("%d commands; GPU A's SM application clock %d, want none and still %d", n, g.Clocks.AppSM, before.Clocks.AppSM)
+	}
+
+	// Alone: applied and read back.
+	id = w.submit("GPU_LOAD", alone, map[string]any{"tune": tune})
+	if r := w.wait(id, 60*time.Second); r.State != requests.Succeeded {
+		t.Fatalf("tune on the tenant's own GPU %s: %s (%s: %s)", id, r.State, r.Code, r.Reason)
+	}
+	if res := w.tuneResult(id, "set_clocks"); !res.verified || res.Applied.AppSMMHz != 1200 {
+		t.Errorf("set_clocks result %+v, want verified at 1200 MHz", res)
+	}
+	if g := w.readGPU(pci.MustParse(gpuB)); g.Clocks.AppSM != 1200 {
+		t.Errorf("GPU B's SM application clock %d, want 1200", g.Clocks.AppSM)
+	}
 }
