@@ -46,8 +46,12 @@ const NotifyEvent = "notify"
 func DeliverPolicyMessage(ctx context.Context, tx pgx.Tx, m PolicyMessage) error {
 	var kind, source, callbackURL, project, user string
 	var now time.Time
-	err := tx.QueryRow(ctx, `SELECT r.kind, r.source, coalesce(r.callback_url, ''), coalesce(i.project_id, ''), coalesce(i.user_id, ''), now()
-		FROM requests r LEFT JOIN instances i ON i.uuid = r.instance_uuid WHERE r.id = $1`, m.Request).
+	// A message about no request row (none is expected, but a notify must
+	// not fail its decision) is audited and notified without a callback.
+	err := tx.QueryRow(ctx, `SELECT coalesce(r.kind, ''), coalesce(r.source, ''), coalesce(r.callback_url, ''),
+			coalesce(i.project_id, ''), coalesce(i.user_id, ''), now()
+		FROM (SELECT $1::uuid AS id, $2::text AS inst) q LEFT JOIN requests r ON r.id = q.id
+		LEFT JOIN instances i ON i.uuid::text = coalesce(r.instance_uuid::text, nullif(q.inst, ''))`, m.Request, m.Instance).
 		Scan(&kind, &source, &callbackURL, &project, &user, &now)
 	if err != nil {
 		return fmt.Errorf("notify of request %s: %w", m.Request, err)
