@@ -229,6 +229,9 @@ func (in Intent) summary() string {
 		b.WriteString(strconv.Itoa(in.TimesliceUS))
 		b.WriteString(" clocks_mhz=")
 		b.WriteString(strconv.Itoa(in.ClocksMHz))
+		if in.Tenant {
+			b.WriteString(" by=tenant")
+		}
 		if len(in.GPUs) > 0 {
 			b.WriteString(" gpus=")
 			b.WriteString(strings.Join(in.GPUs, ","))

@@ -3,6 +3,7 @@ package policy
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -825,16 +826,21 @@ func overlap(a, b []string) bool {
 	return false
 }
 
-// tuneRequest handles tuning asked for by the event's sender: only
-// operator rules may tune, so a request is refused unless it matches what
-// operator rules set now or in this decision.
+// tuneRequest handles tuning asked for by the event's sender (a tenant,
+// not an operator rule). Operator rules win: a request that differs from
+// what they set in this decision is refused, one that agrees adds nothing.
+// Otherwise the request becomes a tune intent marked Tenant; tuning is per
+// physical GPU and shared by its tenants, so the bridge refuses it when
+// another tenant's vGPU shares one of the instance's GPUs (it knows the
+// projects; bridge/pipeline/sharedtune.go).
 func (e *evaluation) tuneRequest() {
 	t := e.ev.Tune
 	if t == nil {
 		return
 	}
 	req := Intent{Kind: IntentTune, Rule: "(request from " + orNone(e.ev.Source) + ")", Instance: e.inst.UUID, Host: e.inst.Host,
-		Scheduler: t.Scheduler, TimesliceUS: t.TimesliceUS, ClocksMHz: t.ClocksMHz}
+		Scheduler: t.Scheduler, TimesliceUS: t.TimesliceUS, ClocksMHz: t.ClocksMHz, Tenant: true,
+		Why: fmt.Sprintf("the event's sender %s asked for it", orNone(e.ev.Source))}
 	same := func(s string, ts, clk int) bool {
 		return (t.Scheduler == "" || t.Scheduler == s) && (t.TimesliceUS == 0 || t.TimesliceUS == ts) && (t.ClocksMHz == 0 || t.ClocksMHz == clk)
 	}
@@ -843,21 +849,34 @@ func (e *evaluation) tuneRequest() {
 			if same(o.Scheduler, o.TimesliceUS, o.ClocksMHz) {
 				return
 			}
-			e.d.Refused = append(e.d.Refused, Refusal{Intent: req, Reason: fmt.Sprintf("conflicts with operator rule %s (scheduler %s, timeslice %d µs, clocks %d MHz): vGPU scheduling and clocks are per physical GPU and shared by its tenants; only operator rules may tune", o.Rule, orNone(o.Scheduler), o.TimesliceUS, o.ClocksMHz)})
+			e.d.Refused = append(e.d.Refused, Refusal{Intent: req, Reason: fmt.Sprintf("conflicts with operator rule %s (scheduler %s, timeslice %d µs, clocks %d MHz): vGPU scheduling and clocks are per physical GPU and shared by its tenants; the operator's rules win", o.Rule, orNone(o.Scheduler), o.TimesliceUS, o.ClocksMHz)})
 			return
 		}
 	}
+	if len(e.inst.VGPUs) == 0 {
+		e.d.Refused = append(e.d.Refused, Refusal{Intent: req, Reason: "the instance holds no vGPU, so no GPU to tune"})
+		return
+	}
+	if t.Scheduler == "" && t.TimesliceUS == 0 && t.ClocksMHz == 0 {
+		e.d.Refused = append(e.d.Refused, Refusal{Intent: req, Reason: "the request asks for no scheduler, timeslice or clocks"})
+		return
+	}
+	if reason := e.tune(&req); reason != "" {
+		e.d.Refused = append(e.d.Refused, Refusal{Intent: req, Reason: reason})
+		return
+	}
+	// What the instance's GPUs have already (as their agent reports) is
+	// no change.
+	set := 0
 	for _, g := range e.host.GPUs {
-		for _, v := range e.inst.VGPUs {
-			if v.GPU == g.Address && !same(g.Scheduler, g.TimesliceUS, g.ClocksMHz) {
-				e.d.Refused = append(e.d.Refused, Refusal{Intent: req, Reason: fmt.Sprintf("GPU %s is set to scheduler %s, timeslice %d µs, clocks %d MHz by the operator: vGPU scheduling and clocks are per physical GPU and shared by its tenants; only operator rules may tune", g.Address, orNone(g.Scheduler), g.TimesliceUS, g.ClocksMHz)})
-				return
-			}
+		if slices.Contains(req.GPUs, g.Address) && same(g.Scheduler, g.TimesliceUS, g.ClocksMHz) {
+			set++
 		}
 	}
-	if len(e.inst.VGPUs) == 0 {
-		e.d.Refused = append(e.d.Refused, Refusal{Intent: req, Reason: "only operator rules may tune, and the instance holds no vGPU"})
+	if set == len(req.GPUs) {
+		return
 	}
+	e.d.Intents = append(e.d.Intents, req)
 }
 
 // finish sets the rejection and load updates.

@@ -52,6 +52,10 @@ type Intent struct {
 	Scheduler   string   `json:"scheduler,omitempty"`
 	TimesliceUS int      `json:"timeslice_us,omitempty"`
 	ClocksMHz   int      `json:"clocks_mhz,omitempty"`
+	// Tenant marks a tune the event's sender asked for (event.tune), not
+	// an operator rule: the bridge refuses it on a GPU that another
+	// tenant's vGPU shares.
+	Tenant bool `json:"tenant,omitempty"`
 
 	// set_limits
 	CPUMax     string `json:"cpu_max,omitempty"`

@@ -119,8 +119,14 @@ func TestRuleKinds(t *testing.T) {
 			"attach T4-4Q x1 mode=nova-resize trait=CUSTOM_NVIDIA_232 [rule request]; tune scheduler=equal_share timeslice_us=2000 clocks_mhz=0 gpus=0000:81:00.0 [rule render-share]", "", ""},
 		{"conflicting operator tunes", Event{Kind: KindGPURequest, InstanceUUID: "vm-4q", Profile: "T4-4Q", Workload: "rendering", Source: "farm"},
 			"attach T4-4Q x1 mode=nova-resize trait=CUSTOM_NVIDIA_232 [rule request]; tune scheduler=equal_share timeslice_us=2000 clocks_mhz=0 gpus=0000:81:00.0 [rule render-share]", "", "conflicts with rule render-share"},
-		{"tune request refused", Event{Kind: KindGPURequest, InstanceUUID: "vm-4q", Profile: "T4-4Q", Source: "sched", Tune: &TuneRequest{Scheduler: "fixed_share"}},
-			"attach T4-4Q x1 mode=nova-resize trait=CUSTOM_NVIDIA_232 [rule request]", "", "only operator rules may tune"},
+		// The sender's tuning becomes the tenant's intent (the bridge refuses
+		// it when another tenant's vGPU shares the GPU).
+		{"tune request by the tenant", Event{Kind: KindGPURequest, InstanceUUID: "vm-4q", Profile: "T4-4Q", Source: "sched", Tune: &TuneRequest{Scheduler: "fixed_share"}},
+			"attach T4-4Q x1 mode=nova-resize trait=CUSTOM_NVIDIA_232 [rule request]; tune scheduler=fixed_share timeslice_us=0 clocks_mhz=0 by=tenant gpus=0000:81:00.0 [rule (request from sched)]", "", ""},
+		{"tune request against an operator rule", Event{Kind: KindGPURequest, InstanceUUID: "vm-4q", Profile: "T4-4Q", Workload: "rendering", Source: "sched", Tune: &TuneRequest{Scheduler: "fixed_share"}},
+			"attach T4-4Q x1 mode=nova-resize trait=CUSTOM_NVIDIA_232 [rule request]; tune scheduler=equal_share timeslice_us=2000 clocks_mhz=0 gpus=0000:81:00.0 [rule render-share]", "", "the operator's rules win"},
+		{"tune request without a vGPU", Event{Kind: KindGPURequest, InstanceUUID: "vm-none", Profile: "T4-4Q", Source: "sched", Tune: &TuneRequest{ClocksMHz: 1200}},
+			"attach T4-4Q x1 mode=nova-resize trait=CUSTOM_NVIDIA_232 [rule request]", "", "no GPU to tune"},
 		{"tune request equal to operator setting", Event{Kind: KindGPURequest, InstanceUUID: "vm-4q", Profile: "T4-4Q", Source: "sched", Tune: &TuneRequest{Scheduler: "best_effort"}},
 			"attach T4-4Q x1 mode=nova-resize trait=CUSTOM_NVIDIA_232 [rule request]", "", ""},
 		{"notify on resolved alert", Event{Kind: KindAlert, InstanceUUID: "vm-4q", Status: "resolved", Metrics: map[string]float64{"gpu_util": 50}},

@@ -2,10 +2,12 @@ package executor
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
+	agpu "github.com/vgpu-bridge/vgpu-bridge/agent/gpu"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/hosterr"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/journal"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
@@ -146,13 +148,13 @@ func (e *Executor) prepare(c protocol.Command) (handler, error) {
 			return nil, err
 		}
 		return func(ctx context.Context, r *run) (any, error) {
-			_, err := r.step(stepApplied, func() (string, error) {
+			out := map[string]any{"gpu_pci": gpu.String(), "policy": p.Policy, "timeslice_us": p.TimesliceUs}
+			return tuned(r, out, func() (agpu.Applied, error) {
 				if e.cfg.GPUs == nil {
-					return "", hosterr.Errorf(hosterr.NVMLUnavailable, "set vgpu scheduler", "no NVML backend")
+					return agpu.Applied{}, hosterr.Errorf(hosterr.NVMLUnavailable, "set vgpu scheduler", "no NVML backend")
 				}
-				return "", e.cfg.GPUs.SetVGPUScheduler(ctx, gpu, p.Policy, p.TimesliceUs)
+				return e.cfg.GPUs.SetVGPUScheduler(ctx, gpu, p.Policy, p.TimesliceUs)
 			})
-			return map[string]any{"gpu_pci": gpu.String(), "policy": p.Policy, "timeslice_us": p.TimesliceUs}, err
 		}, nil
 
 	case protocol.SetClocks, protocol.ResetClocks:
@@ -165,16 +167,19 @@ func (e *Executor) prepare(c protocol.Command) (handler, error) {
 			return nil, err
 		}
 		return func(ctx context.Context, r *run) (any, error) {
-			_, err := r.step(stepApplied, func() (string, error) {
+			out := map[string]any{"gpu_pci": gpu.String()}
+			if c.Kind == protocol.SetClocks {
+				out["memory_mhz"], out["sm_mhz"] = p.MemoryMHz, p.SMMHz
+			}
+			return tuned(r, out, func() (agpu.Applied, error) {
 				if e.cfg.GPUs == nil {
-					return "", hosterr.Errorf(hosterr.NVMLUnavailable, string(c.Kind), "no NVML backend")
+					return agpu.Applied{}, hosterr.Errorf(hosterr.NVMLUnavailable, string(c.Kind), "no NVML backend")
 				}
 				if c.Kind == protocol.ResetClocks {
-					return "", e.cfg.GPUs.ResetApplicationClocks(ctx, gpu)
+					return e.cfg.GPUs.ResetApplicationClocks(ctx, gpu)
 				}
-				return "", e.cfg.GPUs.SetApplicationClocks(ctx, gpu, p.MemoryMHz, p.SMMHz)
+				return e.cfg.GPUs.SetApplicationClocks(ctx, gpu, p.MemoryMHz, p.SMMHz)
 			})
-			return map[string]any{"gpu_pci": gpu.String()}, err
 		}, nil
 
 	case protocol.SetVMLimits:
@@ -692,4 +697,28 @@ func (e *Executor) verify(ctx context.Context, dom string, p protocol.VerifyPara
 				"(`vgpu-agent diagnose`); re-attach or re-create the vGPU."}
 	}
 	return details, nil
+}
+
+// tuned runs a tuning call as the command's one step and puts what NVML
+// read back after it in the result's details: "applied" (the scheduler or
+// the application clocks, and whether they changed) and "verified" (the
+// read-back matches what was asked). The step keeps the read-back, so a
+// duplicate delivery answers the same.
+func tuned(r *run, out map[string]any, fn func() (agpu.Applied, error)) (any, error) {
+	data, err := r.step(stepApplied, func() (string, error) {
+		a, err := fn()
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(a)
+		return string(b), err
+	})
+	if err != nil {
+		return out, err
+	}
+	var a agpu.Applied
+	if data != "" && json.Unmarshal([]byte(data), &a) == nil {
+		out["applied"], out["verified"] = a, true
+	}
+	return out, nil
 }

@@ -578,7 +578,12 @@ func TestVerify(t *testing.T) {
 func TestTuning(t *testing.T) {
 	en := newEnv(t)
 	wantStatus(t, en.exec(command(t, "s", protocol.SetVGPUScheduler, protocol.SchedulerParams{GPUPCI: gpu0, Policy: protocol.SchedFixedShare, TimesliceUs: 2000})), protocol.Succeeded, "")
-	wantStatus(t, en.exec(command(t, "c", protocol.SetClocks, protocol.ClockParams{GPUPCI: "00000000:3B:00.0", MemoryMHz: 5001, SMMHz: 1590})), protocol.Succeeded, "")
+	rc := en.exec(command(t, "c", protocol.SetClocks, protocol.ClockParams{GPUPCI: "00000000:3B:00.0", MemoryMHz: 5001, SMMHz: 1590}))
+	wantStatus(t, rc, protocol.Succeeded, "")
+	// The result carries what NVML read back after the change.
+	if d := string(rc.Details); !strings.Contains(d, `"applied":{"changed":true,"app_sm_mhz":1590,"app_mem_mhz":5001}`) || !strings.Contains(d, `"verified":true`) {
+		t.Errorf("set_clocks details = %s, want the read-back clocks, verified", d)
+	}
 	wantStatus(t, en.exec(command(t, "r", protocol.ResetClocks, protocol.ClockParams{GPUPCI: gpu0})), protocol.Succeeded, "")
 	wantStatus(t, en.exec(command(t, "l", protocol.SetVMLimits, protocol.LimitParams{CPUMax: "200000 100000"})), protocol.Succeeded, "")
 	want := []string{"scheduler 0000:3b:00.0 fixed_share 2000", "clocks 0000:3b:00.0 5001 1590", "reset_clocks 0000:3b:00.0",

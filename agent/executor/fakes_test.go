@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	agpu "github.com/vgpu-bridge/vgpu-bridge/agent/gpu"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/hosterr"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
@@ -319,22 +320,22 @@ func (f *fakeHost) Start(_ context.Context, uuid string) error {
 	return nil
 }
 
-func (f *fakeHost) SetVGPUScheduler(_ context.Context, gpu pci.Addr, policy string, ts uint32) error {
+func (f *fakeHost) SetVGPUScheduler(_ context.Context, gpu pci.Addr, policy string, ts uint32) (agpu.Applied, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.record("scheduler", gpu, " ", policy, " ", ts)
+	return agpu.Applied{Changed: true, Scheduler: &agpu.Scheduler{Policy: policy, TimesliceUs: ts}}, f.record("scheduler", gpu, " ", policy, " ", ts)
 }
 
-func (f *fakeHost) SetApplicationClocks(_ context.Context, gpu pci.Addr, mem, sm uint32) error {
+func (f *fakeHost) SetApplicationClocks(_ context.Context, gpu pci.Addr, mem, sm uint32) (agpu.Applied, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.record("clocks", gpu, " ", mem, " ", sm)
+	return agpu.Applied{Changed: true, AppMemMHz: mem, AppSMMHz: sm}, f.record("clocks", gpu, " ", mem, " ", sm)
 }
 
-func (f *fakeHost) ResetApplicationClocks(_ context.Context, gpu pci.Addr) error {
+func (f *fakeHost) ResetApplicationClocks(_ context.Context, gpu pci.Addr) (agpu.Applied, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.record("reset_clocks", gpu)
+	return agpu.Applied{Changed: true}, f.record("reset_clocks", gpu)
 }
 
 func (f *fakeHost) SetVMLimits(_ context.Context, uuid string, l protocol.LimitParams) (string, error) {

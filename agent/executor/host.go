@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
+	agpu "github.com/vgpu-bridge/vgpu-bridge/agent/gpu"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
@@ -91,9 +92,9 @@ type Domains interface {
 
 // GPUs tunes physical GPUs (agent/gpu.Backend implements it).
 type GPUs interface {
-	SetVGPUScheduler(ctx context.Context, gpu pci.Addr, policy string, timesliceUs uint32) error
-	SetApplicationClocks(ctx context.Context, gpu pci.Addr, memMHz, smMHz uint32) error
-	ResetApplicationClocks(ctx context.Context, gpu pci.Addr) error
+	SetVGPUScheduler(ctx context.Context, gpu pci.Addr, policy string, timesliceUs uint32) (agpu.Applied, error)
+	SetApplicationClocks(ctx context.Context, gpu pci.Addr, memMHz, smMHz uint32) (agpu.Applied, error)
+	ResetApplicationClocks(ctx context.Context, gpu pci.Addr) (agpu.Applied, error)
 }
 
 // Limiter applies a VM's CPU and memory limits (libvirt tunables, else

@@ -20,12 +20,14 @@ type Backend interface {
 	GPUs(ctx context.Context) ([]GPU, error)
 	// SetVGPUScheduler sets a GPU's vGPU scheduler: policy is one of
 	// "best_effort", "equal_share", "fixed_share"; timesliceUs 0 keeps the
-	// driver's default.
-	SetVGPUScheduler(ctx context.Context, gpu pci.Addr, policy string, timesliceUs uint32) error
-	// SetApplicationClocks sets a GPU's application clocks (MHz).
-	SetApplicationClocks(ctx context.Context, gpu pci.Addr, memMHz, smMHz uint32) error
-	// ResetApplicationClocks restores the default application clocks.
-	ResetApplicationClocks(ctx context.Context, gpu pci.Addr) error
+	// driver's default. It returns the state read back after the change.
+	SetVGPUScheduler(ctx context.Context, gpu pci.Addr, policy string, timesliceUs uint32) (Applied, error)
+	// SetApplicationClocks sets a GPU's application clocks (MHz); memMHz 0
+	// keeps the memory clock. It returns the clocks read back.
+	SetApplicationClocks(ctx context.Context, gpu pci.Addr, memMHz, smMHz uint32) (Applied, error)
+	// ResetApplicationClocks restores the default application clocks and
+	// returns them as read back.
+	ResetApplicationClocks(ctx context.Context, gpu pci.Addr) (Applied, error)
 	// Close releases NVML (Shutdown); a closed backend must not be used.
 	Close()
 }
@@ -123,6 +125,16 @@ type Scheduler struct {
 	TimesliceUs uint32 `json:"timeslice_us,omitempty"`
 }
 
+// Applied is what a tuning call left on a GPU, read back from NVML after
+// the change: the scheduler, or the application clocks. Changed is false
+// when the GPU had the asked-for setting already.
+type Applied struct {
+	Changed   bool       `json:"changed"`
+	Scheduler *Scheduler `json:"scheduler,omitempty"`
+	AppSMMHz  uint32     `json:"app_sm_mhz,omitempty"`
+	AppMemMHz uint32     `json:"app_mem_mhz,omitempty"`
+}
+
 // License is the GPU's vGPU software licence view.
 type License struct {
 	// Supported: the GPU takes part in vGPU licensing.
@@ -154,18 +166,18 @@ func (n None) refuse(op string) error {
 }
 
 // SetVGPUScheduler is refused.
-func (n None) SetVGPUScheduler(_ context.Context, a pci.Addr, _ string, _ uint32) error {
-	return n.refuse("set vgpu scheduler on " + a.String())
+func (n None) SetVGPUScheduler(_ context.Context, a pci.Addr, _ string, _ uint32) (Applied, error) {
+	return Applied{}, n.refuse("set vgpu scheduler on " + a.String())
 }
 
 // SetApplicationClocks is refused.
-func (n None) SetApplicationClocks(_ context.Context, a pci.Addr, _, _ uint32) error {
-	return n.refuse("set application clocks on " + a.String())
+func (n None) SetApplicationClocks(_ context.Context, a pci.Addr, _, _ uint32) (Applied, error) {
+	return Applied{}, n.refuse("set application clocks on " + a.String())
 }
 
 // ResetApplicationClocks is refused.
-func (n None) ResetApplicationClocks(_ context.Context, a pci.Addr) error {
-	return n.refuse("reset application clocks on " + a.String())
+func (n None) ResetApplicationClocks(_ context.Context, a pci.Addr) (Applied, error) {
+	return Applied{}, n.refuse("reset application clocks on " + a.String())
 }
 
 // Close does nothing.

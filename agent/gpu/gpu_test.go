@@ -123,60 +123,105 @@ func TestMockGPUs(t *testing.T) {
 	}
 }
 
+// TestMockTuning changes the scheduler and the clocks of an idle GPU and
+// reads them back (NVML's state, the GPU read, and what the call
+// returns), and checks what the driver refuses: a scheduler change while
+// a VM runs, a timeslice outside the driver's range, clock pairs the GPU
+// does not support.
 func TestMockTuning(t *testing.T) {
 	ctx := context.Background()
 	busy := []MockVGPU{{MdevUUID: mdevA, VMID: vmA, TypeID: 232}}
 	b, m := NewMockBackend("550.54.16", []MockGPU{t4("0000:3b:00.0", busy), t4("0000:d8:00.0", nil)})
 	idle := pci.MustParse("00000000:D8:00.0")
-	if err := b.SetVGPUScheduler(ctx, idle, PolicyFixedShare, 2000); err != nil {
+	if p, _, ok := m.Scheduler(idle); ok {
+		t.Fatalf("the idle GPU starts with a scheduler set: %s", p)
+	}
+	a, err := b.SetVGPUScheduler(ctx, idle, PolicyFixedShare, 2000)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if !a.Changed || a.Scheduler == nil || *a.Scheduler != (Scheduler{PolicyFixedShare, 2000}) {
+		t.Errorf("applied = %+v %+v, want a change to fixed_share 2000 µs", a, a.Scheduler)
+	}
 	if p, ts, ok := m.Scheduler(idle); !ok || p != PolicyFixedShare || ts != 2000 {
-		t.Errorf("scheduler = %s %d %v", p, ts, ok)
+		t.Errorf("NVML's scheduler = %s %d µs %v", p, ts, ok)
 	}
 	gpus, _ := b.GPUs(ctx)
 	if s := gpus[1].Scheduler; s == nil || *s != (Scheduler{PolicyFixedShare, 2000}) {
 		t.Errorf("read back scheduler = %+v", s)
 	}
-	if err := b.SetApplicationClocks(ctx, idle, 5001, 1200); err != nil {
+	// The driver's default timeslice (0 asks for it) reads back as the
+	// driver's value.
+	if a, err := b.SetVGPUScheduler(ctx, idle, PolicyEqualShare, 0); err != nil || !a.Changed || a.Scheduler.Policy != PolicyEqualShare || a.Scheduler.TimesliceUs != 2000 {
+		t.Errorf("equal_share with the default timeslice: %+v %v", a.Scheduler, err)
+	}
+
+	a, err = b.SetApplicationClocks(ctx, idle, 5001, 1200)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if !a.Changed || a.AppMemMHz != 5001 || a.AppSMMHz != 1200 {
+		t.Errorf("applied clocks = %+v", a)
 	}
 	if mem, sm := m.AppClocks(idle); mem != 5001 || sm != 1200 {
 		t.Errorf("clocks = %d %d", mem, sm)
 	}
-	if err := b.ResetApplicationClocks(ctx, idle); err != nil {
-		t.Fatal(err)
+	gpus, _ = b.GPUs(ctx)
+	if c := gpus[1].Clocks; c.AppSM != 1200 || c.AppMem != 5001 {
+		t.Errorf("read back clocks = %+v", c)
+	}
+	if a, err := b.ResetApplicationClocks(ctx, idle); err != nil || a.AppSMMHz != 1590 {
+		t.Fatalf("reset: %+v %v, want the default 1590 MHz read back", a, err)
 	}
 	if mem, sm := m.AppClocks(idle); mem != 0 || sm != 0 {
 		t.Errorf("clocks after reset = %d %d", mem, sm)
 	}
+	busyGPU := pci.MustParse("0000:3b:00.0")
 	tests := []struct {
-		name string
-		err  error
-		want hosterr.Code
+		name    string
+		call    func() (Applied, error)
+		want    hosterr.Code
+		changed bool
 	}{
-		{"bad policy", b.SetVGPUScheduler(ctx, idle, "round_robin", 0), hosterr.Invalid},
-		{"busy gpu", b.SetVGPUScheduler(ctx, pci.MustParse("0000:3b:00.0"), PolicyEqualShare, 0), hosterr.InUse},
+		{"bad policy", func() (Applied, error) { return b.SetVGPUScheduler(ctx, idle, "round_robin", 0) }, hosterr.Invalid, false},
+		{"best effort with a timeslice", func() (Applied, error) { return b.SetVGPUScheduler(ctx, idle, PolicyBestEffort, 500) }, hosterr.Invalid, false},
+		{"timeslice below the driver's range", func() (Applied, error) { return b.SetVGPUScheduler(ctx, idle, PolicyFixedShare, 500) }, hosterr.Invalid, false},
+		{"timeslice above the driver's range", func() (Applied, error) { return b.SetVGPUScheduler(ctx, idle, PolicyFixedShare, 31000) }, hosterr.Invalid, false},
+		{"a VM runs on the GPU", func() (Applied, error) { return b.SetVGPUScheduler(ctx, busyGPU, PolicyEqualShare, 0) }, hosterr.InUse, false},
 		// What the busy GPU has already is no change: a success.
-		{"busy gpu, its own scheduler", b.SetVGPUScheduler(ctx, pci.MustParse("0000:3b:00.0"), PolicyBestEffort, 0), ""},
-		{"idle gpu, same again", b.SetVGPUScheduler(ctx, idle, PolicyFixedShare, 2000), ""},
+		{"busy gpu, its own scheduler", func() (Applied, error) { return b.SetVGPUScheduler(ctx, busyGPU, PolicyBestEffort, 0) }, "", false},
+		{"idle gpu, new timeslice", func() (Applied, error) { return b.SetVGPUScheduler(ctx, idle, PolicyEqualShare, 4000) }, "", true},
+		{"idle gpu, same again", func() (Applied, error) { return b.SetVGPUScheduler(ctx, idle, PolicyEqualShare, 4000) }, "", false},
 
-		{"unknown gpu", b.SetApplicationClocks(ctx, pci.MustParse("0000:01:00.0"), 5001, 1200), hosterr.NotFound},
-		{"clock out of range", b.SetApplicationClocks(ctx, idle, 99999, 1200), hosterr.Invalid},
-		{"zero SM clock", b.SetApplicationClocks(ctx, idle, 5001, 0), hosterr.Invalid},
-		{"SM clock only: memory kept", b.SetApplicationClocks(ctx, idle, 0, 900), ""},
+		{"unknown gpu", func() (Applied, error) { return b.SetApplicationClocks(ctx, pci.MustParse("0000:01:00.0"), 5001, 1200) }, hosterr.NotFound, false},
+		{"memory clock not supported", func() (Applied, error) { return b.SetApplicationClocks(ctx, idle, 99999, 1200) }, hosterr.Invalid, false},
+		{"SM clock above the GPU's", func() (Applied, error) { return b.SetApplicationClocks(ctx, idle, 5001, 2000) }, hosterr.Invalid, false},
+		{"SM clock off the supported steps", func() (Applied, error) { return b.SetApplicationClocks(ctx, idle, 5001, 1201) }, hosterr.Invalid, false},
+		{"zero SM clock", func() (Applied, error) { return b.SetApplicationClocks(ctx, idle, 5001, 0) }, hosterr.Invalid, false},
+		{"SM clock only: memory kept", func() (Applied, error) { return b.SetApplicationClocks(ctx, idle, 0, 900) }, "", true},
+		{"SM clock only, same again", func() (Applied, error) { return b.SetApplicationClocks(ctx, idle, 0, 900) }, "", false},
 	}
 	for _, tc := range tests {
-		if got := hosterr.CodeOf(tc.err); got != tc.want {
-			t.Errorf("%s: %v (%q), want %q", tc.name, tc.err, got, tc.want)
+		a, err := tc.call()
+		if got := hosterr.CodeOf(err); got != tc.want || a.Changed != tc.changed {
+			t.Errorf("%s: %v (%q), changed %v; want %q, changed %v", tc.name, err, got, a.Changed, tc.want, tc.changed)
 		}
 	}
-	if mem, sm := m.AppClocks(idle); sm != 900 || mem == 0 {
+	if p, ts, _ := m.Scheduler(idle); p != PolicyEqualShare || ts != 4000 {
+		t.Errorf("scheduler after the refusals = %s %d µs, want equal_share 4000 µs kept", p, ts)
+	}
+	if p, _, ok := m.Scheduler(busyGPU); ok {
+		t.Errorf("the busy GPU's scheduler changed to %s", p)
+	}
+	if mem, sm := m.AppClocks(idle); sm != 900 || mem != 5001 {
 		t.Errorf("clocks after setting the SM clock alone = mem %d sm %d, want the memory clock kept and sm 900", mem, sm)
 	}
 	b.Close()
 	if _, err := b.GPUs(ctx); !errors.Is(err, hosterr.ErrNVMLUnavailable) {
 		t.Errorf("after Close: %v", err)
+	}
+	if _, err := b.SetApplicationClocks(ctx, idle, 5001, 1200); !errors.Is(err, hosterr.ErrNVMLUnavailable) {
+		t.Errorf("set clocks after Close: %v", err)
 	}
 }
 
@@ -185,7 +230,7 @@ func TestNone(t *testing.T) {
 	if g, err := b.GPUs(context.Background()); err != nil || len(g) != 0 {
 		t.Errorf("GPUs = %v %v", g, err)
 	}
-	err := b.SetApplicationClocks(context.Background(), pci.Addr{}, 1, 1)
+	_, err := b.SetApplicationClocks(context.Background(), pci.Addr{}, 1, 1)
 	if !errors.Is(err, hosterr.ErrNVMLUnavailable) {
 		t.Errorf("set clocks = %v", err)
 	}

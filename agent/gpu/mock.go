@@ -68,7 +68,32 @@ func (m *Mock) Scheduler(a pci.Addr) (policy string, timesliceUs uint32, ok bool
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.sched[a]
-	return policyName(s.SchedulerPolicy), binary.LittleEndian.Uint32(s.SchedulerParams[:4]), ok
+	return policyName(s.SchedulerPolicy), binary.LittleEndian.Uint32(s.SchedulerParams[:4]) / nsPerUs, ok
+}
+
+// The mock driver's vGPU scheduler timeslice range and default, in ns
+// (NVML's unit), as NVIDIA documents for the equal and fixed share
+// schedulers: 1 to 30 ms.
+const (
+	MockMinTimesliceNs     = 1_000_000
+	MockMaxTimesliceNs     = 30_000_000
+	mockDefaultTimesliceNs = 2_000_000
+)
+
+// MockClockStepMHz is the step of the SM application clocks a mock GPU
+// supports: from MockMinSMClockMHz up to its SMClockMHz, with its
+// MemClockMHz as the one memory clock (a T4 offers 300–1590 MHz in 15 MHz
+// steps at 5001 MHz).
+const (
+	MockClockStepMHz  = 15
+	MockMinSMClockMHz = 300
+)
+
+// mockClockSupported reports whether mem/sm is an application clock pair
+// g supports.
+func mockClockSupported(g *MockGPU, mem, sm uint32) bool {
+	return mem == g.MemClockMHz && sm >= MockMinSMClockMHz && sm <= g.SMClockMHz &&
+		((sm-MockMinSMClockMHz)%MockClockStepMHz == 0 || sm == g.SMClockMHz)
 }
 
 // AppClocks returns the application clocks set on a GPU (0, 0 when default).
@@ -276,6 +301,12 @@ func (m *Mock) fill(d *server.Device, g *MockGPU) {
 		}
 		return ac[1], nvml.SUCCESS
 	}
+	d.GetVgpuSchedulerCapabilitiesFunc = func() (nvml.VgpuSchedulerCapabilities, nvml.Return) {
+		return nvml.VgpuSchedulerCapabilities{
+			SupportedSchedulers: [3]uint32{nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT, nvml.VGPU_SCHEDULER_POLICY_EQUAL_SHARE, nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE},
+			MinTimeslice:        MockMinTimesliceNs, MaxTimeslice: MockMaxTimesliceNs,
+		}, nvml.SUCCESS
+	}
 	d.GetVgpuSchedulerStateFunc = func() (nvml.VgpuSchedulerGetState, nvml.Return) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -283,14 +314,26 @@ func (m *Mock) fill(d *server.Device, g *MockGPU) {
 		if !ok {
 			return nvml.VgpuSchedulerGetState{SchedulerPolicy: nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT}, nvml.SUCCESS
 		}
-		return nvml.VgpuSchedulerGetState{SchedulerPolicy: s.SchedulerPolicy, ArrMode: s.EnableARRMode, SchedulerParams: s.SchedulerParams}, nvml.SUCCESS
+		out := nvml.VgpuSchedulerGetState{SchedulerPolicy: s.SchedulerPolicy, ArrMode: s.EnableARRMode}
+		// The timeslice as configured, or the default; none for best effort.
+		ts := binary.LittleEndian.Uint32(s.SchedulerParams[:4])
+		if ts == 0 {
+			ts = mockDefaultTimesliceNs
+		}
+		if s.SchedulerPolicy != nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT {
+			binary.LittleEndian.PutUint32(out.SchedulerParams[:4], ts)
+		}
+		return out, nvml.SUCCESS
 	}
 	d.SetVgpuSchedulerStateFunc = func(s *nvml.VgpuSchedulerSetState) nvml.Return {
 		if s.SchedulerPolicy < nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT || s.SchedulerPolicy > nvml.VGPU_SCHEDULER_POLICY_FIXED_SHARE {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
+		if ts := binary.LittleEndian.Uint32(s.SchedulerParams[:4]); ts != 0 && (ts < MockMinTimesliceNs || ts > MockMaxTimesliceNs) {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
 		if len(active()) > 0 {
-			// The driver changes the scheduler only while no vGPU runs.
+			// The driver changes the scheduler only while no VM runs.
 			return nvml.ERROR_IN_USE
 		}
 		m.mu.Lock()
@@ -299,7 +342,7 @@ func (m *Mock) fill(d *server.Device, g *MockGPU) {
 		return nvml.SUCCESS
 	}
 	d.SetApplicationsClocksFunc = func(mem, sm uint32) nvml.Return {
-		if mem > 2*g.MemClockMHz || sm > 2*g.SMClockMHz {
+		if !mockClockSupported(g, mem, sm) {
 			return nvml.ERROR_INVALID_ARGUMENT
 		}
 		m.mu.Lock()

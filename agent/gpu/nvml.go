@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 
@@ -268,8 +269,8 @@ func (n *NVML) readGPU(i int, dev nvml.Device) (GPU, error) {
 	}
 	if !n.has("nvmlDeviceGetVgpuSchedulerState") {
 		// drivers before R525
-	} else if s, r := dev.GetVgpuSchedulerState(); r == nvml.SUCCESS {
-		g.Scheduler = &Scheduler{Policy: policyName(s.SchedulerPolicy), TimesliceUs: binary.LittleEndian.Uint32(s.SchedulerParams[:4])}
+	} else if s, r := readScheduler(dev); r == nvml.SUCCESS {
+		g.Scheduler = &s
 	}
 	if lf, r := dev.GetGridLicensableFeatures(); r == nvml.SUCCESS {
 		g.License.Supported = lf.IsGridLicenseSupported != 0
@@ -389,81 +390,166 @@ func (n *NVML) device(op string, a pci.Addr) (nvml.Device, error) {
 	return dev, nil
 }
 
-// SetVGPUScheduler sets the vGPU scheduler policy (and timeslice) of a GPU.
-func (n *NVML) SetVGPUScheduler(ctx context.Context, a pci.Addr, policy string, timesliceUs uint32) error {
+// nsPerUs converts the protocol's µs to NVML's timeslice unit, ns.
+const nsPerUs = 1000
+
+// readScheduler reads a GPU's vGPU scheduler state (timeslice in µs).
+func readScheduler(dev nvml.Device) (Scheduler, nvml.Return) {
+	s, r := dev.GetVgpuSchedulerState()
+	if r != nvml.SUCCESS {
+		return Scheduler{}, r
+	}
+	return Scheduler{Policy: policyName(s.SchedulerPolicy), TimesliceUs: binary.LittleEndian.Uint32(s.SchedulerParams[:4]) / nsPerUs}, r
+}
+
+// SetVGPUScheduler sets the vGPU scheduler policy (and timeslice) of a
+// GPU, reads the state back and returns it. NVML takes the timeslice in
+// ns; the protocol's µs are converted. The driver's capabilities bound
+// the timeslice (nvmlDeviceGetVgpuSchedulerCapabilities), and the driver
+// changes the scheduler only while no VM runs on the GPU.
+func (n *NVML) SetVGPUScheduler(ctx context.Context, a pci.Addr, policy string, timesliceUs uint32) (Applied, error) {
 	op := fmt.Sprintf("set vgpu scheduler %s/%dus on %s", policy, timesliceUs, a)
 	if err := ctx.Err(); err != nil {
-		return err
+		return Applied{}, err
 	}
 	p, ok := PolicyValue(policy)
 	if !ok {
-		return hosterr.Errorf(hosterr.Invalid, op, "policy must be %s, %s or %s", PolicyBestEffort, PolicyEqualShare, PolicyFixedShare)
+		return Applied{}, hosterr.Errorf(hosterr.Invalid, op, "policy must be %s, %s or %s", PolicyBestEffort, PolicyEqualShare, PolicyFixedShare)
+	}
+	if p == nvml.VGPU_SCHEDULER_POLICY_BEST_EFFORT && timesliceUs != 0 {
+		return Applied{}, hosterr.Errorf(hosterr.Invalid, op, "best_effort has no timeslice (give 0)")
+	}
+	if uint64(timesliceUs)*nsPerUs > math.MaxUint32 {
+		return Applied{}, hosterr.Errorf(hosterr.Invalid, op, "timeslice %d µs is too long for NVML", timesliceUs)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	dev, err := n.device(op, a)
 	if err != nil {
-		return err
+		return Applied{}, err
 	}
-	if !n.has("nvmlDeviceSetVgpuSchedulerState") {
-		return hosterr.Errorf(hosterr.Unsupported, op, "the NVIDIA driver has no vGPU scheduler control (R525 or newer needed)")
+	if !n.has("nvmlDeviceSetVgpuSchedulerState") || !n.has("nvmlDeviceGetVgpuSchedulerState") {
+		return Applied{}, hosterr.Errorf(hosterr.Unsupported, op, "the NVIDIA driver has no vGPU scheduler control (R525 or newer needed)")
 	}
-	// The driver changes the scheduler only while no vGPU runs on the GPU;
-	// asking for the state it has already is a success, so that tuning
-	// after every change is idempotent.
-	if n.has("nvmlDeviceGetVgpuSchedulerState") {
-		if cur, r := dev.GetVgpuSchedulerState(); r == nvml.SUCCESS && cur.SchedulerPolicy == p &&
-			(timesliceUs == 0 || binary.LittleEndian.Uint32(cur.SchedulerParams[:4]) == timesliceUs) {
-			return nil
+	if n.has("nvmlDeviceGetVgpuSchedulerCapabilities") {
+		if c, r := dev.GetVgpuSchedulerCapabilities(); r == nvml.SUCCESS {
+			if !slices.Contains(c.SupportedSchedulers[:], p) {
+				return Applied{}, hosterr.Errorf(hosterr.Unsupported, op, "the GPU's driver does not offer the %s scheduler", policy)
+			}
+			ns := timesliceUs * nsPerUs
+			if ns != 0 && c.MaxTimeslice > 0 && (ns < c.MinTimeslice || ns > c.MaxTimeslice) {
+				return Applied{}, hosterr.Errorf(hosterr.Invalid, op, "timeslice %d µs is outside the driver's range %d–%d µs",
+					timesliceUs, c.MinTimeslice/nsPerUs, c.MaxTimeslice/nsPerUs)
+			}
 		}
 	}
-	st := nvml.VgpuSchedulerSetState{SchedulerPolicy: p, EnableARRMode: nvml.VGPU_SCHEDULER_ARR_DEFAULT}
-	binary.LittleEndian.PutUint32(st.SchedulerParams[:4], timesliceUs)
-	if err := classifyRet(op, dev.SetVgpuSchedulerState(&st)); hosterr.Is(err, hosterr.InUse) {
-		return hosterr.Errorf(hosterr.InUse, op, "vGPUs run on the GPU, and NVIDIA's driver changes the vGPU scheduler only while none does; "+
-			"the GPU keeps its current scheduler")
-	} else {
-		return err
+	// Asking for the state the GPU has already is a success without a
+	// change, so that tuning after every change is idempotent (the driver
+	// would refuse it while a VM runs).
+	want := func(s Scheduler) bool {
+		return s.Policy == policy && (timesliceUs == 0 || s.TimesliceUs == timesliceUs)
 	}
+	cur, r := readScheduler(dev)
+	if r == nvml.SUCCESS && want(cur) {
+		return Applied{Scheduler: &cur}, nil
+	}
+	st := nvml.VgpuSchedulerSetState{SchedulerPolicy: p, EnableARRMode: nvml.VGPU_SCHEDULER_ARR_DEFAULT}
+	binary.LittleEndian.PutUint32(st.SchedulerParams[:4], timesliceUs*nsPerUs)
+	if err := classifyRet(op, dev.SetVgpuSchedulerState(&st)); hosterr.Is(err, hosterr.InUse) {
+		return Applied{}, hosterr.Errorf(hosterr.InUse, op, "a VM runs on the GPU, and NVIDIA's driver changes the vGPU scheduler only while none does; "+
+			"the GPU keeps its scheduler %s", orUnknown(cur.Policy))
+	} else if err != nil {
+		return Applied{}, err
+	}
+	got, r := readScheduler(dev)
+	if r != nvml.SUCCESS {
+		return Applied{}, classifyRet(op+": read the scheduler back", r)
+	}
+	if !want(got) {
+		return Applied{}, hosterr.Errorf(hosterr.Internal, op, "NVML accepted the change but reads back %s/%dus", got.Policy, got.TimesliceUs)
+	}
+	return Applied{Changed: true, Scheduler: &got}, nil
 }
 
-// SetApplicationClocks sets a GPU's application clocks.
-func (n *NVML) SetApplicationClocks(ctx context.Context, a pci.Addr, memMHz, smMHz uint32) error {
+func orUnknown(s string) string {
+	if s == "" {
+		return "(unknown)"
+	}
+	return s
+}
+
+// readAppClocks reads a GPU's application clocks.
+func readAppClocks(dev nvml.Device) (memMHz, smMHz uint32, r nvml.Return) {
+	if memMHz, r = dev.GetApplicationsClock(nvml.CLOCK_MEM); r != nvml.SUCCESS {
+		return 0, 0, r
+	}
+	smMHz, r = dev.GetApplicationsClock(nvml.CLOCK_SM)
+	return memMHz, smMHz, r
+}
+
+// SetApplicationClocks sets a GPU's application clocks, reads them back
+// and returns them. NVML takes only the pairs the GPU supports (nvidia-smi
+// -q -d SUPPORTED_CLOCKS lists them) and refuses others.
+func (n *NVML) SetApplicationClocks(ctx context.Context, a pci.Addr, memMHz, smMHz uint32) (Applied, error) {
 	op := fmt.Sprintf("set application clocks mem=%d sm=%d on %s", memMHz, smMHz, a)
 	if err := ctx.Err(); err != nil {
-		return err
+		return Applied{}, err
 	}
 	if smMHz == 0 {
-		return hosterr.Errorf(hosterr.Invalid, op, "the SM clock is required")
+		return Applied{}, hosterr.Errorf(hosterr.Invalid, op, "the SM clock is required")
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	dev, err := n.device(op, a)
 	if err != nil {
-		return err
+		return Applied{}, err
+	}
+	curMem, curSM, r := readAppClocks(dev)
+	if r != nvml.SUCCESS {
+		return Applied{}, classifyRet(op+": read the application clocks", r)
 	}
 	if memMHz == 0 {
 		// Only the SM clock asked for: the memory clock stays as it is.
-		m, r := dev.GetApplicationsClock(nvml.CLOCK_MEM)
-		if r != nvml.SUCCESS {
-			return classifyRet(op+": read the memory clock", r)
-		}
-		memMHz = m
+		memMHz = curMem
 	}
-	return classifyRet(op, dev.SetApplicationsClocks(memMHz, smMHz))
+	if curMem == memMHz && curSM == smMHz {
+		return Applied{AppMemMHz: curMem, AppSMMHz: curSM}, nil
+	}
+	if err := classifyRet(op, dev.SetApplicationsClocks(memMHz, smMHz)); hosterr.Is(err, hosterr.Invalid) {
+		return Applied{}, hosterr.Errorf(hosterr.Invalid, op, "NVML refused memory %d MHz with SM %d MHz: not an application clock pair the GPU supports "+
+			"(nvidia-smi -q -d SUPPORTED_CLOCKS lists them); the GPU keeps %d/%d MHz", memMHz, smMHz, curMem, curSM)
+	} else if err != nil {
+		return Applied{}, err
+	}
+	gotMem, gotSM, r := readAppClocks(dev)
+	if r != nvml.SUCCESS {
+		return Applied{}, classifyRet(op+": read the clocks back", r)
+	}
+	if gotMem != memMHz || gotSM != smMHz {
+		return Applied{}, hosterr.Errorf(hosterr.Internal, op, "NVML accepted the clocks but reads back memory %d MHz, SM %d MHz", gotMem, gotSM)
+	}
+	return Applied{Changed: true, AppMemMHz: gotMem, AppSMMHz: gotSM}, nil
 }
 
-// ResetApplicationClocks restores a GPU's default application clocks.
-func (n *NVML) ResetApplicationClocks(ctx context.Context, a pci.Addr) error {
+// ResetApplicationClocks restores a GPU's default application clocks and
+// returns them as read back.
+func (n *NVML) ResetApplicationClocks(ctx context.Context, a pci.Addr) (Applied, error) {
 	op := "reset application clocks on " + a.String()
 	if err := ctx.Err(); err != nil {
-		return err
+		return Applied{}, err
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	dev, err := n.device(op, a)
 	if err != nil {
-		return err
+		return Applied{}, err
 	}
-	return classifyRet(op, dev.ResetApplicationsClocks())
+	if err := classifyRet(op, dev.ResetApplicationsClocks()); err != nil {
+		return Applied{}, err
+	}
+	mem, sm, r := readAppClocks(dev)
+	if r != nvml.SUCCESS {
+		return Applied{}, classifyRet(op+": read the clocks back", r)
+	}
+	return Applied{Changed: true, AppMemMHz: mem, AppSMMHz: sm}, nil
 }

@@ -43,6 +43,9 @@ const (
 	ResizeStart  = "vgpu.resize.start"
 	ResizeEnd    = "vgpu.resize.end"
 	RequestError = "vgpu.request.error"
+	// PolicyNotify is a rule's notify(message): the bridge tells the
+	// instance's tenant (and whoever listens) what a rule decided.
+	PolicyNotify = "vgpu.policy.notify"
 	Exists       = "vgpu.exists"
 )
 
@@ -178,6 +181,29 @@ func AuditPeriod(begin, end string) Object {
 // ExistsObject returns p as its versioned object.
 func ExistsObject(p ExistsPayload) Object {
 	return Object{Name: "VGPUExistsPayload", Version: ExistsPayloadVersion, Data: p}
+}
+
+// NotifyPayload is the payload of vgpu.policy.notify (versioned object
+// VGPUNotifyPayload 1.0): a rule's notify(message), with the request and
+// the instance it is about.
+type NotifyPayload struct {
+	RequestID    string `json:"request_id"`
+	RequestKind  string `json:"request_kind"`
+	Source       string `json:"source"`
+	InstanceUUID string `json:"instance_uuid,omitempty"`
+	ProjectID    string `json:"project_id,omitempty"`
+	UserID       string `json:"user_id,omitempty"`
+	Rule         string `json:"rule"`
+	Message      string `json:"message"`
+	Why          string `json:"why,omitempty"` // the rule's explanation: what made it fire
+}
+
+// NotifyPayloadVersion is NotifyPayload's version.
+const NotifyPayloadVersion = "1.0"
+
+// NotifyObject returns p as its versioned object.
+func NotifyObject(p NotifyPayload) Object {
+	return Object{Name: "VGPUNotifyPayload", Version: NotifyPayloadVersion, Data: p}
 }
 
 // Item is one notification for QueueAll.

@@ -105,7 +105,14 @@ func samples() []sample {
 		Host: "compute-0012", Profile: "T4-4Q", VGPUType: "nvidia-232", ResourceClass: "VGPU", Amount: 1,
 		Seconds: 2718, VGPUSeconds: 2718, AuditPeriod: notify.AuditPeriod("2026-12-05T12:00:00Z", "2026-12-05T13:00:00Z")}
 
+	// A rule's notify(message) on the request that attached the vGPU.
+	told := notify.NotifyPayload{RequestID: "3f6d2b8a-1c4e-4a7f-9b2d-6e8c0a1f3b57", RequestKind: "GPU_REQUEST",
+		Source: "webhook:batch-scheduler", InstanceUUID: vm, ProjectID: project, UserID: user, Rule: "tell-training-tenants",
+		Message: "your training VM got a T4-4Q on a GPU shared with other tenants; its clocks are the operator's",
+		Why:     `event.workload = "training"`}
+
 	return []sample{
+		{notify.PolicyNotify, notify.Info, "0c4e8a2f-6b1d-4f3a-9e7c-5d2b8f1a4c63", at("2026-12-05T12:14:40.305521Z"), notify.NotifyObject(told)},
 		{notify.AttachStart, notify.Info, "2b7e4f1a-9c3d-4e8b-a6f0-1d5c9e3b7a24", at("2026-12-05T12:14:40.201337Z"), notify.Action(attachStart)},
 		{notify.AttachEnd, notify.Info, "4d9a6c3e-1b5f-4a0d-8c2e-3f7b1a5d9c46", at("2026-12-05T12:14:42.518004Z"), notify.Action(attachEnd)},
 		{notify.Exists, notify.Info, "8f3b1d5a-7e9c-4b2f-9a4d-6c0e8b2f4a17", at("2026-12-05T13:00:03.004512Z"), notify.ExistsObject(exists)},
@@ -176,7 +183,7 @@ func consumerView(t *testing.T, body []byte, messageID string) []byte {
 // them); every event type has one and there is no other.
 func TestNotificationSamples(t *testing.T) {
 	want := []string{notify.AttachStart, notify.AttachEnd, notify.DetachStart, notify.DetachEnd, notify.ResizeStart, notify.ResizeEnd,
-		notify.RequestError, notify.Exists}
+		notify.RequestError, notify.Exists, notify.PolicyNotify}
 	var files []string
 	for _, s := range samples() {
 		t.Run(s.eventType, func(t *testing.T) {
@@ -256,6 +263,11 @@ func checkSample(t *testing.T, file []byte, s sample) {
 		var p notify.ActionPayload
 		if err := dec.Decode(&p); err != nil {
 			t.Errorf("VGPUActionPayload: %v", err)
+		}
+	case "VGPUNotifyPayload":
+		var p notify.NotifyPayload
+		if err := dec.Decode(&p); err != nil || p.Message == "" || p.Rule == "" {
+			t.Errorf("VGPUNotifyPayload: %+v %v", p, err)
 		}
 	case "VGPUExistsPayload":
 		// The nested audit period is Nova's AuditPeriodPayload 1.0.

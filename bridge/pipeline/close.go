@@ -71,16 +71,18 @@ func rebuildKind(kind string) bool {
 	return false
 }
 
-// RecordNotify records the notify steps among steps in the audit log, as
-// actor, for request reqID about instance.
+// RecordNotify delivers the notify steps among steps, as actor, for
+// request reqID about instance: each is audited, queued as the bridge's
+// vgpu.policy.notify notification and, when the request has a callback
+// URL, as a callback (requests.DeliverPolicyMessage); both leave once tx
+// commits.
 func RecordNotify(ctx context.Context, tx pgx.Tx, actor string, reqID uuid.UUID, instance string, steps []flow.Step) error {
 	for _, s := range steps {
 		if s.Kind != flow.StepNotify {
 			continue
 		}
-		detail, _ := json.Marshal(map[string]any{"message": s.Intent.Message, "rule": s.Intent.Rule, "why": s.Intent.Why})
-		if err := requests.Audit(ctx, tx, requests.Entry{Actor: actor, Action: "notify", ObjectType: "instance",
-			ObjectID: orDefault(instance, "-"), RequestID: reqID.String(), Detail: detail}); err != nil {
+		if err := requests.DeliverPolicyMessage(ctx, tx, requests.PolicyMessage{Request: reqID, Instance: instance,
+			Rule: s.Intent.Rule, Message: s.Intent.Message, Why: s.Intent.Why, Actor: actor}); err != nil {
 			return err
 		}
 	}

@@ -89,6 +89,9 @@ func MapEvent(r InboxRow) (policy.Event, error) {
 		ev.InstanceUUID = p.VMID
 	}
 	ev.Workload, ev.Profile, ev.Count, ev.GuestDriver = p.Workload, p.VGPUProfile, p.Count, p.GuestDriver
+	if p.Tune != nil {
+		ev.Tune = &policy.TuneRequest{Scheduler: p.Tune.Scheduler, TimesliceUS: p.Tune.TimesliceUS, ClocksMHz: p.Tune.ClocksMHz}
+	}
 	if len(p.Metrics) > 0 {
 		ev.Metrics = make(map[string]float64, len(p.Metrics))
 		for k, v := range p.Metrics {

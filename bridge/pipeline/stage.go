@@ -356,6 +356,13 @@ func (e Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	w.Facts, w.snap = facts, st
 	w.Decision = evaluate(ev, st, ls)
 	onlyFollowUps(w.Decision, ev.Kind)
+	reqID := ""
+	if w.HasRequest {
+		reqID = w.Request.String()
+	}
+	if err := refuseSharedTuning(ctx, w.Tx, w.Decision, e.Decisions.actor(), reqID); err != nil {
+		return false, err
+	}
 	w.Plan = PlanDecision(w.Decision, facts)
 	if w.Plan.Outcome == flow.OutcomeDefer && periodic(w.Row) {
 		// Evaluated again with the next one (defer.go).

@@ -21,7 +21,19 @@ type WebhookEvent struct {
 	Metrics     map[string]any `json:"metrics,omitempty"`
 	CallbackURL string         `json:"callback_url,omitempty"`
 	GuestDriver string         `json:"guest_driver,omitempty"`
-	Alert       *WebhookAlert  `json:"alert,omitempty"`
+	// Tune is tuning the sender asks for (policy.TuneRequest); the policy
+	// and the bridge decide whether it is applied.
+	Tune  *WebhookTune  `json:"tune,omitempty"`
+	Alert *WebhookAlert `json:"alert,omitempty"`
+}
+
+// WebhookTune is a webhook request's "tune": a vGPU scheduler
+// (best_effort, equal_share, fixed_share), its timeslice in µs and an SM
+// application clock in MHz; zero values leave a setting as it is.
+type WebhookTune struct {
+	Scheduler   string `json:"scheduler,omitempty"`
+	TimesliceUS int    `json:"timeslice_us,omitempty"`
+	ClocksMHz   int    `json:"clocks_mhz,omitempty"`
 }
 
 // WebhookAlert is one Alertmanager alert as a webhook event carries it.

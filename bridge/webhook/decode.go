@@ -60,6 +60,10 @@ type Native struct {
 	// will), e.g. 550.54.15: hosts whose vGPU manager cannot serve it are
 	// not chosen.
 	GuestDriver string `json:"guest_driver,omitempty"`
+	// Tune is the tuning the sender asks for the VM's GPUs: applied only
+	// when the VM's project is alone on them and no operator rule sets
+	// otherwise (the policy and the bridge decide).
+	Tune *requests.WebhookTune `json:"tune,omitempty"`
 	// Timestamp, when the sender sets it, is when it signed the body: a
 	// body older than the source's timestamp tolerance is refused.
 	Timestamp time.Time `json:"timestamp,omitzero"`
@@ -191,7 +195,7 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 	sort.Strings(names)
 	for _, k := range names {
 		switch k {
-		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce", "guest_driver", "event_id":
+		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce", "guest_driver", "event_id", "tune":
 		default:
 			add(k, "unknown field")
 		}
@@ -295,6 +299,10 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 				}
 			}
 		}
+	}
+
+	if raw, ok := fields["tune"]; ok {
+		n.Tune = decodeTune(raw, add)
 	}
 
 	if s, ok := str("callback_url"); ok {
@@ -512,4 +520,62 @@ func DecodeAlertmanager(body []byte, label string) (AlertBatch, []api.InvalidPar
 	}
 	sort.Slice(bad, func(i, j int) bool { return bad[i].Name < bad[j].Name })
 	return b, bad
+}
+
+// Bounds of a webhook's tune: NVIDIA's drivers take timeslices of 1 to
+// 30 ms; clocks_mhz -1 asks for the GPU's default clocks.
+const (
+	maxTuneTimesliceUS = 30000
+	maxTuneClocksMHz   = 10000
+)
+
+// decodeTune reads a native body's "tune" object, reporting each bad
+// field through add.
+func decodeTune(raw json.RawMessage, add func(field, format string, args ...any)) *requests.WebhookTune {
+	m, ok := objectFields(raw)
+	if !ok {
+		add("tune", "must be an object, not %s", jsonKind(raw))
+		return nil
+	}
+	t := &requests.WebhookTune{}
+	integer := func(k string, lo, hi int64) int {
+		v, present := m[k]
+		if !present {
+			return 0
+		}
+		i, err := json.Number(bytes.TrimSpace(v)).Int64()
+		if jsonKind(v) != "a number" || err != nil || i < lo || i > hi {
+			add("tune."+k, "must be an integer from %d to %d", lo, hi)
+			return 0
+		}
+		return int(i)
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		switch k {
+		case "scheduler", "timeslice_us", "clocks_mhz":
+		default:
+			add("tune."+k, "unknown field")
+		}
+	}
+	if v, present := m["scheduler"]; present {
+		s, ok := jsonString(v)
+		if !ok || !oneOf(s, []string{"best_effort", "equal_share", "fixed_share"}) {
+			add("tune.scheduler", "must be best_effort, equal_share or fixed_share")
+		}
+		t.Scheduler = s
+	}
+	t.TimesliceUS = integer("timeslice_us", 0, maxTuneTimesliceUS)
+	t.ClocksMHz = integer("clocks_mhz", -1, maxTuneClocksMHz)
+	if t.TimesliceUS != 0 && t.Scheduler != "equal_share" && t.Scheduler != "fixed_share" {
+		add("tune.timeslice_us", "needs scheduler equal_share or fixed_share")
+	}
+	if t.Scheduler == "" && t.TimesliceUS == 0 && t.ClocksMHz == 0 {
+		add("tune", "asks for nothing: give scheduler, timeslice_us or clocks_mhz")
+	}
+	return t
 }

@@ -34,6 +34,13 @@ func TestDecodeNative(t *testing.T) {
 		{"guest driver", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","guest_driver":"550.54.15"}`, nil},
 		{"guest driver not a version", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","guest_driver":"latest"}`, []string{"guest_driver"}},
 		{"guest driver not a string", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","guest_driver":550}`, []string{"guest_driver"}},
+		{"tune", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","tune":{"scheduler":"fixed_share","timeslice_us":2000,"clocks_mhz":1200}}`, nil},
+		{"tune clocks only, reset", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","tune":{"clocks_mhz":-1}}`, nil},
+		{"tune not an object", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","tune":"fast"}`, []string{"tune"}},
+		{"tune empty", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","tune":{}}`, []string{"tune"}},
+		{"tune bad values", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","tune":{"scheduler":"round_robin","timeslice_us":99999,"clocks_mhz":1.5,"turbo":true}}`,
+			[]string{"tune.turbo", "tune.scheduler", "tune.timeslice_us", "tune.clocks_mhz"}},
+		{"tune timeslice without a share scheduler", `{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","tune":{"timeslice_us":2000}}`, []string{"tune.timeslice_us"}},
 		{"not an object", `"GPU_REQUEST"`, []string{"(body)"}},
 		{"null", `null`, []string{"(body)"}},
 	} {
@@ -107,6 +114,7 @@ func corpusSeeds(f *testing.F) {
 
 func FuzzDecodeNative(f *testing.F) {
 	corpusSeeds(f)
+	f.Add([]byte(`{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","tune":{"scheduler":"fixed_share","timeslice_us":2000,"clocks_mhz":-1}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		if !json.Valid(body) {
 			return
@@ -118,6 +126,10 @@ func FuzzDecodeNative(f *testing.F) {
 		// What passes is a complete, re-encodable request.
 		if n.Type == "" || n.VMID == "" || n.Count < 1 || n.Count > MaxCount {
 			t.Fatalf("accepted %+v", n)
+		}
+		if tu := n.Tune; tu != nil && (tu.TimesliceUS < 0 || tu.TimesliceUS > maxTuneTimesliceUS || tu.ClocksMHz < -1 || tu.ClocksMHz > maxTuneClocksMHz ||
+			(tu.Scheduler == "" && tu.TimesliceUS == 0 && tu.ClocksMHz == 0)) {
+			t.Fatalf("accepted tune %+v", *tu)
 		}
 		if _, err := json.Marshal(n); err != nil {
 			t.Fatalf("accepted body does not re-encode: %v", err)

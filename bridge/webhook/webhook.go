@@ -682,7 +682,7 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 		p.req.Body, _ = json.Marshal(n)
 		p.events = []eventRow{{vm: n.VMID, at: now, payload: EventPayload{RequestID: id, Source: evSource,
 			Type: n.Type, VMID: n.VMID, Workload: n.Workload, VGPUProfile: n.VGPUProfile, Count: n.Count,
-			Metrics: n.Metrics, CallbackURL: n.CallbackURL, GuestDriver: n.GuestDriver}}}
+			Metrics: n.Metrics, CallbackURL: n.CallbackURL, GuestDriver: n.GuestDriver, Tune: n.Tune}}}
 	}
 	p.encodeEvents()
 	p.answer, _ = json.Marshal(ans)
