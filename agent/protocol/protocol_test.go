@@ -57,6 +57,7 @@ func messages(t *testing.T) map[string]any {
 		"command_set_vm_limits":       cmd(t, "c-limits", SetVMLimits, LimitParams{CPUMax: "200000 100000", MemoryHigh: "8589934592"}),
 		"command_verify_vgpu":         cmd(t, "c-verify", VerifyVGPU, VerifyParams{TypeID: "nvidia-232", Count: 1}),
 		"command_collect_diagnostics": cmd(t, "c-diag", CollectDiagnostics, DiagnosticsParams{}),
+		"command_upgrade_driver":      cmd(t, "c-upgrade", UpgradeDriver, UpgradeParams{Branch: "570", Version: "570.133.10"}),
 		"result_succeeded": Result{V: Version, CommandID: "c-attach", Host: "compute-0012", Status: Succeeded,
 			Details: json.RawMessage(`{"steps":["mdev_created","shutdown","defined","started"]}`), FinishedAt: issued.Add(time.Minute)},
 		"result_failed": Result{V: Version, CommandID: "c-create", Host: "compute-0012", Status: Failed, Code: "no_capacity",
@@ -228,6 +229,30 @@ func TestExpired(t *testing.T) {
 	c := Command{ExpiresAt: expires}
 	if c.Expired(expires, 0) || !c.Expired(expires.Add(time.Nanosecond), 0) || c.Expired(expires.Add(time.Second), 2*time.Second) {
 		t.Error("Expired boundaries wrong")
+	}
+}
+
+func TestUpgradeParamsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		p  UpgradeParams
+		ok bool
+	}{
+		{UpgradeParams{Branch: "570"}, true},
+		{UpgradeParams{Branch: "570", Version: "570.133.10"}, true},
+		{UpgradeParams{Branch: "535", Version: "535.247"}, true},
+		{UpgradeParams{}, false},
+		{UpgradeParams{Branch: "570; rm -rf /"}, false},
+		{UpgradeParams{Branch: "R570"}, false},
+		{UpgradeParams{Branch: "570", Version: "550.54.16"}, false},
+		{UpgradeParams{Branch: "570", Version: "570.1 $(id)"}, false},
+	} {
+		err := tc.p.Validate(UpgradeDriver)
+		if (err == nil) != tc.ok {
+			t.Errorf("%+v: err = %v, want ok=%v", tc.p, err, tc.ok)
+		}
+		if err != nil && !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v: %v does not wrap ErrInvalid", tc.p, err)
+		}
 	}
 }
 
