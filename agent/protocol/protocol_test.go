@@ -265,7 +265,8 @@ func TestTopologyNames(t *testing.T) {
 }
 
 func FuzzDecodeCommand(f *testing.F) {
-	for _, n := range []string{"command_create_mdev", "command_attach_vgpu", "command_set_vm_limits", "command_create_mdev_vfio"} {
+	for _, n := range []string{"command_create_mdev", "command_attach_vgpu", "command_set_vm_limits", "command_create_mdev_vfio",
+		"command_upgrade_driver"} {
 		b, err := os.ReadFile(filepath.Join("testdata", n+".json"))
 		if err != nil {
 			f.Fatal(err)
@@ -286,8 +287,14 @@ func FuzzDecodeCommand(f *testing.F) {
 		var targets = map[Kind]any{CreateMdev: &MdevParams{}, RemoveMdev: &MdevParams{}, AttachVGPU: &AttachParams{},
 			DetachVGPU: &AttachParams{}, SetVGPUScheduler: &SchedulerParams{}, SetClocks: &ClockParams{},
 			ResetClocks: &ClockParams{}, SetVMLimits: &LimitParams{}, VerifyVGPU: &VerifyParams{},
-			CollectDiagnostics: &DiagnosticsParams{}}
-		_ = c.DecodeParams(targets[c.Kind])
+			CollectDiagnostics: &DiagnosticsParams{}, UpgradeDriver: &UpgradeParams{}}
+		if err := c.DecodeParams(targets[c.Kind]); err == nil && c.Kind == UpgradeDriver {
+			// What reaches the agent's upgrade command's environment is digits and dots only.
+			p := targets[c.Kind].(*UpgradeParams)
+			if strings.Trim(p.Branch+p.Version, "0123456789.") != "" {
+				t.Fatalf("upgrade params %+v accepted", p)
+			}
+		}
 		if _, err := json.Marshal(c); err != nil {
 			t.Fatalf("re-encode: %v", err)
 		}
