@@ -185,7 +185,7 @@ func (r *Runner) Drive(ctx context.Context, id uuid.UUID) error {
 			_ = conn.Conn().Close(context.Background())
 		}
 	}()
-	ended := make(chan struct{}, 64)
+	ended := make(chan string, 64)
 	active := map[string]bool{}
 	for {
 		op, err := r.Store.Get(ctx, id)
@@ -220,7 +220,7 @@ func (r *Runner) Drive(ctx context.Context, id uuid.UUID) error {
 			active[h.Host] = true
 			go func() {
 				r.driveHost(ctx, op, h)
-				ended <- struct{}{}
+				ended <- h.Host
 			}()
 		}
 		if len(active) == 0 {
@@ -238,16 +238,20 @@ func (r *Runner) Drive(ctx context.Context, id uuid.UUID) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-ended:
-		}
-		// Which host ended is read back from the store.
-		op, err = r.Store.Get(ctx, id)
-		if err != nil {
-			return err
-		}
-		for _, h := range op.Hosts {
-			if h.State.Final() {
-				delete(active, h.Host)
+		case host := <-ended:
+			delete(active, host)
+			if cur, err := r.Store.Get(ctx, id); err == nil {
+				for _, h := range cur.Hosts {
+					if h.Host == host && !h.State.Final() {
+						// Its step could not be recorded (the database):
+						// it is taken up again after a pause.
+						select {
+						case <-ctx.Done():
+							return ctx.Err()
+						case <-time.After(r.poll()):
+						}
+					}
+				}
 			}
 		}
 	}

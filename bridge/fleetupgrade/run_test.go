@@ -276,6 +276,7 @@ func TestFleetUpgrade(t *testing.T) {
 		{"hook fails", testFleetUpgradeHookFails},
 		{"resumes after a restart", testFleetUpgradeResumes},
 		{"incompatible guests refused", testCompatRefusal},
+		{"max unavailable 2 of 3", testMaxUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, pool) })
 	}
@@ -431,5 +432,32 @@ func testCompatRefusal(t *testing.T, pool *pgxpool.Pool) {
 	op = drive(t, f.runner(nil), op.ID)
 	if h := op.Hosts[0]; h.State != Failed || !strings.Contains(h.Error, "cannot serve guest driver 535.54.03") || f.drained(t, "up-a") {
 		t.Errorf("host %+v drained %v", h, f.drained(t, "up-a"))
+	}
+}
+
+// testMaxUnavailable: with max_unavailable 2, two of three hosts are out
+// of service together, never three.
+func testMaxUnavailable(t *testing.T, pool *pgxpool.Pool) {
+	f := newFixture(t, pool, "up-a", "up-b", "up-c")
+	f.serve(t)
+	op, err := f.store.Create(context.Background(), who, Options{Branch: "570", Hosts: []string{"up-a", "up-b", "up-c"}, MaxUnavailable: 2, StopOnFailure: true})
+	testsvc.Must(t, err, "create")
+	var mu sync.Mutex
+	most := 0
+	r := f.runner(func(id uuid.UUID, _ string, _ State) {
+		cur, _ := f.store.Get(context.Background(), id)
+		out := 0
+		for _, h := range cur.Hosts {
+			if h.State != Pending && !h.State.Final() {
+				out++
+			}
+		}
+		mu.Lock()
+		most = max(most, out)
+		mu.Unlock()
+	})
+	op = drive(t, r, op.ID)
+	if op.State != OpDone || most != 2 {
+		t.Errorf("operation %s, at most %d hosts out at once; want done with 2", op.State, most)
 	}
 }
