@@ -7,10 +7,13 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/fleetupgrade"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/maintenance"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
 var (
@@ -44,12 +47,30 @@ type maintenanceNova interface {
 // setupMaintenance registers the host maintenance routes and returns the
 // executor's loop; nova is nil when [nova] is not configured (the routes
 // answer 503 then and no loop runs).
-func setupMaintenance(w *wiring, nova any, pl *placement.Service, proc *pipeline.Processor) []component {
+func setupMaintenance(w *wiring, nova any, pl *placement.Service, proc *pipeline.Processor, pol *policy.Holder) []component {
 	store := maintenance.NewStore(w.pool, w.log.With("component", "maintenance"))
 	a := &maintenance.API{Store: store, Pool: w.pool, Drain: w.ctl,
 		Known:    func(name string) bool { return len(pl.Index().HostGPUs(name)) > 0 },
 		Chooser:  func() maintenance.Chooser { return &maintenance.IndexChooser{GPUs: pl.Index().GPUs} },
 		Defaults: maintenance.Options{LiveMigrateVGPU: optMaintenanceLiveMigrateVGPU.Get(w.v)}}
+	// Fleet upgrades (vgpuctl fleet upgrade) move the VMs with the host
+	// maintenance operation.
+	fs := fleetupgrade.NewStore(w.pool, w.log.With("component", "fleet-upgrade"))
+	compat := func() fleetupgrade.Compat {
+		if c := pol.Policy().Compat(); c != nil {
+			return c
+		}
+		return nil
+	}
+	fr := &fleetupgrade.Runner{Store: fs, Pool: w.pool, Drain: w.ctl, Evac: a, Compat: compat,
+		Who: controls.Actor{Name: "vgpu-bridge/" + w.replica}, Log: w.log.With("component", "fleet-upgrade")}
+	fa := &fleetupgrade.API{Store: fs, Pool: w.pool, Compat: compat, Ready: func() string {
+		if a.Nova == nil {
+			return "fleet upgrades move VMs through Nova (host maintenance): configure [nova]"
+		}
+		return ""
+	}}
+	fa.Register(w.srv)
 	n, ok := nova.(maintenanceNova)
 	if !ok {
 		a.Register(w.srv)
@@ -63,5 +84,5 @@ func setupMaintenance(w *wiring, nova any, pl *placement.Service, proc *pipeline
 		}}
 	a.Nova, a.Started = n, r.Kick
 	a.Register(w.srv)
-	return []component{{name: "maintenance", run: r.Run}}
+	return []component{{name: "maintenance", run: r.Run}, {name: "fleet-upgrade", run: fr.Run}}
 }

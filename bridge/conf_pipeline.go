@@ -144,5 +144,5 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		comps = append(comps, component{name: "unified-limits", run: limitSrc.Run}) // [quota] refresh_interval
 	}
 	// Host maintenance (vgpuctl host migrate-all): its routes and executor.
-	return append(comps, setupMaintenance(w, novaAPI, pl, proc)...), nil
+	return append(comps, setupMaintenance(w, novaAPI, pl, proc, pol)...), nil
 }

@@ -237,6 +237,17 @@ func (e *Executor) prepare(c protocol.Command) (handler, error) {
 			}
 			return map[string]any{"diagnostics": raw}, nil
 		}, nil
+
+	case protocol.UpgradeDriver:
+		var p protocol.UpgradeParams
+		if err := c.DecodeParams(&p); err != nil {
+			return nil, err
+		}
+		if len(e.cfg.UpgradeCommand) == 0 || e.cfg.UpgradeCommand[0] == "" {
+			return nil, refuse(protocol.CodeNotConfigured,
+				"this agent has no driver-upgrade command ([DEFAULT] driver_upgrade_command is empty)")
+		}
+		return func(ctx context.Context, r *run) (any, error) { return e.upgradeDriver(ctx, r, p) }, nil
 	}
 	return nil, refuse(protocol.CodeInvalidCommand, "kind %q is not handled", c.Kind)
 }

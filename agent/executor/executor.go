@@ -59,6 +59,12 @@ type Config struct {
 	ClockSkew time.Duration
 	// CommandTimeout bounds one command's execution. Default 10m.
 	CommandTimeout time.Duration
+	// UpgradeCommand is the operator's driver-upgrade command (executable
+	// and arguments) that upgrade_driver runs; empty refuses upgrade_driver.
+	UpgradeCommand []string
+	// UpgradeTimeout bounds upgrade_driver (instead of CommandTimeout).
+	// Default 30m.
+	UpgradeTimeout time.Duration
 	Now            func() time.Time
 	Log            *slog.Logger
 	// Registerer receives the command metrics when not nil.
@@ -103,6 +109,9 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.CommandTimeout <= 0 {
 		cfg.CommandTimeout = defaults().CommandTimeout
 	}
+	if cfg.UpgradeTimeout <= 0 {
+		cfg.UpgradeTimeout = defaults().UpgradeTimeout
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -117,7 +126,7 @@ func New(cfg Config) (*Executor, error) {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vgpu_agent_commands_refused_total",
 			Help: "Commands refused and never executed, by reason (the result code: bad_signature, unknown_key, " +
-				"key_expired, wrong_host, expired, id_reused, invalid_command, not_owned, not_allowed, in_use).",
+				"key_expired, wrong_host, expired, id_reused, invalid_command, not_owned, not_allowed, in_use, not_configured).",
 		}, []string{"reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vgpu_agent_command_duration_seconds",
@@ -171,6 +180,9 @@ func (e *Executor) Refuse(c protocol.Command, code, msg string) protocol.Result 
 		r.Remediation = "The bridge signed with a key whose grace period ended: make the bridge sign with the new key."
 	case protocol.CodeIDReused:
 		r.Remediation = "A command id is used once; the bridge must give a new command a new id."
+	case protocol.CodeNotConfigured:
+		r.Remediation = "Set [DEFAULT] driver_upgrade_command in the agent's configuration to the host's vGPU-manager " +
+			"upgrade command, then restart the agent."
 	case string(hosterr.InUse):
 		r.Remediation = "The mdev is attached to a running VM: detach it (detach_vgpu) first, then remove it."
 	}
@@ -281,7 +293,11 @@ func (e *Executor) resume(ctx context.Context, ent journal.Entry) protocol.Resul
 // run executes a journaled command from its first step not yet done.
 func (e *Executor) run(ctx context.Context, ent journal.Entry, h handler) protocol.Result {
 	c := ent.Command
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.CommandTimeout)
+	timeout := e.cfg.CommandTimeout
+	if c.Kind == protocol.UpgradeDriver {
+		timeout = e.cfg.UpgradeTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
 	r := &run{e: e, c: c, ent: ent}
@@ -311,6 +327,8 @@ func (e *Executor) run(ctx context.Context, ent journal.Entry, h handler) protoc
 		res.Details = b
 	}
 	if c.Kind != protocol.VerifyVGPU && c.Kind != protocol.CollectDiagnostics {
+		// After upgrade_driver too: the next report carries the driver now
+		// loaded.
 		e.signalChange()
 	}
 	return e.finish(c, res)

@@ -21,6 +21,17 @@ var (
 	optCommandClockSkew = options.Duration(conf.DefaultSection, "command_clock_skew", 5*time.Second, 0, 10*time.Minute,
 		"How far past its expires_at a command is still accepted, for clocks of bridge and agent that disagree. "+
 			"Later commands are refused with code expired and never executed. Example: 2s")
+	optDriverUpgradeCommand = options.List(conf.DefaultSection, "driver_upgrade_command", "",
+		"The operator's vGPU-manager upgrade command that the bridge's upgrade_driver command runs (vgpuctl fleet "+
+			"upgrade): the executable (an absolute path) and its arguments, comma-separated, run without a shell. "+
+			"The bridge never sends a command line, only the target branch and version, which the command reads "+
+			"from VGPU_TARGET_BRANCH and VGPU_TARGET_VERSION in its environment. It must install the branch, reload "+
+			"the driver and exit 0, and be safe to run again (a command interrupted by an agent crash is run again "+
+			"at restart). Its exit status and the last 32 KiB of its output go back in the result. Empty refuses "+
+			"upgrade_driver (code not_configured). Example: /usr/local/sbin/vgpu-manager-upgrade,--yes")
+	optDriverUpgradeTimeout = options.Duration(conf.DefaultSection, "driver_upgrade_timeout", 30*time.Minute, time.Minute, 4*time.Hour,
+		"Upper bound on driver_upgrade_command (instead of command_timeout); when it passes, the command's process "+
+			"group is killed and upgrade_driver fails with code timeout. Example: 45m")
 )
 
 // Options returns the options of the commands' execution.
@@ -31,7 +42,8 @@ func Options() *conf.Group { return options }
 // left zero.
 func ConfigFrom(v *conf.Values) Config {
 	return Config{ColdShutdownTimeout: optColdShutdownTimeout.Get(v), CommandTimeout: optCommandTimeout.Get(v),
-		ClockSkew: optCommandClockSkew.Get(v)}
+		ClockSkew: optCommandClockSkew.Get(v), UpgradeCommand: optDriverUpgradeCommand.Get(v),
+		UpgradeTimeout: optDriverUpgradeTimeout.Get(v)}
 }
 
 // defaults are the values of a configuration that sets nothing.

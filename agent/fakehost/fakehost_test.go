@@ -358,3 +358,31 @@ func TestVGPUParams(t *testing.T) {
 		t.Errorf("vf vgpu_params after clearing its type = %q", got)
 	}
 }
+
+// TestDriverVersionFile: the loaded driver is the spec's until a
+// (simulated) upgrade writes driver_version; NVML reports the file's from
+// the next read on.
+func TestDriverVersionFile(t *testing.T) {
+	h, err := Build(t.TempDir(), DefaultSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend, _ := h.NVML()
+	defer backend.Close()
+	version := func() string {
+		gs, err := backend.GPUs(context.Background())
+		if err != nil || len(gs) == 0 {
+			t.Fatalf("gpus = %v, %v", gs, err)
+		}
+		return gs[0].DriverVersion
+	}
+	if v := version(); v != DefaultSpec().DriverVersion {
+		t.Fatalf("driver = %s, want the spec's %s", v, DefaultSpec().DriverVersion)
+	}
+	if err := os.WriteFile(filepath.Join(h.Dir, DriverVersionFile), []byte("570.133.10\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if v := version(); v != "570.133.10" {
+		t.Errorf("driver after the upgrade = %s, want 570.133.10", v)
+	}
+}

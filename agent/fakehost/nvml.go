@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/vgpu-bridge/vgpu-bridge/agent/gpu"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 )
@@ -250,7 +252,22 @@ func (h *Host) MockGPUs() []gpu.MockGPU {
 	return out
 }
 
+// DriverVersionFile is the file under the host's directory that, when it
+// exists, holds the loaded driver's version (the spec's driver_version
+// otherwise): a simulated driver-upgrade command writes the new version
+// there, and NVML reports it from the next scan on.
+const DriverVersionFile = "driver_version"
+
 // NVML returns an NVML backend over go-nvml's mock that matches the host.
 func (h *Host) NVML() (*gpu.NVML, *gpu.Mock) {
-	return gpu.NewMockBackend(h.Spec.DriverVersion, h.MockGPUs())
+	backend, m := gpu.NewMockBackend(h.Spec.DriverVersion, h.MockGPUs())
+	m.SystemGetDriverVersionFunc = func() (string, nvml.Return) {
+		if b, err := os.ReadFile(filepath.Join(h.Dir, DriverVersionFile)); err == nil {
+			if v := strings.TrimSpace(string(b)); v != "" {
+				return v, nvml.SUCCESS
+			}
+		}
+		return h.Spec.DriverVersion, nvml.SUCCESS
+	}
+	return backend, m
 }

@@ -34,6 +34,12 @@ const (
 	// CodeVerifyFailed: verify_vgpu found no healthy vGPU of the expected
 	// type in the domain (failed).
 	CodeVerifyFailed = "verify_failed"
+	// CodeNotConfigured: upgrade_driver reached an agent whose
+	// [DEFAULT] driver_upgrade_command is empty (refused).
+	CodeNotConfigured = "not_configured"
+	// CodeUpgradeFailed: the driver-upgrade command exited non-zero or
+	// could not start (failed); the details carry its output.
+	CodeUpgradeFailed = "upgrade_failed"
 	// CodeIDReused: the command's id is in the journal for a different
 	// command (other kind, host, instance or params) (refused). The
 	// signature codes are in sign.go.
@@ -334,4 +340,24 @@ func isDecimal(s string) bool {
 // NewResult starts a result for c.
 func NewResult(c *Command, host string, st Status) Result {
 	return Result{V: Version, Minor: Minor, CommandID: c.ID, Host: host, Status: st}
+}
+
+var (
+	branchRE  = regexp.MustCompile(`^[0-9]{2,4}$`)
+	versionRE = regexp.MustCompile(`^[0-9]{2,4}(\.[0-9]{1,4}){1,3}$`)
+)
+
+// ValidBranch reports whether s is a driver branch ("570").
+func ValidBranch(s string) bool { return branchRE.MatchString(s) }
+
+// Validate checks upgrade_driver params: a branch of digits, and a
+// version of that branch when one is given.
+func (p *UpgradeParams) Validate(k Kind) error {
+	switch {
+	case !ValidBranch(p.Branch):
+		return invalid("%s: branch %q is not a driver branch (digits, e.g. 570)", k, p.Branch)
+	case p.Version != "" && (!versionRE.MatchString(p.Version) || !strings.HasPrefix(p.Version, p.Branch+".")):
+		return invalid("%s: version %q is not a version of branch %s", k, p.Version, p.Branch)
+	}
+	return nil
 }

@@ -64,11 +64,15 @@ const (
 	SetVMLimits        Kind = "set_vm_limits"
 	VerifyVGPU         Kind = "verify_vgpu"
 	CollectDiagnostics Kind = "collect_diagnostics"
+	// UpgradeDriver runs the agent's own configured driver-upgrade
+	// command ([DEFAULT] driver_upgrade_command); the bridge names only
+	// the target branch, never a command.
+	UpgradeDriver Kind = "upgrade_driver"
 )
 
 // Kinds lists every command kind.
 var Kinds = []Kind{CreateMdev, RemoveMdev, AttachVGPU, DetachVGPU, SetVGPUScheduler,
-	SetClocks, ResetClocks, SetVMLimits, VerifyVGPU, CollectDiagnostics}
+	SetClocks, ResetClocks, SetVMLimits, VerifyVGPU, CollectDiagnostics, UpgradeDriver}
 
 // Valid reports whether k is a known kind.
 func (k Kind) Valid() bool {
@@ -184,6 +188,32 @@ type DiagnosticsParams struct {
 	// predates it ignores it and answers the checks only.
 	Bundle bool `json:"bundle,omitempty"`
 }
+
+// UpgradeParams are the params of upgrade_driver. Branch is the target
+// driver branch ("570"), Version an optional exact version
+// ("570.133.10"); the agent passes them to its configured command in the
+// environment (VGPU_TARGET_BRANCH, VGPU_TARGET_VERSION), never as a
+// command line.
+type UpgradeParams struct {
+	Branch  string `json:"branch"`
+	Version string `json:"version,omitempty"`
+}
+
+// UpgradeDetails are the details of an upgrade_driver result: the
+// command's exit status and its output (stdout and stderr together, the
+// last MaxUpgradeOutput bytes; Truncated says how many were dropped).
+type UpgradeDetails struct {
+	Command    string `json:"command"`
+	ExitStatus int    `json:"exit_status"`
+	Output     string `json:"output"`
+	Truncated  int    `json:"truncated_bytes,omitempty"`
+	DurationMS int64  `json:"duration_ms"`
+	Branch     string `json:"branch"`
+	Version    string `json:"version,omitempty"`
+}
+
+// MaxUpgradeOutput bounds the output an upgrade_driver result keeps.
+const MaxUpgradeOutput = 32 << 10
 
 // BundleDetails are the details of a collect_diagnostics result that
 // asked for a bundle.

@@ -57,6 +57,7 @@ func messages(t *testing.T) map[string]any {
 		"command_set_vm_limits":       cmd(t, "c-limits", SetVMLimits, LimitParams{CPUMax: "200000 100000", MemoryHigh: "8589934592"}),
 		"command_verify_vgpu":         cmd(t, "c-verify", VerifyVGPU, VerifyParams{TypeID: "nvidia-232", Count: 1}),
 		"command_collect_diagnostics": cmd(t, "c-diag", CollectDiagnostics, DiagnosticsParams{}),
+		"command_upgrade_driver":      cmd(t, "c-upgrade", UpgradeDriver, UpgradeParams{Branch: "570", Version: "570.133.10"}),
 		"result_succeeded": Result{V: Version, CommandID: "c-attach", Host: "compute-0012", Status: Succeeded,
 			Details: json.RawMessage(`{"steps":["mdev_created","shutdown","defined","started"]}`), FinishedAt: issued.Add(time.Minute)},
 		"result_failed": Result{V: Version, CommandID: "c-create", Host: "compute-0012", Status: Failed, Code: "no_capacity",
@@ -231,6 +232,30 @@ func TestExpired(t *testing.T) {
 	}
 }
 
+func TestUpgradeParamsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		p  UpgradeParams
+		ok bool
+	}{
+		{UpgradeParams{Branch: "570"}, true},
+		{UpgradeParams{Branch: "570", Version: "570.133.10"}, true},
+		{UpgradeParams{Branch: "535", Version: "535.247"}, true},
+		{UpgradeParams{}, false},
+		{UpgradeParams{Branch: "570; rm -rf /"}, false},
+		{UpgradeParams{Branch: "R570"}, false},
+		{UpgradeParams{Branch: "570", Version: "550.54.16"}, false},
+		{UpgradeParams{Branch: "570", Version: "570.1 $(id)"}, false},
+	} {
+		err := tc.p.Validate(UpgradeDriver)
+		if (err == nil) != tc.ok {
+			t.Errorf("%+v: err = %v, want ok=%v", tc.p, err, tc.ok)
+		}
+		if err != nil && !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v: %v does not wrap ErrInvalid", tc.p, err)
+		}
+	}
+}
+
 func TestTopologyNames(t *testing.T) {
 	got := []string{CommandRoutingKey("a.b"), AgentQueue("a.b"), ResultRoutingKey("a.b"), ReportRoutingKey("a.b")}
 	want := []string{"agent.a.b", "vgpu.agent.a.b", "result.a.b", "report.a.b"}
@@ -240,7 +265,8 @@ func TestTopologyNames(t *testing.T) {
 }
 
 func FuzzDecodeCommand(f *testing.F) {
-	for _, n := range []string{"command_create_mdev", "command_attach_vgpu", "command_set_vm_limits", "command_create_mdev_vfio"} {
+	for _, n := range []string{"command_create_mdev", "command_attach_vgpu", "command_set_vm_limits", "command_create_mdev_vfio",
+		"command_upgrade_driver"} {
 		b, err := os.ReadFile(filepath.Join("testdata", n+".json"))
 		if err != nil {
 			f.Fatal(err)
@@ -261,8 +287,14 @@ func FuzzDecodeCommand(f *testing.F) {
 		var targets = map[Kind]any{CreateMdev: &MdevParams{}, RemoveMdev: &MdevParams{}, AttachVGPU: &AttachParams{},
 			DetachVGPU: &AttachParams{}, SetVGPUScheduler: &SchedulerParams{}, SetClocks: &ClockParams{},
 			ResetClocks: &ClockParams{}, SetVMLimits: &LimitParams{}, VerifyVGPU: &VerifyParams{},
-			CollectDiagnostics: &DiagnosticsParams{}}
-		_ = c.DecodeParams(targets[c.Kind])
+			CollectDiagnostics: &DiagnosticsParams{}, UpgradeDriver: &UpgradeParams{}}
+		if err := c.DecodeParams(targets[c.Kind]); err == nil && c.Kind == UpgradeDriver {
+			// What reaches the agent's upgrade command's environment is digits and dots only.
+			p := targets[c.Kind].(*UpgradeParams)
+			if strings.Trim(p.Branch+p.Version, "0123456789.") != "" {
+				t.Fatalf("upgrade params %+v accepted", p)
+			}
+		}
 		if _, err := json.Marshal(c); err != nil {
 			t.Fatalf("re-encode: %v", err)
 		}

@@ -54,6 +54,8 @@ var owners = map[string]string{
 	"diagnostics":            "bridge/diagnostics",
 	"maintenance_operations": "bridge/maintenance",
 	"maintenance_vms":        "bridge/maintenance",
+	"fleet_upgrades":         "bridge/fleetupgrade",
+	"fleet_upgrade_hosts":    "bridge/fleetupgrade",
 	"policy_load_since":      "bridge/policystate",
 	"policy_last_change":     "bridge/policystate",
 	"owned_gpu_types":        "placement", // re-types of bridge-owned GPUs (placement/retype.go)

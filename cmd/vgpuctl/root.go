@@ -154,6 +154,7 @@ func newRoot(g *globals) *cobra.Command {
 		requestsCmd, requestCmd, placeCmd, syncCmd, policyCmd, webhookCmd,
 		driftCmd, flavorCmd, diagnoseCmd,
 		gpuCmd,   // one GPU: retype
+		fleetCmd, // rolling vGPU-manager upgrades
 		hostCmd,  // host maintenance: migrate-all
 		usageCmd, // accounting: GET /v1/usage
 		quotaCmd, // limits and usage: GET /v1/quota

@@ -1,0 +1,86 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/hosterr"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+)
+
+const stepUpgraded = "upgraded"
+
+// upgradeDriver runs the operator's driver-upgrade command (Config.
+// UpgradeCommand, never anything the bridge sent) with the target in its
+// environment, and returns its exit status and the tail of its output.
+// The result is journaled like every command's, so a repeated delivery
+// gets it back without running the command again.
+func (e *Executor) upgradeDriver(ctx context.Context, r *run, p protocol.UpgradeParams) (any, error) {
+	argv := e.cfg.UpgradeCommand
+	d := protocol.UpgradeDetails{Command: strings.Join(argv, " "), Branch: p.Branch, Version: p.Version, ExitStatus: -1}
+	_, err := r.step(stepUpgraded, func() (string, error) {
+		out := &tailBuffer{max: protocol.MaxUpgradeOutput}
+		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		cmd.Env = append(os.Environ(), "VGPU_TARGET_BRANCH="+p.Branch, "VGPU_TARGET_VERSION="+p.Version,
+			"VGPU_COMMAND_ID="+r.c.ID)
+		cmd.Stdout, cmd.Stderr = out, out
+		// Its own process group, killed whole when the command times out.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		cmd.WaitDelay = 5 * time.Second
+		start := time.Now()
+		runErr := cmd.Run()
+		d.DurationMS = time.Since(start).Milliseconds()
+		d.Output, d.Truncated = out.String(), out.dropped
+		if cmd.ProcessState != nil {
+			d.ExitStatus = cmd.ProcessState.ExitCode()
+		}
+		e.log.Info("driver upgrade command ended", logkey.Command, r.c.ID, "branch", p.Branch,
+			"exit_status", d.ExitStatus, "duration_ms", d.DurationMS, logkey.Err, runErr)
+		var exitErr *exec.ExitError
+		switch {
+		case runErr == nil:
+			return "", nil
+		case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+			return "", hosterr.Errorf(hosterr.Timeout, "upgrade driver", "%s ran past [DEFAULT] driver_upgrade_timeout and was killed", argv[0])
+		case ctx.Err() != nil:
+			return "", ctx.Err() // the agent is stopping: the command stays pending
+		case errors.As(runErr, &exitErr):
+			return "", codedError{code: protocol.CodeUpgradeFailed,
+				msg:         fmt.Sprintf("driver upgrade command %s exited with status %d", argv[0], d.ExitStatus),
+				remediation: "Read the command's output in the result's details, fix the host, and run the upgrade again."}
+		}
+		return "", codedError{code: protocol.CodeUpgradeFailed, msg: fmt.Sprintf("driver upgrade command: %v", runErr),
+			remediation: "Check [DEFAULT] driver_upgrade_command: the executable must exist and be executable by the agent."}
+	})
+	if err == nil && d.ExitStatus == -1 {
+		d.ExitStatus = 0 // the step was done before a crash; its output is lost
+		d.Output = ""
+	}
+	return d, err
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	max     int
+	buf     []byte
+	dropped int
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.max; over > 0 {
+		t.dropped += over
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return strings.ToValidUTF8(string(t.buf), "\uFFFD") }
