@@ -122,8 +122,9 @@ func PlannedFlavorName(base, profile string) string {
 
 // PlanFlavors proposes, for each flavor that asks for no vGPU and each
 // profile, the flavor BASE.vgpu-PROFILE (PlannedFlavorName) with the
-// base's sizes, visibility and extra specs plus resources:VGPU=1 and
-// trait:TRAIT=required, and says what it needs against the flavors that
+// base's sizes, visibility and extra specs plus resources:VGPU=1,
+// trait:TRAIT=required and trait:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden
+// (GPUFaultTrait), and says what it needs against the flavors that
 // exist (PlanCreate, PlanExists, PlanCovered, PlanConflict). Flavors that
 // ask for a vGPU, flavors with malformed extra specs, and profiles without
 // a valid trait are in Skipped. base, when not nil, says which flavors may
@@ -219,6 +220,10 @@ func PlanFlavors(flavors []PlanFlavor, profiles []PlanProfile, base func(PlanFla
 			} else {
 				specs["resources:"+ResourceVGPU] = "1"
 				specs["trait:"+p.Trait] = "required"
+				// Nova's scheduler keeps off a GPU the bridge marked faulted.
+				// (A Nova-owned VF's PCI request group is Nova's own: the
+				// flavor's traits do not reach it.)
+				specs["trait:"+GPUFaultTrait] = "forbidden"
 			}
 			want := PlanFlavor{Name: name, VCPUs: base.VCPUs, RAM: base.RAM, Disk: base.Disk, Ephemeral: base.Ephemeral,
 				Swap: base.Swap, Public: base.Public, ExtraSpecs: specs}
@@ -321,7 +326,7 @@ func describe(f PlanFlavor, base PlanFlavor, p PlanProfile) string {
 	if p.Alias != "" {
 		fmt.Fprintf(&b, " + %s=%s:1 (Nova-owned VF)", AliasSpec, p.Alias)
 	} else {
-		fmt.Fprintf(&b, " + resources:%s=1 trait:%s=required", ResourceVGPU, p.Trait)
+		fmt.Fprintf(&b, " + resources:%s=1 trait:%s=required trait:%s=forbidden", ResourceVGPU, p.Trait, GPUFaultTrait)
 	}
 	if n := len(base.ExtraSpecs); n > 0 {
 		fmt.Fprintf(&b, " + the %d extra spec(s) of %s", n, base.Name)
