@@ -3,11 +3,14 @@ package controls
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
 
 // FaultDrainPrefix starts the drain reason of a GPU marked for a fault.
@@ -19,6 +22,8 @@ type Fault struct {
 	Host, Node   string
 	PCIAddress   string
 	Fault        protocol.GPUFault
+	// Instances run a vGPU on the GPU, as the report says.
+	Instances []string
 }
 
 // GPUFaults applies the faults of host's report (node: its Placement
@@ -32,11 +37,17 @@ type Fault struct {
 // Placement mirror has not written yet are left for the next report.
 func (s *Store) GPUFaults(ctx context.Context, host, node string, gpus []protocol.GPU) ([]Fault, error) {
 	reported := map[string]protocol.GPUFault{}
+	instances := map[string][]string{}
 	var pcis []string
 	for _, g := range gpus {
 		if g.Fault != nil && g.Fault.Reason != "" {
 			reported[g.PCI] = *g.Fault
 			pcis = append(pcis, g.PCI)
+			for _, v := range g.Active {
+				if v.InstanceUUID != "" && !slices.Contains(instances[g.PCI], v.InstanceUUID) {
+					instances[g.PCI] = append(instances[g.PCI], v.InstanceUUID)
+				}
+			}
 		}
 	}
 	if pcis == nil {
@@ -87,16 +98,21 @@ func (s *Store) GPUFaults(ctx context.Context, host, node string, gpus []protoco
 				return err
 			}
 			newly = true
+			if err := notify.Queue(ctx, tx, notify.GPUFault, notify.Error, notify.GPUFaultObject(notify.GPUFaultPayload{
+				ProviderUUID: r.id, Host: host, Node: node, PCIAddress: r.pci, Source: f.Source, Xid: f.Xid, Reason: f.Reason,
+				Trait: nova.GPUFaultTrait, Instances: instances[r.pci]})); err != nil {
+				return err
+			}
 			return Audit(ctx, tx, Entry{Actor: who, Action: "gpu.fault", ObjectType: "gpu", ObjectID: r.id,
 				Detail: map[string]any{"host": host, "node": node, "pci_address": r.pci, "source": f.Source, "xid": f.Xid,
-					"reason": f.Reason, "was_drained": drained, "previous_fault": was}})
+					"reason": f.Reason, "was_drained": drained, "previous_fault": was, "instances": instances[r.pci]}})
 		})
 		if err != nil {
 			return marked, fmt.Errorf("fault of GPU %s on %s: %w", r.pci, node, err)
 		}
 		if newly {
 			s.log.Warn("GPU fault: GPU drained", logkey.Object, r.id, logkey.Host, host, "pci_address", r.pci, logkey.Reason, f.Reason)
-			marked = append(marked, Fault{ProviderUUID: r.id, Host: host, Node: node, PCIAddress: r.pci, Fault: f})
+			marked = append(marked, Fault{ProviderUUID: r.id, Host: host, Node: node, PCIAddress: r.pci, Fault: f, Instances: instances[r.pci]})
 		}
 	}
 	return marked, nil

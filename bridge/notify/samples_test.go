@@ -105,6 +105,9 @@ func samples() []sample {
 		Host: "compute-0012", Profile: "T4-4Q", VGPUType: "nvidia-232", ResourceClass: "VGPU", Amount: 1,
 		Seconds: 2718, VGPUSeconds: 2718, AuditPeriod: notify.AuditPeriod("2026-12-05T12:00:00Z", "2026-12-05T13:00:00Z")}
 
+	fault := notify.GPUFaultPayload{ProviderUUID: provider, Host: "compute-0012", Node: "compute-0012.example.org", PCIAddress: "0000:3b:00.0",
+		Source: "xid", Xid: 79, Reason: "Xid 79: GPU has fallen off the bus", Trait: "CUSTOM_VGPU_BRIDGE_GPU_FAULT", Instances: []string{vm}}
+
 	return []sample{
 		{notify.AttachStart, notify.Info, "2b7e4f1a-9c3d-4e8b-a6f0-1d5c9e3b7a24", at("2026-12-05T12:14:40.201337Z"), notify.Action(attachStart)},
 		{notify.AttachEnd, notify.Info, "4d9a6c3e-1b5f-4a0d-8c2e-3f7b1a5d9c46", at("2026-12-05T12:14:42.518004Z"), notify.Action(attachEnd)},
@@ -114,6 +117,7 @@ func samples() []sample {
 		{notify.ResizeStart, notify.Info, "1e7c3a9d-5f2b-4d8e-b0a6-9c4f2e8a6d13", at("2026-12-05T15:20:00.112233Z"), notify.Action(resizeStart)},
 		{notify.ResizeEnd, notify.Info, "5b3f9d1c-8a6e-4f2b-9d7c-1e5a3f9b7d35", at("2026-12-05T15:22:41.908765Z"), notify.Action(resizeEnd)},
 		{notify.RequestError, notify.Error, "7d1b5f3e-2c8a-4b6d-a0e4-8f2c6a4e0b62", at("2026-12-05T16:45:09.554433Z"), notify.Action(refused)},
+		{notify.GPUFault, notify.Error, "3c8e1a5f-7b2d-4f9a-8e6c-2d4f6a8b0c13", at("2026-12-05T17:03:27.481516Z"), notify.GPUFaultObject(fault)},
 	}
 }
 
@@ -176,7 +180,7 @@ func consumerView(t *testing.T, body []byte, messageID string) []byte {
 // them); every event type has one and there is no other.
 func TestNotificationSamples(t *testing.T) {
 	want := []string{notify.AttachStart, notify.AttachEnd, notify.DetachStart, notify.DetachEnd, notify.ResizeStart, notify.ResizeEnd,
-		notify.RequestError, notify.Exists}
+		notify.RequestError, notify.Exists, notify.GPUFault}
 	var files []string
 	for _, s := range samples() {
 		t.Run(s.eventType, func(t *testing.T) {
@@ -256,6 +260,14 @@ func checkSample(t *testing.T, file []byte, s sample) {
 		var p notify.ActionPayload
 		if err := dec.Decode(&p); err != nil {
 			t.Errorf("VGPUActionPayload: %v", err)
+		}
+	case "VGPUGPUFaultPayload":
+		var p notify.GPUFaultPayload
+		if err := dec.Decode(&p); err != nil {
+			t.Errorf("VGPUGPUFaultPayload: %v", err)
+		}
+		if p.ProviderUUID == "" || p.Reason == "" || p.Trait != "CUSTOM_VGPU_BRIDGE_GPU_FAULT" {
+			t.Errorf("GPU fault payload without its GPU, reason or trait: %+v", p)
 		}
 	case "VGPUExistsPayload":
 		// The nested audit period is Nova's AuditPeriodPayload 1.0.

@@ -2,6 +2,7 @@ package controls_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,6 +84,16 @@ func TestGPUFault(t *testing.T) {
 	if i := slices.IndexFunc(gl.GPUs, func(g apiclient.GPU) bool { return g.ProviderUUID == sick }); i < 0 || !gl.GPUs[i].Drained ||
 		gl.GPUs[i].DrainReason != "GPU fault: "+reason {
 		t.Errorf("GET /v1/gpus does not show the fault drain: %s", gl.Raw)
+	}
+
+	// The bridge's notification tells the fault and the instance whose vGPU runs there.
+	var payload string
+	testsvc.Must(t, f.pool.QueryRow(f.ctx, `SELECT payload::text FROM bridge_notifications WHERE event_type = 'vgpu.gpu.fault'
+		AND payload->'versioned_object.data'->>'provider_uuid' = $1`, sick).Scan(&payload), "the vgpu.gpu.fault notification")
+	for _, want := range []string{`"reason": "` + reason + `"`, `"instances": ["` + a.vm + `"]`, `"xid": 79`, nova.GPUFaultTrait} {
+		if !strings.Contains(payload, want) {
+			t.Errorf("vgpu.gpu.fault payload lacks %s: %s", want, payload)
+		}
 	}
 
 	// Packing would put the next vGPU on the used GPU; faulted, the other gets it.
