@@ -2,13 +2,16 @@ package controls
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
@@ -102,6 +105,24 @@ func (s *Store) GPUFaults(ctx context.Context, host, node string, gpus []protoco
 				ProviderUUID: r.id, Host: host, Node: node, PCIAddress: r.pci, Source: f.Source, Xid: f.Xid, Reason: f.Reason,
 				Trait: nova.GPUFaultTrait, Instances: instances[r.pci]})); err != nil {
 				return err
+			}
+			// The rules hear of it once per instance on the GPU (policy kind bridge.GPU_FAULT).
+			var at int64
+			if err := tx.QueryRow(ctx, `SELECT extract(epoch FROM faulted_at)::bigint FROM gpus WHERE provider_uuid = $1`, r.id).Scan(&at); err != nil {
+				return err
+			}
+			ev, err := json.Marshal(requests.GPUFaultEvent{ProviderUUID: r.id, Host: host, PCIAddress: r.pci, Source: f.Source, Xid: f.Xid, Reason: f.Reason})
+			if err != nil {
+				return err
+			}
+			for _, in := range instances[r.pci] {
+				if _, err := uuid.Parse(in); err != nil {
+					continue // a domain that is not a Nova instance
+				}
+				if err := requests.QueueEvent(ctx, tx, requests.Event{Source: "bridge", Type: requests.EventGPUFault, Instance: in, Payload: ev,
+					MessageID: fmt.Sprintf("%s:%s:%s:%d", requests.EventGPUFault, r.id, in, at)}); err != nil {
+					return err
+				}
 			}
 			return Audit(ctx, tx, Entry{Actor: who, Action: "gpu.fault", ObjectType: "gpu", ObjectID: r.id,
 				Detail: map[string]any{"host": host, "node": node, "pci_address": r.pci, "source": f.Source, "xid": f.Xid,

@@ -96,6 +96,15 @@ func TestGPUFault(t *testing.T) {
 		}
 	}
 
+	// The rules hear of the fault, once per instance on the GPU.
+	f.waitFor(30*time.Second, "the rules' decision on bridge.GPU_FAULT", func() bool {
+		var n int
+		err := f.pool.QueryRow(f.ctx, `SELECT count(*) FROM decisions d JOIN events e ON e.id = d.event_id
+			WHERE e.event_type = 'GPU_FAULT' AND e.instance_uuid = $1 AND d.decision::text LIKE '%GPU of your vGPU failed (Xid 79: GPU has fallen off the bus)%'`,
+			a.vm).Scan(&n)
+		return err == nil && n == 1
+	})
+
 	// Packing would put the next vGPU on the used GPU; faulted, the other gets it.
 	if got := landed(f.request(a)); got == sick {
 		t.Errorf("a vGPU landed on the faulted GPU %s", sick)
