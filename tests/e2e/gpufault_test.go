@@ -24,8 +24,12 @@ func TestGPUFaultKeepsNovaOff(t *testing.T) {
 	w := newDirectWorld(t, "fault")
 	t0 := time.Now()
 	vm := w.bootServer(testsvc.Name("fault") + "-direct")
-	flavor := w.n.CreateFlavor(t, testsvc.Name("fault")+".t4-4q", 2, 2048, 10, map[string]string{"resources:VGPU": "1",
-		"trait:" + directTrait: "required", "trait:" + nova.GPUFaultTrait: "forbidden"})
+	// The VGPU in a numbered group, as `flavor plan` proposes it: the
+	// trait is forbidden on the provider of the VGPU only. (Placement 8.0's
+	// unnumbered group passes forbidden traits by name: a 500 on
+	// PostgreSQL, ignored on MySQL.)
+	flavor := w.n.CreateFlavor(t, testsvc.Name("fault")+".t4-4q", 2, 2048, 10, map[string]string{"resources1:VGPU": "1",
+		"trait1:" + directTrait: "required", "trait1:" + nova.GPUFaultTrait: "forbidden"})
 	hasTrait := func() bool {
 		var out struct {
 			Traits []string `json:"traits"`
