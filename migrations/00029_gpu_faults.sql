@@ -1,4 +1,4 @@
--- GPU faults (issue 38): an agent reports a GPU's fault (a fatal Xid, an
+-- GPU faults (operator guide, "GPU faults"): an agent reports a GPU's fault (a fatal Xid, an
 -- uncorrectable ECC error, a row remap or retired pages pending, the GPU
 -- lost); the bridge then drains the GPU with the fault as its reason and
 -- adds the fault trait (CUSTOM_VGPU_BRIDGE_GPU_FAULT) to its Placement
