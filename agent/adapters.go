@@ -196,6 +196,10 @@ func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
 		if pg.Health == "" {
 			pg.Health = protocol.HealthUnknown
 		}
+		if g.Fault != nil {
+			pg.Health = protocol.HealthFailed
+			pg.Fault = &protocol.GPUFault{Source: g.Fault.Source, Xid: g.Fault.Xid, Reason: g.Fault.Reason}
+		}
 		for _, t := range g.Types {
 			if t.Refused != "" || !t.Allowed && !g.Allowed {
 				continue

@@ -33,6 +33,9 @@ type Drivers struct {
 	Allow        inventory.AllowList
 	// Fake is the fake host when running with --fake-host.
 	Fake *fakehost.Host
+	// NVMLMock is the fake host's NVML mock (GPU is over it): tests
+	// inject GPU faults through it (gpu.Mock InjectXid, InjectECC, …).
+	NVMLMock *gpu.Mock
 }
 
 // Close releases the drivers.
@@ -89,9 +92,9 @@ func OpenFakeHost(dir string) (*Drivers, error) {
 		}
 		return false
 	}
-	backend, _ := h.NVML()
+	backend, mock := h.NVML()
 	return &Drivers{Sysfs: h.Sysfs, Libvirt: conn, HotPlug: &libvirt.FakeHotPlugger{Conn: conn}, GPU: backend,
-		Cgroup: cgroup.New(h.CgroupRoot), ProcRoot: h.ProcRoot, Allow: inventory.AllowList{All: true}, Fake: h}, nil
+		Cgroup: cgroup.New(h.CgroupRoot), ProcRoot: h.ProcRoot, Allow: inventory.AllowList{All: true}, Fake: h, NVMLMock: mock}, nil
 }
 
 // hostSettings are the host-driver options ([libvirt] [sysfs] [nvml]

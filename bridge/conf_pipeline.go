@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/diagnostics"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/direct"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
@@ -122,7 +123,12 @@ func setupPipeline(ctx context.Context, w *wiring, tlsCfg *tls.Config, pol *poli
 		// Results carrying a diagnostics bundle are stored by diagnostics; the rest go to the pipeline.
 		Results: diagnostics.Results{Store: &diagnostics.Store{Pool: pipePool, Log: log.With("component", "diagnostics")}, Next: proc},
 		Catalog: pol.Catalog(), Phase: flow.PhaseOf, Log: log.With("component", "dispatch"), Registry: reg,
-		Hold: ctl.Hold}) // operators' pause / observe-only hold the outbox
+		Hold: ctl.Hold, // operators' pause / observe-only hold the outbox
+		// a GPU its agent reports faulted is drained and marked (the fault trait follows in the placement sync)
+		Faults: func(ctx context.Context, host, node string, gpus []protocol.GPU) error {
+			_, err := ctl.GPUFaults(ctx, host, node, gpus)
+			return err
+		}})
 	if err != nil {
 		pipePool.Close()
 		return nil, err

@@ -120,10 +120,15 @@ func PlannedFlavorName(base, profile string) string {
 	return b.String()
 }
 
+// PlanGroup is the request group of the vGPU in the flavors PlanFlavors
+// proposes ("1": resources1:VGPU, trait1:…).
+const PlanGroup = "1"
+
 // PlanFlavors proposes, for each flavor that asks for no vGPU and each
 // profile, the flavor BASE.vgpu-PROFILE (PlannedFlavorName) with the
-// base's sizes, visibility and extra specs plus resources:VGPU=1 and
-// trait:TRAIT=required, and says what it needs against the flavors that
+// base's sizes, visibility and extra specs plus, in request group 1
+// (PlanGroup), resources1:VGPU=1, trait1:TRAIT=required and
+// trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden (GPUFaultTrait), and says what it needs against the flavors that
 // exist (PlanCreate, PlanExists, PlanCovered, PlanConflict). Flavors that
 // ask for a vGPU, flavors with malformed extra specs, and profiles without
 // a valid trait are in Skipped. base, when not nil, says which flavors may
@@ -217,8 +222,16 @@ func PlanFlavors(flavors []PlanFlavor, profiles []PlanProfile, base func(PlanFla
 			if p.Alias != "" {
 				specs[AliasSpec] = p.Alias + ":1"
 			} else {
-				specs["resources:"+ResourceVGPU] = "1"
-				specs["trait:"+p.Trait] = "required"
+				// The vGPU in request group 1, so that the fault trait is
+				// forbidden on the provider of the VGPU only (a GPU the
+				// bridge marked faulted), not on the whole host; Placement
+				// 8.0's unnumbered group also passes forbidden traits by
+				// name (a 500 on PostgreSQL, ignored on MySQL). A Nova-owned
+				// VF's PCI request group is Nova's own: no trait reaches it.
+				delete(specs, "resources:"+ResourceVGPU) // a base's VGPU=0
+				specs["resources"+PlanGroup+":"+ResourceVGPU] = "1"
+				specs["trait"+PlanGroup+":"+p.Trait] = "required"
+				specs["trait"+PlanGroup+":"+GPUFaultTrait] = "forbidden"
 			}
 			want := PlanFlavor{Name: name, VCPUs: base.VCPUs, RAM: base.RAM, Disk: base.Disk, Ephemeral: base.Ephemeral,
 				Swap: base.Swap, Public: base.Public, ExtraSpecs: specs}
@@ -307,7 +320,8 @@ func FlavorDifferences(have, want PlanFlavor) []string {
 }
 
 // describe is a proposal's contents on one line: "vcpus=2 ram=2048
-// disk=20 + resources:VGPU=1 trait:CUSTOM_NVIDIA_232=required", and how
+// disk=20 + resources1:VGPU=1 trait1:CUSTOM_NVIDIA_232=required
+// trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden", and how
 // many extra specs come from the base.
 func describe(f PlanFlavor, base PlanFlavor, p PlanProfile) string {
 	var b strings.Builder
@@ -321,7 +335,7 @@ func describe(f PlanFlavor, base PlanFlavor, p PlanProfile) string {
 	if p.Alias != "" {
 		fmt.Fprintf(&b, " + %s=%s:1 (Nova-owned VF)", AliasSpec, p.Alias)
 	} else {
-		fmt.Fprintf(&b, " + resources:%s=1 trait:%s=required", ResourceVGPU, p.Trait)
+		fmt.Fprintf(&b, " + resources%[1]s:%[2]s=1 trait%[1]s:%[3]s=required trait%[1]s:%[4]s=forbidden", PlanGroup, ResourceVGPU, p.Trait, GPUFaultTrait)
 	}
 	if n := len(base.ExtraSpecs); n > 0 {
 		fmt.Fprintf(&b, " + the %d extra spec(s) of %s", n, base.Name)

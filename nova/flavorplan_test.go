@@ -37,7 +37,7 @@ func rows(p nova.FlavorPlan) []row {
 }
 
 func vgpuSpecs(trait string, more ...string) map[string]string {
-	m := map[string]string{"resources:VGPU": "1", "trait:" + trait: "required"}
+	m := map[string]string{"resources1:VGPU": "1", "trait1:" + trait: "required", "trait1:" + nova.GPUFaultTrait: "forbidden"}
 	for i := 0; i+1 < len(more); i += 2 {
 		m[more[i]] = more[i+1]
 	}
@@ -81,11 +81,12 @@ func TestPlanFlavors(t *testing.T) {
 			check: func(t *testing.T, p nova.FlavorPlan) {
 				got := p.Proposals[1].Flavor
 				want := nova.PlanFlavor{Name: "m1.large.vgpu-t4-4q", VCPUs: 8, RAM: 16384, Disk: 80, Ephemeral: 10, Swap: 512, Public: true,
-					ExtraSpecs: map[string]string{"hw:cpu_policy": "dedicated", "resources:VGPU": "1", "trait:CUSTOM_NVIDIA_232": "required"}}
+					ExtraSpecs: map[string]string{"hw:cpu_policy": "dedicated", "resources1:VGPU": "1", "trait1:CUSTOM_NVIDIA_232": "required",
+						"trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT": "forbidden"}}
 				if !reflect.DeepEqual(got, want) {
 					t.Errorf("proposal %+v\nwant     %+v", got, want)
 				}
-				if d := p.Proposals[1].Detail; d != "vcpus=8 ram=16384 disk=80 ephemeral=10 swap=512 + resources:VGPU=1 trait:CUSTOM_NVIDIA_232=required + the 1 extra spec(s) of m1.large" {
+				if d := p.Proposals[1].Detail; d != "vcpus=8 ram=16384 disk=80 ephemeral=10 swap=512 + resources1:VGPU=1 trait1:CUSTOM_NVIDIA_232=required trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden + the 1 extra spec(s) of m1.large" {
 					t.Errorf("detail %q", d)
 				}
 				if large.ExtraSpecs["resources:VGPU"] != "" {
@@ -140,8 +141,9 @@ func TestPlanFlavors(t *testing.T) {
 			want:     []row{{"m1.small.vgpu-t4-4q", "m1.small", "T4-4Q", nova.PlanConflict, "m1.small.vgpu-t4-4q"}},
 			skipped:  []nova.PlanSkip{{Flavor: "m1.small.vgpu-t4-4q", Reason: "asks for a vGPU already", VGPU: true}},
 			check: func(t *testing.T, p nova.FlavorPlan) {
-				want := []string{"ram 4096, planned 2048", "is_public false, planned true", "extra spec resources:VGPU=2, planned 1",
-					"extra spec trait:CUSTOM_NVIDIA_232 missing", "extra spec hw:mem_page_size=large not planned"}
+				want := []string{"ram 4096, planned 2048", "is_public false, planned true", "extra spec resources1:VGPU missing",
+					"extra spec trait1:CUSTOM_NVIDIA_232 missing", "extra spec trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT missing",
+					"extra spec hw:mem_page_size=large not planned", "extra spec resources:VGPU=2 not planned"}
 				if got := p.Proposals[0].Differences; !reflect.DeepEqual(got, want) {
 					t.Errorf("differences %q\nwant        %q", got, want)
 				}
@@ -197,8 +199,9 @@ func TestPlanFlavors(t *testing.T) {
 				{Flavor: "vgpu.granular", Reason: "asks for a vGPU already", VGPU: true},
 			},
 			check: func(t *testing.T, p nova.FlavorPlan) {
-				if v := p.Proposals[1].Flavor.ExtraSpecs["resources:VGPU"]; v != "1" {
-					t.Errorf("resources:VGPU of zero.vgpu's proposal = %q", v)
+				if v, ok := p.Proposals[1].Flavor.ExtraSpecs["resources:VGPU"]; ok || p.Proposals[1].Flavor.ExtraSpecs["resources1:VGPU"] != "1" {
+					t.Errorf("zero.vgpu's proposal: resources:VGPU = %q (want none), resources1:VGPU = %q (want 1)", v,
+						p.Proposals[1].Flavor.ExtraSpecs["resources1:VGPU"])
 				}
 			},
 		},

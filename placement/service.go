@@ -336,6 +336,11 @@ func (s *Service) lead(ctx context.Context) error {
 				s.log.Warn("placement: guest driver traits", logkey.Err, terr)
 			}
 		}
+		if err == nil { // always on: a faulted GPU's provider carries the fault trait
+			if _, terr := s.SyncFaultTraits(ctx); terr != nil && ctx.Err() == nil {
+				s.log.Warn("placement: GPU fault traits", logkey.Err, terr)
+			}
+		}
 		wait := s.cfg.SyncInterval
 		if err != nil {
 			if ctx.Err() != nil {

@@ -11,6 +11,11 @@ const (
 	KindGPUResize  = "webhook.GPU_RESIZE"
 	KindGPULoad    = "webhook.GPU_LOAD"
 	KindAlert      = "alert"
+	// KindGPUFault is the bridge's own event, one per instance whose vGPU
+	// runs on a GPU its agent reported faulted: labels gpu (PCI address),
+	// provider_uuid, host, fault_source, xid and reason. Rules notify the
+	// tenant, release or move the vGPU, or wait.
+	KindGPUFault = "bridge.GPU_FAULT"
 )
 
 // Event is the policy's input, independent of the nova and webhook packages:

@@ -66,6 +66,10 @@ type GPU struct {
 	// Unavailable lists the NVML queries this GPU/driver did not answer
 	// (NOT_SUPPORTED and the like); their fields are zero.
 	Unavailable []string `json:"unavailable,omitempty"`
+	// Fault, when set, says why the GPU must take no new vGPU: a fatal Xid
+	// or ECC event, a counter (uncorrectable ECC, row remap or retired
+	// pages pending), or the GPU lost.
+	Fault *Fault `json:"fault,omitempty"`
 }
 
 // VGPUType is a vGPU profile a GPU supports.

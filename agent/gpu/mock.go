@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -35,6 +36,9 @@ type MockGPU struct {
 	Active func() []MockVGPU
 	// Creatable returns the type ids creatable now; nil means all types.
 	Creatable func() []uint32
+	// RowRemapper: the GPU remaps rows (Ampere and newer); the older ones
+	// retire pages instead.
+	RowRemapper bool
 }
 
 // MockVGPU is a running vGPU of a mock GPU.
@@ -61,6 +65,106 @@ type Mock struct {
 	mu        sync.Mutex
 	sched     map[pci.Addr]nvml.VgpuSchedulerSetState
 	appClocks map[pci.Addr][2]uint32 // mem, sm
+	health    map[pci.Addr]*mockHealth
+	events    chan nvml.EventData // the one event set's queue
+}
+
+// mockHealth is a mock GPU's fault state: its counters, whether it is
+// lost, and the events it is registered for.
+type mockHealth struct {
+	eccUncorrected uint64
+	remapPending   bool
+	remapFailed    bool
+	retiredPending bool
+	lost           bool
+	registered     uint64
+}
+
+func (m *Mock) gpuHealth(a pci.Addr) *mockHealth {
+	h := m.health[a]
+	if h == nil {
+		h = &mockHealth{}
+		m.health[a] = h
+	}
+	return h
+}
+
+func (m *Mock) device(a pci.Addr) nvml.Device {
+	for i, g := range m.gpus {
+		if g.Addr == a {
+			return m.Devices[i]
+		}
+	}
+	return nil
+}
+
+// post queues an event of a GPU, as the driver does: only when the GPU is
+// registered for its type on the event set. It reports whether it did.
+func (m *Mock) post(a pci.Addr, typ, data uint64) bool {
+	m.mu.Lock()
+	reg := m.gpuHealth(a).registered
+	m.mu.Unlock()
+	d := m.device(a)
+	if d == nil || reg&typ == 0 {
+		return false
+	}
+	select {
+	case m.events <- nvml.EventData{Device: d, EventType: typ, EventData: data}:
+		return true
+	default:
+		return false // the driver's queue is full: the event is lost
+	}
+}
+
+// InjectXid delivers Xid x on a GPU's event stream (as the driver's
+// critical Xid event). It reports whether the GPU's events are watched.
+func (m *Mock) InjectXid(a pci.Addr, x uint64) bool {
+	return m.post(a, nvml.EventTypeXidCriticalError, x)
+}
+
+// InjectECC counts n uncorrectable (double bit) ECC errors on a GPU and
+// delivers the double bit ECC event.
+func (m *Mock) InjectECC(a pci.Addr, n uint64) bool {
+	m.mu.Lock()
+	m.gpuHealth(a).eccUncorrected += n
+	m.mu.Unlock()
+	return m.post(a, nvml.EventTypeDoubleBitEccError, 0)
+}
+
+// SetRemapPending sets a GPU's pending row remap (failed: the remap failed).
+func (m *Mock) SetRemapPending(a pci.Addr, pending, failed bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	h := m.gpuHealth(a)
+	h.remapPending, h.remapFailed = pending, failed
+}
+
+// SetRetiredPagesPending sets a GPU's pages pending retirement.
+func (m *Mock) SetRetiredPagesPending(a pci.Addr, pending bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gpuHealth(a).retiredPending = pending
+}
+
+// SetLost makes a GPU lost (NVML answers GPU_IS_LOST for it) or back.
+func (m *Mock) SetLost(a pci.Addr, lost bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gpuHealth(a).lost = lost
+}
+
+// ResetGPU is a GPU reset: the volatile counters and pending states clear.
+func (m *Mock) ResetGPU(a pci.Addr) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	h := m.gpuHealth(a)
+	h.eccUncorrected, h.remapPending, h.remapFailed, h.retiredPending, h.lost = 0, false, false, false, false
+}
+
+func (m *Mock) isLost(a pci.Addr) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.gpuHealth(a).lost
 }
 
 // Scheduler returns the scheduler state last set on a GPU.
@@ -111,7 +215,31 @@ func NewMock(driverVersion string, list []MockGPU) *Mock {
 		cfgs[i] = gpus.Config{Name: g.Name, MemoryMB: g.MemoryMB, PciDeviceId: g.PciDeviceID, Architecture: nvml.DEVICE_ARCH_TURING}
 	}
 	s, _ := server.New(server.WithGPUs(cfgs...), server.WithDriverVersion(driverVersion))
-	m := &Mock{Server: s, gpus: list, sched: map[pci.Addr]nvml.VgpuSchedulerSetState{}, appClocks: map[pci.Addr][2]uint32{}}
+	m := &Mock{Server: s, gpus: list, sched: map[pci.Addr]nvml.VgpuSchedulerSetState{}, appClocks: map[pci.Addr][2]uint32{},
+		health: map[pci.Addr]*mockHealth{}, events: make(chan nvml.EventData, 256)}
+	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		return &mock.EventSet{
+			WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+				if ms == 0 {
+					select {
+					case ev := <-m.events:
+						return ev, nvml.SUCCESS
+					default:
+						return nvml.EventData{}, nvml.ERROR_TIMEOUT
+					}
+				}
+				t := time.NewTimer(time.Duration(ms) * time.Millisecond)
+				defer t.Stop()
+				select {
+				case ev := <-m.events:
+					return ev, nvml.SUCCESS
+				case <-t.C:
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+				}
+			},
+			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
 	s.DeviceGetHandleByPciBusIdFunc = func(busID string) (nvml.Device, nvml.Return) {
 		a, err := pci.Parse(busID)
 		if err != nil {
@@ -183,6 +311,9 @@ func (m *Mock) fill(d *server.Device, g *MockGPU) {
 		return min(used, g.MemoryMB<<20)
 	}
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		if m.isLost(g.Addr) {
+			return nvml.PciInfo{}, nvml.ERROR_GPU_IS_LOST
+		}
 		return nvml.PciInfo{Domain: uint32(g.Addr.Domain), Bus: uint32(g.Addr.Bus), Device: uint32(g.Addr.Slot),
 			PciDeviceId: g.PciDeviceID, BusId: busID(g.Addr)}, nvml.SUCCESS
 	}
@@ -355,6 +486,55 @@ func (m *Mock) fill(d *server.Device, g *MockGPU) {
 		defer m.mu.Unlock()
 		delete(m.appClocks, g.Addr)
 		return nvml.SUCCESS
+	}
+	d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
+		return nvml.EventTypeSingleBitEccError | nvml.EventTypeDoubleBitEccError | nvml.EventTypePState |
+			nvml.EventTypeXidCriticalError | nvml.EventTypeClock, nvml.SUCCESS
+	}
+	d.RegisterEventsFunc = func(types uint64, _ nvml.EventSet) nvml.Return {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.gpuHealth(g.Addr).lost {
+			return nvml.ERROR_GPU_IS_LOST
+		}
+		m.gpuHealth(g.Addr).registered |= types
+		return nvml.SUCCESS
+	}
+	d.GetTotalEccErrorsFunc = func(t nvml.MemoryErrorType, c nvml.EccCounterType) (uint64, nvml.Return) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		h := m.gpuHealth(g.Addr)
+		if h.lost {
+			return 0, nvml.ERROR_GPU_IS_LOST
+		}
+		if t == nvml.MEMORY_ERROR_TYPE_UNCORRECTED {
+			return h.eccUncorrected, nvml.SUCCESS
+		}
+		return 0, nvml.SUCCESS
+	}
+	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		h := m.gpuHealth(g.Addr)
+		switch {
+		case h.lost:
+			return 0, 0, false, false, nvml.ERROR_GPU_IS_LOST
+		case !g.RowRemapper:
+			return 0, 0, false, false, nvml.ERROR_NOT_SUPPORTED
+		}
+		var unc int
+		if h.remapPending || h.remapFailed {
+			unc = 1
+		}
+		return 0, unc, h.remapPending, h.remapFailed, nvml.SUCCESS
+	}
+	d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.gpuHealth(g.Addr).retiredPending {
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		}
+		return nvml.FEATURE_DISABLED, nvml.SUCCESS
 	}
 	d.GetGridLicensableFeaturesFunc = func() (nvml.GridLicensableFeatures, nvml.Return) {
 		return nvml.GridLicensableFeatures{IsGridLicenseSupported: 1}, nvml.SUCCESS

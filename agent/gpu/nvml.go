@@ -26,6 +26,16 @@ type NVML struct {
 
 	mu     sync.Mutex // serialises writes; closed guards use after Close
 	closed bool
+
+	// The fault watch (GPUs): NVML's event set, the GPUs registered on
+	// it (by UUID), the faults its events told (by UUID; they stay until
+	// the agent restarts, as the GPU needs a reset anyway), and each
+	// index's last address (a lost GPU no longer tells it).
+	events      nvml.EventSet
+	eventsErr   string
+	registered  map[string]bool
+	eventFaults map[string]Fault
+	lastAddr    map[int]pci.Addr
 }
 
 var _ Backend = (*NVML)(nil)
@@ -42,7 +52,8 @@ func Init(lib nvml.Interface, checkSymbols bool) (*NVML, error) {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return nil, hosterr.Errorf(hosterr.NVMLUnavailable, "nvml init", "%s", errString(ret))
 	}
-	return &NVML{lib: lib, checkSymbols: checkSymbols}, nil
+	return &NVML{lib: lib, checkSymbols: checkSymbols, registered: map[string]bool{}, eventFaults: map[string]Fault{},
+		lastAddr: map[int]pci.Addr{}}, nil
 }
 
 // errString never calls into a library that might not be initialised:
@@ -109,6 +120,9 @@ func (n *NVML) Close() {
 	defer n.mu.Unlock()
 	if !n.closed {
 		n.closed = true
+		if n.events != nil {
+			n.events.Free()
+		}
 		n.lib.Shutdown()
 	}
 }
@@ -133,12 +147,19 @@ func (n *NVML) GPUs(ctx context.Context) ([]GPU, error) {
 	if ret != nvml.SUCCESS {
 		return nil, classifyRet("nvml device count", ret)
 	}
+	n.openEvents()
 	out := make([]GPU, 0, count)
 	for i := range count {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		dev, ret := n.lib.DeviceGetHandleByIndex(i)
+		if ret == nvml.ERROR_GPU_IS_LOST {
+			if a, ok := n.lastAddr[i]; ok {
+				out = append(out, lostGPU(i, a, driver))
+				continue
+			}
+		}
 		if ret != nvml.SUCCESS {
 			return nil, classifyRet(fmt.Sprintf("nvml device %d", i), ret)
 		}
@@ -147,9 +168,111 @@ func (n *NVML) GPUs(ctx context.Context) ([]GPU, error) {
 			return nil, err
 		}
 		g.DriverVersion = driver
+		if g.Fault == nil || g.Fault.Source != FaultLost {
+			n.register(dev, g.UUID)
+		}
 		out = append(out, g)
 	}
+	n.drainEvents()
+	for i := range out {
+		if f, ok := n.eventFaults[out[i].UUID]; ok && out[i].UUID != "" && (out[i].Fault == nil || out[i].Fault.Source != FaultLost) {
+			out[i].Fault = &f
+		}
+	}
 	return out, nil
+}
+
+// lostGPU is a GPU that NVML lost: only its address (from an earlier
+// read) and the fault are known.
+func lostGPU(i int, a pci.Addr, driver string) GPU {
+	return GPU{Index: i, Addr: a, DriverVersion: driver, SupportedTypes: []VGPUType{}, CreatableTypes: []VGPUType{},
+		Active: []VGPUInstance{}, Unavailable: []string{"device: GPU is lost"},
+		Fault: &Fault{Source: FaultLost, Reason: "GPU is lost: NVML no longer reaches it (fallen off the bus)"}}
+}
+
+// openEvents creates the event set once; a driver without one (or that
+// refuses it) leaves the counters as the only fault source.
+func (n *NVML) openEvents() {
+	if n.events != nil || n.eventsErr != "" {
+		return
+	}
+	if !n.has("nvmlEventSetCreate") {
+		n.eventsErr = "no nvmlEventSetCreate"
+		return
+	}
+	set, r := n.lib.EventSetCreate()
+	if r != nvml.SUCCESS {
+		n.eventsErr = errString(r)
+		return
+	}
+	n.events = set
+}
+
+// register asks for a GPU's fault events (those of faultEvents it
+// supports), once per GPU.
+func (n *NVML) register(dev nvml.Device, uuid string) {
+	if n.events == nil || uuid == "" || n.registered[uuid] {
+		return
+	}
+	sup, r := dev.GetSupportedEventTypes()
+	if r != nvml.SUCCESS {
+		return
+	}
+	if mask := sup & faultEvents; mask != 0 && dev.RegisterEvents(mask, n.events) == nvml.SUCCESS {
+		n.registered[uuid] = true
+	}
+}
+
+// drainEvents reads the events waiting (without blocking) and keeps the
+// first fault each GPU's events tell.
+func (n *NVML) drainEvents() {
+	if n.events == nil {
+		return
+	}
+	for range 1024 {
+		ev, r := n.events.Wait(0)
+		if r != nvml.SUCCESS {
+			return
+		}
+		f, ok := eventFault(ev)
+		if !ok || ev.Device == nil {
+			continue
+		}
+		uuid, r := ev.Device.GetUUID()
+		if r != nvml.SUCCESS || uuid == "" {
+			continue
+		}
+		if _, had := n.eventFaults[uuid]; !had {
+			n.eventFaults[uuid] = f
+		}
+	}
+}
+
+// counterFault reads the counters that mark a GPU faulted: uncorrectable
+// ECC errors since the driver loaded, a row remap failed or pending, pages
+// pending retirement. Counters a GPU does not have are skipped.
+func (n *NVML) counterFault(dev nvml.Device) *Fault {
+	if c, r := dev.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); r == nvml.SUCCESS && c > 0 {
+		return &Fault{Source: FaultECC, Reason: fmt.Sprintf("%d uncorrectable ECC error(s) since the driver loaded", c)}
+	}
+	remapper := false
+	if n.has("nvmlDeviceGetRemappedRows") {
+		if _, _, pending, failed, r := dev.GetRemappedRows(); r == nvml.SUCCESS {
+			remapper = true
+			switch {
+			case failed:
+				return &Fault{Source: FaultRowRemap, Reason: "row remapping failed"}
+			case pending:
+				return &Fault{Source: FaultRowRemap, Reason: "row remap pending: the GPU needs a reset"}
+			}
+		}
+	}
+	if !remapper {
+		if st, r := dev.GetRetiredPagesPendingStatus(); r == nvml.SUCCESS && st == nvml.FEATURE_ENABLED {
+			return &Fault{Source: FaultRetiredPages, Reason: "retired pages pending: the GPU needs a reset"}
+		}
+	}
+	return nil
 }
 
 func cstr(b []int8) string {
@@ -173,6 +296,9 @@ func (n *NVML) readGPU(i int, dev nvml.Device) (GPU, error) {
 		return true
 	}
 	pi, ret := dev.GetPciInfo()
+	if a, ok := n.lastAddr[i]; ok && ret == nvml.ERROR_GPU_IS_LOST {
+		return lostGPU(i, a, ""), nil
+	}
 	if ret != nvml.SUCCESS {
 		return g, classifyRet(fmt.Sprintf("nvml device %d pci info", i), ret)
 	}
@@ -181,6 +307,7 @@ func (n *NVML) readGPU(i int, dev nvml.Device) (GPU, error) {
 		return g, hosterr.New(hosterr.Internal, fmt.Sprintf("nvml device %d", i), err)
 	}
 	g.Addr = a
+	n.lastAddr[i] = a
 	var r nvml.Return
 	if g.Name, r = dev.GetName(); miss("name", r) {
 		g.Name = ""
@@ -274,6 +401,12 @@ func (n *NVML) readGPU(i int, dev nvml.Device) (GPU, error) {
 	}
 	if lf, r := dev.GetGridLicensableFeatures(); r == nvml.SUCCESS {
 		g.License.Supported = lf.IsGridLicenseSupported != 0
+	}
+	g.Fault = n.counterFault(dev)
+	for _, u := range g.Unavailable {
+		if strings.Contains(u, errString(nvml.ERROR_GPU_IS_LOST)) {
+			g.Fault = &Fault{Source: FaultLost, Reason: "GPU is lost: NVML no longer reaches it (fallen off the bus)"}
+		}
 	}
 	return g, nil
 }

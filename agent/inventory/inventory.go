@@ -87,23 +87,26 @@ type GPU struct {
 	Driver        string   `json:"driver,omitempty"` // kernel driver bound
 	DriverVersion string   `json:"driver_version,omitempty"`
 	// Mode: "mdev" (mediated devices), "vendor_vfio" (SR-IOV VFs) or "none".
-	Mode          string         `json:"mode"`
-	HostVGPUMode  string         `json:"host_vgpu_mode,omitempty"`
-	Heterogeneous *bool          `json:"heterogeneous,omitempty"`
-	Health        string         `json:"health"` // ok, degraded, unknown
-	HealthReasons []string       `json:"health_reasons,omitempty"`
-	Allowed       bool           `json:"allowed"`
-	EnabledType   string         `json:"enabled_type,omitempty"`
-	Types         []Type         `json:"types"`
-	VGPUs         []VGPU         `json:"vgpus"`
-	VFs           []VF           `json:"vfs,omitempty"`
-	Utilization   gpu.Util       `json:"utilization"`
-	Memory        gpu.Memory     `json:"memory"`
-	TemperatureC  uint32         `json:"temperature_c"`
-	PowerMW       uint32         `json:"power_mw"`
-	Clocks        gpu.Clocks     `json:"clocks"`
-	Scheduler     *gpu.Scheduler `json:"scheduler,omitempty"`
-	License       gpu.License    `json:"license"`
+	Mode          string   `json:"mode"`
+	HostVGPUMode  string   `json:"host_vgpu_mode,omitempty"`
+	Heterogeneous *bool    `json:"heterogeneous,omitempty"`
+	Health        string   `json:"health"` // ok, degraded, unknown
+	HealthReasons []string `json:"health_reasons,omitempty"`
+	// Fault is set when NVML says the GPU must take no new vGPU (Health
+	// is then "failed", its reason first in HealthReasons).
+	Fault        *gpu.Fault     `json:"fault,omitempty"`
+	Allowed      bool           `json:"allowed"`
+	EnabledType  string         `json:"enabled_type,omitempty"`
+	Types        []Type         `json:"types"`
+	VGPUs        []VGPU         `json:"vgpus"`
+	VFs          []VF           `json:"vfs,omitempty"`
+	Utilization  gpu.Util       `json:"utilization"`
+	Memory       gpu.Memory     `json:"memory"`
+	TemperatureC uint32         `json:"temperature_c"`
+	PowerMW      uint32         `json:"power_mw"`
+	Clocks       gpu.Clocks     `json:"clocks"`
+	Scheduler    *gpu.Scheduler `json:"scheduler,omitempty"`
+	License      gpu.License    `json:"license"`
 }
 
 // Type is a vGPU type of a GPU with its capacity.
@@ -487,14 +490,28 @@ func (s *Scanner) scanVFIO(ctx context.Context, inv *Inventory, get func(pci.Add
 	}
 }
 
-// health judges a GPU from what NVML says: degraded when NVML lists it but
-// some queries fail or it is hot; unknown without NVML.
+// health judges a GPU from what NVML says: failed when NVML tells a fault
+// (gpu.Fault) or lost the GPU, degraded when NVML lists it but some
+// queries fail or it is hot; unknown without NVML.
 func health(g *GPU, ng gpu.GPU, nvmlOK bool) {
+	if nvmlOK && ng.Fault != nil && ng.Fault.Source == gpu.FaultLost {
+		g.Fault = ng.Fault
+		g.Health = "failed"
+		g.HealthReasons = append(g.HealthReasons, ng.Fault.Reason)
+		return
+	}
 	if !nvmlOK || ng.UUID == "" && ng.Name == "" {
 		g.Health = "unknown"
 		return
 	}
 	g.Health = "ok"
+	if ng.Fault != nil {
+		f := *ng.Fault
+		g.Fault = &f
+		g.Health = "failed"
+		g.HealthReasons = append(g.HealthReasons, f.Reason)
+		return
+	}
 	if ng.TemperatureC >= 90 {
 		g.Health = "degraded"
 		g.HealthReasons = append(g.HealthReasons, "temperature "+strconv.Itoa(int(ng.TemperatureC))+"C")

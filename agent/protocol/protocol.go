@@ -289,16 +289,29 @@ type GPU struct {
 	// device_addresses do (the agent's are a copy of them): the type Nova
 	// offers on it, among the several in Types. Empty when the list names
 	// none for it (or allows everything).
-	EnabledType    string     `json:"enabled_type,omitempty"`
-	DriverVersion  string     `json:"driver_version,omitempty"`
-	Types          []VGPUType `json:"types"`
-	Active         []VGPU     `json:"active"`
-	Health         string     `json:"health"` // ok | degraded | failed | unknown
-	UtilPercent    *float64   `json:"util_percent,omitempty"`
-	MemoryUsedMiB  *uint64    `json:"memory_used_mib,omitempty"`
-	MemoryTotalMiB *uint64    `json:"memory_total_mib,omitempty"`
-	TemperatureC   *int       `json:"temperature_c,omitempty"`
-	PowerW         *float64   `json:"power_w,omitempty"`
+	EnabledType   string     `json:"enabled_type,omitempty"`
+	DriverVersion string     `json:"driver_version,omitempty"`
+	Types         []VGPUType `json:"types"`
+	Active        []VGPU     `json:"active"`
+	Health        string     `json:"health"` // ok | degraded | failed | unknown
+	// Fault is why the GPU is "failed" when NVML told a fault: the
+	// bridge then marks it (no new vGPU there, Nova's scheduler kept off).
+	// Added without a minor: a bridge before it reads the report as before.
+	Fault          *GPUFault `json:"fault,omitempty"`
+	UtilPercent    *float64  `json:"util_percent,omitempty"`
+	MemoryUsedMiB  *uint64   `json:"memory_used_mib,omitempty"`
+	MemoryTotalMiB *uint64   `json:"memory_total_mib,omitempty"`
+	TemperatureC   *int      `json:"temperature_c,omitempty"`
+	PowerW         *float64  `json:"power_w,omitempty"`
+}
+
+// GPUFault is a GPU fault an agent reports.
+type GPUFault struct {
+	// Source: "xid", "ecc", "row_remap", "retired_pages" or "gpu_lost".
+	Source string `json:"source"`
+	Xid    uint64 `json:"xid,omitempty"`
+	// Reason is for people: "Xid 79: GPU has fallen off the bus".
+	Reason string `json:"reason"`
 }
 
 // Health values of a GPU.

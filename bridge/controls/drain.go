@@ -39,7 +39,11 @@ type GPUState struct {
 	DrainReason  string     `json:"drain_reason,omitempty"`
 	DrainedBy    string     `json:"drained_by,omitempty"`
 	DrainedAt    *time.Time `json:"drained_at,omitempty"`
-	Changed      bool       `json:"changed"`
+	// FaultReason is the fault the GPU is marked for (its agent reported
+	// it); undrain clears it.
+	FaultReason string     `json:"fault_reason,omitempty"`
+	FaultedAt   *time.Time `json:"faulted_at,omitempty"`
+	Changed     bool       `json:"changed"`
 }
 
 const hostCols = `name, coalesce(node,''), drained, coalesce(drain_reason,''), coalesce(drained_by,''), drained_at,
@@ -102,15 +106,18 @@ func (s *Store) DrainHost(ctx context.Context, who Actor, name, reason string, d
 }
 
 const gpuCols = `provider_uuid::text, coalesce(node,''), coalesce(pci_address,''), drained, coalesce(drain_reason,''),
-	coalesce(drained_by,''), drained_at`
+	coalesce(drained_by,''), drained_at, coalesce(fault_reason,''), faulted_at`
 
 func scanGPU(row pgx.Row) (GPUState, error) {
 	var g GPUState
-	err := row.Scan(&g.ProviderUUID, &g.Node, &g.PCIAddress, &g.Drained, &g.DrainReason, &g.DrainedBy, &g.DrainedAt)
+	err := row.Scan(&g.ProviderUUID, &g.Node, &g.PCIAddress, &g.Drained, &g.DrainReason, &g.DrainedBy, &g.DrainedAt,
+		&g.FaultReason, &g.FaultedAt)
 	return g, err
 }
 
-// DrainGPU drains or undrains a GPU named by its provider UUID.
+// DrainGPU drains or undrains a GPU named by its provider UUID. Undrain
+// also clears a fault mark (GPUFaults): the operator says the GPU has
+// recovered; the placement sync then removes the fault trait.
 func (s *Store) DrainGPU(ctx context.Context, who Actor, id, reason string, drain bool) (GPUState, error) {
 	if _, err := uuid.Parse(id); err != nil {
 		return GPUState{}, fmt.Errorf("GPU %q: %w", id, ErrNotFound)
@@ -124,13 +131,14 @@ func (s *Store) DrainGPU(ctx context.Context, who Actor, id, reason string, drai
 		if err != nil {
 			return err
 		}
-		if cur.Drained == drain && (!drain || cur.DrainReason == reason) {
+		if cur.Drained == drain && (!drain || cur.DrainReason == reason) && (drain || cur.FaultReason == "") {
 			out = cur
 			return nil
 		}
 		out, err = scanGPU(tx.QueryRow(ctx, `UPDATE gpus SET drained = $2,
 				drain_reason = CASE WHEN $2 THEN nullif($3,'') END, drained_by = CASE WHEN $2 THEN $4 END,
-				drained_at = CASE WHEN $2 THEN coalesce(CASE WHEN drained THEN drained_at END, now()) END
+				drained_at = CASE WHEN $2 THEN coalesce(CASE WHEN drained THEN drained_at END, now()) END,
+				fault_reason = CASE WHEN $2 THEN fault_reason END, faulted_at = CASE WHEN $2 THEN faulted_at END
 			WHERE provider_uuid = $1 RETURNING `+gpuCols, id, drain, reason, who.Name))
 		if err != nil {
 			return err
@@ -140,8 +148,11 @@ func (s *Store) DrainGPU(ctx context.Context, who Actor, id, reason string, drai
 		if !drain {
 			action = "gpu.undrain"
 		}
-		return Audit(ctx, tx, Entry{Actor: who, Action: action, ObjectType: "gpu", ObjectID: id,
-			Detail: map[string]any{"reason": reason, "node": cur.Node, "pci_address": cur.PCIAddress, "was_drained": cur.Drained}})
+		detail := map[string]any{"reason": reason, "node": cur.Node, "pci_address": cur.PCIAddress, "was_drained": cur.Drained}
+		if !drain && cur.FaultReason != "" {
+			detail["fault_cleared"] = cur.FaultReason
+		}
+		return Audit(ctx, tx, Entry{Actor: who, Action: action, ObjectType: "gpu", ObjectID: id, Detail: detail})
 	})
 	if err != nil {
 		return out, err

@@ -184,6 +184,11 @@ type Deps struct {
 	// operators hold the outbox (paused or observe-only: bridge/controls
 	// Store.Hold); held commands stay queued. Results are still applied.
 	Hold func(ctx context.Context, tx pgx.Tx) (bool, error)
+	// Faults, when set, gets each kept report's GPUs (host, node: its
+	// Placement root provider name) to mark the faulted ones (bridge/
+	// controls Store.GPUFaults); an error leaves the report to be
+	// delivered again.
+	Faults func(ctx context.Context, host, node string, gpus []protocol.GPU) error
 }
 
 // Dispatcher is the relay and the consumers.

@@ -67,6 +67,11 @@ func (x *Dispatcher) HandleReport(ctx context.Context, r protocol.Report) error 
 		return fmt.Errorf("keep report of %s: %w", r.Host, err)
 	}
 	x.m.reports.Inc()
+	if x.d.Faults != nil {
+		if err := x.d.Faults(ctx, r.Host, node, r.GPUs); err != nil {
+			return fmt.Errorf("GPU faults of %s: %w", r.Host, err)
+		}
+	}
 	if x.d.Catalog != nil {
 		for _, g := range r.GPUs {
 			for _, t := range g.Types {

@@ -47,6 +47,9 @@ const (
 	// instance's tenant (and whoever listens) what a rule decided.
 	PolicyNotify = "vgpu.policy.notify"
 	Exists       = "vgpu.exists"
+	// GPUFault: an agent reported a GPU fault and the bridge marked the
+	// GPU (priority ERROR; payload GPUFaultPayload).
+	GPUFault = "vgpu.gpu.fault"
 )
 
 // Object is a payload as oslo.versionedobjects serialises one:
@@ -204,6 +207,35 @@ const NotifyPayloadVersion = "1.0"
 // NotifyObject returns p as its versioned object.
 func NotifyObject(p NotifyPayload) Object {
 	return Object{Name: "VGPUNotifyPayload", Version: NotifyPayloadVersion, Data: p}
+}
+
+// GPUFaultPayload is the payload of vgpu.gpu.fault (versioned object
+// VGPUGPUFaultPayload 1.0): a GPU its agent reported faulted, now drained
+// and carrying the fault trait, and the instances whose vGPUs run on it.
+type GPUFaultPayload struct {
+	ProviderUUID string `json:"provider_uuid"`
+	Host         string `json:"host"`
+	Node         string `json:"node,omitempty"`
+	PCIAddress   string `json:"pci_address"`
+	// Source: xid, ecc, row_remap, retired_pages or gpu_lost; Xid when xid.
+	Source string `json:"source"`
+	Xid    uint64 `json:"xid,omitempty"`
+	Reason string `json:"reason"`
+	// Trait is the Placement trait the GPU's provider gets.
+	Trait string `json:"trait"`
+	// Instances run a vGPU on the GPU (the agent's report).
+	Instances []string `json:"instances"`
+}
+
+// GPUFaultPayloadVersion is GPUFaultPayload's version.
+const GPUFaultPayloadVersion = "1.0"
+
+// GPUFaultObject returns p as its versioned object.
+func GPUFaultObject(p GPUFaultPayload) Object {
+	if p.Instances == nil {
+		p.Instances = []string{}
+	}
+	return Object{Name: "VGPUGPUFaultPayload", Version: GPUFaultPayloadVersion, Data: p}
 }
 
 // Item is one notification for QueueAll.

@@ -110,6 +110,8 @@ func samples() []sample {
 		Source: "webhook:batch-scheduler", InstanceUUID: vm, ProjectID: project, UserID: user, Rule: "tell-training-tenants",
 		Message: "your training VM got a T4-4Q on a GPU shared with other tenants; its clocks are the operator's",
 		Why:     `event.workload = "training"`}
+	fault := notify.GPUFaultPayload{ProviderUUID: provider, Host: "compute-0012", Node: "compute-0012.example.org", PCIAddress: "0000:3b:00.0",
+		Source: "xid", Xid: 79, Reason: "Xid 79: GPU has fallen off the bus", Trait: "CUSTOM_VGPU_BRIDGE_GPU_FAULT", Instances: []string{vm}}
 
 	return []sample{
 		{notify.PolicyNotify, notify.Info, "0c4e8a2f-6b1d-4f3a-9e7c-5d2b8f1a4c63", at("2026-12-05T12:14:40.305521Z"), notify.NotifyObject(told)},
@@ -121,6 +123,7 @@ func samples() []sample {
 		{notify.ResizeStart, notify.Info, "1e7c3a9d-5f2b-4d8e-b0a6-9c4f2e8a6d13", at("2026-12-05T15:20:00.112233Z"), notify.Action(resizeStart)},
 		{notify.ResizeEnd, notify.Info, "5b3f9d1c-8a6e-4f2b-9d7c-1e5a3f9b7d35", at("2026-12-05T15:22:41.908765Z"), notify.Action(resizeEnd)},
 		{notify.RequestError, notify.Error, "7d1b5f3e-2c8a-4b6d-a0e4-8f2c6a4e0b62", at("2026-12-05T16:45:09.554433Z"), notify.Action(refused)},
+		{notify.GPUFault, notify.Error, "3c8e1a5f-7b2d-4f9a-8e6c-2d4f6a8b0c13", at("2026-12-05T17:03:27.481516Z"), notify.GPUFaultObject(fault)},
 	}
 }
 
@@ -183,7 +186,7 @@ func consumerView(t *testing.T, body []byte, messageID string) []byte {
 // them); every event type has one and there is no other.
 func TestNotificationSamples(t *testing.T) {
 	want := []string{notify.AttachStart, notify.AttachEnd, notify.DetachStart, notify.DetachEnd, notify.ResizeStart, notify.ResizeEnd,
-		notify.RequestError, notify.Exists, notify.PolicyNotify}
+		notify.RequestError, notify.Exists, notify.PolicyNotify, notify.GPUFault}
 	var files []string
 	for _, s := range samples() {
 		t.Run(s.eventType, func(t *testing.T) {
@@ -268,6 +271,14 @@ func checkSample(t *testing.T, file []byte, s sample) {
 		var p notify.NotifyPayload
 		if err := dec.Decode(&p); err != nil || p.Message == "" || p.Rule == "" {
 			t.Errorf("VGPUNotifyPayload: %+v %v", p, err)
+		}
+	case "VGPUGPUFaultPayload":
+		var p notify.GPUFaultPayload
+		if err := dec.Decode(&p); err != nil {
+			t.Errorf("VGPUGPUFaultPayload: %v", err)
+		}
+		if p.ProviderUUID == "" || p.Reason == "" || p.Trait != "CUSTOM_VGPU_BRIDGE_GPU_FAULT" {
+			t.Errorf("GPU fault payload without its GPU, reason or trait: %+v", p)
 		}
 	case "VGPUExistsPayload":
 		// The nested audit period is Nova's AuditPeriodPayload 1.0.

@@ -96,6 +96,19 @@ func mapBridgeEvent(r InboxRow, ev policy.Event) (policy.Event, error) {
 	if r.EventType == EventVGPULoad {
 		return mapLoadEvent(r, ev)
 	}
+	if r.EventType == requests.EventGPUFault {
+		var f requests.GPUFaultEvent
+		if err := json.Unmarshal(r.Payload, &f); err != nil {
+			return ev, fmt.Errorf("event %d: GPU fault payload: %w", r.ID, err)
+		}
+		ev.Kind, ev.Source = policy.KindGPUFault, BridgeSource
+		ev.Labels = map[string]string{"gpu": f.PCIAddress, "provider_uuid": f.ProviderUUID, "host": f.Host,
+			"fault_source": f.Source, "reason": f.Reason}
+		if f.Xid != 0 {
+			ev.Labels["xid"] = fmt.Sprint(f.Xid)
+		}
+		return ev, nil
+	}
 	ev.Kind, ev.Source = BridgeKindPrefix+r.EventType, BridgeSource
 	var c Change
 	if err := json.Unmarshal(r.Payload, &c); err != nil {

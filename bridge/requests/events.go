@@ -13,6 +13,21 @@ import (
 // events (QueueEvent, QueueLoadEvents, DeferEvent), lifecycle.go marks
 // them processed and PurgeEvents removes them.
 
+// EventGPUFault is the inbox type of the bridge's GPU fault events
+// (source "bridge"; policy kind bridge.GPU_FAULT), whose payload is a
+// GPUFaultEvent.
+const EventGPUFault = "GPU_FAULT"
+
+// GPUFaultEvent is the payload of a GPU fault event.
+type GPUFaultEvent struct {
+	ProviderUUID string `json:"provider_uuid"`
+	Host         string `json:"host"`
+	PCIAddress   string `json:"pci_address"`
+	Source       string `json:"source"` // xid, ecc, row_remap, retired_pages, gpu_lost
+	Xid          uint64 `json:"xid,omitempty"`
+	Reason       string `json:"reason"`
+}
+
 // Event is one event the bridge writes into its own inbox, once per
 // (Source, MessageID).
 type Event struct {

@@ -42,10 +42,12 @@ create the missing ones through Nova.
 The flavor proposed for BASE and PROFILE is BASE.vgpu-PROFILE (lower case:
 m1.small and T4-4Q give m1.small.vgpu-t4-4q, the name the bridge suggests when a
 resize finds no vGPU flavor): BASE's vCPUs, RAM, disk, ephemeral, swap,
-visibility and extra specs, plus resources:VGPU=1 and
-trait:CUSTOM_NVIDIA_<type>=required (the trait of the profile's type, which the
+visibility and extra specs, plus, in request group 1, resources1:VGPU=1,
+trait1:CUSTOM_NVIDIA_<type>=required (the trait of the profile's type, which the
 GPU providers typed for it carry in Placement), so that Nova's scheduler can
-only place it on a GPU of that type. Flavors that ask for a vGPU already, and
+only place it on a GPU of that type, and
+trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden, so that it keeps off a GPU the
+bridge marked faulted (until vgpuctl gpu undrain). Flavors that ask for a vGPU already, and
 flavors with malformed extra specs (reported on stderr), are not bases.
 
 A profile whose GPUs are Nova-owned VFs ([placement] nova_vf_resource_classes)
@@ -88,8 +90,8 @@ created or Nova answered with an error; 2 for bad flags or an unknown
 const flavorPlanExample = `  # What is missing, for the m1 flavors and every profile the fleet is typed for:
   vgpuctl --os-cloud admin flavor plan --flavor 'm1.*'
   FLAVOR                BASED ON   PROFILE  ACTION    DETAIL
-  m1.large.vgpu-t4-4q   m1.large   T4-4Q    conflict  left alone: extra spec resources:VGPU=2, planned 1
-  m1.medium.vgpu-t4-4q  m1.medium  T4-4Q    create    vcpus=4 ram=4096 disk=40 + resources:VGPU=1 trait:CUSTOM_NVIDIA_232=required
+  m1.large.vgpu-t4-4q   m1.large   T4-4Q    conflict  left alone: extra spec resources1:VGPU missing; …
+  m1.medium.vgpu-t4-4q  m1.medium  T4-4Q    create    vcpus=4 ram=4096 disk=40 + resources1:VGPU=1 trait1:CUSTOM_NVIDIA_232=required trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden
   m1.medium.vgpu-t4-8q  m1.medium  T4-8Q    covered   equal to gpu.medium (id 5)
   m1.small.vgpu-t4-4q   m1.small   T4-4Q    exists    id 4
 

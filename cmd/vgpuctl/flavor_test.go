@@ -158,7 +158,8 @@ func TestFlavorPlanCommand(t *testing.T) {
 	fn := &fakeNova{}
 	fn.add("1", "m1.small", 2, 2048, 20, nil)
 	fn.add("2", "m1.large", 4, 8192, 40, map[string]string{"hw:cpu_policy": "dedicated"})
-	fn.add("3", "gpu.large", 4, 8192, 40, map[string]string{"hw:cpu_policy": "dedicated", "resources:VGPU": "1", "trait:CUSTOM_NVIDIA_232": "required"})
+	fn.add("3", "gpu.large", 4, 8192, 40, map[string]string{"hw:cpu_policy": "dedicated", "resources1:VGPU": "1", "trait1:CUSTOM_NVIDIA_232": "required",
+		"trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT": "forbidden"})
 	fn.add("4", "bad", 1, 1, 1, map[string]string{"resources:VGPU": "x"})
 	nv := httptest.NewServer(fn)
 	defer nv.Close()
@@ -171,7 +172,7 @@ func TestFlavorPlanCommand(t *testing.T) {
 	for _, want := range []string{
 		"FLAVOR               BASED ON  PROFILE  ACTION   DETAIL",
 		"m1.large.vgpu-t4-4q  m1.large  T4-4Q    covered  equal to gpu.large (id 3)",
-		"m1.small.vgpu-t4-4q  m1.small  T4-4Q    create   vcpus=2 ram=2048 disk=20 + resources:VGPU=1 trait:CUSTOM_NVIDIA_232=required",
+		"m1.small.vgpu-t4-4q  m1.small  T4-4Q    create   vcpus=2 ram=2048 disk=20 + resources1:VGPU=1 trait1:CUSTOM_NVIDIA_232=required trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
@@ -189,7 +190,8 @@ func TestFlavorPlanCommand(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "m1.small.vgpu-t4-4q  m1.small  T4-4Q    created  id new-1") {
 		t.Fatalf("apply: exit %d:\n%s\n%s", code, out, errs)
 	}
-	if got := fn.names()["m1.small.vgpu-t4-4q"]; got["resources:VGPU"] != "1" || got["trait:CUSTOM_NVIDIA_232"] != "required" || len(got) != 2 {
+	if got := fn.names()["m1.small.vgpu-t4-4q"]; got["resources1:VGPU"] != "1" || got["trait1:CUSTOM_NVIDIA_232"] != "required" ||
+		got["trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT"] != "forbidden" || len(got) != 3 {
 		t.Errorf("created flavor's extra specs %v", got)
 	}
 	// Again: exists, as JSON; and --profile plans a profile no GPU has.
@@ -375,7 +377,7 @@ func TestFlavorPlanNovaVFAlias(t *testing.T) {
 		vf.Flavor.ExtraSpecs["pci_passthrough:alias"] != "h200x-35c:1" || !strings.Contains(vf.Detail, "pci_passthrough:alias=h200x-35c:1") {
 		t.Errorf("alias flavor: %+v", vf)
 	}
-	if t4 := byName["m1.small.vgpu-t4-4q"]; t4.Flavor.ExtraSpecs["resources:VGPU"] != "1" {
+	if t4 := byName["m1.small.vgpu-t4-4q"]; t4.Flavor.ExtraSpecs["resources1:VGPU"] != "1" {
 		t.Errorf("T4-4Q flavor: %+v", t4)
 	}
 	if _, ok := byName["nic.small.vgpu-h200x-35c"]; ok {

@@ -14,6 +14,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -51,7 +52,7 @@ func TestFlavorPlan(t *testing.T) {
 	base := w.flavorName("plan")
 	plainID := w.flavor("plan", 2, 2048, 10, 0)
 	want := base + ".vgpu-" + strings.ToLower(w.typ.profile)
-	wantSpecs := map[string]string{"resources:VGPU": "1", "trait:" + w.typ.trait(): "required"}
+	wantSpecs := map[string]string{"resources1:VGPU": "1", "trait1:" + w.typ.trait(): "required", "trait1:" + nova.GPUFaultTrait: "forbidden"}
 	sc := w.n.ComputeClient(t)
 	// The flavors the plan made for the test's flavor (whatever run made
 	// them) go at the end; the shared Nova keeps the others'.
@@ -95,7 +96,7 @@ func TestFlavorPlan(t *testing.T) {
 			t.Errorf("a row not based on the test's flavor: %q", l)
 			continue
 		}
-		if f[0] == want && (f[2] != w.typ.profile || f[3] != "create" || !strings.Contains(l, "trait:"+w.typ.trait()+"=required")) {
+		if f[0] == want && (f[2] != w.typ.profile || f[3] != "create" || !strings.Contains(l, "trait1:"+w.typ.trait()+"=required trait1:"+nova.GPUFaultTrait+"=forbidden")) {
 			t.Errorf("row of %s: %q; want %s, create, naming the trait", want, l, w.typ.profile)
 		}
 	}
@@ -163,8 +164,8 @@ func TestFlavorPlan(t *testing.T) {
 	testsvc.Must(t, servers.ConfirmResize(w.ctx, sc, vm).ExtractErr(), "confirm resize")
 	w.n.WaitServer(t, vm, "ACTIVE")
 	w.assertResized(vm, "plan.vgpu-"+strings.ToLower(w.typ.profile))
-	if s := w.n.Server(t, vm); s.Flavor.ExtraSpecs["trait:"+w.typ.trait()] != "required" {
-		t.Errorf("server flavor %+v lacks trait:%s=required", s.Flavor, w.typ.trait())
+	if s := w.n.Server(t, vm); s.Flavor.ExtraSpecs["trait1:"+w.typ.trait()] != "required" {
+		t.Errorf("server flavor %+v lacks trait1:%s=required", s.Flavor, w.typ.trait())
 	}
 }
 

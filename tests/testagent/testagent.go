@@ -13,6 +13,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/gpu"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testkeys"
@@ -34,6 +35,21 @@ type Host struct {
 // report. It returns the fake host's directory.
 func Start(ctx context.Context, t testing.TB, pool *pgxpool.Pool, h Host) string {
 	t.Helper()
+	dir, _ := start(ctx, t, pool, h, false)
+	return dir
+}
+
+// StartMock is Start with the agent on drivers this test opens, and
+// returns the fake host's NVML mock too: the test injects GPU faults
+// through it (InjectXid, InjectECC, SetLost), which the agent then
+// reports as NVML would have them.
+func StartMock(ctx context.Context, t testing.TB, pool *pgxpool.Pool, h Host) (string, *gpu.Mock) {
+	t.Helper()
+	return start(ctx, t, pool, h, true)
+}
+
+func start(ctx context.Context, t testing.TB, pool *pgxpool.Pool, h Host, own bool) (string, *gpu.Mock) {
+	t.Helper()
 	spec := fakehost.DefaultSpec()
 	spec.Host = h.Name
 	spec.MdevGPUs[0].Addr, spec.MdevGPUs[1].Addr = pci.MustParse(h.GPUs[0]), pci.MustParse(h.GPUs[1])
@@ -50,7 +66,15 @@ func Start(ctx context.Context, t testing.TB, pool *pgxpool.Pool, h Host) string
 	testsvc.Must(t, err, "agent config")
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- agent.RunWith(ctx, v, nil, agent.RunOptions{FakeHostDir: fake}) }()
+	o := agent.RunOptions{FakeHostDir: fake}
+	var mock *gpu.Mock
+	if own {
+		drv, err := agent.OpenFakeHost(fake)
+		testsvc.Must(t, err, "fake host drivers")
+		t.Cleanup(drv.Close)
+		o.Drivers, mock = drv, drv.NVMLMock
+	}
+	go func() { done <- agent.RunWith(ctx, v, nil, o) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -67,7 +91,7 @@ func Start(ctx context.Context, t testing.TB, pool *pgxpool.Pool, h Host) string
 		var n int
 		if pool.QueryRow(ctx, `SELECT count(*) FROM hosts WHERE name = $1 AND node = $2 AND last_report_at IS NOT NULL`,
 			h.Name, h.Node).Scan(&n) == nil && n == 1 {
-			return fake
+			return fake, mock
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after 30s waiting for the agent of %s to report", h.Name)
