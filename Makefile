@@ -43,11 +43,12 @@ test: services ## Start the services, run unit and integration tests with the ra
 	@# The three phases run one after the other (the lab is CPU-heavy: it
 	@# must not share the machine with the parallel go test packages); each
 	@# runs even when one before failed, so a run reports all three, and
-	@# the target fails when any did.
+	@# the target fails when any did. The lab's tests run verbose: the log
+	@# shows what each took.
 	@rc=0; \
 	CI=$${CI:-} $(GO) test -race -timeout $(TEST_TIMEOUT) -count=1 ./... || rc=1; \
 	bash tests/fuzz.sh $(TEST_FUZZTIME) || rc=1; \
-	( $(call lab_test_down,) ) || rc=1; \
+	( $(call lab_test_down,-v) ) || rc=1; \
 	exit $$rc
 
 .PHONY: lab

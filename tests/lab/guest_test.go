@@ -11,8 +11,10 @@ import (
 )
 
 // The nested guest: a small domain that libvirtd inside the lab boots with
-// its QEMU driver (TCG inside the TCG lab VM) from Debian's kernel and a
-// busybox initramfs (tests/lab/guest-init), so that devices can be
+// its QEMU driver (TCG inside the TCG lab VM) from a small kernel built
+// from Debian's linux-source-6.1 (tests/lab/guest-kernel.config: its
+// drivers built in) and a busybox initramfs (tests/lab/guest-init), so
+// that devices can be
 // hot-plugged into a running domain as on a compute host. Its serial console
 // is a file in the lab VM; the init writes "lab-guest: up" there once
 // running and "lab-guest: pci ..." whenever the guest's PCI functions change.

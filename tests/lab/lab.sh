@@ -4,7 +4,7 @@
 # agent meets a real kernel, sysfs and libvirtd. `make lab` runs `lab.sh up`.
 #
 #   lab.sh install   install (apt) what the lab needs; only what is missing
-#   lab.sh build     build the sample mdev modules and the initramfs (cached)
+#   lab.sh build     build the sample mdev modules, the initramfs and the nested guest's kernel (cached)
 #   lab.sh up        install + build + boot the VM (no-op when it already answers)
 #   lab.sh down      power the VM off
 #   lab.sh ssh CMD   run CMD in the VM as root (exit status passes through)
@@ -51,7 +51,8 @@ PACKAGES=(
 	qemu-system-x86           # the VM (TCG) and, inside it, libvirt's QEMU driver
 	linux-image-amd64         # Debian 12's kernel: VFIO, VFIO_PCI, VFIO_MDEV as modules
 	linux-headers-amd64       # to build the sample mdev drivers out of tree
-	linux-source-6.1          # their sources (samples/vfio-mdev)
+	linux-source-6.1          # their sources (samples/vfio-mdev), and the nested guest's small kernel
+	flex bison bc libelf-dev  # to build that kernel
 	kmod                      # depmod, modprobe --show-depends
 	busybox-static            # the initramfs
 	cpio
@@ -101,12 +102,12 @@ kver() {
 
 # cache_key: what the built artefacts depend on — the kernel, headers, sources
 # and busybox packages' versions, the lab's own build inputs and BUILD_REV.
-BUILD_REV=1 # bump when build_modules or build_initramfs change
+BUILD_REV=2 # bump when build_modules, build_initramfs or build_guest_kernel change
 cache_key() {
 	local k=$1 v sum
 	v=$(dpkg-query -W -f='${Package}=${Version};' "linux-image-$k" "linux-headers-$k" linux-source-6.1 busybox-static) ||
 		die "packages missing (run: $0 install)"
-	sum=$(cat "$HERE/mdev/Kbuild" "$HERE/mdev/mtty_pci_tail.c" "$HERE/initramfs-init" | sha256sum)
+	sum=$(cat "$HERE/mdev/Kbuild" "$HERE/mdev/mtty_pci_tail.c" "$HERE/initramfs-init" "$HERE/guest-kernel.config" | sha256sum)
 	printf '%s-%s\n' "$k" "$(printf '%s%s%s' "$BUILD_REV" "$v" "$sum" | sha256sum | cut -c1-16)"
 }
 
@@ -143,12 +144,32 @@ pack_initramfs() { # workdir init image kver module...
 	cp "$init" "$root/init"
 	chmod 0755 "$root/init"
 	: >"$root/modules.sh"
-	while read -r cmd m; do
+	[ $# -eq 0 ] || while read -r cmd m; do
 		[ "$cmd" = insmod ] || continue
 		cp "$m" "$root/mods/"
 		echo "insmod /mods/${m##*/}" >>"$root/modules.sh"
 	done < <(modprobe -S "$k" --show-depends -a "$@" | awk '!seen[$0]++')
 	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$img"
+}
+
+# build_guest_kernel: the nested guest's kernel, tinyconfig of
+# linux-source-6.1 with guest-kernel.config merged in; every option the
+# fragment sets must survive olddefconfig (a dependency Kconfig drops would
+# leave the guest without it, silently).
+build_guest_kernel() { # outdir
+	local out=$1 src=$1/linux obj=$1/kbuild opt
+	mkdir -p "$src" "$obj"
+	tar -xJf /usr/src/linux-source-6.1.tar.xz -C "$src" --strip-components=1
+	make -s -C "$src" O="$obj" tinyconfig >"$out/guest-kernel-build.log" 2>&1
+	"$src/scripts/kconfig/merge_config.sh" -m -O "$obj" "$obj/.config" "$HERE/guest-kernel.config" >>"$out/guest-kernel-build.log" 2>&1
+	make -s -C "$src" O="$obj" olddefconfig >>"$out/guest-kernel-build.log" 2>&1
+	while read -r opt; do
+		grep -qx "$opt" "$obj/.config" || die "the guest kernel's configuration lacks $opt after olddefconfig (tests/lab/guest-kernel.config)"
+	done < <(grep '^CONFIG_' "$HERE/guest-kernel.config")
+	make -s -C "$src" O="$obj" -j"$(nproc)" bzImage >>"$out/guest-kernel-build.log" 2>&1 ||
+		{ tail -n 40 "$out/guest-kernel-build.log" >&2; die "building the nested guest's kernel failed"; }
+	cp "$obj/arch/x86/boot/bzImage" "$out/guest-vmlinuz"
+	rm -rf "$src" "$obj"
 }
 
 build_initramfs() { # outdir kver
@@ -168,8 +189,9 @@ guest_initramfs() { # cachedir kver -> prints the image's path
 		local root=$cache/.guest-$$
 		rm -rf "$root"
 		rm -f "$cache"/guest-initramfs-*.img
-		# the ACPI power button (a graceful shutdown) and its input events
-		pack_initramfs "$root" "$HERE/guest-init" "$img.tmp" "$k" button evdev
+		# no modules: the guest's kernel (build_guest_kernel) has its
+		# drivers built in
+		pack_initramfs "$root" "$HERE/guest-init" "$img.tmp" "$k"
 		mv "$img.tmp" "$img"
 		rm -rf "$root"
 	fi
@@ -194,6 +216,8 @@ cmd_build() {
 		mkdir -p "$tmp"
 		build_modules "$tmp" "$KVER"
 		build_initramfs "$tmp" "$KVER"
+		echo "==> lab: building the nested guest's kernel (linux-source-6.1, tinyconfig and tests/lab/guest-kernel.config)"
+		build_guest_kernel "$tmp"
 		rm -rf "$tmp/src" "$tmp/initramfs"
 		touch "$tmp/done"
 		rm -rf "$CACHE"
@@ -323,12 +347,11 @@ cmd_down() {
 cmd_env() {
 	printf 'LAB_STATE_DIR=%s\nLAB_SSH_PORT=%s\nLAB_SSH_KEY=%s\nLAB_SERIAL_LOG=%s\nLAB_SHARE_DIR=%s\nLAB_VM_SHARE_DIR=/lab\n' \
 		"$STATE_DIR" "$SSH_PORT" "$SSH_KEY" "$SERIAL_LOG" "$SHARE_DIR"
-	# The nested guest's kernel (Debian's, the lab's own) and initramfs; the
-	# lab VM sees them at the same paths on the lab host's root.
-	local k
-	if k=$(kver 2>/dev/null) && [ -f "/boot/vmlinuz-$k" ]; then
-		printf 'LAB_GUEST_KERNEL=/boot/vmlinuz-%s\nLAB_GUEST_INITRD=%s\n' "$k" \
-			"$(guest_initramfs_path "$CACHE_ROOT/$(cache_key "$k" 2>/dev/null)")"
+	# The nested guest's kernel (build_guest_kernel) and initramfs; the lab
+	# VM sees them at the same paths on the lab host's root.
+	local k c
+	if k=$(kver 2>/dev/null) && c=$CACHE_ROOT/$(cache_key "$k" 2>/dev/null) && [ -f "$c/guest-vmlinuz" ]; then
+		printf 'LAB_GUEST_KERNEL=%s\nLAB_GUEST_INITRD=%s\n' "$c/guest-vmlinuz" "$(guest_initramfs_path "$c")"
 	fi
 }
 
