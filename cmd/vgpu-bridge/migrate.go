@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"text/tabwriter"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
 )
 
 func newMigrateCmd(g *globals) *cobra.Command {
@@ -24,11 +27,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sc, err := bridge.StoreConfig(v)
-			if err != nil {
-				return err
-			}
-			pool, err := store.Open(cmd.Context(), sc)
+			pool, err := openStore(cmd.Context(), v)
 			if err != nil {
 				return err
 			}
@@ -54,11 +53,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sc, err := bridge.StoreConfig(v)
-			if err != nil {
-				return err
-			}
-			pool, err := store.Open(cmd.Context(), sc)
+			pool, err := openStore(cmd.Context(), v)
 			if err != nil {
 				return err
 			}
@@ -80,4 +75,14 @@ func newMigrateCmd(g *globals) *cobra.Command {
 		},
 	})
 	return c
+}
+
+// openStore opens the database pool of v's [database] section, for the
+// commands that work on the database without serving.
+func openStore(ctx context.Context, v *conf.Values) (*pgxpool.Pool, error) {
+	sc, err := bridge.StoreConfig(v)
+	if err != nil {
+		return nil, err
+	}
+	return store.Open(ctx, sc)
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 )
 
 func newPurgeCmd(g *globals) *cobra.Command {
@@ -32,11 +31,7 @@ func newPurgeCmd(g *globals) *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			sc, err := bridge.StoreConfig(v)
-			if err != nil {
-				return err
-			}
-			pool, err := store.Open(ctx, sc)
+			pool, err := openStore(ctx, v)
 			if err != nil {
 				return err
 			}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/policyreplay"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
@@ -94,11 +93,7 @@ problem a line (FILE:LINE:COL: rule "NAME": message), exit status 2.`,
 			o.Log = g.Logger(v)
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			sc, err := bridge.StoreConfig(v)
-			if err != nil {
-				return err
-			}
-			pool, err := store.Open(ctx, sc)
+			pool, err := openStore(ctx, v)
 			if err != nil {
 				return err
 			}

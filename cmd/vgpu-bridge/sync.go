@@ -13,7 +13,6 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
@@ -36,11 +35,7 @@ func newSyncCmd(g *globals) *cobra.Command {
 			log := g.Logger(v)
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			sc, err := bridge.StoreConfig(v)
-			if err != nil {
-				return err
-			}
-			pool, err := store.Open(ctx, sc)
+			pool, err := openStore(ctx, v)
 			if err != nil {
 				return err
 			}
