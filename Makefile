@@ -13,7 +13,7 @@ BINARIES     := vgpu-bridge vgpu-agent vgpuctl
 TEST_TIMEOUT ?= 25m
 TEST_FUZZTIME ?= 2s
 # The lab's tests (tests/lab, build tag lab): the lab VM's boot included.
-LAB_TEST_TIMEOUT ?= 40m
+LAB_TEST_TIMEOUT ?= 60m
 LAB_TEST_FLAGS ?= -v
 FUZZTIME     ?= 1m
 DEB_DIR      ?= build/deb
