@@ -10,7 +10,7 @@ VERSION      ?= $(shell git describe --tags --dirty 2>/dev/null || echo "$$(cat 
 LDFLAGS      := -X github.com/vgpu-bridge/vgpu-bridge/internal/version.version=$(VERSION) \
                 -X github.com/vgpu-bridge/vgpu-bridge/internal/version.commit=$(COMMIT)
 BINARIES     := vgpu-bridge vgpu-agent vgpuctl
-TEST_TIMEOUT ?= 25m
+TEST_TIMEOUT ?= 40m
 TEST_FUZZTIME ?= 2s
 # The lab's tests (tests/lab, build tag lab): the lab VM's boot included.
 LAB_TEST_TIMEOUT ?= 60m
