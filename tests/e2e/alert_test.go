@@ -70,9 +70,11 @@ func TestAlertDrivesVGPU(t *testing.T) {
 	}
 	alert["endsAt"] = time.Now().UTC().Add(-time.Second).Format(time.RFC3339Nano)
 	am.Post(t, []map[string]any{alert})
-	w.waitFor(time.Minute, "the vGPU released on the resolved alert", func() bool {
+	// The attachment reads released once the agent removed the mdev; the
+	// claim goes from Placement just after, with the request's end.
+	w.waitFor(time.Minute, "the vGPU released on the resolved alert, and its claim", func() bool {
 		atts := w.attachments(vm)
-		return len(atts) == 1 && atts[0].State == "released"
+		return len(atts) == 1 && atts[0].State == "released" && len(w.n.Allocations(t, vm)) == 1
 	})
 	w.expectHeld(vm, "", node)
 }
