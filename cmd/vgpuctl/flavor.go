@@ -47,7 +47,7 @@ trait1:CUSTOM_NVIDIA_<type>=required (the trait of the profile's type, which the
 GPU providers typed for it carry in Placement), so that Nova's scheduler can
 only place it on a GPU of that type, and
 trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden, so that it keeps off a GPU the
-bridge marked faulted (until vgpuctl gpu undrain). Flavors that ask for a vGPU already, and
+bridge marked faulted (until vgpuctl undrain gpu). Flavors that ask for a vGPU already, and
 flavors with malformed extra specs (reported on stderr), are not bases.
 
 A profile whose GPUs are Nova-owned VFs ([placement] nova_vf_resource_classes)
