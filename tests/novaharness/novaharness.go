@@ -197,7 +197,8 @@ func New(ctx context.Context, o Options) (n *Nova, err error) {
 			return n, err
 		}
 	}
-	if err := n.createDatabases(ctx); err != nil {
+	fromTemplates, err := n.createDatabases(ctx)
+	if err != nil {
 		return n, err
 	}
 	n.phase("prepare")
@@ -217,17 +218,30 @@ func New(ctx context.Context, o Options) (n *Nova, err error) {
 	if err := n.writeConfig(port); err != nil {
 		return n, err
 	}
-	for _, args := range [][]string{
+	steps := [][]string{
 		{"api_db", "sync"},
 		{"cell_v2", "map_cell0", "--database_connection", n.dbURL("cell0")},
 		{"cell_v2", "create_cell", "--name", "cell1"},
 		{"db", "sync"},
-	} {
+	}
+	if fromTemplates { // migrated already (dbtemplate.go)
+		steps = steps[1:3]
+	}
+	for _, args := range steps {
 		if err := n.manage(ctx, args...); err != nil {
 			return n, err
 		}
 	}
-	n.phase("nova-manage")
+	if !fromTemplates {
+		if err := n.keepTemplates(ctx); err != nil {
+			n.logManage("keeping the migrated databases as templates: %v", err)
+		}
+	}
+	if fromTemplates {
+		n.phase("nova-manage (schema copied)")
+	} else {
+		n.phase("nova-manage")
+	}
 	for _, s := range []string{"conductor", "scheduler", "api"} {
 		if err := n.startService(s, s); err != nil {
 			return n, err
@@ -452,19 +466,25 @@ func (n *Nova) dbURL(cell string) string {
 	return u.String()
 }
 
-func (n *Nova) createDatabases(ctx context.Context) error {
+// createDatabases creates n's api, cell0 and cell1 databases: copies of
+// the migrated templates when there are any (then it returns true), else
+// empty ones.
+func (n *Nova) createDatabases(ctx context.Context) (bool, error) {
 	conn, err := pgx.Connect(ctx, testsvc.PostgresAdminURL())
 	if err != nil {
-		return fmt.Errorf("connect to Postgres at %s: %w; start it with `make services`", testsvc.PostgresAdminURL(), err)
+		return false, fmt.Errorf("connect to Postgres at %s: %w; start it with `make services`", testsvc.PostgresAdminURL(), err)
 	}
 	defer conn.Close(ctx)
+	if ok, err := n.createFromTemplates(ctx, conn); ok || err != nil {
+		return ok, err
+	}
 	for _, c := range []string{"api", "cell0", "cell1"} {
 		if _, err := conn.Exec(ctx, "CREATE DATABASE "+n.dbName(c)); err != nil {
-			return fmt.Errorf("create database %s: %w", n.dbName(c), err)
+			return false, fmt.Errorf("create database %s: %w", n.dbName(c), err)
 		}
 		n.dbs = append(n.dbs, n.dbName(c))
 	}
-	return nil
+	return false, nil
 }
 
 func dropDatabases(ctx context.Context, names []string) error {
@@ -598,6 +618,16 @@ func (n *Nova) command(ctx context.Context, service string, args ...string) *exe
 	// Own process group (nova-api forks a worker); killed with us.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	return cmd
+}
+
+// logManage adds a line to logs/manage.log.
+func (n *Nova) logManage(format string, args ...any) {
+	f, err := os.OpenFile(filepath.Join(n.dir, "logs", "manage.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "\n# "+format+"\n", args...)
 }
 
 // manage runs nova-manage args, its output in logs/manage.log.
