@@ -11,6 +11,10 @@ LDFLAGS      := -X github.com/vgpu-bridge/vgpu-bridge/internal/version.version=$
                 -X github.com/vgpu-bridge/vgpu-bridge/internal/version.commit=$(COMMIT)
 BINARIES     := vgpu-bridge vgpu-agent vgpuctl
 TEST_TIMEOUT ?= 40m
+# The slowest test packages (real Nova), named first: go test starts the
+# packages it is given in that order, so these run from the start and the
+# others beside them rather than after them.
+SLOW_TEST_PKGS ?= ./tests/e2e ./tests/pipeline ./tests/novaharness
 TEST_FUZZTIME ?= 2s
 # The lab's tests (tests/lab, build tag lab): the lab VM's boot included.
 LAB_TEST_TIMEOUT ?= 60m
@@ -46,7 +50,7 @@ test: services ## Start the services, run unit and integration tests with the ra
 	@# the target fails when any did. The lab's tests run verbose: the log
 	@# shows what each took.
 	@rc=0; \
-	CI=$${CI:-} $(GO) test -race -timeout $(TEST_TIMEOUT) -count=1 ./... || rc=1; \
+	CI=$${CI:-} $(GO) test -race -timeout $(TEST_TIMEOUT) -count=1 $(SLOW_TEST_PKGS) ./... || rc=1; \
 	bash tests/fuzz.sh $(TEST_FUZZTIME) || rc=1; \
 	( $(call lab_test_down,-v) ) || rc=1; \
 	exit $$rc

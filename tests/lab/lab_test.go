@@ -5,11 +5,13 @@ package lab
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"syscall"
@@ -94,9 +96,23 @@ func needLab(t *testing.T) {
 }
 
 // vm runs a shell script in the VM as root and returns its combined output
-// and exit error.
+// and exit error. When ssh itself could not reach the VM (exit status 255
+// with ssh's own complaint and nothing else: a connection refused, reset
+// or timed out while the emulated VM was starved of CPU), the script never
+// ran, and vm tries again, three times at most.
 func vm(t *testing.T, script string) (string, error) {
 	t.Helper()
+	for try := 1; ; try++ {
+		out, err := vmOnce(script)
+		if try == 3 || !sshUnreachable(out, err) {
+			return out, err
+		}
+		t.Logf("ssh to the lab VM failed (%v: %s); trying again", err, strings.TrimSpace(out))
+		time.Sleep(time.Duration(try) * 3 * time.Second)
+	}
+}
+
+func vmOnce(script string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	var buf bytes.Buffer
@@ -107,6 +123,24 @@ func vm(t *testing.T, script string) (string, error) {
 		err = fmt.Errorf("%w (after %s)", ctx.Err(), cmdTimeout)
 	}
 	return buf.String(), err
+}
+
+// sshUnreachable: ssh's exit status 255 with no output but ssh's own
+// errors of a session that never opened (LogLevel=ERROR prints nothing
+// else of its own). A connection lost mid-script is not retried.
+var sshConnErr = regexp.MustCompile(`(?i)^(ssh: connect to host|kex_exchange_identification|connection (closed|reset|timed out)|mux_client|control socket|Timeout, server)`)
+
+func sshUnreachable(out string, err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 255 {
+		return false
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !sshConnErr.MatchString(l) {
+			return false
+		}
+	}
+	return true
 }
 
 // runInVM runs the test named name of this binary inside the VM against the
