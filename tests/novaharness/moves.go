@@ -149,6 +149,22 @@ func (n *Nova) RestartCompute(t testing.TB, host string) {
 	t.Helper()
 	ctx, cancel := testCtx(t)
 	defer cancel()
+	if !n.stopCompute(host) {
+		t.Fatalf("RestartCompute: no nova-compute of %s", host)
+	}
+	if err := n.startCompute(host); err != nil {
+		t.Fatal(err)
+	}
+	// The service's last report is fresh until it misses service_down_time:
+	// wait for the new process to have logged its start.
+	if err := n.waitReady(ctx, []string{host}); err != nil {
+		t.Fatalf("RestartCompute %s: %v\n%s", host, err, n.LogTail(30))
+	}
+}
+
+// stopCompute stops the host's nova-compute (SIGTERM, SIGKILL after 20 s)
+// and reports whether one ran.
+func (n *Nova) stopCompute(host string) bool {
 	name := "compute-" + host
 	n.mu.Lock()
 	i := slices.IndexFunc(n.procs, func(p *proc) bool { return p.name == name })
@@ -159,7 +175,7 @@ func (n *Nova) RestartCompute(t testing.TB, host string) {
 	}
 	n.mu.Unlock()
 	if p == nil {
-		t.Fatalf("RestartCompute: no nova-compute of %s", host)
+		return false
 	}
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
 	select {
@@ -168,14 +184,32 @@ func (n *Nova) RestartCompute(t testing.TB, host string) {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		<-p.done
 	}
-	if err := n.startCompute(host); err != nil {
-		t.Fatal(err)
+	return true
+}
+
+// retireHost ends a host whose test ended: its nova-compute service is
+// disabled first (the scheduler's ComputeFilter skips it at once, where a
+// stopped but enabled service would count as up until service_down_time),
+// then its process stops. A Nova shared by a package's tests otherwise
+// ran every test's computes, with their periodic tasks, to the end of the
+// package. Its provider tree stays until Close removes it.
+func (n *Nova) retireHost(host string) {
+	n.mu.Lock()
+	closed := n.closed
+	n.mu.Unlock()
+	if closed {
+		return
 	}
-	// The service's last report is fresh until it misses service_down_time:
-	// wait for the new process to have logged its start.
-	if err := n.waitReady(ctx, []string{host}); err != nil {
-		t.Fatalf("RestartCompute %s: %v\n%s", host, err, n.LogTail(30))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out struct {
+		Services []struct{ ID, Host string }
 	}
+	if err := n.do(ctx, http.MethodGet, "/os-services?binary=nova-compute&host="+url.QueryEscape(host), nil, &out); err == nil && len(out.Services) == 1 {
+		_ = n.do(ctx, http.MethodPut, "/os-services/"+url.PathEscape(out.Services[0].ID),
+			map[string]any{"status": "disabled", "disabled_reason": "its test ended"}, nil)
+	}
+	n.stopCompute(host)
 }
 
 // Migration is one record of GET /os-migrations.

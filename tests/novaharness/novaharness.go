@@ -278,8 +278,9 @@ func (n *Nova) startCompute(h string) error {
 
 // AddHost starts one more nova-compute (FakeDriver) with its fake host,
 // named prefix plus the run's suffix, waits until it is up and mapped to
-// the cell, and returns its name. It runs until Close. With a Nova shared
-// by a package's tests, each test can have hosts of its own.
+// the cell, and returns its name. It runs until the test ends (then its
+// service is disabled and its process stopped: retireHost). With a Nova
+// shared by a package's tests, each test can have hosts of its own.
 func (n *Nova) AddHost(t testing.TB, prefix string) string {
 	t.Helper()
 	return n.addHost(t, prefix, nil)
@@ -312,6 +313,7 @@ func (n *Nova) addHost(t testing.TB, prefix string, prepare func(h string) error
 	if err := n.startCompute(h); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { n.retireHost(h) })
 	if err := n.waitReady(ctx, []string{h}); err != nil {
 		t.Fatalf("AddHost %s: %v\n%s", h, err, n.LogTail(30))
 	}
