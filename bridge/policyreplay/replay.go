@@ -387,6 +387,8 @@ func Summarize(in policy.Intent) string {
 		}
 	case policy.IntentResize:
 		fmt.Fprintf(&b, "(%s)", in.Profile)
+	case policy.IntentMove:
+		fmt.Fprintf(&b, "(off %s)", strings.Join(in.GPUs, ","))
 	case policy.IntentTune:
 		fmt.Fprintf(&b, "(%s,%d,%d)", in.Scheduler, in.TimesliceUS, in.ClocksMHz)
 	case policy.IntentSetLimits:
