@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -173,4 +174,37 @@ func (w *world) faultRequest(instance string) uuid.UUID {
 		return w.pool.QueryRow(w.ctx, `SELECT id FROM requests WHERE kind = $1 AND instance_uuid = $2`, requests.EventGPUFault, instance).Scan(&id) == nil
 	})
 	return id
+}
+
+// TestGPUFaultMoveWithoutRoom: the host's other GPU serves another type
+// (T4-2Q), so move() finds no GPU for the T4-4Q: the request fails with
+// code no_capacity and a reason that says so, and the vGPU stays where
+// it is (attached, its claim on the faulted GPU), nothing sent to the
+// agent.
+func TestGPUFaultMoveWithoutRoom(t *testing.T) {
+	t.Parallel()
+	w := newWorldWith(t, testsvc.DirectPolicy(testsvc.RuleReleaseOnRequest, gpuFaultRules), withGPUB(t42qTrait, 8, ""))
+	w.startAgent()
+	w.startBridge(replicaOpts{name: "r1", faults: controls.NewStore(w.pool, nil, logger())})
+	inst := w.domains[3].UUID
+	old := w.attachT44Q(inst)
+	w.waitFor(30*time.Second, "the agent watching GPU A's Xid events", func() bool {
+		return w.drv.NVMLMock.InjectXid(pci.MustParse(gpuA), 79)
+	})
+	id := w.faultRequest(inst)
+	r := w.wait(id, 60*time.Second)
+	if r.State != requests.Failed || r.Code != flow.CodeNoCapacity || !strings.Contains(r.Reason, "move off GPU "+gpuA+": no other GPU of host "+w.host) {
+		t.Fatalf("the move with no room: %s (%s: %s), want failed no_capacity saying no other GPU can take it", r.State, r.Code, r.Reason)
+	}
+	if atts := w.attachments(inst); len(atts) != 1 || atts[0].id != old.id || atts[0].state != flow.AttAttached {
+		t.Errorf("attachments after the failed move: %+v, want only the old one, attached", atts)
+	}
+	if al := w.allocations(inst); al[w.gpus[gpuA]]["VGPU"] != 1 || vgpuUnits(al) != 1 {
+		t.Errorf("Placement after the failed move: %v, want VGPU 1 on GPU A", al)
+	}
+	var n int
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM commands WHERE request_id = $1`, id).Scan(&n), "commands")
+	if n != 0 || !w.mdevExists(old.id) {
+		t.Errorf("%d commands sent, old mdev exists %v; want none sent, the mdev kept", n, w.mdevExists(old.id))
+	}
 }
