@@ -111,6 +111,7 @@ func TestGPUFaultMovesDirectVGPU(t *testing.T) {
 		t.Errorf("fake sysfs: old mdev exists %v, new %v; want false, true", w.mdevExists(old.id), w.mdevExists(moved[0].id))
 	}
 	w.reportedActive(moved[0].id, directVM, true, 30*time.Second)
+	w.waitEvent(directVM, "move", 30*time.Second) // rules on bridge.vgpu_changed hear of it as a move
 	var profile string
 	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT profile FROM vgpu_attachments WHERE id = $1`, moved[0].id).Scan(&profile), "profile")
 	if profile != "T4-4Q" {
