@@ -129,6 +129,9 @@ func RunWith(ctx context.Context, v *conf.Values, log *slog.Logger, o RunOptions
 	if o.Drivers == nil {
 		defer drv.Close()
 	}
+	if o.FakeHostDir != "" && drv.NVMLMock != nil {
+		go watchFakeFaults(ctx, o.FakeHostDir, drv.NVMLMock, log.With("component", "fakehost")) // make demo's GPU fault
+	}
 	j, err := journal.Open(journalPath, journal.OptionsFrom(v))
 	if err != nil {
 		return err

@@ -102,6 +102,7 @@ func newEnv(step func(name string, dir int) string) (*cel.Env, error) {
 		fn("attach", IntentAttach, []*cel.Type{str, integer}, []*cel.Type{str}),
 		fn("release", IntentRelease, []*cel.Type{}, []*cel.Type{str}),
 		fn("resize", IntentResize, []*cel.Type{str}),
+		fn("move", IntentMove, []*cel.Type{}),
 		fn("tune", IntentTune, []*cel.Type{str, integer, integer}, []*cel.Type{str, integer}),
 		fn("set_limits", IntentSetLimits, []*cel.Type{str, str}),
 		fn("notify", IntentNotify, []*cel.Type{str}),
@@ -237,7 +238,7 @@ func (w *walker) compileExpr(env *cel.Env, src []byte, ruleName, what, text stri
 		line, col := exprPos(src, node, 1, 0)
 		hint := ""
 		if want == intentCELType {
-			hint = "; use attach(profile, count), release(), resize(profile), tune(scheduler, timeslice_us, clocks_mhz), set_limits(cpu_max, memory_high), notify(message) or reject(reason)"
+			hint = "; use attach(profile, count), release(), resize(profile), move(), tune(scheduler, timeslice_us, clocks_mhz), set_limits(cpu_max, memory_high), notify(message) or reject(reason)"
 		}
 		w.errs = append(w.errs, Error{Line: line, Col: col, Rule: ruleName, Msg: fmt.Sprintf("%s: expression has type %s, want %s%s", what, a.OutputType(), want, hint)})
 		return nil, nil

@@ -222,6 +222,9 @@ func (in Intent) summary() string {
 	case IntentResize:
 		b.WriteString(" to ")
 		b.WriteString(orNone(in.Profile))
+	case IntentMove:
+		b.WriteString(" off ")
+		b.WriteString(orNone(strings.Join(in.GPUs, ",")))
 	case IntentTune:
 		b.WriteString(" scheduler=")
 		b.WriteString(orNone(in.Scheduler))

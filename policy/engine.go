@@ -627,6 +627,8 @@ func (e *evaluation) resolve(raw []Intent, count int) {
 			reason = e.change(&in)
 		case IntentResize, IntentRelease:
 			reason = e.change(&in)
+		case IntentMove:
+			reason = e.move(&in)
 		case IntentTune:
 			reason = e.tune(&in)
 		case IntentSetLimits:
@@ -741,6 +743,27 @@ func (e *evaluation) change(in *Intent) string {
 	} else if cur, ok := e.p.cat.ByName(e.inst.Profile); ok {
 		e.usage.FramebufferMiB += e.vmCount * (prof.FramebufferMiB - cur.FramebufferMiB)
 	}
+	return ""
+}
+
+// move completes a move intent: the GPU to leave is the one the event
+// names (label gpu, as bridge.GPU_FAULT has). Which vGPUs go, and whether
+// they can (a flavor's vGPU is Nova's), the planner decides from the
+// instance's attachments; the profile and count do not change, so neither
+// does the project's usage.
+func (e *evaluation) move(in *Intent) string {
+	if e.inst.UUID == "" {
+		return "the event names no instance"
+	}
+	gpu := e.ev.Labels["gpu"]
+	if gpu == "" {
+		return "move() needs the GPU to leave: the event names none (label gpu, as bridge.GPU_FAULT has)"
+	}
+	if e.vmCount == 0 {
+		return "the instance holds no vGPU to move"
+	}
+	in.Host, in.GPUs, in.Count = e.inst.Host, []string{gpu}, 0
+	in.Mode = ModeDirectLive
 	return ""
 }
 

@@ -14,7 +14,8 @@ const (
 	// KindGPUFault is the bridge's own event, one per instance whose vGPU
 	// runs on a GPU its agent reported faulted: labels gpu (PCI address),
 	// provider_uuid, host, fault_source, xid and reason. Rules notify the
-	// tenant, release or move the vGPU, or wait.
+	// tenant, release the vGPU or move() a direct-path one to a healthy
+	// GPU, or wait.
 	KindGPUFault = "bridge.GPU_FAULT"
 )
 
@@ -51,7 +52,17 @@ type VGPU struct {
 	Profile string `json:"profile" cel:"profile"`
 	Count   int    `json:"count" cel:"count"`
 	GPU     string `json:"gpu,omitempty" cel:"gpu"` // physical GPU PCI address
+	// Path is who gave the instance the vGPU: VGPUPathDirect (the
+	// bridge attached it; move() can move it) or VGPUPathNova (its
+	// flavor's; Nova owns it). "" when unknown (explain input).
+	Path string `json:"path,omitempty" cel:"path"`
 }
+
+// VGPU paths.
+const (
+	VGPUPathDirect = "direct"
+	VGPUPathNova   = "nova"
+)
 
 // Instance is what the state knows of a Nova server. In CEL: `instance`;
 // an unknown instance has an empty uuid.

@@ -16,6 +16,7 @@ const (
 	IntentAttach    IntentKind = "attach"     // attach(profile, count): give the instance vGPUs
 	IntentRelease   IntentKind = "release"    // release() or release(profile): take them back
 	IntentResize    IntentKind = "resize"     // resize(profile): move the instance's vGPUs to another profile
+	IntentMove      IntentKind = "move"       // move(): move the instance's direct-path vGPUs off the event's GPU (bridge.GPU_FAULT), same profile
 	IntentTune      IntentKind = "tune"       // tune(scheduler, timeslice_us, clocks_mhz): per physical GPU
 	IntentSetLimits IntentKind = "set_limits" // set_limits(cpu_max, memory_high): cgroup v2 limits of the VM
 	IntentNotify    IntentKind = "notify"     // notify(message)
@@ -24,7 +25,7 @@ const (
 
 // changes reports whether the intent changes an instance's vGPUs.
 func (k IntentKind) changes() bool {
-	return k == IntentAttach || k == IntentRelease || k == IntentResize
+	return k == IntentAttach || k == IntentRelease || k == IntentResize || k == IntentMove
 }
 
 // Intent is one thing the bridge should do, with the reason.
@@ -47,7 +48,7 @@ type Intent struct {
 	// driver; placement must not choose them.
 	ExcludedHosts []Exclusion `json:"excluded_hosts,omitempty"`
 
-	// tune
+	// tune: the GPUs to tune; move: the GPU (PCI address) to leave
 	GPUs        []string `json:"gpus,omitempty"`
 	Scheduler   string   `json:"scheduler,omitempty"`
 	TimesliceUS int      `json:"timeslice_us,omitempty"`

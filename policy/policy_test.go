@@ -754,3 +754,56 @@ func TestUnifiedLimits(t *testing.T) {
 		t.Errorf("without unified limits: refused %+v", d.Refused)
 	}
 }
+
+// gpuFaultRules are the example of doc/source/operations.rst: move a
+// direct-path vGPU off a faulted GPU, tell the tenant of a Nova-path one.
+const gpuFaultRules = `rules:
+  - name: gpu-fault-move
+    on: [bridge.GPU_FAULT]
+    when: instance.vgpus.exists(v, v.gpu == event.labels.gpu && v.path == "direct")
+    then: ['move()']
+  - name: gpu-fault-tell
+    on: [bridge.GPU_FAULT]
+    when: instance.vgpus.exists(v, v.gpu == event.labels.gpu && v.path == "nova")
+    then: ['notify("the GPU of your vGPU failed (" + event.labels.reason + "); migrate the VM to get a healthy one")']
+`
+
+// TestMoveOnGPUFault: move() leaves the GPU the event names, with the
+// instance's host; the rules tell a direct-path vGPU from a flavor's by
+// its path; an event that names no GPU refuses the move.
+func TestMoveOnGPUFault(t *testing.T) {
+	p, err := Load(strings.NewReader(gpuFaultRules+`  - name: move-on-alert
+    on: [alert]
+    then: ['move()']
+`), Options{Catalog: testCatalog(t), Clock: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sick = "0000:81:00.0"
+	st := fleet()
+	st.Instances = append(st.Instances,
+		Instance{UUID: "vm-direct", ProjectID: "p1", Host: "cmp1", State: "active", VGPUs: []VGPU{{Profile: "T4-4Q", Count: 1, GPU: sick, Path: VGPUPathDirect}}},
+		Instance{UUID: "vm-other-gpu", ProjectID: "p1", Host: "cmp1", State: "active", VGPUs: []VGPU{{Profile: "T4-4Q", Count: 1, GPU: "0000:82:00.0", Path: VGPUPathDirect}}},
+		Instance{UUID: "vm-nova", ProjectID: "p1", Host: "cmp1", State: "active", VGPUs: []VGPU{{Count: 1, GPU: sick, Path: VGPUPathNova}}})
+	fault := func(vm string) Event {
+		return Event{Kind: KindGPUFault, Source: "bridge", InstanceUUID: vm, Labels: map[string]string{"gpu": sick, "provider_uuid": "rp-a", "host": "cmp1",
+			"fault_source": "xid", "xid": "79", "reason": "Xid 79: GPU has fallen off the bus"}}
+	}
+	for _, tt := range []struct{ vm, want string }{
+		{"vm-direct", "move off " + sick + " mode=direct-live [rule gpu-fault-move]"},
+		{"vm-other-gpu", ""},
+		{"vm-nova", `notify "the GPU of your vGPU failed (Xid 79: GPU has fallen off the bus); migrate the VM to get a healthy one" [rule gpu-fault-tell]`},
+	} {
+		d := p.Evaluate(fault(tt.vm), st, nil)
+		if got := kinds(d); got != tt.want || len(d.Refused) > 0 {
+			t.Errorf("%s: intents %q (refused %+v), want %q", tt.vm, got, d.Refused, tt.want)
+		}
+		if tt.vm == "vm-direct" && (d.Intents[0].Host != "cmp1" || d.Intents[0].Instance != "vm-direct") {
+			t.Errorf("move intent %+v, want the instance and its host", d.Intents[0])
+		}
+	}
+	d := p.Evaluate(Event{Kind: KindAlert, InstanceUUID: "vm-direct"}, st, nil)
+	if len(d.Intents) != 0 || len(d.Refused) != 1 || !strings.Contains(d.Refused[0].Reason, "names none (label gpu") {
+		t.Errorf("move() on an event naming no GPU: intents %q, refused %+v", kinds(d), d.Refused)
+	}
+}

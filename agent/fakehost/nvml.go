@@ -258,6 +258,13 @@ func (h *Host) MockGPUs() []gpu.MockGPU {
 // there, and NVML reports it from the next scan on.
 const DriverVersionFile = "driver_version"
 
+// FaultsFile, in a fake host's directory, injects GPU faults into the NVML
+// mock of the agent running on it (vgpu-agent serve --fake-host): one
+// fault a line, "PCI xid N" (a critical Xid event, e.g. "0000:3b:00.0 xid
+// 79") or "PCI lost" (NVML loses the GPU). The agent applies the lines and
+// removes the file. Write it whole (another file renamed over it).
+const FaultsFile = "inject-faults"
+
 // NVML returns an NVML backend over go-nvml's mock that matches the host.
 func (h *Host) NVML() (*gpu.NVML, *gpu.Mock) {
 	backend, m := gpu.NewMockBackend(h.Spec.DriverVersion, h.MockGPUs())

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -85,6 +86,10 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 					}
 					reason := fmt.Sprintf("no GPU of host %s (node %s) can take %d × %s (%s): %v", f.Instance.Host, f.Instance.Node,
 						max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, err)
+					if s.Intent.Kind == policy.IntentMove {
+						reason = fmt.Sprintf("move off GPU %s: no other GPU of host %s (node %s) can take %d × %s (%s); the vGPU stays where it is: %v",
+							strings.Join(s.Intent.GPUs, ","), f.Instance.Host, f.Instance.Node, max(s.Intent.Count, 1), s.Intent.Profile, s.Intent.Trait, err)
+					}
 					return fail(code, reason)
 				}
 				return pipeline.Retry(fmt.Errorf("claim %d × %s on node %s: %w", max(s.Intent.Count, 1), s.Intent.Profile, f.Instance.Node, err))
@@ -269,7 +274,7 @@ func (p *Path) Claim(ctx context.Context, f pipeline.Facts, s flow.Step, planned
 		}
 	}
 	cl, err := p.d.Placement.Claim(ctx, pipeline.ClaimSpec{Consumer: f.Instance.UUID, ProjectID: f.Instance.ProjectID, UserID: f.Instance.UserID,
-		Node: f.Instance.Node, Trait: s.Intent.Trait, Count: n, Read: read})
+		Node: f.Instance.Node, Trait: s.Intent.Trait, Count: n, Read: read, Exclude: s.Exclude})
 	if err != nil {
 		return nil, err
 	}

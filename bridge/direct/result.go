@@ -49,12 +49,12 @@ func (p *Path) takeResult(ctx context.Context, tx pgx.Tx, ar *pipeline.AgentResu
 			(SELECT kind FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NULL ORDER BY seq LIMIT 1),
 			EXISTS (SELECT 1 FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NOT NULL AND result_status <> 'succeeded'),
 			EXISTS (SELECT 1 FROM vgpu_attachments WHERE release_request_id = $1 AND state = 'releasing'),
-			coalesce(r.instance_uuid::text, ''), coalesce(r.body->>'move', ''), coalesce(r.body->>'workload', ''),
+			coalesce(r.instance_uuid::text, ''), coalesce(r.body->>'move', ''), coalesce(r.body->>'workload', ''), coalesce(r.kind, ''),
 			coalesce(a.profile, ''), coalesce(a.host, '')
 		FROM requests r LEFT JOIN LATERAL (SELECT profile, host FROM vgpu_attachments
 			WHERE request_id = r.id AND state IN ('pending', 'attached') ORDER BY created_at LIMIT 1) a ON true
 		WHERE r.id = $1 FOR UPDATE OF r`, *reqID).Scan(&st, &nextKind, &openFailed,
-		&rv.releasing, &rv.instance, &rv.move, &rv.workload, &rv.profile, &rv.host); err != nil {
+		&rv.releasing, &rv.instance, &rv.move, &rv.workload, &rv.kind, &rv.profile, &rv.host); err != nil {
 		return err
 	}
 	state := requests.State(st)
@@ -165,6 +165,7 @@ func (p *Path) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time
 type requestView struct {
 	releasing                bool
 	instance, move, workload string
+	kind                     string // the request's kind (GPU_FAULT: a rule's move() off a faulted GPU)
 	profile, host            string
 }
 
@@ -181,6 +182,8 @@ func directChange(reqID uuid.UUID, rv requestView, attached, released int) (pipe
 		c.Change = pipeline.ChangeMove
 	case rv.move != "":
 		return c, false // the release half of a move: the re-apply says it
+	case rv.kind == requests.EventGPUFault && attached > 0:
+		c.Change = pipeline.ChangeMove // move() off a faulted GPU
 	case attached > 0 && released > 0:
 		c.Change = pipeline.ChangeResize
 	case attached > 0:

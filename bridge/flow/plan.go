@@ -26,6 +26,9 @@ type Step struct {
 	Intent policy.Intent
 	// attach: the agent's attach mode.
 	Mode string
+	// attach: GPU providers the claim must not choose (those a move
+	// leaves).
+	Exclude []string
 	// release: the attachments to take back; RemoveOnly when the domain is
 	// gone (the instance was deleted).
 	Release    []Attachment

@@ -132,7 +132,7 @@ func onlyFollowUps(d *policy.Decision, kind string) {
 	kept := d.Intents[:0]
 	for _, in := range d.Intents {
 		switch in.Kind {
-		case policy.IntentAttach, policy.IntentRelease, policy.IntentResize:
+		case policy.IntentAttach, policy.IntentRelease, policy.IntentResize, policy.IntentMove:
 			d.Refused = append(d.Refused, policy.Refusal{Intent: in, Reason: fmt.Sprintf("rule %s: a %s event may tune, set limits or notify, "+
 				"not %s vGPUs (the change would make another %s event)", in.Rule, kind, in.Kind, kind)})
 		default:

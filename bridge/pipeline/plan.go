@@ -186,6 +186,15 @@ func PlanDecision(d *policy.Decision, f Facts) flow.Plan {
 			}
 		case policy.IntentNotify:
 			p.Steps = append(p.Steps, flow.Step{Kind: flow.StepNotify, Intent: in})
+		case policy.IntentMove:
+			steps, note, code := planMove(in, f, busy)
+			if code != "" {
+				return fail(code, note)
+			}
+			if note != "" {
+				p.Notes = append(p.Notes, note)
+			}
+			p.Steps = append(p.Steps, steps...)
 		case policy.IntentResize:
 			if in.Trait == "" {
 				return fail(flow.CodeUnsupported, fmt.Sprintf("profile %s has no known vGPU type (no agent reported it and the profile seed names no type id)", in.Profile))
@@ -263,6 +272,72 @@ func PlanDecision(d *policy.Decision, f Facts) flow.Plan {
 		p.Outcome, p.Code, p.Reason = flow.OutcomeNothing, flow.CodeNoAction, nothingReason(d)
 	}
 	return p
+}
+
+// planMove plans a move() intent: the vGPUs the bridge attached on the
+// GPU the intent leaves (in.GPUs, the event's label gpu) go to another GPU
+// of the instance's host with the same profile, as a direct-path resize
+// does it: break before make (a VM holds one fractional vGPU), the new
+// claim made, on a GPU other than the one left, before anything is sent,
+// and the old vGPUs restored on a failure (compensate). A vGPU of the
+// instance's flavor is Nova's: it stays, with a note. It returns the
+// steps, or a note (nothing to move), or a failure's reason and code.
+func planMove(in policy.Intent, f Facts, busy map[string]bool) ([]flow.Step, string, string) {
+	leave := ""
+	if len(in.GPUs) > 0 {
+		leave = in.GPUs[0]
+	}
+	var old []flow.Attachment
+	var exclude []string
+	for _, a := range f.Attachments {
+		switch {
+		case busy[a.ID.String()] || a.PCIAddress != leave:
+		case a.State == flow.AttPending || a.State == flow.AttReleasing:
+			return nil, "a change of this instance's vGPUs is still in progress; retry when it is finished", flow.CodeBusy
+		case a.State == flow.AttAttached:
+			old = append(old, a)
+			if !slices.Contains(exclude, a.Provider) {
+				exclude = append(exclude, a.Provider)
+			}
+		}
+	}
+	if len(old) == 0 {
+		if f.Instance.FlavorVGPUs > 0 {
+			return nil, fmt.Sprintf("move: the instance's vGPU on GPU %s comes with its flavor (the Nova path): the bridge does not move it "+
+				"(Nova's scheduler keeps new vGPUs off a faulted GPU; a cold migration through Nova moves this one)", orDefault(leave, "(none)")), ""
+		}
+		return nil, fmt.Sprintf("move: the instance holds no vGPU of the bridge's on GPU %s", orDefault(leave, "(none)")), ""
+	}
+	if why, code := hostProblem(f); why != "" {
+		return nil, why, code
+	}
+	mode := AgentMode(policy.ModeDirectLive, f.Instance.VMState)
+	if old[0].Mode == protocol.ModeCold {
+		mode = protocol.ModeCold
+	}
+	steps := []flow.Step{{Kind: flow.StepRelease, Intent: in, Release: old, Host: old[0].Host}}
+	// One attach per profile, in the order of the attachments.
+	var profiles []string
+	count := map[string]int{}
+	for _, a := range old {
+		busy[a.ID.String()] = true
+		if count[a.Profile] == 0 {
+			profiles = append(profiles, a.Profile)
+		}
+		count[a.Profile] += max(a.Amount, 1)
+	}
+	for _, prof := range profiles {
+		i := slices.IndexFunc(old, func(a flow.Attachment) bool { return a.Profile == prof })
+		a := old[i]
+		if a.Trait == "" {
+			return nil, fmt.Sprintf("move: the vGPU %s on GPU %s has no known vGPU type trait", a.ID, leave), flow.CodeUnsupported
+		}
+		at := in
+		at.Profile, at.TypeID, at.Trait, at.Count, at.FrameRateLimit = a.Profile, a.TypeID, a.Trait, count[prof], a.FrameRateLimit
+		at.Why = fmt.Sprintf("%s; %d × %s off GPU %s to another GPU of host %s", in.Why, count[prof], prof, leave, f.Instance.Host)
+		steps = append(steps, flow.Step{Kind: flow.StepAttach, Intent: at, Mode: mode, Host: f.Instance.Host, Exclude: exclude})
+	}
+	return steps, "", ""
 }
 
 // hostProblem says why the direct path cannot act on the instance's host:

@@ -381,3 +381,56 @@ func TestPlanDefersHeldRules(t *testing.T) {
 		t.Errorf("held, another rule fired: %+v, want it acted on", p)
 	}
 }
+
+// TestPlanMove: move() takes the bridge's vGPUs on the GPU it leaves to
+// another GPU of the host (release, then an attach of the same profile
+// whose claim skips the provider left); a flavor's vGPU, or none there,
+// is a note; a change in flight is busy.
+func TestPlanMove(t *testing.T) {
+	move := policy.Intent{Kind: policy.IntentMove, Instance: inst, GPUs: []string{"0000:3b:00.0"}, Mode: policy.ModeDirectLive, Why: "rule gpu-fault"}
+	onA := att(flow.AttAttached, "T4-4Q")
+	onA.Trait = "CUSTOM_NVIDIA_232"
+	onB := att(flow.AttAttached, "T4-4Q")
+	onB.Trait, onB.PCIAddress, onB.Provider = "CUSTOM_NVIDIA_232", "0000:d8:00.0", "rp-b"
+	pendingA := att(flow.AttPending, "T4-4Q")
+	tests := []struct {
+		name    string
+		f       Facts
+		outcome flow.Outcome
+		code    string
+		inWhy   string
+	}{
+		{name: "direct vGPU on the GPU left", f: Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{onA, onB}}, outcome: flow.OutcomeAct},
+		{name: "the flavor's vGPU stays", f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1)}, outcome: flow.OutcomeReject, code: flow.CodeRefused,
+			inWhy: "comes with its flavor"},
+		{name: "none on that GPU", f: Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{onB}}, outcome: flow.OutcomeReject,
+			code: flow.CodeRefused, inWhy: "no vGPU of the bridge's on GPU 0000:3b:00.0"},
+		{name: "a change in flight", f: Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{pendingA}}, outcome: flow.OutcomeFail,
+			code: flow.CodeBusy},
+		{name: "no host", f: Facts{Instance: known(""), Attachments: []flow.Attachment{onA}}, outcome: flow.OutcomeFail, code: flow.CodeNoHost},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := PlanDecision(&policy.Decision{Intents: []policy.Intent{move}}, tt.f)
+			if p.Outcome != tt.outcome || p.Code != tt.code || !strings.Contains(p.Reason, tt.inWhy) {
+				t.Fatalf("plan %s %s %q, want %s %s containing %q", p.Outcome, p.Code, p.Reason, tt.outcome, tt.code, tt.inWhy)
+			}
+			if p.Outcome != flow.OutcomeAct {
+				return
+			}
+			if len(p.Steps) != 2 || p.Steps[0].Kind != flow.StepRelease || p.Steps[1].Kind != flow.StepAttach {
+				t.Fatalf("steps %+v, want release then attach", p.Steps)
+			}
+			if r := p.Steps[0].Release; len(r) != 1 || r[0].ID != onA.ID {
+				t.Errorf("released %+v, want only the vGPU on the GPU left", r)
+			}
+			a := p.Steps[1]
+			if a.Intent.Profile != "T4-4Q" || a.Intent.Trait != "CUSTOM_NVIDIA_232" || a.Intent.Count != 1 || a.Mode != protocol.ModeLive {
+				t.Errorf("attach %+v mode %s, want 1 × T4-4Q live", a.Intent, a.Mode)
+			}
+			if len(a.Exclude) != 1 || a.Exclude[0] != onA.Provider {
+				t.Errorf("the claim excludes %v, want the provider left %s", a.Exclude, onA.Provider)
+			}
+		})
+	}
+}

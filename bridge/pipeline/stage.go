@@ -381,6 +381,17 @@ func (e Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	if err := e.Decisions.recordDecision(ctx, w.Tx, w.Row, nil, w.Decision, w.Plan); err != nil {
 		return false, err
 	}
+	// A decision that only notifies (e.g. a tenant told of a GPU fault)
+	// delivers it with no request: audit, vgpu.policy.notify.
+	for _, s := range w.Plan.Steps {
+		if s.Kind != flow.StepNotify {
+			continue
+		}
+		if err := requests.DeliverPolicyMessage(ctx, w.Tx, requests.PolicyMessage{Kind: w.Row.EventType, Source: w.Row.Source,
+			Instance: w.Facts.Instance.UUID, Rule: s.Intent.Rule, Message: s.Intent.Message, Why: s.Intent.Why, Actor: e.Decisions.actor()}); err != nil {
+			return false, fmt.Errorf("notify: %w", err)
+		}
+	}
 	if err := policystate.Apply(ctx, w.Tx, w.Decision.LoadUpdates); err != nil {
 		return false, fmt.Errorf("apply policy state: %w", err)
 	}

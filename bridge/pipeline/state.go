@@ -299,26 +299,22 @@ func (r *factReader) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, 
 	if f.Instance.Deleted {
 		in.State = "deleted"
 	}
-	counts := map[string]int{}
-	var order []string
+	// One entry per profile and physical GPU, in the attachments' order.
+	type profGPU struct{ profile, gpu string }
+	counts := map[profGPU]int{}
+	var order []profGPU
 	for _, a := range atts {
 		if a.State == flow.AttReleasing {
 			continue
 		}
-		if _, ok := counts[a.Profile]; !ok {
-			order = append(order, a.Profile)
+		k := profGPU{a.Profile, a.PCIAddress}
+		if _, ok := counts[k]; !ok {
+			order = append(order, k)
 		}
-		counts[a.Profile] += a.Amount
+		counts[k] += a.Amount
 	}
-	for _, prof := range order {
-		gpu := ""
-		for _, a := range atts {
-			if a.Profile == prof {
-				gpu = a.PCIAddress
-				break
-			}
-		}
-		in.VGPUs = append(in.VGPUs, policy.VGPU{Profile: prof, Count: counts[prof], GPU: gpu})
+	for _, k := range order {
+		in.VGPUs = append(in.VGPUs, policy.VGPU{Profile: k.profile, Count: counts[k], GPU: k.gpu, Path: policy.VGPUPathDirect})
 	}
 	if vgpus > 0 {
 		// The flavor's (Nova's) vGPUs, with the GPU the host's agent reports (package novaresize).
@@ -510,5 +506,5 @@ func (r *factReader) flavorVGPU(ctx context.Context, q Querier, instance, host s
 	if err != nil {
 		r.log.Debug("pipeline: cannot read the host's report", logkey.Host, host, logkey.Err, err)
 	}
-	return policy.VGPU{Count: n, GPU: v.GPU}
+	return policy.VGPU{Count: n, GPU: v.GPU, Path: policy.VGPUPathNova}
 }

@@ -139,7 +139,7 @@ type Summary struct {
 	Failed    int `json:"failed"`
 	// Differing events: at least one intent kind differs.
 	Differing int `json:"differing"`
-	// Differ counts, by intent kind (attach, release, resize, tune,
+	// Differ counts, by intent kind (attach, release, resize, move, tune,
 	// set_limits, notify, reject), the events where that kind differs.
 	Differ map[string]int `json:"differ"`
 	// Failures lists the first failed events, with the reason.
@@ -154,7 +154,7 @@ type Summary struct {
 }
 
 // Kinds are the intent kinds the summary counts, in its order.
-var Kinds = []string{string(policy.IntentAttach), string(policy.IntentRelease), string(policy.IntentResize),
+var Kinds = []string{string(policy.IntentAttach), string(policy.IntentRelease), string(policy.IntentResize), string(policy.IntentMove),
 	string(policy.IntentTune), string(policy.IntentSetLimits), string(policy.IntentNotify), string(policy.IntentReject)}
 
 // Run replays the window of o, calling emit with each event in order
@@ -387,6 +387,8 @@ func Summarize(in policy.Intent) string {
 		}
 	case policy.IntentResize:
 		fmt.Fprintf(&b, "(%s)", in.Profile)
+	case policy.IntentMove:
+		fmt.Fprintf(&b, "(off %s)", strings.Join(in.GPUs, ","))
 	case policy.IntentTune:
 		fmt.Fprintf(&b, "(%s,%d,%d)", in.Scheduler, in.TimesliceUS, in.ClocksMHz)
 	case policy.IntentSetLimits:

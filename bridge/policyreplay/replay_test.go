@@ -265,7 +265,7 @@ func TestReplayDayWithChangedThreshold(t *testing.T) {
 	if sum.Events != 29 || sum.Evaluated != 28 || sum.Failed != 1 || sum.Differing != 3 || sum.Truncated {
 		t.Errorf("summary = %+v, want 29 events, 28 evaluated, 1 failed, 3 differing", sum)
 	}
-	want := map[string]int{"attach": 0, "release": 0, "resize": 3, "tune": 0, "set_limits": 0, "notify": 3, "reject": 0}
+	want := map[string]int{"attach": 0, "release": 0, "resize": 3, "move": 0, "tune": 0, "set_limits": 0, "notify": 3, "reject": 0}
 	for k, n := range want {
 		if sum.Differ[k] != n {
 			t.Errorf("differ[%s] = %d, want %d (all: %v)", k, sum.Differ[k], n, sum.Differ)
@@ -352,7 +352,7 @@ func TestReplayDayWithChangedThreshold(t *testing.T) {
 	}
 	out := buf.String()
 	for _, w := range []string{"resize(T4-8Q) notify(", "resize,notify", "events: 29 read, 28 evaluated, 1 failed, 3 differ",
-		"would differ: attach 0, release 0, resize 3, tune 0, set_limits 0, notify 3, reject 0", fmt.Sprintf("failed event %d:", d.broken)} {
+		"would differ: attach 0, release 0, resize 3, move 0, tune 0, set_limits 0, notify 3, reject 0", fmt.Sprintf("failed event %d:", d.broken)} {
 		if !strings.Contains(out, w) {
 			t.Errorf("table lacks %q:\n%s", w, out)
 		}

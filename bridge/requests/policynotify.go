@@ -14,12 +14,18 @@ import (
 
 // PolicyMessage is a rule's notify(message) about a request.
 type PolicyMessage struct {
-	Request  uuid.UUID
-	Instance string // "" when the event named none
-	Rule     string
-	Message  string
-	Why      string
-	Actor    string
+	// Request is uuid.Nil for an event that acts without a request (a
+	// Nova notification, a bridge event such as bridge.GPU_FAULT, whose
+	// decision only notifies): no callback then.
+	Request uuid.UUID
+	// Kind and Source name the event when there is no request (Request
+	// uuid.Nil): its type ("GPU_FAULT") and source ("bridge", "nova").
+	Kind, Source string
+	Instance     string // "" when the event named none
+	Rule         string
+	Message      string
+	Why          string
+	Actor        string
 }
 
 // NotifyCallback is the body POSTed to a request's callback URL for a
@@ -56,6 +62,9 @@ func DeliverPolicyMessage(ctx context.Context, tx pgx.Tx, m PolicyMessage) error
 	if err != nil {
 		return fmt.Errorf("notify of request %s: %w", m.Request, err)
 	}
+	if m.Request == uuid.Nil {
+		kind, source = m.Kind, m.Source
+	}
 	detail, err := json.Marshal(map[string]any{"message": m.Message, "rule": m.Rule, "why": m.Why,
 		"notification": notify.PolicyNotify, "callback": callbackURL != ""})
 	if err != nil {
@@ -65,12 +74,16 @@ func DeliverPolicyMessage(ctx context.Context, tx pgx.Tx, m PolicyMessage) error
 	if object == "" {
 		object = "-"
 	}
+	reqID := ""
+	if m.Request != uuid.Nil {
+		reqID = m.Request.String()
+	}
 	if err := Audit(ctx, tx, Entry{Actor: m.Actor, Action: "notify", ObjectType: "instance", ObjectID: object,
-		RequestID: m.Request.String(), Detail: detail}); err != nil {
+		RequestID: reqID, Detail: detail}); err != nil {
 		return err
 	}
 	if err := notify.Queue(ctx, tx, notify.PolicyNotify, notify.Info, notify.NotifyObject(notify.NotifyPayload{
-		RequestID: m.Request.String(), RequestKind: kind, Source: source, InstanceUUID: m.Instance, ProjectID: project, UserID: user,
+		RequestID: reqID, RequestKind: kind, Source: source, InstanceUUID: m.Instance, ProjectID: project, UserID: user,
 		Rule: m.Rule, Message: m.Message, Why: m.Why})); err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ func newPolicyReplayCmd(g *globals) *cobra.Command {
 (--rules), compiled against the same profile catalog and driver
 compatibility files. Print, per event, the intents of both side by side and
 the intent kinds that differ, then a summary: how many attaches, releases,
-resizes, tunes, set_limits, notifies and rejections would differ, the events
+resizes, moves, tunes, set_limits, notifies and rejections would differ, the events
 evaluated, and those that could not be, with the reason.
 
 Nothing is written: the events and the state are read in one read-only

@@ -319,7 +319,7 @@ func TestPolicyReplay(t *testing.T) {
 		t.Errorf("body = %v", got)
 	}
 	for _, want := range []string{"resize(T4-8Q) notify", "resize,notify", "events: 1 read, 1 evaluated, 0 failed, 1 differ",
-		"would differ: attach 0, release 0, resize 1, tune 0, set_limits 0, notify 1, reject 0"} {
+		"would differ: attach 0, release 0, resize 1, move 0, tune 0, set_limits 0, notify 1, reject 0"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

@@ -70,7 +70,7 @@ func policyReplayCmd(g *globals) *cobra.Command {
 		Long: `Ask the bridge to run the events it recorded between --since and --until through
 its active policy and through the candidate rules FILE ("-": standard input),
 and show, per event, the intents of both and the intent kinds that differ,
-then how many attaches, releases, resizes, tunes, set_limits, notifies and
+then how many attaches, releases, resizes, moves, tunes, set_limits, notifies and
 rejections would differ. Nothing is claimed, commanded or recorded.
 
 --since and --until are RFC 3339 times or durations before now ("24h");
@@ -110,7 +110,7 @@ default, 1000; at most 10000). POST /v1/policy/replay; rule vgpu:policy:replay.`
 				s := out.Summary
 				fmt.Fprintf(w, "\nevents: %d read, %d evaluated, %d failed, %d differ\n", s.Events, s.Evaluated, s.Failed, s.Differing)
 				var d []string
-				for _, k := range []string{"attach", "release", "resize", "tune", "set_limits", "notify", "reject"} {
+				for _, k := range []string{"attach", "release", "resize", "move", "tune", "set_limits", "notify", "reject"} {
 					d = append(d, fmt.Sprintf("%s %d", k, s.Differ[k]))
 				}
 				fmt.Fprintf(w, "would differ: %s\n", strings.Join(d, ", "))

@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -72,6 +73,7 @@ type host struct {
 	fake       string // fake host directory
 	root       string // Placement root provider
 	gpus       map[string]string
+	sameType   bool // both T4s serve T4-4Q (else the second serves T4-2Q)
 	proc       *exec.Cmd
 }
 
@@ -255,6 +257,11 @@ func (d *demo) main() error {
 		return fmt.Errorf("webhooks: %w", err)
 	}
 
+	d.section("GPU fault (an Xid 79 injected through the fake host's NVML mock)")
+	if err := d.gpuFault(); err != nil {
+		return fmt.Errorf("GPU fault: %w", err)
+	}
+
 	d.section("Summary")
 	d.summary()
 	return nil
@@ -307,7 +314,9 @@ func (d *demo) placement() error {
 		}
 	}
 	for i, agent := range []bool{true, true, false} {
-		h := &host{name: fmt.Sprintf("demo-compute-%d-%s", i+1, d.id), agent: agent, gpus: map[string]string{}}
+		// The first host's T4s both serve T4-4Q (a GPU fault moves a vGPU
+		// to the other); the others' second T4 serves T4-2Q (a profile change).
+		h := &host{name: fmt.Sprintf("demo-compute-%d-%s", i+1, d.id), agent: agent, gpus: map[string]string{}, sameType: i == 0}
 		h.node = h.name + ".demo.local"
 		d.hosts = append(d.hosts, h)
 		if err := d.providers(ctx, h); err != nil {
@@ -317,7 +326,11 @@ func (d *demo) placement() error {
 		if !agent {
 			what = "NO agent (its requests cannot complete)"
 		}
-		d.say("Placement: provider %s (VCPU 64, MEMORY_MB 256G) + 2 × T4 children (VGPU 4 %s; VGPU 8 %s); %s", h.node, t4Trait, t42QTrait, what)
+		second := fmt.Sprintf("VGPU 8 %s", t42QTrait)
+		if h.sameType {
+			second = fmt.Sprintf("VGPU 4 %s", t4Trait)
+		}
+		d.say("Placement: provider %s (VCPU 64, MEMORY_MB 256G) + 2 × T4 children (VGPU 4 %s; %s); %s", h.node, t4Trait, second, what)
 	}
 	// Three instances on the hosts with agents, one on the host without.
 	for i, h := range []*host{d.hosts[0], d.hosts[1], d.hosts[0], d.hosts[2]} {
@@ -360,9 +373,10 @@ func (d *demo) providers(ctx context.Context, h *host) error {
 		return fmt.Errorf("root inventory: %w", err)
 	}
 	for i, pci := range gpuPCIs {
-		// The first T4 serves T4-4Q, the second T4-2Q (a GPU holds one type).
+		// The first T4 serves T4-4Q, the second T4-2Q (a GPU holds one type)
+		// or, on a sameType host, T4-4Q too.
 		total, trait := 4, t4Trait
-		if i == 1 {
+		if i == 1 && !h.sameType {
 			total, trait = 8, t42QTrait
 		}
 		id := uuid.NewString()
@@ -467,6 +481,7 @@ func (d *demo) startBridge() error {
 	if pol == string(src) {
 		return errors.New("etc/vgpu-bridge/rules.yaml has no `attach_mode: nova-resize` default to change")
 	}
+	pol += "\n" + gpuFaultRules
 	polFile := filepath.Join(d.work, "rules.yaml")
 	secretFile := filepath.Join(d.work, "demo-webhook.secret")
 	d.secret = []byte("demo-" + randHex(16))
@@ -539,7 +554,8 @@ secret_files = %s
 	if err != nil {
 		return fmt.Errorf("policy check: %v\n%s", err, out)
 	}
-	d.say("policy: shipped rules.yaml with defaults.attach_mode = direct-live; `vgpu-bridge policy check`: %s", strings.TrimSpace(string(out)))
+	d.say("policy: shipped rules.yaml with defaults.attach_mode = direct-live and the GPU fault rules of doc/source/operations.rst "+
+		"(move() a direct-path vGPU off a faulted GPU, notify() a Nova-path one's tenant); `vgpu-bridge policy check`: %s", strings.TrimSpace(string(out)))
 	d.say("config: %s ([webhook_source:demo] hmac, secret file 0600; [pipeline] request_timeout = 10s)", cfg)
 	// Signed commands, results and reports (the default): the bridge's
 	// key, then one command per host issues its key pair and enrolls it.
@@ -887,6 +903,120 @@ func (d *demo) webhooks() error {
 	return nil
 }
 
+// gpuFaultRules are the GPU fault rules of doc/source/operations.rst,
+// added to the shipped rules.
+const gpuFaultRules = `  - name: gpu-fault-move
+    description: A vGPU the bridge attached leaves a faulted GPU for a healthy one of its host.
+    on: [bridge.GPU_FAULT]
+    when: instance.vgpus.exists(v, v.gpu == event.labels.gpu && v.path == "direct")
+    then: ['move()']
+
+  - name: gpu-fault-tell
+    description: The tenant of a vGPU that came with the flavor (Nova's) is told.
+    on: [bridge.GPU_FAULT]
+    when: instance.vgpus.exists(v, v.gpu == event.labels.gpu && v.path == "nova")
+    then: ['notify("the GPU of your vGPU failed (" + event.labels.reason + "); migrate the VM to get a healthy one")']
+`
+
+// gpuFault gives vm-3 a vGPU, injects an Xid 79 on its GPU through the
+// fake host's NVML mock (fakehost.FaultsFile, read by the agent), and
+// shows what the bridge did: the GPU drained with the fault as reason,
+// the rule's move() taking the vGPU to the host's other T4 (a request of
+// the bridge's own, kind GPU_FAULT), and an operator's undrain.
+func (d *demo) gpuFault() error {
+	vm3 := d.vms[2]
+	h := vm3.host
+	ans, err := d.send("#6", vm3, map[string]any{"type": "GPU_REQUEST", "vm_id": vm3.uuid, "workload": "vdi", "vgpu_profile": "T4-4Q", "count": 1}, d.secret)
+	if err != nil {
+		return fmt.Errorf("#6: %w", err)
+	}
+	r, err := d.follow("#6", vm3, ans.RequestID, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	d.record("#6", vm3, r)
+	d.expect(r.State == "succeeded", "#6 GPU_REQUEST for vm-3 ended %s (%s %s), want succeeded", r.State, r.Code, r.Reason)
+	gpuOf := func() string {
+		l, err := d.api.Allocations(d.ctx, vm3.uuid)
+		if err != nil {
+			return ""
+		}
+		for _, a := range l.Allocations {
+			if a.ResourceClass == "VGPU" {
+				return a.PCIAddress
+			}
+		}
+		return ""
+	}
+	sick := gpuOf()
+	if sick == "" || h.gpus[sick] == "" {
+		return fmt.Errorf("vm-3's vGPU is on no known GPU (%q)", sick)
+	}
+	d.say("#6: vm-3's vGPU runs on %s GPU %s", h.name, sick)
+
+	file := filepath.Join(h.fake, fakehost.FaultsFile)
+	if err := os.WriteFile(file+".tmp", []byte(sick+" xid 79\n"), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(file+".tmp", file); err != nil {
+		return err
+	}
+	d.say("#7: Xid 79 (GPU has fallen off the bus) injected on %s GPU %s: %s", h.name, sick, file)
+	var drained apiclient.GPU
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		l, err := d.api.GPUs(d.ctx, apiclient.GPUFilter{})
+		if err == nil {
+			if i := slices.IndexFunc(l.GPUs, func(g apiclient.GPU) bool { return g.ProviderUUID == h.gpus[sick] }); i >= 0 && l.GPUs[i].Drained {
+				drained = l.GPUs[i]
+				break
+			}
+		}
+		if time.Now().After(deadline) || d.ctx.Err() != nil {
+			return fmt.Errorf("GPU %s not drained within 20s (%v); %s.log:%s", sick, err, h.name, d.logTail(h.name+".log"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	d.say("#7: GET /v1/gpus: %s drained, reason %q (no new vGPU lands there; the placement sync adds trait CUSTOM_VGPU_BRIDGE_GPU_FAULT for Nova's scheduler)",
+		drained.Name, drained.DrainReason)
+	var faultReq string
+	deadline = time.Now().Add(20 * time.Second)
+	for faultReq == "" {
+		l, err := d.api.Requests(d.ctx, apiclient.RequestFilter{InstanceUUID: vm3.uuid})
+		if err == nil {
+			for _, x := range l.Requests {
+				if x.Kind == "GPU_FAULT" {
+					faultReq = x.ID
+				}
+			}
+		}
+		if faultReq == "" && (time.Now().After(deadline) || d.ctx.Err() != nil) {
+			return fmt.Errorf("no GPU_FAULT request for vm-3 within 20s (%v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	d.say("#7: the bridge's event bridge.GPU_FAULT for vm-3: rule gpu-fault-move fired, move() → request %s", short(faultReq))
+	r, err = d.follow("#7", vm3, faultReq, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	d.record("#7", vm3, r)
+	now := gpuOf()
+	d.expect(r.State == "succeeded" && now != "" && now != sick, "the move off the faulted GPU ended %s (%s), vm-3's vGPU on %q, want succeeded on another GPU than %s",
+		r.State, r.Reason, now, sick)
+	d.say("#7: vm-3's vGPU moved from GPU %s to GPU %s (same profile, T4-4Q)", sick, now)
+	d.showAllocations(vm3)
+
+	g, err := d.api.SetDrain(d.ctx, apiclient.DrainGPU, h.gpus[sick], "demo: GPU reset, Xid cleared", false)
+	if err != nil {
+		return fmt.Errorf("#8: undrain: %w", err)
+	}
+	d.say("#8: operator: DELETE /v1/gpus/%s/drain (vgpuctl undrain gpu): drained=%v; the mark is cleared, the next sync removes the trait", h.gpus[sick], g.Drained)
+	d.expect(!g.Drained, "GPU %s still drained after the undrain", sick)
+	d.rows = append(d.rows, summaryRow{label: "#8", id: "-", vm: "-", kind: "undrain gpu", state: "done", reason: "operator cleared the fault mark of " + sick})
+	return nil
+}
+
 // vgpuOf returns the consumer's allocations in Placement, printed, and
 // its VGPU units.
 func (d *demo) placementAllocs(vm *instance) (string, int, error) {
@@ -948,7 +1078,7 @@ func (d *demo) summary() {
 
 	fmt.Println("\nPlacement allocations (GET /allocations/{instance} on Placement):")
 	tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	want := map[string]int{"vm-1": 0, "vm-2": 1, "vm-3": 0, "vm-4": 0}
+	want := map[string]int{"vm-1": 0, "vm-2": 1, "vm-3": 1, "vm-4": 0}
 	for _, vm := range d.vms {
 		s, n, err := d.placementAllocs(vm)
 		if err != nil {

@@ -31,6 +31,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/direct"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/dispatch"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
@@ -284,6 +285,11 @@ type replicaOpts struct {
 	// novaVFAliases are Nova's PCI aliases of Nova-owned VF GPUs
 	// ([placement] nova_vf_aliases).
 	novaVFAliases map[string]placement.NovaVFAlias
+	// faults, when set, marks the GPUs the agent reports faulted, as the
+	// bridge does (controls Store.GPUFaults), and has the placement
+	// service read the drains again, as the bridge's listener on the
+	// gpus table does.
+	faults *controls.Store
 }
 
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
@@ -328,9 +334,18 @@ func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	if o.dispatch != nil {
 		o.dispatch(&dc)
 	}
-	r.disp, err = dispatch.New(dc,
-		dispatch.Deps{Pool: w.pool, Requests: requests.NewStore(w.pool, "vgpu-bridge/"+o.name), Results: r.proc,
-			Catalog: w.holder.Catalog(), Phase: flow.PhaseOf, Log: logger(), Registry: o.registry})
+	dd := dispatch.Deps{Pool: w.pool, Requests: requests.NewStore(w.pool, "vgpu-bridge/"+o.name), Results: r.proc,
+		Catalog: w.holder.Catalog(), Phase: flow.PhaseOf, Log: logger(), Registry: o.registry}
+	if o.faults != nil {
+		dd.Faults = func(ctx context.Context, host, node string, gpus []protocol.GPU) error {
+			marked, err := o.faults.GPUFaults(ctx, host, node, gpus)
+			if len(marked) > 0 {
+				svc.RefreshHosts(ctx)
+			}
+			return err
+		}
+	}
+	r.disp, err = dispatch.New(dc, dd)
 	testsvc.Must(t, err, "dispatch")
 	kick = r.disp.Kick
 	if o.noRun {
