@@ -172,10 +172,28 @@ func TestEvacuateDirectVGPU(t *testing.T) {
 			vm, b).Scan(&n), "attachments")
 		return n == 1
 	})
-	// The source comes back: nova-compute destroys the evacuated guest and
-	// drops the instance's allocations there; the bridge removes the mdev.
+	// The source comes back as Nova's guide has it: its nova-compute
+	// starts (init_host destroys the evacuated guest, drops the instance's
+	// allocations there and completes the migration), then the service is
+	// forced up; the bridge then detaches and removes the old mdev.
+	w.n.RestartComputeForcedDown(t, a)
+	w.waitFor(3*time.Minute, "the evacuation of "+vm+" completed by "+a+"'s init_host", func() bool {
+		for _, m := range w.n.Migrations(t, vm) {
+			if m.Type == "evacuation" {
+				return m.Status == "completed"
+			}
+		}
+		return false
+	})
+	if _, ok := w.n.FakeHost(a).Domain(t, vm); ok {
+		t.Errorf("the evacuated guest is still defined on %s after its init_host", a)
+	}
 	w.n.ForceDown(t, a, false)
-	w.n.RestartCompute(t, a)
+	w.waitFor(3*time.Minute, "the bridge's removal of the old mdev on "+a, func() bool {
+		var state string
+		testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT state FROM vgpu_attachments WHERE id = $1`, mdev).Scan(&state), "old attachment")
+		return state == "released"
+	})
 	w.bridgeIdle("source back", vm)
 	got := w.assertOneVGPU("evacuated", vm, b, true)
 	if got == mdev {
