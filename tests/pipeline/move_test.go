@@ -182,6 +182,13 @@ func (m *moveWorld) notify(eventType, instance, host, node, vmState string) {
 // notifyTask is notify with the instance's task state as the sender had
 // it (nil: none).
 func (m *moveWorld) notifyTask(eventType, instance, host, node, vmState string, task any) {
+	m.t.Helper()
+	m.notifyFrom(eventType, instance, host, node, vmState, task, host)
+}
+
+// notifyFrom is notifyTask sent by the nova-compute of host from ("": the
+// payload's host), whatever host its payload names.
+func (m *moveWorld) notifyFrom(eventType, instance, host, node, vmState string, task any, from string) {
 	t := m.t
 	t.Helper()
 	if corpus == nil {
@@ -207,7 +214,9 @@ func (m *moveWorld) notifyTask(eventType, instance, host, node, vmState string, 
 		data["power_state"] = "pending"
 	} else {
 		data["host"], data["node"] = host, node
-		msg["publisher_id"] = "nova-compute:" + host
+	}
+	if from != "" {
+		msg["publisher_id"] = "nova-compute:" + from
 	}
 	b, err := json.Marshal(msg)
 	testsvc.Must(t, err, "marshal")
@@ -381,11 +390,16 @@ func TestMoveToAnotherHost(t *testing.T) {
 		// migrating); the dest event goes first, from host B.
 		dest       string
 		fromSource bool
+		// fromDest: the destination sends the event from the instance
+		// before its host changes (Nova 26's evacuation: rebuild.end,
+		// then ResourceTracker.finish_evacuation): host = the source.
+		fromDest bool
 	}{
 		{"live migration", "instance.live_migration_post.end", "active", "", 3, 0, m.novaLeavesA,
-			"instance.live_migration_post_dest.end", true},
-		{"evacuation", "instance.rebuild.end", "active", "", 4, 1, m.novaLeavesA, "", false},
-		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0, m.novaStopsOnA, "", false},
+			"instance.live_migration_post_dest.end", true, false},
+		{"evacuation", "instance.rebuild.end", "active", "", 4, 1, m.novaLeavesA, "", false, false},
+		{"evacuation as Nova 26 sends it", "instance.rebuild.end", "active", "", 5, 1, m.novaLeavesA, "", false, true},
+		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0, m.novaStopsOnA, "", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inst := m.domains[tc.domain].UUID
@@ -396,6 +410,10 @@ func TestMoveToAnotherHost(t *testing.T) {
 				t.Helper()
 				if tc.fromSource && event == tc.event {
 					m.notifyTask(event, inst, m.host, m.node, tc.vmState, "migrating")
+					return
+				}
+				if tc.fromDest && event == tc.event {
+					m.notifyFrom(event, inst, m.host, m.node, tc.vmState, nil, m.hostB)
 					return
 				}
 				m.notify(event, inst, m.hostB, m.nodeB, tc.vmState)
@@ -440,6 +458,8 @@ func TestMoveToAnotherHost(t *testing.T) {
 			}
 			if tc.fromSource && then == tc.event {
 				m.notifyTask(then, inst, m.host, m.node, "active", "migrating")
+			} else if tc.fromDest && then == tc.event {
+				m.notifyFrom(then, inst, m.host, m.node, "active", nil, m.hostB)
 			} else {
 				m.notify(then, inst, m.hostB, m.nodeB, "active")
 			}
