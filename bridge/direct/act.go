@@ -255,7 +255,7 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 // nowhere.
 func (p *Path) Claim(ctx context.Context, f pipeline.Facts, s flow.Step, planned []flow.Attachment) ([]pipeline.Claim, error) {
 	if s.Reclaim != nil {
-		return p.reclaim(ctx, f, *s.Reclaim)
+		return p.reclaim(ctx, f, *s.Reclaim, planned)
 	}
 	n := max(s.Intent.Count, 1)
 	known := map[string]int{}
@@ -314,9 +314,10 @@ func (p *Path) Claim(ctx context.Context, f pipeline.Facts, s flow.Step, planned
 
 // reclaim claims again the units of a, a vGPU held off its host, on its
 // own GPU; or adopts them where an interrupted attempt claimed them
-// already. While the hold's release is still to be made in Placement it
-// waits (an error other than ErrNoCapacity: the event is tried again).
-func (p *Path) reclaim(ctx context.Context, f pipeline.Facts, a flow.Attachment) ([]pipeline.Claim, error) {
+// already. planned are the units the same act claimed before it. While
+// the hold's release is still to be made in Placement it waits (an error
+// other than ErrNoCapacity: the event is tried again).
+func (p *Path) reclaim(ctx context.Context, f pipeline.Facts, a flow.Attachment, planned []flow.Attachment) ([]pipeline.Claim, error) {
 	n := max(a.Amount, 1)
 	pending, err := requests.ReleasesPending(ctx, p.d.Pool, f.Instance.UUID)
 	if err != nil {
@@ -332,6 +333,11 @@ func (p *Path) reclaim(ctx context.Context, f pipeline.Facts, a flow.Attachment)
 	known := 0
 	for _, b := range f.Attachments {
 		if b.Provider == a.Provider && b.State != flow.AttFailed && b.State != flow.AttReleased {
+			known += b.Amount
+		}
+	}
+	for _, b := range planned {
+		if b.Provider == a.Provider {
 			known += b.Amount
 		}
 	}
