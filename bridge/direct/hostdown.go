@@ -106,7 +106,7 @@ func (p *Path) handleHostDown(ctx context.Context, w *pipeline.Work, ev policy.E
 	open := func(reason string) (uuid.UUID, error) {
 		id := uuid.New()
 		inst, _ := uuid.Parse(m.Instance)
-		body, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "host": m.Host, "half": m.Half})
+		body, _ := json.Marshal(map[string]any{"event_id": row.ID, "event_type": row.EventType, "host": m.Host, "half": m.Half, "why": reason})
 		if err := p.d.Requests.Create(ctx, tx, requests.Request{ID: id, Source: pipeline.BridgeSource, Kind: pipeline.EventHostDown,
 			InstanceUUID: &inst, Body: body}); err != nil {
 			return id, err
@@ -221,7 +221,6 @@ func (p *Path) restore(ctx context.Context, w *pipeline.Work, ev policy.Event, m
 		plan.Notes = append(plan.Notes, fmt.Sprintf("remove the mdevs of %d vGPU(s) applied again on another host after the evacuation", len(remove)))
 	}
 	for _, a := range reclaim {
-		a := a
 		plan.Steps = append(plan.Steps, flow.Step{Kind: flow.StepAttach, Mode: a.Mode, Host: a.Host, Reclaim: &a,
 			Intent: policy.Intent{Kind: policy.IntentAttach, Rule: "host_down", Instance: m.Instance, Profile: a.Profile, TypeID: a.TypeID,
 				Trait: a.Trait, Count: max(a.Amount, 1), Mode: policy.ModeDirectLive,
