@@ -88,6 +88,36 @@ func (s *Service) Claim(ctx context.Context, cr ClaimRequest) (*Claim, error) {
 	return nil, fmt.Errorf("claim %s: %w (%d GPUs tried)", cr.Consumer, ErrNoCapacity, len(tried))
 }
 
+// ClaimOn adds cr's units to the consumer's allocations on GPU provider
+// provider, whatever the engine would rank (a vGPU held off its host,
+// claimed again where its mdev is): the host may still be excluded from
+// new placements then. Not enough room there is ErrNoCapacity.
+func (s *Service) ClaimOn(ctx context.Context, cr ClaimRequest, provider string) (*Claim, error) {
+	if cr.Consumer == "" {
+		return nil, fmt.Errorf("claim: %w: no consumer", engine.ErrInvalidRequest)
+	}
+	g, ok := s.index.Lookup(provider)
+	if !ok {
+		return nil, fmt.Errorf("claim %s on %s: %w (the provider is not known)", cr.Consumer, provider, ErrNoCapacity)
+	}
+	for _, t := range cr.Request.Required {
+		if !g.HasTrait(t) && !g.Host.HasTrait(t) {
+			return nil, fmt.Errorf("claim %s on %s: %w (the GPU does not offer %s)", cr.Consumer, provider, ErrNoCapacity, t)
+		}
+	}
+	attempts := 0
+	read := cr.Read
+	cl, err := s.claimOn(ctx, cr, &g, &attempts, &read)
+	if err != nil && IsCapacity(err) {
+		s.refreshProvider(ctx, provider)
+		return nil, fmt.Errorf("claim %s on %s: %w: %v", cr.Consumer, provider, ErrNoCapacity, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim %s on %s: %w", cr.Consumer, provider, err)
+	}
+	return cl, nil
+}
+
 func keys(m map[string]bool) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {

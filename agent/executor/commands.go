@@ -566,6 +566,11 @@ func (e *Executor) detach(ctx context.Context, r *run, dom string, dev Hostdev, 
 	case protocol.ModeLive:
 		_, err := r.step(stepDetached, func() (string, error) {
 			cur, err := d.Domain(ctx, dom)
+			if hosterr.Is(err, hosterr.NotFound) {
+				// No such domain (Nova destroyed the guest an evacuation
+				// left on this host): nothing holds the device.
+				return dataExisted, nil
+			}
 			if err != nil {
 				return "", err
 			}

@@ -242,6 +242,24 @@ func TestRemoveMdevOfStoppedDomainConfig(t *testing.T) {
 	wantStatus(t, en.exec(command(t, "r", protocol.RemoveMdev, protocol.MdevParams{MdevUUID: mdev1})), protocol.Succeeded, "")
 }
 
+// A live detach from a domain that no longer exists (Nova destroyed the
+// guest an evacuation left on the host) has nothing to detach: it
+// succeeds, and the mdev can be removed.
+func TestDetachFromGoneDomain(t *testing.T) {
+	en := newEnv(t)
+	wantStatus(t, en.exec(command(t, "a", protocol.AttachVGPU, protocol.AttachParams{MdevUUID: mdev1, ParentPCI: gpu0, TypeID: t4q,
+		Mode: protocol.ModeLive})), protocol.Succeeded, "")
+	en.h.mu.Lock()
+	delete(en.h.doms, dom1)
+	en.h.mu.Unlock()
+	wantStatus(t, en.exec(command(t, "d", protocol.DetachVGPU, protocol.AttachParams{MdevUUID: mdev1, Mode: protocol.ModeLive})),
+		protocol.Succeeded, "")
+	wantStatus(t, en.exec(command(t, "r", protocol.RemoveMdev, protocol.MdevParams{MdevUUID: mdev1})), protocol.Succeeded, "")
+	if _, ok := en.h.mdevs[mdev1]; ok {
+		t.Error("mdev still there after detach and remove")
+	}
+}
+
 func TestAttachModes(t *testing.T) {
 	for _, mode := range []string{protocol.ModeLive, protocol.ModeConfig, protocol.ModeCold} {
 		t.Run(mode, func(t *testing.T) {

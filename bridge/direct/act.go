@@ -63,6 +63,7 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 	var atts []flow.Attachment
 	var release []flow.Attachment
 	var summary []string
+	restored := 0 // held vGPUs claimed again (Step.Reclaim)
 	// fail gives the claims made back and turns the plan into a failure.
 	fail := func(code, reason string) error {
 		w.GiveBackClaims() // released after the transaction
@@ -76,6 +77,30 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 	for _, s := range plan.Steps {
 		switch s.Kind {
 		case flow.StepAttach:
+			if s.Reclaim != nil {
+				// A vGPU held off its host, its claim made again on its GPU:
+				// its mdev is there, nothing goes to the agent.
+				made, err := w.NextClaim()
+				claims = append(claims, made...)
+				a := *s.Reclaim
+				if err != nil {
+					if errors.Is(err, pipeline.ErrNoCapacity) || errors.Is(err, pipeline.ErrNoAddress) {
+						return fail(flow.CodeNoCapacity, fmt.Sprintf("vGPU %s (mdev %s) held off host %s cannot be claimed again on its GPU %s: %v; "+
+							"it stays held (its mdev is still on the host)", a.Profile, a.ID, a.Host, a.PCIAddress, err))
+					}
+					return pipeline.Retry(fmt.Errorf("claim again %d × %s on GPU %s: %w", max(a.Amount, 1), a.Profile, a.Provider, err))
+				}
+				held := a.HeldAfter
+				for _, mc := range made {
+					held = mc.Held
+				}
+				if err := requests.Restore(ctx, tx, a.ID, held, "claimed again on its GPU: the host is back and the instance was not evacuated"); err != nil {
+					return err
+				}
+				restored++
+				summary = append(summary, fmt.Sprintf("claim %s (mdev %s) again on %s GPU %s: the host is back", a.Profile, a.ID, a.Host, a.PCIAddress))
+				continue
+			}
 			made, err := w.NextClaim()
 			claims = append(claims, made...)
 			if err != nil {
@@ -207,6 +232,10 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 			return err
 		}
 	}
+	if len(cmds) == 0 && restored > 0 {
+		// Held vGPUs claimed again: done, nothing for the agents.
+		return p.succeed(ctx, tx, reqID, state, flow.PhaseApplying, joinNonEmpty("; ", summary...))
+	}
 	if len(cmds) == 0 {
 		// Only notes and notifications: nothing for the agents.
 		plan.Outcome, plan.Code = flow.OutcomeReject, flow.CodeNoAction
@@ -230,6 +259,9 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 // interrupted earlier attempt claimed for this consumer but recorded
 // nowhere.
 func (p *Path) Claim(ctx context.Context, f pipeline.Facts, s flow.Step, planned []flow.Attachment) ([]pipeline.Claim, error) {
+	if s.Reclaim != nil {
+		return p.reclaim(ctx, f, *s.Reclaim, planned)
+	}
 	n := max(s.Intent.Count, 1)
 	known := map[string]int{}
 	for _, a := range f.Attachments {
@@ -283,6 +315,49 @@ func (p *Path) Claim(ctx context.Context, f pipeline.Facts, s flow.Step, planned
 		return []pipeline.Claim{mc}, fmt.Errorf("%w: provider %s", pipeline.ErrNoAddress, cl.Provider)
 	}
 	return []pipeline.Claim{mc}, nil
+}
+
+// reclaim claims again the units of a, a vGPU held off its host, on its
+// own GPU; or adopts them where an interrupted attempt claimed them
+// already. planned are the units the same act claimed before it. While
+// the hold's release is still to be made in Placement it waits (an error
+// other than ErrNoCapacity: the event is tried again).
+func (p *Path) reclaim(ctx context.Context, f pipeline.Facts, a flow.Attachment, planned []flow.Attachment) ([]pipeline.Claim, error) {
+	n := max(a.Amount, 1)
+	pending, err := requests.ReleasesPending(ctx, p.d.Pool, f.Instance.UUID)
+	if err != nil {
+		return nil, err
+	}
+	if pending {
+		return nil, fmt.Errorf("the release of the claims of %s held off host %s is not made yet", f.Instance.UUID, a.Host)
+	}
+	holdings, read, err := p.d.Placement.CachedHoldings(ctx, f.Instance.UUID)
+	if err != nil {
+		return nil, err
+	}
+	known := 0
+	for _, b := range f.Attachments {
+		if b.Provider == a.Provider && b.State != flow.AttFailed && b.State != flow.AttReleased {
+			known += b.Amount
+		}
+	}
+	for _, b := range planned {
+		if b.Provider == a.Provider {
+			known += b.Amount
+		}
+	}
+	for _, h := range holdings {
+		if h.Provider == a.Provider && h.Amount-known >= n {
+			p.log.Info("pipeline: adopting a claim an interrupted attempt made again", logkey.Instance, f.Instance.UUID, "provider", h.Provider, "units", n)
+			return []pipeline.Claim{{Consumer: f.Instance.UUID, Provider: h.Provider, Class: h.Class, Amount: n, Held: h.Amount}}, nil
+		}
+	}
+	cl, err := p.d.Placement.Claim(ctx, pipeline.ClaimSpec{Consumer: f.Instance.UUID, ProjectID: f.Instance.ProjectID, UserID: f.Instance.UserID,
+		Node: a.Node, Trait: a.Trait, Count: n, Read: read, Provider: a.Provider})
+	if err != nil {
+		return nil, err
+	}
+	return []pipeline.Claim{{Consumer: f.Instance.UUID, Provider: cl.Provider, Class: cl.Class, Amount: cl.Amount, Held: cl.Held}}, nil
 }
 
 // ReleaseClaims gives back claims made for a decision that did not

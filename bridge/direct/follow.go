@@ -8,16 +8,25 @@ import (
 )
 
 // FollowMove is the pipeline stage that makes the direct path's vGPUs
-// follow their instance: the halves of host maintenance
-// (handleMaintenance) and Nova's moves (handleMove). Any other event goes
-// on to the next stage.
+// follow their instance: a compute service forced down and up again
+// (handleService, handleHostDown: the evacuation), the halves of host
+// maintenance (handleMaintenance) and Nova's moves (handleMove). Any
+// other event goes on to the next stage.
 func (p *Path) FollowMove() pipeline.Stage { return followMove{p} }
 
 type followMove struct{ p *Path }
 
 // Exec implements pipeline.Stage.
 func (s followMove) Exec(ctx context.Context, w *pipeline.Work) (bool, error) {
-	outbox, handled, err := s.p.handleMaintenance(ctx, w, w.Event)
+	if handled, err := s.p.handleService(ctx, w); err != nil || handled {
+		return handled, err
+	}
+	outbox, handled, err := s.p.handleHostDown(ctx, w, w.Event)
+	if err != nil || handled {
+		w.Outbox = w.Outbox || outbox
+		return handled, err
+	}
+	outbox, handled, err = s.p.handleMaintenance(ctx, w, w.Event)
 	if err != nil || handled {
 		w.Outbox = w.Outbox || outbox
 		return handled, err

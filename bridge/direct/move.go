@@ -39,7 +39,9 @@ const (
 // nothing of this (the vGPUs are where the instance is, with their
 // claims): the ordinary path runs then, and for RebuildEvents attaches
 // them again to the domain Nova recreated without them (an unshelve on
-// the same host, a rebuild that was not an evacuation).
+// the same host, a rebuild that was not an evacuation). vGPUs held off a
+// forced-down host (hostdown.go) are applied again where an evacuation
+// took the instance; their mdevs wait there for the host to be back.
 func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event) (_, _ bool, err error) {
 	tx, row := w.Tx, w.Row
 	defer wrapErr(&err, "instance %s moved (%s)", ev.InstanceUUID, ev.Kind)
@@ -69,10 +71,25 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 			attached = append(attached, a)
 		}
 	}
-	if len(attached) == 0 && len(shelved) == 0 {
+	offload := ev.Kind == pipeline.NovaKindPrefix+"instance.shelve_offload.end" || f.Instance.Host == ""
+	// vGPUs held off a forced-down host (hostdown.go) that the instance
+	// left: an evacuation. Applied again here; their mdevs on the old host
+	// are removed once it is back.
+	var evacuated []flow.Attachment
+	if !offload {
+		held, err := requests.HeldAttachments(ctx, tx, ev.InstanceUUID)
+		if err != nil {
+			return false, false, err
+		}
+		for _, a := range held {
+			if a.Provider != "" && a.Host != f.Instance.Host {
+				evacuated = append(evacuated, a)
+			}
+		}
+	}
+	if len(attached) == 0 && len(shelved) == 0 && len(evacuated) == 0 {
 		return false, false, nil
 	}
-	offload := ev.Kind == pipeline.NovaKindPrefix+"instance.shelve_offload.end" || f.Instance.Host == ""
 	holds := map[string]int{} // units the consumer holds per GPU provider
 	if !offload {
 		hl, err := w.HeldBy(ev.InstanceUUID) // read before the decision, outside its transaction
@@ -100,6 +117,7 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 		if ev.Kind == pipeline.NovaKindPrefix+"instance.unshelve.end" {
 			reapply = append(reapply, shelved...)
 		}
+		reapply = append(reapply, evacuated...)
 	}
 	if len(moved) == 0 && len(reapply) == 0 {
 		return false, false, nil
@@ -155,6 +173,13 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 			if err := p.ActPlan(ctx, w, id, requests.Accepted, &plan, f); err != nil {
 				return false, false, err
 			}
+		}
+		for _, a := range evacuated {
+			why := fmt.Sprintf("applied again on host %s by request %s after %s; its mdev on %s is removed once that host is back", f.Instance.Host, id, why, a.Host)
+			if err := requests.Evacuated(ctx, tx, a.ID, why); err != nil {
+				return false, false, err
+			}
+			plan.Notes = append(plan.Notes, fmt.Sprintf("vGPU %s (mdev %s) held off host %s since it was forced down: %s", a.Profile, a.ID, a.Host, why))
 		}
 		if len(shelved) > 0 && ev.Kind == pipeline.NovaKindPrefix+"instance.unshelve.end" {
 			ids := make([]uuid.UUID, len(shelved))

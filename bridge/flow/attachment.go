@@ -9,6 +9,13 @@ const (
 	AttReleasing = "releasing" // detach and remove queued
 	AttReleased  = "released"  // removed and the claim released
 	AttFailed    = "failed"    // the attach failed and was compensated
+	// AttHeld: its claim was taken out of the instance's consumer while
+	// its host's compute service is forced down (an evacuation may
+	// follow); the mdev stays on the host. With a provider, it is claimed
+	// again on that GPU when the host comes back; without (the instance
+	// was evacuated and the vGPU applied again elsewhere), its mdev is
+	// removed then.
+	AttHeld = "held"
 )
 
 // Attachment is a direct-path vGPU: a Placement claim in the instance's

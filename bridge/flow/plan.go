@@ -33,6 +33,10 @@ type Step struct {
 	// gone (the instance was deleted).
 	Release    []Attachment
 	RemoveOnly bool
+	// attach: Reclaim, when set, is a vGPU held off its host
+	// (AttHeld) whose units are claimed again on its own GPU; no command
+	// goes to the agent (its mdev is still there).
+	Reclaim *Attachment
 	// command
 	Command protocol.Kind
 	Params  any

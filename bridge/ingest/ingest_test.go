@@ -147,3 +147,34 @@ func TestSilenceHint(t *testing.T) {
 		}
 	}
 }
+
+// Nova 26's rebuild.end of an evacuation names the source (the instance
+// before finish_evacuation): the destination that sent it is where the
+// instance is, its node to be read from the hosts table. Other events,
+// and a rebuild on the same host, keep their payload's host and node.
+func TestEvacuatedTo(t *testing.T) {
+	src, node := "src", "src.node"
+	in := &nova.Instance{Host: &src, Node: &node}
+	for _, tc := range []struct {
+		name       string
+		m          nova.Message
+		host       string
+		nodeKnown  bool
+		sameObject bool
+	}{
+		{"evacuation", nova.Message{EventType: "instance.rebuild.end", Service: "nova-compute", Host: "dst"}, "dst", false, false},
+		{"rebuild in place", nova.Message{EventType: "instance.rebuild.end", Service: "nova-compute", Host: "src"}, "src", true, true},
+		{"rebuild.start", nova.Message{EventType: "instance.rebuild.start", Service: "nova-compute", Host: "dst"}, "src", true, true},
+		{"from the conductor", nova.Message{EventType: "instance.rebuild.end", Service: "nova-conductor", Host: "dst"}, "src", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := evacuatedTo(&tc.m, in)
+			if *got.Host != tc.host || (got.Node != nil) != tc.nodeKnown || (got == in) != tc.sameObject {
+				t.Errorf("evacuatedTo = host %s node %v (same %v)", *got.Host, got.Node, got == in)
+			}
+		})
+	}
+	if *in.Host != src || in.Node == nil {
+		t.Errorf("the payload's instance changed: %+v", in)
+	}
+}

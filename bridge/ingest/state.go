@@ -99,7 +99,30 @@ func snapshotOf(ev *Event) (*nova.Instance, *nova.Flavor, bool) {
 	if ev.Message != nil && staleCopies[ev.Message.EventType] {
 		return nil, nil, false
 	}
-	return instanceOf(ev.Payload)
+	in, nf, ok := instanceOf(ev.Payload)
+	if ok && ev.Message != nil {
+		in = evacuatedTo(ev.Message, in)
+	}
+	return in, nf, ok
+}
+
+// evacuatedTo is in as it is after the evacuation m ends, when m is one:
+// Nova 26's instance.rebuild.end of an evacuation comes from the
+// destination's compute service, but from the instance before its host
+// changes there (ComputeManager._do_rebuild_instance sends it;
+// rebuild_instance then sets host and node in
+// ResourceTracker.finish_evacuation, bug 1896463, and nothing is sent
+// after). So the publisher's host is where the instance is; its node is
+// left unknown (nil), for the hosts table to give (the state statements).
+// Any other event's instance is returned as it is.
+func evacuatedTo(m *nova.Message, in *nova.Instance) *nova.Instance {
+	if m.EventType != "instance.rebuild.end" || m.Service != "nova-compute" || m.Host == "" || in.Host == nil || *in.Host == "" || *in.Host == m.Host {
+		return in
+	}
+	c := *in
+	host := m.Host
+	c.Host, c.Node = &host, nil
+	return &c
 }
 
 func instanceOf(p nova.Payload) (*nova.Instance, *nova.Flavor, bool) {
@@ -198,7 +221,7 @@ const snapshotUnnest = `unnest($1::text[], $2::text[], $3::text[], $4::text[], $
 const insertSnapshots = `INSERT INTO instances (uuid, project_id, user_id, host, node, vm_state, task_state, power_state,
 		flavor, vgpu_demand, vgpus, display_name, availability_zone, new_flavor, fault,
 		last_event_type, last_event_at, last_event_rank, last_message_id, deleted_at, created_at, updated_at, guest_driver)
-	SELECT u::uuid, NULLIF(pj, ''), NULLIF(us, ''), h, nd, NULLIF(vs, ''), tsk, NULLIF(ps, ''),
+	SELECT u::uuid, NULLIF(pj, ''), NULLIF(us, ''), h, COALESCE(nd, (SELECT node FROM hosts WHERE name = h)), NULLIF(vs, ''), tsk, NULLIF(ps, ''),
 		fl::jsonb, dm::jsonb, vg, NULLIF(dn, ''), az,
 		CASE WHEN nfo = 'set' THEN nfv::jsonb END, CASE WHEN fo = 'set' THEN fv::jsonb END,
 		et, at, rk, mid, CASE WHEN dlo = 'set' THEN (dlv::jsonb #>> '{}')::timestamptz END, COALESCE(cr, now()), now(), NULLIF(gd, '')
@@ -207,7 +230,7 @@ const insertSnapshots = `INSERT INTO instances (uuid, project_id, user_id, host,
 	RETURNING uuid::text`
 
 const updateSnapshots = `UPDATE instances AS i SET
-		project_id = NULLIF(x.pj, ''), user_id = NULLIF(x.us, ''), host = x.h, node = x.nd,
+		project_id = NULLIF(x.pj, ''), user_id = NULLIF(x.us, ''), host = x.h, node = COALESCE(x.nd, (SELECT hs.node FROM hosts hs WHERE hs.name = x.h)),
 		vm_state = CASE WHEN i.vm_state = 'deleted' THEN i.vm_state ELSE NULLIF(x.vs, '') END,
 		task_state = CASE WHEN i.vm_state = 'deleted' THEN NULL ELSE x.tsk END, power_state = NULLIF(x.ps, ''),
 		flavor = COALESCE(x.fl::jsonb, i.flavor),

@@ -110,6 +110,9 @@ func mapBridgeEvent(r InboxRow, ev policy.Event) (policy.Event, error) {
 		return ev, nil
 	}
 	ev.Kind, ev.Source = BridgeKindPrefix+r.EventType, BridgeSource
+	if r.EventType == EventHostDown {
+		return ev, nil // package direct reads its payload (hostdown.go)
+	}
 	var c Change
 	if err := json.Unmarshal(r.Payload, &c); err != nil {
 		return ev, fmt.Errorf("event %d: bridge event payload: %w", r.ID, err)

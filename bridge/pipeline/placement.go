@@ -43,6 +43,9 @@ type ClaimSpec struct {
 	Trait     string
 	Count     int
 	Exclude   []string // GPU providers to skip
+	// Provider, when set, is the one GPU provider to claim on (a vGPU
+	// held off its host claimed again where its mdev is).
+	Provider string
 	// Read is the consumer's allocations from Holdings just before: the
 	// claim writes on them first, one Placement read fewer (a stale Read
 	// is caught by the consumer generation and read again).
@@ -75,6 +78,17 @@ var _ Placement = ServiceAdapter{}
 
 // Claim implements Placement.
 func (a ServiceAdapter) Claim(ctx context.Context, c ClaimSpec) (Claimed, error) {
+	if c.Provider != "" {
+		cl, err := a.S.ClaimOn(ctx, placement.ClaimRequest{Consumer: c.Consumer, ProjectID: c.ProjectID, UserID: c.UserID,
+			Request: engine.Request{Required: nonEmpty(c.Trait), Count: c.Count}, Read: c.Read}, c.Provider)
+		if errors.Is(err, placement.ErrNoCapacity) {
+			return Claimed{}, fmt.Errorf("%w: %v", ErrNoCapacity, err)
+		}
+		if err != nil {
+			return Claimed{}, err
+		}
+		return Claimed{Provider: cl.Provider, Node: cl.Host, Class: cl.Class, Amount: cl.Amount, Held: cl.Held}, nil
+	}
 	q, err := a.S.Engine().Normalize(engine.Request{Required: []string{c.Trait}, Count: c.Count, Hosts: []string{c.Node}, ExcludeGPUs: c.Exclude})
 	if err != nil {
 		return Claimed{}, err
@@ -138,4 +152,14 @@ func (a ServiceAdapter) GPUAddress(provider string) string {
 // ReleaseUnits implements Placement.
 func (a ServiceAdapter) ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error {
 	return a.S.ReleaseUnits(ctx, consumer, provider, class, amount, heldAfter)
+}
+
+func nonEmpty(s ...string) []string {
+	var out []string
+	for _, v := range s {
+		if v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }

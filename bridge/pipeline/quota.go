@@ -204,12 +204,12 @@ func (r *factReader) readUnifiedOf(ctx context.Context, q Querier, project, inst
 	return r.readUnified(ctx, q, project)
 }
 
-// bridgeVGPUs counts the project's direct-path vGPUs (pending or
-// attached) and the vGPUs its open decisions planned to claim.
+// bridgeVGPUs counts the project's direct-path vGPUs (pending,
+// attached, or held off a forced-down host) and the vGPUs its open decisions planned to claim.
 func bridgeVGPUs(ctx context.Context, q Querier, project string) (attached, planned int, err error) {
 	err = q.QueryRow(ctx, `SELECT
 			coalesce((SELECT sum(a.amount) FROM vgpu_attachments a JOIN instances i ON i.uuid = a.instance_uuid
-				WHERE i.project_id = $1 AND a.state IN ('pending','attached')), 0)::int,
+				WHERE i.project_id = $1 AND (a.state IN ('pending','attached') OR (a.state = 'held' AND a.provider_uuid IS NOT NULL))), 0)::int,
 			coalesce((SELECT sum(c.units) FROM planned_claims c JOIN instances i ON i.uuid = c.instance_uuid
 				JOIN events e ON e.id = c.event_id AND e.processed_at IS NULL WHERE i.project_id = $1), 0)::int`, project).
 		Scan(&attached, &planned)

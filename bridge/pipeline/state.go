@@ -362,12 +362,12 @@ func activeAttachments(ctx context.Context, q Querier, instance string) ([]flow.
 
 // bridgeVGPUsByProfile are the rows (profile, count, NULL) of project $1's
 // vGPUs the bridge knows before Placement does or beside it: direct-path
-// vGPUs (pending or attached), vGPUs of Nova resizes still under way, and
+// vGPUs (pending, attached, or held off a forced-down host), vGPUs of Nova resizes still under way, and
 // vGPUs decisions planned and are claiming; the callers add their flavor
 // arm after its UNION ALL.
 const bridgeVGPUsByProfile = `SELECT coalesce(a.profile,''), sum(a.amount)::int, NULL::jsonb FROM vgpu_attachments a
 			JOIN instances i ON i.uuid = a.instance_uuid
-			WHERE i.project_id = $1 AND a.state IN ('pending','attached') GROUP BY 1
+			WHERE i.project_id = $1 AND (a.state IN ('pending','attached') OR (a.state = 'held' AND a.provider_uuid IS NOT NULL)) GROUP BY 1
 		UNION ALL
 		SELECT coalesce(r.profile,''), sum(r.count)::int, NULL FROM nova_resizes r JOIN instances i ON i.uuid = r.instance_uuid
 			WHERE i.project_id = $1 AND r.step <> 'done' GROUP BY 1

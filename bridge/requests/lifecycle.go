@@ -418,3 +418,48 @@ func EventNotBefore(ctx context.Context, q Execer, id int64, wait time.Duration)
 	}
 	return nil
 }
+
+// Hold marks attached attachment id held off its host (flow.AttHeld): its
+// claim is being taken out of the instance's consumer (planned release)
+// while the host's compute service is forced down; the mdev stays.
+func Hold(ctx context.Context, q Execer, id uuid.UUID, why string) error {
+	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'held', reason = $2, updated_at = now() WHERE id = $1 AND state = 'attached'`,
+		id, why); err != nil {
+		return fmt.Errorf("hold attachment %s: %w", id, err)
+	}
+	return nil
+}
+
+// Restore marks held attachment id attached again, its claim made again
+// on its GPU (heldAfter: what the consumer held there right after).
+func Restore(ctx context.Context, q Execer, id uuid.UUID, heldAfter int, why string) error {
+	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'attached', held_after = $2, reason = $3, updated_at = now()
+		WHERE id = $1 AND state = 'held'`, id, heldAfter, why); err != nil {
+		return fmt.Errorf("restore attachment %s: %w", id, err)
+	}
+	return nil
+}
+
+// Evacuated records that held attachment id was applied again on another
+// host: its provider is forgotten (its claim is gone; its mdev on the old
+// host is removed once that host is back) and its usage ends.
+func Evacuated(ctx context.Context, q Execer, id uuid.UUID, why string) error {
+	if _, err := q.Exec(ctx, `WITH a AS (
+			UPDATE vgpu_attachments SET provider_uuid = NULL, reason = $2, updated_at = now() WHERE id = $1 AND state = 'held' RETURNING id)
+		UPDATE vgpu_usage u SET ended_at = greatest(u.started_at, now()) FROM a WHERE u.attachment_id = a.id AND u.ended_at IS NULL`,
+		id, why); err != nil {
+		return fmt.Errorf("attachment %s evacuated: %w", id, err)
+	}
+	return nil
+}
+
+// HeldAttachments are instance's vGPUs held off their host (flow.AttHeld).
+func HeldAttachments(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, instance string) ([]flow.Attachment, error) {
+	rows, err := q.Query(ctx, `SELECT `+AttachmentColumns+` FROM vgpu_attachments WHERE instance_uuid = $1 AND state = 'held' ORDER BY created_at, id`, instance)
+	if err != nil {
+		return nil, fmt.Errorf("read held vGPUs of %s: %w", instance, err)
+	}
+	return ScanAttachments(rows)
+}

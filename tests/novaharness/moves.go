@@ -149,16 +149,35 @@ func (n *Nova) RestartCompute(t testing.TB, host string) {
 	t.Helper()
 	ctx, cancel := testCtx(t)
 	defer cancel()
+	n.restartCompute(t, host)
+	// The service's last report is fresh until it misses service_down_time:
+	// wait for the new process to have logged its start.
+	if err := n.waitReady(ctx, []string{host}); err != nil {
+		t.Fatalf("RestartCompute %s: %v\n%s", host, err, n.LogTail(30))
+	}
+}
+
+// RestartComputeForcedDown stops the nova-compute of a host whose service
+// is forced down and starts it again, as Nova's guide has it after an
+// evacuation: the repaired host's compute starts, its init_host destroys
+// the evacuated guests there and moves their migrations to completed
+// (ComputeManager._destroy_evacuated_instances), and only then may the
+// service be forced up (the API refuses while done evacuations remain).
+// It does not wait for the service, which is never up while forced down:
+// the caller waits for what init_host does.
+func (n *Nova) RestartComputeForcedDown(t testing.TB, host string) {
+	t.Helper()
+	n.restartCompute(t, host)
+}
+
+// restartCompute stops the host's nova-compute and starts it again.
+func (n *Nova) restartCompute(t testing.TB, host string) {
+	t.Helper()
 	if !n.stopCompute(host) {
 		t.Fatalf("RestartCompute: no nova-compute of %s", host)
 	}
 	if err := n.startCompute(host); err != nil {
 		t.Fatal(err)
-	}
-	// The service's last report is fresh until it misses service_down_time:
-	// wait for the new process to have logged its start.
-	if err := n.waitReady(ctx, []string{host}); err != nil {
-		t.Fatalf("RestartCompute %s: %v\n%s", host, err, n.LogTail(30))
 	}
 }
 

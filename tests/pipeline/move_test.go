@@ -14,6 +14,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocations"
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
@@ -182,17 +183,16 @@ func (m *moveWorld) notify(eventType, instance, host, node, vmState string) {
 // notifyTask is notify with the instance's task state as the sender had
 // it (nil: none).
 func (m *moveWorld) notifyTask(eventType, instance, host, node, vmState string, task any) {
+	m.t.Helper()
+	m.notifyFrom(eventType, instance, host, node, vmState, task, host)
+}
+
+// notifyFrom is notifyTask sent by the nova-compute of host from ("": the
+// payload's host), whatever host its payload names.
+func (m *moveWorld) notifyFrom(eventType, instance, host, node, vmState string, task any, from string) {
 	t := m.t
 	t.Helper()
-	if corpus == nil {
-		_, file, _, _ := runtime.Caller(0)
-		all, err := novatest.Samples(filepath.Join(filepath.Dir(file), "..", "..", novatest.SamplesDir))
-		testsvc.Must(t, err, "samples")
-		corpus = map[string]novatest.Sample{}
-		for _, s := range all {
-			corpus[s.Name] = s
-		}
-	}
+	loadCorpus(t)
 	s, ok := corpus["instance-"+strings.ReplaceAll(strings.TrimPrefix(eventType, "instance."), ".", "-")]
 	if !ok {
 		t.Fatalf("no corpus sample for %s", eventType)
@@ -207,7 +207,9 @@ func (m *moveWorld) notifyTask(eventType, instance, host, node, vmState string, 
 		data["power_state"] = "pending"
 	} else {
 		data["host"], data["node"] = host, node
-		msg["publisher_id"] = "nova-compute:" + host
+	}
+	if from != "" {
+		msg["publisher_id"] = "nova-compute:" + from
 	}
 	b, err := json.Marshal(msg)
 	testsvc.Must(t, err, "marshal")
@@ -381,11 +383,16 @@ func TestMoveToAnotherHost(t *testing.T) {
 		// migrating); the dest event goes first, from host B.
 		dest       string
 		fromSource bool
+		// fromDest: the destination sends the event from the instance
+		// before its host changes (Nova 26's evacuation: rebuild.end,
+		// then ResourceTracker.finish_evacuation): host = the source.
+		fromDest bool
 	}{
 		{"live migration", "instance.live_migration_post.end", "active", "", 3, 0, m.novaLeavesA,
-			"instance.live_migration_post_dest.end", true},
-		{"evacuation", "instance.rebuild.end", "active", "", 4, 1, m.novaLeavesA, "", false},
-		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0, m.novaStopsOnA, "", false},
+			"instance.live_migration_post_dest.end", true, false},
+		{"evacuation", "instance.rebuild.end", "active", "", 4, 1, m.novaLeavesA, "", false, false},
+		{"evacuation as Nova 26 sends it", "instance.rebuild.end", "active", "", 5, 1, m.novaLeavesA, "", false, true},
+		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0, m.novaStopsOnA, "", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inst := m.domains[tc.domain].UUID
@@ -396,6 +403,10 @@ func TestMoveToAnotherHost(t *testing.T) {
 				t.Helper()
 				if tc.fromSource && event == tc.event {
 					m.notifyTask(event, inst, m.host, m.node, tc.vmState, "migrating")
+					return
+				}
+				if tc.fromDest && event == tc.event {
+					m.notifyFrom(event, inst, m.host, m.node, tc.vmState, nil, m.hostB)
 					return
 				}
 				m.notify(event, inst, m.hostB, m.nodeB, tc.vmState)
@@ -440,6 +451,8 @@ func TestMoveToAnotherHost(t *testing.T) {
 			}
 			if tc.fromSource && then == tc.event {
 				m.notifyTask(then, inst, m.host, m.node, "active", "migrating")
+			} else if tc.fromDest && then == tc.event {
+				m.notifyFrom(then, inst, m.host, m.node, "active", nil, m.hostB)
 			} else {
 				m.notify(then, inst, m.hostB, m.nodeB, "active")
 			}
@@ -572,4 +585,100 @@ func (m *moveWorld) novaRedefinesOnA(inst string) {
 		testsvc.Must(m.t, conn.RemoveHostdevConfig(m.ctx, inst, id), "Nova's guest XML")
 	}
 	testsvc.Must(m.t, conn.Start(m.ctx, inst), "Nova starts the domain again")
+}
+
+// serviceUpdate sends Nova's service.update for host's nova-compute
+// (Nova's sample), forced down or not, as nova-api does on `openstack
+// compute service set --down/--up`.
+func (m *moveWorld) serviceUpdate(host string, forcedDown bool) {
+	t := m.t
+	t.Helper()
+	loadCorpus(t)
+	s, ok := corpus["service-update"]
+	if !ok {
+		t.Fatal("no corpus sample for service.update")
+	}
+	var msg map[string]any
+	testsvc.Must(t, json.Unmarshal(s.JSON, &msg), "sample")
+	data := msg["payload"].(map[string]any)["nova_object.data"].(map[string]any)
+	data["host"], data["binary"], data["forced_down"], data["disabled"] = host, "nova-compute", forcedDown, false
+	msg["publisher_id"] = "nova-api:api1"
+	b, err := json.Marshal(msg)
+	testsvc.Must(t, err, "marshal")
+	wire, err := nova.WireMessage(b, uuid.NewString(), time.Now().UTC())
+	testsvc.Must(t, err, "wire")
+	dc, err := m.pub.PublishWithDeferredConfirmWithContext(m.ctx, m.exchange, "versioned_notifications.info", false, false,
+		amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: wire})
+	testsvc.Must(t, err, "publish")
+	if ok, err := dc.WaitContext(m.ctx); err != nil || !ok {
+		t.Fatalf("broker did not confirm service.update: %v", err)
+	}
+}
+
+// TestHostDownHoldAndRestore: Nova forces host A's compute service down →
+// the bridge takes the direct-path vGPU's claim out of the instance's
+// consumer (held: no VGPU in Placement, the mdev still in the domain),
+// so that an evacuation would not hand it to the destination; the service
+// is up again and the instance was not evacuated → the claim is made
+// again on the same GPU and the vGPU is attached again. Each is a request
+// of kind host_down that succeeded, the hold audited.
+func TestHostDownHoldAndRestore(t *testing.T) {
+	m := newMoveWorld(t)
+	m.start()
+	inst := m.domains[4].UUID
+	old := m.attachOnA(inst)
+	if al := m.allocations(inst); al[old.provider]["VGPU"] != 1 {
+		t.Fatalf("attached: allocations %v, want VGPU 1 on %s", al, old.provider)
+	}
+	m.serviceUpdate(m.host, true)
+	m.waitFor(30*time.Second, "the vGPU held off host A", func() bool {
+		a := m.atts(inst)
+		return len(a) == 1 && a[0].state == flow.AttHeld && a[0].provider == old.provider && vgpuUnits(m.allocations(inst)) == 0
+	})
+	if !m.mdevOn(m.fake, old.id) {
+		t.Errorf("held: mdev %s gone from host A", old.id)
+	}
+	var audited int
+	testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT count(*) FROM audit_log a JOIN requests r ON r.id::text = a.request_id
+		WHERE r.instance_uuid = $1 AND r.kind = 'host_down' AND a.action = 'hold' AND a.object_id = $2`, inst, old.id).Scan(&audited), "audit")
+	if audited != 1 {
+		t.Errorf("held: %d hold entries in the history, want 1", audited)
+	}
+	// A service notification that changes nothing of the kind (still
+	// forced down, sent again) holds nothing more.
+	m.serviceUpdate(m.host, true)
+	m.serviceUpdate(m.host, false)
+	m.waitFor(30*time.Second, "the vGPU attached again", func() bool {
+		a := m.atts(inst)
+		return len(a) == 1 && a[0].state == flow.AttAttached
+	})
+	al := m.allocations(inst)
+	if al[old.provider]["VGPU"] != 1 || vgpuUnits(al) != 1 {
+		t.Errorf("restored: allocations %v, want VGPU 1 on %s and nothing else", al, old.provider)
+	}
+	if !m.mdevOn(m.fake, old.id) {
+		t.Errorf("restored: mdev %s gone from host A", old.id)
+	}
+	m.waitFor(30*time.Second, "the host_down requests to end", func() bool {
+		rows, err := m.pool.Query(m.ctx, `SELECT state || '/' || (body->>'half') FROM requests WHERE instance_uuid = $1 AND kind = 'host_down' ORDER BY created_at`, inst)
+		testsvc.Must(t, err, "requests")
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		testsvc.Must(t, err, "requests")
+		return strings.Join(got, ",") == "succeeded/hold,succeeded/restore"
+	})
+}
+
+// loadCorpus reads Nova's notification samples into corpus, once.
+func loadCorpus(t testing.TB) {
+	t.Helper()
+	if corpus != nil {
+		return
+	}
+	_, file, _, _ := runtime.Caller(0)
+	all, err := novatest.Samples(filepath.Join(filepath.Dir(file), "..", "..", novatest.SamplesDir))
+	testsvc.Must(t, err, "samples")
+	corpus = map[string]novatest.Sample{}
+	for _, s := range all {
+		corpus[s.Name] = s
+	}
 }
