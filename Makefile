@@ -43,15 +43,18 @@ services: ## Install (apt) and start Postgres, RabbitMQ, Placement and Keystone 
 	bash tests/services.sh
 
 .PHONY: test
-test: services ## Start the services, run unit and integration tests with the race detector, each fuzz target briefly, then the lab's tests (the lab VM is powered off at the end)
-	@# The three phases run one after the other (the lab is CPU-heavy: it
-	@# must not share the machine with the parallel go test packages); each
-	@# runs even when one before failed, so a run reports all three, and
-	@# the target fails when any did. The lab's tests run verbose: the log
-	@# shows what each took.
-	@rc=0; \
+test: services ## Start the services, run unit and integration tests with the race detector and, beside them, each fuzz target briefly, then the lab's tests (the lab VM is powered off at the end)
+	@# The fuzz targets run beside the go test packages (at a lower CPU
+	@# priority: the packages spend much of their time waiting on Nova and
+	@# the other services), their output printed after the packages'; the
+	@# lab comes after both (it is CPU-heavy: it must not share the machine
+	@# with them). Each phase runs even when one before failed, so a run
+	@# reports all three, and the target fails when any did. The lab's
+	@# tests run verbose: the log shows what each took.
+	@rc=0; fuzzlog=$$(mktemp); \
+	nice -n 10 bash tests/fuzz.sh $(TEST_FUZZTIME) >"$$fuzzlog" 2>&1 & fuzz=$$!; \
 	CI=$${CI:-} $(GO) test -race -timeout $(TEST_TIMEOUT) -count=1 $(SLOW_TEST_PKGS) ./... || rc=1; \
-	bash tests/fuzz.sh $(TEST_FUZZTIME) || rc=1; \
+	wait $$fuzz || rc=1; cat "$$fuzzlog"; rm -f "$$fuzzlog"; \
 	( $(call lab_test_down,-v) ) || rc=1; \
 	exit $$rc
 
