@@ -56,10 +56,13 @@ func NewPrivateRabbit(t testing.TB) *PrivateRabbit {
 	p.Start()
 	t.Cleanup(func() {
 		if p.cmd != nil {
-			p.cmd.Process.Kill() //nolint:errcheck
-			p.cmd.Wait()         //nolint:errcheck
+			// The group: rabbitmq-server is a script whose Erlang VM is
+			// its child; killing the script alone left the VM running
+			// (its node name is in its environment, not its command
+			// line, so pkill -f did not find it either).
+			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) //nolint:errcheck
+			p.cmd.Wait()                                      //nolint:errcheck
 		}
-		exec.Command("pkill", "-f", p.node).Run() //nolint:errcheck
 		os.RemoveAll(dir)
 	})
 	return p
@@ -74,6 +77,9 @@ func (p *PrivateRabbit) Start() {
 	}
 	cmd := exec.Command(env("VGPU_TEST_RABBITMQ_SERVER", "/usr/lib/rabbitmq/bin/rabbitmq-server"))
 	cmd.Env, cmd.Dir, cmd.Stdout, cmd.Stderr = p.env, p.dir, log, log
+	// A process group of its own, killed whole at cleanup; and the script
+	// dies with the test binary.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		p.t.Fatalf("start the private RabbitMQ: %v", err)
 	}
