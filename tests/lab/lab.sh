@@ -271,9 +271,13 @@ make_seed() { # dir
 	[ -f "$STATE_DIR/machine-id" ] || tr -d - </proc/sys/kernel/random/uuid >"$STATE_DIR/machine-id"
 	cp "$STATE_DIR/machine-id" "$seed/etc/machine-id"
 	# This machine's own services (enabled by their packages) stay out of
-	# lab.target anyway; these few are pulled in by sysinit/sockets.
+	# lab.target anyway; these few are pulled in by sysinit/sockets. The
+	# timers (basic.target pulls timers.target) would start apt, man-db,
+	# logrotate or tmpfiles cleaning at random moments of a test, each a
+	# minute or more of both emulated CPUs.
 	for u in systemd-timesyncd.service open-iscsi.service iscsid.socket iscsid.service epmd.socket \
-		systemd-pstore.service; do
+		systemd-pstore.service timers.target apt-daily.timer apt-daily-upgrade.timer man-db.timer \
+		dpkg-db-backup.timer logrotate.timer e2scrub_all.timer fstrim.timer systemd-tmpfiles-clean.timer; do
 		ln -sf /dev/null "$seed/etc/systemd/system/$u"
 	done
 }
