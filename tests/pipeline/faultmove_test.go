@@ -1,11 +1,9 @@
 package pipeline_test
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,27 +41,14 @@ const gpuFaultRules = `  - name: gpu-fault-move
 func TestGPUFaultMovesDirectVGPU(t *testing.T) {
 	t.Parallel()
 	w := newWorldWith(t, testsvc.DirectPolicy(testsvc.RuleReleaseOnRequest, gpuFaultRules), withDomains(1))
-	topic := testsvc.Name("pipe-fault")
-	relay, err := notify.New(notify.Config{Driver: notify.DriverMessagingV2, URLs: []string{w.amqpURL}, Exchange: topic,
-		Topics: []string{topic}, DeclareQueues: true, PublisherID: "vgpu-bridge:pipetest", Poll: 200 * time.Millisecond,
-		ConfirmTimeout: 5 * time.Second, ReconnectMin: 100 * time.Millisecond, ReconnectMax: time.Second, Replica: "r1"}, w.pool, nil, logger())
-	testsvc.Must(t, err, "notification relay")
-	ctx, cancel := context.WithCancel(w.ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); relay.Run(ctx) }()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	t.Cleanup(func() {
-		deleteQueue(w.amqpURL, topic, notify.RoutingKey(topic, notify.Error))
-		deleteQueue(w.amqpURL, topic, notify.RoutingKey(topic, notify.Info))
-	})
+	topic := w.startRelay(t, "pipe-fault")
 
 	ctl := controls.NewStore(w.pool, nil, logger())
 	w.startAgent()
 	w.startBridge(replicaOpts{name: "r1", faults: ctl})
 	novaVM, directVM, later := w.domains[0].UUID, w.domains[3].UUID, w.domains[4].UUID
 	// Nova's notifications told the bridge of the vGPU of novaVM's flavor.
-	_, err = w.pool.Exec(w.ctx, `UPDATE instances SET vgpus = 1 WHERE uuid = $1`, novaVM)
+	_, err := w.pool.Exec(w.ctx, `UPDATE instances SET vgpus = 1 WHERE uuid = $1`, novaVM)
 	testsvc.Must(t, err, "the Nova VM's flavor vGPU")
 	old := w.attachT44Q(directVM) // on A, next to Nova's vGPU
 	novaBefore := w.allocations(novaVM)

@@ -211,6 +211,14 @@ func (m *moveWorld) notifyFrom(eventType, instance, host, node, vmState string, 
 	if from != "" {
 		msg["publisher_id"] = "nova-compute:" + from
 	}
+	m.publish(msg, eventType)
+}
+
+// publish sends msg (a notification as Nova's samples have it) the way
+// oslo.messaging does, and waits for the broker's confirm.
+func (m *moveWorld) publish(msg map[string]any, what string) {
+	t := m.t
+	t.Helper()
 	b, err := json.Marshal(msg)
 	testsvc.Must(t, err, "marshal")
 	wire, err := nova.WireMessage(b, uuid.NewString(), time.Now().UTC())
@@ -219,7 +227,7 @@ func (m *moveWorld) notifyFrom(eventType, instance, host, node, vmState string, 
 		amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: wire})
 	testsvc.Must(t, err, "publish")
 	if ok, err := dc.WaitContext(m.ctx); err != nil || !ok {
-		t.Fatalf("broker did not confirm %s: %v", eventType, err)
+		t.Fatalf("broker did not confirm %s: %v", what, err)
 	}
 }
 
@@ -603,16 +611,7 @@ func (m *moveWorld) serviceUpdate(host string, forcedDown bool) {
 	data := msg["payload"].(map[string]any)["nova_object.data"].(map[string]any)
 	data["host"], data["binary"], data["forced_down"], data["disabled"] = host, "nova-compute", forcedDown, false
 	msg["publisher_id"] = "nova-api:api1"
-	b, err := json.Marshal(msg)
-	testsvc.Must(t, err, "marshal")
-	wire, err := nova.WireMessage(b, uuid.NewString(), time.Now().UTC())
-	testsvc.Must(t, err, "wire")
-	dc, err := m.pub.PublishWithDeferredConfirmWithContext(m.ctx, m.exchange, "versioned_notifications.info", false, false,
-		amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: wire})
-	testsvc.Must(t, err, "publish")
-	if ok, err := dc.WaitContext(m.ctx); err != nil || !ok {
-		t.Fatalf("broker did not confirm service.update: %v", err)
-	}
+	m.publish(msg, "service.update")
 }
 
 // TestHostDownHoldAndRestore: Nova forces host A's compute service down →

@@ -63,18 +63,12 @@ func TestNotifyDelivers(t *testing.T) {
 		Callbacks: webhook.CallbackConfig{PollInterval: 50 * time.Millisecond, BackoffMin: 100 * time.Millisecond,
 			BackoffMax: time.Second, MaxAttempts: 5, Timeout: 2 * time.Second}})
 	testsvc.Must(t, err, "webhook endpoint")
-	topic := testsvc.Name("pipe-notify")
-	relay, err := notify.New(notify.Config{Driver: notify.DriverMessagingV2, URLs: []string{w.amqpURL}, Exchange: topic,
-		Topics: []string{topic}, DeclareQueues: true, PublisherID: "vgpu-bridge:pipetest", Poll: 200 * time.Millisecond,
-		ConfirmTimeout: 5 * time.Second, ReconnectMin: 100 * time.Millisecond, ReconnectMax: time.Second, Replica: "r1"}, w.pool, nil, logger())
-	testsvc.Must(t, err, "notification relay")
+	topic := w.startRelay(t, "pipe-notify")
 	ctx, cancel := context.WithCancel(w.ctx)
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(1)
 	go func() { defer wg.Done(); ep.Run(ctx) }()
-	go func() { defer wg.Done(); relay.Run(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	t.Cleanup(func() { deleteQueue(w.amqpURL, topic, notify.RoutingKey(topic, notify.Info)) })
 
 	w.startAgent()
 	w.startBridge(replicaOpts{name: "r1"})
@@ -211,4 +205,26 @@ func deleteQueue(url, exchange, queue string) {
 		ch.QueueDelete(queue, false, false, false)
 		ch.ExchangeDelete(exchange, false, false)
 	}
+}
+
+// startRelay runs a bridge's notification relay on the world's database
+// until the test ends, publishing on an exchange and topic of the test's
+// own (named after prefix), and returns the topic; its queues go at the end.
+func (w *world) startRelay(t *testing.T, prefix string) string {
+	t.Helper()
+	topic := testsvc.Name(prefix)
+	relay, err := notify.New(notify.Config{Driver: notify.DriverMessagingV2, URLs: []string{w.amqpURL}, Exchange: topic,
+		Topics: []string{topic}, DeclareQueues: true, PublisherID: "vgpu-bridge:pipetest", Poll: 200 * time.Millisecond,
+		ConfirmTimeout: 5 * time.Second, ReconnectMin: 100 * time.Millisecond, ReconnectMax: time.Second, Replica: "r1"}, w.pool, nil, logger())
+	testsvc.Must(t, err, "notification relay")
+	ctx, cancel := context.WithCancel(w.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); relay.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		deleteQueue(w.amqpURL, topic, notify.RoutingKey(topic, notify.Error))
+		deleteQueue(w.amqpURL, topic, notify.RoutingKey(topic, notify.Info))
+	})
+	return topic
 }

@@ -42,6 +42,12 @@ func TestTuneChangesTheGPU(t *testing.T) {
 	w.startAgent()
 	w.startBridge(replicaOpts{name: "r1"})
 	inst := w.domains[3].UUID // instance-00000004, running, no vGPU
+	// Read before the request: the attach's follow-up (the clocks) may
+	// run as soon as the attach succeeds.
+	before := w.readGPU(pci.MustParse(gpuB))
+	if before.Clocks.AppSM == 1200 || (before.Scheduler != nil && before.Scheduler.Policy == gpu.PolicyEqualShare) {
+		t.Fatalf("GPU B starts with the tuning the test sets: %+v %+v", before.Clocks, before.Scheduler)
+	}
 
 	id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-8Q", "count": 1, "workload": "training"})
 	if r := w.wait(id, 60*time.Second); r.State != requests.Succeeded {
@@ -54,10 +60,6 @@ func TestTuneChangesTheGPU(t *testing.T) {
 	addr := pci.MustParse(atts[0].pci)
 	if addr != pci.MustParse(gpuB) {
 		t.Fatalf("the vGPU is on %s, want GPU B %s", addr, gpuB)
-	}
-	before := w.readGPU(addr)
-	if before.Clocks.AppSM == 1200 || (before.Scheduler != nil && before.Scheduler.Policy == gpu.PolicyEqualShare) {
-		t.Fatalf("GPU %s starts with the tuning the test sets: %+v %+v", addr, before.Clocks, before.Scheduler)
 	}
 
 	// The clocks: the follow-up rule of the attach.
