@@ -72,23 +72,7 @@ func TestGPUFaultMovesDirectVGPU(t *testing.T) {
 	if r := w.wait(moveReq, 60*time.Second); r.State != requests.Succeeded {
 		t.Fatalf("the move of %s off GPU A: %s (%s: %s)", directVM, r.State, r.Code, r.Reason)
 	}
-	var kinds string
-	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT string_agg(kind, ',' ORDER BY seq) FROM commands WHERE request_id = $1`, moveReq).Scan(&kinds), "commands")
-	if kinds != "detach_vgpu,remove_mdev,attach_vgpu" {
-		t.Errorf("commands of the move: %s, want detach_vgpu,remove_mdev,attach_vgpu", kinds)
-	}
-	var moved []attachmentRow
-	for _, a := range w.attachments(directVM) {
-		switch {
-		case a.id == old.id && a.state != flow.AttReleased:
-			t.Errorf("the vGPU on the faulted GPU is %s, want released", a.state)
-		case a.id != old.id && a.state == flow.AttAttached:
-			moved = append(moved, a)
-		}
-	}
-	if len(moved) != 1 || moved[0].pci != gpuB || moved[0].provider != w.gpus[gpuB] {
-		t.Fatalf("attached after the move: %+v, want one on GPU B %s", moved, gpuB)
-	}
+	moved := []attachmentRow{w.swappedToB(moveReq, directVM, old, "move")}
 	if al := w.allocations(directVM); al[w.gpus[gpuB]]["VGPU"] != 1 || al[w.gpus[gpuA]]["VGPU"] != 0 {
 		t.Errorf("Placement after the move: %v, want VGPU 1 on GPU B only", al)
 	}

@@ -48,6 +48,32 @@ func (w *world) attachT44Q(inst string) attachmentRow {
 	return atts[0]
 }
 
+// swappedToB asserts what request id (a resize or a move of inst's vGPU
+// old) did: detach, remove, then attach; old released; one vGPU attached,
+// on GPU B. It returns that one.
+func (w *world) swappedToB(id uuid.UUID, inst string, old attachmentRow, what string) attachmentRow {
+	t := w.t
+	t.Helper()
+	var kinds string
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT string_agg(kind, ',' ORDER BY seq) FROM commands WHERE request_id = $1`, id).Scan(&kinds), "commands")
+	if kinds != "detach_vgpu,remove_mdev,attach_vgpu" {
+		t.Errorf("commands of the %s: %s, want detach_vgpu,remove_mdev,attach_vgpu", what, kinds)
+	}
+	var attached []attachmentRow
+	for _, a := range w.attachments(inst) {
+		switch {
+		case a.id == old.id && a.state != flow.AttReleased:
+			t.Errorf("the old vGPU is %s after the %s, want released", a.state, what)
+		case a.id != old.id && a.state == flow.AttAttached:
+			attached = append(attached, a)
+		}
+	}
+	if len(attached) != 1 || attached[0].pci != gpuB || attached[0].provider != w.gpus[gpuB] {
+		t.Fatalf("attached after the %s: %+v, want one on GPU B %s", what, attached, gpuB)
+	}
+	return attached[0]
+}
+
 // TestDirectResize: T4-4Q → T4-2Q on the direct path, then a release.
 // The old vGPU is detached and removed before the new one is created and
 // attached on the GPU that offers T4-2Q; Placement ends with the new
@@ -58,23 +84,7 @@ func TestDirectResize(t *testing.T) {
 	if r.State != requests.Succeeded {
 		t.Fatalf("resize: %s (%s: %s)", r.State, r.Code, r.Reason)
 	}
-	var kinds string
-	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT string_agg(kind, ',' ORDER BY seq) FROM commands WHERE request_id = $1`, id).Scan(&kinds), "commands")
-	if kinds != "detach_vgpu,remove_mdev,attach_vgpu" {
-		t.Errorf("commands of the resize: %s, want detach_vgpu,remove_mdev,attach_vgpu", kinds)
-	}
-	var attached []attachmentRow
-	for _, a := range w.attachments(inst) {
-		switch {
-		case a.id == old.id && a.state != flow.AttReleased:
-			t.Errorf("the old vGPU is %s, want released", a.state)
-		case a.id != old.id && a.state == flow.AttAttached:
-			attached = append(attached, a)
-		}
-	}
-	if len(attached) != 1 || attached[0].pci != gpuB || attached[0].provider != w.gpus[gpuB] {
-		t.Fatalf("attached after the resize: %+v, want one on %s", attached, gpuB)
-	}
+	attached := []attachmentRow{w.swappedToB(id, inst, old, "resize")}
 	al := w.allocations(inst)
 	if al[w.gpus[gpuB]]["VGPU"] != 1 || al[w.gpus[gpuA]]["VGPU"] != 0 {
 		t.Errorf("Placement after the resize: %v, want VGPU 1 on gpuB only", al)
