@@ -101,7 +101,7 @@ func (s *Service) ClaimOn(ctx context.Context, cr ClaimRequest, provider string)
 		return nil, fmt.Errorf("claim %s on %s: %w (the provider is not known)", cr.Consumer, provider, ErrNoCapacity)
 	}
 	for _, t := range cr.Request.Required {
-		if !g.HasTrait(t) && !g.Host.HasTrait(t) {
+		if t != "" && !g.HasTrait(t) && !g.Host.HasTrait(t) {
 			return nil, fmt.Errorf("claim %s on %s: %w (the GPU does not offer %s)", cr.Consumer, provider, ErrNoCapacity, t)
 		}
 	}

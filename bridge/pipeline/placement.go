@@ -80,7 +80,7 @@ var _ Placement = ServiceAdapter{}
 func (a ServiceAdapter) Claim(ctx context.Context, c ClaimSpec) (Claimed, error) {
 	if c.Provider != "" {
 		cl, err := a.S.ClaimOn(ctx, placement.ClaimRequest{Consumer: c.Consumer, ProjectID: c.ProjectID, UserID: c.UserID,
-			Request: engine.Request{Required: nonEmpty(c.Trait), Count: c.Count}, Read: c.Read}, c.Provider)
+			Request: engine.Request{Required: []string{c.Trait}, Count: c.Count}, Read: c.Read}, c.Provider)
 		if errors.Is(err, placement.ErrNoCapacity) {
 			return Claimed{}, fmt.Errorf("%w: %v", ErrNoCapacity, err)
 		}
@@ -152,14 +152,4 @@ func (a ServiceAdapter) GPUAddress(provider string) string {
 // ReleaseUnits implements Placement.
 func (a ServiceAdapter) ReleaseUnits(ctx context.Context, consumer, provider, class string, amount, heldAfter int) error {
 	return a.S.ReleaseUnits(ctx, consumer, provider, class, amount, heldAfter)
-}
-
-func nonEmpty(s ...string) []string {
-	var out []string
-	for _, v := range s {
-		if v != "" {
-			out = append(out, v)
-		}
-	}
-	return out
 }

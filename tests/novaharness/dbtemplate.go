@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -28,8 +29,11 @@ import (
 // the digest, so the next start migrates again and keeps new templates.
 
 // templateNames are the api and main (cell0, cell1) template databases of
-// the installed Nova, or "" when its migrations cannot be read.
-func templateNames() (api, main string) {
+// the installed Nova, or "" when its migrations cannot be read; worked out
+// once per test binary.
+var templateNames = sync.OnceValues(readTemplateNames)
+
+func readTemplateNames() (api, main string) {
 	dir := filepath.Join(novaPackageDir(), "db")
 	var files []string
 	for _, sub := range []string{"api/migrations/versions", "main/migrations/versions"} {
