@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -117,6 +118,9 @@ func startLabNova(t *testing.T) *labNova {
 compute_driver = libvirt.LibvirtDriver
 state_path = %[1]s
 instances_path = %[1]s/instances
+# The nested guest runs no ACPI daemon: a clean shutdown before a resize
+# would wait the whole timeout (60 s) before Nova destroys the guest.
+shutdown_timeout = 0
 [oslo_concurrency]
 lock_path = %[1]s/lock
 [libvirt]
@@ -292,8 +296,9 @@ func consoleOf(t *testing.T, server string) string {
 
 // TestNovaLibvirtDriver runs, on one Nova whose compute is the lab VM
 // (Nova's services and the compute start once: minutes under emulation),
-// the server Nova boots with a vGPU of its own, then the bridge's
-// direct-path vGPU on a server Nova booted without one.
+// the server Nova boots with a vGPU of its own, the bridge's direct-path
+// vGPU on a server Nova booted without one, and the bridge's Nova-path
+// resizes (confirmed, then reverted).
 func TestNovaLibvirtDriver(t *testing.T) {
 	ln := startLabNova(t)
 	t.Run("BootsVGPUServer", func(t *testing.T) { labNovaBootsVGPUServer(t, ln) })
@@ -301,6 +306,10 @@ func TestNovaLibvirtDriver(t *testing.T) {
 		t.Fatalf("removing the mdevs Nova left: %v\n%s", err, out)
 	}
 	t.Run("DirectPathAndRebuild", func(t *testing.T) { labNovaDirectPathAndRebuild(t, ln) })
+	if out, err := vm(t, removeMdevsOfType); err != nil {
+		t.Fatalf("removing the mdevs left: %v\n%s", err, out)
+	}
+	t.Run("NovaPathResizeConfirmAndRevert", func(t *testing.T) { labNovaPathResize(t, ln) })
 }
 
 // labNovaBootsVGPUServer: Nova's real libvirt driver in the
@@ -418,14 +427,14 @@ const labBridgeProfiles = `profiles:
 // startLabBridge runs an in-process bridge on a database of its own,
 // listening to the lab Nova's notifications and serving its agents
 // (Nova's vhost, as a deployment's bridge and agents share Nova's
-// broker), with the direct-path policy.
-func startLabBridge(t *testing.T, ln *labNova) *apiclient.Client {
+// broker), with the given policy.
+func startLabBridge(t *testing.T, ln *labNova, policy string) *apiclient.Client {
 	t.Helper()
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "policy.yaml")
 	profiles := filepath.Join(dir, "profiles.yaml")
 	token := filepath.Join(dir, "nova-token")
-	testsvc.Must(t, os.WriteFile(rules, []byte(testsvc.DirectPolicy(testsvc.RuleReleaseOnDelete)), 0o600), "policy")
+	testsvc.Must(t, os.WriteFile(rules, []byte(policy), 0o600), "policy")
 	testsvc.Must(t, os.WriteFile(profiles, []byte(labBridgeProfiles), 0o600), "profiles")
 	testsvc.Must(t, os.WriteFile(token, []byte(ln.Token()+"\n"), 0o600), "nova token")
 	v := testbridge.Config(t, testsvc.Postgres(t),
@@ -490,7 +499,7 @@ func labNovaDirectPathAndRebuild(t *testing.T, ln *labNova) {
 		conf: "[devices]\nenabled_types = " + labNovaType + "\n",
 		sets: []string{"DEFAULT.transport_url=" + vmURL(ln.TransportURL())},
 	})
-	api := startLabBridge(t, ln)
+	api := startLabBridge(t, ln, testsvc.DirectPolicy(testsvc.RuleReleaseOnDelete))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 
@@ -550,6 +559,159 @@ func labNovaDirectPathAndRebuild(t *testing.T, ln *labNova) {
 		t.Errorf("the rebuilt domain has mdev %s, not the unassigned %s Nova's driver reuses", after.InDomain[0], before.InDomain[0])
 	}
 	ln.DeleteServerWithin(t, id, labNovaOp)
+}
+
+// labNovaPolicy is the bridge's policy for the Nova path: a GPU_REQUEST
+// is a resize to a vGPU flavor, a GPU_RELEASE a resize back.
+const labNovaPolicy = `version: 1
+defaults:
+  attach_mode: nova-resize
+  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
+rules:
+  - name: attach-on-request
+    on: [webhook.GPU_REQUEST]
+    when: preferred != ""
+    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
+  - name: release-on-request
+    on: [webhook.GPU_RELEASE]
+    then: ['release()']
+`
+
+// labNovaPathResize: under Nova's own libvirt driver, the bridge's Nova
+// path. A GPU_REQUEST resizes a server Nova booted without a vGPU to the
+// flavor of the same size with the profile's type (Nova's scheduler claims
+// the VGPU, Nova's driver creates the mdev in finish_migration); the
+// agent verifies the mdev in Nova's domain, the bridge confirms. A
+// GPU_RELEASE resizes it back: Nova's driver leaves the mdev, unassigned.
+// A second GPU_REQUEST, cancelled while Nova resizes, is reverted by the
+// bridge once Nova has finished: the resized guest took the unassigned
+// mdev (LibvirtDriver._allocate_mdevs, _get_existing_mdevs_not_assigned)
+// and the revert destroys it and defines the old guest again
+// (ComputeManager.revert_resize, LibvirtDriver.finish_revert_migration,
+// which keeps only the mdevs still assigned to the instance: none). The
+// server is back without a vGPU, the GPU holds the one mdev it had, and
+// the bridge counts no vGPU for it: none lost, none doubled.
+func labNovaPathResize(t *testing.T, ln *labNova) {
+	startLabAgentWith(t, agentOpts{
+		host: labNovaHost,
+		conf: "[devices]\nenabled_types = " + labNovaType + "\n",
+		sets: []string{"DEFAULT.transport_url=" + vmURL(ln.TransportURL())},
+	})
+	// The type's trait (the bridge's flavors require it), on one GPU
+	// only, so that every resize lands on the GPU whose mdev Nova reuses.
+	var gpu labGPU
+	var gpuRP string
+	for rp, g := range ln.gpus(t) {
+		gpuRP, gpu = rp, g
+		break
+	}
+	const trait = "CUSTOM_MTTY_PCI_2"
+	ln.addTrait(t, gpuRP, trait)
+	plain := ln.CreateFlavor(t, "lab.resize", 1, 192, 0, nil)
+	ln.CreateFlavor(t, "lab.resize.vgpu", 1, 192, 0, map[string]string{
+		"resources:VGPU": "1", "trait:" + trait: "required", "vgpu_bridge:release_flavor": "lab.resize"})
+	api := startLabBridge(t, ln, labNovaPolicy)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+
+	id := ln.CreateServerFrom(t, "lab-resize", plain, ln.disk, labNovaHost)
+	ln.WaitServerWithin(t, id, "ACTIVE", labNovaOp)
+	poll(t, 5*time.Minute, func() (bool, string) {
+		in, err := api.Instance(ctx, id)
+		return err == nil && in.Host != nil && *in.Host == labNovaHost, fmt.Sprintf("the bridge's instance %s: %+v %v", id, in, err)
+	})
+	ask := func(typ string) string {
+		t.Helper()
+		ans, err := api.CreateRequest(ctx, apiclient.NewRequest{Type: typ, VMID: id, Workload: "training", VGPUProfile: "LAB-2Q", Count: 1}, "")
+		testsvc.Must(t, err, typ)
+		return ans.RequestID
+	}
+	// settled: the server ACTIVE with no task, on flavor, and the bridge's
+	// count of its vGPUs; then what the lab holds of them.
+	settled := func(flavor string, vgpus int) labVGPU {
+		t.Helper()
+		poll(t, labNovaOp, func() (bool, string) {
+			s := ln.Server(t, id)
+			in, err := api.Instance(ctx, id)
+			return s.Status == "ACTIVE" && s.TaskState == "" && s.Flavor.OriginalName == flavor && err == nil && in.VGPUs == vgpus,
+				fmt.Sprintf("server %s %s (task %q) on %s, the bridge counts %d vGPUs (%v); want ACTIVE on %s, %d",
+					id, s.Status, s.TaskState, s.Flavor.OriginalName, in.VGPUs, err, flavor, vgpus)
+		})
+		return ln.vgpuOf(t, id)
+	}
+
+	// Grow: resize, verify, confirm.
+	start := time.Now()
+	req := waitLabRequest(t, ctx, api, ask("GPU_REQUEST"))
+	if req.State != "succeeded" || !strings.Contains(req.Reason, "lab.resize.vgpu") {
+		t.Fatalf("GPU_REQUEST %s: %s %s %s; want succeeded on lab.resize.vgpu", req.ID, req.State, req.Code, req.Reason)
+	}
+	t.Logf("resized through Nova, verified and confirmed in %s", time.Since(start).Round(time.Second))
+	grown := settled("lab.resize.vgpu", 1)
+	if len(grown.Allocated) != 1 || grown.Allocated[gpuRP] != 1 || len(grown.InDomain) != 1 || len(grown.OfTypeHost) != 1 {
+		t.Fatalf("after the resize: %+v; want one VGPU on %s, one mdev in the domain, the only one of its type", grown, gpu.Name)
+	}
+	mdev := grown.InDomain[0]
+	if typ, parent, ok := mdevOf(t, mdev); !ok || typ != labNovaType || parent != gpu.PCI {
+		t.Fatalf("mdev %s: %s on %s (exists %v); want %s on %s", mdev, typ, parent, ok, labNovaType, gpu.PCI)
+	}
+	if got := ln.actions(t, id); got["resize"] != 1 || got["confirmResize"] != 1 {
+		t.Errorf("Nova's instance actions %v, want one resize and one confirmResize", got)
+	}
+
+	// Give it back: a resize to the flavor the vGPU flavor names.
+	req = waitLabRequest(t, ctx, api, ask("GPU_RELEASE"))
+	if req.State != "succeeded" {
+		t.Fatalf("GPU_RELEASE %s: %s %s %s", req.ID, req.State, req.Code, req.Reason)
+	}
+	released := settled("lab.resize", 0)
+	if len(released.Allocated) != 0 || len(released.InDomain) != 0 || !slices.Equal(released.OfTypeHost, []string{mdev}) {
+		t.Fatalf("after the release: %+v; want no VGPU, no mdev in the domain, %s left unassigned", released, mdev)
+	}
+
+	// Grow again, cancelled while Nova resizes: the bridge reverts.
+	cancelled := ask("GPU_REQUEST")
+	poll(t, labNovaOp, func() (bool, string) {
+		r, err := api.Request(ctx, cancelled)
+		return err == nil && r.Phase == "resizing", fmt.Sprintf("request %s: %s/%s %s %v", cancelled, r.State, r.Phase, r.Reason, err)
+	})
+	r, err := api.CancelRequest(ctx, cancelled)
+	if err != nil || r.State != "failed" || r.Code != "cancelled" {
+		t.Fatalf("cancel %s: %+v %v", cancelled, r, err)
+	}
+	start = time.Now()
+	poll(t, labNovaOp, func() (bool, string) {
+		got := ln.actions(t, id)
+		return got["revertResize"] == 1, fmt.Sprintf("Nova's instance actions %v", got)
+	})
+	reverted := settled("lab.resize", 0)
+	t.Logf("reverted by the bridge %s after the cancel", time.Since(start).Round(time.Second))
+	if len(reverted.Allocated) != 0 || len(reverted.InDomain) != 0 || !slices.Equal(reverted.OfTypeHost, []string{mdev}) {
+		t.Errorf("after the revert: %+v; want no VGPU, no mdev in the domain, only %s of its type on the GPU", reverted, mdev)
+	}
+	if got := ln.actions(t, id); got["resize"] != 3 || got["confirmResize"] != 2 || got["revertResize"] != 1 {
+		t.Errorf("Nova's instance actions %v, want three resizes, two confirmed, one reverted", got)
+	}
+	ln.DeleteServerWithin(t, id, labNovaOp)
+}
+
+// actions counts Nova's record of a server's actions (resize,
+// confirmResize, revertResize…).
+func (ln *labNova) actions(t *testing.T, server string) map[string]int {
+	t.Helper()
+	var out struct {
+		Actions []struct {
+			Action string `json:"action"`
+		} `json:"instanceActions"`
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	testsvc.Must(t, ln.ComputeAs(ctx, http.MethodGet, "/servers/"+server+"/os-instance-actions", ln.Token(), nil, &out), "instance actions")
+	n := map[string]int{}
+	for _, a := range out.Actions {
+		n[a.Action]++
+	}
+	return n
 }
 
 // waitLabRequest waits until a bridge request is final.

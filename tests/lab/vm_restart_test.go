@@ -66,7 +66,11 @@ func unitProps(t *testing.T, unit string, props ...string) map[string]string {
 // libvirtd started, as systemd's timestamps show. vgpu-agent.service
 // starts after libvirtd, and its first reports, which the bridge reads,
 // list the mdev on its parent, of its type, owned by the agent and used by
-// the domain.
+// the domain. The packaged vgpu-agent-layout.service (no vf_layout here:
+// it types nothing) is enabled too, with a nova-compute.service of the
+// lab's (a oneshot: systemd orders units by name, and Nova's compute
+// would take minutes to import under emulation at every boot): the
+// timestamps show layout, then restore, done before nova-compute started.
 func TestLabRestartRecreatesMdevsBeforeGuests(t *testing.T) {
 	needLab(t)
 	const name, domID = "lab-restart", "6c0d5a9e-8f3b-4d51-9a0e-1f2e3d4c5b03"
@@ -81,14 +85,15 @@ func TestLabRestartRecreatesMdevsBeforeGuests(t *testing.T) {
 	t.Cleanup(func() {
 		os.RemoveAll(seed) // the next boot is the lab's own again
 		vm(t, fmt.Sprintf(`v="virsh -c qemu:///system"
-systemctl stop vgpu-agent vgpu-agent-restore 2>/dev/null
+systemctl stop vgpu-agent vgpu-agent-restore vgpu-agent-layout nova-compute 2>/dev/null
 $v destroy %[1]s >/dev/null 2>&1; $v undefine %[1]s >/dev/null 2>&1
 rm -rf /etc/systemd/system/vgpu-agent* /etc/systemd/system/lab.target.wants/vgpu-agent*
+rm -f /etc/systemd/system/nova-compute.service /etc/systemd/system/lab.target.wants/nova-compute.service
 systemctl daemon-reload; systemctl reset-failed 2>/dev/null
 [ ! -e /sys/bus/mdev/devices/%[2]s ] || echo 1 >/sys/bus/mdev/devices/%[2]s/remove
 true`, name, mdev))
 	})
-	a.units = append(a.units, "vgpu-agent-restore", "vgpu-agent")
+	a.units = append(a.units, "vgpu-agent-layout", "vgpu-agent-restore", "vgpu-agent")
 
 	// The bridge's side of the agent's reports, from before the restart.
 	q, err := a.ch.QueueDeclare("", false, true, true, false, nil)
@@ -121,15 +126,13 @@ $v define /run/%[1]s.xml >/dev/null`, name, domID))
 	// agent's two units as packaged, enabled, with the lab's binary and
 	// configuration. The journal is on the share already.
 	unitDir := filepath.Join(seed, "etc", "systemd", "system")
-	for _, u := range []string{"vgpu-agent.service", "vgpu-agent-restore.service"} {
+	for _, u := range []string{"vgpu-agent.service", "vgpu-agent-restore.service", "vgpu-agent-layout.service"} {
 		b, err := os.ReadFile(filepath.Join("..", "..", "etc", "systemd", u))
 		testsvc.Must(t, err, "read "+u)
 		testsvc.Must(t, os.MkdirAll(filepath.Join(unitDir, u+".d"), 0o755), "mkdir")
 		testsvc.Must(t, os.WriteFile(filepath.Join(unitDir, u), b, 0o644), "write "+u)
-		sub := "serve"
-		if u == "vgpu-agent-restore.service" {
-			sub = "restore-devices"
-		}
+		sub := map[string]string{"vgpu-agent.service": "serve", "vgpu-agent-restore.service": "restore-devices",
+			"vgpu-agent-layout.service": "layout apply"}[u]
 		// systemd expands % specifiers in ExecStart.
 		cmd := strings.ReplaceAll(a.bin+" "+sub+a.sets, "%", "%%")
 		dropIn := fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s\n# The journal and keys are on the lab's share.\nReadWritePaths=%s/agents\n",
@@ -138,6 +141,11 @@ $v define /run/%[1]s.xml >/dev/null`, name, domID))
 		testsvc.Must(t, os.MkdirAll(filepath.Join(unitDir, "lab.target.wants"), 0o755), "mkdir")
 		testsvc.Must(t, os.Symlink("/etc/systemd/system/"+u, filepath.Join(unitDir, "lab.target.wants", u)), "enable "+u)
 	}
+	const novaCompute = "[Unit]\nDescription=the lab's nova-compute (ordering only)\n" +
+		"[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n"
+	testsvc.Must(t, os.WriteFile(filepath.Join(unitDir, "nova-compute.service"), []byte(novaCompute), 0o644), "nova-compute.service")
+	testsvc.Must(t, os.Symlink("/etc/systemd/system/nova-compute.service", filepath.Join(unitDir, "lab.target.wants", "nova-compute.service")),
+		"enable nova-compute.service")
 	out, err = vm(t, fmt.Sprintf(`set -e
 d=%[2]s/seed/etc/libvirt/qemu
 mkdir -p $d/autostart
@@ -178,6 +186,30 @@ grep -c "uuid='%[3]s'" $d/%[1]s.xml`, name, vmShare, mdev))
 		t.Errorf("vgpu-agent-restore done at %d µs, libvirtd started at %d µs (monotonic): want the restore first", done, lvStart)
 	} else {
 		t.Logf("vgpu-agent-restore done %.1f s before libvirtd started", float64(lvStart-done)/1e6)
+	}
+	// vgpu-agent-layout, then vgpu-agent-restore, done before nova-compute
+	// started.
+	ly := unitProps(t, "vgpu-agent-layout", "Result", "ActiveState", "ActiveEnterTimestampMonotonic")
+	rsStart := unitProps(t, "vgpu-agent-restore", "ExecMainStartTimestampMonotonic")["ExecMainStartTimestampMonotonic"]
+	nc := unitProps(t, "nova-compute", "ExecMainStartTimestampMonotonic")["ExecMainStartTimestampMonotonic"]
+	if ly["Result"] != "success" || ly["ActiveState"] != "active" {
+		t.Errorf("vgpu-agent-layout: %v, want it active (exited) with success", ly)
+	}
+	for _, o := range []struct {
+		first, then       string
+		firstAt, thenFrom string
+	}{
+		{"vgpu-agent-layout done", "vgpu-agent-restore started", ly["ActiveEnterTimestampMonotonic"], rsStart},
+		{"vgpu-agent-layout done", "nova-compute started", ly["ActiveEnterTimestampMonotonic"], nc},
+		{"vgpu-agent-restore done", "nova-compute started", rs["ActiveEnterTimestampMonotonic"], nc},
+	} {
+		a, _ := strconv.ParseUint(o.firstAt, 10, 64)
+		b, _ := strconv.ParseUint(o.thenFrom, 10, 64)
+		if a == 0 || b == 0 || a > b {
+			t.Errorf("%s at %d µs, %s at %d µs (monotonic): want the first before the second", o.first, a, o.then, b)
+		} else {
+			t.Logf("%s %.2f s before %s", o.first, float64(b-a)/1e6, o.then)
+		}
 	}
 	out, _ = vm(t, "journalctl -q -o cat -u vgpu-agent-restore")
 	if !regexp.MustCompile(`(?m)^recreated +mdev:` + mdev + `$`).MatchString(out) {
