@@ -43,26 +43,32 @@ func (s *Service) readFaulted(ctx context.Context) (map[string]string, error) {
 // only that trait, never an inventory. Each write carries the provider's
 // generation; a conflict (409) reads the traits again and retries. Each
 // change is audited. It returns the providers changed.
+//
+// The trait itself is created at the first sync, before any fault:
+// Placement answers 400 "No such trait(s)" to an allocation candidates
+// query that forbids a trait it does not know, so every flavor that
+// forbids it (as `vgpuctl flavor plan` makes them) would end NoValidHost
+// until a first fault.
 func (s *Service) SyncFaultTraits(ctx context.Context) (int, error) {
 	if s.store == nil {
 		return 0, nil
+	}
+	sc := s.client.ServiceClient()
+	if !s.faultTrait.Load() {
+		if err := traits.Create(ctx, sc, nova.GPUFaultTrait).ExtractErr(); err != nil {
+			return 0, fmt.Errorf("create trait %s: %w", nova.GPUFaultTrait, err)
+		}
+		s.faultTrait.Store(true)
 	}
 	faulted, err := s.readFaulted(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("faulted GPUs: %w", err)
 	}
-	sc := s.client.ServiceClient()
-	created, changed := false, 0
+	changed := 0
 	for _, g := range s.index.GPUs() {
 		reason, want := faulted[g.UUID]
 		if slices.Contains(g.Traits, nova.GPUFaultTrait) == want {
 			continue
-		}
-		if want && !created {
-			if err := traits.Create(ctx, sc, nova.GPUFaultTrait).ExtractErr(); err != nil {
-				return changed, fmt.Errorf("create trait %s: %w", nova.GPUFaultTrait, err)
-			}
-			created = true
 		}
 		done := false
 		for try := 0; try < faultTraitTries && !done; try++ {

@@ -131,6 +131,9 @@ type Service struct {
 	syncMu     sync.Mutex    // one sync at a time in this process
 	leading    atomic.Bool   // this replica holds the sync lock in Run
 	synced     atomic.Bool   // the index holds the result of a full sync
+	// faultTrait is set once nova.GPUFaultTrait exists in Placement
+	// (SyncFaultTraits creates it at the first sync).
+	faultTrait atomic.Bool
 	loaded     chan struct{} // closed when synced first is (Loaded)
 	loadedOnce sync.Once
 

@@ -21,8 +21,12 @@ func (p *Path) finishSucceeded(ctx context.Context, tx pgx.Tx, r resizeRow, how 
 	}
 	reason := fmt.Sprintf("resized through Nova to flavor %s (%s) on host %s; the agent verified the vGPU; %s",
 		r.FlavorName, r.what(), cmp.Or(r.TargetHost, "?"), how)
-	if r.Kind == KindRelease {
+	switch r.Kind {
+	case KindRelease:
 		reason = fmt.Sprintf("resized through Nova to flavor %s (no vGPU) on host %s; %s", r.FlavorName, cmp.Or(r.TargetHost, "?"), how)
+	case KindMove:
+		reason = fmt.Sprintf("cold-migrated through Nova from host %s to host %s (flavor %s kept), off GPU %s; the agent verified the vGPU; %s",
+			cmp.Or(r.SourceHost, "?"), cmp.Or(r.TargetHost, "?"), r.FlavorName, cmp.Or(r.LeaveGPU, "?"), how)
 	}
 	if r.Overdue {
 		reason += fmt.Sprintf(" (after its deadline; [nova] on_deadline = %s)", p.cfg.OnDeadline)

@@ -81,3 +81,41 @@ func TestNovaRequestID(t *testing.T) {
 		t.Error("NovaRequestID")
 	}
 }
+
+// TestStillOn: a move whose verified vGPU is on the GPU it had to leave,
+// on the source host, is named; another GPU, another host, another kind
+// of resize or details without vGPUs are not.
+func TestStillOn(t *testing.T) {
+	move := resizeRow{Kind: KindMove, SourceHost: "cmp1", LeaveGPU: "0000:3b:00.0"}
+	details := func(parents ...string) json.RawMessage {
+		var vs []map[string]string
+		for _, p := range parents {
+			vs = append(vs, map[string]string{"device": "mdev", "parent": p})
+		}
+		b, _ := json.Marshal(map[string]any{"vgpus": vs, "healthy": len(vs)})
+		return b
+	}
+	resize := move
+	resize.Kind = KindResize
+	tests := []struct {
+		name    string
+		r       resizeRow
+		host    string
+		details json.RawMessage
+		want    bool
+	}{
+		{"back on the GPU left", move, "cmp1", details("0000:3B:00.0"), true},
+		{"another GPU of the host", move, "cmp1", details("0000:d8:00.0"), false},
+		{"another host", move, "cmp2", details("0000:3b:00.0"), false},
+		{"a resize, not a move", resize, "cmp1", details("0000:3b:00.0"), false},
+		{"no details", move, "cmp1", nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := stillOn(tt.r, tt.host, tt.details)
+			if (got != "") != tt.want || (tt.want && !strings.Contains(got, "0000:3b:00.0")) {
+				t.Errorf("stillOn = %q, want named: %v", got, tt.want)
+			}
+		})
+	}
+}

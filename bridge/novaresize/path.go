@@ -24,6 +24,8 @@ type Nova interface {
 	Resize(ctx context.Context, id, flavorID, requestID string) error
 	ConfirmResize(ctx context.Context, id, requestID string) error
 	RevertResize(ctx context.Context, id, requestID string) error
+	// Migrate cold-migrates a server; host "" lets Nova's scheduler choose.
+	Migrate(ctx context.Context, id, host, requestID string) error
 }
 
 var _ Nova = (*computeapi.Client)(nil)
@@ -222,6 +224,10 @@ const (
 	KindAttach  = "attach"  // from a flavor without vGPU to one with
 	KindResize  = "resize"  // to a flavor with another profile or count
 	KindRelease = "release" // to the flavor without vGPU
+	// KindMove is a cold migration (Nova's migrate action, the same
+	// flavor) that moves the flavor's vGPU off a GPU (LeaveGPU): Nova
+	// follows it with the resize's notifications, verify and confirm.
+	KindMove = "move"
 )
 
 // Steps of nova_resizes.

@@ -13,6 +13,9 @@ import (
 )
 
 func (p *Path) callResize(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
+	if r.Kind == KindMove {
+		return p.callMigrate(ctx, r, srv, state)
+	}
 	if r.RequestState.Final() {
 		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "the request ended before the resize"},
 			apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
@@ -89,7 +92,57 @@ func (p *Path) resizeCalled(ctx context.Context, tx pgx.Tx, r resizeRow, flavorI
 	if to == requests.Decided {
 		to = requests.Dispatched
 	}
-	_, err = p.reqs.Transition(ctx, tx, r.RequestID, to, flow.PhaseResizing,
-		fmt.Sprintf("Nova resizes the server from flavor %s to %s (%s)", cmp.Or(oldFlavor, "?"), flavorName, r.what()), "")
+	why := fmt.Sprintf("Nova resizes the server from flavor %s to %s (%s)", cmp.Or(oldFlavor, "?"), flavorName, r.what())
+	if r.Kind == KindMove {
+		why = fmt.Sprintf("Nova cold-migrates the server (flavor %s) off GPU %s of host %s", flavorName, cmp.Or(r.LeaveGPU, "?"), cmp.Or(r.SourceHost, "?"))
+	}
+	_, err = p.reqs.Transition(ctx, tx, r.RequestID, to, flow.PhaseResizing, why, "")
 	return err
+}
+
+// callMigrate is callResize for a move: Nova's migrate action, the flavor
+// unchanged, the host Nova's scheduler's choice (a flavor that forbids the
+// fault trait keeps it off the faulted GPU; verify checks it did).
+func (p *Path) callMigrate(ctx context.Context, r resizeRow, srv computeapi.Server, state map[string]any) callOutcome {
+	if r.RequestState.Final() {
+		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "the request ended before the migration"},
+			apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+				return requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepDone})
+			}}
+	}
+	if r.ResizeSent {
+		// An earlier attempt's call may have reached Nova before its
+		// outcome was recorded: follow what Nova did.
+		return callOutcome{audit: map[string]any{"call": "none", "server": state, "note": "a migration may be under way: an earlier attempt's call"},
+			apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+				switch {
+				case srv.Status == "VERIFY_RESIZE":
+					_, err := p.finished(ctx, tx, r, srv.Host)
+					return err
+				case srv.Resizing():
+					return p.resizeCalled(ctx, tx, r, srv.Flavor.ID, srv.Flavor.Name, srv.Flavor.Name)
+				case srv.Host != r.SourceHost:
+					r.FlavorName, r.TargetHost = srv.Flavor.Name, srv.Host
+					return p.finishSucceeded(ctx, tx, r, "the server was found on host "+srv.Host)
+				}
+				return p.finishFailed(ctx, tx, r, flow.CodeNovaFailed, fmt.Sprintf("the cold migration of server %s did not take place: it is %s on host %s",
+					r.Instance, srv.Status, srv.Host))
+			}}
+	}
+	if srv.Resizing() || srv.Status != "ACTIVE" && srv.Status != "SHUTOFF" {
+		return callOutcome{audit: map[string]any{"call": "none", "server": state}, apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return p.finishFailed(ctx, tx, r, flow.CodeBusy, fmt.Sprintf("server %s cannot be migrated now (status %s, task state %s); retry when it is ACTIVE or SHUTOFF",
+				r.Instance, srv.Status, cmp.Or(srv.TaskState, "none")))
+		}}
+	}
+	if err := requests.MarkResizeSent(ctx, p.pool, r.RequestID); err != nil {
+		return p.retryOrFail("record the migrate call", &computeapi.Error{Op: "record", Kind: computeapi.KindRetryable, Err: err}, flow.CodeNovaError)
+	}
+	if err := p.nova.Migrate(ctx, srv.ID, "", r.NovaRequestID); err != nil {
+		return p.retryOrFail("cold-migrate", err, flow.CodeNovaError)
+	}
+	return callOutcome{audit: map[string]any{"call": "migrate", "flavor": srv.Flavor.Name, "source_host": srv.Host, "leave_gpu": r.LeaveGPU, "server": state},
+		apply: func(ctx context.Context, tx pgx.Tx, r resizeRow) error {
+			return p.resizeCalled(ctx, tx, r, srv.Flavor.ID, srv.Flavor.Name, srv.Flavor.Name)
+		}}
 }

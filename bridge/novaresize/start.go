@@ -1,6 +1,7 @@
 package novaresize
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -80,6 +81,12 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err erro
 		if in.Count == 0 {
 			n = max(f.Instance.FlavorVGPUs, 1) // a profile change keeps the count
 		}
+	case policy.IntentMove:
+		// The flavor's vGPUs off a GPU: a cold migration, the flavor kept.
+		kind, n = KindMove, f.Instance.FlavorVGPUs
+		if n == 0 {
+			return fail(flow.CodeUnsupported, fmt.Sprintf("instance %s has no vGPU from its flavor to move", f.Instance.UUID))
+		}
 	default:
 		if f.Instance.FlavorVGPUs > 0 {
 			return fail(flow.CodeUnsupported, fmt.Sprintf("instance %s already has %d vGPU(s) from its flavor; "+
@@ -101,7 +108,7 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err erro
 		return err
 	}
 	untyped := false
-	if p.capacity != nil && kind != KindRelease {
+	if p.capacity != nil && kind != KindRelease && kind != KindMove {
 		if untyped, err = p.capacity.SoleType(in.Trait); err != nil {
 			return pipeline.Retry(fmt.Errorf("read the GPUs' types: %w", err))
 		}
@@ -118,8 +125,14 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err erro
 				"Nova's scheduler would answer NoValidHost (or pick a host the bridge cannot verify), so Nova was not called", n, in.Profile, in.Trait))
 		}
 	}
-	if kind == KindRelease {
+	leave := ""
+	switch kind {
+	case KindRelease:
 		in.Profile, in.TypeID, in.Trait = "", "", ""
+	case KindMove:
+		if len(in.GPUs) > 0 {
+			leave = in.GPUs[0]
+		}
 	}
 	// A resize under way counts in the project's usage: lock it now, and
 	// stop if it moved since the decision read it.
@@ -128,12 +141,15 @@ func (p *Path) Act(ctx context.Context, w *pipeline.Work, s flow.Step) (err erro
 	}
 	if err := requests.CreateNovaResize(ctx, tx, requests.NovaResize{Request: reqID, Instance: f.Instance.UUID, Profile: in.Profile,
 		TypeID: in.TypeID, Trait: in.Trait, Count: n, SourceHost: f.Instance.Host, NovaRequestID: NovaRequestID(reqID),
-		Deadline: p.cfg.ResizeTimeout + p.cfg.CallLease, Kind: string(kind), Untyped: untyped}); err != nil {
+		Deadline: p.cfg.ResizeTimeout + p.cfg.CallLease, Kind: string(kind), Untyped: untyped, LeaveGPU: leave}); err != nil {
 		return fmt.Errorf("record the resize: %w", err)
 	}
 	reason := fmt.Sprintf("resize through Nova to a flavor with %d × %s", n, in.Profile)
-	if kind == KindRelease {
+	switch kind {
+	case KindRelease:
 		reason = "resize through Nova to the flavor without vGPU"
+	case KindMove:
+		reason = fmt.Sprintf("cold migration through Nova, the flavor kept, to move its %d vGPU(s) off GPU %s of host %s", n, cmp.Or(leave, "?"), f.Instance.Host)
 	}
 	if len(w.Plan.Notes) > 0 {
 		reason += "; " + strings.Join(w.Plan.Notes, "; ")

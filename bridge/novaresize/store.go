@@ -39,12 +39,13 @@ type resizeRow struct {
 	Kind           string
 	Untyped        bool
 	Overdue        bool // the step passed its deadline while Nova worked
+	LeaveGPU       string
 }
 
 const resizeColumns = `r.request_id, r.instance_uuid::text, r.step, coalesce(r.profile,''), coalesce(r.type_id,''), r.trait, r.count,
 	coalesce(r.old_flavor,''), coalesce(r.flavor_id,''), coalesce(r.flavor_name,''), coalesce(r.source_host,''), coalesce(r.target_host,''),
 	r.verify_command_id, r.nova_request_id, coalesce(r.fail_code,''), coalesce(r.fail_reason,''), r.attempts, r.resize_sent_at IS NOT NULL, q.state, coalesce(q.phase,''),
-	coalesce(r.deadline_at < now(), false), r.kind, r.untyped, r.overdue_at IS NOT NULL`
+	coalesce(r.deadline_at < now(), false), r.kind, r.untyped, r.overdue_at IS NOT NULL, coalesce(r.leave_gpu,'')`
 
 // lockResize reads a nova_resizes row and its request, both locked.
 func lockResize(ctx context.Context, tx pgx.Tx, where string, skipLocked bool, args ...any) (resizeRow, bool, error) {
@@ -57,7 +58,7 @@ func lockResize(ctx context.Context, tx pgx.Tx, where string, skipLocked bool, a
 	err := tx.QueryRow(ctx, `SELECT `+resizeColumns+` FROM nova_resizes r JOIN requests q ON q.id = r.request_id WHERE `+where+` LIMIT 1 `+lock, args...).
 		Scan(&r.RequestID, &r.Instance, &r.Step, &r.Profile, &r.TypeID, &r.Trait, &r.Count, &r.OldFlavor, &r.FlavorID, &r.FlavorName,
 			&r.SourceHost, &r.TargetHost, &r.VerifyCommand, &r.NovaRequestID, &r.FailCode, &r.FailReason, &r.Attempts, &r.ResizeSent, &st, &r.RequestPhase,
-			&r.DeadlinePassed, &r.Kind, &r.Untyped, &r.Overdue)
+			&r.DeadlinePassed, &r.Kind, &r.Untyped, &r.Overdue, &r.LeaveGPU)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -87,8 +88,11 @@ func (r resizeRow) onTarget(f computeapi.Flavor) bool {
 
 // what says what the resize gives, for reasons: "1 × T4-4Q" or "no vGPU".
 func (r resizeRow) what() string {
-	if r.Kind == KindRelease {
+	switch {
+	case r.Kind == KindRelease:
 		return "no vGPU"
+	case r.Kind == KindMove && r.Profile == "":
+		return fmt.Sprintf("%d vGPU(s) of the flavor off GPU %s", r.Count, r.LeaveGPU)
 	}
 	return fmt.Sprintf("%d × %s", r.Count, r.Profile)
 }

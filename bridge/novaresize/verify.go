@@ -3,6 +3,7 @@ package novaresize
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -100,6 +101,9 @@ func (p *Path) result(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kin
 	if r.RequestState.Final() {
 		return true, p.startRevert(ctx, tx, r, flow.CodeVerifyFailed, "the request ended while the agent verified the vGPU")
 	}
+	if on := stillOn(r, host, res.Details); on != "" {
+		return true, p.startRevert(ctx, tx, r, flow.CodeNoCapacity, on)
+	}
 	if err := requests.SetResizeStep(ctx, tx, r.RequestID, requests.ResizeStep{Step: stepConfirm, Due: true, ResetAttempts: true}); err != nil {
 		return true, err
 	}
@@ -109,4 +113,28 @@ func (p *Path) result(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, host, kin
 	}
 	p.kick()
 	return true, nil
+}
+
+// stillOn says why a move's verified vGPUs did not leave their GPU: Nova's
+// scheduler put one back on it (the flavor does not forbid the fault
+// trait, and the migration stayed on the host). "" for other kinds.
+func stillOn(r resizeRow, host string, details json.RawMessage) string {
+	if r.Kind != KindMove || r.LeaveGPU == "" || host != r.SourceHost {
+		return ""
+	}
+	var d struct {
+		VGPUs []struct {
+			Parent string `json:"parent"`
+		} `json:"vgpus"`
+	}
+	if json.Unmarshal(details, &d) != nil {
+		return ""
+	}
+	for _, v := range d.VGPUs {
+		if strings.EqualFold(v.Parent, r.LeaveGPU) {
+			return fmt.Sprintf("Nova's scheduler migrated the server to the same GPU %s of host %s: its flavor does not forbid the GPU fault trait "+
+				"(vgpuctl flavor plan prints flavors that do); reverting the migration", r.LeaveGPU, host)
+		}
+	}
+	return ""
 }

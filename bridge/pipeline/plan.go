@@ -302,9 +302,19 @@ func planMove(in policy.Intent, f Facts, busy map[string]bool) ([]flow.Step, str
 		}
 	}
 	if len(old) == 0 {
-		if f.Instance.FlavorVGPUs > 0 {
-			return nil, fmt.Sprintf("move: the instance's vGPU on GPU %s comes with its flavor (the Nova path): the bridge does not move it "+
-				"(Nova's scheduler keeps new vGPUs off a faulted GPU; a cold migration through Nova moves this one)", orDefault(leave, "(none)")), ""
+		if f.Instance.FlavorVGPUs > 0 && !busy[flavorVGPUs] {
+			// The vGPU comes with the flavor (the Nova path): a cold
+			// migration through Nova, the flavor kept, moves it (package
+			// novaresize); Nova's scheduler keeps it off a faulted GPU
+			// when the flavor forbids the fault trait.
+			if why, code := novaHostProblem(f); why != "" {
+				return nil, why, code
+			}
+			busy[flavorVGPUs] = true
+			at := in
+			at.Count = f.Instance.FlavorVGPUs
+			at.Why = fmt.Sprintf("%s; a cold migration through Nova moves the flavor's vGPU off GPU %s of host %s", in.Why, orDefault(leave, "(none)"), f.Instance.Host)
+			return []flow.Step{{Kind: flow.StepNovaResize, Intent: at, Host: f.Instance.Host}}, "", ""
 		}
 		return nil, fmt.Sprintf("move: the instance holds no vGPU of the bridge's on GPU %s", orDefault(leave, "(none)")), ""
 	}

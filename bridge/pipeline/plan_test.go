@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -384,8 +385,9 @@ func TestPlanDefersHeldRules(t *testing.T) {
 
 // TestPlanMove: move() takes the bridge's vGPUs on the GPU it leaves to
 // another GPU of the host (release, then an attach of the same profile
-// whose claim skips the provider left); a flavor's vGPU, or none there,
-// is a note; a change in flight is busy.
+// whose claim skips the provider left); a flavor's vGPU moves by a cold
+// migration through Nova (one nova_resize step, the flavor's count); no
+// vGPU there is a note; a change in flight is busy.
 func TestPlanMove(t *testing.T) {
 	move := policy.Intent{Kind: policy.IntentMove, Instance: inst, GPUs: []string{"0000:3b:00.0"}, Mode: policy.ModeDirectLive, Why: "rule gpu-fault"}
 	onA := att(flow.AttAttached, "T4-4Q")
@@ -401,8 +403,8 @@ func TestPlanMove(t *testing.T) {
 		inWhy   string
 	}{
 		{name: "direct vGPU on the GPU left", f: Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{onA, onB}}, outcome: flow.OutcomeAct},
-		{name: "the flavor's vGPU stays", f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 1)}, outcome: flow.OutcomeReject, code: flow.CodeRefused,
-			inWhy: "comes with its flavor"},
+		{name: "the flavor's vGPU: a cold migration", f: Facts{Instance: withFlavorVGPUs(known("cmp1"), 2)}, outcome: flow.OutcomeAct},
+		{name: "the flavor's vGPU, no host", f: Facts{Instance: withFlavorVGPUs(known(""), 1)}, outcome: flow.OutcomeFail, code: flow.CodeNoHost},
 		{name: "none on that GPU", f: Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{onB}}, outcome: flow.OutcomeReject,
 			code: flow.CodeRefused, inWhy: "no vGPU of the bridge's on GPU 0000:3b:00.0"},
 		{name: "a change in flight", f: Facts{Instance: known("cmp1"), Attachments: []flow.Attachment{pendingA}}, outcome: flow.OutcomeFail,
@@ -416,6 +418,13 @@ func TestPlanMove(t *testing.T) {
 				t.Fatalf("plan %s %s %q, want %s %s containing %q", p.Outcome, p.Code, p.Reason, tt.outcome, tt.code, tt.inWhy)
 			}
 			if p.Outcome != flow.OutcomeAct {
+				return
+			}
+			if tt.f.Instance.FlavorVGPUs > 0 {
+				if len(p.Steps) != 1 || p.Steps[0].Kind != flow.StepNovaResize || p.Steps[0].Intent.Kind != policy.IntentMove ||
+					p.Steps[0].Intent.Count != 2 || !slices.Equal(p.Steps[0].Intent.GPUs, move.GPUs) || p.Steps[0].Host != "cmp1" {
+					t.Fatalf("steps %+v, want one nova_resize moving the flavor's 2 vGPUs off %v on cmp1", p.Steps, move.GPUs)
+				}
 				return
 			}
 			if len(p.Steps) != 2 || p.Steps[0].Kind != flow.StepRelease || p.Steps[1].Kind != flow.StepAttach {

@@ -23,14 +23,17 @@ type NovaResize struct {
 	Deadline               time.Duration // from now
 	Kind                   string
 	Untyped                bool
+	// LeaveGPU is, for a move, the GPU (PCI address on SourceHost) the
+	// vGPU must leave.
+	LeaveGPU string
 }
 
 // CreateNovaResize writes r's row at step resize, due now.
 func CreateNovaResize(ctx context.Context, q Execer, r NovaResize) error {
 	_, err := q.Exec(ctx, `INSERT INTO nova_resizes (request_id, instance_uuid, step, profile, type_id, trait, count, source_host,
-			nova_request_id, due_at, deadline_at, kind, untyped)
-		VALUES ($1, $2, 'resize', $3, $4, $5, $6, $7, $8, now(), now() + make_interval(secs => $9), $10, $11)`,
-		r.Request, r.Instance, r.Profile, r.TypeID, r.Trait, r.Count, r.SourceHost, r.NovaRequestID, r.Deadline.Seconds(), r.Kind, r.Untyped)
+			nova_request_id, due_at, deadline_at, kind, untyped, leave_gpu)
+		VALUES ($1, $2, 'resize', $3, $4, $5, $6, $7, $8, now(), now() + make_interval(secs => $9), $10, $11, nullif($12, ''))`,
+		r.Request, r.Instance, r.Profile, r.TypeID, r.Trait, r.Count, r.SourceHost, r.NovaRequestID, r.Deadline.Seconds(), r.Kind, r.Untyped, r.LeaveGPU)
 	return err
 }
 

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"os"
@@ -50,9 +51,17 @@ type directWorld struct {
 	api    *apiclient.Client
 	pool   *pgxpool.Pool
 	flavor string // 2 vCPU, 2 GiB, 10 GB, no vGPU
+	policy string // the bridge's rules (directPolicy unless set)
 }
 
 func newDirectWorld(t *testing.T, prefix string) *directWorld {
+	t.Helper()
+	return newDirectWorldWith(t, prefix, directPolicy)
+}
+
+// newDirectWorldWith is newDirectWorld with the bridge's policy and extra
+// overrides (section.option=value).
+func newDirectWorldWith(t *testing.T, prefix, policy string, extra ...string) *directWorld {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -62,7 +71,8 @@ func newDirectWorld(t *testing.T, prefix string) *directWorld {
 	w.gpu = w.n.AddVGPUChild(t, w.host, directGPU, directTrait, 4)
 	w.flavor = w.n.CreateFlavor(t, prefix+".small", 2, 2048, 10, nil)
 	w.n.StartAgent(t, w.host)
-	w.startBridge()
+	w.policy = policy
+	w.startBridge(extra...)
 	return w
 }
 
@@ -75,7 +85,7 @@ func (w *directWorld) startBridge(extra ...string) {
 	rules := filepath.Join(dir, "policy.yaml")
 	secretFile := filepath.Join(dir, "webhook.secret")
 	ini := filepath.Join(dir, "bridge.conf")
-	testsvc.Must(t, os.WriteFile(rules, []byte(directPolicy), 0o600), "policy")
+	testsvc.Must(t, os.WriteFile(rules, []byte(cmp.Or(w.policy, directPolicy)), 0o600), "policy")
 	testsvc.Must(t, os.WriteFile(secretFile, []byte(directSecret+"\n"), 0o600), "secret")
 	testsvc.Must(t, os.WriteFile(ini, []byte("[webhook_source:e2e]\nauth = hmac\nsecret_files = "+secretFile+
 		"\nrate = 100\nburst = 100\n"), 0o600), "bridge.conf")

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -94,4 +96,87 @@ func TestGPUFaultKeepsNovaOff(t *testing.T) {
 	w.n.DeleteServer(t, refused)
 	w.n.DeleteServer(t, served)
 	t.Logf("whole scenario: %s", time.Since(t0).Round(100*time.Millisecond))
+}
+
+// faultMigratePolicy: a vGPU that came with the flavor (the Nova path)
+// leaves a faulted GPU by a cold migration through Nova (move()).
+const faultMigratePolicy = `version: 1
+defaults:
+  attach_mode: direct-live
+rules:
+  - name: gpu-fault-migrate
+    on: [bridge.GPU_FAULT]
+    when: instance.vgpus.exists(v, v.gpu == event.labels.gpu && v.path == "nova")
+    then: ['move()']
+`
+
+// TestGPUFaultMigratesFlavorVGPU: a server of a vGPU flavor that forbids
+// the fault trait (as `flavor plan` makes them) runs on host a's T4. An
+// Xid 79 injected there: the bridge marks the GPU, and the rule's move()
+// cold-migrates the server through Nova (the migrate action, the flavor
+// kept): Nova's scheduler picks host b's T4 (a's carries the trait now),
+// b's agent verifies the vGPU, the bridge confirms. Afterwards the server
+// holds one vGPU on b in Nova, Placement, the bridge and the host, none
+// on a; Nova's actions are one migrate and one confirmResize.
+func TestGPUFaultMigratesFlavorVGPU(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "nova-token")
+	n := sharedNova(t)
+	testsvc.Must(t, os.WriteFile(tok, []byte(n.Token()+"\n"), 0o600), "nova token")
+	w := newMoveWorldWith(t, "fmig", faultMigratePolicy, "nova.endpoint_override="+n.ComputeEndpoint(), "nova.token_file="+tok,
+		"nova.poll_interval=100ms")
+	flavor := w.n.CreateFlavor(t, testsvc.Name("fmig")+".t4-4q", 2, 2048, 10, map[string]string{"resources1:VGPU": "1",
+		"trait1:" + directTrait: "required", "trait1:" + nova.GPUFaultTrait: "forbidden"})
+	vm := w.n.CreateServer(t, testsvc.Name("fmig")+"-vm", flavor, w.host)
+	w.n.WaitServer(t, vm, "ACTIVE")
+	w.assertOneVGPU("boot", vm, w.host, false)
+	// The bridge hears of the fault for the instances the agent's report
+	// puts on the GPU: wait for the report to list this one.
+	w.waitFor(time.Minute, "the agent's report listing the server's vGPU", func() bool {
+		var report string
+		testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT coalesce(report::text, '') FROM hosts WHERE name = $1`, w.host).Scan(&report), "report")
+		return strings.Contains(report, vm)
+	})
+
+	t0 := time.Now()
+	mock := w.n.FakeHost(w.host).Drivers.NVMLMock
+	w.waitFor(30*time.Second, "the agent watching the T4's Xid events", func() bool {
+		return mock.InjectXid(pci.MustParse(directGPU), 79)
+	})
+	var moved apiclient.Request
+	w.waitFor(5*time.Minute, "the bridge's move of "+vm+" to end", func() bool {
+		l, err := w.api.Requests(w.ctx, apiclient.RequestFilter{InstanceUUID: vm})
+		testsvc.Must(t, err, "requests")
+		for _, r := range l.Requests {
+			if r.State == "succeeded" || r.State == "failed" || r.State == "rejected" {
+				moved = r
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("fault injected → migrated and confirmed in %s", time.Since(t0).Round(100*time.Millisecond))
+	if moved.State != "succeeded" || !strings.Contains(moved.Reason, "cold-migrated through Nova") || !strings.Contains(moved.Reason, "to host "+w.b) {
+		t.Fatalf("the move: %s (%s) %s; want succeeded, cold-migrated to %s", moved.State, moved.Code, moved.Reason, w.b)
+	}
+	w.assertOneVGPU("after the fault", vm, w.b, false)
+	acts := map[string]int{}
+	var out struct {
+		Actions []struct {
+			Action string `json:"action"`
+		} `json:"instanceActions"`
+	}
+	sc := w.n.ComputeClient(t)
+	resp, err := sc.Get(w.ctx, sc.ServiceURL("servers", vm, "os-instance-actions"), &out, nil)
+	if resp != nil {
+		resp.Body.Close()
+	}
+	testsvc.Must(t, err, "instance actions")
+	for _, a := range out.Actions {
+		acts[a.Action]++
+	}
+	if acts["migrate"] != 1 || acts["confirmResize"] != 1 || acts["resize"] != 0 || acts["revertResize"] != 0 {
+		t.Errorf("Nova's instance actions %v, want one migrate and one confirmResize", acts)
+	}
+	w.n.DeleteServer(t, vm)
 }

@@ -32,7 +32,14 @@ type moveWorld struct {
 
 func newMoveWorld(t *testing.T, prefix string) *moveWorld {
 	t.Helper()
-	w := &moveWorld{directWorld: newDirectWorld(t, prefix+"-a")}
+	return newMoveWorldWith(t, prefix, directPolicy)
+}
+
+// newMoveWorldWith is newMoveWorld with the bridge's policy and extra
+// overrides.
+func newMoveWorldWith(t *testing.T, prefix, policy string, extra ...string) *moveWorld {
+	t.Helper()
+	w := &moveWorld{directWorld: newDirectWorldWith(t, prefix+"-a", policy, extra...)}
 	w.b = w.n.AddHost(t, prefix+"-b")
 	w.rootB = w.n.ComputeNodeProvider(t, w.b)
 	w.gpuB = w.n.AddVGPUChild(t, w.b, directGPU, directTrait, 4)
