@@ -180,3 +180,67 @@ func TestGPUFaultMigratesFlavorVGPU(t *testing.T) {
 	}
 	w.n.DeleteServer(t, vm)
 }
+
+// TestGPUFaultMovesDirectVGPUWithNova: with the real Nova, a direct-path
+// T4-4Q the bridge attached to a server on host a's first T4; the host's
+// second T4 gets its provider (Nova's tree, as a GPU added to the host).
+// An Xid 79 on the first T4: the rule's move() takes the vGPU to the
+// second (the claim first, on the other provider, in the instance's
+// consumer, beside Nova's unchanged allocations; then the old mdev
+// detached and removed, the new one made and attached by the agent).
+func TestGPUFaultMovesDirectVGPUWithNova(t *testing.T) {
+	w := newDirectWorldWith(t, "fmov", testsvc.DirectPolicy(testsvc.RuleReleaseOnDelete, `  - name: gpu-fault-move
+    on: [bridge.GPU_FAULT]
+    when: instance.vgpus.exists(v, v.gpu == event.labels.gpu && v.path == "direct")
+    then: ['move()']
+`))
+	vm := w.bootServer(testsvc.Name("fmov") + "-vm")
+	w.attachDirect(vm)
+	before := w.n.Allocations(t, vm)
+	gpu2 := w.n.AddVGPUChild(t, w.host, gpu2PCI, directTrait, 4)
+	w.waitFor(time.Minute, "the bridge's mirror to list the second T4", func() bool {
+		l, err := w.api.GPUs(w.ctx, apiclient.GPUFilter{Host: w.host})
+		return err == nil && strings.Contains(string(l.Raw), gpu2)
+	})
+
+	t0 := time.Now()
+	fh := w.n.FakeHost(w.host)
+	w.waitFor(30*time.Second, "the agent watching the T4's Xid events", func() bool {
+		return fh.Drivers.NVMLMock.InjectXid(pci.MustParse(directGPU), 79)
+	})
+	var moved apiclient.Request
+	w.waitFor(3*time.Minute, "the bridge's GPU_FAULT request for "+vm+" to end", func() bool {
+		l, err := w.api.Requests(w.ctx, apiclient.RequestFilter{InstanceUUID: vm})
+		testsvc.Must(t, err, "requests")
+		for _, r := range l.Requests {
+			if r.Kind == "GPU_FAULT" && (r.State == "succeeded" || r.State == "failed" || r.State == "rejected") {
+				moved = r
+				return true
+			}
+		}
+		return false
+	})
+	if moved.State != "succeeded" {
+		t.Fatalf("the move: %s (%s) %s", moved.State, moved.Code, moved.Reason)
+	}
+	t.Logf("fault injected → vGPU moved in %s", time.Since(t0).Round(100*time.Millisecond))
+	al := w.n.Allocations(t, vm)
+	if al[gpu2]["VGPU"] != 1 || al[w.gpu]["VGPU"] != 0 {
+		t.Errorf("allocations after the move %v, want VGPU 1 on the second T4 %s, none on %s", al, gpu2, w.gpu)
+	}
+	for class, amount := range before[w.root] {
+		if al[w.root][class] != amount {
+			t.Errorf("Nova's allocation on the compute node changed: %s %d → %d", class, amount, al[w.root][class])
+		}
+	}
+	w.waitFor(time.Minute, "one mdev, on the second T4, in the running domain", func() bool {
+		d, ok := fh.Domain(t, vm)
+		if !ok || d.State != "running" || len(d.Mdevs()) != 1 {
+			return false
+		}
+		ms := fh.Mdevs(t)
+		m, ok := ms[d.Mdevs()[0]]
+		return ok && len(ms) == 1 && m.Parent == gpu2PCI && m.Type == directType
+	})
+	w.n.DeleteServer(t, vm)
+}
