@@ -390,7 +390,8 @@ func (w *elasticWorld) expectHeld(vm, pci string, nodeBefore map[string]int) str
 		if len(attached) != 0 {
 			t.Errorf("the bridge's active attachments of %s after the release: %+v", vm, attached)
 		}
-		w.waitFor(30*time.Second, "the bridge's Placement mirror to drop the claim of "+vm, func() bool {
+		// The mirror follows Placement at its next sync (placement.sync_interval).
+		w.waitFor(2*time.Minute, "the bridge's Placement mirror to drop the claim of "+vm, func() bool {
 			l, err := w.api.Allocations(w.ctx, vm)
 			testsvc.Must(t, err, "bridge allocations")
 			return len(l.Allocations) == 0
@@ -400,11 +401,21 @@ func (w *elasticWorld) expectHeld(vm, pci string, nodeBefore map[string]int) str
 			attached[0].Profile != w.types[pci].profile || attached[0].Provider != w.gpus[pci] {
 			t.Errorf("the bridge's active attachments of %s: %+v, want one attached, mdev %s, %s on %s", vm, attached, mdev, w.types[pci].profile, pci)
 		}
-		l, err := w.api.Allocations(w.ctx, vm)
-		testsvc.Must(t, err, "bridge allocations")
-		if len(l.Allocations) != 1 || l.Allocations[0].ProviderUUID != w.gpus[pci] || l.Allocations[0].Amount != 1 ||
-			l.Allocations[0].PCIAddress != pci || l.Allocations[0].Host != w.host {
-			t.Errorf("the bridge's allocations of %s: %+v, want VGPU 1 on %s (%s %s)", vm, l.Allocations, w.gpus[pci], w.host, pci)
+		// The mirror follows Placement at its next sync (placement.sync_interval):
+		// a claim released there leaves it then.
+		var l apiclient.AllocationList
+		one := func() bool {
+			var err error
+			l, err = w.api.Allocations(w.ctx, vm)
+			testsvc.Must(t, err, "bridge allocations")
+			return len(l.Allocations) == 1 && l.Allocations[0].ProviderUUID == w.gpus[pci] && l.Allocations[0].Amount == 1 &&
+				l.Allocations[0].PCIAddress == pci && l.Allocations[0].Host == w.host
+		}
+		for deadline := time.Now().Add(2 * time.Minute); !one(); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("the bridge's allocations of %s after 2m: %+v, want VGPU 1 on %s (%s %s)", vm, l.Allocations, w.gpus[pci], w.host, pci)
+				break
+			}
 		}
 	}
 
