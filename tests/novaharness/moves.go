@@ -207,9 +207,10 @@ func (n *Nova) stopCompute(host string) bool {
 }
 
 // retireHost ends a host whose test ended: its nova-compute service is
-// disabled first (the scheduler's ComputeFilter skips it at once, where a
-// stopped but enabled service would count as up until service_down_time),
-// then its process stops. A Nova shared by a package's tests otherwise
+// disabled and forced down first (the scheduler's ComputeFilter skips it
+// at once, where a stopped but enabled service would count as up until
+// service_down_time, and a server left on it is deleted by the API
+// itself), then its process stops. A Nova shared by a package's tests otherwise
 // ran every test's computes, with their periodic tasks, to the end of the
 // package. Its provider tree stays until Close removes it.
 func (n *Nova) retireHost(host string) {
@@ -225,8 +226,13 @@ func (n *Nova) retireHost(host string) {
 		Services []struct{ ID, Host string }
 	}
 	if err := n.do(ctx, http.MethodGet, "/os-services?binary=nova-compute&host="+url.QueryEscape(host), nil, &out); err == nil && len(out.Services) == 1 {
+		// Forced down too: Nova's API then deletes a server still on the
+		// host at once, a local delete (compute.API._delete:
+		// servicegroup_api.service_is_up is false), rather than casting
+		// to a compute that no longer runs, where the server would stay
+		// deleting until the service heartbeat timed out.
 		_ = n.do(ctx, http.MethodPut, "/os-services/"+url.PathEscape(out.Services[0].ID),
-			map[string]any{"status": "disabled", "disabled_reason": "its test ended"}, nil)
+			map[string]any{"status": "disabled", "disabled_reason": "its test ended", "forced_down": true}, nil)
 	}
 	n.stopCompute(host)
 }
