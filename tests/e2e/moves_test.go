@@ -247,15 +247,33 @@ func (w *moveWorld) movesOnBothPaths(vm string, direct, withRevert bool) {
 	if !withRevert {
 		return
 	}
-	// Cold migration to a, reverted: back on b.
+	// Cold migration to a, reverted: back on b, where the source's guest
+	// kept its mdev through the migration (finish_revert_migration).
 	w.n.ServerAction(t, vm, map[string]any{"migrate": map[string]any{"host": a}})
 	if s := w.waitSettled(vm, "VERIFY_RESIZE"); s.Host != a {
 		t.Fatalf("cold migration awaiting the confirm on %s, want %s", s.Host, a)
 	}
+	if direct {
+		// The bridge keeps the source's vGPU until the confirm: its mdev
+		// stays in the shut-off domain on b. The revert follows at once,
+		// the destination's vGPU perhaps still being attached.
+		w.waitFor(time.Minute, "the bridge to keep the vGPU on "+b+" for the revert", func() bool {
+			var n int
+			err := w.pool.QueryRow(w.ctx, `SELECT count(*) FROM vgpu_attachments WHERE instance_uuid = $1 AND state = 'kept' AND host = $2 AND id = $3`,
+				vm, b, mdev).Scan(&n)
+			testsvc.Must(t, err, "kept attachments")
+			return n == 1
+		})
+		if _, ok := w.n.FakeHost(b).Mdevs(t)[mdev]; !ok {
+			t.Errorf("awaiting the confirm: mdev %s gone from %s", mdev, b)
+		}
+	}
 	w.n.ServerAction(t, vm, map[string]any{"revertResize": nil})
 	w.waitSettled(vm, "ACTIVE")
 	w.bridgeIdle("cold migration reverted", vm)
-	w.assertOneVGPU("cold migration reverted", vm, b, direct)
+	if got := w.assertOneVGPU("cold migration reverted", vm, b, direct); got != mdev {
+		t.Errorf("cold migration reverted: mdev %s, want the source's %s", got, mdev)
+	}
 	if ms := w.n.Migrations(t, vm); len(ms) == 0 || ms[0].Status != "reverted" || len(w.n.Allocations(t, ms[0].UUID)) != 0 {
 		t.Errorf("after the revert: migrations %+v, want the newest reverted, its consumer empty", ms)
 	}
@@ -274,16 +292,17 @@ func TestMovesFlavorVGPU(t *testing.T) {
 }
 
 // TestMovesDirectVGPU: the same moves with a direct-path vGPU the bridge
-// attached to a server of a plain flavor, but the revert: at
-// resize_finish.end the bridge removes the mdev on the source (remove
-// only) while the source's shut-off domain still names it for a revert,
-// so Nova's revert cannot start the guest there again (the harness refuses
-// as libvirt does). Not supported yet: see the README's section on moves.
+// attached to a server of a plain flavor. Until a cold migration is
+// confirmed the bridge keeps the vGPU on the source (its mdev in the
+// source's shut-off domain, its claim in Nova's migration consumer), so
+// the revert starts the guest there again with the same mdev (the harness
+// refuses a guest whose mdev is gone, as libvirt does); the destination's
+// vGPU is removed again.
 func TestMovesDirectVGPU(t *testing.T) {
 	w := newMoveWorld(t, "mvd")
 	vm := w.bootServer("e2e-move-direct")
 	w.attachDirect(vm)
-	w.movesOnBothPaths(vm, true, false)
+	w.movesOnBothPaths(vm, true, true)
 	w.n.DeleteServer(t, vm)
 }
 

@@ -38,6 +38,7 @@ import (
 type moveWorld struct {
 	*world
 	hostB, nodeB, fakeB string
+	drvB                *agent.Drivers // host B's drivers, shared with its agent
 	rootB               string
 	gpusB               map[string]string
 	exchange, queue     string
@@ -119,7 +120,14 @@ func (m *moveWorld) start() *bridgeReplica {
 	testsvc.Must(t, err, "agent B config")
 	ctx, cancel := context.WithCancel(m.ctx)
 	done := make(chan error, 1)
-	go func() { done <- agent.RunWith(ctx, v, logger(), agent.RunOptions{FakeHostDir: m.fakeB}) }()
+	if m.drvB == nil {
+		m.drvB, err = agent.OpenFakeHost(m.fakeB)
+		testsvc.Must(t, err, "open fake host B")
+		t.Cleanup(m.drvB.Close) // after agent B stopped (cleanups run last first)
+	}
+	go func() {
+		done <- agent.RunWith(ctx, v, logger(), agent.RunOptions{FakeHostDir: m.fakeB, Drivers: m.drvB})
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -373,10 +381,12 @@ func (m *moveWorld) checkOnB(inst string, old attFull) attFull {
 // is moved to host B by Nova (Nova rewrites its allocations without the
 // bridge's VGPU) → on the notification that ends the move the bridge
 // claims again on B, creates and attaches the mdev there and removes the
-// one on A, in two requests; Placement and both hosts agree. A later
-// event that finds everything in place (the resize's confirm) does
-// nothing more, except that a rebuild.end on host B is a rebuild there:
-// the vGPU is attached again where it is (one more request), nothing moves.
+// one on A, in two requests; Placement and both hosts agree. The same
+// event again finds everything in place and does nothing more, except
+// that a rebuild.end on host B is a rebuild there: the vGPU is attached
+// again where it is (one more request), nothing moves. A cold migration,
+// which keeps the source's vGPU until its confirm, is
+// TestMoveColdMigrationConfirmOrRevert.
 func TestMoveToAnotherHost(t *testing.T) {
 	m := newMoveWorld(t)
 	m.start()
@@ -400,7 +410,6 @@ func TestMoveToAnotherHost(t *testing.T) {
 			"instance.live_migration_post_dest.end", true, false},
 		{"evacuation", "instance.rebuild.end", "active", "", 4, 1, m.novaLeavesA, "", false, false},
 		{"evacuation as Nova 26 sends it", "instance.rebuild.end", "active", "", 5, 1, m.novaLeavesA, "", false, true},
-		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0, m.novaStopsOnA, "", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inst := m.domains[tc.domain].UUID
@@ -484,6 +493,142 @@ func TestMoveToAnotherHost(t *testing.T) {
 			m.checkOnB(inst, old)
 		})
 	}
+}
+
+// TestMoveColdMigrationConfirmOrRevert: a cold migration of an instance
+// with a direct-path vGPU from host A to B, as Nova 26 makes it (the
+// source's allocations, the bridge's VGPU with them, go to the
+// migration's consumer; the instance's consumer claims on B; the source's
+// domain is shut off and kept) → at resize_finish.end the bridge applies
+// a vGPU on B and keeps the one on A (mdev there, claim in the migration
+// consumer). Confirmed (the source's domain destroyed, the migration's
+// consumer deleted) → the mdev on A is removed. Reverted (the domain on B
+// destroyed, the migration's allocations moved back to the instance, the
+// source's domain started again) → the vGPU on A is attached again with
+// its claim, the one on B is removed; one VGPU in Placement, on A.
+func TestMoveColdMigrationConfirmOrRevert(t *testing.T) {
+	m := newMoveWorld(t)
+	m.start()
+	for i, revert := range []bool{false, true} {
+		name := map[bool]string{false: "confirm", true: "revert"}[revert]
+		t.Run(name, func(t *testing.T) {
+			inst := m.domains[3+i].UUID
+			old := m.attachOnA(inst)
+			m.novaStopsOnA(inst)
+			mig := m.novaMigrationConsumer(inst)
+			m.novaAllocations(inst, m.rootB)
+			m.notify("instance.resize_finish.end", inst, m.hostB, m.nodeB, "resized")
+			if r := m.moveRequests(inst, "instance.resize_finish.end", 1)["reapply"]; r.State != requests.Succeeded {
+				t.Fatalf("re-apply at resize_finish.end: %+v", r)
+			}
+			var onB attFull
+			for _, a := range m.atts(inst) {
+				switch {
+				case a.id == old.id:
+					if a.state != flow.AttKept || a.provider != old.provider {
+						t.Errorf("awaiting the confirm: the source's vGPU %+v, want kept with its provider %s", a, old.provider)
+					}
+				case a.state == flow.AttAttached && a.host == m.hostB:
+					onB = a
+				default:
+					t.Errorf("awaiting the confirm: unexpected vGPU %+v", a)
+				}
+			}
+			if onB.id == "" || !m.mdevOn(m.fakeB, onB.id) {
+				t.Fatalf("awaiting the confirm: no vGPU attached on host B: %+v", m.atts(inst))
+			}
+			if !m.mdevOn(m.fake, old.id) {
+				t.Errorf("awaiting the confirm: the source's mdev %s gone from host A", old.id)
+			}
+			if al := m.allocations(mig); al[old.provider]["VGPU"] != 1 {
+				t.Errorf("awaiting the confirm: the migration consumer holds %v, want the source's VGPU on %s", al, old.provider)
+			}
+
+			if !revert {
+				m.novaLeavesA(inst)
+				testsvc.Must(t, allocations.Delete(m.ctx, m.sc, mig).ExtractErr(), "Nova deletes the migration's allocations")
+				m.notify("instance.resize_confirm.end", inst, m.hostB, m.nodeB, "active")
+				if r := m.moveRequests(inst, "instance.resize_confirm.end", 1)["release"]; r.State != requests.Succeeded {
+					t.Fatalf("release at resize_confirm.end: %+v", r)
+				}
+				if got := m.checkOnB(inst, old); got.id != onB.id {
+					t.Errorf("after the confirm: vGPU %s on B, want %s", got.id, onB.id)
+				}
+				return
+			}
+
+			// Nova's revert: revert_resize destroys the guest on B, then
+			// finish_revert_resize moves the migration's allocations back
+			// to the instance and starts the source's guest again.
+			testsvc.Must(t, m.drvB.Libvirt.DestroyAndUndefine(m.ctx, inst), "Nova destroys the domain on host B")
+			m.novaRevertAllocations(inst, mig)
+			testsvc.Must(t, m.drv.Libvirt.Start(m.ctx, inst), "Nova starts the source's domain again")
+			m.notify("instance.resize_revert.end", inst, m.host, m.node, "active")
+			reqs := m.moveRequests(inst, "instance.resize_revert.end", 2)
+			for half, r := range reqs {
+				if r.State != requests.Succeeded {
+					t.Errorf("%s request at resize_revert.end: %s (%s: %s)", half, r.State, r.Code, r.Reason)
+				}
+			}
+			for _, a := range m.atts(inst) {
+				switch a.id {
+				case old.id:
+					if a.state != flow.AttAttached || a.host != m.host || a.provider != old.provider {
+						t.Errorf("after the revert: the source's vGPU %+v, want attached on %s with provider %s", a, m.host, old.provider)
+					}
+				case onB.id:
+					if a.state != flow.AttReleased {
+						t.Errorf("after the revert: B's vGPU %+v, want released", a)
+					}
+				default:
+					t.Errorf("after the revert: unexpected vGPU %+v", a)
+				}
+			}
+			if al := m.allocations(inst); vgpuUnits(al) != 1 || al[old.provider]["VGPU"] != 1 {
+				t.Errorf("after the revert: allocations %v, want one VGPU, on %s", al, old.provider)
+			}
+			if m.mdevOn(m.fakeB, onB.id) {
+				t.Errorf("after the revert: mdev %s still on host B", onB.id)
+			}
+			if !m.mdevOn(m.fake, old.id) {
+				t.Errorf("after the revert: mdev %s gone from host A", old.id)
+			}
+			m.reportedOn(m.host, old.id, inst)
+		})
+	}
+}
+
+// novaMigrationConsumer plays the start of Nova 26's cold migration
+// (conductor's replace_allocation_with_migration): the instance's
+// allocations, the bridge's VGPU with them, move to a new migration
+// consumer, which it returns.
+func (m *moveWorld) novaMigrationConsumer(inst string) string {
+	m.t.Helper()
+	mig := uuid.NewString()
+	m.created = append(m.created, mig)
+	res := map[string]allocations.ProviderAllocationsOpts{}
+	for rp, r := range m.allocations(inst) {
+		res[rp] = allocations.ProviderAllocationsOpts{Resources: r}
+	}
+	testsvc.Must(m.t, allocations.Update(m.ctx, m.sc, mig, allocations.UpdateOpts{Allocations: res, ProjectID: m.project, UserID: m.user,
+		ConsumerType: "MIGRATION"}).ExtractErr(), "the migration's allocations")
+	return mig
+}
+
+// novaRevertAllocations plays finish_revert_resize's _revert_allocation:
+// the migration's allocations replace the instance's, and the migration's
+// consumer is emptied.
+func (m *moveWorld) novaRevertAllocations(inst, mig string) {
+	m.t.Helper()
+	a, err := allocations.Get(m.ctx, m.sc, inst).Extract()
+	testsvc.Must(m.t, err, "get allocations")
+	res := map[string]allocations.ProviderAllocationsOpts{}
+	for rp, r := range m.allocations(mig) {
+		res[rp] = allocations.ProviderAllocationsOpts{Resources: r}
+	}
+	testsvc.Must(m.t, allocations.Delete(m.ctx, m.sc, mig).ExtractErr(), "empty the migration's consumer")
+	testsvc.Must(m.t, allocations.Update(m.ctx, m.sc, inst, allocations.UpdateOpts{Allocations: res, ProjectID: m.project, UserID: m.user,
+		ConsumerType: "INSTANCE", ConsumerGeneration: a.ConsumerGeneration}).ExtractErr(), "the instance's allocations back")
 }
 
 // TestMoveShelveOffloadUnshelve: shelve offload (Nova deletes the
