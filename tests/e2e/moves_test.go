@@ -255,8 +255,13 @@ func (w *moveWorld) movesOnBothPaths(vm string, direct, withRevert bool) {
 	}
 	if direct {
 		// The bridge keeps the source's vGPU until the confirm: its mdev
-		// stays in the shut-off domain on b. The revert follows at once,
-		// the destination's vGPU perhaps still being attached.
+		// stays in the shut-off domain on b. The revert waits for the
+		// destination's vGPU to be attached, as a user would: the agent's
+		// fake hot-plug (define, then restart) is not atomic against the
+		// harness's destroy of the guest, and may define it again. A
+		// revert during the re-apply is TestMoveColdMigrationConfirmOrRevert
+		// in tests/pipeline.
+		w.bridgeIdle("cold migration awaiting the confirm", vm)
 		w.waitFor(time.Minute, "the bridge to keep the vGPU on "+b+" for the revert", func() bool {
 			var n int
 			err := w.pool.QueryRow(w.ctx, `SELECT count(*) FROM vgpu_attachments WHERE instance_uuid = $1 AND state = 'kept' AND host = $2 AND id = $3`,

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,6 +40,8 @@ type moveWorld struct {
 	*world
 	hostB, nodeB, fakeB string
 	drvB                *agent.Drivers // host B's drivers, shared with its agent
+	stateB              string         // agent B's state_path, kept across its runs
+	stopB               func()         // stops host B's agent (startAgentB)
 	rootB               string
 	gpusB               map[string]string
 	exchange, queue     string
@@ -104,6 +107,43 @@ func newMoveWorld(t *testing.T) *moveWorld {
 	return m
 }
 
+// startAgentB runs host B's agent and returns what stops it (once).
+func (m *moveWorld) startAgentB() (stop func()) {
+	t := m.t
+	if m.stateB == "" {
+		m.stateB = t.TempDir()
+	}
+	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + m.hostB, "DEFAULT.node=" + m.nodeB,
+		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + m.stateB, "DEFAULT.listen=127.0.0.1:0",
+		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
+		testkeys.For(t).Agent(m.hostB)...)})
+	testsvc.Must(t, err, "agent B config")
+	if m.drvB == nil {
+		m.drvB, err = agent.OpenFakeHost(m.fakeB)
+		testsvc.Must(t, err, "open fake host B")
+		t.Cleanup(m.drvB.Close) // after agent B stopped (cleanups run last first)
+	}
+	ctx, cancel := context.WithCancel(m.ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- agent.RunWith(ctx, v, logger(), agent.RunOptions{FakeHostDir: m.fakeB, Drivers: m.drvB})
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("agent B: %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Error("agent B did not stop")
+			}
+		})
+	}
+}
+
 // start runs the bridge (one replica, listening to both hosts), both
 // agents and the ingest consumer.
 func (m *moveWorld) start() *bridgeReplica {
@@ -113,32 +153,8 @@ func (m *moveWorld) start() *bridgeReplica {
 		c.ReportsBindings = append(c.ReportsBindings, protocol.ReportRoutingKey(m.hostB))
 	}})
 	m.startAgent()
-	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + m.hostB, "DEFAULT.node=" + m.nodeB,
-		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + t.TempDir(), "DEFAULT.listen=127.0.0.1:0",
-		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
-		testkeys.For(t).Agent(m.hostB)...)})
-	testsvc.Must(t, err, "agent B config")
-	ctx, cancel := context.WithCancel(m.ctx)
-	done := make(chan error, 1)
-	if m.drvB == nil {
-		m.drvB, err = agent.OpenFakeHost(m.fakeB)
-		testsvc.Must(t, err, "open fake host B")
-		t.Cleanup(m.drvB.Close) // after agent B stopped (cleanups run last first)
-	}
-	go func() {
-		done <- agent.RunWith(ctx, v, logger(), agent.RunOptions{FakeHostDir: m.fakeB, Drivers: m.drvB})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("agent B: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("agent B did not stop")
-		}
-	})
+	m.stopB = m.startAgentB()
+	t.Cleanup(func() { m.stopB() })
 
 	cfg := ingest.DefaultConfig()
 	cfg.URLs = []string{m.amqpURL}
@@ -152,7 +168,7 @@ func (m *moveWorld) start() *bridgeReplica {
 	go func() { idone <- c.Run(ictx) }()
 	t.Cleanup(func() {
 		icancel()
-		if err := <-idone; err != nil && ctx.Err() == nil {
+		if err := <-idone; err != nil && m.ctx.Err() == nil {
 			t.Errorf("ingest: %v", err)
 		}
 	})
@@ -506,18 +522,55 @@ func TestMoveToAnotherHost(t *testing.T) {
 // destroyed, the migration's allocations moved back to the instance, the
 // source's domain started again) → the vGPU on A is attached again with
 // its claim, the one on B is removed; one VGPU in Placement, on A.
+// Reverted while B's vGPU is still being attached (B's agent away) → the
+// revert waits for that request, then ends as a revert does.
 func TestMoveColdMigrationConfirmOrRevert(t *testing.T) {
 	m := newMoveWorld(t)
 	m.start()
-	for i, revert := range []bool{false, true} {
-		name := map[bool]string{false: "confirm", true: "revert"}[revert]
-		t.Run(name, func(t *testing.T) {
+	for i, mode := range []string{"confirm", "revert", "revert during the re-apply"} {
+		revert, racing := mode != "confirm", mode == "revert during the re-apply"
+		t.Run(mode, func(t *testing.T) {
 			inst := m.domains[3+i].UUID
 			old := m.attachOnA(inst)
 			m.novaStopsOnA(inst)
 			mig := m.novaMigrationConsumer(inst)
 			m.novaAllocations(inst, m.rootB)
+			if racing {
+				m.stopB() // B's attach waits in its queue
+			}
 			m.notify("instance.resize_finish.end", inst, m.hostB, m.nodeB, "resized")
+			if racing {
+				m.waitFor(30*time.Second, "the source's vGPU kept and one pending on B", func() bool {
+					kept, pending := false, false
+					for _, a := range m.atts(inst) {
+						kept = kept || (a.id == old.id && a.state == flow.AttKept)
+						pending = pending || (a.host == m.hostB && a.state == flow.AttPending)
+					}
+					return kept && pending
+				})
+				testsvc.Must(t, m.drvB.Libvirt.DestroyAndUndefine(m.ctx, inst), "Nova destroys the domain on host B")
+				m.novaRevertAllocations(inst, mig)
+				testsvc.Must(t, m.drv.Libvirt.Start(m.ctx, inst), "Nova starts the source's domain again")
+				m.notify("instance.resize_revert.end", inst, m.host, m.node, "active")
+				time.Sleep(2 * time.Second)
+				var n int
+				testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT count(*) FROM requests WHERE source = 'nova' AND kind = 'instance.resize_revert.end' AND instance_uuid = $1`,
+					inst).Scan(&n), "requests")
+				if n != 0 {
+					t.Errorf("the revert was followed while B's vGPU was still being attached: %d request(s)", n)
+				}
+				m.stopB = m.startAgentB()
+				m.waitFor(90*time.Second, "the revert followed", func() bool {
+					for _, a := range m.atts(inst) {
+						if a.id == old.id {
+							return a.state == flow.AttAttached
+						}
+					}
+					return false
+				})
+				m.checkReverted(inst, old, "")
+				return
+			}
 			if r := m.moveRequests(inst, "instance.resize_finish.end", 1)["reapply"]; r.State != requests.Succeeded {
 				t.Fatalf("re-apply at resize_finish.end: %+v", r)
 			}
@@ -570,32 +623,45 @@ func TestMoveColdMigrationConfirmOrRevert(t *testing.T) {
 					t.Errorf("%s request at resize_revert.end: %s (%s: %s)", half, r.State, r.Code, r.Reason)
 				}
 			}
-			for _, a := range m.atts(inst) {
-				switch a.id {
-				case old.id:
-					if a.state != flow.AttAttached || a.host != m.host || a.provider != old.provider {
-						t.Errorf("after the revert: the source's vGPU %+v, want attached on %s with provider %s", a, m.host, old.provider)
-					}
-				case onB.id:
-					if a.state != flow.AttReleased {
-						t.Errorf("after the revert: B's vGPU %+v, want released", a)
-					}
-				default:
-					t.Errorf("after the revert: unexpected vGPU %+v", a)
-				}
-			}
-			if al := m.allocations(inst); vgpuUnits(al) != 1 || al[old.provider]["VGPU"] != 1 {
-				t.Errorf("after the revert: allocations %v, want one VGPU, on %s", al, old.provider)
-			}
-			if m.mdevOn(m.fakeB, onB.id) {
-				t.Errorf("after the revert: mdev %s still on host B", onB.id)
-			}
-			if !m.mdevOn(m.fake, old.id) {
-				t.Errorf("after the revert: mdev %s gone from host A", old.id)
-			}
-			m.reportedOn(m.host, old.id, inst)
+			m.checkReverted(inst, old, onB.id)
 		})
 	}
+}
+
+// checkReverted asserts that after a revert the instance's one live vGPU
+// is old, attached on A with its claim, its mdev reported in the domain,
+// and that B's vGPU (onB; any, when "") is ended with no mdev left on B;
+// one VGPU in the consumer, on old's GPU.
+func (m *moveWorld) checkReverted(inst string, old attFull, onB string) {
+	t := m.t
+	t.Helper()
+	var other []string
+	for _, a := range m.atts(inst) {
+		switch {
+		case a.id == old.id:
+			if a.state != flow.AttAttached || a.host != m.host || a.provider != old.provider {
+				t.Errorf("after the revert: the source's vGPU %+v, want attached on %s with provider %s", a, m.host, old.provider)
+			}
+		case a.host == m.hostB && (onB == "" || a.id == onB):
+			if a.state != flow.AttReleased && a.state != flow.AttFailed {
+				t.Errorf("after the revert: B's vGPU %+v, want released (or failed)", a)
+			}
+			m.waitFor(30*time.Second, "mdev "+a.id+" gone from host B", func() bool { return !m.mdevOn(m.fakeB, a.id) })
+			other = append(other, a.id)
+		default:
+			t.Errorf("after the revert: unexpected vGPU %+v", a)
+		}
+	}
+	if len(other) != 1 {
+		t.Errorf("after the revert: B's vGPUs %v, want one", other)
+	}
+	if al := m.allocations(inst); vgpuUnits(al) != 1 || al[old.provider]["VGPU"] != 1 {
+		t.Errorf("after the revert: allocations %v, want one VGPU, on %s", al, old.provider)
+	}
+	if !m.mdevOn(m.fake, old.id) {
+		t.Errorf("after the revert: mdev %s gone from host A", old.id)
+	}
+	m.reportedOn(m.host, old.id, inst)
 }
 
 // novaMigrationConsumer plays the start of Nova 26's cold migration
