@@ -311,6 +311,82 @@ func TestMovesDirectVGPU(t *testing.T) {
 	w.n.DeleteServer(t, vm)
 }
 
+// shelveAndUnshelve shelves the server holding a vGPU on host a (Nova 26
+// offloads it at once: shelved_offload_time 0, which deletes its
+// allocations and its guest) and unshelves it on host b (a's compute
+// disabled; the scheduler claims anew there): nothing is left anywhere
+// while it is offloaded, and one vGPU on b afterwards, none on a.
+func (w *moveWorld) shelveAndUnshelve(vm string, direct bool) {
+	t := w.t
+	w.assertOneVGPU("boot", vm, w.host, direct)
+
+	w.n.ServerAction(t, vm, map[string]any{"shelve": nil})
+	w.waitSettled(vm, "SHELVED_OFFLOADED")
+	w.bridgeIdle("shelve offload", vm)
+	w.waitFor(time.Minute, "nothing left of "+vm+" on the hosts and in Placement once offloaded", func() bool {
+		for _, h := range []string{w.host, w.b} {
+			fh := w.n.FakeHost(h)
+			if _, ok := fh.Domain(t, vm); ok || len(fh.Mdevs(t)) != 0 {
+				return false
+			}
+		}
+		return len(w.n.Allocations(t, vm)) == 0 && w.n.Usages(t, w.gpu)["VGPU"] == 0 && w.n.Usages(t, w.gpuB)["VGPU"] == 0
+	})
+	if direct {
+		var live, shelved int
+		testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FILTER (WHERE state IN ('pending','attached','releasing','held','kept')),
+			count(*) FILTER (WHERE shelved AND state = 'released') FROM vgpu_attachments WHERE instance_uuid = $1`, vm).Scan(&live, &shelved), "attachments")
+		if live != 0 || shelved != 1 {
+			t.Errorf("offloaded: %d live vGPU(s) and %d shelved, want none and one", live, shelved)
+		}
+	}
+	// The bridge's mirror follows shelve_offload.end (the flavor path has
+	// no request to wait for).
+	w.waitFor(time.Minute, "the bridge's mirror to drop the VGPU of "+vm+" once offloaded", func() bool {
+		l, err := w.api.Allocations(w.ctx, vm)
+		testsvc.Must(t, err, "bridge allocations")
+		for _, a := range l.Allocations {
+			if a.ResourceClass == "VGPU" {
+				return false
+			}
+		}
+		return true
+	})
+
+	// Unshelved elsewhere: host a's compute is disabled, the scheduler
+	// chooses b.
+	w.n.DisableCompute(t, w.host, true)
+	w.n.ServerAction(t, vm, map[string]any{"unshelve": nil})
+	s := w.waitSettled(vm, "ACTIVE")
+	w.n.DisableCompute(t, w.host, false)
+	if s.Host != w.b {
+		t.Fatalf("unshelved on %s, want %s (%s disabled)", s.Host, w.b, w.host)
+	}
+	w.bridgeIdle("unshelve", vm)
+	w.assertOneVGPU("unshelve", vm, w.b, direct)
+}
+
+// TestMovesShelveFlavorVGPU: a server of a resources:VGPU flavor shelved
+// (offloaded) and unshelved against the real Nova.
+func TestMovesShelveFlavorVGPU(t *testing.T) {
+	w := newMoveWorld(t, "msf")
+	vm := w.n.CreateServer(t, "e2e-shelve-flavor", w.vgpuFlavor, w.host)
+	w.n.WaitServer(t, vm, "ACTIVE")
+	w.shelveAndUnshelve(vm, false)
+	w.n.DeleteServer(t, vm)
+}
+
+// TestMovesShelveDirectVGPU: a direct-path vGPU through a shelve offload
+// (its mdev removed, the vGPU marked shelved) and an unshelve (applied
+// again where Nova put the server).
+func TestMovesShelveDirectVGPU(t *testing.T) {
+	w := newMoveWorld(t, "msd")
+	vm := w.bootServer("e2e-shelve-direct")
+	w.attachDirect(vm)
+	w.shelveAndUnshelve(vm, true)
+	w.n.DeleteServer(t, vm)
+}
+
 func ptrString(p *string) string {
 	if p == nil {
 		return "<nil>"
