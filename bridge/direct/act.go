@@ -83,10 +83,19 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 				made, err := w.NextClaim()
 				claims = append(claims, made...)
 				a := *s.Reclaim
+				// kept: a vGPU kept on the source of a cold migration that
+				// Nova reverted (move.go); its claim came back with Nova's
+				// revert of the allocations and is adopted.
+				kept := a.State == flow.AttKept
 				if err != nil {
 					if errors.Is(err, pipeline.ErrNoCapacity) || errors.Is(err, pipeline.ErrNoAddress) {
-						return fail(flow.CodeNoCapacity, fmt.Sprintf("vGPU %s (mdev %s) held off host %s cannot be claimed again on its GPU %s: %v; "+
-							"it stays held (its mdev is still on the host)", a.Profile, a.ID, a.Host, a.PCIAddress, err))
+						what := fmt.Sprintf("vGPU %s (mdev %s) held off host %s cannot be claimed again on its GPU %s: %v; "+
+							"it stays held (its mdev is still on the host)", a.Profile, a.ID, a.Host, a.PCIAddress, err)
+						if kept {
+							what = fmt.Sprintf("vGPU %s (mdev %s) kept on host %s for the revert of a migration cannot be claimed again on its GPU %s: %v; "+
+								"it stays kept (its mdev is still in the guest)", a.Profile, a.ID, a.Host, a.PCIAddress, err)
+						}
+						return fail(flow.CodeNoCapacity, what)
 					}
 					return pipeline.Retry(fmt.Errorf("claim again %d × %s on GPU %s: %w", max(a.Amount, 1), a.Profile, a.Provider, err))
 				}
@@ -94,11 +103,15 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 				for _, mc := range made {
 					held = mc.Held
 				}
-				if err := requests.Restore(ctx, tx, a.ID, held, "claimed again on its GPU: the host is back and the instance was not evacuated"); err != nil {
+				why, did := "claimed again on its GPU: the host is back and the instance was not evacuated", "the host is back"
+				if kept {
+					why, did = "attached again: Nova reverted the migration to the source, where the guest kept its mdev", "the migration was reverted"
+				}
+				if err := requests.Restore(ctx, tx, a.ID, held, why); err != nil {
 					return err
 				}
 				restored++
-				summary = append(summary, fmt.Sprintf("claim %s (mdev %s) again on %s GPU %s: the host is back", a.Profile, a.ID, a.Host, a.PCIAddress))
+				summary = append(summary, fmt.Sprintf("claim %s (mdev %s) again on %s GPU %s: %s", a.Profile, a.ID, a.Host, a.PCIAddress, did))
 				continue
 			}
 			made, err := w.NextClaim()

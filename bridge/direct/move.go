@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/google/uuid"
@@ -42,6 +43,21 @@ const (
 // the same host, a rebuild that was not an evacuation). vGPUs held off a
 // forced-down host (hostdown.go) are applied again where an evacuation
 // took the instance; their mdevs wait there for the host to be back.
+//
+// A cold migration or resize to another host is not over at
+// instance.resize_finish.end: until Nova confirms it, the source keeps
+// the guest's definition (with the mdev) and Nova's migration consumer
+// the source's allocations (with the vGPU's claim), for a revert. There
+// the vGPU left behind is kept (flow.AttKept: no command, its claim left
+// to Nova) while one is applied on the destination. At the next move
+// event (instance.resize_confirm.end, or the revert's
+// instance.resize_revert.end) a kept vGPU off the instance's host is
+// released (remove_mdev: the confirm destroyed the guest there, and the
+// claim went with the migration consumer), and one on the instance's
+// host (the revert: the guest started again there with its mdev, the
+// claim moved back into the instance's consumer) is attached again, its
+// claim adopted (or made again) on its GPU, in place of applying one
+// there; the vGPU the destination got is released like any moved one.
 func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event) (_, _ bool, err error) {
 	tx, row := w.Tx, w.Row
 	defer wrapErr(&err, "instance %s moved (%s)", ev.InstanceUUID, ev.Kind)
@@ -62,6 +78,10 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 		return false, false, nil
 	}
 	shelved, err := shelvedAttachments(ctx, tx, ev.InstanceUUID)
+	if err != nil {
+		return false, false, err
+	}
+	kept, err := requests.KeptAttachments(ctx, tx, ev.InstanceUUID)
 	if err != nil {
 		return false, false, err
 	}
@@ -87,8 +107,17 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 			}
 		}
 	}
-	if len(attached) == 0 && len(shelved) == 0 && len(evacuated) == 0 {
+	if len(attached) == 0 && len(shelved) == 0 && len(evacuated) == 0 && len(kept) == 0 {
 		return false, false, nil
+	}
+	// A vGPU still being attached on a host the instance left (a revert
+	// right after the resize_finish.end's re-apply): wait for its request
+	// to end, so that what it made is released with the rest.
+	for _, a := range f.Attachments {
+		if a.State == flow.AttPending && a.Host != f.Instance.Host && !w.LastAttempt() {
+			return false, false, pipeline.Retry(fmt.Errorf("vGPU %s (mdev %s) of request %s is still being attached on host %s, which the instance left",
+				a.Profile, a.ID, a.RequestID, a.Host))
+		}
 	}
 	holds := map[string]int{} // units the consumer holds per GPU provider
 	if !offload {
@@ -111,24 +140,71 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 			moved = append(moved, a)
 		}
 	}
+	// Kept vGPUs (a move awaiting its confirm): restored on the
+	// instance's host (reverted), released elsewhere (confirmed).
+	var restore, unkeep []flow.Attachment
+	for _, a := range kept {
+		if !offload && a.Host == f.Instance.Host && a.Provider != "" {
+			restore = append(restore, a)
+		} else {
+			unkeep = append(unkeep, a)
+		}
+	}
 	var reapply []flow.Attachment
 	if !offload {
-		reapply = append(reapply, moved...)
+		// The vGPUs a restored one stands for (the destination's, moved
+		// back off it) are released, not applied again.
+		back := map[string]int{}
+		for _, a := range restore {
+			back[a.Profile] += max(a.Amount, 1)
+		}
+		for _, a := range moved {
+			if n := max(a.Amount, 1); back[a.Profile] >= n {
+				back[a.Profile] -= n
+				continue
+			}
+			reapply = append(reapply, a)
+		}
 		if ev.Kind == pipeline.NovaKindPrefix+"instance.unshelve.end" {
 			reapply = append(reapply, shelved...)
 		}
 		reapply = append(reapply, evacuated...)
 	}
-	if len(moved) == 0 && len(reapply) == 0 {
+	// A cold migration or resize to another host awaiting its confirm:
+	// the source's vGPUs are kept there, not released.
+	var keep []flow.Attachment
+	if ev.Kind == pipeline.NovaKindPrefix+"instance.resize_finish.end" && !offload {
+		rest := moved[:0:0]
+		for _, a := range moved {
+			if a.Host != f.Instance.Host && a.Provider != "" && a.Host != "" {
+				keep = append(keep, a)
+			} else {
+				rest = append(rest, a)
+			}
+		}
+		moved = rest
+	}
+	if len(moved) == 0 && len(reapply) == 0 && len(keep) == 0 && len(restore) == 0 && len(unkeep) == 0 {
 		return false, false, nil
 	}
 	why := strings.TrimPrefix(ev.Kind, pipeline.NovaKindPrefix)
+	var notes []string
+	for _, a := range keep {
+		note := fmt.Sprintf("vGPU %s (mdev %s) kept on host %s until Nova confirms the move (%s): the source's guest keeps it for a revert, "+
+			"its claim is in the migration's consumer", a.Profile, a.ID, a.Host, why)
+		if err := requests.Keep(ctx, tx, a.ID, note); err != nil {
+			return false, false, err
+		}
+		notes = append(notes, note)
+	}
 
 	// The release: the old mdevs go; their claims left the consumer with
 	// Nova's rewrite (the provider is forgotten so that completing the
 	// release never takes units off a claim made since on the same GPU).
+	// Kept vGPUs off the instance's host: the confirm destroyed the
+	// source's guest and deleted the migration's consumer with their claim.
 	var relID *uuid.UUID
-	if len(moved) > 0 {
+	if len(moved) > 0 || len(unkeep) > 0 {
 		id := uuid.New()
 		relID = &id
 		if err := p.moveRequest(ctx, tx, row, id, moveRelease); err != nil {
@@ -142,7 +218,23 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 				moved[i].Provider = ""
 			}
 		}
-		plan := flow.Plan{Outcome: flow.OutcomeAct, Steps: []flow.Step{{Kind: flow.StepRelease, Release: moved, RemoveOnly: true, Host: moved[0].Host}}}
+		for i, a := range unkeep {
+			if err := requests.ForgetClaim(ctx, tx, a.ID, false, fmt.Sprintf("kept on host %s for a revert; its claim went with Nova's migration consumer (%s)", a.Host, why)); err != nil {
+				return false, false, err
+			}
+			unkeep[i].Provider = ""
+		}
+		// One step per host: each host's agent removes its mdevs.
+		var steps []flow.Step
+		for _, a := range append(slices.Clone(moved), unkeep...) {
+			i := slices.IndexFunc(steps, func(s flow.Step) bool { return s.Host == a.Host })
+			if i < 0 {
+				steps = append(steps, flow.Step{Kind: flow.StepRelease, RemoveOnly: true, Host: a.Host})
+				i = len(steps) - 1
+			}
+			steps[i].Release = append(steps[i].Release, a)
+		}
+		plan := flow.Plan{Outcome: flow.OutcomeAct, Steps: steps}
 		if err := p.ActPlan(ctx, w, id, requests.Accepted, &plan, f); err != nil {
 			return false, false, err
 		}
@@ -150,8 +242,8 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 
 	// The re-apply on the instance's current host.
 	var reqID *uuid.UUID
-	plan := flow.Plan{Outcome: flow.OutcomeAct}
-	if len(reapply) > 0 {
+	plan := flow.Plan{Outcome: flow.OutcomeAct, Notes: notes}
+	if len(reapply) > 0 || len(restore) > 0 {
 		id := uuid.New()
 		reqID = &id
 		if err := p.moveRequest(ctx, tx, row, id, moveReapply); err != nil {
@@ -164,7 +256,17 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 					Trait: a.Trait, Count: max(a.Amount, 1), Mode: policy.ModeDirectLive,
 					Why: fmt.Sprintf("vGPU %s (mdev %s) applied again on host %s after %s", a.Profile, a.ID, f.Instance.Host, why)}})
 		}
-		if problem, code := pipeline.HostProblem(f); problem != "" {
+		// A kept vGPU back on the instance's host: its mdev is in the
+		// guest Nova started again; its claim, which Nova's revert moved
+		// back into the instance's consumer, is adopted (Claim) and the
+		// vGPU is attached again. Nothing goes to the agent.
+		for _, a := range restore {
+			plan.Steps = append(plan.Steps, flow.Step{Kind: flow.StepAttach, Mode: a.Mode, Host: a.Host, Reclaim: &a,
+				Intent: policy.Intent{Kind: policy.IntentAttach, Rule: "move", Instance: a.InstanceUUID, Profile: a.Profile, TypeID: a.TypeID,
+					Trait: a.Trait, Count: max(a.Amount, 1), Mode: policy.ModeDirectLive,
+					Why: fmt.Sprintf("vGPU %s (mdev %s) kept on host %s is attached again after %s", a.Profile, a.ID, a.Host, why)}})
+		}
+		if problem, code := pipeline.HostProblem(f); problem != "" && len(reapply) > 0 {
 			plan = flow.Plan{Outcome: flow.OutcomeFail, Code: code, Reason: "the vGPUs cannot follow the instance: " + problem}
 			if err := p.dec.Close(ctx, w, id, requests.Accepted, plan); err != nil {
 				return false, false, err
@@ -199,7 +301,7 @@ func (p *Path) handleMove(ctx context.Context, w *pipeline.Work, ev policy.Event
 	}
 	p.count.Decided(outcomeMove)
 	p.log.Info("pipeline: vGPUs follow a Nova move", logkey.Instance, ev.InstanceUUID, logkey.Host, f.Instance.Host, "event", why,
-		"released", len(moved), "reapplied", len(reapply))
+		"released", len(moved)+len(unkeep), "reapplied", len(reapply), "kept", len(keep), "restored", len(restore))
 	return true, true, nil
 }
 

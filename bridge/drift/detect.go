@@ -95,7 +95,9 @@ type Snapshot struct {
 	Allocations map[string]map[string]int
 	Unread      map[string]bool
 	// Attachments are the bridge's active direct-path vGPUs (pending,
-	// attached, releasing).
+	// attached, releasing) and those kept on the source of a move that
+	// awaits its confirm (kept: their mdevs are accounted for, their
+	// claims are in Nova's migration consumer, a transient one).
 	Attachments []AttachmentView
 	// Made holds "instance|provider" of every attachment the bridge ever
 	// made, failed and released ones included: the bridge's claims.
@@ -173,6 +175,15 @@ func Detect(s *Snapshot) []Finding {
 	attached := map[cp]int{} // of them, attached
 	attIDs := map[cp][]string{}
 	for _, a := range s.Attachments {
+		if a.State == flow.AttKept {
+			// Kept on the source of a move awaiting its confirm: its mdev
+			// is accounted for (while its instance lives), its claim is
+			// in Nova's migration consumer.
+			if !s.instance(a.Instance).Deleted {
+				active[a.ID] = a
+			}
+			continue
+		}
 		active[a.ID] = a
 		if a.Provider == "" {
 			continue

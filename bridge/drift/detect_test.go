@@ -126,6 +126,24 @@ func TestDetect(t *testing.T) {
 			s.Allocations[provA][instB] = 1
 			s.Transient = map[string]string{instB: TransientMigration}
 		}, nil},
+		{"a vGPU kept on the source of a move awaiting its confirm is not reported", func(s *Snapshot) {
+			// Its mdev in the source's shut-off guest, its claim in Nova's
+			// migration consumer; the instance is on another host.
+			kept := att
+			kept.State = flow.AttKept
+			s.Attachments = []AttachmentView{kept}
+			s.Instances[instA] = InstanceView{Known: true, Host: "h2"}
+			s.Allocations[provA][instB] = 1
+			s.Transient = map[string]string{instB: TransientMigration}
+			active(s, protocol.VGPU{MdevUUID: mdev1, InstanceUUID: instA, Owner: protocol.OwnerAgent})
+		}, nil},
+		{"the mdev of a vGPU kept for a move of a deleted instance is an orphan", func(s *Snapshot) {
+			kept := att
+			kept.State = flow.AttKept
+			s.Attachments = []AttachmentView{kept}
+			s.Instances[instA] = InstanceView{Known: true, Deleted: true}
+			active(s, protocol.VGPU{MdevUUID: mdev1, Owner: protocol.OwnerAgent})
+		}, []want{{OrphanMdev, true, 0}}},
 		{"the bridge's reservation for a move is not reported", func(s *Snapshot) {
 			s.Allocations[provA][instB] = 1
 			s.Transient = map[string]string{instB: TransientReservation}

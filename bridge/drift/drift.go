@@ -404,7 +404,7 @@ func (r *Reconciler) load(ctx context.Context, tx pgx.Tx) (*Snapshot, []string, 
 
 	rows, err = tx.Query(ctx, `SELECT id::text, instance_uuid::text, host, coalesce(provider_uuid::text,''), coalesce(pci_address,''),
 			coalesce(resource_class,''), coalesce(profile,''), amount, coalesce(held_after,0), state, updated_at
-		FROM vgpu_attachments WHERE state IN ('pending','attached','releasing') ORDER BY created_at, id`)
+		FROM vgpu_attachments WHERE state IN ('pending','attached','releasing','kept') ORDER BY created_at, id`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read attachments: %w", err)
 	}

@@ -16,6 +16,13 @@ const (
 	// was evacuated and the vGPU applied again elsewhere), its mdev is
 	// removed then.
 	AttHeld = "held"
+	// AttKept: the instance's cold migration or resize to another host
+	// awaits its confirm (Nova's VERIFY_RESIZE): the vGPU stays on the
+	// source, its mdev in the source's shut-off guest definition and its
+	// claim (Provider) in Nova's migration consumer, for a revert. The
+	// confirm removes its mdev (released); the revert marks it attached
+	// again, its claim back in the instance's consumer.
+	AttKept = "kept"
 )
 
 // Attachment is a direct-path vGPU: a Placement claim in the instance's

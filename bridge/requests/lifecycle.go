@@ -430,11 +430,12 @@ func Hold(ctx context.Context, q Execer, id uuid.UUID, why string) error {
 	return nil
 }
 
-// Restore marks held attachment id attached again, its claim made again
-// on its GPU (heldAfter: what the consumer held there right after).
+// Restore marks held or kept attachment id attached again, its claim made
+// again (or found back) on its GPU (heldAfter: what the consumer held
+// there right after).
 func Restore(ctx context.Context, q Execer, id uuid.UUID, heldAfter int, why string) error {
 	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'attached', held_after = $2, reason = $3, updated_at = now()
-		WHERE id = $1 AND state = 'held'`, id, heldAfter, why); err != nil {
+		WHERE id = $1 AND state IN ('held','kept')`, id, heldAfter, why); err != nil {
 		return fmt.Errorf("restore attachment %s: %w", id, err)
 	}
 	return nil
@@ -460,6 +461,30 @@ func HeldAttachments(ctx context.Context, q interface {
 	rows, err := q.Query(ctx, `SELECT `+AttachmentColumns+` FROM vgpu_attachments WHERE instance_uuid = $1 AND state = 'held' ORDER BY created_at, id`, instance)
 	if err != nil {
 		return nil, fmt.Errorf("read held vGPUs of %s: %w", instance, err)
+	}
+	return ScanAttachments(rows)
+}
+
+// Keep marks attached attachment id kept on its host (flow.AttKept): its
+// instance's cold migration or resize to another host awaits the confirm;
+// the mdev stays on the source and its claim in Nova's migration
+// consumer, for a revert. Its usage goes on.
+func Keep(ctx context.Context, q Execer, id uuid.UUID, why string) error {
+	if _, err := q.Exec(ctx, `UPDATE vgpu_attachments SET state = 'kept', reason = $2, updated_at = now() WHERE id = $1 AND state = 'attached'`,
+		id, why); err != nil {
+		return fmt.Errorf("keep attachment %s: %w", id, err)
+	}
+	return nil
+}
+
+// KeptAttachments are instance's vGPUs kept on the source of a move that
+// awaits its confirm (flow.AttKept).
+func KeptAttachments(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, instance string) ([]flow.Attachment, error) {
+	rows, err := q.Query(ctx, `SELECT `+AttachmentColumns+` FROM vgpu_attachments WHERE instance_uuid = $1 AND state = 'kept' ORDER BY created_at, id`, instance)
+	if err != nil {
+		return nil, fmt.Errorf("read kept vGPUs of %s: %w", instance, err)
 	}
 	return ScanAttachments(rows)
 }

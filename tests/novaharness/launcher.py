@@ -297,11 +297,72 @@ def _add_images(glance):
             glance.create(None, meta)
 
 
+def _share_images(glance):
+    """Shares the images a service creates from now on (a shelve's
+    snapshot: nova-api creates it, the conductor reads it for the unshelve,
+    the unshelving compute deletes it) with every service of the run,
+    through NOVATEST_GLANCE_DIR: each service's GlanceFixture lives in its
+    own process, so without this an unshelve cannot find the snapshot. The
+    images of NOVATEST_IMAGES and the fixture's own stay per process (each
+    service made the same)."""
+    import pickle
+
+    d = os.environ.get("NOVATEST_GLANCE_DIR")
+    if not d:
+        return
+    os.makedirs(d, exist_ok=True)
+    create, show, update, delete = glance.create, glance.show, glance.update, glance.delete
+
+    def path(image_id):
+        return os.path.join(d, str(image_id) + ".pickle")
+
+    def save(meta):
+        tmp = path(meta["id"]) + ".%d.tmp" % os.getpid()
+        with open(tmp, "wb") as f:
+            pickle.dump(meta, f)
+        os.replace(tmp, path(meta["id"]))
+
+    def load(image_id):
+        # The shared copy, when there is one, is the newest.
+        try:
+            with open(path(image_id), "rb") as f:
+                glance.images[str(image_id)] = pickle.load(f)
+        except FileNotFoundError:
+            pass
+
+    def _create(context, metadata, data=None):
+        out = create(context, metadata, data)
+        save(out)
+        return out
+
+    def _show(context, image_id, *a, **kw):
+        load(image_id)
+        return show(context, image_id, *a, **kw)
+
+    def _update(context, image_id, metadata, *a, **kw):
+        load(image_id)
+        out = update(context, image_id, metadata, *a, **kw)
+        if os.path.exists(path(image_id)):
+            save(out)
+        return out
+
+    def _delete(context, image_id):
+        load(image_id)
+        try:
+            os.remove(path(image_id))
+        except FileNotFoundError:
+            pass
+        return delete(context, image_id)
+
+    glance.create, glance.show, glance.update, glance.delete = _create, _show, _update, _delete
+
+
 def main():
     if SERVICE != "manage":
         host = _Host()
         glance = host.useFixture(nova_fixtures.GlanceFixture(host))
         _add_images(glance)
+        _share_images(glance)
         host.useFixture(nova_fixtures.NeutronFixture(host))
     if SERVICE == "compute":
         _wrap_fake_driver()

@@ -140,6 +140,29 @@ func (n *Nova) ForceDown(t testing.TB, host string, down bool) {
 	}
 }
 
+// DisableCompute disables (or enables again) the host's nova-compute
+// service (PUT /os-services/{service_id}, status), as `openstack compute
+// service set --disable` does: the scheduler's ComputeFilter skips the
+// host at once. Unlike ForceDown, the service stays up.
+func (n *Nova) DisableCompute(t testing.TB, host string, disabled bool) {
+	t.Helper()
+	ctx, cancel := testCtx(t)
+	defer cancel()
+	var out struct {
+		Services []struct{ ID, Host string }
+	}
+	if err := n.do(ctx, http.MethodGet, "/os-services?binary=nova-compute&host="+url.QueryEscape(host), nil, &out); err != nil || len(out.Services) != 1 {
+		t.Fatalf("nova-compute service of %s: %+v (%v)", host, out.Services, err)
+	}
+	body := map[string]any{"status": "enabled"}
+	if disabled {
+		body = map[string]any{"status": "disabled", "disabled_reason": "disabled by the test"}
+	}
+	if err := n.do(ctx, http.MethodPut, "/os-services/"+url.PathEscape(out.Services[0].ID), body, nil); err != nil {
+		t.Fatalf("status of %s's nova-compute %v: %v", host, body["status"], err)
+	}
+}
+
 // RestartCompute stops the host's nova-compute and starts it again,
 // waiting until it is up: its init_host then runs, which for an
 // evacuated instance destroys the guest left on the host and drops the

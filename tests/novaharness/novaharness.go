@@ -616,7 +616,8 @@ func (n *Nova) command(ctx context.Context, service string, args ...string) *exe
 		cmd = exec.Command(Python, full...)
 	}
 	cmd.Dir = n.dir
-	cmd.Env = pythonEnv([]string{"NOVATEST_HOOK_URL=" + n.hook.url, "NOVATEST_IMAGES=" + n.images})
+	cmd.Env = pythonEnv([]string{"NOVATEST_HOOK_URL=" + n.hook.url, "NOVATEST_IMAGES=" + n.images,
+		"NOVATEST_GLANCE_DIR=" + filepath.Join(n.dir, "glance")})
 	// Own process group (nova-api forks a worker); killed with us.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	return cmd

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,6 +39,9 @@ import (
 type moveWorld struct {
 	*world
 	hostB, nodeB, fakeB string
+	drvB                *agent.Drivers // host B's drivers, shared with its agent
+	stateB              string         // agent B's state_path, kept across its runs
+	stopB               func()         // stops host B's agent (startAgentB)
 	rootB               string
 	gpusB               map[string]string
 	exchange, queue     string
@@ -103,6 +107,43 @@ func newMoveWorld(t *testing.T) *moveWorld {
 	return m
 }
 
+// startAgentB runs host B's agent and returns what stops it (once).
+func (m *moveWorld) startAgentB() (stop func()) {
+	t := m.t
+	if m.stateB == "" {
+		m.stateB = t.TempDir()
+	}
+	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + m.hostB, "DEFAULT.node=" + m.nodeB,
+		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + m.stateB, "DEFAULT.listen=127.0.0.1:0",
+		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
+		testkeys.For(t).Agent(m.hostB)...)})
+	testsvc.Must(t, err, "agent B config")
+	if m.drvB == nil {
+		m.drvB, err = agent.OpenFakeHost(m.fakeB)
+		testsvc.Must(t, err, "open fake host B")
+		t.Cleanup(m.drvB.Close) // after agent B stopped (cleanups run last first)
+	}
+	ctx, cancel := context.WithCancel(m.ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- agent.RunWith(ctx, v, logger(), agent.RunOptions{FakeHostDir: m.fakeB, Drivers: m.drvB})
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("agent B: %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Error("agent B did not stop")
+			}
+		})
+	}
+}
+
 // start runs the bridge (one replica, listening to both hosts), both
 // agents and the ingest consumer.
 func (m *moveWorld) start() *bridgeReplica {
@@ -112,25 +153,8 @@ func (m *moveWorld) start() *bridgeReplica {
 		c.ReportsBindings = append(c.ReportsBindings, protocol.ReportRoutingKey(m.hostB))
 	}})
 	m.startAgent()
-	v, err := agent.LoadConfig(conf.Source{Overrides: append([]string{"DEFAULT.host=" + m.hostB, "DEFAULT.node=" + m.nodeB,
-		"DEFAULT.transport_url=" + testsvc.TransportURL(t), "DEFAULT.state_path=" + t.TempDir(), "DEFAULT.listen=127.0.0.1:0",
-		"DEFAULT.report_check_interval=1s", "DEFAULT.reconnect_max_backoff=2s", "DEFAULT.shutdown_timeout=5s"},
-		testkeys.For(t).Agent(m.hostB)...)})
-	testsvc.Must(t, err, "agent B config")
-	ctx, cancel := context.WithCancel(m.ctx)
-	done := make(chan error, 1)
-	go func() { done <- agent.RunWith(ctx, v, logger(), agent.RunOptions{FakeHostDir: m.fakeB}) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("agent B: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("agent B did not stop")
-		}
-	})
+	m.stopB = m.startAgentB()
+	t.Cleanup(func() { m.stopB() })
 
 	cfg := ingest.DefaultConfig()
 	cfg.URLs = []string{m.amqpURL}
@@ -144,7 +168,7 @@ func (m *moveWorld) start() *bridgeReplica {
 	go func() { idone <- c.Run(ictx) }()
 	t.Cleanup(func() {
 		icancel()
-		if err := <-idone; err != nil && ctx.Err() == nil {
+		if err := <-idone; err != nil && m.ctx.Err() == nil {
 			t.Errorf("ingest: %v", err)
 		}
 	})
@@ -373,10 +397,12 @@ func (m *moveWorld) checkOnB(inst string, old attFull) attFull {
 // is moved to host B by Nova (Nova rewrites its allocations without the
 // bridge's VGPU) → on the notification that ends the move the bridge
 // claims again on B, creates and attaches the mdev there and removes the
-// one on A, in two requests; Placement and both hosts agree. A later
-// event that finds everything in place (the resize's confirm) does
-// nothing more, except that a rebuild.end on host B is a rebuild there:
-// the vGPU is attached again where it is (one more request), nothing moves.
+// one on A, in two requests; Placement and both hosts agree. The same
+// event again finds everything in place and does nothing more, except
+// that a rebuild.end on host B is a rebuild there: the vGPU is attached
+// again where it is (one more request), nothing moves. A cold migration,
+// which keeps the source's vGPU until its confirm, is
+// TestMoveColdMigrationConfirmOrRevert.
 func TestMoveToAnotherHost(t *testing.T) {
 	m := newMoveWorld(t)
 	m.start()
@@ -400,7 +426,6 @@ func TestMoveToAnotherHost(t *testing.T) {
 			"instance.live_migration_post_dest.end", true, false},
 		{"evacuation", "instance.rebuild.end", "active", "", 4, 1, m.novaLeavesA, "", false, false},
 		{"evacuation as Nova 26 sends it", "instance.rebuild.end", "active", "", 5, 1, m.novaLeavesA, "", false, true},
-		{"cold migration", "instance.resize_finish.end", "resized", "instance.resize_confirm.end", 6, 0, m.novaStopsOnA, "", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			inst := m.domains[tc.domain].UUID
@@ -484,6 +509,192 @@ func TestMoveToAnotherHost(t *testing.T) {
 			m.checkOnB(inst, old)
 		})
 	}
+}
+
+// TestMoveColdMigrationConfirmOrRevert: a cold migration of an instance
+// with a direct-path vGPU from host A to B, as Nova 26 makes it (the
+// source's allocations, the bridge's VGPU with them, go to the
+// migration's consumer; the instance's consumer claims on B; the source's
+// domain is shut off and kept) → at resize_finish.end the bridge applies
+// a vGPU on B and keeps the one on A (mdev there, claim in the migration
+// consumer). Confirmed (the source's domain destroyed, the migration's
+// consumer deleted) → the mdev on A is removed. Reverted (the domain on B
+// destroyed, the migration's allocations moved back to the instance, the
+// source's domain started again) → the vGPU on A is attached again with
+// its claim, the one on B is removed; one VGPU in Placement, on A.
+// Reverted while B's vGPU is still being attached (B's agent away) → the
+// revert waits for that request, then ends as a revert does.
+func TestMoveColdMigrationConfirmOrRevert(t *testing.T) {
+	m := newMoveWorld(t)
+	m.start()
+	for i, mode := range []string{"confirm", "revert", "revert during the re-apply"} {
+		revert, racing := mode != "confirm", mode == "revert during the re-apply"
+		t.Run(mode, func(t *testing.T) {
+			inst := m.domains[3+i].UUID
+			old := m.attachOnA(inst)
+			m.novaStopsOnA(inst)
+			mig := m.novaMigrationConsumer(inst)
+			m.novaAllocations(inst, m.rootB)
+			if racing {
+				m.stopB() // B's attach waits in its queue
+			}
+			m.notify("instance.resize_finish.end", inst, m.hostB, m.nodeB, "resized")
+			if racing {
+				m.waitFor(30*time.Second, "the source's vGPU kept and one pending on B", func() bool {
+					kept, pending := false, false
+					for _, a := range m.atts(inst) {
+						kept = kept || (a.id == old.id && a.state == flow.AttKept)
+						pending = pending || (a.host == m.hostB && a.state == flow.AttPending)
+					}
+					return kept && pending
+				})
+				testsvc.Must(t, m.drvB.Libvirt.DestroyAndUndefine(m.ctx, inst), "Nova destroys the domain on host B")
+				m.novaRevertAllocations(inst, mig)
+				testsvc.Must(t, m.drv.Libvirt.Start(m.ctx, inst), "Nova starts the source's domain again")
+				m.notify("instance.resize_revert.end", inst, m.host, m.node, "active")
+				time.Sleep(2 * time.Second)
+				var n int
+				testsvc.Must(t, m.pool.QueryRow(m.ctx, `SELECT count(*) FROM requests WHERE source = 'nova' AND kind = 'instance.resize_revert.end' AND instance_uuid = $1`,
+					inst).Scan(&n), "requests")
+				if n != 0 {
+					t.Errorf("the revert was followed while B's vGPU was still being attached: %d request(s)", n)
+				}
+				m.stopB = m.startAgentB()
+				m.waitFor(90*time.Second, "the revert followed", func() bool {
+					for _, a := range m.atts(inst) {
+						if a.id == old.id {
+							return a.state == flow.AttAttached
+						}
+					}
+					return false
+				})
+				m.checkReverted(inst, old, "")
+				return
+			}
+			if r := m.moveRequests(inst, "instance.resize_finish.end", 1)["reapply"]; r.State != requests.Succeeded {
+				t.Fatalf("re-apply at resize_finish.end: %+v", r)
+			}
+			var onB attFull
+			for _, a := range m.atts(inst) {
+				switch {
+				case a.id == old.id:
+					if a.state != flow.AttKept || a.provider != old.provider {
+						t.Errorf("awaiting the confirm: the source's vGPU %+v, want kept with its provider %s", a, old.provider)
+					}
+				case a.state == flow.AttAttached && a.host == m.hostB:
+					onB = a
+				default:
+					t.Errorf("awaiting the confirm: unexpected vGPU %+v", a)
+				}
+			}
+			if onB.id == "" || !m.mdevOn(m.fakeB, onB.id) {
+				t.Fatalf("awaiting the confirm: no vGPU attached on host B: %+v", m.atts(inst))
+			}
+			if !m.mdevOn(m.fake, old.id) {
+				t.Errorf("awaiting the confirm: the source's mdev %s gone from host A", old.id)
+			}
+			if al := m.allocations(mig); al[old.provider]["VGPU"] != 1 {
+				t.Errorf("awaiting the confirm: the migration consumer holds %v, want the source's VGPU on %s", al, old.provider)
+			}
+
+			if !revert {
+				m.novaLeavesA(inst)
+				testsvc.Must(t, allocations.Delete(m.ctx, m.sc, mig).ExtractErr(), "Nova deletes the migration's allocations")
+				m.notify("instance.resize_confirm.end", inst, m.hostB, m.nodeB, "active")
+				if r := m.moveRequests(inst, "instance.resize_confirm.end", 1)["release"]; r.State != requests.Succeeded {
+					t.Fatalf("release at resize_confirm.end: %+v", r)
+				}
+				if got := m.checkOnB(inst, old); got.id != onB.id {
+					t.Errorf("after the confirm: vGPU %s on B, want %s", got.id, onB.id)
+				}
+				return
+			}
+
+			// Nova's revert: revert_resize destroys the guest on B, then
+			// finish_revert_resize moves the migration's allocations back
+			// to the instance and starts the source's guest again.
+			testsvc.Must(t, m.drvB.Libvirt.DestroyAndUndefine(m.ctx, inst), "Nova destroys the domain on host B")
+			m.novaRevertAllocations(inst, mig)
+			testsvc.Must(t, m.drv.Libvirt.Start(m.ctx, inst), "Nova starts the source's domain again")
+			m.notify("instance.resize_revert.end", inst, m.host, m.node, "active")
+			reqs := m.moveRequests(inst, "instance.resize_revert.end", 2)
+			for half, r := range reqs {
+				if r.State != requests.Succeeded {
+					t.Errorf("%s request at resize_revert.end: %s (%s: %s)", half, r.State, r.Code, r.Reason)
+				}
+			}
+			m.checkReverted(inst, old, onB.id)
+		})
+	}
+}
+
+// checkReverted asserts that after a revert the instance's one live vGPU
+// is old, attached on A with its claim, its mdev reported in the domain,
+// and that B's vGPU (onB; any, when "") is ended with no mdev left on B;
+// one VGPU in the consumer, on old's GPU.
+func (m *moveWorld) checkReverted(inst string, old attFull, onB string) {
+	t := m.t
+	t.Helper()
+	var other []string
+	for _, a := range m.atts(inst) {
+		switch {
+		case a.id == old.id:
+			if a.state != flow.AttAttached || a.host != m.host || a.provider != old.provider {
+				t.Errorf("after the revert: the source's vGPU %+v, want attached on %s with provider %s", a, m.host, old.provider)
+			}
+		case a.host == m.hostB && (onB == "" || a.id == onB):
+			if a.state != flow.AttReleased && a.state != flow.AttFailed {
+				t.Errorf("after the revert: B's vGPU %+v, want released (or failed)", a)
+			}
+			m.waitFor(30*time.Second, "mdev "+a.id+" gone from host B", func() bool { return !m.mdevOn(m.fakeB, a.id) })
+			other = append(other, a.id)
+		default:
+			t.Errorf("after the revert: unexpected vGPU %+v", a)
+		}
+	}
+	if len(other) != 1 {
+		t.Errorf("after the revert: B's vGPUs %v, want one", other)
+	}
+	if al := m.allocations(inst); vgpuUnits(al) != 1 || al[old.provider]["VGPU"] != 1 {
+		t.Errorf("after the revert: allocations %v, want one VGPU, on %s", al, old.provider)
+	}
+	if !m.mdevOn(m.fake, old.id) {
+		t.Errorf("after the revert: mdev %s gone from host A", old.id)
+	}
+	m.reportedOn(m.host, old.id, inst)
+}
+
+// novaMigrationConsumer plays the start of Nova 26's cold migration
+// (conductor's replace_allocation_with_migration): the instance's
+// allocations, the bridge's VGPU with them, move to a new migration
+// consumer, which it returns.
+func (m *moveWorld) novaMigrationConsumer(inst string) string {
+	m.t.Helper()
+	mig := uuid.NewString()
+	m.created = append(m.created, mig)
+	res := map[string]allocations.ProviderAllocationsOpts{}
+	for rp, r := range m.allocations(inst) {
+		res[rp] = allocations.ProviderAllocationsOpts{Resources: r}
+	}
+	testsvc.Must(m.t, allocations.Update(m.ctx, m.sc, mig, allocations.UpdateOpts{Allocations: res, ProjectID: m.project, UserID: m.user,
+		ConsumerType: "MIGRATION"}).ExtractErr(), "the migration's allocations")
+	return mig
+}
+
+// novaRevertAllocations plays finish_revert_resize's _revert_allocation:
+// the migration's allocations replace the instance's, and the migration's
+// consumer is emptied.
+func (m *moveWorld) novaRevertAllocations(inst, mig string) {
+	m.t.Helper()
+	a, err := allocations.Get(m.ctx, m.sc, inst).Extract()
+	testsvc.Must(m.t, err, "get allocations")
+	res := map[string]allocations.ProviderAllocationsOpts{}
+	for rp, r := range m.allocations(mig) {
+		res[rp] = allocations.ProviderAllocationsOpts{Resources: r}
+	}
+	testsvc.Must(m.t, allocations.Delete(m.ctx, m.sc, mig).ExtractErr(), "empty the migration's consumer")
+	testsvc.Must(m.t, allocations.Update(m.ctx, m.sc, inst, allocations.UpdateOpts{Allocations: res, ProjectID: m.project, UserID: m.user,
+		ConsumerType: "INSTANCE", ConsumerGeneration: a.ConsumerGeneration}).ExtractErr(), "the instance's allocations back")
 }
 
 // TestMoveShelveOffloadUnshelve: shelve offload (Nova deletes the
