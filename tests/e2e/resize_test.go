@@ -67,28 +67,16 @@ var (
 // names, a GPU_RELEASE gives the vGPU back; an operator rule tunes a VM Nova gave a
 // vGPU (scenario 2). It sets cgroup limits: NVML refuses a vGPU scheduler
 // change while vGPUs run on the GPU, so tune() cannot follow a resize.
-const e2ePolicy = `version: 1
-defaults:
-  attach_mode: nova-resize
-  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
-rules:
-  - name: attach-on-request
-    on: [webhook.GPU_REQUEST]
-    when: preferred != ""
-    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
-  - name: resize-on-request
+var e2ePolicy = testsvc.NovaPolicy(`  - name: resize-on-request
     on: [webhook.GPU_RESIZE]
     when: event.profile != ""
     then: ['resize(event.profile)']
-  - name: release-on-request
-    on: [webhook.GPU_RELEASE]
-    then: ['release()']
-  - name: limits-for-nova-vgpu
+`, testsvc.RuleReleaseOnRequest, `  - name: limits-for-nova-vgpu
     description: Operator rule - a VM Nova gave a vGPU gets CPU and memory limits.
     on: [nova.instance.resize_finish.end]
     when: instance.vgpu_count > 0
     then: ['set_limits("800000 100000", "64G")']
-`
+`)
 
 // world is one scenario's cloud: the package's Nova with a compute host
 // of the test's own whose node has a T4 child provider set to the test's

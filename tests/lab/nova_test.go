@@ -561,22 +561,6 @@ func labNovaDirectPathAndRebuild(t *testing.T, ln *labNova) {
 	ln.DeleteServerWithin(t, id, labNovaOp)
 }
 
-// labNovaPolicy is the bridge's policy for the Nova path: a GPU_REQUEST
-// is a resize to a vGPU flavor, a GPU_RELEASE a resize back.
-const labNovaPolicy = `version: 1
-defaults:
-  attach_mode: nova-resize
-  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
-rules:
-  - name: attach-on-request
-    on: [webhook.GPU_REQUEST]
-    when: preferred != ""
-    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
-  - name: release-on-request
-    on: [webhook.GPU_RELEASE]
-    then: ['release()']
-`
-
 // labNovaPathResize: under Nova's own libvirt driver, the bridge's Nova
 // path. A GPU_REQUEST resizes a server Nova booted without a vGPU to the
 // flavor of the same size with the profile's type (Nova's scheduler claims
@@ -610,7 +594,7 @@ func labNovaPathResize(t *testing.T, ln *labNova) {
 	plain := ln.CreateFlavor(t, "lab.resize", 1, 192, 0, nil)
 	ln.CreateFlavor(t, "lab.resize.vgpu", 1, 192, 0, map[string]string{
 		"resources:VGPU": "1", "trait:" + trait: "required", "vgpu_bridge:release_flavor": "lab.resize"})
-	api := startLabBridge(t, ln, labNovaPolicy)
+	api := startLabBridge(t, ln, testsvc.NovaPolicy(testsvc.RuleReleaseOnRequest))
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
 

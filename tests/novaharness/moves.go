@@ -129,13 +129,7 @@ func (n *Nova) ForceDown(t testing.TB, host string, down bool) {
 	t.Helper()
 	ctx, cancel := testCtx(t)
 	defer cancel()
-	var out struct {
-		Services []struct{ ID, Host string }
-	}
-	if err := n.do(ctx, http.MethodGet, "/os-services?binary=nova-compute&host="+url.QueryEscape(host), nil, &out); err != nil || len(out.Services) != 1 {
-		t.Fatalf("nova-compute service of %s: %+v (%v)", host, out.Services, err)
-	}
-	if err := n.do(ctx, http.MethodPut, "/os-services/"+url.PathEscape(out.Services[0].ID), map[string]any{"forced_down": down}, nil); err != nil {
+	if err := n.setComputeService(ctx, host, map[string]any{"forced_down": down}); err != nil {
 		t.Fatalf("forced_down=%v on %s: %v", down, host, err)
 	}
 }
@@ -148,19 +142,28 @@ func (n *Nova) DisableCompute(t testing.TB, host string, disabled bool) {
 	t.Helper()
 	ctx, cancel := testCtx(t)
 	defer cancel()
-	var out struct {
-		Services []struct{ ID, Host string }
-	}
-	if err := n.do(ctx, http.MethodGet, "/os-services?binary=nova-compute&host="+url.QueryEscape(host), nil, &out); err != nil || len(out.Services) != 1 {
-		t.Fatalf("nova-compute service of %s: %+v (%v)", host, out.Services, err)
-	}
 	body := map[string]any{"status": "enabled"}
 	if disabled {
 		body = map[string]any{"status": "disabled", "disabled_reason": "disabled by the test"}
 	}
-	if err := n.do(ctx, http.MethodPut, "/os-services/"+url.PathEscape(out.Services[0].ID), body, nil); err != nil {
+	if err := n.setComputeService(ctx, host, body); err != nil {
 		t.Fatalf("status of %s's nova-compute %v: %v", host, body["status"], err)
 	}
+}
+
+// setComputeService updates the host's nova-compute service record
+// (PUT /os-services/{service_id} with body: status, forced_down).
+func (n *Nova) setComputeService(ctx context.Context, host string, body map[string]any) error {
+	var out struct {
+		Services []struct{ ID, Host string }
+	}
+	if err := n.do(ctx, http.MethodGet, "/os-services?binary=nova-compute&host="+url.QueryEscape(host), nil, &out); err != nil {
+		return fmt.Errorf("nova-compute service of %s: %w", host, err)
+	}
+	if len(out.Services) != 1 {
+		return fmt.Errorf("nova-compute services of %s: %+v, want one", host, out.Services)
+	}
+	return n.do(ctx, http.MethodPut, "/os-services/"+url.PathEscape(out.Services[0].ID), body, nil)
 }
 
 // RestartCompute stops the host's nova-compute and starts it again,
@@ -245,18 +248,12 @@ func (n *Nova) retireHost(host string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out struct {
-		Services []struct{ ID, Host string }
-	}
-	if err := n.do(ctx, http.MethodGet, "/os-services?binary=nova-compute&host="+url.QueryEscape(host), nil, &out); err == nil && len(out.Services) == 1 {
-		// Forced down too: Nova's API then deletes a server still on the
-		// host at once, a local delete (compute.API._delete:
-		// servicegroup_api.service_is_up is false), rather than casting
-		// to a compute that no longer runs, where the server would stay
-		// deleting until the service heartbeat timed out.
-		_ = n.do(ctx, http.MethodPut, "/os-services/"+url.PathEscape(out.Services[0].ID),
-			map[string]any{"status": "disabled", "disabled_reason": "its test ended", "forced_down": true}, nil)
-	}
+	// Forced down too: Nova's API then deletes a server still on the host
+	// at once, a local delete (compute.API._delete:
+	// servicegroup_api.service_is_up is false), rather than casting to a
+	// compute that no longer runs, where the server would stay deleting
+	// until the service heartbeat timed out.
+	_ = n.setComputeService(ctx, host, map[string]any{"status": "disabled", "disabled_reason": "its test ended", "forced_down": true})
 	n.stopCompute(host)
 }
 

@@ -42,3 +42,19 @@ rules:
     then: ['reject("no vGPU profile fits this request")']
 ` + strings.Join(rules, "")
 }
+
+// NovaPolicy is the tests' policy for the Nova-native path: a GPU_REQUEST
+// attaches its preferred profile by a resize through Nova (nova-resize);
+// rules (RuleReleaseOnRequest, RuleResizeOnRequest, …) follow.
+func NovaPolicy(rules ...string) string {
+	return `version: 1
+defaults:
+  attach_mode: nova-resize
+  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
+rules:
+  - name: attach-on-request
+    on: [webhook.GPU_REQUEST]
+    when: preferred != ""
+    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
+` + strings.Join(rules, "")
+}
