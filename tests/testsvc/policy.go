@@ -27,16 +27,7 @@ const (
 // attaches its preferred profile (direct-live), or is rejected when no
 // profile fits; rules (RuleReleaseOnRequest, RuleReleaseOnDelete) follow.
 func DirectPolicy(rules ...string) string {
-	return `version: 1
-defaults:
-  attach_mode: direct-live
-  quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
-rules:
-  - name: attach-on-request
-    on: [webhook.GPU_REQUEST]
-    when: preferred != ""
-    then: ['attach(preferred, event.count > 0 ? event.count : 1)']
-  - name: request-without-fit
+	return attachPolicy("direct-live") + `  - name: request-without-fit
     on: [webhook.GPU_REQUEST]
     when: preferred == ""
     then: ['reject("no vGPU profile fits this request")']
@@ -47,14 +38,20 @@ rules:
 // attaches its preferred profile by a resize through Nova (nova-resize);
 // rules (RuleReleaseOnRequest, RuleResizeOnRequest, …) follow.
 func NovaPolicy(rules ...string) string {
+	return attachPolicy("nova-resize") + strings.Join(rules, "")
+}
+
+// attachPolicy is a policy with the attach mode and the rule that
+// attaches a GPU_REQUEST's preferred profile.
+func attachPolicy(mode string) string {
 	return `version: 1
 defaults:
-  attach_mode: nova-resize
+  attach_mode: ` + mode + `
   quota: {max_vgpus: 64, max_vgpus_per_vm: 4}
 rules:
   - name: attach-on-request
     on: [webhook.GPU_REQUEST]
     when: preferred != ""
     then: ['attach(preferred, event.count > 0 ? event.count : 1)']
-` + strings.Join(rules, "")
+`
 }
