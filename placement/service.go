@@ -128,9 +128,9 @@ type Service struct {
 
 	consumers consumerCache // allocations and generations the bridge last read or wrote (consumers.go)
 
-	syncMu     sync.Mutex    // one sync at a time in this process
-	leading    atomic.Bool   // this replica holds the sync lock in Run
-	synced     atomic.Bool   // the index holds the result of a full sync
+	syncMu  sync.Mutex  // one sync at a time in this process
+	leading atomic.Bool // this replica holds the sync lock in Run
+	synced  atomic.Bool // the index holds the result of a full sync
 	// faultTrait is set once nova.GPUFaultTrait exists in Placement
 	// (SyncFaultTraits creates it at the first sync).
 	faultTrait atomic.Bool
