@@ -16,6 +16,10 @@
 // has a deadline; a resize Nova is still working on at its deadline is
 // followed to its end (phase overdue) and then reverted or confirmed as
 // Config.OnDeadline says. A request cancelled mid-resize is reverted.
+// A move (a rule's move() on a vGPU of the instance's flavor, off a
+// faulted GPU) is a cold migration, Nova's migrate action with the flavor
+// kept, that goes through the same steps; a vGPU verified back on the GPU
+// it had to leave reverts it.
 // The state lives in nova_resizes; Nova calls are made by one replica at
 // a time under a lease, and a call is preceded by a read of the server,
 // so a call a crash interrupted is not made twice.
