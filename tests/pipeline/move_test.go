@@ -46,6 +46,9 @@ type moveWorld struct {
 	gpusB               map[string]string
 	exchange, queue     string
 	pub                 *amqp.Channel
+	// maxAttempts bounds the bridge's attempts at an event (the default
+	// when 0): an event that waits for another request retries meanwhile.
+	maxAttempts int
 }
 
 func newMoveWorld(t *testing.T) *moveWorld {
@@ -148,7 +151,7 @@ func (m *moveWorld) startAgentB() (stop func()) {
 // agents and the ingest consumer.
 func (m *moveWorld) start() *bridgeReplica {
 	t := m.t
-	br := m.startBridge(replicaOpts{name: "r1", dispatch: func(c *dispatch.Config) {
+	br := m.startBridge(replicaOpts{name: "r1", maxAttempts: m.maxAttempts, dispatch: func(c *dispatch.Config) {
 		c.ResultsBindings = append(c.ResultsBindings, protocol.ResultRoutingKey(m.hostB))
 		c.ReportsBindings = append(c.ReportsBindings, protocol.ReportRoutingKey(m.hostB))
 	}})
@@ -526,6 +529,10 @@ func TestMoveToAnotherHost(t *testing.T) {
 // revert waits for that request, then ends as a revert does.
 func TestMoveColdMigrationConfirmOrRevert(t *testing.T) {
 	m := newMoveWorld(t)
+	// The revert that waits for B's attach retries until B's agent is back
+	// (retry_max is 1 s here): with the default 5 attempts it would go
+	// ahead after about 3 s, before a slow machine has started the agent.
+	m.maxAttempts = 100
 	m.start()
 	for i, mode := range []string{"confirm", "revert", "revert during the re-apply"} {
 		revert, racing := mode != "confirm", mode == "revert during the re-apply"
