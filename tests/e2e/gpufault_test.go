@@ -159,6 +159,12 @@ func TestGPUFaultMigratesFlavorVGPU(t *testing.T) {
 	if moved.State != "succeeded" || !strings.Contains(moved.Reason, "cold-migrated through Nova") || !strings.Contains(moved.Reason, "to host "+w.b) {
 		t.Fatalf("the move: %s (%s) %s; want succeeded, cold-migrated to %s", moved.State, moved.Code, moved.Reason, w.b)
 	}
+	// Nova drops the migration consumer (the source's VGPU) as it
+	// confirms, after the notification the bridge ends the request on.
+	w.waitFor(time.Minute, "the migration consumer to be dropped after the confirm", func() bool {
+		ms := w.n.Migrations(t, vm)
+		return len(ms) > 0 && ms[0].Status == "confirmed" && len(w.n.Allocations(t, ms[0].UUID)) == 0
+	})
 	w.assertOneVGPU("after the fault", vm, w.b, false)
 	acts := map[string]int{}
 	var out struct {
