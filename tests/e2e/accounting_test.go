@@ -86,12 +86,18 @@ func TestUsageAccounting(t *testing.T) {
 	pA := strings.ReplaceAll(uuid.NewString(), "-", "")
 	pB := strings.ReplaceAll(uuid.NewString(), "-", "")
 	n := sharedNova(t)
-	// At the end the test's servers go, then its GPU providers
-	// (elasticWorld.cleanup) and its trait, so that no later test's Nova
-	// scheduler lands on them. Registered before the world, so it runs after its
-	// bridge stopped.
 	gone := &elasticWorld{directWorld: &directWorld{t: t, n: n}, gpus: map[string]string{}}
 	var own string
+
+	tokens := filepath.Join(t.TempDir(), "api-tokens")
+	testsvc.Must(t, os.WriteFile(tokens, []byte(testbridge.AdminToken+" admin ops\n"+testbridge.ReaderToken+" reader viewer\n"+
+		acctTenantToken+" reader tenant-b "+pB+"\n"), 0o600), "api tokens")
+	w := newWorld(t, worldOpts{typ: typeAcctNova, extra: []string{"api.token_file=" + tokens}})
+	// At the end the test's servers go, then its GPU providers
+	// (elasticWorld.cleanup) and its trait, so that no later test's Nova
+	// scheduler lands on them. Registered after the world's host (whose
+	// compute must still run for Nova's API to delete the servers) and
+	// before its bridge starts, so it runs after the bridge stopped.
 	t.Cleanup(func() {
 		gone.cleanup()
 		if own != "" {
@@ -100,11 +106,6 @@ func TestUsageAccounting(t *testing.T) {
 			}
 		}
 	})
-
-	tokens := filepath.Join(t.TempDir(), "api-tokens")
-	testsvc.Must(t, os.WriteFile(tokens, []byte(testbridge.AdminToken+" admin ops\n"+testbridge.ReaderToken+" reader viewer\n"+
-		acctTenantToken+" reader tenant-b "+pB+"\n"), 0o600), "api tokens")
-	w := newWorld(t, worldOpts{typ: typeAcctNova, extra: []string{"api.token_file=" + tokens}})
 	// The direct path: every request goes direct-live; GPU_RESIZE changes
 	// the profile, GPU_RELEASE gives the vGPU back. A tenant's resize
 	// through Nova is no request of the bridge's.

@@ -102,9 +102,11 @@ func newElasticWorldINI(t *testing.T, prefix string, policy func(project string)
 	t.Cleanup(cancel)
 	w := &elasticWorld{directWorld: &directWorld{t: t, ctx: ctx, n: sharedNova(t)}, project: strings.ReplaceAll(uuid.NewString(), "-", ""),
 		gpus: map[string]string{}, types: map[string]elasticType{}}
-	// Registered first, so it runs last: after the bridge and the agent stopped.
-	t.Cleanup(w.cleanup)
 	w.host = w.n.AddHost(t, prefix)
+	// Registered after AddHost and before the agent and the bridge start, so
+	// it runs after they stopped and before the harness retires the host
+	// (its compute must still run for Nova's API to delete the servers).
+	t.Cleanup(w.cleanup)
 	w.root = w.n.ComputeNodeProvider(t, w.host)
 	for _, g := range gpus {
 		w.gpus[g.pci] = w.n.AddVGPUChild(t, w.host, g.pci, g.typ.trait(), g.typ.max)

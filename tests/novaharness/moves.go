@@ -233,10 +233,11 @@ func (n *Nova) stopCompute(host string) bool {
 }
 
 // retireHost ends a host whose test ended: its nova-compute service is
-// disabled and forced down first (the scheduler's ComputeFilter skips it
-// at once, where a stopped but enabled service would count as up until
-// service_down_time, and a server left on it is deleted by the API
-// itself), then its process stops. A Nova shared by a package's tests otherwise
+// disabled first (the scheduler's ComputeFilter skips it at once, where a
+// stopped but enabled service would count as up until service_down_time),
+// then its process stops. A server still on it then stays deleting (Nova's
+// API casts the delete to the stopped compute): delete servers in a
+// cleanup registered after AddHost. A Nova shared by a package's tests otherwise
 // ran every test's computes, with their periodic tasks, to the end of the
 // package. Its provider tree stays until Close removes it.
 func (n *Nova) retireHost(host string) {
@@ -248,12 +249,7 @@ func (n *Nova) retireHost(host string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// Forced down too: Nova's API then deletes a server still on the host
-	// at once, a local delete (compute.API._delete:
-	// servicegroup_api.service_is_up is false), rather than casting to a
-	// compute that no longer runs, where the server would stay deleting
-	// until the service heartbeat timed out.
-	_ = n.setComputeService(ctx, host, map[string]any{"status": "disabled", "disabled_reason": "its test ended", "forced_down": true})
+	_ = n.setComputeService(ctx, host, map[string]any{"status": "disabled", "disabled_reason": "its test ended"})
 	n.stopCompute(host)
 }
 
