@@ -455,12 +455,16 @@ func Evacuated(ctx context.Context, q Execer, id uuid.UUID, why string) error {
 }
 
 // HeldAttachments are instance's vGPUs held off their host (flow.AttHeld).
-func HeldAttachments(ctx context.Context, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, instance string) ([]flow.Attachment, error) {
-	rows, err := q.Query(ctx, `SELECT `+AttachmentColumns+` FROM vgpu_attachments WHERE instance_uuid = $1 AND state = 'held' ORDER BY created_at, id`, instance)
+func HeldAttachments(ctx context.Context, q RowsQuerier, instance string) ([]flow.Attachment, error) {
+	return attachmentsIn(ctx, q, instance, flow.AttHeld)
+}
+
+// attachmentsIn are instance's vGPUs in state, oldest first.
+func attachmentsIn(ctx context.Context, q RowsQuerier, instance, state string) ([]flow.Attachment, error) {
+	rows, err := q.Query(ctx, `SELECT `+AttachmentColumns+` FROM vgpu_attachments WHERE instance_uuid = $1 AND state = $2 ORDER BY created_at, id`,
+		instance, state)
 	if err != nil {
-		return nil, fmt.Errorf("read held vGPUs of %s: %w", instance, err)
+		return nil, fmt.Errorf("read %s vGPUs of %s: %w", state, instance, err)
 	}
 	return ScanAttachments(rows)
 }
@@ -479,12 +483,6 @@ func Keep(ctx context.Context, q Execer, id uuid.UUID, why string) error {
 
 // KeptAttachments are instance's vGPUs kept on the source of a move that
 // awaits its confirm (flow.AttKept).
-func KeptAttachments(ctx context.Context, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, instance string) ([]flow.Attachment, error) {
-	rows, err := q.Query(ctx, `SELECT `+AttachmentColumns+` FROM vgpu_attachments WHERE instance_uuid = $1 AND state = 'kept' ORDER BY created_at, id`, instance)
-	if err != nil {
-		return nil, fmt.Errorf("read kept vGPUs of %s: %w", instance, err)
-	}
-	return ScanAttachments(rows)
+func KeptAttachments(ctx context.Context, q RowsQuerier, instance string) ([]flow.Attachment, error) {
+	return attachmentsIn(ctx, q, instance, flow.AttKept)
 }
