@@ -166,21 +166,7 @@ func TestGPUFaultMigratesFlavorVGPU(t *testing.T) {
 		return len(ms) > 0 && ms[0].Status == "confirmed" && len(w.n.Allocations(t, ms[0].UUID)) == 0
 	})
 	w.assertOneVGPU("after the fault", vm, w.b, false)
-	acts := map[string]int{}
-	var out struct {
-		Actions []struct {
-			Action string `json:"action"`
-		} `json:"instanceActions"`
-	}
-	sc := w.n.ComputeClient(t)
-	resp, err := sc.Get(w.ctx, sc.ServiceURL("servers", vm, "os-instance-actions"), &out, nil)
-	if resp != nil {
-		resp.Body.Close()
-	}
-	testsvc.Must(t, err, "instance actions")
-	for _, a := range out.Actions {
-		acts[a.Action]++
-	}
+	acts := w.n.InstanceActions(t, vm)
 	if acts["migrate"] != 1 || acts["confirmResize"] != 1 || acts["resize"] != 0 || acts["revertResize"] != 0 {
 		t.Errorf("Nova's instance actions %v, want one migrate and one confirmResize", acts)
 	}

@@ -386,22 +386,7 @@ func (w *world) novaCalls(id uuid.UUID) map[string]int {
 // confirmResize, revertResize) — what Nova was asked, whoever asked.
 func (w *world) novaActions(server string) map[string]int {
 	w.t.Helper()
-	var out struct {
-		Actions []struct {
-			Action string `json:"action"`
-		} `json:"instanceActions"`
-	}
-	sc := w.n.ComputeClient(w.t)
-	resp, err := sc.Get(w.ctx, sc.ServiceURL("servers", server, "os-instance-actions"), &out, nil)
-	if resp != nil {
-		resp.Body.Close()
-	}
-	testsvc.Must(w.t, err, "instance actions")
-	n := map[string]int{}
-	for _, a := range out.Actions {
-		n[a.Action]++
-	}
-	return n
+	return w.n.InstanceActions(w.t, server)
 }
 
 // assertResized checks Nova, Placement and the fake host after a

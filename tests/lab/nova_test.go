@@ -639,7 +639,7 @@ func labNovaPathResize(t *testing.T, ln *labNova) {
 	if typ, parent, ok := mdevOf(t, mdev); !ok || typ != labNovaType || parent != gpu.PCI {
 		t.Fatalf("mdev %s: %s on %s (exists %v); want %s on %s", mdev, typ, parent, ok, labNovaType, gpu.PCI)
 	}
-	if got := ln.actions(t, id); got["resize"] != 1 || got["confirmResize"] != 1 {
+	if got := ln.InstanceActions(t, id); got["resize"] != 1 || got["confirmResize"] != 1 {
 		t.Errorf("Nova's instance actions %v, want one resize and one confirmResize", got)
 	}
 
@@ -665,7 +665,7 @@ func labNovaPathResize(t *testing.T, ln *labNova) {
 	}
 	start = time.Now()
 	poll(t, labNovaOp, func() (bool, string) {
-		got := ln.actions(t, id)
+		got := ln.InstanceActions(t, id)
 		return got["revertResize"] == 1, fmt.Sprintf("Nova's instance actions %v", got)
 	})
 	reverted := settled("lab.resize", 0)
@@ -673,29 +673,10 @@ func labNovaPathResize(t *testing.T, ln *labNova) {
 	if len(reverted.Allocated) != 0 || len(reverted.InDomain) != 0 || !slices.Equal(reverted.OfTypeHost, []string{mdev}) {
 		t.Errorf("after the revert: %+v; want no VGPU, no mdev in the domain, only %s of its type on the GPU", reverted, mdev)
 	}
-	if got := ln.actions(t, id); got["resize"] != 3 || got["confirmResize"] != 2 || got["revertResize"] != 1 {
+	if got := ln.InstanceActions(t, id); got["resize"] != 3 || got["confirmResize"] != 2 || got["revertResize"] != 1 {
 		t.Errorf("Nova's instance actions %v, want three resizes, two confirmed, one reverted", got)
 	}
 	ln.DeleteServerWithin(t, id, labNovaOp)
-}
-
-// actions counts Nova's record of a server's actions (resize,
-// confirmResize, revertResize…).
-func (ln *labNova) actions(t *testing.T, server string) map[string]int {
-	t.Helper()
-	var out struct {
-		Actions []struct {
-			Action string `json:"action"`
-		} `json:"instanceActions"`
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	testsvc.Must(t, ln.ComputeAs(ctx, http.MethodGet, "/servers/"+server+"/os-instance-actions", ln.Token(), nil, &out), "instance actions")
-	n := map[string]int{}
-	for _, a := range out.Actions {
-		n[a.Action]++
-	}
-	return n
 }
 
 // waitLabRequest waits until a bridge request is final.

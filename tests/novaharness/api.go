@@ -559,3 +559,25 @@ func (n *Nova) LiveMigrate(t testing.TB, id, host string) {
 		t.Fatalf("live-migrate server %s to %q: %v", id, host, err)
 	}
 }
+
+// InstanceActions counts Nova's record of a server's actions by name
+// (create, resize, confirmResize, revertResize, migrate…): what Nova was
+// asked, whoever asked.
+func (n *Nova) InstanceActions(t testing.TB, server string) map[string]int {
+	t.Helper()
+	ctx, cancel := testCtx(t)
+	defer cancel()
+	var out struct {
+		Actions []struct {
+			Action string `json:"action"`
+		} `json:"instanceActions"`
+	}
+	if err := n.do(ctx, http.MethodGet, "/servers/"+url.PathEscape(server)+"/os-instance-actions", nil, &out); err != nil {
+		t.Fatalf("instance actions of %s: %v", server, err)
+	}
+	counts := map[string]int{}
+	for _, a := range out.Actions {
+		counts[a.Action]++
+	}
+	return counts
+}
