@@ -49,7 +49,8 @@ type maintenanceNova interface {
 // answer 503 then and no loop runs).
 func setupMaintenance(w *wiring, nova any, pl *placement.Service, proc *pipeline.Processor, pol *policy.Holder) []component {
 	store := maintenance.NewStore(w.pool, w.log.With("component", "maintenance"))
-	a := &maintenance.API{Store: store, Pool: w.pool, Drain: w.ctl,
+	cfg := MaintenanceRunConfig(w.v)
+	a := &maintenance.API{Store: store, Pool: w.pool, Drain: w.ctl, Poll: cfg.Poll,
 		Known:    func(name string) bool { return len(pl.Index().HostGPUs(name)) > 0 },
 		Chooser:  func() maintenance.Chooser { return &maintenance.IndexChooser{GPUs: pl.Index().GPUs} },
 		Defaults: maintenance.Options{LiveMigrateVGPU: optMaintenanceLiveMigrateVGPU.Get(w.v)}}
@@ -63,7 +64,7 @@ func setupMaintenance(w *wiring, nova any, pl *placement.Service, proc *pipeline
 		return nil
 	}
 	fr := &fleetupgrade.Runner{Store: fs, Pool: w.pool, Drain: w.ctl, Evac: a, Compat: compat,
-		Who: controls.Actor{Name: "vgpu-bridge/" + w.replica}, Log: w.log.With("component", "fleet-upgrade")}
+		Who: controls.Actor{Name: "vgpu-bridge/" + w.replica}, Log: w.log.With("component", "fleet-upgrade"), Poll: cfg.Poll}
 	fa := &fleetupgrade.API{Store: fs, Pool: w.pool, Compat: compat, Ready: func() string {
 		if a.Nova == nil {
 			return "fleet upgrades move VMs through Nova (host maintenance): configure [nova]"
@@ -76,7 +77,6 @@ func setupMaintenance(w *wiring, nova any, pl *placement.Service, proc *pipeline
 		a.Register(w.srv)
 		return nil
 	}
-	cfg := MaintenanceRunConfig(w.v)
 	r := &maintenance.Runner{Store: store, Nova: n, Placement: maintenance.PlacementAdapter{S: pl},
 		Agents: maintenance.PipelineAgents{Pool: w.pool, Wake: proc.Wake, Poll: cfg.Poll / 4}, Drain: w.ctl, Cfg: cfg,
 		Log: w.log.With("component", "maintenance"), DirectOf: func(ctx context.Context, instance string, detach uuid.UUID) ([]maintenance.DirectVGPU, error) {

@@ -454,15 +454,18 @@ func (r *Runner) waitDriver(ctx context.Context, host, branch, version string) (
 }
 
 // gateFindings returns the findings of error or critical severity in a
-// collect_diagnostics result's details, "" when there are none.
+// collect_diagnostics result's details, each with its evidence (what the
+// operator fixes: the module not loaded, the guest's driver), "" when
+// there are none.
 func gateFindings(details json.RawMessage) string {
 	var d struct {
 		Diagnostics struct {
 			Findings []struct {
-				Check    string `json:"check"`
-				Severity string `json:"severity"`
-				Subject  string `json:"subject"`
-				Title    string `json:"title"`
+				Check    string   `json:"check"`
+				Severity string   `json:"severity"`
+				Subject  string   `json:"subject"`
+				Title    string   `json:"title"`
+				Evidence []string `json:"evidence"`
 			} `json:"findings"`
 		} `json:"diagnostics"`
 	}
@@ -472,7 +475,11 @@ func gateFindings(details json.RawMessage) string {
 	var bad []string
 	for _, f := range d.Diagnostics.Findings {
 		if f.Severity == "error" || f.Severity == "critical" {
-			bad = append(bad, fmt.Sprintf("%s %s %s: %s", f.Severity, f.Check, f.Subject, f.Title))
+			s := fmt.Sprintf("%s %s %s: %s", f.Severity, f.Check, f.Subject, f.Title)
+			if len(f.Evidence) > 0 {
+				s += " (" + strings.Join(f.Evidence, "; ") + ")"
+			}
+			bad = append(bad, s)
 		}
 	}
 	return strings.Join(bad, "; ")

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -41,6 +42,7 @@ type API struct {
 	Chooser  func() Chooser         // a fresh Chooser per plan
 	Defaults Options                // LiveMigrateVGPU from [maintenance]
 	Started  func()                 // the executor looks at once
+	Poll     time.Duration          // how often Wait reads the operation (default 2s)
 }
 
 // Register adds the routes.

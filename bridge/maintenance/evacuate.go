@@ -3,6 +3,7 @@
 package maintenance
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -77,7 +78,7 @@ func (a *API) Wait(ctx context.Context, id uuid.UUID) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(2 * time.Second):
+		case <-time.After(cmp.Or(a.Poll, 2*time.Second)):
 		}
 	}
 }

@@ -23,7 +23,9 @@ var (
 		"How long host maintenance waits for a detach or attach through the agent, or for a migration's "+
 			"confirm, before it fails that VM. Example: 20m")
 	optPollInterval = options.Duration("maintenance", "poll_interval", 2*time.Second, 100*time.Millisecond, time.Minute,
-		"How often host maintenance reads Nova's migration records and the server while a VM moves. Example: 5s")
+		"How often host maintenance reads Nova's migration records and the server while a VM moves, and a fleet "+
+			"upgrade (`vgpuctl fleet upgrade`) the state of each host's step (its VMs' move, the agent's results and "+
+			"reports). Example: 5s")
 )
 
 // OptionGroup returns the [maintenance] options declared by this package

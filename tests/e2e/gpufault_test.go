@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -99,7 +102,8 @@ func TestGPUFaultKeepsNovaOff(t *testing.T) {
 }
 
 // faultMigratePolicy: a vGPU that came with the flavor (the Nova path)
-// leaves a faulted GPU by a cold migration through Nova (move()).
+// leaves a faulted GPU by a cold migration through Nova (move()), and its
+// tenant is told (notify()).
 const faultMigratePolicy = `version: 1
 defaults:
   attach_mode: direct-live
@@ -108,6 +112,10 @@ rules:
     on: [bridge.GPU_FAULT]
     when: instance.vgpus.exists(v, v.gpu == event.labels.gpu && v.path == "nova")
     then: ['move()']
+  - name: gpu-fault-tell
+    on: [bridge.GPU_FAULT]
+    when: instance.vgpus.exists(v, v.gpu == event.labels.gpu && v.path == "nova")
+    then: ['notify("the GPU of your vGPU failed (" + event.labels.reason + "); the VM moves to a healthy one")']
 `
 
 // TestGPUFaultMigratesFlavorVGPU: a server of a vGPU flavor that forbids
@@ -117,14 +125,24 @@ rules:
 // kept): Nova's scheduler picks host b's T4 (a's carries the trait now),
 // b's agent verifies the vGPU, the bridge confirms. Afterwards the server
 // holds one vGPU on b in Nova, Placement, the bridge and the host, none
-// on a; Nova's actions are one migrate and one confirmResize.
+// on a; Nova's actions are one migrate and one confirmResize. The
+// server's tenant is told by the rule's notify(): the bridge's
+// vgpu.policy.notify notification on RabbitMQ (a fault has no request of
+// the tenant's, so no callback).
 func TestGPUFaultMigratesFlavorVGPU(t *testing.T) {
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "nova-token")
 	n := sharedNova(t)
 	testsvc.Must(t, os.WriteFile(tok, []byte(n.Token()+"\n"), 0o600), "nova token")
+	topic := testsvc.Name("fmig-notify") // the bridge's own notifications: exchange and topic of the test's
+	t.Cleanup(func() {
+		for _, p := range []notify.Priority{notify.Info, notify.Error} {
+			testsvc.DeleteQueue(n.AMQPURL(), topic, notify.RoutingKey(topic, p))
+		}
+	})
 	w := newMoveWorldWith(t, "fmig", faultMigratePolicy, "nova.endpoint_override="+n.ComputeEndpoint(), "nova.token_file="+tok,
-		"nova.poll_interval=100ms")
+		"nova.poll_interval=100ms", "oslo_messaging_notifications.exchange="+topic, "oslo_messaging_notifications.topics="+topic,
+		"oslo_messaging_notifications.declare_queues=true", "oslo_messaging_notifications.poll_interval=200ms")
 	flavor := w.n.CreateFlavor(t, testsvc.Name("fmig")+".t4-4q", 2, 2048, 10, map[string]string{"resources1:VGPU": "1",
 		"trait1:" + directTrait: "required", "trait1:" + nova.GPUFaultTrait: "forbidden"})
 	vm := w.n.CreateServer(t, testsvc.Name("fmig")+"-vm", flavor, w.host)
@@ -169,6 +187,19 @@ func TestGPUFaultMigratesFlavorVGPU(t *testing.T) {
 	acts := w.n.InstanceActions(t, vm)
 	if acts["migrate"] != 1 || acts["confirmResize"] != 1 || acts["resize"] != 0 || acts["revertResize"] != 0 {
 		t.Errorf("Nova's instance actions %v, want one migrate and one confirmResize", acts)
+	}
+
+	// The tenant is told.
+	in, err := w.api.Instance(w.ctx, vm)
+	testsvc.Must(t, err, "bridge instance")
+	name, data := testsvc.ConsumeNotification(t, n.AMQPURL(), notify.RoutingKey(topic, notify.Info), notify.PolicyNotify, 30*time.Second)
+	var p notify.NotifyPayload
+	testsvc.Must(t, json.Unmarshal(data, &p), "notification payload")
+	const told = "the GPU of your vGPU failed (Xid 79: GPU has fallen off the bus); the VM moves to a healthy one"
+	if name != "VGPUNotifyPayload" || p.Message != told || p.InstanceUUID != vm || in.ProjectID == nil || p.ProjectID != *in.ProjectID ||
+		p.Rule != "gpu-fault-tell" || p.RequestKind != requests.EventGPUFault || p.Source != "bridge" {
+		t.Errorf("%s %s %+v, want %q of rule gpu-fault-tell for %s of project %s", notify.PolicyNotify, name, p, told, vm,
+			ptrString(in.ProjectID))
 	}
 	w.n.DeleteServer(t, vm)
 }

@@ -118,17 +118,7 @@ func TestMaintenanceMigrateAll(t *testing.T) {
 	}
 
 	// Everything runs on B with its vGPU; A holds nothing.
-	for _, vm := range all {
-		s := n.Server(t, vm)
-		if s.Host != b || s.Status != "ACTIVE" || s.TaskState != "" {
-			t.Errorf("server %s: %s (task %q) on %s, want ACTIVE on %s", vm, s.Status, s.TaskState, s.Host, b)
-		}
-		al := n.Allocations(t, vm)
-		if al[gpuB]["VGPU"] != 1 || len(al[gpuA]) != 0 {
-			t.Errorf("allocations of %s: %v, want VGPU 1 on %s and nothing on %s", vm, al, gpuB, gpuA)
-		}
-		checkVGPU(t, w, vm, b, gpuB, vm != novaVM)
-	}
+	servedOn(t, w, "at the end", map[string]bool{novaVM: false, direct1: true, direct2: true}, b, gpuB, gpuA)
 	for _, o := range []apiclient.MaintenanceOperation{op, op2} {
 		for _, vm := range o.VMs {
 			if vm.Reservation != "" {
@@ -177,6 +167,24 @@ func runMigrateAll(t *testing.T, ctx context.Context, api *apiclient.Client, hos
 	b, _ := json.MarshalIndent(cur, "", "  ")
 	t.Logf("operation:\n%s", b)
 	return cur
+}
+
+// servedOn asserts each VM of vms (true: a direct-path one) ACTIVE with
+// no task on host, its instance consumer holding VGPU 1 on gpu and
+// nothing on other (the other host's GPU), and its vGPU on the host
+// (checkVGPU).
+func servedOn(t *testing.T, w *directWorld, step string, vms map[string]bool, host, gpu, other string) {
+	t.Helper()
+	for vm, direct := range vms {
+		s := w.n.Server(t, vm)
+		if s.Host != host || s.Status != "ACTIVE" || s.TaskState != "" {
+			t.Errorf("%s: server %s %s (task %q) on %s, want ACTIVE on %s", step, vm, s.Status, s.TaskState, s.Host, host)
+		}
+		if al := w.n.Allocations(t, vm); al[gpu]["VGPU"] != 1 || len(al[other]) != 0 {
+			t.Errorf("%s: allocations of %s %v, want VGPU 1 on %s and nothing on %s", step, vm, al, gpu, other)
+		}
+		checkVGPU(t, w, vm, host, gpu, direct)
+	}
 }
 
 // checkVGPU asserts the VM's vGPU on host: one mdev of the type on the

@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -152,59 +151,14 @@ func (w *world) submitWithCallback(typ, instance, callbackURL string, extra map[
 }
 
 // consumeNotification reads queue until a notification of eventType
-// comes and returns its versioned object's data.
+// comes and returns its versioned object's data, a VGPUNotifyPayload.
 func (w *world) consumeNotification(queue, eventType string, within time.Duration) json.RawMessage {
-	t := w.t
-	t.Helper()
-	c, err := amqp.Dial(w.amqpURL)
-	testsvc.Must(t, err, "amqp")
-	defer c.Close()
-	ch, err := c.Channel()
-	testsvc.Must(t, err, "channel")
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		d, ok, err := ch.Get(queue, true)
-		if err != nil || !ok {
-			// The relay declares the queue with its first publication.
-			if err != nil {
-				if ch, err = c.Channel(); err != nil {
-					t.Fatalf("channel: %v", err)
-				}
-			}
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		var env map[string]string
-		testsvc.Must(t, json.Unmarshal(d.Body, &env), "envelope")
-		var m struct {
-			EventType string `json:"event_type"`
-			Payload   struct {
-				Name string          `json:"versioned_object.name"`
-				Data json.RawMessage `json:"versioned_object.data"`
-			} `json:"payload"`
-		}
-		testsvc.Must(t, json.Unmarshal([]byte(env["oslo.message"]), &m), "oslo.message")
-		if m.EventType == eventType {
-			if m.Payload.Name != "VGPUNotifyPayload" {
-				t.Errorf("%s payload object %s", eventType, m.Payload.Name)
-			}
-			return m.Payload.Data
-		}
+	w.t.Helper()
+	name, data := testsvc.ConsumeNotification(w.t, w.amqpURL, queue, eventType, within)
+	if name != "VGPUNotifyPayload" {
+		w.t.Errorf("%s payload object %s", eventType, name)
 	}
-	t.Fatalf("no %s notification on %s within %s", eventType, queue, within)
-	return nil
-}
-
-func deleteQueue(url, exchange, queue string) {
-	c, err := amqp.Dial(url)
-	if err != nil {
-		return
-	}
-	defer c.Close()
-	if ch, err := c.Channel(); err == nil {
-		ch.QueueDelete(queue, false, false, false)
-		ch.ExchangeDelete(exchange, false, false)
-	}
+	return data
 }
 
 // startRelay runs a bridge's notification relay on the world's database
@@ -223,8 +177,8 @@ func (w *world) startRelay(t *testing.T, prefix string) string {
 	t.Cleanup(func() {
 		cancel()
 		<-done
-		deleteQueue(w.amqpURL, topic, notify.RoutingKey(topic, notify.Error))
-		deleteQueue(w.amqpURL, topic, notify.RoutingKey(topic, notify.Info))
+		testsvc.DeleteQueue(w.amqpURL, topic, notify.RoutingKey(topic, notify.Error))
+		testsvc.DeleteQueue(w.amqpURL, topic, notify.RoutingKey(topic, notify.Info))
 	})
 	return topic
 }
