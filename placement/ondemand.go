@@ -17,6 +17,10 @@ import (
 // and able to take the type (the error says why for each).
 var ErrNoRetype = errors.New("no bridge-owned GPU re-typed")
 
+// ErrNoOwnedGPUs is ErrNoRetype for a host with no GPU in [placement]
+// bridge_owned_vf_gpus: nothing there is the bridge's to re-type.
+var ErrNoOwnedGPUs = fmt.Errorf("%w: the host has no GPU in [placement] bridge_owned_vf_gpus", ErrNoRetype)
+
 // OnDemand is a claim that found no capacity, for RetypeOnDemand.
 type OnDemand struct {
 	Host    string   // Nova's compute service host of the instance
@@ -66,7 +70,7 @@ func (s *Service) RetypeOnDemand(ctx context.Context, d OnDemand) (Retyped, erro
 		}
 	}
 	if len(decls) == 0 {
-		return Retyped{}, fmt.Errorf("%w: host %s has no GPU in [placement] bridge_owned_vf_gpus", ErrNoRetype, d.Host)
+		return Retyped{}, ErrNoOwnedGPUs
 	}
 	rows, err := s.retypeRows(ctx)
 	if err != nil {

@@ -50,7 +50,8 @@ var (
 			"re-type an empty GPU of bridge_owned_vf_gpus on that host (no VF typed by the bridge, no unit allocated "+
 			"on its provider) whose agent reports the type creatable, as `vgpuctl gpu retype` does, then claim there. "+
 			"The GPUs of the host are tried in PCI address order; each re-type is audited (gpu.retype, with the "+
-			"request). Off, such a request fails no_capacity and an operator re-types. Example: true")
+			"request). Off, such a request fails no_capacity and its reason names the GPU an operator can re-type. "+
+			"Example: true")
 	optNovaVFClasses = options.List("placement", "nova_vf_resource_classes", "",
 		"Nova-owned VF GPUs: the resource classes of Nova's PCI providers (the resource_class of [pci] device_spec "+
 			"entries, with [pci] report_in_placement) whose VFs are vGPUs, each with the numeric vGPU type its VFs "+

@@ -356,6 +356,8 @@ func (p *Path) retypeAndClaim(ctx context.Context, reqID uuid.UUID, f pipeline.F
 	}
 	r, err := rt.RetypeFor(ctx, pipeline.RetypeSpec{Host: f.Instance.Host, Trait: spec.Trait, Count: spec.Count, Exclude: spec.Exclude})
 	switch {
+	case errors.Is(err, pipeline.ErrNoOwnedGPUs):
+		return pipeline.Claimed{}, noCap // nothing of the host is the bridge's to re-type
 	case errors.Is(err, pipeline.ErrNoRetype):
 		return pipeline.Claimed{}, fmt.Errorf("%w; re-type on demand: %v", noCap, err)
 	case errors.Is(err, pipeline.ErrNoCapacity):

@@ -98,6 +98,9 @@ type Retyped struct {
 // ErrNoRetype says no GPU was re-typed on demand.
 var ErrNoRetype = placement.ErrNoRetype
 
+// ErrNoOwnedGPUs is ErrNoRetype for a host with no bridge-owned GPU.
+var ErrNoOwnedGPUs = placement.ErrNoOwnedGPUs
+
 // ServiceAdapter implements Placement over *placement.Service.
 type ServiceAdapter struct {
 	S *placement.Service
