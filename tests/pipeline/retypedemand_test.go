@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
@@ -247,5 +249,49 @@ func TestRetypeOnDemandStoppedAtEachStep(t *testing.T) {
 				t.Errorf("gpu.retype audit rows = %v, want one of request %s", a, id)
 			}
 		})
+	}
+}
+
+// TestRetypeOnDemandUndoneWhenClaimed: a claim of the old type lands on
+// the GPU after the bridge chose it and recorded the re-type, before its
+// provider stopped offering the old type (the step hook makes it, as
+// another scheduler would). The bridge finds it after the withdrawal and
+// undoes the re-type: the request fails no_capacity saying so, the GPU
+// offers 1429 again, the bridge's state forgets the re-type and nothing is
+// audited.
+func TestRetypeOnDemandUndoneWhenClaimed(t *testing.T) {
+	t.Parallel()
+	other := uuid.NewString()
+	var w *world
+	var rp string
+	var claimed atomic.Bool
+	hook := func(step string) error {
+		if step != placement.RetypeWithdrawing || claimed.Swap(true) {
+			return nil
+		}
+		return w.placementClient().PutAllocations(w.ctx, &placement.Consumer{UUID: other, ProjectID: uuid.NewString(), UserID: uuid.NewString(),
+			Type: "INSTANCE", Providers: map[string]map[string]int{rp: {placement.BridgeClass: 1}}})
+	}
+	w, r, rp0 := vfWorldWith(t, replicaOpts{name: "r1", retypeOnDemand: true, retypeHook: hook})
+	rp = rp0
+	t.Cleanup(func() { _, _ = w.sc.Delete(w.ctx, w.sc.ServiceURL("allocations", other), nil) })
+	w.emptyVFGPU()
+	_, err := r.svc.PublishOwned(w.ctx)
+	testsvc.Must(t, err, "publish the empty GPU")
+
+	id := w.submit("GPU_REQUEST", w.domains[3].UUID, map[string]any{"vgpu_profile": retypeProfile})
+	res := w.wait(id, 60*time.Second)
+	if res.State != requests.Failed || res.Code != flow.CodeNoCapacity || !strings.Contains(res.Reason, "re-type undone") {
+		t.Fatalf("attach %s: %s (%s: %s), want failed %s saying the re-type was undone", retypeProfile, res.State, res.Code, res.Reason, flow.CodeNoCapacity)
+	}
+	if !claimed.Load() {
+		t.Fatalf("the re-type never reached %s", placement.RetypeWithdrawing)
+	}
+	w.wantTraits(rp, vfTrait)
+	w.wantOwnedInventory(rp, 2, 1)
+	w.wantOffers(rp, true, false)
+	w.wantOwnedType(r.svc, vfType, "")
+	if a := w.retypeAudits(); len(a) != 0 {
+		t.Errorf("gpu.retype audit rows = %v, want none", a)
 	}
 }
