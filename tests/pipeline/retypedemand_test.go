@@ -204,7 +204,7 @@ func TestRetypeOnDemandStoppedAtEachStep(t *testing.T) {
 			id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": retypeProfile})
 			select {
 			case <-reached:
-			case <-time.After(60 * time.Second):
+			case <-time.After(90 * time.Second):
 				close(release)
 				res := w.wait(id, time.Second)
 				t.Fatalf("the re-type never reached %s; request %s (%s: %s)", stop, res.State, res.Code, res.Reason)
@@ -231,7 +231,8 @@ func TestRetypeOnDemandStoppedAtEachStep(t *testing.T) {
 			w.wantOnlyCreatableOffered(rp)
 
 			r2 := w.startBridge(replicaOpts{name: "r2", owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}}, retypeOnDemand: true})
-			if res := w.wait(id, 90*time.Second); res.State != requests.Succeeded {
+			// (r2's first full sync of the shared Placement comes first.)
+			if res := w.wait(id, 120*time.Second); res.State != requests.Succeeded {
 				t.Fatalf("attach %s after the restart: %s (%s: %s)", retypeProfile, res.State, res.Code, res.Reason)
 			}
 			atts := w.attachments(inst)
