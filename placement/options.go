@@ -45,6 +45,13 @@ var (
 			"(the VFs it can still type) and the type's trait, which only its direct path claims: Nova's "+
 			"resources:VGPU flavors never match it. Never list a GPU that is in Nova's [pci] device_spec or "+
 			"[devices] enabled_mdev_types. Example: compute-7/0000:c1:00.0=1430")
+	optRetypeOnDemand = options.Bool("placement", "retype_on_demand", false,
+		"Opt-in: when a direct-path request needs a vGPU type that no free capacity of the instance's host offers, "+
+			"re-type an empty GPU of bridge_owned_vf_gpus on that host (no VF typed by the bridge, no unit allocated "+
+			"on its provider) whose agent reports the type creatable, as `vgpuctl gpu retype` does, then claim there. "+
+			"The GPUs of the host are tried in PCI address order; each re-type is audited (gpu.retype, with the "+
+			"request). Off, such a request fails no_capacity and its reason names the GPU an operator can re-type. "+
+			"Example: true")
 	optNovaVFClasses = options.List("placement", "nova_vf_resource_classes", "",
 		"Nova-owned VF GPUs: the resource classes of Nova's PCI providers (the resource_class of [pci] device_spec "+
 			"entries, with [pci] report_in_placement) whose VFs are vGPUs, each with the numeric vGPU type its VFs "+
@@ -138,6 +145,7 @@ func ConfigFrom(v *conf.Values) Config {
 		StaleReportAge:   optStaleReportAge.Get(v),
 		ConsumerType:     optConsumerType.Get(v),
 		OwnedVFGPUs:      ownedDecls(optOwnedVFGPUs.Get(v)),
+		RetypeOnDemand:   optRetypeOnDemand.Get(v),
 		NovaVFClasses:    novaVFClasses(optNovaVFClasses.Get(v)),
 	}
 }

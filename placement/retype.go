@@ -27,6 +27,9 @@ var (
 	// ErrRetypeNotCreatable: the agent's last report does not list the
 	// type as creatable on the GPU.
 	ErrRetypeNotCreatable = errors.New("type not creatable on the GPU")
+	// ErrRetypeBusy: another re-type of the GPU is in progress, or began
+	// between this one's read and its record.
+	ErrRetypeBusy = errors.New("another re-type of the GPU is in progress")
 )
 
 // The steps of a re-type, as the owned_gpu_types table records them.
@@ -80,7 +83,7 @@ func (s *Service) Retype(ctx context.Context, host, pf, typeID string) error {
 	if found {
 		if row.step != RetypeDone {
 			if row.typeID != typeID {
-				return fmt.Errorf("%s/%s: a re-type to %s is in progress (step %s)", host, pf, row.typeID, row.step)
+				return fmt.Errorf("%s/%s: %w: to %s (step %s)", host, pf, ErrRetypeBusy, row.typeID, row.step)
 			}
 			return s.resumeRetype(ctx, row)
 		}
@@ -113,10 +116,18 @@ func (s *Service) Retype(ctx context.Context, host, pf, typeID string) error {
 		return fmt.Errorf("%s/%s: %w: %d unit(s) allocated on its provider", host, pf, ErrRetypeInUse, used)
 	}
 	row = retypeRow{host: host, pci: pf, typeID: typeID, from: from, step: RetypeWithdrawing}
-	if _, err := s.store.Pool().Exec(ctx, `INSERT INTO owned_gpu_types (host, pci, type_id, from_type, step) VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT (host, pci) DO UPDATE SET type_id = $3, from_type = $4, step = $5, updated_at = now()`,
-		host, pf, typeID, from, RetypeWithdrawing); err != nil {
+	// Recorded only if the GPU's state is still what was read: another
+	// re-type (an operator's, another replica's on demand) that began
+	// meanwhile is not overwritten.
+	tag, err := s.store.Pool().Exec(ctx, `INSERT INTO owned_gpu_types (host, pci, type_id, from_type, step) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (host, pci) DO UPDATE SET type_id = $3, from_type = $4, step = $5, updated_at = now()
+		WHERE owned_gpu_types.step = $6 AND owned_gpu_types.type_id = $4`,
+		host, pf, typeID, from, RetypeWithdrawing, RetypeDone)
+	if err != nil {
 		return fmt.Errorf("re-type %s/%s: record: %w", host, pf, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%s/%s: %w: it began meanwhile", host, pf, ErrRetypeBusy)
 	}
 	s.log.Info("placement: bridge-owned GPU re-type", logkey.Host, host, "pci", pf, "from", from, "to", typeID)
 	if err := s.retypeStep(RetypeWithdrawing); err != nil {

@@ -61,6 +61,10 @@ type Config struct {
 	// bridge-owned ([placement] bridge_owned_vf_gpus): the sync leader
 	// keeps a provider of class BridgeClass for each (PublishOwned).
 	OwnedVFGPUs []OwnedDecl
+	// RetypeOnDemand (opt-in, [placement] retype_on_demand): a direct-path
+	// claim that finds no capacity may re-type an empty bridge-owned GPU
+	// of the instance's host (RetypeOnDemand).
+	RetypeOnDemand bool
 	// RetypeStepHook, when set, is called each time a re-type of a
 	// bridge-owned GPU has recorded a step (RetypeWithdrawing,
 	// RetypeTyped, RetypeDone); an error it returns stops the re-type

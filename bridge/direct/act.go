@@ -271,7 +271,7 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 // Claim claims the units of an attach step, or adopts units an
 // interrupted earlier attempt claimed for this consumer but recorded
 // nowhere.
-func (p *Path) Claim(ctx context.Context, f pipeline.Facts, s flow.Step, planned []flow.Attachment) ([]pipeline.Claim, error) {
+func (p *Path) Claim(ctx context.Context, reqID uuid.UUID, f pipeline.Facts, s flow.Step, planned []flow.Attachment) ([]pipeline.Claim, error) {
 	if s.Reclaim != nil {
 		return p.reclaim(ctx, f, *s.Reclaim, planned)
 	}
@@ -318,8 +318,12 @@ func (p *Path) Claim(ctx context.Context, f pipeline.Facts, s flow.Step, planned
 			}
 		}
 	}
-	cl, err := p.d.Placement.Claim(ctx, pipeline.ClaimSpec{Consumer: f.Instance.UUID, ProjectID: f.Instance.ProjectID, UserID: f.Instance.UserID,
-		Node: f.Instance.Node, Trait: s.Intent.Trait, Count: n, Read: read, Exclude: s.Exclude})
+	spec := pipeline.ClaimSpec{Consumer: f.Instance.UUID, ProjectID: f.Instance.ProjectID, UserID: f.Instance.UserID,
+		Node: f.Instance.Node, Trait: s.Intent.Trait, Count: n, Read: read, Exclude: s.Exclude}
+	cl, err := p.d.Placement.Claim(ctx, spec)
+	if errors.Is(err, pipeline.ErrNoCapacity) {
+		cl, err = p.retypeAndClaim(ctx, reqID, f, s, spec, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -328,6 +332,56 @@ func (p *Path) Claim(ctx context.Context, f pipeline.Facts, s flow.Step, planned
 		return []pipeline.Claim{mc}, fmt.Errorf("%w: provider %s", pipeline.ErrNoAddress, cl.Provider)
 	}
 	return []pipeline.Claim{mc}, nil
+}
+
+// retypeAndClaim is what a claim that found no capacity (noCap) does
+// when Placement re-types bridge-owned GPUs on demand (pipeline.Retyper,
+// [placement] retype_on_demand): an empty bridge-owned GPU of the
+// instance's host is re-typed to the step's type (placement.Service.
+// Retype: withdrawn, recorded, published; no window where Placement offers
+// a type the host cannot create), the re-type is audited (gpu.retype,
+// with the request), and the units are claimed there. It runs between the
+// decision's transactions, with none open, as every claim does.
+//
+// No GPU to re-type keeps noCap (ErrNoCapacity, with why none qualified);
+// a claim that landed on the GPU while it was re-typed undid the re-type
+// (ErrNoCapacity, saying so); units of the re-typed GPU taken before this
+// claim are ErrNoCapacity too. A re-type interrupted otherwise (Placement
+// away) is an error that retries the event: the retry, or the next
+// publication of the bridge-owned GPUs, finishes it.
+func (p *Path) retypeAndClaim(ctx context.Context, reqID uuid.UUID, f pipeline.Facts, s flow.Step, spec pipeline.ClaimSpec, noCap error) (pipeline.Claimed, error) {
+	rt, ok := p.d.Placement.(pipeline.Retyper)
+	if !ok {
+		return pipeline.Claimed{}, noCap
+	}
+	r, err := rt.RetypeFor(ctx, pipeline.RetypeSpec{Host: f.Instance.Host, Trait: spec.Trait, Count: spec.Count, Exclude: spec.Exclude})
+	switch {
+	case errors.Is(err, pipeline.ErrNoOwnedGPUs):
+		return pipeline.Claimed{}, noCap // nothing of the host is the bridge's to re-type
+	case errors.Is(err, pipeline.ErrNoRetype):
+		return pipeline.Claimed{}, fmt.Errorf("%w; re-type on demand: %v", noCap, err)
+	case errors.Is(err, pipeline.ErrNoCapacity):
+		return pipeline.Claimed{}, fmt.Errorf("%w; re-type on demand: %v", noCap, err)
+	case err != nil:
+		return pipeline.Claimed{}, fmt.Errorf("re-type on demand for %s on host %s: %w", spec.Trait, f.Instance.Host, err)
+	}
+	p.log.Info("pipeline: GPU re-typed on demand", logkey.Instance, f.Instance.UUID, logkey.Host, r.Host, "pci", r.PCI, "from", r.From, "to", r.To,
+		"request", reqID)
+	why := fmt.Sprintf("request %s: no free %s on host %s for %d × %s of instance %s", reqID, spec.Trait, f.Instance.Host, spec.Count,
+		s.Intent.Profile, f.Instance.UUID)
+	if err := requests.Audit(ctx, p.d.Pool, requests.Entry{Actor: p.actor(), Action: "gpu.retype", ObjectType: "gpu",
+		ObjectID: r.Host + "/" + r.PCI, RequestID: reqID.String(),
+		Detail: map[string]string{"from": r.From, "to": r.To, "provider": r.Provider, "reason": why}}); err != nil {
+		// The re-type is made: the claim goes on, the audit row is missed.
+		p.log.Error("pipeline: re-type on demand not audited", logkey.Host, r.Host, "pci", r.PCI, logkey.Err, err)
+	}
+	spec.Provider = r.Provider
+	cl, err := p.d.Placement.Claim(ctx, spec)
+	if errors.Is(err, pipeline.ErrNoCapacity) {
+		return pipeline.Claimed{}, fmt.Errorf("%w; GPU %s of host %s was re-typed %s → %s for this request and its units were taken meanwhile: %v",
+			pipeline.ErrNoCapacity, r.PCI, r.Host, r.From, r.To, err)
+	}
+	return cl, err
 }
 
 // reclaim claims again the units of a, a vGPU held off its host, on its

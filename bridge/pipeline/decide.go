@@ -314,7 +314,7 @@ func (p *Processor) makeClaims(ctx context.Context, w *Work) error {
 			if s.Kind != flow.StepAttach {
 				continue
 			}
-			made, err := p.direct.Claim(ctx, pa.facts, s, planned)
+			made, err := p.direct.Claim(ctx, pa.request, pa.facts, s, planned)
 			pa.claims = append(pa.claims, stepClaim{made: made, err: err})
 			if err != nil && (errors.Is(err, ErrNoCapacity) || errors.Is(err, ErrNoAddress)) {
 				break

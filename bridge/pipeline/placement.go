@@ -69,12 +69,47 @@ var ErrNoCapacity = errors.New("no vGPU capacity")
 // tried again.
 var ErrNoAddress = errors.New("the GPU provider's name carries no PCI address (<node>_pci_DDDD_BB_SS_F)")
 
+// Retyper is what a Placement that re-types bridge-owned VF GPUs on
+// demand adds ([placement] retype_on_demand): the direct path asks it
+// after a claim found no capacity, with no transaction open.
+type Retyper interface {
+	// RetypeFor re-types an empty bridge-owned GPU of the spec's host to
+	// the type of its trait, and returns it offering that type. It fails
+	// with ErrNoRetype when no GPU was re-typed (the option is off, or
+	// none qualifies: the error says why), with ErrNoCapacity when a
+	// claim landed on the GPU meanwhile (the re-type was undone); any
+	// other error is a re-type interrupted (the event is tried again).
+	RetypeFor(ctx context.Context, r RetypeSpec) (Retyped, error)
+}
+
+// RetypeSpec is the claim that found no capacity.
+type RetypeSpec struct {
+	Host    string // the instance's compute service host
+	Trait   string
+	Count   int
+	Exclude []string
+}
+
+// Retyped is a GPU re-typed for a claim.
+type Retyped struct {
+	Host, PCI, Provider, From, To string
+}
+
+// ErrNoRetype says no GPU was re-typed on demand.
+var ErrNoRetype = placement.ErrNoRetype
+
+// ErrNoOwnedGPUs is ErrNoRetype for a host with no bridge-owned GPU.
+var ErrNoOwnedGPUs = placement.ErrNoOwnedGPUs
+
 // ServiceAdapter implements Placement over *placement.Service.
 type ServiceAdapter struct {
 	S *placement.Service
 }
 
-var _ Placement = ServiceAdapter{}
+var (
+	_ Placement = ServiceAdapter{}
+	_ Retyper   = ServiceAdapter{}
+)
 
 // Claim implements Placement.
 func (a ServiceAdapter) Claim(ctx context.Context, c ClaimSpec) (Claimed, error) {
@@ -117,6 +152,20 @@ func (a ServiceAdapter) retypeHint(c ClaimSpec) string {
 	g := out.Candidates[0]
 	return fmt.Sprintf("; needs_retype: GPU %s (provider %s) is empty but offers %s; the bridge does not re-type GPUs: an operator can set it to %s "+
 		"(Nova's [devices] enabled_mdev_types and its provider's trait) and retry", orDefault(g.PCIAddress, "?"), g.ProviderUUID, orDefault(g.RetypeFrom, "another type"), c.Trait)
+}
+
+// RetypeFor implements Retyper.
+func (a ServiceAdapter) RetypeFor(ctx context.Context, r RetypeSpec) (Retyped, error) {
+	rt, err := a.S.RetypeOnDemand(ctx, placement.OnDemand{Host: r.Host, Trait: r.Trait, Count: r.Count, Exclude: r.Exclude})
+	switch {
+	case errors.Is(err, placement.ErrNoRetype):
+		return Retyped{}, err
+	case errors.Is(err, placement.ErrRetypeInUse), errors.Is(err, placement.ErrRetypeNotCreatable):
+		return Retyped{}, fmt.Errorf("%w: %v", ErrNoCapacity, err)
+	case err != nil:
+		return Retyped{}, err
+	}
+	return Retyped{Host: rt.Host, PCI: rt.PCI, Provider: rt.Provider, From: rt.From, To: rt.To}, nil
 }
 
 // Holdings implements Placement.

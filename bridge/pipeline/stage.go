@@ -70,10 +70,11 @@ type DirectPath interface {
 	// becomes a failure or rejection (plan.Outcome) and closes the request
 	// (Decisions.Close).
 	ActPlan(ctx context.Context, w *Work, reqID uuid.UUID, state requests.State, plan *flow.Plan, f Facts) error
-	// Claim claims the units of attach step s, with no transaction open;
-	// planned are the units the same act claimed before it. ErrNoCapacity
-	// and ErrNoAddress fail the act; other errors retry the event.
-	Claim(ctx context.Context, f Facts, s flow.Step, planned []flow.Attachment) ([]Claim, error)
+	// Claim claims the units of attach step s of request reqID, with no
+	// transaction open; planned are the units the same act claimed before
+	// it. ErrNoCapacity and ErrNoAddress fail the act; other errors retry
+	// the event.
+	Claim(ctx context.Context, reqID uuid.UUID, f Facts, s flow.Step, planned []flow.Attachment) ([]Claim, error)
 	// ReleaseClaims gives back claims made for a decision that did not
 	// take them; what it cannot give back is logged (the drift reconciler
 	// finds it).

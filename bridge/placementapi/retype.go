@@ -49,6 +49,8 @@ func (h *Handlers) retype(c echo.Context) error {
 		return api.Problem(http.StatusNotFound, "GPU not bridge-owned", err.Error())
 	case errors.Is(err, placement.ErrRetypeInUse):
 		return api.Problem(http.StatusConflict, "GPU in use", err.Error())
+	case errors.Is(err, placement.ErrRetypeBusy):
+		return api.Problem(http.StatusConflict, "Re-type in progress", err.Error())
 	case errors.Is(err, placement.ErrRetypeNotCreatable):
 		return api.Problem(http.StatusUnprocessableEntity, "Type not creatable", err.Error())
 	case err != nil:

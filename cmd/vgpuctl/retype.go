@@ -24,7 +24,9 @@ bridge to another vendor-VFIO type its agent reports creatable, e.g.
 vgpuctl gpu retype compute-1/0000:c1:00.0 1430. The GPU's provider stops
 offering the old type first, the bridge records the new type, then the new
 type's inventory and trait are published; a bridge stopped on the way
-finishes the re-type when it publishes its GPUs again.`,
+finishes the re-type when it publishes its GPUs again. With [placement]
+retype_on_demand the bridge does the same by itself for a direct-path
+request that finds no capacity of its type on the instance's host.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			i := strings.LastIndex(args[0], "/")

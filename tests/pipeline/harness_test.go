@@ -277,6 +277,11 @@ type replicaOpts struct {
 	maxAttempts int
 	// owned are the bridge-owned VF GPUs ([placement] bridge_owned_vf_gpus).
 	owned []placement.OwnedDecl
+	// retypeOnDemand is [placement] retype_on_demand.
+	retypeOnDemand bool
+	// retypeHook, when set, sees each step of the re-types of the
+	// replica's placement service (placement.Config.RetypeStepHook).
+	retypeHook func(step string) error
 	// syncInterval is the placement service's (its Run is the test's to start).
 	syncInterval time.Duration
 	// limits, when set, are the projects' unified limits ([quota]
@@ -295,7 +300,8 @@ type replicaOpts struct {
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	t := w.t
 	svc, err := placement.New(w.ctx, placement.Config{Client: placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin"},
-		SyncConcurrency: 4, Replica: o.name, OwnedVFGPUs: o.owned, SyncInterval: o.syncInterval}, w.pool, w.holder.Catalog(), logger())
+		SyncConcurrency: 4, Replica: o.name, OwnedVFGPUs: o.owned, SyncInterval: o.syncInterval,
+		RetypeOnDemand: o.retypeOnDemand, RetypeStepHook: o.retypeHook}, w.pool, w.holder.Catalog(), logger())
 	testsvc.Must(t, err, "placement service")
 	_, err = svc.SyncNow(w.ctx, true, nil)
 	if err != nil && err != placement.ErrSyncBusy {

@@ -154,6 +154,13 @@ func (o outsideTx) ReleaseUnits(ctx context.Context, consumer, provider, class s
 
 func (o outsideTx) GPUAddress(provider string) string { return o.p.GPUAddress(provider) }
 
+// RetypeFor passes the pipeline's re-types on demand through, checked: a
+// re-type calls Placement.
+func (o outsideTx) RetypeFor(ctx context.Context, r pipeline.RetypeSpec) (pipeline.Retyped, error) {
+	o.check("re-type on demand for " + r.Trait + " on " + r.Host)
+	return o.p.(pipeline.Retyper).RetypeFor(ctx, r)
+}
+
 func (o outsideTx) ProviderAllocations(ctx context.Context, provider string) (map[string]map[string]int, error) {
 	o.check("read the allocations of provider " + provider)
 	return o.d.ProviderAllocations(ctx, provider)

@@ -285,6 +285,13 @@ func TestBridgeOwnedVFRetypeStoppedAtEachStep(t *testing.T) {
 				w.wantOffers(rp, false, false)
 				w.wantTraits(rp)
 			}
+			// Another re-type of the GPU is refused meanwhile (409).
+			if err := w.retypeService("another", nil).Retype(w.ctx, w.host, vfPF, vfType); !errors.Is(err, placement.ErrRetypeBusy) {
+				t.Errorf("re-type to %s during the re-type to %s: %v, want %v", vfType, retypeTo, err, placement.ErrRetypeBusy)
+			}
+			if code, body, _ := w.retypeAPI(stopped, vfPF, vfType); code != http.StatusConflict || !strings.Contains(body, "Re-type in progress") {
+				t.Errorf("POST retype during a re-type: %d %s, want 409 Re-type in progress", code, body)
+			}
 			// The old replica's sync must not publish 1429 again
 			// while the re-type is unfinished: it resumes it.
 			restarted := w.retypeService("restarted", nil)

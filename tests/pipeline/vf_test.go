@@ -38,9 +38,16 @@ const (
 // vfWorld is a world whose bridge owns the fake host's VF GPU, once the
 // agent reported it and the bridge published its provider.
 func vfWorld(t *testing.T) (*world, *bridgeReplica, string) {
+	return vfWorldWith(t, replicaOpts{name: "r1"})
+}
+
+// vfWorldWith is vfWorld with a bridge started with o (its owned GPUs
+// are the world's VF GPU).
+func vfWorldWith(t *testing.T, o replicaOpts) (*world, *bridgeReplica, string) {
 	w := newWorld(t)
 	w.startAgent()
-	r := w.startBridge(replicaOpts{name: "r1", owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}}})
+	o.owned = []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}}
+	r := w.startBridge(o)
 	w.reportedFreeVFs(30 * time.Second)
 	n, err := r.svc.PublishOwned(w.ctx)
 	testsvc.Must(t, err, "publish the bridge-owned GPUs")

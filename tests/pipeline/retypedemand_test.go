@@ -1,0 +1,298 @@
+package pipeline_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
+)
+
+// retypeAudits are the gpu.retype rows of the world's VF GPU: each
+// one's request id ("" for none) and detail.
+func (w *world) retypeAudits() [][2]string {
+	w.t.Helper()
+	rows, err := w.pool.Query(w.ctx, `SELECT coalesce(request_id::text, ''), detail::text FROM audit_log
+		WHERE action = 'gpu.retype' AND object_id = $1 ORDER BY id`, w.host+"/"+vfPF)
+	testsvc.Must(w.t, err, "audit rows")
+	defer rows.Close()
+	var out [][2]string
+	for rows.Next() {
+		var r [2]string
+		testsvc.Must(w.t, rows.Scan(&r[0], &r[1]), "audit row")
+		out = append(out, r)
+	}
+	testsvc.Must(w.t, rows.Err(), "audit rows")
+	return out
+}
+
+// wantOwnedType checks the bridge's type of the VF GPU and the step of its
+// last re-type.
+func (w *world) wantOwnedType(svc *placement.Service, typeID, step string) {
+	w.t.Helper()
+	typ, st, err := svc.OwnedType(w.ctx, w.host, vfPF)
+	testsvc.Must(w.t, err, "owned type")
+	if typ != typeID || st != step {
+		w.t.Errorf("bridge's type of %s = %s (%q), want %s (%q)", vfPF, typ, st, typeID, step)
+	}
+}
+
+// wantOnlyCreatableOffered asks Placement's allocation candidates for a
+// unit of each of the two types on rp: never both at once, and each one
+// offered is a type the agent's last report says the GPU can create now.
+func (w *world) wantOnlyCreatableOffered(rp string) {
+	w.t.Helper()
+	r, ok := w.report()
+	if !ok {
+		w.t.Fatalf("no report of %s", w.host)
+	}
+	var types []protocol.VGPUType
+	for _, g := range r.GPUs {
+		if g.PCI == vfPF {
+			types = g.Types
+		}
+	}
+	offered := 0
+	for _, c := range []struct{ trait, typeID string }{{vfTrait, vfType}, {retypeTrait, retypeTo}} {
+		if !slices.Contains(w.ownedCandidates(c.trait), rp) {
+			continue
+		}
+		offered++
+		if !slices.ContainsFunc(types, func(t protocol.VGPUType) bool { return t.ID == c.typeID && t.AvailableInstances > 0 }) {
+			w.t.Errorf("Placement offers %s on %s; the agent reports %s not creatable there (%+v)", c.trait, rp, c.typeID, types)
+		}
+	}
+	if offered > 1 {
+		w.t.Errorf("Placement offers both %s and %s on %s", vfTrait, retypeTrait, rp)
+	}
+}
+
+// TestRetypeOnDemand: with [placement] retype_on_demand, a direct-path
+// request for H200X-35C (1430) on a host whose only bridge-owned GPU is
+// empty and offers 1429 succeeds: the bridge re-types the GPU (its
+// provider then has the trait of 1430 only and four units, one used by
+// the request), audits gpu.retype with the request, and the agent types a
+// VF of that GPU 1430.
+func TestRetypeOnDemand(t *testing.T) {
+	t.Parallel()
+	w, r, rp := vfWorldWith(t, replicaOpts{name: "r1", retypeOnDemand: true})
+	w.emptyVFGPU()
+	_, err := r.svc.PublishOwned(w.ctx)
+	testsvc.Must(t, err, "publish the empty GPU")
+	w.wantOffers(rp, true, false)
+
+	inst := w.domains[3].UUID
+	id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": retypeProfile})
+	if res := w.wait(id, 60*time.Second); res.State != requests.Succeeded {
+		t.Fatalf("attach %s: %s (%s: %s)", retypeProfile, res.State, res.Code, res.Reason)
+	}
+	atts := w.attachments(inst)
+	if len(atts) != 1 || atts[0].state != flow.AttAttached || atts[0].provider != rp {
+		t.Fatalf("attachments = %+v, want one attached on %s", atts, rp)
+	}
+	if !strings.HasPrefix(atts[0].pci, "0000:c1:") {
+		t.Errorf("attached VF %s, want a VF of %s", atts[0].pci, vfPF)
+	}
+	if got := w.vfType(atts[0].pci); got != retypeTo {
+		t.Errorf("current_vgpu_type of %s = %q, want %s", atts[0].pci, got, retypeTo)
+	}
+	w.wantTraits(rp, retypeTrait)
+	w.wantOwnedInventory(rp, 4, 1)
+	w.wantOffers(rp, false, true)
+	w.wantNeverVGPUCandidate(rp)
+	w.wantOwnedType(r.svc, retypeTo, placement.RetypeDone)
+	audits := w.retypeAudits()
+	if len(audits) != 1 || audits[0][0] != id.String() || !strings.Contains(audits[0][1], `"from": "`+vfType+`"`) ||
+		!strings.Contains(audits[0][1], `"to": "`+retypeTo+`"`) || !strings.Contains(audits[0][1], "request "+id.String()) {
+		t.Errorf("gpu.retype audit rows = %v, want one of request %s, from %s to %s, naming the request", audits, id, vfType, retypeTo)
+	}
+}
+
+// TestRetypeOnDemandRefused: a direct-path request for 1430 on a host
+// whose only bridge-owned GPU offers 1429 is refused no_capacity, and the
+// GPU keeps 1429 (Placement, the bridge's state, no audit row), when the
+// GPU holds a vGPU of the bridge, and when retype_on_demand is off (the
+// reason says so and names the GPU an operator can re-type).
+func TestRetypeOnDemandRefused(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		on     bool
+		inUse  bool
+		reason []string
+	}{
+		{"in use", true, true, []string{"re-type on demand", "in use"}},
+		{"off", false, false, []string{"retype_on_demand is off", "vgpuctl gpu retype", vfPF}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			w, r, rp := vfWorldWith(t, replicaOpts{name: "r1", retypeOnDemand: c.on})
+			w.emptyVFGPU()
+			_, err := r.svc.PublishOwned(w.ctx)
+			testsvc.Must(t, err, "publish the empty GPU")
+			used := 0
+			if c.inUse {
+				id := w.submit("GPU_REQUEST", w.domains[4].UUID, map[string]any{"vgpu_profile": vfProfile})
+				if res := w.wait(id, 60*time.Second); res.State != requests.Succeeded {
+					t.Fatalf("attach %s: %s (%s: %s)", vfProfile, res.State, res.Code, res.Reason)
+				}
+				used = 1
+			}
+			id := w.submit("GPU_REQUEST", w.domains[3].UUID, map[string]any{"vgpu_profile": retypeProfile})
+			res := w.wait(id, 60*time.Second)
+			if res.State != requests.Failed || res.Code != flow.CodeNoCapacity {
+				t.Fatalf("attach %s: %s (%s: %s), want failed %s", retypeProfile, res.State, res.Code, res.Reason, flow.CodeNoCapacity)
+			}
+			for _, s := range c.reason {
+				if !strings.Contains(res.Reason, s) {
+					t.Errorf("reason %q does not say %q", res.Reason, s)
+				}
+			}
+			w.wantTraits(rp, vfTrait)
+			w.wantOwnedInventory(rp, 2, used)
+			w.wantOffers(rp, used < 2, false)
+			w.wantOwnedType(r.svc, vfType, "")
+			if a := w.retypeAudits(); len(a) != 0 {
+				t.Errorf("gpu.retype audit rows = %v, want none", a)
+			}
+		})
+	}
+}
+
+// TestRetypeOnDemandStoppedAtEachStep stops the bridge at each step of a
+// re-type on demand from 1429 to 1430 (the hook freezes it there while
+// the test looks, then the replica stops). At the stop Placement's
+// allocation candidates for the two types' traits never offer both and
+// never a type the GPU cannot create; once the old type is withdrawn
+// neither is offered. A bridge started again serves the request: it
+// finishes the re-type, audits it with the request and attaches a VF of
+// 1430.
+func TestRetypeOnDemandStoppedAtEachStep(t *testing.T) {
+	t.Parallel()
+	for _, stop := range []string{placement.RetypeWithdrawing, placement.RetypeWithdrawn, placement.RetypeTyped} {
+		t.Run(stop, func(t *testing.T) {
+			t.Parallel()
+			reached, release := make(chan struct{}), make(chan struct{})
+			var crashed atomic.Bool
+			hook := func(step string) error {
+				if crashed.Load() {
+					return errCrash // stopped: nothing goes further
+				}
+				if step != stop {
+					return nil
+				}
+				crashed.Store(true)
+				close(reached)
+				<-release
+				return fmt.Errorf("at %s: %w", step, errCrash)
+			}
+			w, r1, rp := vfWorldWith(t, replicaOpts{name: "r1", retypeOnDemand: true, retypeHook: hook})
+			w.emptyVFGPU()
+			_, err := r1.svc.PublishOwned(w.ctx)
+			testsvc.Must(t, err, "publish the empty GPU")
+
+			inst := w.domains[3].UUID
+			id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": retypeProfile})
+			select {
+			case <-reached:
+			case <-time.After(90 * time.Second):
+				close(release)
+				res := w.wait(id, time.Second)
+				t.Fatalf("the re-type never reached %s; request %s (%s: %s)", stop, res.State, res.Code, res.Reason)
+			}
+			// Stopped there: what Placement offers now.
+			w.wantOnlyCreatableOffered(rp)
+			switch stop {
+			case placement.RetypeWithdrawing:
+				w.wantOffers(rp, true, false) // recorded, Placement not written yet
+			default:
+				w.wantOffers(rp, false, false)
+				w.wantTraits(rp)
+			}
+			_, step, err := r1.svc.OwnedType(w.ctx, w.host, vfPF)
+			testsvc.Must(t, err, "owned type")
+			if want := map[string]string{placement.RetypeWithdrawn: placement.RetypeWithdrawing}[stop]; step != stop && step != want {
+				t.Errorf("step recorded at the stop = %q, want %q", step, stop)
+			}
+			close(release)
+			r1.stop()
+			if res, err := w.requests.Get(w.ctx, id); err != nil || res.State.Final() {
+				t.Fatalf("request after the stop: %+v %v, want it open", res, err)
+			}
+			w.wantOnlyCreatableOffered(rp)
+
+			r2 := w.startBridge(replicaOpts{name: "r2", owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}}, retypeOnDemand: true})
+			// (r2's first full sync of the shared Placement comes first.)
+			if res := w.wait(id, 120*time.Second); res.State != requests.Succeeded {
+				t.Fatalf("attach %s after the restart: %s (%s: %s)", retypeProfile, res.State, res.Code, res.Reason)
+			}
+			atts := w.attachments(inst)
+			if len(atts) != 1 || atts[0].state != flow.AttAttached || atts[0].provider != rp {
+				t.Fatalf("attachments = %+v, want one attached on %s", atts, rp)
+			}
+			if got := w.vfType(atts[0].pci); got != retypeTo {
+				t.Errorf("current_vgpu_type of %s = %q, want %s", atts[0].pci, got, retypeTo)
+			}
+			w.wantTraits(rp, retypeTrait)
+			w.wantOwnedInventory(rp, 4, 1)
+			w.wantOffers(rp, false, true)
+			w.wantOwnedType(r2.svc, retypeTo, placement.RetypeDone)
+			if a := w.retypeAudits(); len(a) != 1 || a[0][0] != id.String() {
+				t.Errorf("gpu.retype audit rows = %v, want one of request %s", a, id)
+			}
+		})
+	}
+}
+
+// TestRetypeOnDemandUndoneWhenClaimed: a claim of the old type lands on
+// the GPU after the bridge chose it and recorded the re-type, before its
+// provider stopped offering the old type (the step hook makes it, as
+// another scheduler would). The bridge finds it after the withdrawal and
+// undoes the re-type: the request fails no_capacity saying so, the GPU
+// offers 1429 again, the bridge's state forgets the re-type and nothing is
+// audited.
+func TestRetypeOnDemandUndoneWhenClaimed(t *testing.T) {
+	t.Parallel()
+	other := uuid.NewString()
+	var w *world
+	var rp string
+	var claimed atomic.Bool
+	hook := func(step string) error {
+		if step != placement.RetypeWithdrawing || claimed.Swap(true) {
+			return nil
+		}
+		return w.placementClient().PutAllocations(w.ctx, &placement.Consumer{UUID: other, ProjectID: uuid.NewString(), UserID: uuid.NewString(),
+			Type: "INSTANCE", Providers: map[string]map[string]int{rp: {placement.BridgeClass: 1}}})
+	}
+	w, r, rp0 := vfWorldWith(t, replicaOpts{name: "r1", retypeOnDemand: true, retypeHook: hook})
+	rp = rp0
+	t.Cleanup(func() { _, _ = w.sc.Delete(w.ctx, w.sc.ServiceURL("allocations", other), nil) })
+	w.emptyVFGPU()
+	_, err := r.svc.PublishOwned(w.ctx)
+	testsvc.Must(t, err, "publish the empty GPU")
+
+	id := w.submit("GPU_REQUEST", w.domains[3].UUID, map[string]any{"vgpu_profile": retypeProfile})
+	res := w.wait(id, 60*time.Second)
+	if res.State != requests.Failed || res.Code != flow.CodeNoCapacity || !strings.Contains(res.Reason, "re-type undone") {
+		t.Fatalf("attach %s: %s (%s: %s), want failed %s saying the re-type was undone", retypeProfile, res.State, res.Code, res.Reason, flow.CodeNoCapacity)
+	}
+	if !claimed.Load() {
+		t.Fatalf("the re-type never reached %s", placement.RetypeWithdrawing)
+	}
+	w.wantTraits(rp, vfTrait)
+	w.wantOwnedInventory(rp, 2, 1)
+	w.wantOffers(rp, true, false)
+	w.wantOwnedType(r.svc, vfType, "")
+	if a := w.retypeAudits(); len(a) != 0 {
+		t.Errorf("gpu.retype audit rows = %v, want none", a)
+	}
+}
