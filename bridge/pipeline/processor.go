@@ -186,7 +186,7 @@ func (p *Processor) hostView(ctx context.Context) *hostSet {
 	if time.Since(hs.at) < p.cfg.HostsRefresh {
 		return hs
 	}
-	nh, err := loadHosts(ctx, p.d.Pool, p.d.Catalog)
+	nh, err := refreshHosts(ctx, p.d.Pool, p.d.Catalog, hs)
 	if err != nil {
 		p.log.Warn("pipeline: cannot read hosts; using the last view", logkey.Err, err)
 		return hs
