@@ -180,7 +180,8 @@ func (p *Processor) Run(ctx context.Context) error {
 	})
 }
 
-// refreshHosts re-reads the agents' reports when the cached view is old.
+// hostView re-reads the agents' changed reports (refreshHosts) when the
+// cached view is old.
 func (p *Processor) hostView(ctx context.Context) *hostSet {
 	hs := p.hosts.Load()
 	if time.Since(hs.at) < p.cfg.HostsRefresh {
