@@ -180,13 +180,14 @@ func (p *Processor) Run(ctx context.Context) error {
 	})
 }
 
-// refreshHosts re-reads the agents' reports when the cached view is old.
+// hostView re-reads the agents' changed reports (refreshHosts) when the
+// cached view is old.
 func (p *Processor) hostView(ctx context.Context) *hostSet {
 	hs := p.hosts.Load()
 	if time.Since(hs.at) < p.cfg.HostsRefresh {
 		return hs
 	}
-	nh, err := loadHosts(ctx, p.d.Pool, p.d.Catalog)
+	nh, err := refreshHosts(ctx, p.d.Pool, p.d.Catalog, hs)
 	if err != nil {
 		p.log.Warn("pipeline: cannot read hosts; using the last view", logkey.Err, err)
 		return hs

@@ -82,6 +82,23 @@ type hostSet struct {
 	// the fleet, so keyed by the UUID's 16 bytes, not its text).
 	guest map[uuid.UUID]string
 	at    time.Time
+	// kept is what the next refresh (refreshHosts) may keep of each host
+	// whose hosts row has not changed since (by name).
+	kept map[string]keptHost
+}
+
+// keptHost is one host of a view as its report was read: the hosts row's
+// updated_at then, the policy's host and the guest drivers its report
+// gave.
+type keptHost struct {
+	at     time.Time
+	host   policy.Host
+	guests []guestDriver
+}
+
+type guestDriver struct {
+	instance uuid.UUID
+	driver   string
 }
 
 // HostFromReport turns an agent's report into the policy's view of a
@@ -162,6 +179,15 @@ func (hr *hostReader) parse(name string) (catalog.ParsedName, bool) {
 
 // host is HostFromReport of the host name's report r.
 func (hr *hostReader) host(name string, r *hostReport) policy.Host {
+	h, _ := hr.hostCat(name, r)
+	return h
+}
+
+// hostCat is host, and whether a profile of it came from the catalog
+// (a type the report names without a name that parses), which may learn
+// the type later: such a host is not kept from one refresh to the next.
+func (hr *hostReader) hostCat(name string, r *hostReport) (policy.Host, bool) {
+	fromCat := false
 	// Agents before the hypervisor was reported ran libvirt's QEMU driver.
 	h := policy.Host{Name: name, Hypervisor: hr.str(cmp.Or(r.Hypervisor, "KVM")), DriverVersion: hr.str(r.DriverVersion)}
 	if len(r.GPUs) > 0 {
@@ -186,6 +212,7 @@ func (hr *hostReader) host(name string, r *hostReport) policy.Host {
 				}
 			}
 			if pg.Profile == "" && hr.cat != nil {
+				fromCat = true
 				if p, ok := hr.cat.ByTypeID(typ); ok {
 					pg.Profile, pg.Capacity = p.Name, p.MaxInstances
 				}
@@ -196,7 +223,7 @@ func (hr *hostReader) host(name string, r *hostReport) policy.Host {
 		}
 		h.GPUs = append(h.GPUs, pg)
 	}
-	return h
+	return h, fromCat
 }
 
 func loadHosts(ctx context.Context, q Querier, cat Catalog) (*hostSet, error) {
@@ -219,22 +246,87 @@ func loadHosts(ctx context.Context, q Querier, cat Catalog) (*hostSet, error) {
 	return hs, rows.Err()
 }
 
+// refreshHosts reads the hosts' reports as loadHosts does, but decodes
+// only those whose hosts row changed since prev read it (its updated_at,
+// which every write of a report sets): the others are taken from prev.
+// Most reports do not change between two refreshes of a busy pipeline
+// (HostsRefresh), and decoding a fleet's reports was most of what a
+// refresh cost the bridge (and their TOASTed JSON Postgres).
+func refreshHosts(ctx context.Context, q Querier, cat Catalog, prev *hostSet) (*hostSet, error) {
+	names, ats := make([]string, 0, len(prev.kept)), make([]time.Time, 0, len(prev.kept))
+	for n, k := range prev.kept {
+		names, ats = append(names, n), append(ats, k.at)
+	}
+	rows, err := q.Query(ctx, `SELECT h.name, h.updated_at, c.at IS DISTINCT FROM h.updated_at,
+			CASE WHEN c.at IS DISTINCT FROM h.updated_at THEN h.report END
+		FROM hosts h LEFT JOIN unnest($1::text[], $2::timestamptz[]) AS c(name, at) ON c.name = h.name
+		WHERE h.report IS NOT NULL ORDER BY h.name`, names, ats)
+	if err != nil {
+		return nil, fmt.Errorf("read hosts: %w", err)
+	}
+	defer rows.Close()
+	hs := &hostSet{byName: map[string]int{}, guest: map[uuid.UUID]string{}, at: time.Now(), kept: map[string]keptHost{}}
+	hr := newHostReader(cat)
+	var name string
+	var at time.Time
+	var changed bool
+	var raw pgtype.DriverBytes // valid until the next row: decoded, not copied
+	scan := []any{&name, &at, &changed, &raw}
+	for rows.Next() {
+		if err := rows.Scan(scan...); err != nil {
+			return nil, fmt.Errorf("read hosts: %w", err)
+		}
+		if k, ok := prev.kept[name]; ok && !changed {
+			hs.keep(name, k)
+			continue
+		}
+		hs.addAt(hr, name, raw, at)
+	}
+	return hs, rows.Err()
+}
+
 // add adds the host name with its last report raw (JSON), unless the
 // report does not decode.
 func (hs *hostSet) add(hr *hostReader, name string, raw []byte) {
+	hs.addAt(hr, name, raw, time.Time{})
+}
+
+// addAt is add of a report its hosts row had at updated_at at (zero:
+// not known); the host is kept for the next refresh when at is known and
+// nothing of it came from the catalog.
+func (hs *hostSet) addAt(hr *hostReader, name string, raw []byte, at time.Time) {
 	var r hostReport
 	if json.Unmarshal(raw, &r) != nil {
 		return
 	}
+	var guests []guestDriver
 	for _, g := range r.GPUs {
 		for _, v := range g.Active {
 			if id, err := uuid.Parse(v.InstanceUUID); err == nil && v.GuestDriver != "" {
-				hs.guest[id] = hr.str(v.GuestDriver)
+				guests = append(guests, guestDriver{id, hr.str(v.GuestDriver)})
 			}
 		}
 	}
+	h, fromCat := hr.hostCat(name, &r)
+	k := keptHost{at: at, host: h, guests: guests}
+	if hs.kept != nil && !at.IsZero() && !fromCat {
+		hs.kept[name] = k
+	}
+	hs.place(name, k)
+}
+
+// keep adds a host prev read, unchanged since.
+func (hs *hostSet) keep(name string, k keptHost) {
+	hs.kept[name] = k
+	hs.place(name, k)
+}
+
+func (hs *hostSet) place(name string, k keptHost) {
+	for _, g := range k.guests {
+		hs.guest[g.instance] = g.driver
+	}
 	hs.byName[name] = len(hs.hosts)
-	hs.hosts = append(hs.hosts, hr.host(name, &r))
+	hs.hosts = append(hs.hosts, k.host)
 }
 
 // Querier is what reads need of a transaction or pool.
