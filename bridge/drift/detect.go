@@ -268,7 +268,7 @@ func Detect(s *Snapshot) []Finding {
 		for _, g := range h.Report.GPUs {
 			for i := range g.Active {
 				// A bridge-owned VF GPU's vGPU is its VF (a.PCI).
-				if g.Active[i].MdevUUID == a.ID || (a.Class == placement.BridgeClass && a.PCI != "" && g.Active[i].PCI == a.PCI) {
+				if g.Active[i].MdevUUID == a.ID || ((a.Class == placement.BridgeClass || a.Class == placement.BridgeFBClass) && a.PCI != "" && g.Active[i].PCI == a.PCI) {
 					found = &g.Active[i]
 				}
 			}
