@@ -185,7 +185,9 @@ func Detect(s *Snapshot) []Finding {
 			continue
 		}
 		active[a.ID] = a
-		if a.Provider == "" {
+		// A mixed GPU's provider is not mirrored (its class is no GPU
+		// class of the index): its claims are not compared here.
+		if a.Provider == "" || a.Class == placement.BridgeFBClass {
 			continue
 		}
 		k := cp{a.Instance, a.Provider}
