@@ -1,6 +1,7 @@
 package pipeline_test
 
 import (
+	"errors"
 	"slices"
 	"strconv"
 	"testing"
@@ -22,12 +23,14 @@ import (
 // typed with its own type and its framebuffer claimed; a further 35C does
 // not fit (18843 MiB left) and is refused no_capacity while Placement
 // still offers a 17C there; a release gives its framebuffer back and the
-// 35C then fits.
+// 35C then fits. A mixed GPU is never re-typed, by an operator or on
+// demand (on here).
 func TestBridgeOwnedVFMixed(t *testing.T) {
 	t.Parallel()
 	w := newWorldWith(t, testPolicy, withVFHetero())
 	w.startAgent()
-	r := w.startBridge(replicaOpts{name: "r1", owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: placement.MixedType}}})
+	r := w.startBridge(replicaOpts{name: "r1", owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: placement.MixedType}},
+		retypeOnDemand: true})
 	w.reportedFreeVFs(30 * time.Second)
 	n, err := r.svc.PublishOwned(w.ctx)
 	testsvc.Must(t, err, "publish the mixed GPU")
@@ -44,6 +47,9 @@ func TestBridgeOwnedVFMixed(t *testing.T) {
 		t.Errorf("traits = %v, want %v", tr.Traits, want)
 	}
 	w.wantNeverVGPUCandidate(rp)
+	if err := r.svc.Retype(w.ctx, w.host, vfPF, "1430"); !errors.Is(err, placement.ErrRetypeNotCreatable) {
+		t.Errorf("re-type of the mixed GPU: %v, want %v", err, placement.ErrRetypeNotCreatable)
+	}
 
 	instA, instB, instC := w.domains[3].UUID, w.domains[4].UUID, w.domains[5].UUID
 	attach := func(inst, profile string) requests.Request {
