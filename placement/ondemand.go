@@ -65,7 +65,7 @@ func (s *Service) RetypeOnDemand(ctx context.Context, d OnDemand) (Retyped, erro
 	n := max(d.Count, 1)
 	var decls []OwnedDecl
 	for _, o := range s.cfg.OwnedVFGPUs {
-		if o.Host == d.Host {
+		if o.Host == d.Host && !o.Mixed() { // a mixed GPU is claimed on as it is (ClaimMixed)
 			decls = append(decls, o)
 		}
 	}

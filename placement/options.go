@@ -43,7 +43,10 @@ var (
 			"compute service host, the GPU's physical function and the numeric vGPU type its VFs offer. For each, the "+
 			"bridge creates a child provider of the compute node's provider with an inventory of CUSTOM_VGPU_BRIDGE "+
 			"(the VFs it can still type) and the type's trait, which only its direct path claims: Nova's "+
-			"resources:VGPU flavors never match it. Never list a GPU that is in Nova's [pci] device_spec or "+
+			"resources:VGPU flavors never match it. HOST/PF=mixed declares a GPU in the driver's heterogeneous "+
+			"(mixed-size) vGPU mode instead: its provider offers the GPU's framebuffer in MiB of "+
+			"CUSTOM_VGPU_BRIDGE_FB_MIB and every reported type's trait, and each vGPU claims its type's framebuffer. "+
+			"Never list a GPU that is in Nova's [pci] device_spec or "+
 			"[devices] enabled_mdev_types. Example: compute-7/0000:c1:00.0=1430")
 	optRetypeOnDemand = options.Bool("placement", "retype_on_demand", false,
 		"Opt-in: when a direct-path request needs a vGPU type that no free capacity of the instance's host offers, "+
@@ -98,7 +101,7 @@ func check(v *conf.Values) conf.Errors {
 	}
 	for _, d := range optOwnedVFGPUs.Get(v) {
 		if _, err := ParseOwnedDecl(d); err != nil {
-			errs = append(errs, &conf.Error{Section: "placement", Option: "bridge_owned_vf_gpus", Value: d, Problem: err.Error() + "; allowed: HOST/PF=TYPE"})
+			errs = append(errs, &conf.Error{Section: "placement", Option: "bridge_owned_vf_gpus", Value: d, Problem: err.Error() + "; allowed: HOST/PF=TYPE or HOST/PF=mixed"})
 		}
 	}
 	for _, d := range optNovaVFClasses.Get(v) {

@@ -27,18 +27,35 @@ import (
 // to reach it, and `vgpuctl flavor plan` never prints one that does.
 const BridgeClass = "CUSTOM_VGPU_BRIDGE"
 
+// BridgeFBClass is the resource class of a mixed bridge-owned GPU
+// (declared HOST/PF=mixed: the driver's heterogeneous mode, vGPU types of
+// different framebuffer sizes on one GPU): its inventory is the GPU's
+// framebuffer in MiB, and a vGPU takes its type's framebuffer of it, so
+// Placement refuses what does not fit. Only the bridge's direct path
+// claims it (ClaimMixed); the bridge's index never ranks it.
+const BridgeFBClass = "CUSTOM_VGPU_BRIDGE_FB_MIB"
+
+// MixedType is the TYPE of a mixed declaration (HOST/PF=mixed).
+const MixedType = "mixed"
+
 // OwnedDecl declares one vendor-VFIO GPU (its physical function) of a
 // compute host bridge-owned, offering vGPUs of TypeID on its VFs:
-// "HOST/PF=TYPE" in [placement] bridge_owned_vf_gpus.
+// "HOST/PF=TYPE" in [placement] bridge_owned_vf_gpus; or, with TypeID
+// MixedType ("HOST/PF=mixed"), vGPUs of every type its agent reports,
+// framebuffer being the limit.
 type OwnedDecl struct {
 	Host   string // Nova's compute service host (the agent's [DEFAULT] host)
 	PCI    string // the PF, 0000:c1:00.0
-	TypeID string // numeric vGPU type id, 1430
+	TypeID string // numeric vGPU type id, 1430; or MixedType
 }
+
+// Mixed reports whether d declares a mixed (heterogeneous) GPU.
+func (d OwnedDecl) Mixed() bool { return d.TypeID == MixedType }
 
 func (d OwnedDecl) String() string { return d.Host + "/" + d.PCI + "=" + d.TypeID }
 
-// ParseOwnedDecl parses "HOST/PF=TYPE" (fake-compute-0/0000:c1:00.0=1430).
+// ParseOwnedDecl parses "HOST/PF=TYPE" (fake-compute-0/0000:c1:00.0=1430)
+// or "HOST/PF=mixed".
 func ParseOwnedDecl(s string) (OwnedDecl, error) {
 	hostPCI, typ, ok := strings.Cut(strings.TrimSpace(s), "=")
 	if !ok {
@@ -52,19 +69,27 @@ func ParseOwnedDecl(s string) (OwnedDecl, error) {
 	if engine.PCIAddress(GPUProviderName("n", d.PCI)) == "" {
 		return OwnedDecl{}, fmt.Errorf("%q: %q is not a PCI address (DDDD:BB:SS.F)", s, d.PCI)
 	}
-	if d.TypeID == "" || strings.Trim(d.TypeID, "0123456789") != "" {
-		return OwnedDecl{}, fmt.Errorf("%q: %q is not a numeric vendor-VFIO type id", s, d.TypeID)
+	if strings.EqualFold(d.TypeID, MixedType) {
+		d.TypeID = MixedType
+	} else if d.TypeID == "" || strings.Trim(d.TypeID, "0123456789") != "" {
+		return OwnedDecl{}, fmt.Errorf("%q: %q is not a numeric vendor-VFIO type id or %s", s, d.TypeID, MixedType)
 	}
 	return d, nil
 }
 
 // OwnedGPU is what the bridge publishes for one bridge-owned GPU: a child
 // provider of the compute node's provider, named as Nova names a GPU's
-// (GPUProviderName), with Total units of BridgeClass and the type's trait.
+// (GPUProviderName), with Total units of BridgeClass and the type's trait;
+// for a mixed GPU (Mixed), Total MiB of BridgeFBClass and Traits.
 type OwnedGPU struct {
 	Node  string // the compute node's provider name
 	PCI   string // the PF
 	Trait string // the type trait, catalog.TraitFor(type id)
+	// Mixed: a mixed GPU; Total is MiB of BridgeFBClass: the GPU's
+	// framebuffer less what VFs Nova typed hold, and Traits are the
+	// traits of every type the agent reports on the GPU.
+	Mixed  bool
+	Traits []string
 	// Total is how many vGPUs of the type the GPU holds or can still
 	// hold: its VFs typed with it by the agent (the bridge's vGPUs) and
 	// the free VFs that can still take it (creatable_vgpu_types). The
@@ -89,6 +114,12 @@ func OwnedFromReport(decls []OwnedDecl, host string, r protocol.Report) []OwnedG
 			if !g.VendorVFIO || !strings.EqualFold(g.PCI, d.PCI) {
 				continue
 			}
+			if d.Mixed() {
+				if m, ok := mixedFromReport(node, d.PCI, g); ok {
+					out = append(out, m)
+				}
+				continue
+			}
 			total := 0
 			for _, t := range g.Types {
 				if t.ID == d.TypeID {
@@ -104,6 +135,38 @@ func OwnedFromReport(decls []OwnedDecl, host string, r protocol.Report) []OwnedG
 		}
 	}
 	return out
+}
+
+// mixedFromReport is a mixed GPU's worth: its framebuffer (NVML's total;
+// without NVML, the most any of its types fills: framebuffer × max
+// instances) less the framebuffer of the VFs another owner (Nova) typed,
+// and the traits of its types; false when the report tells no
+// framebuffer.
+func mixedFromReport(node, pci string, g protocol.GPU) (OwnedGPU, bool) {
+	fb := map[string]int{}
+	total := 0
+	var trs []string
+	for _, t := range g.Types {
+		if t.FramebufferMiB <= 0 {
+			continue
+		}
+		fb[t.ID] = t.FramebufferMiB
+		total = max(total, t.FramebufferMiB*max(t.MaxInstances, 1))
+		trs = append(trs, catalog.TraitFor(t.ID))
+	}
+	if g.MemoryTotalMiB != nil && *g.MemoryTotalMiB > 0 {
+		total = int(*g.MemoryTotalMiB)
+	}
+	for _, a := range g.Active {
+		if a.Owner != protocol.OwnerAgent {
+			total -= fb[a.TypeID]
+		}
+	}
+	if len(trs) == 0 || total <= 0 {
+		return OwnedGPU{}, false
+	}
+	slices.Sort(trs)
+	return OwnedGPU{Node: node, PCI: pci, Mixed: true, Traits: slices.Compact(trs), Total: total}, true
 }
 
 // ErrNotOwned says a provider with the name of a bridge-owned GPU exists
@@ -234,11 +297,18 @@ func (s *Service) PublishGPU(ctx context.Context, g OwnedGPU) (bool, string, err
 			s.log.Info("placement: bridge-owned GPU provider created", "provider", name, logkey.Provider, rp, "parent", root)
 		}
 	}
-	if err := ensureClass(ctx, sc, BridgeClass); err != nil {
+	class, wantTraits := BridgeClass, []string{g.Trait}
+	if g.Mixed {
+		class, wantTraits = BridgeFBClass, g.Traits
+		s.mixedRPs.Store(rp, g.PCI)
+	}
+	if err := ensureClass(ctx, sc, class); err != nil {
 		return changed, rp, err
 	}
-	if err := traits.Create(ctx, sc, g.Trait).ExtractErr(); err != nil {
-		return changed, rp, fmt.Errorf("create trait %s: %w", g.Trait, classify("PUT /traits/{name}", err))
+	for _, t := range wantTraits {
+		if err := traits.Create(ctx, sc, t).ExtractErr(); err != nil {
+			return changed, rp, fmt.Errorf("create trait %s: %w", t, classify("PUT /traits/{name}", err))
+		}
 	}
 	// With no VF left for the type, the inventory stays with its units
 	// reserved: deleting it would fail while vGPUs are allocated, and
@@ -249,14 +319,14 @@ func (s *Service) PublishGPU(ctx context.Context, g OwnedGPU) (bool, string, err
 		if err != nil {
 			return changed, rp, err
 		}
-		cur, ok := inv[BridgeClass]
+		cur, ok := inv[class]
 		if ok && len(inv) == 1 && cur == want {
 			break
 		}
-		err = putInventory(ctx, sc, rp, gen, map[string]engine.Inventory{BridgeClass: want})
+		err = putInventory(ctx, sc, rp, gen, map[string]engine.Inventory{class: want})
 		if err == nil {
 			changed = true
-			s.log.Info("placement: bridge-owned GPU inventory written", "provider", name, "class", BridgeClass, "total", g.Total)
+			s.log.Info("placement: bridge-owned GPU inventory written", "provider", name, "class", class, "total", g.Total)
 			break
 		}
 		if !IsConflict(err) || attempt >= 4 {
@@ -268,13 +338,13 @@ func (s *Service) PublishGPU(ctx context.Context, g OwnedGPU) (bool, string, err
 		if err != nil {
 			return changed, rp, err
 		}
-		if len(cur) == 1 && cur[0] == g.Trait {
+		if slices.Equal(slices.Sorted(slices.Values(cur)), slices.Sorted(slices.Values(wantTraits))) {
 			break
 		}
-		_, err = resourceproviders.UpdateTraits(ctx, sc, rp, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: gen, Traits: []string{g.Trait}}).Extract()
+		_, err = resourceproviders.UpdateTraits(ctx, sc, rp, resourceproviders.UpdateTraitsOpts{ResourceProviderGeneration: gen, Traits: wantTraits}).Extract()
 		if err == nil {
 			changed = true
-			s.log.Info("placement: bridge-owned GPU trait set", "provider", name, "trait", g.Trait)
+			s.log.Info("placement: bridge-owned GPU traits set", "provider", name, "traits", wantTraits)
 			break
 		}
 		if !gophercloud.ResponseCodeIs(err, 409) || attempt >= 4 {
@@ -301,7 +371,7 @@ func (s *Service) ownedProvider(ctx context.Context, name, root string) (string,
 		return "", err
 	}
 	for c := range maps.Keys(inv) {
-		if c != BridgeClass {
+		if c != BridgeClass && c != BridgeFBClass {
 			return "", fmt.Errorf("provider %s: %w: it has %s inventory (Nova's?)", name, ErrNotOwned, c)
 		}
 	}

@@ -1,7 +1,7 @@
 package placement
 
 import (
-	"slices"
+	"reflect"
 	"testing"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
@@ -15,6 +15,8 @@ func TestParseOwnedDecl(t *testing.T) {
 	}{
 		{in: "compute-7/0000:c1:00.0=1430", want: OwnedDecl{Host: "compute-7", PCI: "0000:c1:00.0", TypeID: "1430"}},
 		{in: " cn.example.org/0000:C1:00.0=1429 ", want: OwnedDecl{Host: "cn.example.org", PCI: "0000:c1:00.0", TypeID: "1429"}},
+		{in: "compute-7/0000:c1:00.0=Mixed", want: OwnedDecl{Host: "compute-7", PCI: "0000:c1:00.0", TypeID: MixedType}},
+		{in: "compute-7/0000:c1:00.0=mix", wantErr: true},
 		{in: "compute-7/0000:c1:00.0", wantErr: true},            // no type
 		{in: "0000:c1:00.0=1430", wantErr: true},                 // no host
 		{in: "compute-7/=1430", wantErr: true},                   // no PF
@@ -47,10 +49,39 @@ func TestOwnedFromReport(t *testing.T) {
 		{Node: "h1.nodes", PCI: "0000:c1:00.0", Trait: "CUSTOM_1429", Total: 2},
 		{Node: "h1.nodes", PCI: "0000:c2:00.0", Trait: "CUSTOM_1430", Total: 0},
 	}
-	if !slices.Equal(got, want) {
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("OwnedFromReport = %+v, want %+v", got, want)
 	}
 	if got := OwnedFromReport(decls, "h3", r); len(got) != 0 {
 		t.Errorf("another host's declarations: %+v", got)
+	}
+}
+
+// TestOwnedFromReportMixed: a mixed GPU offers its framebuffer (NVML's
+// total, or without it the most one of its types fills) less what Nova's
+// VFs hold, in MiB, and the traits of every type with a framebuffer; the
+// bridge's own VFs are its allocations, not subtracted.
+func TestOwnedFromReportMixed(t *testing.T) {
+	total := uint64(143771)
+	types := []protocol.VGPUType{{ID: "1428", FramebufferMiB: 143360, MaxInstances: 1}, {ID: "1430", FramebufferMiB: 35840, MaxInstances: 4},
+		{ID: "1429", FramebufferMiB: 71680, MaxInstances: 2, AvailableInstances: 1}}
+	active := []protocol.VGPU{{PCI: "0000:c1:00.4", TypeID: "1429", Owner: protocol.OwnerNova}, {PCI: "0000:c1:00.5", TypeID: "1430", Owner: protocol.OwnerAgent}}
+	for _, tc := range []struct {
+		name string
+		gpu  protocol.GPU
+		want []OwnedGPU
+	}{
+		{"nvml", protocol.GPU{PCI: "0000:c1:00.0", VendorVFIO: true, MemoryTotalMiB: &total, Types: types, Active: active},
+			[]OwnedGPU{{Node: "n", PCI: "0000:c1:00.0", Mixed: true, Traits: []string{"CUSTOM_1428", "CUSTOM_1429", "CUSTOM_1430"}, Total: 143771 - 71680}}},
+		{"no nvml", protocol.GPU{PCI: "0000:c1:00.0", VendorVFIO: true, Types: types},
+			[]OwnedGPU{{Node: "n", PCI: "0000:c1:00.0", Mixed: true, Traits: []string{"CUSTOM_1428", "CUSTOM_1429", "CUSTOM_1430"}, Total: 143360}}},
+		{"no framebuffer", protocol.GPU{PCI: "0000:c1:00.0", VendorVFIO: true, Types: []protocol.VGPUType{{ID: "1429"}}}, nil},
+		{"not vendor VFIO", protocol.GPU{PCI: "0000:c1:00.0", Types: types}, nil},
+	} {
+		r := protocol.Report{Host: "h1", Node: "n", GPUs: []protocol.GPU{tc.gpu}}
+		got := OwnedFromReport([]OwnedDecl{{Host: "h1", PCI: "0000:c1:00.0", TypeID: MixedType}}, "h1", r)
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: OwnedFromReport = %+v, want %+v", tc.name, got, tc.want)
+		}
 	}
 }

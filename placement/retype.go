@@ -79,6 +79,9 @@ func (s *Service) Retype(ctx context.Context, host, pf, typeID string) error {
 	if err != nil {
 		return err
 	}
+	if decl.Mixed() {
+		return fmt.Errorf("%s/%s: %w: %v", host, pf, ErrRetypeNotCreatable, errMixedNotRetyped)
+	}
 	from := decl.TypeID
 	if found {
 		if row.step != RetypeDone {

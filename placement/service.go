@@ -146,6 +146,8 @@ type Service struct {
 	excludeGPUs  []string          // provider uuids
 	nodeOf       map[string]string // compute service host → node
 	hostOf       map[string]string // node → compute service host
+
+	mixedRPs sync.Map // provider uuid → PF of the mixed bridge-owned GPUs this process published or claimed on
 }
 
 // New builds the service. pool may be nil (no mirror: the index is filled

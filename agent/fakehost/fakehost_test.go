@@ -216,6 +216,58 @@ func TestKernelEmulationVFIO(t *testing.T) {
 	}
 }
 
+// TestKernelEmulationVFIOHeterogeneous: in heterogeneous mode VFs of
+// types of different framebuffer sizes coexist on the H200-like GPU, and
+// creatable_vgpu_types lists only what the framebuffer left still holds.
+func TestKernelEmulationVFIOHeterogeneous(t *testing.T) {
+	ctx := context.Background()
+	spec := DefaultSpec()
+	spec.VFIOGPUs[0].Heterogeneous = true
+	h, err := Build(t.TempDir(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := func(vf sysfs.VF) []string {
+		var out []string
+		for _, c := range vf.Creatable {
+			out = append(out, c.ID)
+		}
+		return out
+	}
+	// 0000:c1:00.4 holds a 70C (71680 MiB) of the 143771 MiB.
+	steps := []struct {
+		vf, typ string
+		want    []string // creatable on a free VF afterwards
+	}{
+		{"", "", []string{"1429", "1430", "1431"}},         // 72091 MiB left: no 141C
+		{"0000:c1:00.5", "1430", []string{"1430", "1431"}}, // a 35C beside the 70C: 36251 left
+		{"0000:c1:00.6", "1431", []string{"1431"}},         // a 17C: 18843 left
+		{"0000:c1:00.7", "1431", nil},                      // a second 17C: 1435 left
+	}
+	for _, st := range steps {
+		if st.vf != "" {
+			if err := h.Sysfs.SetVFType(ctx, pci.MustParse(st.vf), st.typ); err != nil {
+				t.Fatalf("type %s %s: %v", st.vf, st.typ, err)
+			}
+		}
+		vfs, _ := h.Sysfs.VFs(ctx)
+		if got := ids(vfs[7]); !slices.Equal(got, st.want) {
+			t.Errorf("after %s=%s creatable = %v, want %v", st.vf, st.typ, got, st.want)
+		}
+	}
+	if err := h.Sysfs.SetVFType(ctx, pci.MustParse("0000:c1:01.0"), "1431"); !errors.Is(err, hosterr.ErrNoCapacity) {
+		t.Errorf("a third 17C on a full GPU: %v", err)
+	}
+	// Freeing the 35C gives its framebuffer back.
+	if err := h.Sysfs.SetVFType(ctx, pci.MustParse("0000:c1:00.5"), "0"); err != nil {
+		t.Fatal(err)
+	}
+	vfs, _ := h.Sysfs.VFs(ctx)
+	if got := ids(vfs[7]); !slices.Equal(got, []string{"1430", "1431"}) {
+		t.Errorf("after the 35C's release creatable = %v, want [1430 1431]", got)
+	}
+}
+
 func TestLibvirtMatches(t *testing.T) {
 	ctx := context.Background()
 	h, err := Build(t.TempDir(), DefaultSpec())

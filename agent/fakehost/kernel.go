@@ -321,8 +321,10 @@ func vfCurrent(root string, g VFIOGPU) map[pci.Addr]string {
 }
 
 // recomputeVFs rewrites every VF's creatable_vgpu_types: a type is
-// creatable while its instance count is below its maximum, the framebuffer
-// fits and (no heterogeneous mode on vendor VFIO here) no other type is in use.
+// creatable while its instance count is below its maximum, its framebuffer
+// fits in what the typed VFs leave of the GPU's and, unless the GPU is in
+// heterogeneous mode (types of different sizes coexist), no other type is
+// in use. The list shrinks as VFs are typed, as the driver's does.
 func recomputeVFs(root string, g VFIOGPU) error {
 	cur := vfCurrent(root, g)
 	counts := map[string]int{}
@@ -339,7 +341,7 @@ func recomputeVFs(root string, g VFIOGPU) error {
 	for _, t := range g.Types {
 		other := false
 		for id, n := range counts {
-			if id != t.ID && n > 0 {
+			if !g.Heterogeneous && id != t.ID && n > 0 {
 				other = true
 			}
 		}

@@ -214,7 +214,7 @@ func (h *Host) MockGPUs() []gpu.MockGPU {
 		}
 		out = append(out, gpu.MockGPU{
 			Name: g.Name, UUID: gpuUUID(g.Addr), Addr: g.Addr, MemoryMB: g.MemoryMB, PciDeviceID: devID(g.DeviceID),
-			HostVGPUMode: "sriov", Types: vgpuTypes(g.Types),
+			HostVGPUMode: "sriov", Heterogeneous: g.Heterogeneous, Types: vgpuTypes(g.Types),
 			UtilGPU: uint32(55 + 5*i), UtilMem: 30, TempC: 38, PowerMW: 310000, SMClockMHz: 1980, MemClockMHz: 3201,
 			Active: func() []gpu.MockVGPU {
 				list, _ := h.Sysfs.VFs(ctx)

@@ -71,6 +71,11 @@ type VFIOGPU struct {
 	BAR1MB     uint64            `json:"bar1_mb"`
 	Types      []Type            `json:"types"`
 	Current    map[string]string `json:"current,omitempty"` // VF address → type id at build time
+	// Heterogeneous is the driver's mixed-size mode (vGPU 17+ on
+	// Ada/Hopper): VFs of types of different framebuffer sizes coexist
+	// on the GPU and framebuffer is the limit. Off, the GPU holds one
+	// type at a time.
+	Heterogeneous bool `json:"heterogeneous,omitempty"`
 }
 
 // VFs returns the VF addresses: PF function + 4 + i, continuing into the

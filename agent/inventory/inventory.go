@@ -475,6 +475,19 @@ func (s *Scanner) scanVFIO(ctx context.Context, inv *Inventory, get func(pci.Add
 			}
 		}
 		slices.SortFunc(ids, func(a, b string) int { x, _ := typeNum(a); y, _ := typeNum(b); return int(x) - int(y) })
+		// In heterogeneous mode every free VF lists each type that fits
+		// once more: how many fit is the framebuffer the typed VFs leave.
+		var leftMiB uint64
+		hetero := ng.Heterogeneous != nil && *ng.Heterogeneous && ng.Memory.Total > 0
+		if hetero {
+			var used uint64
+			for id, k := range inUse {
+				if n, ok := typeNum(id); ok {
+					used += uint64(k) * nvTypes[n].FramebufferMB
+				}
+			}
+			leftMiB = ng.Memory.Total>>20 - min(used, ng.Memory.Total>>20)
+		}
 		for _, id := range ids {
 			t := Type{ID: id, Name: names[id], InUse: inUse[id], Available: free[id]}
 			if n, ok := typeNum(id); ok {
@@ -482,6 +495,11 @@ func (s *Scanner) scanVFIO(ctx context.Context, inv *Inventory, get func(pci.Add
 					t.Class, t.FramebufferMB, t.MaxInstances = nt.Class, nt.FramebufferMB, nt.MaxInstances
 					if nt.MaxInstances > 0 {
 						t.Available = max(0, min(t.Available, nt.MaxInstances-t.InUse))
+					}
+					if hetero && nt.FramebufferMB > 0 {
+						// The driver's list is the word on one more; the
+						// framebuffer left caps how many beyond it.
+						t.Available = max(min(t.Available, int(leftMiB/nt.FramebufferMB)), min(t.Available, 1))
 					}
 				}
 			}

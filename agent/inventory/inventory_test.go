@@ -419,3 +419,33 @@ func TestMIGBackedTypesRefused(t *testing.T) {
 		t.Errorf("table does not show the refusal:\n%s", out.String())
 	}
 }
+
+// TestScanVFIOHeterogeneous: on a vendor-VFIO GPU in heterogeneous mode
+// every free VF lists each type that fits once more; the scan counts how
+// many of each the framebuffer left still holds (the 70C of Nova's VF and
+// a 35C leave 36251 of 143771 MiB: one 35C or two 17C, no 70C).
+func TestScanVFIOHeterogeneous(t *testing.T) {
+	ctx := context.Background()
+	spec := fakehost.DefaultSpec()
+	spec.VFIOGPUs[0].Heterogeneous = true
+	s, h := scanner(t, spec)
+	if err := h.Sysfs.SetVFType(ctx, pci.MustParse("0000:c1:00.5"), "1430"); err != nil {
+		t.Fatal(err)
+	}
+	inv, err := s.Scan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h200 := inv.GPUs[1]
+	if h200.Heterogeneous == nil || !*h200.Heterogeneous {
+		t.Errorf("heterogeneous = %v, want true (NVML's mode)", h200.Heterogeneous)
+	}
+	for _, c := range []struct {
+		id           string
+		inUse, avail int
+	}{{"1428", 0, 0}, {"1429", 1, 0}, {"1430", 1, 1}, {"1431", 0, 2}} {
+		if got := findType(h200, c.id); got.InUse != c.inUse || got.Available != c.avail {
+			t.Errorf("%s: in use %d, available %d; want %d, %d", c.id, got.InUse, got.Available, c.inUse, c.avail)
+		}
+	}
+}

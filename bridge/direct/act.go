@@ -16,6 +16,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
@@ -137,12 +138,19 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 					Provider: mc.Provider, Class: mc.Class, Amount: 1, HeldAfter: mc.Held, PCIAddress: p.d.Placement.GPUAddress(mc.Provider),
 					TypeID: s.Intent.TypeID, Profile: s.Intent.Profile, Trait: s.Intent.Trait, Mode: s.Mode, State: flow.AttPending,
 					FrameRateLimit: s.Intent.FrameRateLimit}
-				for u := 0; u < mc.Amount; u++ {
+				// One vGPU a unit; on a mixed GPU, its type's framebuffer (MiB).
+				vgpus, per := mc.Amount, 1
+				if mc.Class == placement.BridgeFBClass {
+					vgpus = max(s.Intent.Count, 1)
+					per = mc.Amount / vgpus
+					a.Units = per
+				}
+				for u := 0; u < vgpus; u++ {
 					b := a
 					if u > 0 {
 						b.ID = uuid.New()
 					}
-					b.HeldAfter = mc.Held - (mc.Amount - 1 - u)
+					b.HeldAfter = mc.Held - per*(vgpus-1-u)
 					if IsVF(b) {
 						// A bridge-owned VF GPU: the vGPU is one of its free VFs.
 						vf, err := vfs.pick(ctx, b.Host, a.PCIAddress)
@@ -172,7 +180,7 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 				if IsVF(a) {
 					on = " (VF " + atts[len(atts)-1].PCIAddress + ")"
 				}
-				summary = append(summary, fmt.Sprintf("attach %d × %s on %s GPU %s%s%s", mc.Amount, s.Intent.Profile, f.Instance.Host, a.PCIAddress, on, frl))
+				summary = append(summary, fmt.Sprintf("attach %d × %s on %s GPU %s%s%s", vgpus, s.Intent.Profile, f.Instance.Host, a.PCIAddress, on, frl))
 			}
 		case flow.StepRelease:
 			for _, a := range s.Release {
@@ -322,6 +330,9 @@ func (p *Path) Claim(ctx context.Context, reqID uuid.UUID, f pipeline.Facts, s f
 		Node: f.Instance.Node, Trait: s.Intent.Trait, Count: n, Read: read, Exclude: s.Exclude}
 	cl, err := p.d.Placement.Claim(ctx, spec)
 	if errors.Is(err, pipeline.ErrNoCapacity) {
+		cl, err = p.mixedClaim(ctx, f, spec, err)
+	}
+	if errors.Is(err, pipeline.ErrNoCapacity) {
 		cl, err = p.retypeAndClaim(ctx, reqID, f, s, spec, err)
 	}
 	if err != nil {
@@ -332,6 +343,26 @@ func (p *Path) Claim(ctx context.Context, reqID uuid.UUID, f pipeline.Facts, s f
 		return []pipeline.Claim{mc}, fmt.Errorf("%w: provider %s", pipeline.ErrNoAddress, cl.Provider)
 	}
 	return []pipeline.Claim{mc}, nil
+}
+
+// mixedClaim is what a claim that found no GPU of its type with room
+// (noCap) tries next: the type's framebuffer on a mixed bridge-owned GPU
+// of the instance's host ([placement] bridge_owned_vf_gpus =
+// HOST/PF=mixed), Placement checking that it fits. A host with no mixed
+// GPU keeps noCap as it is.
+func (p *Path) mixedClaim(ctx context.Context, f pipeline.Facts, spec pipeline.ClaimSpec, noCap error) (pipeline.Claimed, error) {
+	mc, ok := p.d.Placement.(pipeline.MixedClaimer)
+	if !ok {
+		return pipeline.Claimed{}, noCap
+	}
+	cl, err := mc.ClaimMixed(ctx, f.Instance.Host, spec)
+	switch {
+	case errors.Is(err, placement.ErrNoMixedGPUs):
+		return pipeline.Claimed{}, noCap
+	case errors.Is(err, pipeline.ErrNoCapacity):
+		return pipeline.Claimed{}, fmt.Errorf("%w; mixed GPUs: %v", noCap, err)
+	}
+	return cl, err
 }
 
 // retypeAndClaim is what a claim that found no capacity (noCap) does

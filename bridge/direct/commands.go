@@ -67,7 +67,9 @@ func AttachCommands(a flow.Attachment, requestID string, issued, expires time.Ti
 // vendor-VFIO GPU: its provider's class is placement.BridgeClass (the
 // bridge owns VF GPUs only; [placement] bridge_owned_vf_gpus) and its
 // PCIAddress is the VF.
-func IsVF(a flow.Attachment) bool { return a.Class == placement.BridgeClass }
+func IsVF(a flow.Attachment) bool {
+	return a.Class == placement.BridgeClass || a.Class == placement.BridgeFBClass
+}
 
 // attachParams are the attach_vgpu params of a in mode.
 func attachParams(a flow.Attachment, mode string) protocol.AttachParams {

@@ -58,8 +58,8 @@ func (v *vfPicker) pick(ctx context.Context, host, pf string) (string, error) {
 		return "", fmt.Errorf("%w: the agent reports none free on GPU %s", errNoFreeVF, pf)
 	}
 	rows, err := v.tx.Query(ctx, `SELECT pci_address FROM vgpu_attachments
-		WHERE host = $1 AND resource_class = $2 AND pci_address = ANY($3) AND state NOT IN ($4, $5)`,
-		host, placement.BridgeClass, free, flow.AttReleased, flow.AttFailed)
+		WHERE host = $1 AND resource_class = ANY($2) AND pci_address = ANY($3) AND state NOT IN ($4, $5)`,
+		host, []string{placement.BridgeClass, placement.BridgeFBClass}, free, flow.AttReleased, flow.AttFailed)
 	if err != nil {
 		return "", fmt.Errorf("pick a VF of %s on %s: %w", pf, host, err)
 	}

@@ -185,7 +185,9 @@ func Detect(s *Snapshot) []Finding {
 			continue
 		}
 		active[a.ID] = a
-		if a.Provider == "" {
+		// A mixed GPU's provider is not mirrored (its class is no GPU
+		// class of the index): its claims are not compared here.
+		if a.Provider == "" || a.Class == placement.BridgeFBClass {
 			continue
 		}
 		k := cp{a.Instance, a.Provider}
@@ -268,7 +270,7 @@ func Detect(s *Snapshot) []Finding {
 		for _, g := range h.Report.GPUs {
 			for i := range g.Active {
 				// A bridge-owned VF GPU's vGPU is its VF (a.PCI).
-				if g.Active[i].MdevUUID == a.ID || (a.Class == placement.BridgeClass && a.PCI != "" && g.Active[i].PCI == a.PCI) {
+				if g.Active[i].MdevUUID == a.ID || ((a.Class == placement.BridgeClass || a.Class == placement.BridgeFBClass) && a.PCI != "" && g.Active[i].PCI == a.PCI) {
 					found = &g.Active[i]
 				}
 			}

@@ -84,6 +84,17 @@ func TestDetect(t *testing.T) {
 			s.Allocations[provA][instA] = 1
 			active(s, protocol.VGPU{PCI: "0000:c1:00.6", TypeID: "1429", InstanceUUID: instA, Owner: protocol.OwnerAgent})
 		}, []want{{MissingDevice, false, 0}}},
+		{"a mixed GPU's vGPU is found by its VF; its unmirrored claim is not compared", func(s *Snapshot) {
+			a := att
+			a.Class, a.PCI, a.Provider = placement.BridgeFBClass, "0000:c1:00.5", "bbbbbbbb-0000-0000-0000-00000000000f"
+			s.Attachments = []AttachmentView{a}
+			active(s, protocol.VGPU{PCI: "0000:c1:00.5", TypeID: "1430", InstanceUUID: instA, Owner: protocol.OwnerAgent})
+		}, nil},
+		{"a mixed GPU's vGPU missing from the report", func(s *Snapshot) {
+			a := att
+			a.Class, a.PCI, a.Provider = placement.BridgeFBClass, "0000:c1:00.5", "bbbbbbbb-0000-0000-0000-00000000000f"
+			s.Attachments = []AttachmentView{a}
+		}, []want{{MissingDevice, false, 0}}},
 		{"report older than the attach is not judged", func(s *Snapshot) {
 			a := att
 			a.UpdatedAt = now.Add(time.Minute)

@@ -46,4 +46,16 @@ type Attachment struct {
 	// FrameRateLimit is the workload's frame-rate limiter (nil: the
 	// driver's default), sent with every attach of this vGPU.
 	FrameRateLimit *bool
+	// Units are the Placement units of Class the vGPU holds when they are
+	// not Amount (0): a vGPU of a mixed bridge-owned GPU holds its type's
+	// framebuffer, in MiB of placement.BridgeFBClass.
+	Units int
+}
+
+// PlacementUnits are the units of Class the vGPU holds in Placement.
+func (a Attachment) PlacementUnits() int {
+	if a.Units > 0 {
+		return a.Units
+	}
+	return max(a.Amount, 1)
 }

@@ -82,6 +82,17 @@ type Retyper interface {
 	RetypeFor(ctx context.Context, r RetypeSpec) (Retyped, error)
 }
 
+// MixedClaimer is what a Placement with mixed bridge-owned VF GPUs
+// ([placement] bridge_owned_vf_gpus = HOST/PF=mixed) adds: the direct
+// path claims a type's framebuffer there when no GPU of the type has room.
+type MixedClaimer interface {
+	// ClaimMixed claims c.Count vGPUs of c.Trait on a mixed GPU of host:
+	// Claimed.Amount is their framebuffer in MiB (of
+	// placement.BridgeFBClass), Amount/Count each. ErrNoCapacity when
+	// none of the host's holds it (or the host has none).
+	ClaimMixed(ctx context.Context, host string, c ClaimSpec) (Claimed, error)
+}
+
 // RetypeSpec is the claim that found no capacity.
 type RetypeSpec struct {
 	Host    string // the instance's compute service host
@@ -107,9 +118,23 @@ type ServiceAdapter struct {
 }
 
 var (
-	_ Placement = ServiceAdapter{}
-	_ Retyper   = ServiceAdapter{}
+	_ Placement    = ServiceAdapter{}
+	_ Retyper      = ServiceAdapter{}
+	_ MixedClaimer = ServiceAdapter{}
 )
+
+// ClaimMixed implements MixedClaimer.
+func (a ServiceAdapter) ClaimMixed(ctx context.Context, host string, c ClaimSpec) (Claimed, error) {
+	cl, err := a.S.ClaimMixed(ctx, placement.MixedClaim{Consumer: c.Consumer, ProjectID: c.ProjectID, UserID: c.UserID, Host: host,
+		Trait: c.Trait, Count: c.Count, Exclude: c.Exclude, Read: c.Read})
+	if errors.Is(err, placement.ErrNoCapacity) {
+		return Claimed{}, fmt.Errorf("%w: %w", ErrNoCapacity, err)
+	}
+	if err != nil {
+		return Claimed{}, err
+	}
+	return Claimed{Provider: cl.Provider, Node: c.Node, Class: cl.Class, Amount: cl.Amount, Held: cl.Held}, nil
+}
 
 // Claim implements Placement.
 func (a ServiceAdapter) Claim(ctx context.Context, c ClaimSpec) (Claimed, error) {
@@ -195,7 +220,7 @@ func (a ServiceAdapter) GPUAddress(provider string) string {
 	if g, ok := a.S.Index().Lookup(provider); ok {
 		return g.PCIAddress()
 	}
-	return ""
+	return a.S.MixedPCI(provider)
 }
 
 // ReleaseUnits implements Placement.

@@ -126,7 +126,7 @@ func (r releaser) made(ctx context.Context, rel []flow.Attachment) {
 	failpoint.Hit(FailBeforePlacement)
 	done := make([]uuid.UUID, 0, len(rel))
 	for _, a := range rel {
-		if err := r.pl.ReleaseUnits(ctx, a.InstanceUUID, a.Provider, a.Class, max(a.Amount, 1), a.HeldAfter); err != nil {
+		if err := r.pl.ReleaseUnits(ctx, a.InstanceUUID, a.Provider, a.Class, a.PlacementUnits(), a.HeldAfter); err != nil {
 			r.log.Warn("pipeline: a planned release failed; the sweep tries again", "attachment", a.ID, logkey.Instance, a.InstanceUUID,
 				logkey.Provider, a.Provider, logkey.Err, err)
 			if err := requests.ReleaseFailed(ctx, r.pool, a.ID, err.Error(), releaseLease); err != nil {

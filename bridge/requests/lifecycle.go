@@ -205,7 +205,7 @@ func Sent(ctx context.Context, q Execer, id uuid.UUID, signed []byte) error {
 // AttachmentColumns are the columns ScanAttachments reads, in order.
 const AttachmentColumns = `id, instance_uuid::text, coalesce(request_id, '00000000-0000-0000-0000-000000000000'::uuid), host, coalesce(node,''),
 	coalesce(provider_uuid::text,''), coalesce(resource_class,''), amount, coalesce(held_after,0), coalesce(pci_address,''),
-	coalesce(type_id,''), coalesce(profile,''), coalesce(trait,''), coalesce(mode,''), state, frame_rate_limit`
+	coalesce(type_id,''), coalesce(profile,''), coalesce(trait,''), coalesce(mode,''), state, frame_rate_limit, coalesce(units,0)`
 
 // ScanAttachments reads rows of AttachmentColumns and closes rows.
 func ScanAttachments(rows pgx.Rows) ([]flow.Attachment, error) {
@@ -214,7 +214,7 @@ func ScanAttachments(rows pgx.Rows) ([]flow.Attachment, error) {
 	for rows.Next() {
 		var a flow.Attachment
 		if err := rows.Scan(&a.ID, &a.InstanceUUID, &a.RequestID, &a.Host, &a.Node, &a.Provider, &a.Class, &a.Amount, &a.HeldAfter,
-			&a.PCIAddress, &a.TypeID, &a.Profile, &a.Trait, &a.Mode, &a.State, &a.FrameRateLimit); err != nil {
+			&a.PCIAddress, &a.TypeID, &a.Profile, &a.Trait, &a.Mode, &a.State, &a.FrameRateLimit, &a.Units); err != nil {
 			return nil, fmt.Errorf("read attachments: %w", err)
 		}
 		out = append(out, a)
@@ -229,10 +229,10 @@ func ScanAttachments(rows pgx.Rows) ([]flow.Attachment, error) {
 func AddAttachments(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.Attachment) error {
 	for _, a := range atts {
 		if _, err := q.Exec(ctx, `INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
-				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 'pending', $15)`,
+				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit, units)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 'pending', $15, nullif($16, 0))`,
 			a.ID, a.InstanceUUID, reqID, a.Host, a.Node, a.Provider, a.Class, a.Amount, a.HeldAfter, a.PCIAddress, a.TypeID, a.Profile, a.Trait, a.Mode,
-			a.FrameRateLimit); err != nil {
+			a.FrameRateLimit, a.Units); err != nil {
 			return fmt.Errorf("request %s: record attachment %s: %w", reqID, a.ID, err)
 		}
 	}
@@ -247,7 +247,9 @@ func RecordAct(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.Attac
 	ids, insts, hosts, nodes, provs := make([][16]byte, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	classes, amounts, held, pcis := make([]string, n), make([]int32, n), make([]int32, n), make([]string, n)
 	types, profiles, traits, modes, frls := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]pgtype.Bool, n)
+	units := make([]int32, n)
 	for i, a := range atts {
+		units[i] = int32(a.Units)
 		ids[i], insts[i], hosts[i], nodes[i], provs[i] = [16]byte(a.ID), a.InstanceUUID, a.Host, a.Node, a.Provider
 		classes[i], amounts[i], held[i], pcis[i] = a.Class, int32(a.Amount), int32(a.HeldAfter), a.PCIAddress
 		types[i], profiles[i], traits[i], modes[i] = a.TypeID, a.Profile, a.Trait, a.Mode
@@ -267,17 +269,17 @@ func RecordAct(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.Attac
 	}
 	if _, err := q.Exec(ctx, `WITH a AS (
 			INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
-				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit)
-			SELECT id, inst::uuid, $1, host, node, prov::uuid, class, amount, held, pci, typ, prof, trait, mode, 'pending', frl
+				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit, units)
+			SELECT id, inst::uuid, $1, host, node, prov::uuid, class, amount, held, pci, typ, prof, trait, mode, 'pending', frl, nullif(units, 0)
 			FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::text[],
-				$11::text[], $12::text[], $13::text[], $14::text[], $15::bool[])
-				AS t(id, inst, host, node, prov, class, amount, held, pci, typ, prof, trait, mode, frl))
+				$11::text[], $12::text[], $13::text[], $14::text[], $15::bool[], $25::int[])
+				AS t(id, inst, host, node, prov, class, amount, held, pci, typ, prof, trait, mode, frl, units))
 		INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, attachment_id, instance_uuid)
 		SELECT id::uuid, $1, host, kind, body::jsonb, exp, seq, $16, att, nullif(inst, '')::uuid
 		FROM unnest($17::text[], $18::text[], $19::text[], $20::text[], $21::timestamptz[], $22::int[], $23::uuid[], $24::text[])
 			AS c(id, host, kind, body, exp, seq, att, inst)`,
 		reqID, ids, insts, hosts, nodes, provs, classes, amounts, held, pcis, types, profiles, traits, modes, frls,
-		purpose, cids, chosts, kinds, bodies, expires, seqs, catts, cinsts); err != nil {
+		purpose, cids, chosts, kinds, bodies, expires, seqs, catts, cinsts, units); err != nil {
 		return fmt.Errorf("request %s: record %d attachment(s) and %d command(s): %w", reqID, n, m, err)
 	}
 	return nil

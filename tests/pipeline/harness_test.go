@@ -101,11 +101,15 @@ type worldOpts struct {
 	gpuBTotal   int            // and its VGPU total (default 4)
 	gpuBForeign string         // an mdev of this type on gpuB that Placement does not know of
 	projects    map[int]string // the project of w.domains[i], in Placement and the bridge (default w.project)
+	vfHetero    bool           // the VF GPU in the driver's heterogeneous (mixed-size) mode
 }
 
 type worldOpt func(*worldOpts)
 
 func withDomains(n int) worldOpt { return func(o *worldOpts) { o.moreDomains = n } }
+
+// withVFHetero puts the fake host's VF GPU in heterogeneous mode.
+func withVFHetero() worldOpt { return func(o *worldOpts) { o.vfHetero = true } }
 
 // withProjects puts w.domains[i] in project projects[i] (Placement's
 // consumer and the bridge's instance row).
@@ -159,6 +163,7 @@ func newWorldWith(t *testing.T, rulesYAML string, opts ...worldOpt) *world {
 	for i := range spec.Domains {
 		spec.Domains[i].UUID = uuid.NewString()
 	}
+	spec.VFIOGPUs[0].Heterogeneous = o.vfHetero
 	if o.gpuBForeign != "" {
 		spec.MdevGPUs[1].Mdevs = append(spec.MdevGPUs[1].Mdevs, fakehost.Mdev{UUID: uuid.NewString(), Type: o.gpuBForeign})
 	}

@@ -154,6 +154,15 @@ func (o outsideTx) ReleaseUnits(ctx context.Context, consumer, provider, class s
 
 func (o outsideTx) GPUAddress(provider string) string { return o.p.GPUAddress(provider) }
 
+// ClaimMixed passes the pipeline's claims on mixed GPUs through, checked.
+func (o outsideTx) ClaimMixed(ctx context.Context, host string, c pipeline.ClaimSpec) (pipeline.Claimed, error) {
+	o.check("claim on a mixed GPU for " + c.Consumer)
+	if o.claimErr != nil {
+		return pipeline.Claimed{}, o.claimErr
+	}
+	return o.p.(pipeline.MixedClaimer).ClaimMixed(ctx, host, c)
+}
+
 // RetypeFor passes the pipeline's re-types on demand through, checked: a
 // re-type calls Placement.
 func (o outsideTx) RetypeFor(ctx context.Context, r pipeline.RetypeSpec) (pipeline.Retyped, error) {
