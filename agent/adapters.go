@@ -207,7 +207,11 @@ func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
 			pg.Types = append(pg.Types, protocol.VGPUType{ID: t.ID, Name: t.Name, FramebufferMiB: int(t.FramebufferMB),
 				MaxInstances: t.MaxInstances, AvailableInstances: t.Available})
 		}
+		pg.DeviceID = pciID(g.DeviceID)
 		for _, vf := range g.VFs {
+			if pg.VFDeviceID == "" {
+				pg.VFDeviceID = pciID(vf.DeviceID)
+			}
 			if vf.Current == "" {
 				pg.FreeVFs = append(pg.FreeVFs, vf.Addr.String())
 			}
@@ -242,6 +246,16 @@ func ToReport(inv *inventory.Inventory, j *journal.Journal) protocol.Report {
 		rep.GPUs = append(rep.GPUs, pg)
 	}
 	return rep
+}
+
+// pciID is a sysfs PCI id ("0x2335") as Nova writes product_id: 4 lower
+// hex digits; "" when id is not one.
+func pciID(id string) string {
+	id = strings.ToLower(strings.TrimPrefix(strings.TrimSpace(id), "0x"))
+	if len(id) != 4 || strings.Trim(id, "0123456789abcdef") != "" {
+		return ""
+	}
+	return id
 }
 
 // healthCache answers GPU health from an inventory scan at most ttl old:

@@ -198,7 +198,7 @@ func (b *builder) build(spec Spec) {
 		b.file(d+"/sriov_totalvfs", strconv.Itoa(g.TotalVFs)+"\n")
 		b.file(d+"/sriov_numvfs", strconv.Itoa(g.NumVFs)+"\n")
 		for i, vf := range g.VFs() {
-			vd := b.pciFunc(vf, "0x10de", g.DeviceID, "0x030200", "nvidia", g.IOMMUGroup+1+i, []uint64{16 << 20, 0, 0, 0, 0})
+			vd := b.pciFunc(vf, "0x10de", g.VFDevice(), "0x030200", "nvidia", g.IOMMUGroup+1+i, []uint64{16 << 20, 0, 0, 0, 0})
 			b.link(vd+"/physfn", "../"+g.Addr.String())
 			b.link(d+"/virtfn"+strconv.Itoa(i), "../"+vf.String())
 			cur := g.Current[vf.String()]

@@ -59,7 +59,7 @@ func LibvirtXML(spec Spec) string {
 		a := g.Addr
 		pciDev(a.Libvirt(), int(a.Domain), int(a.Bus), int(a.Slot), int(a.Func), g.DeviceID, g.Name, "")
 		for _, vf := range g.VFs() {
-			pciDev(vf.Libvirt(), int(vf.Domain), int(vf.Bus), int(vf.Slot), int(vf.Func), g.DeviceID, g.Name+" Virtual Function", "")
+			pciDev(vf.Libvirt(), int(vf.Domain), int(vf.Bus), int(vf.Slot), int(vf.Func), g.VFDevice(), g.Name+" Virtual Function", "")
 		}
 	}
 	b.WriteString("</node>\n")

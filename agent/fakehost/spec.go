@@ -61,9 +61,11 @@ type MdevGPU struct {
 
 // VFIOGPU is an SR-IOV GPU with NVIDIA's vendor VFIO (vGPU 17+, Ada/Hopper).
 type VFIOGPU struct {
-	Addr       pci.Addr          `json:"address"`
-	Name       string            `json:"name"`      // "NVIDIA H200"
-	DeviceID   string            `json:"device_id"` // "0x2335"
+	Addr     pci.Addr `json:"address"`
+	Name     string   `json:"name"`      // "NVIDIA H200"
+	DeviceID string   `json:"device_id"` // "0x2335"
+	// VFDeviceID is the VFs' PCI device id when it is not the PF's.
+	VFDeviceID string            `json:"vf_device_id,omitempty"`
 	MemoryMB   uint64            `json:"memory_mb"`
 	TotalVFs   int               `json:"total_vfs"`
 	NumVFs     int               `json:"num_vfs"`
@@ -76,6 +78,14 @@ type VFIOGPU struct {
 	// on the GPU and framebuffer is the limit. Off, the GPU holds one
 	// type at a time.
 	Heterogeneous bool `json:"heterogeneous,omitempty"`
+}
+
+// VFDevice is the VFs' PCI device id: VFDeviceID, else the PF's.
+func (g VFIOGPU) VFDevice() string {
+	if g.VFDeviceID != "" {
+		return g.VFDeviceID
+	}
+	return g.DeviceID
 }
 
 // VFs returns the VF addresses: PF function + 4 + i, continuing into the

@@ -151,6 +151,7 @@ type VF struct {
 	Addr      pci.Addr `json:"address"`
 	Current   string   `json:"current,omitempty"`
 	Creatable []string `json:"creatable"`
+	DeviceID  string   `json:"device_id,omitempty"` // the VF's PCI device id, "0x2335"
 }
 
 // DomainRef is a domain and its vGPU devices.
@@ -431,7 +432,7 @@ func (s *Scanner) scanVFIO(ctx context.Context, inv *Inventory, get func(pci.Add
 		names := map[string]string{}
 		var ids []string
 		for _, vf := range byPF[pfAddr] {
-			info := VF{Addr: vf.Addr, Current: vf.Current, Creatable: []string{}}
+			info := VF{Addr: vf.Addr, Current: vf.Current, Creatable: []string{}, DeviceID: vf.DeviceID}
 			for _, t := range vf.Creatable {
 				info.Creatable = append(info.Creatable, t.ID)
 				if _, ok := names[t.ID]; !ok {

@@ -18,6 +18,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/inventory"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/libvirt"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
 )
 
@@ -447,5 +448,39 @@ func TestScanVFIOHeterogeneous(t *testing.T) {
 		if got := findType(h200, c.id); got.InUse != c.inUse || got.Available != c.avail {
 			t.Errorf("%s: in use %d, available %d; want %d, %d", c.id, got.InUse, got.Available, c.inUse, c.avail)
 		}
+	}
+}
+
+// TestReportDeviceIDs: the report carries the GPUs' PCI device ids as
+// Nova's product_id (4 hex digits), the VFs' read from their own sysfs
+// device file, which may differ from the PF's.
+func TestReportDeviceIDs(t *testing.T) {
+	for _, tc := range []struct{ name, vfDev, want string }{
+		{"same as the PF", "", "2335"},
+		{"own VF id", "0x233B", "233b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := fakehost.DefaultSpec()
+			spec.Domains = nil
+			spec.VFIOGPUs[0].VFDeviceID = tc.vfDev
+			s, _ := scanner(t, spec)
+			inv, err := s.Scan(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep := agent.ToReport(inv, nil)
+			i := slices.IndexFunc(rep.GPUs, func(g protocol.GPU) bool { return g.PCI == spec.VFIOGPUs[0].Addr.String() })
+			if i < 0 {
+				t.Fatalf("no report of %s: %+v", spec.VFIOGPUs[0].Addr, rep.GPUs)
+			}
+			if g := rep.GPUs[i]; g.DeviceID != "2335" || g.VFDeviceID != tc.want || !g.VendorVFIO {
+				t.Errorf("device_id %q vf_device_id %q, want 2335 and %s", g.DeviceID, g.VFDeviceID, tc.want)
+			}
+			for _, g := range rep.GPUs {
+				if !g.VendorVFIO && (g.DeviceID != "1eb8" || g.VFDeviceID != "") {
+					t.Errorf("%s: device_id %q vf_device_id %q, want 1eb8 and none", g.PCI, g.DeviceID, g.VFDeviceID)
+				}
+			}
+		})
 	}
 }

@@ -284,6 +284,12 @@ type GPU struct {
 	// FreeVFs are, for a vendor-VFIO GPU (PCI is its PF), its VFs that
 	// have no vGPU type set: those a bridge-owned GPU's attach may type.
 	FreeVFs []string `json:"free_vfs,omitempty"`
+	// DeviceID is the GPU's PCI device id (the PF's, 4 hex digits such as
+	// "2335") and VFDeviceID its VFs' (a vendor-VFIO GPU), which Nova's
+	// [pci] device_spec and alias match as product_id (vgpuctl host
+	// layout). Added without a minor: a bridge before them ignores them.
+	DeviceID   string `json:"device_id,omitempty"`
+	VFDeviceID string `json:"vf_device_id,omitempty"`
 	// EnabledType is the type the agent's allow-list gives this GPU, as
 	// Nova's [devices] enabled_mdev_types and [mdev_<type>]
 	// device_addresses do (the agent's are a copy of them): the type Nova

@@ -24,8 +24,11 @@ type VFType struct {
 
 // VF is an SR-IOV virtual function with NVIDIA's vendor VFIO interface.
 type VF struct {
-	Addr      pci.Addr `json:"address"`
-	PhysFn    pci.Addr `json:"physfn"`    // zero when the function has no physfn link
+	Addr   pci.Addr `json:"address"`
+	PhysFn pci.Addr `json:"physfn"` // zero when the function has no physfn link
+	// DeviceID is the VF's PCI device id ("0x2335"): what Nova's [pci]
+	// device_spec and alias match as product_id; it may differ from the PF's.
+	DeviceID  string   `json:"device_id,omitempty"`
 	Creatable []VFType `json:"creatable"` // empty when only the header is present
 	// Current is current_vgpu_type; "" when it reads 0 (no vGPU on this VF).
 	Current     string `json:"current,omitempty"`
@@ -149,6 +152,7 @@ func (h *Host) vf(a pci.Addr) (VF, bool, error) {
 			}
 		}
 	}
+	vf.DeviceID, _ = readString(filepath.Join(dir, "device"))
 	if pf := linkBase(filepath.Join(dir, "physfn")); pf != "" {
 		vf.PhysFn, _ = pci.Parse(pf)
 	}

@@ -98,7 +98,7 @@ var routeRules = []Rule{
 	{Name: "vgpu:hosts:list", Default: defaultFleet, Class: Fleet,
 		Description: "List the hosts with vGPUs.", Routes: []string{"GET /v1/hosts"}},
 	{Name: "vgpu:hosts:get", Default: defaultFleet, Class: Fleet,
-		Description: "Read a host.", Routes: []string{"GET /v1/hosts/{name}"}},
+		Description: "Read a host, and its agent's last report.", Routes: []string{"GET /v1/hosts/{name}", "GET /v1/hosts/{name}/report"}},
 	{Name: "vgpu:hosts:drain", Default: defaultMaint, Class: Admin,
 		Description: "Drain a host (no new vGPU lands on it) or end its drain.",
 		Routes:      []string{"POST /v1/hosts/{name}/drain", "DELETE /v1/hosts/{name}/drain"}},

@@ -40,6 +40,15 @@ func (c *Client) Host(ctx context.Context, name string) (Host, error) {
 	return out, err
 }
 
+// HostReport returns the last agent report of a host (by compute service
+// host or node name), as the bridge keeps it.
+func (c *Client) HostReport(ctx context.Context, name string) (HostReport, error) {
+	var out HostReport
+	raw, err := c.getInto(ctx, "/v1/hosts/"+url.PathEscape(name)+"/report", nil, &out)
+	out.Raw = raw
+	return out, err
+}
+
 // GPUs lists physical GPUs.
 func (c *Client) GPUs(ctx context.Context, f GPUFilter) (GPUList, error) {
 	q := url.Values{}

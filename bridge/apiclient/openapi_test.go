@@ -44,6 +44,7 @@ func TestTypesMatchOpenAPI(t *testing.T) {
 	}{
 		{Readiness{}, []string{"Readiness"}},
 		{Host{}, []string{"Host"}},
+		{HostReport{}, []string{"HostReport"}},
 		{GPU{}, []string{"GPU"}},
 		{Instance{}, []string{"Instance"}},
 		{Request{}, []string{"Request"}},

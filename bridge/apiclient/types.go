@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/ingest/ingestwire"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/webhook/webhookwire"
 )
@@ -49,6 +50,16 @@ type Host struct {
 	DrainReason    string `json:"drain_reason,omitempty"`
 	Disabled       bool   `json:"disabled"`
 	DisabledReason string `json:"disabled_reason,omitempty"`
+}
+
+// HostReport is the answer of GET /v1/hosts/{name}/report: the host's
+// last agent report.
+type HostReport struct {
+	Name         string          `json:"name"`
+	Node         string          `json:"node,omitempty"`
+	LastReportAt *time.Time      `json:"last_report_at"`
+	Report       protocol.Report `json:"report"`
+	Raw          json.RawMessage `json:"-"`
 }
 
 // HostList is the answer of GET /v1/hosts.

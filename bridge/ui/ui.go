@@ -86,12 +86,13 @@ func New(cfg Config) *Handler {
 	return h
 }
 
-// Register adds GET /ui (the page), GET /ui/* (its assets) and
-// GET /v1/status to srv and describes them.
+// Register adds GET /ui (the page), GET /ui/* (its assets),
+// GET /v1/status and GET /v1/hosts/{name}/report to srv and describes them.
 func (h *Handler) Register(srv *api.Server) {
 	srv.Handle(http.MethodGet, "/ui", api.Public, h.page)
 	srv.Handle(http.MethodGet, "/ui/*", api.Public, h.file)
 	srv.Handle(http.MethodGet, "/v1/status", api.Fleet, h.status)
+	srv.Handle(http.MethodGet, "/v1/hosts/:name/report", api.Fleet, h.hostReport)
 	srv.Describe(openAPI)
 }
 

@@ -50,7 +50,7 @@ func TestHostLayout(t *testing.T) {
 	}{
 		{name: "no alias", drop: "--alias"},
 		{name: "no VFs", drop: "--vf"},
-		{name: "type not numeric", set: []string{"--type", "nvidia-232"}},
+		{name: "type not numeric", set: []string{"--type", "T4-4Q"}},
 		{name: "bad product", set: []string{"--product", "23"}},
 		{name: "bad VF", set: []string{"--vf", "0000:c1:00"}},
 	} {
