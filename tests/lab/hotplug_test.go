@@ -67,8 +67,8 @@ type agentOpts struct {
 	conf string
 	// sets are more --set section.option=value, after the lab's own.
 	sets []string
-	// statePath is the agent's [DEFAULT] state_path, its journal ("": on
-	// the VM's tmpfs, lost when the VM stops).
+	// statePath is the agent's [DEFAULT] state_path, its journal ("": a
+	// new one of this agent's on the VM's tmpfs, lost when the VM stops).
 	statePath string
 }
 
@@ -130,7 +130,10 @@ func startLabAgentWith(t *testing.T, o agentOpts) *labAgent {
 	}
 	state := o.statePath
 	if state == "" {
-		state = "/var/lib/vgpu-lab-agent/" + a.host
+		// A journal of its own: an agent of a host name another test
+		// used (the lab Nova's "lab") must not recreate what that test's
+		// agent owned.
+		state = "/var/lib/vgpu-lab-agent/" + testsvc.Name(a.host)
 	}
 	// 10.0.2.2 is this machine's loopback as the VM sees it.
 	turl := strings.NewReplacer("@127.0.0.1:", "@10.0.2.2:", "@localhost:", "@10.0.2.2:").Replace(testsvc.TransportURL(t))

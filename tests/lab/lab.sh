@@ -19,9 +19,9 @@
 # machine's loopback), sshd (forwarded to 127.0.0.1:$LAB_SSH_PORT), the mdev
 # modules and libvirtd. Two emulated edu PCI functions (00:10.0, 00:11.0) are
 # mtty_pci's mdev parents: a profile change can move a vGPU to another parent.
-# QEMU's pci-testdev (00:12.0), which no driver claims, is bound to vfio-pci
-# behind the emulated intel-iommu at boot (lab-vfio.service): the stand-in
-# for a vendor-VFIO vGPU's SR-IOV VF.
+# Two of QEMU's pci-testdev (00:12.0, 00:13.0), which no driver claims, are
+# bound to vfio-pci behind the emulated intel-iommu at boot (lab-vfio.service):
+# the stand-ins for vendor-VFIO vGPUs' SR-IOV VFs.
 # Nothing outside Debian's package archive is fetched.
 #
 # Environment (all optional):
@@ -313,7 +313,7 @@ cmd_up() {
 		-virtfs local,path="$STATE_DIR/seed",mount_tag=seed,security_model=none,readonly=on \
 		-virtfs local,path="$SHARE_DIR",mount_tag=share,security_model=none \
 		-netdev user,id=n0,hostfwd=tcp:127.0.0.1:"$SSH_PORT"-:22 -device virtio-net-pci,netdev=n0 \
-		-device edu,addr=0x10 -device edu,addr=0x11 -device pci-testdev,addr=0x12 \
+		-device edu,addr=0x10 -device edu,addr=0x11 -device pci-testdev,addr=0x12 -device pci-testdev,addr=0x13 \
 		-display none -monitor none -serial file:"$SERIAL_LOG" \
 		-no-reboot -daemonize -pidfile "$PIDFILE" 8>&- # the VM outlives `up` and its lock
 	local i

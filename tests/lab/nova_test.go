@@ -15,7 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
@@ -310,6 +313,7 @@ func TestNovaLibvirtDriver(t *testing.T) {
 		t.Fatalf("removing the mdevs left: %v\n%s", err, out)
 	}
 	t.Run("NovaPathResizeConfirmAndRevert", func(t *testing.T) { labNovaPathResize(t, ln) })
+	t.Run("BridgeOwnedVF", func(t *testing.T) { labNovaBridgeOwnedVF(t, ln) })
 }
 
 // labNovaBootsVGPUServer: Nova's real libvirt driver in the
@@ -422,13 +426,15 @@ func (ln *labNova) addTrait(t *testing.T, rp, trait string) {
 // seed gives mtty_pci-2 a profile name of the usual form.
 const labBridgeProfiles = `profiles:
   - {name: LAB-2Q, type_id: mtty_pci-2, max_instances: 12}
+  - {name: H200X-141C, type_id: "1428", max_instances: 1}
+  - {name: H200X-70C, type_id: "1429", max_instances: 2}
 `
 
 // startLabBridge runs an in-process bridge on a database of its own,
 // listening to the lab Nova's notifications and serving its agents
 // (Nova's vhost, as a deployment's bridge and agents share Nova's
 // broker), with the given policy.
-func startLabBridge(t *testing.T, ln *labNova, policy string) *apiclient.Client {
+func startLabBridge(t *testing.T, ln *labNova, policy string, sets ...string) *apiclient.Client {
 	t.Helper()
 	dir := t.TempDir()
 	rules := filepath.Join(dir, "policy.yaml")
@@ -437,17 +443,17 @@ func startLabBridge(t *testing.T, ln *labNova, policy string) *apiclient.Client 
 	testsvc.Must(t, os.WriteFile(rules, []byte(policy), 0o600), "policy")
 	testsvc.Must(t, os.WriteFile(profiles, []byte(labBridgeProfiles), 0o600), "profiles")
 	testsvc.Must(t, os.WriteFile(token, []byte(ln.Token()+"\n"), 0o600), "nova token")
-	v := testbridge.Config(t, testsvc.Postgres(t),
-		"DEFAULT.transport_url="+ln.TransportURL(),
-		"policy.rules_file="+rules,
-		"policy.profiles_file="+profiles,
-		"nova.endpoint_override="+ln.ComputeEndpoint(),
-		"nova.token_file="+token,
+	v := testbridge.Config(t, testsvc.Postgres(t), append([]string{
+		"DEFAULT.transport_url=" + ln.TransportURL(),
+		"policy.rules_file=" + rules,
+		"policy.profiles_file=" + profiles,
+		"nova.endpoint_override=" + ln.ComputeEndpoint(),
+		"nova.token_file=" + token,
 		"pipeline.poll_interval=100ms",
 		"placement.sync_interval=5s",
-		"dispatch.results_queue="+testsvc.Name("lab-results"),
-		"dispatch.reports_queue="+testsvc.Name("lab-reports"),
-	)
+		"dispatch.results_queue=" + testsvc.Name("lab-results"),
+		"dispatch.reports_queue=" + testsvc.Name("lab-reports"),
+	}, sets...)...)
 	d := testbridge.Start(t, v)
 	return apiclient.New(apiclient.Config{URL: "http://" + d.API.Addr(), Token: testbridge.AdminToken, Timeout: 30 * time.Second})
 }
@@ -558,7 +564,22 @@ func labNovaDirectPathAndRebuild(t *testing.T, ln *labNova) {
 	if after.InDomain[0] != before.InDomain[0] {
 		t.Errorf("the rebuilt domain has mdev %s, not the unassigned %s Nova's driver reuses", after.InDomain[0], before.InDomain[0])
 	}
+
+	// Deleted through Nova: the bridge releases the vGPU (release-on-
+	// delete) and its agent removes the mdev it made, which Nova's driver
+	// would have left. The subtest waits for it: an agent whose release
+	// never came keeps the mdev in its journal.
 	ln.DeleteServerWithin(t, id, labNovaOp)
+	poll(t, 5*time.Minute, func() (bool, string) {
+		reqs, err := api.Requests(ctx, apiclient.RequestFilter{InstanceUUID: id})
+		busy := err != nil
+		for _, r := range reqs.Requests {
+			busy = busy || r.State != "succeeded" && r.State != "failed" && r.State != "rejected"
+		}
+		_, _, exists := mdevOf(t, after.InDomain[0])
+		return !busy && !exists, fmt.Sprintf("after the delete: requests %+v %v; mdev %s exists: %v",
+			reqs.Requests, err, after.InDomain[0], exists)
+	})
 }
 
 // labNovaPathResize: under Nova's own libvirt driver, the bridge's Nova
@@ -690,4 +711,182 @@ func waitLabRequest(t *testing.T, ctx context.Context, api *apiclient.Client, id
 			fmt.Sprintf("request %s: %s %s %v", id, r.State, r.Reason, err)
 	})
 	return r
+}
+
+// The lab's bridge-owned VF GPUs: two stand-in PFs (names only, see
+// standInVF), each with one of the lab's stand-in VFs, declared to the
+// bridge for an H200's two types.
+const (
+	labPFBig, labPFHalf     = "0000:3b:00.0", "0000:5e:00.0"
+	labTypeBig, labTypeHalf = "1428", "1429"
+	labTraitBig             = "CUSTOM_1428"
+	labTraitHalf            = "CUSTOM_1429"
+)
+
+// labOwnedGPU is what Placement and the lab hold of one bridge-owned VF
+// GPU: its provider, the provider's parent, inventory total, usage and
+// traits, and the state of its VF.
+type labOwnedGPU struct {
+	Provider, Parent string
+	Total, Used      int
+	Traits           []string
+	VF               vfState
+}
+
+// ownedGPU reads a bridge-owned VF GPU's provider (by the name the bridge
+// gives it, under the lab's compute node) and its VF in domain.
+func (ln *labNova) ownedGPU(t *testing.T, pf string, vf pci.Addr, domain, root string) labOwnedGPU {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g := labOwnedGPU{VF: vfStateIn(t, domain, root, vf)}
+	var list struct {
+		Providers []struct {
+			UUID   string `json:"uuid"`
+			Parent string `json:"parent_provider_uuid"`
+		} `json:"resource_providers"`
+	}
+	if err := ln.PlacementCall(ctx, http.MethodGet, "/resource_providers?name="+placement.GPUProviderName(labNovaHost, pf), nil, &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Providers) != 1 {
+		return g
+	}
+	g.Provider, g.Parent = list.Providers[0].UUID, list.Providers[0].Parent
+	var inv struct {
+		Inventories map[string]struct{ Total int } `json:"inventories"`
+	}
+	var use struct {
+		Usages map[string]int `json:"usages"`
+	}
+	var tr struct {
+		Traits []string `json:"traits"`
+	}
+	for path, into := range map[string]any{"/inventories": &inv, "/usages": &use, "/traits": &tr} {
+		if err := ln.PlacementCall(ctx, http.MethodGet, "/resource_providers/"+g.Provider+path, nil, into); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.Total, g.Used, g.Traits = inv.Inventories[placement.BridgeClass].Total, use.Usages[placement.BridgeClass], tr.Traits
+	return g
+}
+
+// labNovaBridgeOwnedVF: a bridge-owned VF GPU through the real bridge, the
+// real VFIO hot-plug and Nova's own domain. Two GPUs the bridge owns
+// ([placement] bridge_owned_vf_gpus), one per type, each a stand-in PF
+// with one of the lab's stand-in VFs (bound to vfio-pci behind the lab's
+// emulated IOMMU). The bridge publishes a provider per GPU under the lab
+// compute node's provider (CUSTOM_VGPU_BRIDGE: 1, the type's trait). A
+// direct-path GPU_REQUEST on a server Nova booted without a vGPU claims
+// on the first GPU, types its VF and hot-plugs it into Nova's running
+// domain; a GPU_RESIZE to the other profile moves the vGPU to the other
+// GPU's VF (the first VF cleared and out of the domain); a GPU_RELEASE
+// leaves no claim, no type and no VF in the domain or in QEMU. Placement's
+// providers, inventories, usages and the server's allocations, and the
+// VFs' types, domain XML and QEMU's PCI devices are asserted after each
+// step.
+func labNovaBridgeOwnedVF(t *testing.T, ln *labNova) {
+	vfs := labVFs(t)
+	if len(vfs) < 2 {
+		t.Fatalf("the lab has %d vendor-VFIO stand-ins, want 2 (tests/lab/lab.sh)", len(vfs))
+	}
+	types := []sysfs.VFType{{ID: labTypeBig, Name: "NVIDIA H200X-141C"}, {ID: labTypeHalf, Name: "NVIDIA H200X-70C"}}
+	big, half := vfs[0], vfs[1]
+	root := labVFSysfs(t, labNovaHost, standInVF{addr: big, pf: labPFBig, types: types}, standInVF{addr: half, pf: labPFHalf, types: types})
+	startLabAgentWith(t, agentOpts{
+		host: labNovaHost,
+		conf: "[devices]\nenabled_types = " + labTypeBig + "," + labTypeHalf + "\n" +
+			"[mdev_" + labTypeBig + "]\ndevice_addresses = " + labPFBig + "\n" +
+			"[mdev_" + labTypeHalf + "]\ndevice_addresses = " + labPFHalf + "\n",
+		sets: []string{"DEFAULT.transport_url=" + vmURL(ln.TransportURL()), "sysfs.root=" + root},
+	})
+	t.Cleanup(func() {
+		for _, vf := range vfs {
+			vm(t, fmt.Sprintf("echo 0 >%s/bus/pci/devices/%s/nvidia/current_vgpu_type", root, vf))
+		}
+	})
+	api := startLabBridge(t, ln, testsvc.DirectPolicy(testsvc.RuleResizeOnRequest, testsvc.RuleReleaseOnRequest),
+		"placement.bridge_owned_vf_gpus="+labNovaHost+"/"+labPFBig+"="+labTypeBig+","+labNovaHost+"/"+labPFHalf+"="+labTypeHalf)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+
+	computeRP := ln.ComputeNodeProvider(t, labNovaHost)
+	flavor := ln.CreateFlavor(t, "lab.vf", 1, 192, 0, nil)
+	id := ln.CreateServerFrom(t, "lab-vf", flavor, ln.disk, labNovaHost)
+	ln.WaitServerWithin(t, id, "ACTIVE", labNovaOp)
+	domain := ln.Server(t, id).InstanceName
+	poll(t, 5*time.Minute, func() (bool, string) {
+		in, err := api.Instance(ctx, id)
+		return err == nil && in.Host != nil && *in.Host == labNovaHost, fmt.Sprintf("the bridge's instance %s: %+v %v", id, in, err)
+	})
+
+	// state reads both GPUs and the server's bridge allocations; want
+	// checks them: the GPU holding the vGPU (nil: none) has its VF typed
+	// and in the domain and one unit used, the other is untouched.
+	type gpuWant struct {
+		pf, trait, typ string
+		vf             pci.Addr
+	}
+	gpus := []gpuWant{{labPFBig, labTraitBig, labTypeBig, big}, {labPFHalf, labTraitHalf, labTypeHalf, half}}
+	check := func(step string, holder *gpuWant) {
+		t.Helper()
+		var saw []labOwnedGPU
+		alloc := map[string]int{}
+		poll(t, 2*time.Minute, func() (bool, string) {
+			saw = saw[:0]
+			ok := true
+			for _, g := range gpus {
+				o := ln.ownedGPU(t, g.pf, g.vf, domain, root)
+				saw = append(saw, o)
+				has := holder != nil && holder.pf == g.pf
+				used, typ := 0, "0"
+				if has {
+					used, typ = 1, g.typ
+				}
+				ok = ok && o.Provider != "" && o.Parent == computeRP && o.Total == 1 && o.Used == used &&
+					slices.Equal(o.Traits, []string{g.trait}) &&
+					o.VF.Type == typ && o.VF.Live == has && o.VF.Config == has && o.VF.Driver == "vfio-pci"
+			}
+			alloc = map[string]int{}
+			for rp, res := range ln.Allocations(t, id) {
+				if n := res[placement.BridgeClass] + res["VGPU"]; n > 0 {
+					alloc[rp] = n
+				}
+			}
+			want := 0
+			if holder != nil {
+				want = 1
+				ok = ok && alloc[saw[slices.IndexFunc(gpus, func(g gpuWant) bool { return g.pf == holder.pf })].Provider] == 1
+			}
+			ok = ok && len(alloc) == want
+			return ok, fmt.Sprintf("%s: GPUs %+v, the server's vGPU allocations %v (compute node %s)", step, saw, alloc, computeRP)
+		})
+		qemu := 0
+		for _, o := range saw {
+			qemu = max(qemu, o.VF.QEMU) // both stand-ins have the same ids: each counts all
+		}
+		if want := map[bool]int{true: 1, false: 0}[holder != nil]; qemu != want {
+			t.Errorf("%s: QEMU lists %d functions %04x:%04x, want %d", step, qemu, vfVendor, vfDevice, want)
+		}
+		t.Logf("%s: %+v, allocations %v", step, saw, alloc)
+	}
+	ask := func(typ, profile string) {
+		t.Helper()
+		start := time.Now()
+		ans, err := api.CreateRequest(ctx, apiclient.NewRequest{Type: typ, VMID: id, Workload: "training", VGPUProfile: profile, Count: 1}, "")
+		testsvc.Must(t, err, typ)
+		if req := waitLabRequest(t, ctx, api, ans.RequestID); req.State != "succeeded" {
+			t.Fatalf("%s %s: %s %s %s", typ, ans.RequestID, req.State, req.Code, req.Reason)
+		}
+		t.Logf("%s %s: succeeded in %s", typ, profile, time.Since(start).Round(time.Second))
+	}
+
+	check("published", nil)
+	ask("GPU_REQUEST", "H200X-141C")
+	check("attached", &gpus[0])
+	ask("GPU_RESIZE", "H200X-70C")
+	check("profile changed", &gpus[1])
+	ask("GPU_RELEASE", "")
+	check("released", nil)
+	ln.DeleteServerWithin(t, id, labNovaOp)
 }

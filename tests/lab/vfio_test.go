@@ -12,6 +12,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/pipeline"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -19,14 +20,14 @@ import (
 // The vendor-VFIO stand-in. On a host with NVIDIA's vendor-specific VFIO
 // (no mdev) a vGPU is an SR-IOV VF: the agent writes the vGPU type to the
 // VF's nvidia/current_vgpu_type and hands the VF, bound to a VFIO driver,
-// to QEMU as a PCI hostdev. In the lab the VF is QEMU's pci-testdev
-// (tests/lab/lab.sh starts one at 00:12.0 of the lab VM, behind the
-// emulated intel-iommu; the lab's lab-vfio.service binds it to vfio-pci
-// at boot), which no driver of the lab's kernel claims. What the kernel,
-// VFIO, libvirtd and QEMU do with it is real; NVIDIA's files are not
-// there, so the agent reads a sysfs root of its own (labVFSysfs) that
-// is the VM's /sys plus plain files standing in for
-// nvidia/creatable_vgpu_types and nvidia/current_vgpu_type of that one
+// to QEMU as a PCI hostdev. In the lab a VF is QEMU's pci-testdev
+// (tests/lab/lab.sh starts two, at 00:12.0 and 00:13.0 of the lab VM,
+// behind the emulated intel-iommu; the lab's lab-vfio.service binds them
+// to vfio-pci at boot), which no driver of the lab's kernel claims. What
+// the kernel, VFIO, libvirtd and QEMU do with it is real; NVIDIA's files
+// are not there, so the agent reads a sysfs root of its own (labVFSysfs)
+// that is the VM's /sys plus plain files standing in for
+// nvidia/creatable_vgpu_types and nvidia/current_vgpu_type of each stand-in
 // function: writing current_vgpu_type changes the file and nothing else.
 const (
 	vfVendor  = 0x1b36
@@ -38,9 +39,10 @@ const (
 	vfTypeName = "NVIDIA H200X-141C"
 )
 
-// labVF returns the lab's vendor-VFIO stand-in and fails t unless it is
-// bound to vfio-pci in an IOMMU group of its own.
-func labVF(t *testing.T) pci.Addr {
+// labVFs returns the lab's vendor-VFIO stand-ins (tests/lab/lab.sh starts
+// two) and fails t unless each is bound to vfio-pci in an IOMMU group of
+// its own.
+func labVFs(t *testing.T) []pci.Addr {
 	t.Helper()
 	out, err := vm(t, fmt.Sprintf(`for d in /sys/bus/pci/devices/*; do
   [ "$(cat $d/vendor):$(cat $d/device)" = "0x%04x:0x%04x" ] || continue
@@ -48,56 +50,90 @@ func labVF(t *testing.T) pci.Addr {
   printf 'vf %%s driver=%%s group=%%s members=%%s\n' "${d##*/}" "$(basename "$(readlink -f $d/driver)")" "${g##*/}" "$(ls $g/devices | wc -l)"
 done`, vfVendor, vfDevice))
 	if err != nil {
-		t.Fatalf("looking for the vendor-VFIO stand-in: %v\n%s", err, out)
+		t.Fatalf("looking for the vendor-VFIO stand-ins: %v\n%s", err, out)
 	}
-	var f []string
+	var vfs []pci.Addr
 	for _, l := range strings.Split(out, "\n") {
-		if strings.HasPrefix(l, "vf ") {
-			f = strings.Fields(l)
+		f := strings.Fields(l)
+		if len(f) != 5 || f[0] != "vf" {
+			continue
 		}
+		t.Logf("vendor-VFIO stand-in: %s", strings.Join(f[1:], " "))
+		if f[2] != "driver=vfio-pci" || f[4] != "members=1" || f[3] == "group=" {
+			t.Fatalf("the stand-in VF is not bound to vfio-pci alone in an IOMMU group: %s", strings.Join(f[1:], " "))
+		}
+		a, err := pci.Parse(f[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		vfs = append(vfs, a)
 	}
-	if len(f) != 5 {
-		t.Fatalf("no pci-testdev (%04x:%04x) in the lab VM (tests/lab/lab.sh starts one): %s", vfVendor, vfDevice, out)
+	if len(vfs) == 0 {
+		t.Fatalf("no pci-testdev (%04x:%04x) in the lab VM (tests/lab/lab.sh starts them): %s", vfVendor, vfDevice, out)
 	}
-	t.Logf("vendor-VFIO stand-in: %s", strings.Join(f[1:], " "))
-	if f[2] != "driver=vfio-pci" || f[4] != "members=1" || f[3] == "group=" {
-		t.Fatalf("the stand-in VF is not bound to vfio-pci alone in an IOMMU group: %s", strings.Join(f[1:], " "))
-	}
-	a, err := pci.Parse(f[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
+	return vfs
+}
+
+// labVF returns the lab's first vendor-VFIO stand-in.
+func labVF(t *testing.T) pci.Addr {
+	t.Helper()
+	return labVFs(t)[0]
+}
+
+// standInVF is a VF of the agent's sysfs root: a real function of the lab
+// VM, the types its creatable_vgpu_types lists and, when pf is set, its
+// physfn: the PF is a name only (no directory, as no PF of this kind is
+// in the lab), which is all the agent reads of it to group VFs by GPU.
+type standInVF struct {
+	addr  pci.Addr
+	pf    string
+	types []sysfs.VFType
 }
 
 // labVFSysfs makes the agent's sysfs root for the test's host in the lab
 // VM and returns its path: the VM's /sys, seen through symbolic links
 // (class, kernel, module, bus/mdev, each PCI function of bus/pci/devices
-// to its real directory), except vf, whose directory holds links to each
-// of its real attributes (the targets of its own links, such as driver and
-// iommu_group, resolved, so that their names read as in /sys) and a
-// directory nvidia with the two simulated files: creatable_vgpu_types
-// listing vfTypeID, current_vgpu_type 0.
-func labVFSysfs(t *testing.T, host string, vf pci.Addr) string {
+// to its real directory), except each stand-in VF, whose directory holds
+// links to each of its real attributes (the targets of its own links, such
+// as driver and iommu_group, resolved, so that their names read as in
+// /sys), its physfn link and a directory nvidia with the two simulated
+// files: creatable_vgpu_types listing its types, current_vgpu_type 0.
+func labVFSysfs(t *testing.T, host string, vfs ...standInVF) string {
 	t.Helper()
 	root := "/run/vgpu-lab-sys/" + host
-	out, err := vm(t, fmt.Sprintf(`set -e
-r=%[1]s vf=%[2]s
+	var b strings.Builder
+	fmt.Fprintf(&b, `set -e
+r=%s
 rm -rf "$r"
 mkdir -p "$r/bus/pci/devices"
 for d in class kernel module; do ln -s /sys/$d "$r/$d"; done
 ln -s /sys/bus/mdev "$r/bus/mdev"
 for d in /sys/bus/pci/devices/*; do
-  [ "${d##*/}" = "$vf" ] || ln -s "$(readlink -f "$d")" "$r/bus/pci/devices/${d##*/}"
+  case " %s " in *" ${d##*/} "*) continue;; esac
+  ln -s "$(readlink -f "$d")" "$r/bus/pci/devices/${d##*/}"
 done
-v=$r/bus/pci/devices/$vf
+`, root, strings.Join(func() []string {
+		var a []string
+		for _, vf := range vfs {
+			a = append(a, vf.addr.String())
+		}
+		return a
+	}(), " "))
+	for _, vf := range vfs {
+		fmt.Fprintf(&b, `v=$r/bus/pci/devices/%[1]s
 mkdir "$v"
-for e in /sys/bus/pci/devices/$vf/*; do
+for e in /sys/bus/pci/devices/%[1]s/*; do
   if [ -L "$e" ]; then ln -s "$(readlink -f "$e")" "$v/${e##*/}"; else ln -s "$e" "$v/${e##*/}"; fi
 done
 mkdir "$v/nvidia"
-printf 'ID    : vGPU Name\n%%-5s : %[3]s\n' %[4]s >"$v/nvidia/creatable_vgpu_types"
-echo 0 >"$v/nvidia/current_vgpu_type"`, root, vf, vfTypeName, vfTypeID))
+printf '%%s' '%[2]s' >"$v/nvidia/creatable_vgpu_types"
+echo 0 >"$v/nvidia/current_vgpu_type"
+`, vf.addr, sysfs.FormatCreatableTypes(vf.types))
+		if vf.pf != "" {
+			fmt.Fprintf(&b, "ln -s ../%s \"$v/physfn\"\n", vf.pf)
+		}
+	}
+	out, err := vm(t, b.String())
 	if err != nil {
 		t.Fatalf("making the agent's sysfs root: %v\n%s", err, out)
 	}
@@ -117,13 +153,19 @@ type vfState struct {
 
 func vfStateOf(t *testing.T, root string, vf pci.Addr) vfState {
 	t.Helper()
+	return vfStateIn(t, guestName, root, vf)
+}
+
+// vfStateIn is vfStateOf for the VF and the domain named domain.
+func vfStateIn(t *testing.T, domain, root string, vf pci.Addr) vfState {
+	t.Helper()
 	src := fmt.Sprintf("<address domain='0x%04x' bus='0x%02x' slot='0x%02x' function='0x%x'/>", vf.Domain, vf.Bus, vf.Slot, vf.Func)
 	out, err := vm(t, fmt.Sprintf(`v="virsh -c qemu:///system"
 printf 'live=%%s\n' "$($v dumpxml %[1]s | grep -cF "%[2]s")"
 printf 'config=%%s\n' "$($v dumpxml --inactive %[1]s | grep -cF "%[2]s")"
 printf 'type=%%s\n' "$(cat %[3]s/bus/pci/devices/%[4]s/nvidia/current_vgpu_type)"
 printf 'driver=%%s\n' "$(basename "$(readlink -f /sys/bus/pci/devices/%[4]s/driver)")"
-printf 'qmp=%%s\n' "$($v qemu-monitor-command %[1]s '{"execute":"query-pci"}' 2>&1)"`, guestName, src, root, vf))
+printf 'qmp=%%s\n' "$($v qemu-monitor-command %[1]s '{"execute":"query-pci"}' 2>&1)"`, domain, src, root, vf))
 	if err != nil && !strings.Contains(out, "qmp=") {
 		t.Fatalf("reading the VF's state: %v\n%s", err, out)
 	}
@@ -189,7 +231,7 @@ func TestAgentVendorVFIOHotPlug(t *testing.T) {
 	startGuest(t)
 	vf := labVF(t)
 	host := testsvc.Name("lab") + ".lab.test"
-	root := labVFSysfs(t, host, vf)
+	root := labVFSysfs(t, host, standInVF{addr: vf, types: []sysfs.VFType{{ID: vfTypeID, Name: vfTypeName}}})
 	a := startLabAgentWith(t, agentOpts{
 		host: host,
 		conf: "[devices]\nenabled_types = " + vfTypeID + "\n",

@@ -58,16 +58,9 @@ func TestBridgeOwnedVFMixed(t *testing.T) {
 	}
 	vfOf := func(inst, typ string, fb int) string {
 		t.Helper()
-		atts := w.attachments(inst)
-		if len(atts) != 1 || atts[0].state != flow.AttAttached || atts[0].provider != rp {
-			t.Fatalf("attachments of %s = %+v, want one attached on %s", inst, atts, rp)
-		}
-		vf := atts[0].pci
+		vf := w.attachedVF(inst, rp, typ)
 		if vf == novaVF || vf == vfPF {
 			t.Fatalf("%s got VF %q", inst, vf)
-		}
-		if got := w.vfType(vf); got != typ {
-			t.Errorf("current_vgpu_type of %s = %q, want %s", vf, got, typ)
 		}
 		if al := w.allocations(inst); al[rp][placement.BridgeFBClass] != fb || len(al[rp]) != 1 {
 			t.Errorf("allocations of %s = %v, want %d %s on %s", inst, al, fb, placement.BridgeFBClass, rp)

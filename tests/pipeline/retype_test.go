@@ -19,7 +19,6 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/placementapi"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
@@ -184,13 +183,7 @@ func TestBridgeOwnedVFRetype(t *testing.T) {
 	if res := w.wait(id, 60*time.Second); res.State != requests.Succeeded {
 		t.Fatalf("attach %s: %s (%s: %s)", retypeProfile, res.State, res.Code, res.Reason)
 	}
-	atts := w.attachments(inst)
-	if len(atts) != 1 || atts[0].state != flow.AttAttached || atts[0].provider != rp {
-		t.Fatalf("attachments = %+v, want one attached on %s", atts, rp)
-	}
-	if got := w.vfType(atts[0].pci); got != retypeTo {
-		t.Errorf("current_vgpu_type of %s = %q, want %s", atts[0].pci, got, retypeTo)
-	}
+	w.attachedVF(inst, rp, retypeTo)
 }
 
 // TestBridgeOwnedVFRetypeRefused: a re-type is refused for a GPU that is

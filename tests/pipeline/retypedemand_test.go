@@ -95,15 +95,8 @@ func TestRetypeOnDemand(t *testing.T) {
 	if res := w.wait(id, 60*time.Second); res.State != requests.Succeeded {
 		t.Fatalf("attach %s: %s (%s: %s)", retypeProfile, res.State, res.Code, res.Reason)
 	}
-	atts := w.attachments(inst)
-	if len(atts) != 1 || atts[0].state != flow.AttAttached || atts[0].provider != rp {
-		t.Fatalf("attachments = %+v, want one attached on %s", atts, rp)
-	}
-	if !strings.HasPrefix(atts[0].pci, "0000:c1:") {
-		t.Errorf("attached VF %s, want a VF of %s", atts[0].pci, vfPF)
-	}
-	if got := w.vfType(atts[0].pci); got != retypeTo {
-		t.Errorf("current_vgpu_type of %s = %q, want %s", atts[0].pci, got, retypeTo)
+	if vf := w.attachedVF(inst, rp, retypeTo); !strings.HasPrefix(vf, "0000:c1:") {
+		t.Errorf("attached VF %s, want a VF of %s", vf, vfPF)
 	}
 	w.wantTraits(rp, retypeTrait)
 	w.wantOwnedInventory(rp, 4, 1)
@@ -235,13 +228,7 @@ func TestRetypeOnDemandStoppedAtEachStep(t *testing.T) {
 			if res := w.wait(id, 120*time.Second); res.State != requests.Succeeded {
 				t.Fatalf("attach %s after the restart: %s (%s: %s)", retypeProfile, res.State, res.Code, res.Reason)
 			}
-			atts := w.attachments(inst)
-			if len(atts) != 1 || atts[0].state != flow.AttAttached || atts[0].provider != rp {
-				t.Fatalf("attachments = %+v, want one attached on %s", atts, rp)
-			}
-			if got := w.vfType(atts[0].pci); got != retypeTo {
-				t.Errorf("current_vgpu_type of %s = %q, want %s", atts[0].pci, got, retypeTo)
-			}
+			w.attachedVF(inst, rp, retypeTo)
 			w.wantTraits(rp, retypeTrait)
 			w.wantOwnedInventory(rp, 4, 1)
 			w.wantOffers(rp, false, true)

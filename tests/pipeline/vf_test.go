@@ -90,16 +90,9 @@ func TestBridgeOwnedVFAttachRelease(t *testing.T) {
 	if res := w.wait(id, 60*time.Second); res.State != requests.Succeeded {
 		t.Fatalf("attach: %s (%s: %s)", res.State, res.Code, res.Reason)
 	}
-	atts := w.attachments(inst)
-	if len(atts) != 1 || atts[0].state != flow.AttAttached || atts[0].provider != rp {
-		t.Fatalf("attachments = %+v, want one attached on %s", atts, rp)
-	}
-	vf := atts[0].pci
+	vf := w.attachedVF(inst, rp, vfType)
 	if vf == novaVF || !strings.HasPrefix(vf, "0000:c1:") {
 		t.Fatalf("attached VF %q: want a free VF of %s, not Nova's %s", vf, vfPF, novaVF)
-	}
-	if got := w.vfType(vf); got != vfType {
-		t.Errorf("current_vgpu_type of %s = %q, want %s", vf, got, vfType)
 	}
 	if got := w.vfType(novaVF); got != vfType {
 		t.Errorf("Nova's VF %s: current_vgpu_type = %q, want it untouched (%s)", novaVF, got, vfType)
@@ -414,6 +407,20 @@ func (w *world) wantNeverVGPUCandidate(rp string) {
 }
 
 // vfType reads a VF's nvidia/current_vgpu_type on the fake host.
+// attachedVF checks that the instance holds one vGPU, attached on the
+// provider rp, on a VF typed typ, and returns that VF.
+func (w *world) attachedVF(inst, rp, typ string) string {
+	w.t.Helper()
+	atts := w.attachments(inst)
+	if len(atts) != 1 || atts[0].state != flow.AttAttached || atts[0].provider != rp {
+		w.t.Fatalf("attachments of %s = %+v, want one attached on %s", inst, atts, rp)
+	}
+	if got := w.vfType(atts[0].pci); got != typ {
+		w.t.Errorf("current_vgpu_type of %s = %q, want %s", atts[0].pci, got, typ)
+	}
+	return atts[0].pci
+}
+
 func (w *world) vfType(vf string) string {
 	b, err := os.ReadFile(filepath.Join(w.fake, "sys", "bus", "pci", "devices", vf, "nvidia", "current_vgpu_type"))
 	testsvc.Must(w.t, err, "current_vgpu_type of "+vf)
