@@ -43,8 +43,9 @@ var (
 			"compute service host, the GPU's physical function and the numeric vGPU type its VFs offer. For each, the "+
 			"bridge creates a child provider of the compute node's provider with an inventory of CUSTOM_VGPU_BRIDGE "+
 			"(the VFs it can still type) and the type's trait, which only its direct path claims: Nova's "+
-			"resources:VGPU flavors never match it. Never list a GPU that is in Nova's [pci] device_spec or "+
-			"[devices] enabled_mdev_types. Example: compute-7/0000:c1:00.0=1430")
+			"resources:VGPU flavors never match it. A GPU taken out of the list loses that provider once no vGPU "+
+			"is allocated on it (until then it is kept, its inventory reserved whole). Never list a GPU that is "+
+			"in Nova's [pci] device_spec or [devices] enabled_mdev_types. Example: compute-7/0000:c1:00.0=1430")
 	optRetypeOnDemand = options.Bool("placement", "retype_on_demand", false,
 		"Opt-in: when a direct-path request needs a vGPU type that no free capacity of the instance's host offers, "+
 			"re-type an empty GPU of bridge_owned_vf_gpus on that host (no VF typed by the bridge, no unit allocated "+
