@@ -46,7 +46,8 @@ var (
 			"resources:VGPU flavors never match it. HOST/PF=mixed declares a GPU in the driver's heterogeneous "+
 			"(mixed-size) vGPU mode instead: its provider offers the GPU's framebuffer in MiB of "+
 			"CUSTOM_VGPU_BRIDGE_FB_MIB and every reported type's trait, and each vGPU claims its type's framebuffer. "+
-			"Never list a GPU that is in Nova's [pci] device_spec or "+
+			"A GPU (not mixed) taken out of the list loses that provider once no vGPU is allocated on it (until "+
+			"then it is kept, its inventory reserved whole). Never list a GPU that is in Nova's [pci] device_spec or "+
 			"[devices] enabled_mdev_types. Example: compute-7/0000:c1:00.0=1430")
 	optRetypeOnDemand = options.Bool("placement", "retype_on_demand", false,
 		"Opt-in: when a direct-path request needs a vGPU type that no free capacity of the instance's host offers, "+

@@ -131,6 +131,7 @@ type Service struct {
 	log     *slog.Logger
 
 	consumers consumerCache // allocations and generations the bridge last read or wrote (consumers.go)
+	retired   retireState   // undeclared bridge-owned GPUs kept while in use (retire.go)
 
 	syncMu  sync.Mutex  // one sync at a time in this process
 	leading atomic.Bool // this replica holds the sync lock in Run
@@ -338,6 +339,11 @@ func (s *Service) lead(ctx context.Context) error {
 		if len(s.cfg.OwnedVFGPUs) > 0 && err == nil {
 			if _, perr := s.PublishOwned(ctx); perr != nil && ctx.Err() == nil {
 				s.log.Warn("placement: bridge-owned GPUs", logkey.Err, perr)
+			}
+		}
+		if err == nil { // also with none declared: the providers of GPUs taken out of the option go
+			if _, _, rerr := s.RetireOwned(ctx); rerr != nil && ctx.Err() == nil {
+				s.log.Warn("placement: undeclared bridge-owned GPUs", logkey.Err, rerr)
 			}
 		}
 		if s.cfg.AddDriverTraits && err == nil {

@@ -19,7 +19,13 @@ type Kind string
 const (
 	// OrphanMdev: an agent-made mdev on a host that no live direct-path
 	// vGPU of the bridge accounts for. Repair: remove_mdev, when it is not
-	// attached to a domain.
+	// attached to a domain. On a bridge-owned VF GPU (a provider of
+	// placement.BridgeClass) it is also a VF with a vGPU type set that is
+	// in no domain and that no live vGPU of the bridge holds: the finding
+	// names the VF (PCI, no mdev). Repair: remove_mdev with vendor_vfio,
+	// which clears the VF's type, when the agent's journal holds the VF
+	// (a VF typed by anyone else is reported only: the agent never
+	// clears it).
 	OrphanMdev Kind = "orphan_mdev"
 	// MissingDevice: the bridge records a vGPU as attached, but the host's
 	// report does not show the mdev, or shows it detached from the
@@ -134,15 +140,22 @@ type Finding struct {
 	Repair     *Repair
 }
 
-// Fingerprint names the difference across runs.
+// Fingerprint names the difference across runs; an orphan VF, which has
+// no mdev, by its address.
 func (f Finding) Fingerprint() string {
-	return strings.Join([]string{string(f.Kind), f.Host, f.Provider, f.Instance, f.Mdev}, "|")
+	m := f.Mdev
+	if f.Kind == OrphanMdev && m == "" {
+		m = f.PCI
+	}
+	return strings.Join([]string{string(f.Kind), f.Host, f.Provider, f.Instance, m}, "|")
 }
 
 // Repair is what fixing a finding takes.
 type Repair struct {
-	// RemoveMdev: remove_mdev of Mdev on Host (through the outbox).
+	// RemoveMdev: remove_mdev of Mdev on Host (through the outbox); with
+	// VF, of the finding's VF (vendor_vfio: its type cleared).
 	RemoveMdev bool
+	VF         bool
 	// Release: take Amount units of Class off Consumer's allocation on
 	// Provider (none when Amount is 0), and mark Attachments released.
 	Release     bool
@@ -174,6 +187,7 @@ func Detect(s *Snapshot) []Finding {
 	held := map[cp]int{}     // bridge units per consumer and provider, every active state
 	attached := map[cp]int{} // of them, attached
 	attIDs := map[cp][]string{}
+	heldVF := map[string]bool{} // host|VF of the bridge's live VF vGPUs
 	for _, a := range s.Attachments {
 		if a.State == flow.AttKept {
 			// Kept on the source of a move awaiting its confirm: its mdev
@@ -181,10 +195,16 @@ func Detect(s *Snapshot) []Finding {
 			// in Nova's migration consumer.
 			if !s.instance(a.Instance).Deleted {
 				active[a.ID] = a
+				if a.Class == placement.BridgeClass && a.PCI != "" {
+					heldVF[a.Host+"|"+a.PCI] = true
+				}
 			}
 			continue
 		}
 		active[a.ID] = a
+		if (a.Class == placement.BridgeClass || a.Class == placement.BridgeFBClass) && a.PCI != "" {
+			heldVF[a.Host+"|"+a.PCI] = true
+		}
 		// A mixed GPU's provider is not mirrored (its class is no GPU
 		// class of the index): its claims are not compared here.
 		if a.Provider == "" || a.Class == placement.BridgeFBClass {
@@ -226,6 +246,12 @@ func Detect(s *Snapshot) []Finding {
 							Mdev: v.MdevUUID, Detail: fmt.Sprintf("host %s reports a vGPU (%s, %s's) on GPU %s attached to instance %s, which %s",
 								name, orDash(v.MdevUUID), v.Owner, g.PCI, v.InstanceUUID, what)})
 					}
+				}
+				if v.MdevUUID == "" && v.PCI != "" {
+					if f, ok := orphanVF(name, h.Report, g, gv, v, heldVF); ok {
+						out = append(out, f)
+					}
+					continue
 				}
 				if v.Owner != protocol.OwnerAgent || v.MdevUUID == "" {
 					continue // Nova's own mdevs are reported, never touched
@@ -382,6 +408,34 @@ func Detect(s *Snapshot) []Finding {
 		uniq = append(uniq, f)
 	}
 	return uniq
+}
+
+// orphanVF judges one typed VF v of GPU g on host: an orphan when g is
+// a bridge-owned VF GPU (its provider is of placement.BridgeClass: never
+// a GPU Nova owns), v is in no domain and no live vGPU of the bridge holds
+// it. Only while libvirt answered the agent: without it every VF looks
+// in no domain.
+func orphanVF(host string, r protocol.Report, g protocol.GPU, gv GPUView, v protocol.VGPU, held map[string]bool) (Finding, bool) {
+	if !g.VendorVFIO || gv.Class != placement.BridgeClass || v.InstanceUUID != "" || v.TypeID == "" || v.TypeID == "0" || held[host+"|"+v.PCI] {
+		return Finding{}, false
+	}
+	for _, e := range r.Errors {
+		if strings.HasPrefix(e, "libvirt") {
+			return Finding{}, false
+		}
+	}
+	f := Finding{Kind: OrphanMdev, Host: host, Provider: gv.Provider, PCI: v.PCI}
+	if v.Owner == protocol.OwnerAgent {
+		f.Detail = fmt.Sprintf("VF %s of bridge-owned GPU %s on host %s is typed %s, attached to no domain, and no live direct-path vGPU of the bridge holds it: "+
+			"capacity lost until its type is cleared", v.PCI, g.PCI, host, v.TypeID)
+		f.Repairable = true
+		f.Repair = &Repair{RemoveMdev: true, VF: true}
+	} else {
+		f.Detail = fmt.Sprintf("VF %s of bridge-owned GPU %s on host %s is typed %s, attached to no domain, and no vGPU of the bridge holds it; "+
+			"it was typed outside the agent (not in its journal), which never clears it: once sure nothing uses it, clear it by hand "+
+			"(echo 0 > /sys/bus/pci/devices/%s/nvidia/current_vgpu_type)", v.PCI, g.PCI, host, v.TypeID, v.PCI)
+	}
+	return f, true
 }
 
 func orDash(s string) string { return orDefault(s, "-") }

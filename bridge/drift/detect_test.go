@@ -191,3 +191,76 @@ func TestDetect(t *testing.T) {
 		})
 	}
 }
+
+// TestDetectOrphanVF: on a bridge-owned VF GPU, a typed VF in no domain
+// that no live vGPU of the bridge holds is an orphan naming the VF,
+// repairable when the agent's journal holds it; never on a GPU of another
+// class (Nova's), a VF in a domain or held by an attachment, nor while
+// libvirt did not answer the agent.
+func TestDetectOrphanVF(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	const vf, vf2 = "0000:3b:00.4", "0000:3b:00.5"
+	vfGPU := func(s *Snapshot, class string, v ...protocol.VGPU) {
+		h := s.Hosts["h1"]
+		h.Report.GPUs[0].VendorVFIO = true
+		h.Report.GPUs[0].Active = v
+		s.Hosts["h1"] = h
+		s.GPUs[0].Class = class
+	}
+	typed := protocol.VGPU{PCI: vf, TypeID: "1429", Owner: protocol.OwnerAgent}
+	tests := []struct {
+		name       string
+		setup      func(s *Snapshot)
+		wantPCI    []string
+		repairable bool
+	}{
+		{"agent-typed, free", func(s *Snapshot) { vfGPU(s, placement.BridgeClass, typed) }, []string{vf}, true},
+		{"typed outside the agent: reported only", func(s *Snapshot) {
+			v := typed
+			v.Owner = protocol.OwnerNova
+			vfGPU(s, placement.BridgeClass, v)
+		}, []string{vf}, false},
+		{"two orphans, two findings", func(s *Snapshot) {
+			v := typed
+			v.PCI = vf2
+			vfGPU(s, placement.BridgeClass, typed, v)
+		}, []string{vf, vf2}, true},
+		{"Nova's VF GPU", func(s *Snapshot) { vfGPU(s, "CUSTOM_NVIDIA_H200", typed) }, nil, false},
+		{"in a domain", func(s *Snapshot) {
+			v := typed
+			v.InstanceUUID = instA
+			vfGPU(s, placement.BridgeClass, v)
+		}, nil, false},
+		{"held by a pending attachment", func(s *Snapshot) {
+			vfGPU(s, placement.BridgeClass, typed)
+			s.Attachments = []AttachmentView{{ID: mdev1, Instance: instA, Host: "h1", Provider: provA, PCI: vf, Class: placement.BridgeClass,
+				Amount: 1, State: flow.AttPending, UpdatedAt: now}}
+			s.Allocations[provA][instA] = 1
+		}, nil, false},
+		{"libvirt did not answer", func(s *Snapshot) {
+			vfGPU(s, placement.BridgeClass, typed)
+			h := s.Hosts["h1"]
+			h.Report.Errors = []string{"libvirt: connection refused"}
+			s.Hosts["h1"] = h
+		}, nil, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base(now)
+			tc.setup(s)
+			var got []string
+			for _, f := range Detect(s) {
+				if f.Kind != OrphanMdev {
+					continue
+				}
+				got = append(got, f.PCI)
+				if f.Mdev != "" || f.Provider != provA || f.Repairable != tc.repairable || (f.Repairable && (f.Repair == nil || !f.Repair.RemoveMdev || !f.Repair.VF)) {
+					t.Errorf("finding %+v (repair %+v), want VF %s on %s, repairable %v", f, f.Repair, f.PCI, provA, tc.repairable)
+				}
+			}
+			if !reflect.DeepEqual(got, tc.wantPCI) {
+				t.Errorf("orphan VFs = %v, want %v", got, tc.wantPCI)
+			}
+		})
+	}
+}

@@ -295,15 +295,19 @@ func (r *Reconciler) runLocked(ctx context.Context, res *RunResult) (kick bool, 
 }
 
 // leanReport decodes what drift judges a host by from an agent's report:
-// its node and each GPU's address and vGPUs. A fleet's reports are tens of
+// its node, what it could not read (a VF in no domain is an orphan only
+// while libvirt answered), and each GPU's address, mode (vendor-VFIO)
+// and vGPUs. A fleet's reports are tens of
 // MB of JSON; decoding all of each (types, metrics, processes) made every
 // run hold them all at once.
 func leanReport(raw []byte) (protocol.Report, error) {
 	var lr struct {
-		Node string `json:"node"`
-		GPUs []struct {
-			PCI    string `json:"pci"`
-			Active []struct {
+		Node   string   `json:"node"`
+		Errors []string `json:"errors"`
+		GPUs   []struct {
+			PCI        string `json:"pci"`
+			VendorVFIO bool   `json:"vendor_vfio"`
+			Active     []struct {
 				MdevUUID     string `json:"mdev_uuid"`
 				PCI          string `json:"pci"`
 				TypeID       string `json:"type_id"`
@@ -315,9 +319,9 @@ func leanReport(raw []byte) (protocol.Report, error) {
 	if err := json.Unmarshal(raw, &lr); err != nil {
 		return protocol.Report{}, err
 	}
-	r := protocol.Report{Node: lr.Node, GPUs: make([]protocol.GPU, len(lr.GPUs))}
+	r := protocol.Report{Node: lr.Node, Errors: lr.Errors, GPUs: make([]protocol.GPU, len(lr.GPUs))}
 	for i, g := range lr.GPUs {
-		r.GPUs[i].PCI = g.PCI
+		r.GPUs[i].PCI, r.GPUs[i].VendorVFIO = g.PCI, g.VendorVFIO
 		if len(g.Active) > 0 {
 			r.GPUs[i].Active = make([]protocol.VGPU, len(g.Active))
 			for j, v := range g.Active {
@@ -754,7 +758,7 @@ func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open, 
 		}
 		cmd := protocol.Command{V: protocol.Version, Minor: protocol.Minor, ID: uuid.NewString(), Kind: protocol.RemoveMdev, Host: f.Host, RequestID: reqID.String(),
 			IssuedAt: now.UTC(), ExpiresAt: now.Add(r.cfg.CommandTimeout).UTC()}
-		if err := cmd.MarshalParams(protocol.MdevParams{MdevUUID: f.Mdev, ParentPCI: f.PCI}); err != nil {
+		if err := cmd.MarshalParams(protocol.MdevParams{MdevUUID: f.Mdev, ParentPCI: f.PCI, VendorVFIO: rp.VF}); err != nil {
 			return false, err
 		}
 		if err := cmd.Validate(); err != nil {
@@ -772,6 +776,9 @@ func (r *Reconciler) repair(ctx context.Context, tx pgx.Tx, f Finding, o *open, 
 			return false, err
 		}
 		what := fmt.Sprintf("remove_mdev %s queued on host %s (command %s)", f.Mdev, f.Host, cmd.ID)
+		if rp.VF {
+			what = fmt.Sprintf("remove_mdev of VF %s (its type cleared) queued on host %s (command %s)", f.PCI, f.Host, cmd.ID)
+		}
 		if _, err := r.d.Requests.Transition(ctx, tx, reqID, requests.Decided, "queued", what, ""); err != nil {
 			return false, err
 		}

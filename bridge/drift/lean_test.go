@@ -20,7 +20,8 @@ func TestLeanReport(t *testing.T) {
 					{MdevUUID: "9f2c6d1e-0c1a-4f7b-8e3d-2a5b6c7d8e9f", TypeID: "nvidia-230", Owner: "nova"},
 				}},
 			{PCI: "0000:d8:00.0"},
-		}}
+			{PCI: "0000:c1:00.0", VendorVFIO: true, Active: []protocol.VGPU{{PCI: "0000:c1:00.4", TypeID: "1429", Owner: protocol.OwnerAgent}}},
+		}, Errors: []string{"libvirt: connection refused"}}
 	raw, err := json.Marshal(full)
 	if err != nil {
 		t.Fatal(err)
@@ -29,9 +30,10 @@ func TestLeanReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := protocol.Report{Node: full.Node, GPUs: []protocol.GPU{
+	want := protocol.Report{Node: full.Node, Errors: full.Errors, GPUs: []protocol.GPU{
 		{PCI: full.GPUs[0].PCI, Active: full.GPUs[0].Active},
 		{PCI: full.GPUs[1].PCI},
+		{PCI: full.GPUs[2].PCI, VendorVFIO: true, Active: full.GPUs[2].Active},
 	}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("leanReport:\n got %+v\nwant %+v", got, want)

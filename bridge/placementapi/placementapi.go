@@ -148,6 +148,10 @@ type GPU struct {
 	Traits        []string `json:"traits"`
 	Drained       bool     `json:"drained"`
 	DrainReason   string   `json:"drain_reason,omitempty"`
+	// Undeclared: a bridge-owned GPU no longer in [placement]
+	// bridge_owned_vf_gpus, kept (reserved whole) while a vGPU is
+	// allocated on it (placement.Service.RetireOwned).
+	Undeclared bool `json:"undeclared,omitempty"`
 }
 
 func (h *Handlers) gpu(g *engine.GPU) GPU {
@@ -155,6 +159,7 @@ func (h *Handlers) gpu(g *engine.GPU) GPU {
 		ProviderUUID: g.UUID, Name: g.Name, Host: h.svc.HostName(g.Host.Name), Node: g.Host.Name, RootUUID: g.Host.RootUUID,
 		PCIAddress: g.PCIAddress(), ResourceClass: g.Class, Total: g.Inventory.Total, Reserved: g.Inventory.Reserved,
 		Capacity: g.Capacity(), Used: g.Used, Free: g.Free(), Generation: g.Generation, Traits: g.Traits,
+		Undeclared: h.svc.IsUndeclaredOwned(g),
 	}
 	if out.Traits == nil {
 		out.Traits = []string{}

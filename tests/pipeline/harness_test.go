@@ -300,13 +300,16 @@ type replicaOpts struct {
 	// service read the drains again, as the bridge's listener on the
 	// gpus table does.
 	faults *controls.Store
+	// audit has the placement service audit its changes in Placement
+	// (placement.Config.Auditor), as the bridge does.
+	audit bool
 }
 
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	t := w.t
 	svc, err := placement.New(w.ctx, placement.Config{Client: placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin"},
 		SyncConcurrency: 4, Replica: o.name, OwnedVFGPUs: o.owned, SyncInterval: o.syncInterval,
-		RetypeOnDemand: o.retypeOnDemand, RetypeStepHook: o.retypeHook}, w.pool, w.holder.Catalog(), logger())
+		RetypeOnDemand: o.retypeOnDemand, RetypeStepHook: o.retypeHook, Auditor: o.auditor(w.pool)}, w.pool, w.holder.Catalog(), logger())
 	testsvc.Must(t, err, "placement service")
 	_, err = svc.SyncNow(w.ctx, true, nil)
 	if err != nil && err != placement.ErrSyncBusy {
@@ -612,4 +615,13 @@ func (ts tracers) TraceQueryEnd(ctx context.Context, c *pgx.Conn, d pgx.TraceQue
 			t.TraceQueryEnd(ctx, c, d)
 		}
 	}
+}
+
+// auditor is the placement service's auditor: the bridge's audit log
+// when o.audit, else none.
+func (o replicaOpts) auditor(pool *pgxpool.Pool) placement.Auditor {
+	if !o.audit {
+		return nil
+	}
+	return requests.Auditor{DB: pool, Actor: "vgpu-bridge/" + o.name}
 }

@@ -209,6 +209,9 @@ rules:
     on: [webhook.GPU_RESIZE]
     when: event.profile != ""
     then: ['resize(event.profile)']
+  - name: release-on-request
+    on: [webhook.GPU_RELEASE]
+    then: ['release()']
 `
 
 func main() {
@@ -320,6 +323,8 @@ type harness struct {
 	agentsPID             int // the agents' process
 	setupTook             time.Duration
 	agentOpts             []string // more agent options (DEFAULT.x=y)
+	vf                    bool     // the runs' bridge-owned VF GPU case (vf.go)
+	svc                   *placement.Service
 }
 
 func (h *harness) cleanup() {
@@ -401,6 +406,7 @@ func (h *harness) setup(ctx context.Context, perHost int) error {
 }
 
 func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
+	h.vf = true
 	if err := h.setup(ctx, perHost(runs, latN, burst, h.nHosts)); err != nil {
 		return err
 	}
@@ -408,6 +414,10 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 	// Warm up: one request per 10 hosts.
 	if _, err := h.burst(ctx, max(h.nHosts/10, 1)); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
+	}
+	vfLat, vfErr := h.vfLatency(ctx, latN)
+	if vfErr != nil {
+		return vfErr
 	}
 	type result struct {
 		p50, p99, rtt      time.Duration
@@ -521,6 +531,7 @@ func (h *harness) run(ctx context.Context, runs, latN, burst int) error {
 	bare := med(func(r result) float64 { return r.bare })
 	fmt.Printf("median of %d runs: webhook→vGPU attached p50 %.1f ms, p99 %.1f ms; raw broker round trip p50 %.2f ms; ratio p50/round trip %.0f×\n",
 		len(rs), p50, p99, rtt, p50/rtt)
+	printVF(vfLat, len(rs), p50)
 	fmt.Printf("median of %d runs: profile change (GPU_RESIZE %s → %s, detach + remove + attach) p50 %.1f ms, p99 %.1f ms; ratio change p50 / attach p50 %.2f×\n",
 		len(rs), profile, profileB, chP50, chP99, chP50/p50)
 	fmt.Printf("median of %d runs: one Placement claim (PUT /allocations) p50 %.1f ms; ratio webhook→attached p50 / claim %.1f×\n", len(rs), claim, p50/claim)
@@ -868,8 +879,11 @@ func (h *harness) instances(ctx context.Context) error {
 		for g := range spec.MdevGPUs {
 			spec.MdevGPUs[g].Mdevs = nil
 		}
+		if h.vfExtra(hi) > 0 {
+			vfSpec(&spec)
+		}
 		spec.Domains = nil
-		for j := range n {
+		for j := range n + h.vfExtra(hi) {
 			id := uuid.NewString()
 			hs.instances = append(hs.instances, id)
 			spec.Domains = append(spec.Domains, fakehost.Domain{Name: fmt.Sprintf("instance-%08x", hi*100+j+1), UUID: id, Running: true})
@@ -1002,10 +1016,11 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 	}
 	h.cleanups = append(h.cleanups, h.bpool.Close)
 	svc, err := placement.New(ctx, placement.Config{Client: placement.ClientConfig{Endpoint: env("VGPU_TEST_PLACEMENT_URL", "http://127.0.0.1:8778"), Token: "admin"},
-		SyncConcurrency: 8, Replica: "bench"}, h.bpool, holder.Catalog(), h.log)
+		SyncConcurrency: 8, Replica: "bench", OwnedVFGPUs: h.ownedVF()}, h.bpool, holder.Catalog(), h.log)
 	if err != nil {
 		return nil, err
 	}
+	h.svc = svc
 	if _, err := svc.SyncNow(ctx, true, nil); err != nil && !errors.Is(err, placement.ErrSyncBusy) {
 		return nil, fmt.Errorf("placement sync: %w", err)
 	}
@@ -1265,7 +1280,7 @@ func (h *harness) instance() (string, error) {
 	i := int(h.next.Add(1) - 1)
 	hs := h.hosts[i%len(h.hosts)]
 	j := i / len(h.hosts)
-	if j >= len(hs.instances) {
+	if j >= min(len(hs.instances), h.perHost) { // (the VF case's are apart)
 		return "", errors.New("out of instances; raise perHost")
 	}
 	return hs.instances[j], nil
