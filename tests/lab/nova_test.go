@@ -819,6 +819,27 @@ func labNovaBridgeOwnedVF(t *testing.T, ln *labNova) {
 		in, err := api.Instance(ctx, id)
 		return err == nil && in.Host != nil && *in.Host == labNovaHost, fmt.Sprintf("the bridge's instance %s: %+v %v", id, in, err)
 	})
+	// The guest's kernel up (its init lists its PCI functions): a live
+	// detach needs a kernel that answers the ACPI unplug request (a guest
+	// still booting, under emulation in emulation, leaves it standing).
+	// inGuest is how many stand-in VFs the guest's latest listing has.
+	inGuest := func() (int, string) {
+		last := lastGuestPCI(consoleOf(t, id))
+		return strings.Count(last, vfGuestID), last
+	}
+	start := time.Now()
+	poll(t, labNovaOp, func() (bool, string) {
+		_, last := inGuest()
+		return last != "", "the guest's kernel has not listed its PCI functions yet"
+	})
+	t.Logf("the guest's kernel up after %s", time.Since(start).Round(time.Second))
+	guestSees := func(step string, want int) {
+		t.Helper()
+		poll(t, 5*time.Minute, func() (bool, string) {
+			n, last := inGuest()
+			return n == want, fmt.Sprintf("%s: the guest's PCI functions %q, want %d of %s", step, last, want, vfGuestID)
+		})
+	}
 
 	// state reads both GPUs and the server's bridge allocations; want
 	// checks them: the GPU holding the vGPU (nil: none) has its VF typed
@@ -872,7 +893,7 @@ func labNovaBridgeOwnedVF(t *testing.T, ln *labNova) {
 	}
 	ask := func(typ, profile string) {
 		t.Helper()
-		start := time.Now()
+		start = time.Now()
 		ans, err := api.CreateRequest(ctx, apiclient.NewRequest{Type: typ, VMID: id, Workload: "training", VGPUProfile: profile, Count: 1}, "")
 		testsvc.Must(t, err, typ)
 		if req := waitLabRequest(t, ctx, api, ans.RequestID); req.State != "succeeded" {
@@ -884,9 +905,12 @@ func labNovaBridgeOwnedVF(t *testing.T, ln *labNova) {
 	check("published", nil)
 	ask("GPU_REQUEST", "H200X-141C")
 	check("attached", &gpus[0])
+	guestSees("attached", 1)
 	ask("GPU_RESIZE", "H200X-70C")
 	check("profile changed", &gpus[1])
+	guestSees("profile changed", 1)
 	ask("GPU_RELEASE", "")
 	check("released", nil)
+	guestSees("released", 0)
 	ln.DeleteServerWithin(t, id, labNovaOp)
 }
