@@ -187,6 +187,21 @@ func (w *world) startBridge() {
 		case <-done:
 			b, _ := os.ReadFile(w.brLog)
 			w.br = nil
+			// The port FreePort gave was taken by another process
+			// before the bridge bound it: a first start moves to another
+			// (a restart keeps the address the test has been using).
+			if w.runs == 1 && strings.Contains(testsvc.LastLines(string(b), 5), "address already in use") {
+				port := testsvc.FreePort(t)
+				for i, a := range w.args {
+					if strings.HasPrefix(a, "api.listen=") {
+						w.args[i] = fmt.Sprintf("api.listen=127.0.0.1:%d", port)
+					}
+				}
+				w.api = fmt.Sprintf("http://127.0.0.1:%d", port)
+				w.runs = 0
+				w.startBridge()
+				return
+			}
 			t.Fatalf("vgpu-bridge exited at start: %v\n%s", cmd.ProcessState, testsvc.LastLines(string(b), 40))
 		default:
 		}
