@@ -51,8 +51,10 @@ func setupMaintenance(w *wiring, nova any, pl *placement.Service, proc *pipeline
 	store := maintenance.NewStore(w.pool, w.log.With("component", "maintenance"))
 	cfg := MaintenanceRunConfig(w.v)
 	a := &maintenance.API{Store: store, Pool: w.pool, Drain: w.ctl, Poll: cfg.Poll,
-		Known:    func(name string) bool { return len(pl.Index().HostGPUs(name)) > 0 },
-		Chooser:  func() maintenance.Chooser { return &maintenance.IndexChooser{GPUs: pl.Index().GPUs} },
+		Known: func(name string) bool { return len(pl.Index().HostGPUs(name)) > 0 },
+		Chooser: func() maintenance.Chooser {
+			return &maintenance.IndexChooser{GPUs: pl.Index().GPUs, Placeable: pl.Placeable}
+		},
 		Defaults: maintenance.Options{LiveMigrateVGPU: optMaintenanceLiveMigrateVGPU.Get(w.v)}}
 	// Fleet upgrades (vgpuctl fleet upgrade) move the VMs with the host
 	// maintenance operation.

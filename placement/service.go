@@ -652,6 +652,22 @@ func (s *Service) decide(q engine.Request) ([]engine.Candidate, error) {
 	return s.index.Decide(s.engine, q)
 }
 
+// Placeable reports whether the bridge may place vGPUs on the node (a
+// root provider's name): a host whose agent has reported (the hosts
+// table knows it) and that is not drained, disabled or silent for longer
+// than StaleReportAge. Without a database every node is placeable.
+func (s *Service) Placeable(node string) bool {
+	if s.store == nil {
+		return true
+	}
+	s.exMu.RLock()
+	defer s.exMu.RUnlock()
+	if _, ok := s.hostOf[node]; !ok {
+		return false
+	}
+	return !slices.Contains(s.excludeHosts, node)
+}
+
 // HostName maps a node (root provider name) to its compute service host,
 // as agents report it; the node itself while unknown.
 func (s *Service) HostName(node string) string { return s.hostName(node) }

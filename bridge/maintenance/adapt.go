@@ -216,10 +216,14 @@ func Direct(ctx context.Context, pool *pgxpool.Pool, instance string, detach uui
 
 // IndexChooser chooses the target of direct-path vGPUs from the
 // Placement index: the first host (in name order) with room, counting
-// what it chose before.
+// what it chose before, among the hosts Placeable allows (nil: all).
 type IndexChooser struct {
-	GPUs  func() []engine.GPU
-	taken map[string]int // GPU uuid → units chosen
+	GPUs func() []engine.GPU
+	// Placeable says whether the bridge may place on a node: a host with
+	// a live agent, not drained or disabled. Placement's providers of
+	// other hosts (no agent: nothing could attach there) are not targets.
+	Placeable func(node string) bool
+	taken     map[string]int // GPU uuid → units chosen
 }
 
 // ChooseHost implements Chooser.
@@ -238,7 +242,7 @@ func (c *IndexChooser) ChooseHost(need []DirectVGPU, exclude []string) (string, 
 	}
 	slices.Sort(names)
 	for _, h := range names {
-		if slices.Contains(exclude, h) {
+		if slices.Contains(exclude, h) || c.Placeable != nil && !c.Placeable(h) {
 			continue
 		}
 		free := map[string]int{}
