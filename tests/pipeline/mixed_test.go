@@ -28,17 +28,7 @@ import (
 func TestBridgeOwnedVFMixed(t *testing.T) {
 	t.Parallel()
 	w := newWorldWith(t, testPolicy, withVFHetero())
-	w.startAgent()
-	r := w.startBridge(replicaOpts{name: "r1", owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: placement.MixedType}},
-		retypeOnDemand: true})
-	w.reportedFreeVFs(30 * time.Second)
-	n, err := r.svc.PublishOwned(w.ctx)
-	testsvc.Must(t, err, "publish the mixed GPU")
-	if n != 1 {
-		t.Fatalf("PublishOwned changed %d providers, want 1 (created)", n)
-	}
-	rp := w.ownedProvider()
-	w.gpus[vfPF] = rp
+	r, rp := w.ownVFGPU(replicaOpts{name: "r1", retypeOnDemand: true}, placement.MixedType)
 	const total = 143771 - 71680
 	w.wantMixed(rp, total, 0)
 	tr, err := resourceproviders.GetTraits(w.ctx, w.sc, rp).Extract()

@@ -45,18 +45,27 @@ func vfWorld(t *testing.T) (*world, *bridgeReplica, string) {
 // are the world's VF GPU).
 func vfWorldWith(t *testing.T, o replicaOpts) (*world, *bridgeReplica, string) {
 	w := newWorld(t)
+	r, rp := w.ownVFGPU(o, vfType)
+	return w, r, rp
+}
+
+// ownVFGPU starts the world's agent and a bridge started with o that owns
+// the world's VF GPU for typeID (or placement.MixedType), and returns the
+// bridge and the provider it published once the agent reported.
+func (w *world) ownVFGPU(o replicaOpts, typeID string) (*bridgeReplica, string) {
+	w.t.Helper()
 	w.startAgent()
-	o.owned = []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}}
+	o.owned = []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: typeID}}
 	r := w.startBridge(o)
 	w.reportedFreeVFs(30 * time.Second)
 	n, err := r.svc.PublishOwned(w.ctx)
-	testsvc.Must(t, err, "publish the bridge-owned GPUs")
+	testsvc.Must(w.t, err, "publish the bridge-owned GPUs")
 	if n != 1 {
-		t.Fatalf("PublishOwned changed %d providers, want 1 (created)", n)
+		w.t.Fatalf("PublishOwned changed %d providers, want 1 (created)", n)
 	}
 	rp := w.ownedProvider()
 	w.gpus[vfPF] = rp // removed with the world's providers
-	return w, r, rp
+	return r, rp
 }
 
 // TestBridgeOwnedVFAttachRelease: a bridge-owned VF GPU is a child
