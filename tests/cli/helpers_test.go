@@ -21,6 +21,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -190,11 +192,5 @@ func abs(t *testing.T, p string) string {
 
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testsvc.WaitFor(t, within, what, cond)
 }

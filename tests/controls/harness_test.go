@@ -391,13 +391,7 @@ func (f *fleet) metricAt(url, sample string) float64 {
 
 func (f *fleet) waitFor(within time.Duration, what string, ok func() bool) {
 	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testsvc.WaitFor(f.t, within, what, ok)
 }
 
 // vgpuUnits sums a consumer's VGPU allocations in Placement.

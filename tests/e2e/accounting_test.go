@@ -161,6 +161,11 @@ func TestUsageAccounting(t *testing.T) {
 	// A: the release, by the bridge started again.
 	a2 := w.timedRequest("GPU_RELEASE", vmA, "")
 	// The restarted bridge accounts B's resize back from the queued notifications.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("B's inbox and usage when the test failed:\n%s", w.instanceTrail(vmB))
+		}
+	})
 	w.waitFor(time.Minute, "the restarted bridge to end B's flavor usage", func() bool {
 		var open, all int
 		testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FILTER (WHERE ended_at IS NULL), count(*) FROM vgpu_usage WHERE instance_uuid = $1`,
@@ -454,4 +459,41 @@ func (w *world) usage(token string, q url.Values, status int) usage.Report {
 		testsvc.Must(t, json.Unmarshal(b, &rep), "decode usage: "+string(b))
 	}
 	return rep
+}
+
+// instanceTrail is what the bridge holds about an instance, for a failed
+// test's log: each inbox row (type, Nova's time, receipt, when processed)
+// and each usage interval.
+func (w *world) instanceTrail(vm string) string {
+	var b strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, err := w.pool.Query(ctx, `SELECT id, source, event_type, coalesce(occurred_at::text,''), received_at::text, coalesce(processed_at::text,'-')
+		FROM events WHERE instance_uuid = $1 ORDER BY id`, vm)
+	if err != nil {
+		return "events: " + err.Error()
+	}
+	for rows.Next() {
+		var id int64
+		var source, typ, occurred, received, processed string
+		if err := rows.Scan(&id, &source, &typ, &occurred, &received, &processed); err != nil {
+			return "events: " + err.Error()
+		}
+		fmt.Fprintf(&b, "event %d %s %s occurred %s received %s processed %s\n", id, source, typ, occurred, received, processed)
+	}
+	rows.Close()
+	urows, err := w.pool.Query(ctx, `SELECT path, coalesce(flavor,''), coalesce(profile,''), started_at::text, coalesce(ended_at::text,'-')
+		FROM vgpu_usage WHERE instance_uuid = $1 ORDER BY started_at, id`, vm)
+	if err != nil {
+		return b.String() + "usage: " + err.Error()
+	}
+	defer urows.Close()
+	for urows.Next() {
+		var path, flavor, profile, started, ended string
+		if err := urows.Scan(&path, &flavor, &profile, &started, &ended); err != nil {
+			return b.String() + "usage: " + err.Error()
+		}
+		fmt.Fprintf(&b, "usage %s flavor %q profile %q %s – %s\n", path, flavor, profile, started, ended)
+	}
+	return b.String()
 }

@@ -358,11 +358,5 @@ func (w *world) waitFor(within time.Duration, what string, ok func() bool) {
 // waitFor polls ok every 100 ms until it holds, failing t after within.
 func waitFor(t *testing.T, within time.Duration, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %s waiting for %s", within, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testsvc.WaitFor(t, within, what, ok)
 }

@@ -386,13 +386,7 @@ func TestConsumerCancelledAndBrokerList(t *testing.T) {
 
 func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testsvc.WaitFor(t, d, what, ok)
 }
 
 // poisoned returns an instance notification whose payload carries extra,

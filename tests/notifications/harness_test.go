@@ -291,13 +291,7 @@ func (r *rig) final(id string) apiclient.Request {
 
 func (r *rig) waitFor(within time.Duration, what string, ok func() bool) {
 	r.t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testsvc.WaitFor(r.t, within, what, ok)
 }
 
 // attachments are the instance's vGPU attachments, oldest first.

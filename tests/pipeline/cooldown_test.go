@@ -205,11 +205,5 @@ func TestCooldownDeferralSurvivesRestart(t *testing.T) {
 // waitFor polls cond until it holds or within runs out.
 func (w *world) waitFor(within time.Duration, what string, cond func() bool) {
 	w.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			w.t.Fatalf("%s: not after %s", what, within)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testsvc.WaitFor(w.t, within, what, cond)
 }

@@ -189,13 +189,7 @@ func (m *moveWorld) start() *bridgeReplica {
 
 func (m *moveWorld) waitFor(within time.Duration, what string, ok func() bool) {
 	m.t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			m.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testsvc.WaitFor(m.t, within, what, ok)
 }
 
 var corpus map[string]novatest.Sample

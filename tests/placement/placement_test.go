@@ -426,13 +426,7 @@ func TestOneSyncerAndFollowers(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out: %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testsvc.WaitFor(t, 20*time.Second, what, cond)
 }
 
 // TestClaimFromRead: a claim may start from the allocations its caller has

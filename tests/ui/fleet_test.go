@@ -333,13 +333,7 @@ func (f *fleet) getJSON(path string, out any) error {
 
 func (f *fleet) waitFor(within time.Duration, what string, ok func() bool) {
 	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testsvc.WaitFor(f.t, within, what, ok)
 }
 
 func deleteQueues(t *testing.T, names ...string) {

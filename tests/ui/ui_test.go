@@ -72,7 +72,7 @@ func newBrowser(t *testing.T, path string) *browser {
 	if os.Geteuid() == 0 {
 		opts = append(opts, chromedp.NoSandbox) // Chromium refuses to run as root with its sandbox
 	}
-	parent, cancelParent := context.WithTimeout(context.Background(), 3*time.Minute)
+	parent, cancelParent := context.WithTimeout(context.Background(), testsvc.Within(3*time.Minute))
 	actx, cancelAlloc := chromedp.NewExecAllocator(parent, opts...)
 	ctx, cancelCtx := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancelCtx(); cancelAlloc(); cancelParent() })
@@ -117,6 +117,7 @@ func run[T any](t *testing.T, b *browser, what string, a chromedp.Action[T]) T {
 // after within.
 func (b *browser) waitText(t *testing.T, sel string, within time.Duration, ok func(string) bool) string {
 	t.Helper()
+	within = testsvc.Within(within)
 	deadline := time.Now().Add(within)
 	for {
 		s := run(t, b, sel, chromedp.Text(chromedp.CSS(sel)))

@@ -83,14 +83,7 @@ func finish(t *testing.T, e *env, id [16]byte, final requests.State) {
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testsvc.WaitFor(t, 20*time.Second, what, cond)
 }
 
 func TestCallbackDeliveredWithRetries(t *testing.T) {
