@@ -51,15 +51,22 @@ services: ## Install (apt) and start Postgres, RabbitMQ, Placement and Keystone 
 test: services ## Start the services, run unit and integration tests with the race detector and, beside them, each fuzz target briefly, then the lab's tests but its slowest (LAB_SLOW_TESTS: `make lab-test` runs them all; the lab VM is powered off at the end)
 	@# The fuzz targets run beside the go test packages (at a lower CPU
 	@# priority: the packages spend much of their time waiting on Nova and
-	@# the other services), their output printed after the packages'; the
-	@# lab comes after both (it is CPU-heavy: it must not share the machine
-	@# with them). Each phase runs even when one before failed, so a run
-	@# reports all three, and the target fails when any did. The lab's
-	@# tests run verbose: the log shows what each took.
-	@rc=0; fuzzlog=$$(mktemp); \
+	@# the other services), their output printed after the packages'; so
+	@# does the lab's build (its packages installed first: apt must not run
+	@# beside TestInstall's dpkg; the modules and the nested guest's kernel
+	@# compiled at the lowest priority, on what the tests leave idle). The
+	@# lab's VM and tests come after both (CPU-heavy: they must not share
+	@# the machine with the packages). Each phase runs even when one before
+	@# failed, so a run reports all three, and the target fails when any
+	@# did. The lab's tests run verbose: the log shows what each took.
+	@rc=0; fuzzlog=$$(mktemp); lablog=$$(mktemp); \
+	bash tests/lab/lab.sh install || echo "lab: lab.sh install failed; the lab's up tries again"; \
 	nice -n 10 bash tests/fuzz.sh $(TEST_FUZZTIME) >"$$fuzzlog" 2>&1 & fuzz=$$!; \
+	LAB_NO_APT=1 nice -n 19 bash tests/lab/lab.sh build >"$$lablog" 2>&1 & labbuild=$$!; \
 	CI=$${CI:-} $(GO) test -race -timeout $(TEST_TIMEOUT) -count=1 $(SLOW_TEST_PKGS) ./... || rc=1; \
 	wait $$fuzz || rc=1; cat "$$fuzzlog"; rm -f "$$fuzzlog"; \
+	wait $$labbuild || echo "lab: the build beside the go tests failed; the lab's up tries again"; \
+	cat "$$lablog"; rm -f "$$lablog"; \
 	( $(call lab_test_down,-v -skip '$(LAB_SLOW_TESTS)') ) || rc=1; \
 	exit $$rc
 
