@@ -36,9 +36,9 @@ const ReferenceTitle = "vgpu-bridge configuration (bridge.conf)"
 //	s := conf.NewSet("VGPU_BRIDGE", ...)
 //	s.Deprecated("old_section", "old_name", "new_section", "new_name")
 //
-// (new_name "" for an option that was removed). None so far.
+// (new_name "" for an option that was removed).
 func Options() *conf.Set {
-	return conf.NewSet("VGPU_BRIDGE",
+	s := conf.NewSet("VGPU_BRIDGE",
 		accessOptions.WithCheck(validateAccess),
 		accountingOptions.WithCheck(validateAccounting),
 		apiOptions.WithCheck(validateAPI),
@@ -69,6 +69,9 @@ func Options() *conf.Set {
 		webhooksOptions.WithCheck(validateWebhooks),
 		webhook.Options(),
 	)
+	// Bridge-owned GPUs are mdev GPUs too, not VF GPUs only.
+	s.Deprecated("placement", "bridge_owned_vf_gpus", "placement", "bridge_owned_gpus")
+	return s
 }
 
 // LoadConfig loads and validates the configuration.

@@ -37,7 +37,7 @@ type MixedClaim struct {
 func (s *Service) ClaimMixed(ctx context.Context, c MixedClaim) (*Claim, error) {
 	n := max(c.Count, 1)
 	var decls []OwnedDecl
-	for _, d := range s.cfg.OwnedVFGPUs {
+	for _, d := range s.cfg.OwnedGPUs {
 		if d.Host == c.Host && d.Mixed() {
 			decls = append(decls, d)
 		}
@@ -56,7 +56,7 @@ func (s *Service) ClaimMixed(ctx context.Context, c MixedClaim) (*Claim, error) 
 	read := c.Read
 	var why []string
 	for _, d := range decls {
-		g, ok := reportGPU(r, d.PCI)
+		g, ok := ownedReportGPU(r, d.PCI, MixedType)
 		if !ok {
 			why = append(why, d.PCI+": not in its agent's last report as a vendor-VFIO GPU")
 			continue
@@ -153,8 +153,8 @@ func (s *Service) MixedPCI(rp string) string {
 }
 
 // ErrNoMixedGPUs is ErrNoCapacity for a host with no mixed GPU in
-// [placement] bridge_owned_vf_gpus.
-var ErrNoMixedGPUs = fmt.Errorf("%w: no mixed GPU in [placement] bridge_owned_vf_gpus", ErrNoCapacity)
+// [placement] bridge_owned_gpus.
+var ErrNoMixedGPUs = fmt.Errorf("%w: no mixed GPU in [placement] bridge_owned_gpus", ErrNoCapacity)
 
 // errMixedNotRetyped says a mixed GPU is never re-typed: it offers every
 // type its agent reports.

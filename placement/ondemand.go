@@ -18,8 +18,8 @@ import (
 var ErrNoRetype = errors.New("no bridge-owned GPU re-typed")
 
 // ErrNoOwnedGPUs is ErrNoRetype for a host with no GPU in [placement]
-// bridge_owned_vf_gpus: nothing there is the bridge's to re-type.
-var ErrNoOwnedGPUs = fmt.Errorf("%w: the host has no GPU in [placement] bridge_owned_vf_gpus", ErrNoRetype)
+// bridge_owned_gpus: nothing there is the bridge's to re-type.
+var ErrNoOwnedGPUs = fmt.Errorf("%w: the host has no GPU in [placement] bridge_owned_gpus", ErrNoRetype)
 
 // OnDemand is a claim that found no capacity, for RetypeOnDemand.
 type OnDemand struct {
@@ -39,7 +39,7 @@ type Retyped struct {
 }
 
 // RetypeOnDemand re-types, for a direct-path claim that found no capacity
-// (d), an empty bridge-owned VF GPU of d.Host to the type of d.Trait
+// (d), an empty bridge-owned GPU (VF or mdev) of d.Host to the type of d.Trait
 // through Retype (the same steps and the same checks), and returns it,
 // offering that type, for the claim to be made there.
 //
@@ -47,7 +47,8 @@ type Retyped struct {
 // stopped bridge left unfinished first (it is finished), then the host's
 // declared GPUs by PCI address. A GPU qualifies when it is not re-typing
 // to another type, does not offer the type already, holds no VF typed by
-// the bridge, has no unit allocated on its provider, is not excluded, and
+// the bridge (a VF GPU) or mdev of the bridge (an mdev GPU), has no unit
+// allocated on its provider, is not excluded, and
 // its agent's last report lists the type creatable at least d.Count
 // times. None qualifying is ErrNoRetype, naming why for each GPU; with
 // [placement] retype_on_demand off, the first GPU that qualifies is named
@@ -64,7 +65,7 @@ func (s *Service) RetypeOnDemand(ctx context.Context, d OnDemand) (Retyped, erro
 	}
 	n := max(d.Count, 1)
 	var decls []OwnedDecl
-	for _, o := range s.cfg.OwnedVFGPUs {
+	for _, o := range s.cfg.OwnedGPUs {
 		if o.Host == d.Host && !o.Mixed() { // a mixed GPU is claimed on as it is (ClaimMixed)
 			decls = append(decls, o)
 		}
@@ -143,12 +144,12 @@ func (s *Service) retypeCandidate(ctx context.Context, o OwnedDecl, rows []retyp
 	if catalog.TraitFor(c.From) == d.Trait {
 		return c, "offers the type already, with no room", nil
 	}
-	g, ok := reportGPU(r, o.PCI)
+	g, ok := ownedReportGPU(r, o.PCI, o.TypeID)
 	if !ok {
-		return c, "not in its agent's last report as a vendor-VFIO GPU", nil
+		return c, "not in its agent's last report as a " + gpuKind(o.TypeID), nil
 	}
 	if k := bridgeVGPUs(g); k > 0 {
-		return c, fmt.Sprintf("in use (%d VF(s) typed by the bridge)", k), nil
+		return c, fmt.Sprintf("in use (%d %s)", k, vgpuNoun(g)), nil
 	}
 	i := slices.IndexFunc(g.Types, func(t protocol.VGPUType) bool { return catalog.TraitFor(t.ID) == d.Trait })
 	if i < 0 || g.Types[i].AvailableInstances < n {

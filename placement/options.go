@@ -38,24 +38,27 @@ var (
 			"driver_compat_file), adding and removing only traits of that prefix, so that a flavor or image asking for "+
 			"trait:CUSTOM_VGPU_GUEST_DRIVER_R535=required never lands where the guest would show code 43. Each change "+
 			"is audited. Needs a Placement account allowed to write traits. Example: true")
-	optOwnedVFGPUs = options.List("placement", "bridge_owned_vf_gpus", "",
-		"Vendor-VFIO GPUs (SR-IOV, vGPU 17+) that Nova does not manage and the bridge owns, as HOST/PF=TYPE: Nova's "+
-			"compute service host, the GPU's physical function and the numeric vGPU type its VFs offer. For each, the "+
+	optOwnedGPUs = options.List("placement", "bridge_owned_gpus", "",
+		"GPUs that Nova does not manage and the bridge owns, as HOST/PCI=TYPE: Nova's compute service host, the GPU's "+
+			"PCI address and the vGPU type it offers. A numeric TYPE declares a vendor-VFIO GPU (SR-IOV, vGPU 17+; PCI is "+
+			"its physical function) whose VFs the bridge types; an mdev TYPE (nvidia-231) declares an mdev GPU (one its "+
+			"agent reports with mdev types and no VFs) on which the bridge's agent creates mdevs of the type. For each, the "+
 			"bridge creates a child provider of the compute node's provider with an inventory of CUSTOM_VGPU_BRIDGE "+
-			"(the VFs it can still type) and the type's trait, which only its direct path claims: Nova's "+
-			"resources:VGPU flavors never match it. HOST/PF=mixed declares a GPU in the driver's heterogeneous "+
-			"(mixed-size) vGPU mode instead: its provider offers the GPU's framebuffer in MiB of "+
+			"(the vGPUs of the type the GPU holds or can still create) and the type's trait, which only its direct path "+
+			"claims: Nova's resources:VGPU flavors never match it. HOST/PF=mixed declares a vendor-VFIO GPU in the "+
+			"driver's heterogeneous (mixed-size) vGPU mode instead: its provider offers the GPU's framebuffer in MiB of "+
 			"CUSTOM_VGPU_BRIDGE_FB_MIB and every reported type's trait, and each vGPU claims its type's framebuffer. "+
 			"A GPU (not mixed) taken out of the list loses that provider once no vGPU is allocated on it (until "+
 			"then it is kept, its inventory reserved whole). Never list a GPU that is in Nova's [pci] device_spec or "+
-			"[devices] enabled_mdev_types. Example: compute-7/0000:c1:00.0=1430")
+			"[devices] enabled_mdev_types (or [mdev_<type>] device_addresses). Formerly bridge_owned_vf_gpus (deprecated "+
+			"name, still read). Example: compute-7/0000:c1:00.0=1430,compute-7/0000:d8:00.0=nvidia-231")
 	optRetypeOnDemand = options.Bool("placement", "retype_on_demand", false,
 		"Opt-in: when a direct-path request needs a vGPU type that no free capacity of the instance's host offers, "+
-			"re-type an empty GPU of bridge_owned_vf_gpus on that host (no VF typed by the bridge, no unit allocated "+
-			"on its provider) whose agent reports the type creatable, as `vgpuctl gpu retype` does, then claim there. "+
-			"The GPUs of the host are tried in PCI address order; each re-type is audited (gpu.retype, with the "+
-			"request). Off, such a request fails no_capacity and its reason names the GPU an operator can re-type. "+
-			"Example: true")
+			"re-type an empty GPU of bridge_owned_gpus on that host (no VF typed by the bridge or mdev of the bridge on "+
+			"it, no unit allocated on its provider) whose agent reports the type creatable, as `vgpuctl gpu retype` "+
+			"does, then claim there. The GPUs of the host are tried in PCI address order; each re-type is audited "+
+			"(gpu.retype, with the request). Off, such a request fails no_capacity and its reason names the GPU an "+
+			"operator can re-type. Example: true")
 	optNovaVFClasses = options.List("placement", "nova_vf_resource_classes", "",
 		"Nova-owned VF GPUs: the resource classes of Nova's PCI providers (the resource_class of [pci] device_spec "+
 			"entries, with [pci] report_in_placement) whose VFs are vGPUs, each with the numeric vGPU type its VFs "+
@@ -100,9 +103,9 @@ func check(v *conf.Values) conf.Errors {
 	if p := optTypePrefix.Get(v); !reTraitPrefix.MatchString(p) {
 		errs = append(errs, &conf.Error{Section: "placement", Option: "type_trait_prefix", Value: p, Problem: "not a custom trait prefix; allowed: CUSTOM_[A-Z0-9_]*"})
 	}
-	for _, d := range optOwnedVFGPUs.Get(v) {
+	for _, d := range optOwnedGPUs.Get(v) {
 		if _, err := ParseOwnedDecl(d); err != nil {
-			errs = append(errs, &conf.Error{Section: "placement", Option: "bridge_owned_vf_gpus", Value: d, Problem: err.Error() + "; allowed: HOST/PF=TYPE or HOST/PF=mixed"})
+			errs = append(errs, &conf.Error{Section: "placement", Option: "bridge_owned_gpus", Value: d, Problem: err.Error() + "; allowed: HOST/PCI=TYPE (a numeric or an mdev type id) or HOST/PF=mixed"})
 		}
 	}
 	for _, d := range optNovaVFClasses.Get(v) {
@@ -148,7 +151,7 @@ func ConfigFrom(v *conf.Values) Config {
 		AddDriverTraits:  optAddDriverTraits.Get(v),
 		StaleReportAge:   optStaleReportAge.Get(v),
 		ConsumerType:     optConsumerType.Get(v),
-		OwnedVFGPUs:      ownedDecls(optOwnedVFGPUs.Get(v)),
+		OwnedGPUs:        ownedDecls(optOwnedGPUs.Get(v)),
 		RetypeOnDemand:   optRetypeOnDemand.Get(v),
 		NovaVFClasses:    novaVFClasses(optNovaVFClasses.Get(v)),
 	}
@@ -188,7 +191,7 @@ func NovaVFAliases(v *conf.Values) map[string]NovaVFAlias {
 	return out
 }
 
-// ownedDecls parses [placement] bridge_owned_vf_gpus (check has refused
+// ownedDecls parses [placement] bridge_owned_gpus (check has refused
 // what does not parse).
 func ownedDecls(list []string) []OwnedDecl {
 	var out []OwnedDecl

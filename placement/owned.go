@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -38,43 +39,86 @@ const BridgeFBClass = "CUSTOM_VGPU_BRIDGE_FB_MIB"
 // MixedType is the TYPE of a mixed declaration (HOST/PF=mixed).
 const MixedType = "mixed"
 
-// OwnedDecl declares one vendor-VFIO GPU (its physical function) of a
-// compute host bridge-owned, offering vGPUs of TypeID on its VFs:
-// "HOST/PF=TYPE" in [placement] bridge_owned_vf_gpus; or, with TypeID
-// MixedType ("HOST/PF=mixed"), vGPUs of every type its agent reports,
-// framebuffer being the limit.
+// OwnedDecl declares one GPU of a compute host bridge-owned ("HOST/PCI=TYPE"
+// in [placement] bridge_owned_gpus): a vendor-VFIO GPU (its physical
+// function) offering vGPUs of the numeric TypeID on its VFs; or, with
+// TypeID MixedType ("HOST/PF=mixed"), vGPUs of every type its agent
+// reports, framebuffer being the limit; or an mdev GPU (a GPU its agent
+// reports with mdev types and no VFs) offering mdevs of TypeID, an mdev
+// type id such as nvidia-231.
 type OwnedDecl struct {
 	Host   string // Nova's compute service host (the agent's [DEFAULT] host)
-	PCI    string // the PF, 0000:c1:00.0
-	TypeID string // numeric vGPU type id, 1430; or MixedType
+	PCI    string // the GPU: the PF of a VF GPU, 0000:c1:00.0
+	TypeID string // 1430 (VF GPU); nvidia-231 (mdev GPU); or MixedType
 }
 
 // Mixed reports whether d declares a mixed (heterogeneous) GPU.
 func (d OwnedDecl) Mixed() bool { return d.TypeID == MixedType }
 
+// Mdev reports whether d declares an mdev GPU (its type is an mdev type,
+// not a numeric vendor-VFIO one): its vGPUs are mdevs the agent creates
+// on the GPU, not VFs.
+func (d OwnedDecl) Mdev() bool { return !d.Mixed() && IsMdevType(d.TypeID) }
+
 func (d OwnedDecl) String() string { return d.Host + "/" + d.PCI + "=" + d.TypeID }
 
-// ParseOwnedDecl parses "HOST/PF=TYPE" (fake-compute-0/0000:c1:00.0=1430)
+// IsMdevType reports whether typeID names an mdev type (nvidia-231, as
+// mdev_supported_types lists them) rather than a numeric vendor-VFIO
+// type (1430, as a VF's creatable_vgpu_types lists them); "" is neither.
+func IsMdevType(typeID string) bool {
+	return typeID != "" && strings.Trim(typeID, "0123456789") != ""
+}
+
+// reMdevType is what an mdev type id looks like: a directory name of
+// mdev_supported_types, the parent driver's name (lower case, as the
+// kernel's drivers are named), a dash and the type's (nvidia-231,
+// i915-GVTg_V5_4). A profile name given for a type (T4-2Q, H200X-35C) is
+// none.
+var reMdevType = regexp.MustCompile(`^[a-z0-9_]+-[A-Za-z0-9_.-]+$`)
+
+// ValidTypeID reports whether id can be a bridge-owned GPU's type: a
+// numeric vendor-VFIO type id or an mdev type id.
+func ValidTypeID(id string) bool {
+	return id != "" && (!IsMdevType(id) || reMdevType.MatchString(id))
+}
+
+// ParseOwnedDecl parses "HOST/PCI=TYPE" (fake-compute-0/0000:c1:00.0=1430
+// for a VF GPU, fake-compute-0/0000:d8:00.0=nvidia-231 for an mdev GPU)
 // or "HOST/PF=mixed".
 func ParseOwnedDecl(s string) (OwnedDecl, error) {
 	hostPCI, typ, ok := strings.Cut(strings.TrimSpace(s), "=")
 	if !ok {
-		return OwnedDecl{}, fmt.Errorf("%q: want HOST/PF=TYPE", s)
+		return OwnedDecl{}, fmt.Errorf("%q: want HOST/PCI=TYPE", s)
 	}
 	i := strings.LastIndex(hostPCI, "/")
 	if i <= 0 || i == len(hostPCI)-1 {
-		return OwnedDecl{}, fmt.Errorf("%q: want HOST/PF=TYPE", s)
+		return OwnedDecl{}, fmt.Errorf("%q: want HOST/PCI=TYPE", s)
 	}
 	d := OwnedDecl{Host: hostPCI[:i], PCI: strings.ToLower(hostPCI[i+1:]), TypeID: typ}
 	if engine.PCIAddress(GPUProviderName("n", d.PCI)) == "" {
 		return OwnedDecl{}, fmt.Errorf("%q: %q is not a PCI address (DDDD:BB:SS.F)", s, d.PCI)
 	}
-	if strings.EqualFold(d.TypeID, MixedType) {
+	switch {
+	case strings.EqualFold(d.TypeID, MixedType):
 		d.TypeID = MixedType
-	} else if d.TypeID == "" || strings.Trim(d.TypeID, "0123456789") != "" {
-		return OwnedDecl{}, fmt.Errorf("%q: %q is not a numeric vendor-VFIO type id or %s", s, d.TypeID, MixedType)
+	case !ValidTypeID(d.TypeID):
+		return OwnedDecl{}, fmt.Errorf("%q: %q is not a numeric vendor-VFIO type id, an mdev type id (nvidia-231) or %s", s, d.TypeID, MixedType)
 	}
 	return d, nil
+}
+
+// ownedReportGPU is the GPU of the agent's report that the declaration
+// of pci names, of the kind its type says (a vendor-VFIO GPU for a
+// numeric type or mixed, an mdev GPU for an mdev type): false when the
+// report has none.
+func ownedReportGPU(r protocol.Report, pci, typeID string) (protocol.GPU, bool) {
+	vf := !(OwnedDecl{TypeID: typeID}).Mdev()
+	for _, g := range r.GPUs {
+		if g.VendorVFIO == vf && g.PhysFn == "" && strings.EqualFold(g.PCI, pci) {
+			return g, true
+		}
+	}
+	return protocol.GPU{}, false
 }
 
 // OwnedGPU is what the bridge publishes for one bridge-owned GPU: a child
@@ -98,8 +142,9 @@ type OwnedGPU struct {
 }
 
 // OwnedFromReport is what the declared GPUs of one host's report are
-// worth in Placement; a declared GPU the report lacks, or reports as not
-// vendor-VFIO, is left out.
+// worth in Placement; a declared GPU the report lacks, or reports of
+// another kind (a VF GPU declared with an mdev type, an mdev GPU with a
+// numeric one), is left out.
 func OwnedFromReport(decls []OwnedDecl, host string, r protocol.Report) []OwnedGPU {
 	node := r.Node
 	if node == "" {
@@ -110,16 +155,15 @@ func OwnedFromReport(decls []OwnedDecl, host string, r protocol.Report) []OwnedG
 		if d.Host != host {
 			continue
 		}
-		for _, g := range r.GPUs {
-			if !g.VendorVFIO || !strings.EqualFold(g.PCI, d.PCI) {
-				continue
-			}
+		if g, ok := ownedReportGPU(r, d.PCI, d.TypeID); ok {
 			if d.Mixed() {
 				if m, ok := mixedFromReport(node, d.PCI, g); ok {
 					out = append(out, m)
 				}
 				continue
 			}
+			// The units the type can still take (free VFs, or mdevs the
+			// GPU can still create) and the bridge's vGPUs of it.
 			total := 0
 			for _, t := range g.Types {
 				if t.ID == d.TypeID {
@@ -181,7 +225,7 @@ var ErrNotOwned = errors.New("provider exists and is not the bridge's")
 // Placement call is made inside a database transaction. It returns how
 // many providers it changed.
 func (s *Service) PublishOwned(ctx context.Context) (int, error) {
-	if len(s.cfg.OwnedVFGPUs) == 0 || s.store == nil {
+	if len(s.cfg.OwnedGPUs) == 0 || s.store == nil {
 		return 0, nil
 	}
 	// Re-types a stopped bridge left are finished first; a GPU whose
@@ -272,7 +316,7 @@ func (s *Service) PublishGPU(ctx context.Context, g OwnedGPU) (bool, string, err
 		return false, "", err
 	} else if len(ps) > 0 {
 		return false, "", fmt.Errorf("GPU %s of %s: %w: Nova reports its VFs in Placement (provider %s, [pci] device_spec); "+
-			"take it out of [placement] bridge_owned_vf_gpus", g.PCI, g.Node, ErrNotOwned, novaName)
+			"take it out of [placement] bridge_owned_gpus", g.PCI, g.Node, ErrNotOwned, novaName)
 	}
 	name := GPUProviderName(g.Node, g.PCI)
 	changed := false

@@ -17,11 +17,16 @@ func TestParseOwnedDecl(t *testing.T) {
 		{in: " cn.example.org/0000:C1:00.0=1429 ", want: OwnedDecl{Host: "cn.example.org", PCI: "0000:c1:00.0", TypeID: "1429"}},
 		{in: "compute-7/0000:c1:00.0=Mixed", want: OwnedDecl{Host: "compute-7", PCI: "0000:c1:00.0", TypeID: MixedType}},
 		{in: "compute-7/0000:c1:00.0=mix", wantErr: true},
-		{in: "compute-7/0000:c1:00.0", wantErr: true},            // no type
-		{in: "0000:c1:00.0=1430", wantErr: true},                 // no host
-		{in: "compute-7/=1430", wantErr: true},                   // no PF
-		{in: "compute-7/c1:00=1430", wantErr: true},              // not a PCI address
-		{in: "compute-7/0000:c1:00.0=nvidia-232", wantErr: true}, // an mdev type
+		{in: "compute-7/0000:c1:00.0", wantErr: true},                                                                            // no type
+		{in: "0000:c1:00.0=1430", wantErr: true},                                                                                 // no host
+		{in: "compute-7/=1430", wantErr: true},                                                                                   // no PF
+		{in: "compute-7/c1:00=1430", wantErr: true},                                                                              // not a PCI address
+		{in: "compute-7/0000:d8:00.0=nvidia-232", want: OwnedDecl{Host: "compute-7", PCI: "0000:d8:00.0", TypeID: "nvidia-232"}}, // an mdev GPU
+		{in: "compute-7/0000:d8:00.0=nvidia 232", wantErr: true},                                                                 // not a type id
+		{in: "compute-7/0000:d8:00.0=-232", wantErr: true},
+		{in: "compute-7/0000:d8:00.0=T4-2Q", wantErr: true},     // a profile name
+		{in: "compute-7/0000:c1:00.0=H200X-35C", wantErr: true}, // a profile name
+		{in: "compute-7/0000:00:02.0=i915-GVTg_V5_4", want: OwnedDecl{Host: "compute-7", PCI: "0000:00:02.0", TypeID: "i915-GVTg_V5_4"}},
 		{in: "compute-7/0000:c1:00.0=", wantErr: true},
 	} {
 		got, err := ParseOwnedDecl(tc.in)
@@ -54,6 +59,45 @@ func TestOwnedFromReport(t *testing.T) {
 	}
 	if got := OwnedFromReport(decls, "h3", r); len(got) != 0 {
 		t.Errorf("another host's declarations: %+v", got)
+	}
+}
+
+// TestOwnedFromReportMdev: an mdev GPU declared with an mdev type offers
+// the mdevs of the type it can still create and the bridge's mdevs of it
+// (the agent's journal holds them), not Nova's; a declaration whose type
+// is of the other kind than the GPU's (an mdev type on a VF GPU, a
+// numeric type on an mdev GPU) offers nothing.
+func TestOwnedFromReportMdev(t *testing.T) {
+	r := protocol.Report{Host: "h1", GPUs: []protocol.GPU{
+		{PCI: "0000:3b:00.0", Types: []protocol.VGPUType{{ID: "nvidia-231", AvailableInstances: 5}, {ID: "nvidia-232", AvailableInstances: 0}},
+			Active: []protocol.VGPU{
+				{MdevUUID: "m1", TypeID: "nvidia-231", Owner: protocol.OwnerAgent}, // the bridge's: counted
+				{MdevUUID: "m2", TypeID: "nvidia-231", Owner: protocol.OwnerAgent},
+				{MdevUUID: "m3", TypeID: "nvidia-231", Owner: protocol.OwnerNova}, // Nova's: not counted
+			}},
+		{PCI: "0000:c1:00.0", VendorVFIO: true, Types: []protocol.VGPUType{{ID: "1429", AvailableInstances: 2}}},
+	}}
+	for _, tc := range []struct {
+		name string
+		decl OwnedDecl
+		want []OwnedGPU
+	}{
+		{"mdev GPU", OwnedDecl{Host: "h1", PCI: "0000:3b:00.0", TypeID: "nvidia-231"},
+			[]OwnedGPU{{Node: "h1", PCI: "0000:3b:00.0", Trait: "CUSTOM_NVIDIA_231", Total: 7}}},
+		{"mdev GPU, type not creatable", OwnedDecl{Host: "h1", PCI: "0000:3b:00.0", TypeID: "nvidia-232"},
+			[]OwnedGPU{{Node: "h1", PCI: "0000:3b:00.0", Trait: "CUSTOM_NVIDIA_232", Total: 0}}},
+		{"numeric type on an mdev GPU", OwnedDecl{Host: "h1", PCI: "0000:3b:00.0", TypeID: "1429"}, nil},
+		{"mdev type on a VF GPU", OwnedDecl{Host: "h1", PCI: "0000:c1:00.0", TypeID: "nvidia-231"}, nil},
+		{"mixed on an mdev GPU", OwnedDecl{Host: "h1", PCI: "0000:3b:00.0", TypeID: MixedType}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := OwnedFromReport([]OwnedDecl{tc.decl}, "h1", r); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("OwnedFromReport(%v) = %+v, want %+v", tc.decl, got, tc.want)
+			}
+			if got, want := tc.decl.Mdev(), IsMdevType(tc.decl.TypeID) && tc.decl.TypeID != MixedType; got != want {
+				t.Errorf("%v.Mdev() = %v", tc.decl, got)
+			}
+		})
 	}
 }
 

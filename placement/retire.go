@@ -23,7 +23,7 @@ type retireState struct {
 }
 
 // KeptOwned is the provider of a GPU no longer in [placement]
-// bridge_owned_vf_gpus that the bridge keeps, its inventory reserved
+// bridge_owned_gpus that the bridge keeps, its inventory reserved
 // whole, while units are allocated on it.
 type KeptOwned struct {
 	Provider string
@@ -35,7 +35,7 @@ type KeptOwned struct {
 
 // undeclaredOwned lists the providers of BridgeClass under the compute
 // nodes of the hosts the bridge knows (the hosts table) that no
-// declaration of [placement] bridge_owned_vf_gpus names: the providers of
+// declaration of [placement] bridge_owned_gpus names: the providers of
 // GPUs taken out of the option, or of hosts taken out of it. Providers of
 // nodes the bridge knows no agent of are never listed: another bridge's
 // (or a test's) are not this one's to judge.
@@ -72,7 +72,7 @@ func (s *Service) declaredOwnedNames() map[string]bool {
 	out := map[string]bool{}
 	s.exMu.RLock()
 	defer s.exMu.RUnlock()
-	for _, d := range s.cfg.OwnedVFGPUs {
+	for _, d := range s.cfg.OwnedGPUs {
 		out[GPUProviderName(d.Host, d.PCI)] = true
 		if n, ok := s.nodeOf[d.Host]; ok {
 			out[GPUProviderName(n, d.PCI)] = true
@@ -82,7 +82,7 @@ func (s *Service) declaredOwnedNames() map[string]bool {
 }
 
 // IsUndeclaredOwned reports whether g is the provider of a bridge-owned
-// GPU that [placement] bridge_owned_vf_gpus no longer declares (the sync
+// GPU that [placement] bridge_owned_gpus no longer declares (the sync
 // leader deletes it once no unit is allocated there; until then it is
 // kept, its inventory reserved whole).
 func (s *Service) IsUndeclaredOwned(g *engine.GPU) bool {
@@ -164,7 +164,7 @@ func (s *Service) retireOne(ctx context.Context, g engine.GPU) (*KeptOwned, bool
 	}
 	if reserved {
 		s.audit(ctx, "placement.provider_reserve", rp, map[string]any{"name": g.Name, "host": host, "pci_address": pci,
-			"reason": "no longer in [placement] bridge_owned_vf_gpus"})
+			"reason": "no longer in [placement] bridge_owned_gpus"})
 	}
 	used, err := s.ownedUsed(ctx, rp)
 	if err != nil {
@@ -188,7 +188,7 @@ func (s *Service) retireOne(ctx context.Context, g engine.GPU) (*KeptOwned, bool
 	}
 	s.log.Info("placement: undeclared bridge-owned GPU provider deleted", "provider", g.Name, logkey.Provider, rp, logkey.Host, host, "pci", pci)
 	s.audit(ctx, "placement.provider_delete", rp, map[string]any{"name": g.Name, "host": host, "pci_address": pci, "parent": g.Host.RootUUID,
-		"reason": "no longer in [placement] bridge_owned_vf_gpus"})
+		"reason": "no longer in [placement] bridge_owned_gpus"})
 	if _, err := s.store.Pool().Exec(ctx, `DELETE FROM owned_gpu_types WHERE host = $1 AND pci = $2`, host, pci); err != nil {
 		return nil, true, fmt.Errorf("forget the re-type of %s/%s: %w", host, pci, err)
 	}

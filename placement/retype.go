@@ -17,12 +17,12 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 )
 
-// Errors of a re-type of a bridge-owned VF GPU.
+// Errors of a re-type of a bridge-owned GPU.
 var (
-	// ErrRetypeNotOwned: the GPU is not in [placement] bridge_owned_vf_gpus.
+	// ErrRetypeNotOwned: the GPU is not in [placement] bridge_owned_gpus.
 	ErrRetypeNotOwned = errors.New("GPU is not bridge-owned")
-	// ErrRetypeInUse: the GPU holds vGPUs of the bridge (typed VFs, or
-	// units allocated on its provider).
+	// ErrRetypeInUse: the GPU holds vGPUs of the bridge (typed VFs or
+	// mdevs, or units allocated on its provider).
 	ErrRetypeInUse = errors.New("GPU has vGPUs of the bridge")
 	// ErrRetypeNotCreatable: the agent's last report does not list the
 	// type as creatable on the GPU.
@@ -48,7 +48,7 @@ type retypeRow struct {
 	host, pci, typeID, from, step string
 }
 
-// Retype makes typeID the type a bridge-owned VF GPU (host, pf) offers,
+// Retype makes typeID the type a bridge-owned GPU (host, pf) offers,
 // in an order that leaves no window where Placement offers a type the
 // bridge would not attach there:
 //
@@ -59,9 +59,11 @@ type retypeRow struct {
 //     the GPU's type in the bridge's state (step typed);
 //  3. the new type's inventory and trait are published (step done).
 //
-// A VF GPU needs no agent command for the re-type itself: the agent types
+// The re-type itself needs no agent command: on a VF GPU the agent types
 // each VF at attach time (attach_vgpu with vendor_vfio and type_id), and
-// a free VF has no type. The GPU must hold no vGPU of the bridge and the
+// a free VF has no type; on an mdev GPU it creates each mdev of the type
+// at attach time (attach_vgpu with parent_pci and type_id), and an empty
+// GPU has no mdev. The GPU must hold no vGPU of the bridge and the
 // agent's last report must list typeID as creatable on it. A claim that
 // landed on the provider before the withdrawal undoes the re-type (the
 // old type is published again) and Retype fails with ErrRetypeInUse.
@@ -73,7 +75,7 @@ func (s *Service) Retype(ctx context.Context, host, pf, typeID string) error {
 	pf = strings.ToLower(pf)
 	decl, ok := s.ownedDecl(host, pf)
 	if !ok {
-		return fmt.Errorf("%s/%s: %w ([placement] bridge_owned_vf_gpus)", host, pf, ErrRetypeNotOwned)
+		return fmt.Errorf("%s/%s: %w ([placement] bridge_owned_gpus)", host, pf, ErrRetypeNotOwned)
 	}
 	row, found, err := s.retypeRow(ctx, host, pf)
 	if err != nil {
@@ -99,12 +101,12 @@ func (s *Service) Retype(ctx context.Context, host, pf, typeID string) error {
 	if err != nil {
 		return err
 	}
-	g, ok := reportGPU(r, pf)
+	g, ok := ownedReportGPU(r, pf, from)
 	if !ok {
-		return fmt.Errorf("%s/%s: %w: the agent's last report has no vendor-VFIO GPU %s", host, pf, ErrRetypeNotCreatable, pf)
+		return fmt.Errorf("%s/%s: %w: the agent's last report has no %s %s", host, pf, ErrRetypeNotCreatable, gpuKind(from), pf)
 	}
 	if n := bridgeVGPUs(g); n > 0 {
-		return fmt.Errorf("%s/%s: %w: %d typed VF(s)", host, pf, ErrRetypeInUse, n)
+		return fmt.Errorf("%s/%s: %w: %d %s", host, pf, ErrRetypeInUse, n, vgpuNoun(g))
 	}
 	if !slices.ContainsFunc(g.Types, func(t protocol.VGPUType) bool { return t.ID == typeID && t.AvailableInstances > 0 }) {
 		return fmt.Errorf("%s/%s: %w: type %s (the agent reports %s)", host, pf, ErrRetypeNotCreatable, typeID, creatable(g))
@@ -292,7 +294,7 @@ func (s *Service) ownedDecls(ctx context.Context, stuck map[[2]string]bool) ([]O
 		return nil, err
 	}
 	var out []OwnedDecl
-	for _, d := range s.cfg.OwnedVFGPUs {
+	for _, d := range s.cfg.OwnedGPUs {
 		if stuck[[2]string{d.Host, d.PCI}] {
 			continue
 		}
@@ -324,7 +326,7 @@ func (s *Service) OwnedType(ctx context.Context, host, pf string) (typeID, step 
 }
 
 func (s *Service) ownedDecl(host, pf string) (OwnedDecl, bool) {
-	for _, d := range s.cfg.OwnedVFGPUs {
+	for _, d := range s.cfg.OwnedGPUs {
 		if d.Host == host && strings.EqualFold(d.PCI, pf) {
 			return d, true
 		}
@@ -410,16 +412,24 @@ func (s *Service) retypeStep(step string) error {
 	return s.cfg.RetypeStepHook(step)
 }
 
-func reportGPU(r protocol.Report, pf string) (protocol.GPU, bool) {
-	for _, g := range r.GPUs {
-		if g.VendorVFIO && strings.EqualFold(g.PCI, pf) {
-			return g, true
-		}
+// gpuKind names the kind of GPU a declaration of typeID is.
+func gpuKind(typeID string) string {
+	if (OwnedDecl{TypeID: typeID}).Mdev() {
+		return "mdev GPU"
 	}
-	return protocol.GPU{}, false
+	return "vendor-VFIO GPU"
 }
 
-// bridgeVGPUs counts the GPU's VFs the agent typed (the bridge's vGPUs).
+// vgpuNoun names the bridge's vGPUs on g: typed VFs or mdevs.
+func vgpuNoun(g protocol.GPU) string {
+	if g.VendorVFIO {
+		return "VF(s) typed by the bridge"
+	}
+	return "mdev(s) of the bridge"
+}
+
+// bridgeVGPUs counts the GPU's VFs the agent typed, or its mdevs the
+// agent's journal holds (the bridge's vGPUs).
 func bridgeVGPUs(g protocol.GPU) int {
 	n := 0
 	for _, a := range g.Active {

@@ -57,10 +57,10 @@ type Config struct {
 	// StaleReportAge excludes hosts whose last agent report is older
 	// (hosts that never reported are not excluded).
 	StaleReportAge time.Duration
-	// OwnedVFGPUs are the vendor-VFIO GPUs the operator declared
-	// bridge-owned ([placement] bridge_owned_vf_gpus): the sync leader
+	// OwnedGPUs are the GPUs (VF GPUs, mdev GPUs) the operator declared
+	// bridge-owned ([placement] bridge_owned_gpus): the sync leader
 	// keeps a provider of class BridgeClass for each (PublishOwned).
-	OwnedVFGPUs []OwnedDecl
+	OwnedGPUs []OwnedDecl
 	// RetypeOnDemand (opt-in, [placement] retype_on_demand): a direct-path
 	// claim that finds no capacity may re-type an empty bridge-owned GPU
 	// of the instance's host (RetypeOnDemand).
@@ -336,7 +336,7 @@ func (s *Service) lead(ctx context.Context) error {
 				s.log.Warn("placement: adding type traits", logkey.Err, terr)
 			}
 		}
-		if len(s.cfg.OwnedVFGPUs) > 0 && err == nil {
+		if len(s.cfg.OwnedGPUs) > 0 && err == nil {
 			if _, perr := s.PublishOwned(ctx); perr != nil && ctx.Err() == nil {
 				s.log.Warn("placement: bridge-owned GPUs", logkey.Err, perr)
 			}

@@ -118,7 +118,7 @@ var routeRules = []Rule{
 		Description: "Drain a physical GPU or end its drain.",
 		Routes:      []string{"POST /v1/gpus/{id}/drain", "DELETE /v1/gpus/{id}/drain"}},
 	{Name: "vgpu:gpus:retype", Default: defaultAdmin, Class: Admin,
-		Description: "Re-type an empty bridge-owned VF GPU ([placement] bridge_owned_vf_gpus).",
+		Description: "Re-type an empty bridge-owned GPU ([placement] bridge_owned_gpus).",
 		Routes:      []string{"POST /v1/hosts/{name}/gpus/{pci}/retype"}},
 	{Name: "vgpu:controls:get", Default: defaultFleet, Class: Fleet,
 		Description: "Read the operator controls (pause, freeze, ...).", Routes: []string{"GET /v1/controls"}},

@@ -347,7 +347,7 @@ func (p *Path) Claim(ctx context.Context, reqID uuid.UUID, f pipeline.Facts, s f
 
 // mixedClaim is what a claim that found no GPU of its type with room
 // (noCap) tries next: the type's framebuffer on a mixed bridge-owned GPU
-// of the instance's host ([placement] bridge_owned_vf_gpus =
+// of the instance's host ([placement] bridge_owned_gpus =
 // HOST/PF=mixed), Placement checking that it fits. A host with no mixed
 // GPU keeps noCap as it is.
 func (p *Path) mixedClaim(ctx context.Context, f pipeline.Facts, spec pipeline.ClaimSpec, noCap error) (pipeline.Claimed, error) {

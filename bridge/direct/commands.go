@@ -52,8 +52,8 @@ func commandRows(reqID uuid.UUID, cmds []outCmd) ([]requests.Command, error) {
 // remains for pre-creating devices). One command is one broker and one
 // Postgres round trip fewer than create_mdev followed by attach_vgpu.
 //
-// On a bridge-owned VF GPU (IsVF) it names the VF and the numeric type
-// instead: the agent sets the VF's type (its journal records the
+// On a bridge-owned mdev GPU it is the same. On a bridge-owned VF GPU
+// (IsVF) it names the VF and the numeric type instead: the agent sets the VF's type (its journal records the
 // attachment as the VF's owner) and hot-plugs the VF as a PCI hostdev.
 func AttachCommands(a flow.Attachment, requestID string, issued, expires time.Time) ([]protocol.Command, error) {
 	c, err := pipeline.NewCommand(protocol.AttachVGPU, a.Host, requestID, a.InstanceUUID, attachParams(a, a.Mode), issued, expires)
@@ -64,11 +64,14 @@ func AttachCommands(a flow.Attachment, requestID string, issued, expires time.Ti
 }
 
 // IsVF reports whether the attachment is a VF of a bridge-owned
-// vendor-VFIO GPU: its provider's class is placement.BridgeClass (the
-// bridge owns VF GPUs only; [placement] bridge_owned_vf_gpus) and its
-// PCIAddress is the VF.
+// vendor-VFIO GPU: its provider's class is placement.BridgeClass or
+// placement.BridgeFBClass (a bridge-owned GPU; [placement]
+// bridge_owned_gpus), its type is a numeric vendor-VFIO type and its
+// PCIAddress is the VF. A bridge-owned mdev GPU's attachment (an mdev type,
+// nvidia-231) is an mdev like one on a GPU Nova manages: attach_vgpu names
+// the GPU and the type, and the agent creates the mdev there.
 func IsVF(a flow.Attachment) bool {
-	return a.Class == placement.BridgeClass || a.Class == placement.BridgeFBClass
+	return (a.Class == placement.BridgeClass || a.Class == placement.BridgeFBClass) && !placement.IsMdevType(a.TypeID)
 }
 
 // attachParams are the attach_vgpu params of a in mode.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
 const inst = "0d1d9d4f-7b4b-4c4e-9a39-3f8f1a2b3c04"
@@ -63,5 +64,55 @@ func TestAttachCommandsFrameRateLimit(t *testing.T) {
 	var p protocol.AttachParams
 	if err := json.Unmarshal(cs[0].Params, &p); err != nil || p.FrameRateLimit == nil || *p.FrameRateLimit {
 		t.Errorf("attach_vgpu params %s: %v", cs[0].Params, err)
+	}
+}
+
+// TestCommandsBridgeOwned: on a bridge-owned GPU (placement.BridgeClass)
+// the type tells a VF from an mdev: a numeric (vendor-VFIO) type's
+// commands name the VF and vendor_vfio; an mdev type's (a bridge-owned
+// mdev GPU) are those of an mdev on a GPU of Nova's, the GPU and the type,
+// with the attachment's id as the mdev.
+func TestCommandsBridgeOwned(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name, class, pci, typeID string
+		vf                       bool
+	}{
+		{"VF", placement.BridgeClass, "0000:c1:00.5", "1430", true},
+		{"mixed VF", placement.BridgeFBClass, "0000:c1:00.5", "1431", true},
+		{"mdev", placement.BridgeClass, "0000:d8:00.0", "nvidia-231", false},
+		{"Nova's mdev GPU", "VGPU", "0000:3b:00.0", "nvidia-232", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := att(flow.AttPending, "P")
+			a.Class, a.PCIAddress, a.TypeID = tc.class, tc.pci, tc.typeID
+			if IsVF(a) != tc.vf {
+				t.Errorf("IsVF = %v, want %v", IsVF(a), tc.vf)
+			}
+			cs, err := AttachCommands(a, "req", now, now.Add(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ap protocol.AttachParams
+			if err := cs[0].DecodeParams(&ap); err != nil || ap.VendorVFIO != tc.vf || ap.ParentPCI != tc.pci || ap.TypeID != tc.typeID ||
+				ap.MdevUUID != a.ID.String() {
+				t.Errorf("attach params %+v (%v)", ap, err)
+			}
+			rs, err := ReleaseCommands(a, false, "req", now, now.Add(time.Minute))
+			if err != nil || len(rs) != 2 {
+				t.Fatalf("release commands %+v (%v)", rs, err)
+			}
+			var mp protocol.MdevParams
+			if err := rs[1].DecodeParams(&mp); err != nil || mp.VendorVFIO != tc.vf || mp.MdevUUID != a.ID.String() ||
+				(tc.vf && mp.ParentPCI != tc.pci) || (!tc.vf && mp.ParentPCI != "") {
+				t.Errorf("remove_mdev params %+v (%v)", mp, err)
+			}
+			for _, c := range append(cs, rs...) {
+				body, _ := json.Marshal(c)
+				if _, err := protocol.DecodeCommand(body); err != nil {
+					t.Errorf("%s does not decode: %v", c.Kind, err)
+				}
+			}
+		})
 	}
 }

@@ -83,7 +83,7 @@ type Retyper interface {
 }
 
 // MixedClaimer is what a Placement with mixed bridge-owned VF GPUs
-// ([placement] bridge_owned_vf_gpus = HOST/PF=mixed) adds: the direct
+// ([placement] bridge_owned_gpus = HOST/PF=mixed) adds: the direct
 // path claims a type's framebuffer there when no GPU of the type has room.
 type MixedClaimer interface {
 	// ClaimMixed claims c.Count vGPUs of c.Trait on a mixed GPU of host:

@@ -3,7 +3,7 @@
 // GET /v1/hosts, GET /v1/hosts/{name} and GET /v1/allocations, all read
 // from the mirror and its in-memory index; and POST
 // /v1/hosts/{name}/gpus/{pci}/retype, which re-types an empty
-// bridge-owned VF GPU (retype.go).
+// bridge-owned GPU (retype.go).
 package placementapi
 
 import (
@@ -149,7 +149,7 @@ type GPU struct {
 	Drained       bool     `json:"drained"`
 	DrainReason   string   `json:"drain_reason,omitempty"`
 	// Undeclared: a bridge-owned GPU no longer in [placement]
-	// bridge_owned_vf_gpus, kept (reserved whole) while a vGPU is
+	// bridge_owned_gpus, kept (reserved whole) while a vGPU is
 	// allocated on it (placement.Service.RetireOwned).
 	Undeclared bool `json:"undeclared,omitempty"`
 }

@@ -27,7 +27,7 @@ type RetypeResult struct {
 	Step   string `json:"step"`
 }
 
-// retype re-types an empty bridge-owned VF GPU (placement.Service.Retype)
+// retype re-types an empty bridge-owned GPU (placement.Service.Retype)
 // and audits it (gpu.retype).
 func (h *Handlers) retype(c echo.Context) error {
 	host, pf := c.Param("name"), strings.ToLower(c.Param("pci"))
@@ -35,8 +35,8 @@ func (h *Handlers) retype(c echo.Context) error {
 	if err := api.DecodeJSON(c, &req); err != nil {
 		return err
 	}
-	if req.TypeID == "" || strings.Trim(req.TypeID, "0123456789") != "" {
-		return api.ValidationProblem([]api.InvalidParam{{Name: "type_id", Reason: "must be a numeric vendor-VFIO type id, e.g. 1430"}})
+	if !placement.ValidTypeID(req.TypeID) {
+		return api.ValidationProblem([]api.InvalidParam{{Name: "type_id", Reason: "must be a numeric vendor-VFIO type id (a VF GPU), e.g. 1430, or an mdev type id (an mdev GPU), e.g. nvidia-230"}})
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Minute)
 	defer cancel()

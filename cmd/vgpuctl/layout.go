@@ -72,7 +72,7 @@ Without HOST (a host with no agent), every fact is given: --pf, --vf,
 Nothing is changed. No more VFs may be typed than the type allows on the
 GPU. Nova 26's alias selects VFs by vendor, product and device type only:
 give each product id one vGPU type across the cloud. For GPUs Nova does
-not manage, see [placement] bridge_owned_vf_gpus.`
+not manage, see [placement] bridge_owned_gpus.`
 
 const hostLayoutExample = `  vgpuctl host layout compute-7 --type 1430 --count 4
   vgpuctl host layout compute-7 --pf 0000:c1:00.0 --type 1430 -o json

@@ -18,10 +18,11 @@ func gpuCmd(g *globals) *cobra.Command {
 func gpuRetypeCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "retype HOST/PF TYPE",
-		Short: "Re-type an empty bridge-owned VF GPU (admin, audited)",
-		Long: `Re-type a GPU of [placement] bridge_owned_vf_gpus that holds no vGPU of the
-bridge to another vendor-VFIO type its agent reports creatable, e.g.
-vgpuctl gpu retype compute-1/0000:c1:00.0 1430. The GPU's provider stops
+		Short: "Re-type an empty bridge-owned GPU (admin, audited)",
+		Long: `Re-type a GPU of [placement] bridge_owned_gpus that holds no vGPU of the
+bridge to another type its agent reports creatable: a vendor-VFIO type on a
+VF GPU, e.g. vgpuctl gpu retype compute-1/0000:c1:00.0 1430, an mdev type
+on an mdev GPU, e.g. vgpuctl gpu retype compute-1/0000:d8:00.0 nvidia-230. The GPU's provider stops
 offering the old type first, the bridge records the new type, then the new
 type's inventory and trait are published; a bridge stopped on the way
 finishes the re-type when it publishes its GPUs again. With [placement]

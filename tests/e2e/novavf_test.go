@@ -163,7 +163,7 @@ func TestNovaOwnedVFs(t *testing.T) {
 
 // TestBridgeOwnedVFNoValidHost: on a host whose only GPU is bridge-owned
 // (the fake host's H200-like GPU declared in [placement]
-// bridge_owned_vf_gpus, its provider published by the bridge with free
+// bridge_owned_gpus, its provider published by the bridge with free
 // CUSTOM_VGPU_BRIDGE units), a server of a resources:VGPU=1 flavor booted
 // by the real Nova ends NoValidHost: Nova's scheduler never chooses a
 // bridge-owned GPU.
@@ -175,7 +175,7 @@ func TestBridgeOwnedVFNoValidHost(t *testing.T) {
 	w.root = w.n.ComputeNodeProvider(t, w.host)
 	w.n.StartAgent(t, w.host)
 	pf := fakehost.DefaultSpec().VFIOGPUs[0].Addr.String()
-	w.startBridge("placement.bridge_owned_vf_gpus=" + w.host + "/" + pf + "=" + novaVFType)
+	w.startBridge("placement.bridge_owned_gpus=" + w.host + "/" + pf + "=" + novaVFType)
 
 	name := testsvc.GPUProviderName(w.host, pf)
 	var rp string

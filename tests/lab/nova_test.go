@@ -773,7 +773,7 @@ func (ln *labNova) ownedGPU(t *testing.T, pf string, vf pci.Addr, domain, root s
 
 // labNovaBridgeOwnedVF: a bridge-owned VF GPU through the real bridge, the
 // real VFIO hot-plug and Nova's own domain. Two GPUs the bridge owns
-// ([placement] bridge_owned_vf_gpus), one per type, each a stand-in PF
+// ([placement] bridge_owned_gpus), one per type, each a stand-in PF
 // with one of the lab's stand-in VFs (bound to vfio-pci behind the lab's
 // emulated IOMMU). The bridge publishes a provider per GPU under the lab
 // compute node's provider (CUSTOM_VGPU_BRIDGE: 1, the type's trait). A
@@ -806,7 +806,7 @@ func labNovaBridgeOwnedVF(t *testing.T, ln *labNova) {
 		}
 	})
 	api := startLabBridge(t, ln, testsvc.DirectPolicy(testsvc.RuleResizeOnRequest, testsvc.RuleReleaseOnRequest),
-		"placement.bridge_owned_vf_gpus="+labNovaHost+"/"+labPFBig+"="+labTypeBig+","+labNovaHost+"/"+labPFHalf+"="+labTypeHalf)
+		"placement.bridge_owned_gpus="+labNovaHost+"/"+labPFBig+"="+labTypeBig+","+labNovaHost+"/"+labPFHalf+"="+labTypeHalf)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 

@@ -280,7 +280,7 @@ type replicaOpts struct {
 	releaseDelay time.Duration
 	// maxAttempts bounds the attempts at an event (the default when 0).
 	maxAttempts int
-	// owned are the bridge-owned VF GPUs ([placement] bridge_owned_vf_gpus).
+	// owned are the bridge-owned GPUs ([placement] bridge_owned_gpus).
 	owned []placement.OwnedDecl
 	// retypeOnDemand is [placement] retype_on_demand.
 	retypeOnDemand bool
@@ -308,7 +308,7 @@ type replicaOpts struct {
 func (w *world) startBridge(o replicaOpts) *bridgeReplica {
 	t := w.t
 	svc, err := placement.New(w.ctx, placement.Config{Client: placement.ClientConfig{Endpoint: testsvc.PlacementURL(t), Token: "admin"},
-		SyncConcurrency: 4, Replica: o.name, OwnedVFGPUs: o.owned, SyncInterval: o.syncInterval,
+		SyncConcurrency: 4, Replica: o.name, OwnedGPUs: o.owned, SyncInterval: o.syncInterval,
 		RetypeOnDemand: o.retypeOnDemand, RetypeStepHook: o.retypeHook, Auditor: o.auditor(w.pool)}, w.pool, w.holder.Catalog(), logger())
 	testsvc.Must(t, err, "placement service")
 	_, err = svc.SyncNow(w.ctx, true, nil)

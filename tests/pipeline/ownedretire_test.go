@@ -12,7 +12,7 @@ import (
 )
 
 // TestBridgeOwnedVFUndeclared: a GPU taken out of [placement]
-// bridge_owned_vf_gpus (a bridge restarted without it) while a vGPU of
+// bridge_owned_gpus (a bridge restarted without it) while a vGPU of
 // the bridge is allocated on its provider keeps the provider, its
 // inventory reserved whole (nothing new lands), shown as undeclared;
 // once the vGPU is released the provider is deleted (audited) and the

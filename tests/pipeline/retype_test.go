@@ -41,7 +41,7 @@ var errCrash = errors.New("bridge stopped")
 func (w *world) retypeService(name string, hook func(step string) error) *placement.Service {
 	w.t.Helper()
 	svc, err := placement.New(w.ctx, placement.Config{Client: placement.ClientConfig{Endpoint: testsvc.PlacementURL(w.t), Token: "admin"},
-		SyncConcurrency: 4, Replica: name, OwnedVFGPUs: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}},
+		SyncConcurrency: 4, Replica: name, OwnedGPUs: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}},
 		RetypeStepHook: hook}, w.pool, w.holder.Catalog(), logger())
 	testsvc.Must(w.t, err, "placement service "+name)
 	return svc
@@ -112,10 +112,16 @@ func (w *world) ownedCandidates(trait string) []string {
 // wantOffers checks which of the two types Placement offers on rp.
 func (w *world) wantOffers(rp string, old, new bool) {
 	w.t.Helper()
+	w.wantOffersOf(vfRetype, rp, old, new)
+}
+
+// wantOffersOf checks which of the two types of c Placement offers on rp.
+func (w *world) wantOffersOf(rc retypeCase, rp string, old, new bool) {
+	w.t.Helper()
 	for _, c := range []struct {
 		trait string
 		want  bool
-	}{{vfTrait, old}, {retypeTrait, new}} {
+	}{{rc.fromTrait, old}, {rc.toTrait, new}} {
 		if got := slices.Contains(w.ownedCandidates(c.trait), rp); got != c.want {
 			w.t.Errorf("allocation candidates %s:1 required=%s offer %s: %v, want %v", placement.BridgeClass, c.trait, rp, got, c.want)
 		}

@@ -19,10 +19,13 @@ import (
 
 // retypeAudits are the gpu.retype rows of the world's VF GPU: each
 // one's request id ("" for none) and detail.
-func (w *world) retypeAudits() [][2]string {
+func (w *world) retypeAudits() [][2]string { return w.retypeAuditsOf(vfPF) }
+
+// retypeAuditsOf are the gpu.retype rows of the world's GPU pci.
+func (w *world) retypeAuditsOf(pci string) [][2]string {
 	w.t.Helper()
 	rows, err := w.pool.Query(w.ctx, `SELECT coalesce(request_id::text, ''), detail::text FROM audit_log
-		WHERE action = 'gpu.retype' AND object_id = $1 ORDER BY id`, w.host+"/"+vfPF)
+		WHERE action = 'gpu.retype' AND object_id = $1 ORDER BY id`, w.host+"/"+pci)
 	testsvc.Must(w.t, err, "audit rows")
 	defer rows.Close()
 	var out [][2]string
@@ -39,10 +42,17 @@ func (w *world) retypeAudits() [][2]string {
 // last re-type.
 func (w *world) wantOwnedType(svc *placement.Service, typeID, step string) {
 	w.t.Helper()
-	typ, st, err := svc.OwnedType(w.ctx, w.host, vfPF)
+	w.wantOwnedTypeOf(svc, vfPF, typeID, step)
+}
+
+// wantOwnedTypeOf checks the bridge's type of the bridge-owned GPU pci
+// and the step of its last re-type.
+func (w *world) wantOwnedTypeOf(svc *placement.Service, pci, typeID, step string) {
+	w.t.Helper()
+	typ, st, err := svc.OwnedType(w.ctx, w.host, pci)
 	testsvc.Must(w.t, err, "owned type")
 	if typ != typeID || st != step {
-		w.t.Errorf("bridge's type of %s = %s (%q), want %s (%q)", vfPF, typ, st, typeID, step)
+		w.t.Errorf("bridge's type of %s = %s (%q), want %s (%q)", pci, typ, st, typeID, step)
 	}
 }
 
@@ -51,28 +61,35 @@ func (w *world) wantOwnedType(svc *placement.Service, typeID, step string) {
 // offered is a type the agent's last report says the GPU can create now.
 func (w *world) wantOnlyCreatableOffered(rp string) {
 	w.t.Helper()
+	w.wantOnlyCreatableOfferedOf(vfRetype, rp)
+}
+
+// wantOnlyCreatableOfferedOf is wantOnlyCreatableOffered for the GPU of
+// c and its two types.
+func (w *world) wantOnlyCreatableOfferedOf(c retypeCase, rp string) {
+	w.t.Helper()
 	r, ok := w.report()
 	if !ok {
 		w.t.Fatalf("no report of %s", w.host)
 	}
 	var types []protocol.VGPUType
 	for _, g := range r.GPUs {
-		if g.PCI == vfPF {
+		if g.PCI == c.pci {
 			types = g.Types
 		}
 	}
 	offered := 0
-	for _, c := range []struct{ trait, typeID string }{{vfTrait, vfType}, {retypeTrait, retypeTo}} {
-		if !slices.Contains(w.ownedCandidates(c.trait), rp) {
+	for _, t := range []struct{ trait, typeID string }{{c.fromTrait, c.from}, {c.toTrait, c.to}} {
+		if !slices.Contains(w.ownedCandidates(t.trait), rp) {
 			continue
 		}
 		offered++
-		if !slices.ContainsFunc(types, func(t protocol.VGPUType) bool { return t.ID == c.typeID && t.AvailableInstances > 0 }) {
-			w.t.Errorf("Placement offers %s on %s; the agent reports %s not creatable there (%+v)", c.trait, rp, c.typeID, types)
+		if !slices.ContainsFunc(types, func(x protocol.VGPUType) bool { return x.ID == t.typeID && x.AvailableInstances > 0 }) {
+			w.t.Errorf("Placement offers %s on %s; the agent reports %s not creatable there (%+v)", t.trait, rp, t.typeID, types)
 		}
 	}
 	if offered > 1 {
-		w.t.Errorf("Placement offers both %s and %s on %s", vfTrait, retypeTrait, rp)
+		w.t.Errorf("Placement offers both %s and %s on %s", c.fromTrait, c.toTrait, rp)
 	}
 }
 
@@ -162,81 +179,84 @@ func TestRetypeOnDemandRefused(t *testing.T) {
 }
 
 // TestRetypeOnDemandStoppedAtEachStep stops the bridge at each step of a
-// re-type on demand from 1429 to 1430 (the hook freezes it there while
-// the test looks, then the replica stops). At the stop Placement's
-// allocation candidates for the two types' traits never offer both and
-// never a type the GPU cannot create; once the old type is withdrawn
-// neither is offered. A bridge started again serves the request: it
-// finishes the re-type, audits it with the request and attaches a VF of
-// 1430.
+// re-type on demand of a bridge-owned GPU, a VF GPU (from 1429 to 1430)
+// and an mdev GPU (a T4, from nvidia-231 to nvidia-230), the hook
+// freezing it there while the test looks, then the replica stops. At the
+// stop Placement's allocation candidates for the two types' traits never
+// offer both and never a type the GPU cannot create; once the old type is
+// withdrawn neither is offered. A bridge started again serves the
+// request: it finishes the re-type, audits it with the request and
+// attaches a vGPU of the new type (a VF typed 1430, an mdev of
+// nvidia-230).
 func TestRetypeOnDemandStoppedAtEachStep(t *testing.T) {
 	t.Parallel()
-	for _, stop := range []string{placement.RetypeWithdrawing, placement.RetypeWithdrawn, placement.RetypeTyped} {
-		t.Run(stop, func(t *testing.T) {
-			t.Parallel()
-			reached, release := make(chan struct{}), make(chan struct{})
-			var crashed atomic.Bool
-			hook := func(step string) error {
-				if crashed.Load() {
-					return errCrash // stopped: nothing goes further
+	for _, c := range []retypeCase{vfRetype, mdevRetype} {
+		for _, stop := range []string{placement.RetypeWithdrawing, placement.RetypeWithdrawn, placement.RetypeTyped} {
+			t.Run(c.name+"/"+stop, func(t *testing.T) {
+				t.Parallel()
+				reached, release := make(chan struct{}), make(chan struct{})
+				var crashed atomic.Bool
+				hook := func(step string) error {
+					if crashed.Load() {
+						return errCrash // stopped: nothing goes further
+					}
+					if step != stop {
+						return nil
+					}
+					crashed.Store(true)
+					close(reached)
+					<-release
+					return fmt.Errorf("at %s: %w", step, errCrash)
 				}
-				if step != stop {
-					return nil
-				}
-				crashed.Store(true)
-				close(reached)
-				<-release
-				return fmt.Errorf("at %s: %w", step, errCrash)
-			}
-			w, r1, rp := vfWorldWith(t, replicaOpts{name: "r1", retypeOnDemand: true, retypeHook: hook})
-			w.emptyVFGPU()
-			_, err := r1.svc.PublishOwned(w.ctx)
-			testsvc.Must(t, err, "publish the empty GPU")
+				w := newWorld(t)
+				r1, rp := c.own(w, replicaOpts{name: "r1", retypeOnDemand: true, retypeHook: hook})
 
-			inst := w.domains[3].UUID
-			id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": retypeProfile})
-			select {
-			case <-reached:
-			case <-time.After(90 * time.Second):
+				inst := w.domains[3].UUID
+				id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": c.toProfile})
+				select {
+				case <-reached:
+				case <-time.After(90 * time.Second):
+					close(release)
+					res := w.wait(id, time.Second)
+					t.Fatalf("the re-type never reached %s; request %s (%s: %s)", stop, res.State, res.Code, res.Reason)
+				}
+				// Stopped there: what Placement offers now.
+				w.wantOnlyCreatableOfferedOf(c, rp)
+				switch stop {
+				case placement.RetypeWithdrawing:
+					w.wantOffersOf(c, rp, true, false) // recorded, Placement not written yet
+				default:
+					w.wantOffersOf(c, rp, false, false)
+					w.wantTraits(rp)
+				}
+				_, step, err := r1.svc.OwnedType(w.ctx, w.host, c.pci)
+				testsvc.Must(t, err, "owned type")
+				if want := map[string]string{placement.RetypeWithdrawn: placement.RetypeWithdrawing}[stop]; step != stop && step != want {
+					t.Errorf("step recorded at the stop = %q, want %q", step, stop)
+				}
 				close(release)
-				res := w.wait(id, time.Second)
-				t.Fatalf("the re-type never reached %s; request %s (%s: %s)", stop, res.State, res.Code, res.Reason)
-			}
-			// Stopped there: what Placement offers now.
-			w.wantOnlyCreatableOffered(rp)
-			switch stop {
-			case placement.RetypeWithdrawing:
-				w.wantOffers(rp, true, false) // recorded, Placement not written yet
-			default:
-				w.wantOffers(rp, false, false)
-				w.wantTraits(rp)
-			}
-			_, step, err := r1.svc.OwnedType(w.ctx, w.host, vfPF)
-			testsvc.Must(t, err, "owned type")
-			if want := map[string]string{placement.RetypeWithdrawn: placement.RetypeWithdrawing}[stop]; step != stop && step != want {
-				t.Errorf("step recorded at the stop = %q, want %q", step, stop)
-			}
-			close(release)
-			r1.stop()
-			if res, err := w.requests.Get(w.ctx, id); err != nil || res.State.Final() {
-				t.Fatalf("request after the stop: %+v %v, want it open", res, err)
-			}
-			w.wantOnlyCreatableOffered(rp)
+				r1.stop()
+				if res, err := w.requests.Get(w.ctx, id); err != nil || res.State.Final() {
+					t.Fatalf("request after the stop: %+v %v, want it open", res, err)
+				}
+				w.wantOnlyCreatableOfferedOf(c, rp)
 
-			r2 := w.startBridge(replicaOpts{name: "r2", owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF, TypeID: vfType}}, retypeOnDemand: true})
-			// (r2's first full sync of the shared Placement comes first.)
-			if res := w.wait(id, 120*time.Second); res.State != requests.Succeeded {
-				t.Fatalf("attach %s after the restart: %s (%s: %s)", retypeProfile, res.State, res.Code, res.Reason)
-			}
-			w.attachedVF(inst, rp, retypeTo)
-			w.wantTraits(rp, retypeTrait)
-			w.wantOwnedInventory(rp, 4, 1)
-			w.wantOffers(rp, false, true)
-			w.wantOwnedType(r2.svc, retypeTo, placement.RetypeDone)
-			if a := w.retypeAudits(); len(a) != 1 || a[0][0] != id.String() {
-				t.Errorf("gpu.retype audit rows = %v, want one of request %s", a, id)
-			}
-		})
+				r2 := w.startBridge(replicaOpts{name: "r2", owned: []placement.OwnedDecl{{Host: w.host, PCI: c.pci, TypeID: c.from}}, retypeOnDemand: true})
+				// (r2's first full sync of the shared Placement comes first.)
+				if res := w.wait(id, 120*time.Second); res.State != requests.Succeeded {
+					t.Fatalf("attach %s after the restart: %s (%s: %s)", c.toProfile, res.State, res.Code, res.Reason)
+				}
+				c.attached(w, inst, rp, c.to)
+				w.wantOnlyCreatableOfferedOf(c, rp)
+				w.wantTraits(rp, c.toTrait)
+				w.wantOwnedInventory(rp, c.toTotal, 1)
+				w.wantOffersOf(c, rp, false, true)
+				w.wantOwnedTypeOf(r2.svc, c.pci, c.to, placement.RetypeDone)
+				if a := w.retypeAuditsOf(c.pci); len(a) != 1 || a[0][0] != id.String() {
+					t.Errorf("gpu.retype audit rows = %v, want one of request %s", a, id)
+				}
+			})
+		}
 	}
 }
 

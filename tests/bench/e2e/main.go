@@ -1016,7 +1016,7 @@ func (h *harness) bridge(ctx context.Context) (func(), error) {
 	}
 	h.cleanups = append(h.cleanups, h.bpool.Close)
 	svc, err := placement.New(ctx, placement.Config{Client: placement.ClientConfig{Endpoint: env("VGPU_TEST_PLACEMENT_URL", "http://127.0.0.1:8778"), Token: "admin"},
-		SyncConcurrency: 8, Replica: "bench", OwnedVFGPUs: h.ownedVF()}, h.bpool, holder.Catalog(), h.log)
+		SyncConcurrency: 8, Replica: "bench", OwnedGPUs: h.ownedVF()}, h.bpool, holder.Catalog(), h.log)
 	if err != nil {
 		return nil, err
 	}

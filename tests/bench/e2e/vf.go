@@ -3,7 +3,7 @@ package main
 // The bridge-owned VF GPU case of the runs: the first host's fake host
 // also has the H200-like SR-IOV GPU of fakehost.DefaultSpec (8 VFs, none
 // typed), declared bridge-owned for H200X-35C ([placement]
-// bridge_owned_vf_gpus, 4 per GPU) in the bench's bridge. After the
+// bridge_owned_gpus, 4 per GPU) in the bench's bridge. After the
 // warm-up, its provider is published (PublishOwned, as the syncing
 // replica does) and -latency-requests signed GPU_REQUESTs for H200X-35C
 // go one at a time to two instances of that host kept for it, each
@@ -50,7 +50,7 @@ func (h *harness) vfExtra(hi int) int {
 	return 0
 }
 
-// ownedVF is the bench's [placement] bridge_owned_vf_gpus.
+// ownedVF is the bench's [placement] bridge_owned_gpus.
 func (h *harness) ownedVF() []placement.OwnedDecl {
 	if !h.vf || len(h.hosts) == 0 {
 		return nil
