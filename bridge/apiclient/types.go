@@ -253,10 +253,13 @@ type Candidate struct {
 type NovaConfChange struct {
 	Host string `json:"host"`
 	GPUs []struct {
-		PCI     string `json:"pci_address"`
-		From    string `json:"from_type,omitempty"`
-		To      string `json:"to_type"`
-		ToTrait string `json:"to_trait"`
+		PCI          string `json:"pci_address"`
+		From         string `json:"from_type,omitempty"`
+		To           string `json:"to_type"`
+		Provider     string `json:"provider"`
+		ProviderUUID string `json:"provider_uuid,omitempty"`
+		FromTrait    string `json:"from_trait,omitempty"`
+		ToTrait      string `json:"to_trait"`
 	} `json:"gpus"`
 	EnabledMdevTypes []string `json:"enabled_mdev_types"`
 	Text             string   `json:"nova_conf"`
