@@ -35,7 +35,7 @@ var (
 			"comma-separated, run without a shell. The bridge never sends a command line: the command reads the "+
 			"host's new nova.conf [devices] and [mdev_<type>] sections on its standard input (also in VGPU_NOVA_CONF), "+
 			"the GPUs in VGPU_RETYPE_GPUS (one PCI=TYPE a line) and their Placement providers' trait change in "+
-			"VGPU_RETYPE_TRAITS (one PROVIDER_UUID FROM_TRAIT TO_TRAIT a line). It must write the sections into "+
+			"VGPU_RETYPE_TRAITS (one PROVIDER_UUID FROM_TRAIT TO_TRAIT a line, - for one unknown). It must write the sections into "+
 			"nova.conf (and the agent's own [devices] copy), restart nova-compute, set the providers' type traits "+
 			"(Nova 26 does not write them) and exit 0, and be safe to run again. The bridge then waits for the new "+
 			"trait in Placement. Bounded by driver_upgrade_timeout. Empty refuses retype_gpus (code not_configured). "+

@@ -37,13 +37,21 @@ func (e *Executor) retypeGPUs(ctx context.Context, r *run, p protocol.RetypePara
 	var gpus, traits []string
 	for _, g := range p.GPUs {
 		gpus = append(gpus, g.PCI+"="+g.To)
-		traits = append(traits, strings.TrimSpace(g.ProviderUUID+" "+g.FromTrait+" "+g.ToTrait))
+		// Three fields a line, "-" for a provider or old trait unknown.
+		traits = append(traits, orDash(g.ProviderUUID)+" "+orDash(g.FromTrait)+" "+g.ToTrait)
 	}
 	var d protocol.UpgradeDetails
 	err := e.hook(ctx, r, hookRun{argv: e.cfg.RetypeCommand, what: "GPU re-type", option: "gpu_retype_command", stdin: p.NovaConf,
 		env: []string{"VGPU_NOVA_CONF=" + p.NovaConf, "VGPU_RETYPE_GPUS=" + strings.Join(gpus, "\n"),
 			"VGPU_RETYPE_TRAITS=" + strings.Join(traits, "\n")}}, &d)
 	return d, err
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // hookRun is one run of an operator's configured command.

@@ -387,8 +387,8 @@ func (p *RetypeParams) Validate(k Kind) error {
 		if !traitRE.MatchString(g.ToTrait) || (g.FromTrait != "" && !traitRE.MatchString(g.FromTrait)) {
 			return invalid("%s: GPU %s: trait %q -> %q is not a custom trait", k, g.PCI, g.FromTrait, g.ToTrait)
 		}
-		if strings.ContainsAny(g.ProviderUUID+g.Provider, " \n\r") {
-			return invalid("%s: GPU %s: provider %q", k, g.PCI, g.ProviderUUID)
+		if (g.ProviderUUID != "" && !uuidRE.MatchString(g.ProviderUUID)) || len(g.Provider) > 255 || strings.ContainsAny(g.Provider, " \n\r") {
+			return invalid("%s: GPU %s: provider %q (%q) is not a provider's uuid and name", k, g.PCI, g.ProviderUUID, g.Provider)
 		}
 	}
 	return nil

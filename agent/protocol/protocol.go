@@ -209,7 +209,8 @@ type UpgradeParams struct {
 // nova.conf after the change (placement/novaconf). The agent hands them
 // to its configured command: NovaConf on its standard input and in
 // VGPU_NOVA_CONF, the GPUs in VGPU_RETYPE_GPUS (one "PCI=TYPE" a line)
-// and VGPU_RETYPE_TRAITS (one "PROVIDER_UUID FROM_TRAIT TO_TRAIT" a line),
+// and VGPU_RETYPE_TRAITS (one "PROVIDER_UUID FROM_TRAIT TO_TRAIT" a line, "-" for
+// one unknown),
 // never as a command line. The result's details are UpgradeDetails.
 type RetypeParams struct {
 	GPUs     []RetypeGPU `json:"gpus"`
