@@ -37,7 +37,8 @@ var (
 			"the GPUs in VGPU_RETYPE_GPUS (one PCI=TYPE a line) and their Placement providers' trait change in "+
 			"VGPU_RETYPE_TRAITS (one PROVIDER_UUID FROM_TRAIT TO_TRAIT a line, - for one unknown). It must write the sections into "+
 			"nova.conf (and the agent's own [devices] copy), restart nova-compute, set the providers' type traits "+
-			"(Nova 26 does not write them) and exit 0, and be safe to run again. The bridge then waits for the new "+
+			"(Nova 26 does not write them), schedule the agent's restart for after it exits (the agent reads [devices] "+
+			"at start) and exit 0, and be safe to run again. The bridge then waits for the new "+
 			"trait in Placement. Bounded by driver_upgrade_timeout. Empty refuses retype_gpus (code not_configured). "+
 			"Example: /usr/local/sbin/vgpu-nova-retype")
 	optDriverUpgradeTimeout = options.Duration(conf.DefaultSection, "driver_upgrade_timeout", 30*time.Minute, time.Minute, 4*time.Hour,

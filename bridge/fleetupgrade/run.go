@@ -239,7 +239,11 @@ func (r *Runner) Drive(ctx context.Context, id uuid.UUID) error {
 				state = OpFailed
 				msg = fmt.Sprintf("%d host(s) failed", failed)
 				if stop && left > 0 {
-					msg += fmt.Sprintf("; stopped with %d host(s) not upgraded", left)
+					done := "upgraded"
+					if op.Kind == KindRetype {
+						done = "re-typed"
+					}
+					msg += fmt.Sprintf("; stopped with %d host(s) not %s", left, done)
 				}
 			}
 			r.log().Info("fleet upgrade: finished", "operation", id, "state", state, "error", msg)

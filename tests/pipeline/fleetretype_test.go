@@ -63,6 +63,7 @@ func retypeWorld(t *testing.T, hook string) (*world, *bridgeReplica) {
 func retypeHook(t *testing.T, dir string) string {
 	hook := filepath.Join(dir, "retype.sh")
 	testsvc.Must(t, os.WriteFile(hook, []byte(`#!/bin/sh
+echo run >> "`+dir+`/ran"
 cat > "`+dir+`/nova.conf.tmp"
 printf '%s' "$VGPU_RETYPE_GPUS" > "`+dir+`/gpus"
 printf '%s' "$VGPU_RETYPE_TRAITS" > "`+dir+`/traits"
@@ -228,10 +229,10 @@ func TestFleetRetypeNovaGPU(t *testing.T) {
 	}
 }
 
-// TestFleetRetypeVerifyFails: the agent's command succeeds but the GPU's
-// provider never gets the new type's trait: the run fails at verifying
-// and the host stays drained.
-func TestFleetRetypeVerifyFails(t *testing.T) {
+// TestFleetRetypeResumes: a bridge that stops once the re-type command is
+// queued (the step recorded) resumes the run at that step: it waits on
+// the same command, which the agent runs once, verifies and undrains.
+func TestFleetRetypeResumes(t *testing.T) {
 	dir := t.TempDir()
 	w, br := retypeWorld(t, retypeHook(t, dir))
 	code, body := w.fleetAPI(br.svc, "/v1/fleet/retypes", `{"gpus": ["`+w.host+"/"+gpuB+"="+retypeNovaTo+`"]}`)
@@ -239,20 +240,67 @@ func TestFleetRetypeVerifyFails(t *testing.T) {
 	if code != http.StatusAccepted || json.Unmarshal([]byte(body), &op) != nil {
 		t.Fatalf("start: %d %s", code, body)
 	}
+	ctx, cancel := context.WithTimeout(w.ctx, 60*time.Second)
+	defer cancel()
+	go w.playNovaRestart(ctx, dir)
+	first := w.retypeRunner()
+	stopCtx, stop := context.WithCancel(ctx)
+	first.AfterStep = func(_ uuid.UUID, _ string, to fleetupgrade.State) {
+		if to == fleetupgrade.Upgrading {
+			stop()
+		}
+	}
+	if err := first.Drive(stopCtx, op.ID); err == nil {
+		t.Fatal("the first bridge's drive ended without being stopped")
+	}
+	mid, err := first.Store.Get(w.ctx, op.ID)
+	testsvc.Must(t, err, "get")
+	if mid.State != fleetupgrade.OpRunning || mid.Hosts[0].State != fleetupgrade.Upgrading || mid.Hosts[0].UpgradeCommand == nil {
+		t.Fatalf("after the stop: %s, host %+v", mid.State, mid.Hosts[0])
+	}
+	testsvc.Must(t, w.retypeRunner().Drive(ctx, op.ID), "resume")
+	got, err := first.Store.Get(w.ctx, op.ID)
+	testsvc.Must(t, err, "get")
+	h := got.Hosts[0]
+	if got.State != fleetupgrade.OpDone || h.State != fleetupgrade.Done || *h.UpgradeCommand != *mid.Hosts[0].UpgradeCommand || w.drained() {
+		t.Fatalf("run %s (%s), host %+v, drained %v", got.State, got.Error, h, w.drained())
+	}
+	if ran, _ := os.ReadFile(filepath.Join(dir, "ran")); string(ran) != "run\n" {
+		t.Errorf("the re-type command ran %q", ran)
+	}
+}
+
+// TestFleetRetypeVerifyFails: the agent's command succeeds but the GPU's
+// provider never gets the new type's trait: the run fails at verifying,
+// the host stays drained, and the run stops there (the next host of the
+// run is not started).
+func TestFleetRetypeVerifyFails(t *testing.T) {
+	dir := t.TempDir()
+	w, br := retypeWorld(t, retypeHook(t, dir))
+	ch, err := br.svc.NovaRetype(w.ctx, w.host, map[string]string{gpuB: retypeNovaTo}, false)
+	testsvc.Must(t, err, "change")
+	next := testsvc.Name("pipe-next")
 	r := w.retypeRunner()
 	r.VerifyTimeout = 2 * time.Second
+	op, err := r.Store.Create(w.ctx, controls.Actor{Name: "ops"}, fleetupgrade.Options{Kind: fleetupgrade.KindRetype, Hosts: []string{w.host, next},
+		Retypes: map[string]novaconf.Change{w.host: ch, next: ch}, MaxUnavailable: 1, StopOnFailure: true})
+	testsvc.Must(t, err, "create")
 	ctx, cancel := context.WithTimeout(w.ctx, 60*time.Second)
 	defer cancel()
 	testsvc.Must(t, r.Drive(ctx, op.ID), "drive")
 	got, err := r.Store.Get(w.ctx, op.ID)
 	testsvc.Must(t, err, "get")
 	h := got.Hosts[0]
-	if got.State != fleetupgrade.OpFailed || h.State != fleetupgrade.Failed || !strings.HasPrefix(h.Error, "verifying: the re-type did not show in Placement") ||
-		!strings.Contains(h.Error, "want "+retypeNovaTrait) {
-		t.Fatalf("run %s (%s), host %s: %s", got.State, got.Error, h.State, h.Error)
+	if got.State != fleetupgrade.OpFailed || got.Error != "1 host(s) failed; stopped with 1 host(s) not re-typed" ||
+		h.State != fleetupgrade.Failed || !strings.HasPrefix(h.Error, "verifying: the re-type did not show in Placement") ||
+		!strings.Contains(h.Error, "want "+retypeNovaTrait) || got.Hosts[1].State != fleetupgrade.Pending {
+		t.Fatalf("run %s (%s), host %s: %s, next host %s", got.State, got.Error, h.State, h.Error, got.Hosts[1].State)
 	}
 	if !w.drained() {
 		t.Error("the host was undrained after a failed verify")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "nova.conf")); err != nil {
+		t.Errorf("the agent's re-type command did not run: %v", err)
 	}
 }
 
