@@ -122,13 +122,24 @@ func RetypeCommand(host, pci, typeID string) string {
 // command that applies it. A candidate the bridge cannot explain (its
 // host's report lacks the GPU or the type) is left as it is.
 func (s *Service) ExplainRetypes(ctx context.Context, out *DryRunResponse) {
+	type known struct {
+		host string
+		gpus []novaconf.GPU
+		err  error
+	}
+	seen := map[string]known{} // a host's report is read once per answer
 	for i := range out.Candidates {
 		c := &out.Candidates[i]
 		if !c.NeedsRetype || c.PCIAddress == "" || c.Trait == "" || s.store == nil {
 			continue
 		}
-		host, gpus, err := s.novaGPUs(ctx, c.Host)
-		if err != nil {
+		k, ok := seen[c.Host]
+		if !ok {
+			k.host, k.gpus, k.err = s.novaGPUs(ctx, c.Host)
+			seen[c.Host] = k
+		}
+		host, gpus := k.host, k.gpus
+		if k.err != nil {
 			continue
 		}
 		j := slices.IndexFunc(gpus, func(g novaconf.GPU) bool { return strings.EqualFold(g.PCI, c.PCIAddress) })

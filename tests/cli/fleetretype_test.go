@@ -88,6 +88,12 @@ func TestFleetRetypeCLI(t *testing.T) {
 		t.Errorf("place --allow-retype: %v %s", err, r.stdout)
 	}
 
+	r = admin.must(t, 0, "place", "--dry-run", "--profile", "T4-1B", "--allow-retype")
+	if !strings.HasSuffix(r.stdout, "\nRe-type a Nova-owned GPU host by host (add --dry-run to print its nova.conf change):\n"+
+		"  vgpuctl fleet retype --gpu cn1/0000:3c:00.0=nvidia-222\n") {
+		t.Errorf("place --allow-retype table: %s", r.stdout)
+	}
+
 	r = admin.must(t, 1, "fleet", "retype", "--gpu", "cn1/0000:3b:00.0=nvidia-222", "--dry-run")
 	if !strings.Contains(r.stderr, "holds 1 vGPU(s) of nvidia-232") {
 		t.Errorf("GPU in use: %s", r)
