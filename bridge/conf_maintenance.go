@@ -66,18 +66,22 @@ func setupMaintenance(w *wiring, nova any, pl *placement.Service, proc *pipeline
 		return nil
 	}
 	fr := &fleetupgrade.Runner{Store: fs, Pool: w.pool, Drain: w.ctl, Evac: a, Compat: compat,
-		Who: controls.Actor{Name: "vgpu-bridge/" + w.replica}, Log: w.log.With("component", "fleet-upgrade"), Poll: cfg.Poll}
+		Who: controls.Actor{Name: "vgpu-bridge/" + w.replica}, Log: w.log.With("component", "fleet-upgrade"), Poll: cfg.Poll,
+		// Re-type runs (vgpuctl fleet retype) verify in Placement itself.
+		Placement: pl.Client()}
 	fa := &fleetupgrade.API{Store: fs, Pool: w.pool, Compat: compat, Ready: func() string {
 		if a.Nova == nil {
 			return "fleet upgrades move VMs through Nova (host maintenance): configure [nova]"
 		}
 		return ""
-	}}
+	}, Retyper: pl}
 	fa.Register(w.srv)
 	n, ok := nova.(maintenanceNova)
 	if !ok {
 		a.Register(w.srv)
-		return nil
+		// Re-type runs need no Nova (no VM moves); an upgrade cannot
+		// start without it (Ready).
+		return []component{{name: "fleet-upgrade", run: fr.Run}}
 	}
 	r := &maintenance.Runner{Store: store, Nova: n, Placement: maintenance.PlacementAdapter{S: pl},
 		Agents: maintenance.PipelineAgents{Pool: w.pool, Wake: proc.Wake, Poll: cfg.Poll / 4}, Drain: w.ctl, Cfg: cfg,

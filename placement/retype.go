@@ -19,6 +19,8 @@ import (
 
 // Errors of a re-type of a bridge-owned GPU.
 var (
+	// ErrHostNotReported: no agent of the host ever reported.
+	ErrHostNotReported = errors.New("host has not reported")
 	// ErrRetypeNotOwned: the GPU is not in [placement] bridge_owned_gpus.
 	ErrRetypeNotOwned = errors.New("GPU is not bridge-owned")
 	// ErrRetypeInUse: the GPU holds vGPUs of the bridge (typed VFs or
@@ -368,7 +370,7 @@ func (s *Service) hostReport(ctx context.Context, host string) (protocol.Report,
 	var r protocol.Report
 	err := s.store.Pool().QueryRow(ctx, `SELECT report FROM hosts WHERE name = $1`, host).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && raw == nil) {
-		return r, fmt.Errorf("host %s has not reported", host)
+		return r, fmt.Errorf("host %s: %w", host, ErrHostNotReported)
 	}
 	if err != nil {
 		return r, fmt.Errorf("report of %s: %w", host, err)

@@ -23,6 +23,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/index"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/mirror"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/novaconf"
 )
 
 // Config configures the placement feature. The bridge maps its
@@ -712,6 +713,12 @@ type DryRunCandidate struct {
 	NeedsRetype  bool   `json:"needs_retype"`
 	RetypeFrom   string `json:"retype_from,omitempty"`
 	Reason       string `json:"reason"`
+	// NovaConf is, for a needs_retype answer on a Nova-owned mdev GPU,
+	// the nova.conf change of its host that re-types it (ExplainRetypes),
+	// and RetypeCommand the vgpuctl command that applies it with drain
+	// and verify.
+	NovaConf      *novaconf.Change `json:"nova_conf_change,omitempty"`
+	RetypeCommand string           `json:"retype_command,omitempty"`
 }
 
 // DryRunResponse is the answer of a dry run.

@@ -248,6 +248,17 @@ func (e *Executor) prepare(c protocol.Command) (handler, error) {
 				"this agent has no driver-upgrade command ([DEFAULT] driver_upgrade_command is empty)")
 		}
 		return func(ctx context.Context, r *run) (any, error) { return e.upgradeDriver(ctx, r, p) }, nil
+
+	case protocol.RetypeGPUs:
+		var p protocol.RetypeParams
+		if err := c.DecodeParams(&p); err != nil {
+			return nil, err
+		}
+		if len(e.cfg.RetypeCommand) == 0 || e.cfg.RetypeCommand[0] == "" {
+			return nil, refuse(protocol.CodeNotConfigured,
+				"this agent has no re-type command ([DEFAULT] gpu_retype_command is empty)")
+		}
+		return func(ctx context.Context, r *run) (any, error) { return e.retypeGPUs(ctx, r, p) }, nil
 	}
 	return nil, refuse(protocol.CodeInvalidCommand, "kind %q is not handled", c.Kind)
 }

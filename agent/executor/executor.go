@@ -62,7 +62,11 @@ type Config struct {
 	// UpgradeCommand is the operator's driver-upgrade command (executable
 	// and arguments) that upgrade_driver runs; empty refuses upgrade_driver.
 	UpgradeCommand []string
-	// UpgradeTimeout bounds upgrade_driver (instead of CommandTimeout).
+	// RetypeCommand is the operator's re-type command that retype_gpus
+	// runs; empty refuses retype_gpus.
+	RetypeCommand []string
+	// UpgradeTimeout bounds upgrade_driver and retype_gpus (instead of
+	// CommandTimeout).
 	// Default 30m.
 	UpgradeTimeout time.Duration
 	Now            func() time.Time
@@ -181,8 +185,8 @@ func (e *Executor) Refuse(c protocol.Command, code, msg string) protocol.Result 
 	case protocol.CodeIDReused:
 		r.Remediation = "A command id is used once; the bridge must give a new command a new id."
 	case protocol.CodeNotConfigured:
-		r.Remediation = "Set [DEFAULT] driver_upgrade_command in the agent's configuration to the host's vGPU-manager " +
-			"upgrade command, then restart the agent."
+		r.Remediation = "Set [DEFAULT] driver_upgrade_command (upgrade_driver) or gpu_retype_command (retype_gpus) in the " +
+			"agent's configuration, then restart the agent."
 	case string(hosterr.InUse):
 		r.Remediation = "The mdev is attached to a running VM: detach it (detach_vgpu) first, then remove it."
 	}
@@ -294,7 +298,7 @@ func (e *Executor) resume(ctx context.Context, ent journal.Entry) protocol.Resul
 func (e *Executor) run(ctx context.Context, ent journal.Entry, h handler) protocol.Result {
 	c := ent.Command
 	timeout := e.cfg.CommandTimeout
-	if c.Kind == protocol.UpgradeDriver {
+	if c.Kind == protocol.UpgradeDriver || c.Kind == protocol.RetypeGPUs {
 		timeout = e.cfg.UpgradeTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)

@@ -29,6 +29,18 @@ var (
 			"the driver and exit 0, and be safe to run again (a command interrupted by an agent crash is run again "+
 			"at restart). Its exit status and the last 32 KiB of its output go back in the result. Empty refuses "+
 			"upgrade_driver (code not_configured). Example: /usr/local/sbin/vgpu-manager-upgrade,--yes")
+	optGPURetypeCommand = options.List(conf.DefaultSection, "gpu_retype_command", "",
+		"The operator's command that re-types Nova-owned mdev GPUs of this host, run by the bridge's retype_gpus "+
+			"command (vgpuctl fleet retype) on the drained host: the executable (an absolute path) and its arguments, "+
+			"comma-separated, run without a shell. The bridge never sends a command line: the command reads the "+
+			"host's new nova.conf [devices] and [mdev_<type>] sections on its standard input (also in VGPU_NOVA_CONF), "+
+			"the GPUs in VGPU_RETYPE_GPUS (one PCI=TYPE a line) and their Placement providers' trait change in "+
+			"VGPU_RETYPE_TRAITS (one PROVIDER_UUID FROM_TRAIT TO_TRAIT a line, - for one unknown). It must write the sections into "+
+			"nova.conf (and the agent's own [devices] copy), restart nova-compute, set the providers' type traits "+
+			"(Nova 26 does not write them), schedule the agent's restart for after it exits (the agent reads [devices] "+
+			"at start) and exit 0, and be safe to run again. The bridge then waits for the new "+
+			"trait in Placement. Bounded by driver_upgrade_timeout. Empty refuses retype_gpus (code not_configured). "+
+			"Example: /usr/local/sbin/vgpu-nova-retype")
 	optDriverUpgradeTimeout = options.Duration(conf.DefaultSection, "driver_upgrade_timeout", 30*time.Minute, time.Minute, 4*time.Hour,
 		"Upper bound on driver_upgrade_command (instead of command_timeout); when it passes, the command's process "+
 			"group is killed and upgrade_driver fails with code timeout. Example: 45m")
@@ -43,7 +55,7 @@ func Options() *conf.Group { return options }
 func ConfigFrom(v *conf.Values) Config {
 	return Config{ColdShutdownTimeout: optColdShutdownTimeout.Get(v), CommandTimeout: optCommandTimeout.Get(v),
 		ClockSkew: optCommandClockSkew.Get(v), UpgradeCommand: optDriverUpgradeCommand.Get(v),
-		UpgradeTimeout: optDriverUpgradeTimeout.Get(v)}
+		UpgradeTimeout: optDriverUpgradeTimeout.Get(v), RetypeCommand: optGPURetypeCommand.Get(v)}
 }
 
 // defaults are the values of a configuration that sets nothing.

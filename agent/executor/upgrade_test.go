@@ -136,3 +136,75 @@ func TestTailBuffer(t *testing.T) {
 		t.Errorf("got %q dropped %d", b.String(), b.dropped)
 	}
 }
+
+// TestRetypeGPUs: retype_gpus runs gpu_retype_command with the nova.conf
+// change on its standard input and in VGPU_NOVA_CONF, the GPUs and the
+// traits in the environment; an agent without the option refuses it; a
+// non-zero exit fails with the output.
+func TestRetypeGPUs(t *testing.T) {
+	p := protocol.RetypeParams{GPUs: []protocol.RetypeGPU{
+		{PCI: "0000:3b:00.0", From: "nvidia-232", To: "nvidia-222", ProviderUUID: "9e1c07f3-15a3-408a-931f-4b41599b1cc0",
+			FromTrait: "CUSTOM_NVIDIA_232", ToTrait: "CUSTOM_NVIDIA_222"},
+		{PCI: "0000:d8:00.0", To: "nvidia-222", ProviderUUID: "0e1c07f3-15a3-408a-931f-4b41599b1cc0", ToTrait: "CUSTOM_NVIDIA_222"}},
+		NovaConf: "[devices]\nenabled_mdev_types = nvidia-222\n\n[mdev_nvidia-222]\ndevice_addresses = 0000:3b:00.0,0000:d8:00.0\n"}
+	for _, tc := range []struct {
+		name, script string
+		status       protocol.Status
+		code         string
+	}{
+		{name: "succeeds", status: protocol.Succeeded,
+			script: "cat > \"$1/stdin\"; printf '%s' \"$VGPU_NOVA_CONF\" > \"$1/env\"; printf '%s' \"$VGPU_RETYPE_GPUS\" > \"$1/gpus\"; " +
+				"printf '%s' \"$VGPU_RETYPE_TRAITS\" > \"$1/traits\"; echo restarted nova-compute\n"},
+		{name: "fails", script: "echo 'crudini: no such file'; exit 2\n", status: protocol.Failed, code: protocol.CodeUpgradeFailed},
+		{name: "unconfigured agent refuses", status: protocol.Refused, code: protocol.CodeNotConfigured},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			en := newEnv(t)
+			dir := t.TempDir()
+			var argv []string
+			if tc.script != "" {
+				path := filepath.Join(dir, "retype.sh")
+				if err := os.WriteFile(path, []byte("#!/bin/sh\n"+tc.script), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				argv = []string{path, dir}
+			}
+			j, err := journal.Open(filepath.Join(dir, "journal"), journal.Options{Now: func() time.Time { return en.now }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { j.Close() })
+			en.j = j
+			en.e, err = New(Config{Host: host, Journal: j, Sysfs: en.h, Domains: en.h, RetypeCommand: argv, UpgradeTimeout: time.Minute,
+				Now: func() time.Time { return en.now }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := command(t, "rt-1", protocol.RetypeGPUs, p)
+			c.InstanceUUID = ""
+			r := en.exec(c)
+			wantStatus(t, r, tc.status, tc.code)
+			switch tc.status {
+			case protocol.Refused:
+				if !strings.Contains(r.Message, "gpu_retype_command") {
+					t.Errorf("message %q does not name the option", r.Message)
+				}
+				return
+			case protocol.Failed:
+				if d := upgradeDetails(t, r); d.ExitStatus != 2 || !strings.Contains(d.Output, "crudini") {
+					t.Errorf("details %+v", d)
+				}
+				return
+			}
+			read := func(n string) string { b, _ := os.ReadFile(filepath.Join(dir, n)); return string(b) }
+			if read("stdin") != p.NovaConf || read("env") != p.NovaConf ||
+				read("gpus") != "0000:3b:00.0=nvidia-222\n0000:d8:00.0=nvidia-222" ||
+				read("traits") != "9e1c07f3-15a3-408a-931f-4b41599b1cc0 CUSTOM_NVIDIA_232 CUSTOM_NVIDIA_222\n0e1c07f3-15a3-408a-931f-4b41599b1cc0 - CUSTOM_NVIDIA_222" {
+				t.Errorf("the command got stdin %q, VGPU_NOVA_CONF %q, gpus %q, traits %q", read("stdin"), read("env"), read("gpus"), read("traits"))
+			}
+			if d := upgradeDetails(t, r); d.ExitStatus != 0 || !strings.Contains(d.Output, "restarted nova-compute") {
+				t.Errorf("details %+v", d)
+			}
+		})
+	}
+}

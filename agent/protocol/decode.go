@@ -361,3 +361,35 @@ func (p *UpgradeParams) Validate(k Kind) error {
 	}
 	return nil
 }
+
+var (
+	mdevTypeRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	traitRE    = regexp.MustCompile(`^CUSTOM_[A-Z0-9_]{1,248}$`)
+	pciRE      = regexp.MustCompile(`^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$`)
+)
+
+// Validate checks retype_gpus params: 1 to 64 GPUs of PCI addresses, mdev
+// type names and custom traits, and a nova.conf change within MaxNovaConf.
+func (p *RetypeParams) Validate(k Kind) error {
+	if len(p.GPUs) == 0 || len(p.GPUs) > 64 {
+		return invalid("%s: want 1 to 64 GPUs, got %d", k, len(p.GPUs))
+	}
+	if p.NovaConf == "" || len(p.NovaConf) > MaxNovaConf || strings.ContainsRune(p.NovaConf, 0) {
+		return invalid("%s: nova_conf: want 1 to %d bytes of text", k, MaxNovaConf)
+	}
+	for _, g := range p.GPUs {
+		if !pciRE.MatchString(g.PCI) {
+			return invalid("%s: pci_address %q is not a PCI address (0000:3b:00.0)", k, g.PCI)
+		}
+		if !mdevTypeRE.MatchString(g.To) || (g.From != "" && !mdevTypeRE.MatchString(g.From)) {
+			return invalid("%s: GPU %s: type %q -> %q is not an mdev type name", k, g.PCI, g.From, g.To)
+		}
+		if !traitRE.MatchString(g.ToTrait) || (g.FromTrait != "" && !traitRE.MatchString(g.FromTrait)) {
+			return invalid("%s: GPU %s: trait %q -> %q is not a custom trait", k, g.PCI, g.FromTrait, g.ToTrait)
+		}
+		if (g.ProviderUUID != "" && !uuidRE.MatchString(g.ProviderUUID)) || len(g.Provider) > 255 || strings.ContainsAny(g.Provider, " \n\r") {
+			return invalid("%s: GPU %s: provider %q (%q) is not a provider's uuid and name", k, g.PCI, g.ProviderUUID, g.Provider)
+		}
+	}
+	return nil
+}

@@ -68,11 +68,16 @@ const (
 	// command ([DEFAULT] driver_upgrade_command); the bridge names only
 	// the target branch, never a command.
 	UpgradeDriver Kind = "upgrade_driver"
+	// RetypeGPUs runs the agent's own configured re-type command
+	// ([DEFAULT] gpu_retype_command) with the nova.conf change that
+	// re-types Nova-owned mdev GPUs of the host (vgpuctl fleet retype);
+	// the bridge sends the change, never a command.
+	RetypeGPUs Kind = "retype_gpus"
 )
 
 // Kinds lists every command kind.
 var Kinds = []Kind{CreateMdev, RemoveMdev, AttachVGPU, DetachVGPU, SetVGPUScheduler,
-	SetClocks, ResetClocks, SetVMLimits, VerifyVGPU, CollectDiagnostics, UpgradeDriver}
+	SetClocks, ResetClocks, SetVMLimits, VerifyVGPU, CollectDiagnostics, UpgradeDriver, RetypeGPUs}
 
 // Valid reports whether k is a known kind.
 func (k Kind) Valid() bool {
@@ -198,6 +203,33 @@ type UpgradeParams struct {
 	Branch  string `json:"branch"`
 	Version string `json:"version,omitempty"`
 }
+
+// RetypeParams are the params of retype_gpus: the GPUs to re-type and
+// NovaConf, the [devices] and [mdev_<type>] sections of the host's
+// nova.conf after the change (placement/novaconf). The agent hands them
+// to its configured command: NovaConf on its standard input and in
+// VGPU_NOVA_CONF, the GPUs in VGPU_RETYPE_GPUS (one "PCI=TYPE" a line)
+// and VGPU_RETYPE_TRAITS (one "PROVIDER_UUID FROM_TRAIT TO_TRAIT" a line, "-" for
+// one unknown),
+// never as a command line. The result's details are UpgradeDetails.
+type RetypeParams struct {
+	GPUs     []RetypeGPU `json:"gpus"`
+	NovaConf string      `json:"nova_conf"`
+}
+
+// RetypeGPU is one GPU of a retype_gpus command.
+type RetypeGPU struct {
+	PCI          string `json:"pci_address"`
+	From         string `json:"from_type,omitempty"`
+	To           string `json:"to_type"`
+	Provider     string `json:"provider,omitempty"`
+	ProviderUUID string `json:"provider_uuid,omitempty"`
+	FromTrait    string `json:"from_trait,omitempty"`
+	ToTrait      string `json:"to_trait"`
+}
+
+// MaxNovaConf bounds a retype_gpus command's nova.conf change.
+const MaxNovaConf = 64 << 10
 
 // UpgradeDetails are the details of an upgrade_driver result: the
 // command's exit status and its output (stdout and stderr together, the

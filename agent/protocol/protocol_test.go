@@ -58,6 +58,11 @@ func messages(t *testing.T) map[string]any {
 		"command_verify_vgpu":         cmd(t, "c-verify", VerifyVGPU, VerifyParams{TypeID: "nvidia-232", Count: 1}),
 		"command_collect_diagnostics": cmd(t, "c-diag", CollectDiagnostics, DiagnosticsParams{}),
 		"command_upgrade_driver":      cmd(t, "c-upgrade", UpgradeDriver, UpgradeParams{Branch: "570", Version: "570.133.10"}),
+		"command_retype_gpus": cmd(t, "c-retype", RetypeGPUs, RetypeParams{GPUs: []RetypeGPU{{PCI: "0000:d8:00.0", From: "nvidia-232",
+			To: "nvidia-222", Provider: "compute-0012.example.org_pci_0000_d8_00_0", ProviderUUID: "9e1c07f3-15a3-408a-931f-4b41599b1cc0",
+			FromTrait: "CUSTOM_NVIDIA_232", ToTrait: "CUSTOM_NVIDIA_222"}},
+			NovaConf: "[devices]\nenabled_mdev_types = nvidia-222, nvidia-232\n\n[mdev_nvidia-222]\ndevice_addresses = 0000:d8:00.0\n\n" +
+				"[mdev_nvidia-232]\ndevice_addresses = 0000:3b:00.0\n"}),
 		"result_succeeded": Result{V: Version, CommandID: "c-attach", Host: "compute-0012", Status: Succeeded,
 			Details: json.RawMessage(`{"steps":["mdev_created","shutdown","defined","started"]}`), FinishedAt: issued.Add(time.Minute)},
 		"result_failed": Result{V: Version, CommandID: "c-create", Host: "compute-0012", Status: Failed, Code: "no_capacity",
@@ -266,7 +271,7 @@ func TestTopologyNames(t *testing.T) {
 
 func FuzzDecodeCommand(f *testing.F) {
 	for _, n := range []string{"command_create_mdev", "command_attach_vgpu", "command_set_vm_limits", "command_create_mdev_vfio",
-		"command_upgrade_driver"} {
+		"command_upgrade_driver", "command_retype_gpus"} {
 		b, err := os.ReadFile(filepath.Join("testdata", n+".json"))
 		if err != nil {
 			f.Fatal(err)
@@ -287,12 +292,20 @@ func FuzzDecodeCommand(f *testing.F) {
 		var targets = map[Kind]any{CreateMdev: &MdevParams{}, RemoveMdev: &MdevParams{}, AttachVGPU: &AttachParams{},
 			DetachVGPU: &AttachParams{}, SetVGPUScheduler: &SchedulerParams{}, SetClocks: &ClockParams{},
 			ResetClocks: &ClockParams{}, SetVMLimits: &LimitParams{}, VerifyVGPU: &VerifyParams{},
-			CollectDiagnostics: &DiagnosticsParams{}, UpgradeDriver: &UpgradeParams{}}
+			CollectDiagnostics: &DiagnosticsParams{}, UpgradeDriver: &UpgradeParams{}, RetypeGPUs: &RetypeParams{}}
 		if err := c.DecodeParams(targets[c.Kind]); err == nil && c.Kind == UpgradeDriver {
 			// What reaches the agent's upgrade command's environment is digits and dots only.
 			p := targets[c.Kind].(*UpgradeParams)
 			if strings.Trim(p.Branch+p.Version, "0123456789.") != "" {
 				t.Fatalf("upgrade params %+v accepted", p)
+			}
+		}
+		if err := c.DecodeParams(targets[c.Kind]); err == nil && c.Kind == RetypeGPUs {
+			// What reaches the re-type command's environment holds no line break but between GPUs.
+			for _, g := range targets[c.Kind].(*RetypeParams).GPUs {
+				if strings.ContainsAny(g.PCI+g.To+g.From+g.ToTrait+g.FromTrait+g.ProviderUUID, "\n\r =") {
+					t.Fatalf("retype params %+v accepted", g)
+				}
 			}
 		}
 		if _, err := json.Marshal(c); err != nil {
@@ -358,5 +371,32 @@ func TestMinorVersions(t *testing.T) {
 	}
 	if Minor != 1 || !AcceptedMinor(0) || AcceptedMinor(2) {
 		t.Errorf("Minor = %d; a change of Minor must change this test and the protocol notes", Minor)
+	}
+}
+
+// TestRetypeParamsValidate: retype_gpus takes 1 to 64 GPUs of PCI
+// addresses, mdev type names and custom traits, and a nova.conf change.
+func TestRetypeParamsValidate(t *testing.T) {
+	ok := RetypeGPU{PCI: "0000:d8:00.0", From: "nvidia-232", To: "nvidia-222", ProviderUUID: "9e1c07f3-15a3-408a-931f-4b41599b1cc0",
+		FromTrait: "CUSTOM_NVIDIA_232", ToTrait: "CUSTOM_NVIDIA_222"}
+	conf := "[devices]\nenabled_mdev_types = nvidia-222\n"
+	cases := []struct {
+		name string
+		p    RetypeParams
+		ok   bool
+	}{
+		{"valid", RetypeParams{GPUs: []RetypeGPU{ok}, NovaConf: conf}, true},
+		{"no GPU", RetypeParams{NovaConf: conf}, false},
+		{"no conf", RetypeParams{GPUs: []RetypeGPU{ok}}, false},
+		{"bad address", RetypeParams{GPUs: []RetypeGPU{{PCI: "d8:00", To: "nvidia-222", ToTrait: "CUSTOM_NVIDIA_222"}}, NovaConf: conf}, false},
+		{"bad type", RetypeParams{GPUs: []RetypeGPU{{PCI: "0000:d8:00.0", To: "nvidia-222]\n[x", ToTrait: "CUSTOM_NVIDIA_222"}}, NovaConf: conf}, false},
+		{"bad trait", RetypeParams{GPUs: []RetypeGPU{{PCI: "0000:d8:00.0", To: "nvidia-222", ToTrait: "HW_GPU"}}, NovaConf: conf}, false},
+		{"bad provider", RetypeParams{GPUs: []RetypeGPU{{PCI: "0000:d8:00.0", To: "nvidia-222", ToTrait: "CUSTOM_NVIDIA_222",
+			ProviderUUID: "x y"}}, NovaConf: conf}, false},
+	}
+	for _, c := range cases {
+		if err := c.p.Validate(RetypeGPUs); (err == nil) != c.ok {
+			t.Errorf("%s: %v", c.name, err)
+		}
 	}
 }

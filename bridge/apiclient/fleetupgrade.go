@@ -22,20 +22,23 @@ type FleetUpgradeBody struct {
 
 // FleetUpgradeHost is one host of a fleet upgrade.
 type FleetUpgradeHost struct {
-	Host           string    `json:"host"`
-	State          string    `json:"state"`
-	FromDriver     string    `json:"from_driver,omitempty"`
-	ToDriver       string    `json:"to_driver,omitempty"`
-	MaintenanceID  string    `json:"maintenance_id,omitempty"`
-	UpgradeCommand string    `json:"upgrade_command,omitempty"`
-	Output         string    `json:"output,omitempty"`
-	Error          string    `json:"error,omitempty"`
-	UpdatedAt      time.Time `json:"updated_at"`
+	Host           string `json:"host"`
+	State          string `json:"state"`
+	FromDriver     string `json:"from_driver,omitempty"`
+	ToDriver       string `json:"to_driver,omitempty"`
+	MaintenanceID  string `json:"maintenance_id,omitempty"`
+	UpgradeCommand string `json:"upgrade_command,omitempty"`
+	// Retype is a re-type run's nova.conf change of the host.
+	Retype    *NovaConfChange `json:"retype,omitempty"`
+	Output    string          `json:"output,omitempty"`
+	Error     string          `json:"error,omitempty"`
+	UpdatedAt time.Time       `json:"updated_at"`
 }
 
 // FleetUpgrade is a fleet upgrade with each host's step.
 type FleetUpgrade struct {
 	ID             string             `json:"id"`
+	Kind           string             `json:"kind"` // upgrade, retype
 	Branch         string             `json:"branch"`
 	Version        string             `json:"version,omitempty"`
 	MaxUnavailable int                `json:"max_unavailable"`
@@ -89,4 +92,38 @@ func (c *Client) FleetUpgrade(ctx context.Context, id string) (FleetUpgrade, err
 	raw, err := c.getInto(ctx, "/v1/fleet/upgrades/"+url.PathEscape(id), nil, &op)
 	op.Raw = raw
 	return op, err
+}
+
+// FleetRetypeBody is the body of POST /v1/fleet/retypes.
+type FleetRetypeBody struct {
+	GPUs          []string `json:"gpus"` // HOST/PCI=TYPE
+	StopOnFailure *bool    `json:"stop_on_failure,omitempty"`
+	DryRun        bool     `json:"dry_run,omitempty"`
+}
+
+// FleetRetypePlan is a re-type dry run's answer.
+type FleetRetypePlan struct {
+	Hosts []struct {
+		Host    string         `json:"host"`
+		Drained bool           `json:"drained"`
+		Change  NovaConfChange `json:"nova_conf_change"`
+	} `json:"hosts"`
+	Steps []string        `json:"steps"`
+	Raw   json.RawMessage `json:"-"`
+}
+
+// StartFleetRetype starts a re-type of Nova-owned GPUs (admin). A dry run
+// answers the plan (plan set, op nil); else the started run.
+func (c *Client) StartFleetRetype(ctx context.Context, b FleetRetypeBody) (*FleetRetypePlan, *FleetUpgrade, error) {
+	call := Call{Method: http.MethodPost, Path: "/v1/fleet/retypes", Body: b}
+	if b.DryRun {
+		var p FleetRetypePlan
+		raw, err := c.callInto(ctx, call, &p)
+		p.Raw = raw
+		return &p, nil, err
+	}
+	var op FleetUpgrade
+	raw, err := c.callInto(ctx, call, &op)
+	op.Raw = raw
+	return nil, &op, err
 }

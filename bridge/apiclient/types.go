@@ -242,6 +242,27 @@ type Candidate struct {
 	NeedsRetype  bool   `json:"needs_retype"`
 	RetypeFrom   string `json:"retype_from,omitempty"`
 	Reason       string `json:"reason"`
+	// NovaConf and RetypeCommand: for a needs_retype answer on a
+	// Nova-owned GPU, its host's nova.conf change and the vgpuctl command.
+	NovaConf      *NovaConfChange `json:"nova_conf_change,omitempty"`
+	RetypeCommand string          `json:"retype_command,omitempty"`
+}
+
+// NovaConfChange is the nova.conf change that re-types Nova-owned GPUs
+// of one host (placement/novaconf.Change).
+type NovaConfChange struct {
+	Host string `json:"host"`
+	GPUs []struct {
+		PCI          string `json:"pci_address"`
+		From         string `json:"from_type,omitempty"`
+		To           string `json:"to_type"`
+		Provider     string `json:"provider"`
+		ProviderUUID string `json:"provider_uuid,omitempty"`
+		FromTrait    string `json:"from_trait,omitempty"`
+		ToTrait      string `json:"to_trait"`
+	} `json:"gpus"`
+	EnabledMdevTypes []string `json:"enabled_mdev_types"`
+	Text             string   `json:"nova_conf"`
 }
 
 // DryRunResponse is the answer of a dry run.

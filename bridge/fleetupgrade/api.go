@@ -19,6 +19,8 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/novaconf"
 )
 
 //go:embed openapi.json
@@ -36,12 +38,23 @@ type API struct {
 	// maintenance needs [nova].
 	Ready   func() string
 	Started func() // the runner looks at once
+	// Retyper computes re-type runs' nova.conf changes (placement.Service);
+	// nil: POST /v1/fleet/retypes answers 503.
+	Retyper Retyper
+}
+
+// Retyper computes the nova.conf change that re-types Nova-owned GPUs of
+// a host (placement.Service.NovaRetype).
+type Retyper interface {
+	NovaRetype(ctx context.Context, host string, want map[string]string, allowInUse bool) (novaconf.Change, error)
 }
 
 // Register adds the routes.
 func (a *API) Register(srv *api.Server) {
 	srv.Handle(http.MethodPost, "/v1/fleet/upgrades", api.Admin, a.start)
 	srv.Handle(http.MethodGet, "/v1/fleet/upgrades/:id", api.Admin, a.get)
+	srv.Handle(http.MethodPost, "/v1/fleet/retypes", api.Admin, a.startRetype)
+	srv.Handle(http.MethodGet, "/v1/fleet/retypes/:id", api.Admin, a.get)
 	srv.Describe(openAPI)
 }
 
@@ -213,4 +226,126 @@ func (a *API) get(c echo.Context) error {
 		return err
 	}
 	return c.JSON(http.StatusOK, op)
+}
+
+// RetypeBody is the body of POST /v1/fleet/retypes.
+type RetypeBody struct {
+	GPUs          []string `json:"gpus"` // HOST/PCI=TYPE
+	StopOnFailure *bool    `json:"stop_on_failure"`
+	DryRun        bool     `json:"dry_run"`
+}
+
+// RetypePlanHost is one host of a re-type dry run.
+type RetypePlanHost struct {
+	Host    string          `json:"host"`
+	Drained bool            `json:"drained"`
+	Change  novaconf.Change `json:"nova_conf_change"`
+}
+
+// RetypePlan is the answer of a re-type dry run.
+type RetypePlan struct {
+	Options Options          `json:"options"`
+	Hosts   []RetypePlanHost `json:"hosts"`
+	Steps   []string         `json:"steps"`
+}
+
+// ParseRetypeGPU reads HOST/PCI=TYPE.
+func ParseRetypeGPU(s string) (host, pci, typ string, err error) {
+	host, rest, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if ok {
+		pci, typ, ok = strings.Cut(rest, "=")
+	}
+	if !ok || host == "" || pci == "" || typ == "" || len(host) > 255 {
+		return "", "", "", fmt.Errorf("%q: want HOST/PCI=TYPE, e.g. compute-1/0000:3b:00.0=nvidia-222", s)
+	}
+	return host, strings.ToLower(pci), typ, nil
+}
+
+// RetypeOptions reads and checks a re-type body: the hosts in the order
+// they first appear, each with its GPUs' new types.
+func (b RetypeBody) RetypeOptions() (Options, map[string]map[string]string, []api.InvalidParam) {
+	o := Options{Kind: KindRetype, MaxUnavailable: 1, StopOnFailure: true}
+	if b.StopOnFailure != nil {
+		o.StopOnFailure = *b.StopOnFailure
+	}
+	want := map[string]map[string]string{}
+	var bad []api.InvalidParam
+	for _, g := range b.GPUs {
+		host, pci, typ, err := ParseRetypeGPU(g)
+		if err != nil {
+			bad = append(bad, api.InvalidParam{Name: "gpus", Reason: err.Error()})
+			continue
+		}
+		if want[host] == nil {
+			want[host] = map[string]string{}
+			o.Hosts = append(o.Hosts, host)
+		}
+		if _, dup := want[host][pci]; dup {
+			bad = append(bad, api.InvalidParam{Name: "gpus", Reason: "GPU " + host + "/" + pci + " is listed twice"})
+		}
+		want[host][pci] = typ
+	}
+	if len(b.GPUs) == 0 || len(o.Hosts) > MaxHosts {
+		bad = append(bad, api.InvalidParam{Name: "gpus", Reason: fmt.Sprintf("want 1 or more GPUs on at most %d hosts", MaxHosts)})
+	}
+	return o, want, bad
+}
+
+func (a *API) startRetype(c echo.Context) error {
+	ctx := c.Request().Context()
+	var b RetypeBody
+	dec := json.NewDecoder(c.Request().Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return api.ValidationProblem([]api.InvalidParam{{Name: "body", Reason: "not a fleet retype body: " + err.Error()}})
+	}
+	o, want, bad := b.RetypeOptions()
+	if len(bad) > 0 {
+		return api.ValidationProblem(bad)
+	}
+	if a.Retyper == nil {
+		return api.Problem(http.StatusServiceUnavailable, "Fleet retypes unavailable", "this bridge has no Placement service")
+	}
+	p := RetypePlan{Options: o, Steps: RetypeSteps, Hosts: []RetypePlanHost{}}
+	o.Retypes = map[string]novaconf.Change{}
+	for _, h := range o.Hosts {
+		ch, err := a.Retyper.NovaRetype(ctx, h, want[h], false)
+		switch {
+		case errors.Is(err, placement.ErrHostNotReported):
+			return &api.ProblemDetails{Status: http.StatusNotFound, Title: "Host not found", Code: "host_not_found", Detail: err.Error()}
+		case errors.Is(err, novaconf.ErrInUse):
+			return &api.ProblemDetails{Status: http.StatusConflict, Title: "GPU in use", Code: "gpu_in_use", Detail: err.Error()}
+		case errors.Is(err, novaconf.ErrNotNovaGPU), errors.Is(err, novaconf.ErrNotCreatable), errors.Is(err, novaconf.ErrNoChange),
+			errors.Is(err, novaconf.ErrTypeMalformed):
+			return api.ValidationProblem([]api.InvalidParam{{Name: "gpus", Reason: err.Error()}})
+		case err != nil:
+			return err
+		}
+		o.Retypes[h] = ch
+		ph := RetypePlanHost{Host: h, Change: ch}
+		if err := a.Pool.QueryRow(ctx, `SELECT drained FROM hosts WHERE name = $1`, h).Scan(&ph.Drained); err != nil {
+			return fmt.Errorf("read host %s: %w", h, err)
+		}
+		p.Hosts = append(p.Hosts, ph)
+	}
+	p.Options = o
+	if b.DryRun {
+		return c.JSON(http.StatusOK, p)
+	}
+	who := controls.Actor{Name: "anonymous", RequestID: api.RequestID(c)}
+	if pr := api.PrincipalFrom(c); pr != nil && pr.Name != "" {
+		who.Name = pr.Name
+	}
+	op, err := a.Store.Create(ctx, who, o)
+	if errors.Is(err, ErrBusy) {
+		return &api.ProblemDetails{Status: http.StatusConflict, Title: "Upgrade running", Code: "upgrade_running", Detail: err.Error()}
+	}
+	if err != nil {
+		return err
+	}
+	if a.Started != nil {
+		a.Started()
+	}
+	c.Response().Header().Set("Location", "/v1/fleet/retypes/"+op.ID.String())
+	return c.JSON(http.StatusAccepted, op)
 }

@@ -40,6 +40,11 @@ type Evacuator interface {
 	Wait(ctx context.Context, id uuid.UUID) error
 }
 
+// TraitReader reads a resource provider's traits (placement.Client).
+type TraitReader interface {
+	Traits(ctx context.Context, rp string) ([]string, int, error)
+}
+
 // Compat is the driver-compatibility data (policy.Compat).
 type Compat interface {
 	Check(hypervisor, host, guest string) policy.Verdict
@@ -110,6 +115,11 @@ type Runner struct {
 	// appear in the agent's reports after the command (default 5m);
 	// GateTimeout the life of the diagnose gate's command (default 5m).
 	Poll, CommandTimeout, DriverTimeout, GateTimeout time.Duration
+	// Placement reads a GPU provider's traits (placement.Client): a
+	// re-type run's verify step waits for the new type's trait there.
+	// VerifyTimeout bounds that wait (default 10m).
+	Placement     TraitReader
+	VerifyTimeout time.Duration
 	// AfterStep, when set, runs after each recorded step (a test hook).
 	AfterStep func(op uuid.UUID, host string, to State)
 
@@ -229,7 +239,11 @@ func (r *Runner) Drive(ctx context.Context, id uuid.UUID) error {
 				state = OpFailed
 				msg = fmt.Sprintf("%d host(s) failed", failed)
 				if stop && left > 0 {
-					msg += fmt.Sprintf("; stopped with %d host(s) not upgraded", left)
+					done := "upgraded"
+					if op.Kind == KindRetype {
+						done = "re-typed"
+					}
+					msg += fmt.Sprintf("; stopped with %d host(s) not %s", left, done)
 				}
 			}
 			r.log().Info("fleet upgrade: finished", "operation", id, "state", state, "error", msg)
@@ -291,6 +305,9 @@ func (r *Runner) driveHost(ctx context.Context, op Operation, h HostStatus) {
 
 // step does the work of h's current state and returns the next one.
 func (r *Runner) step(ctx context.Context, op Operation, h HostStatus) (State, Update, func(pgx.Tx) error, error) {
+	if op.Kind == KindRetype {
+		return r.retypeStep(ctx, op, h)
+	}
 	switch h.State {
 	case Pending:
 		var c Compat

@@ -19,7 +19,9 @@
 package fleetupgrade
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,6 +34,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/novaconf"
 )
 
 // State is a host's step.
@@ -66,6 +69,8 @@ const (
 	actStart    = "fleet_upgrade.start"
 	actHost     = "fleet_upgrade.host"
 	actFinish   = "fleet_upgrade.finish"
+	// actRetypeStart starts a re-type run (its steps are actHost records).
+	actRetypeStart = "fleet_upgrade.retype_start"
 )
 
 // ErrNotFound: no such operation. ErrBusy: a host is in another running
@@ -75,13 +80,23 @@ var (
 	ErrBusy     = errors.New("host is in another running fleet upgrade")
 )
 
+// Kinds of run.
+const (
+	KindUpgrade = "upgrade"
+	KindRetype  = "retype"
+)
+
 // Options of a run.
 type Options struct {
-	Branch         string   `json:"branch"`
-	Version        string   `json:"version,omitempty"`
-	Hosts          []string `json:"hosts"`
-	MaxUnavailable int      `json:"max_unavailable"`
-	StopOnFailure  bool     `json:"stop_on_failure"`
+	// Kind is KindUpgrade ("" too) or KindRetype: a re-type of Nova-owned
+	// mdev GPUs, Retypes the change of each host (Hosts, in order).
+	Kind           string                     `json:"kind,omitempty"`
+	Retypes        map[string]novaconf.Change `json:"retypes,omitempty"`
+	Branch         string                     `json:"branch"`
+	Version        string                     `json:"version,omitempty"`
+	Hosts          []string                   `json:"hosts"`
+	MaxUnavailable int                        `json:"max_unavailable"`
+	StopOnFailure  bool                       `json:"stop_on_failure"`
 }
 
 // HostStatus is one host of an operation.
@@ -95,14 +110,17 @@ type HostStatus struct {
 	MaintenanceID  *uuid.UUID `json:"maintenance_id,omitempty"`
 	UpgradeCommand *uuid.UUID `json:"upgrade_command,omitempty"`
 	GateCommand    *uuid.UUID `json:"gate_command,omitempty"`
-	Output         string     `json:"output,omitempty"`
-	Error          string     `json:"error,omitempty"`
-	UpdatedAt      time.Time  `json:"updated_at"`
+	// Retype is the host's nova.conf change (a re-type run).
+	Retype    *novaconf.Change `json:"retype,omitempty"`
+	Output    string           `json:"output,omitempty"`
+	Error     string           `json:"error,omitempty"`
+	UpdatedAt time.Time        `json:"updated_at"`
 }
 
 // Operation is one fleet upgrade.
 type Operation struct {
 	ID             uuid.UUID    `json:"id"`
+	Kind           string       `json:"kind"`
 	Branch         string       `json:"branch"`
 	Version        string       `json:"version,omitempty"`
 	MaxUnavailable int          `json:"max_unavailable"`
@@ -151,17 +169,29 @@ func (s *Store) Create(ctx context.Context, who controls.Actor, o Options) (Oper
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO fleet_upgrades (id, branch, version, max_unavailable, stop_on_failure, created_by)
-			VALUES ($1, $2, nullif($3, ''), $4, $5, $6)`, id, o.Branch, o.Version, o.MaxUnavailable, o.StopOnFailure, who.Name); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO fleet_upgrades (id, kind, branch, version, max_unavailable, stop_on_failure, created_by)
+			VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7)`, id, cmp.Or(o.Kind, KindUpgrade), o.Branch, o.Version, o.MaxUnavailable,
+			o.StopOnFailure, who.Name); err != nil {
 			return fmt.Errorf("record fleet upgrade: %w", err)
 		}
 		for i, h := range o.Hosts {
-			if _, err := tx.Exec(ctx, `INSERT INTO fleet_upgrade_hosts (upgrade_id, host, seq, from_driver)
-				VALUES ($1, $2, $3, (SELECT driver_version FROM hosts WHERE name = $2))`, id, h, i); err != nil {
+			var retype []byte
+			if c, ok := o.Retypes[h]; ok {
+				var err error
+				if retype, err = json.Marshal(c); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO fleet_upgrade_hosts (upgrade_id, host, seq, from_driver, retype)
+				VALUES ($1, $2, $3, (SELECT driver_version FROM hosts WHERE name = $2), $4)`, id, h, i, retype); err != nil {
 				return fmt.Errorf("record host %s: %w", h, err)
 			}
 		}
-		return controls.Audit(ctx, tx, controls.Entry{Actor: who, Action: actStart, ObjectType: auditObject, ObjectID: id.String(),
+		action := actStart
+		if o.Kind == KindRetype {
+			action = actRetypeStart
+		}
+		return controls.Audit(ctx, tx, controls.Entry{Actor: who, Action: action, ObjectType: auditObject, ObjectID: id.String(),
 			Detail: o})
 	})
 	if err != nil {
@@ -239,8 +269,8 @@ func (s *Store) Finish(ctx context.Context, who controls.Actor, op uuid.UUID, st
 func (s *Store) Get(ctx context.Context, id uuid.UUID) (Operation, error) {
 	var op Operation
 	var version, errText *string
-	err := s.pool.QueryRow(ctx, `SELECT id, branch, version, max_unavailable, stop_on_failure, state, error, created_by, created_at, finished_at
-		FROM fleet_upgrades WHERE id = $1`, id).Scan(&op.ID, &op.Branch, &version, &op.MaxUnavailable, &op.StopOnFailure, &op.State,
+	err := s.pool.QueryRow(ctx, `SELECT id, kind, branch, version, max_unavailable, stop_on_failure, state, error, created_by, created_at, finished_at
+		FROM fleet_upgrades WHERE id = $1`, id).Scan(&op.ID, &op.Kind, &op.Branch, &version, &op.MaxUnavailable, &op.StopOnFailure, &op.State,
 		&errText, &op.CreatedBy, &op.CreatedAt, &op.FinishedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Operation{}, fmt.Errorf("%s: %w", id, ErrNotFound)
@@ -250,15 +280,20 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (Operation, error) {
 	}
 	op.Version, op.Error = deref(version), deref(errText)
 	rows, err := s.pool.Query(ctx, `SELECT host, seq, state, coalesce(from_driver, ''), coalesce(to_driver, ''), drained_by_op,
-			maintenance_id, upgrade_command, gate_command, coalesce(output, ''), coalesce(error, ''), updated_at
+			maintenance_id, upgrade_command, gate_command, coalesce(output, ''), coalesce(error, ''), updated_at, retype
 		FROM fleet_upgrade_hosts WHERE upgrade_id = $1 ORDER BY seq`, id)
 	if err != nil {
 		return Operation{}, err
 	}
 	op.Hosts, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (HostStatus, error) {
 		var h HostStatus
+		var retype []byte
 		err := r.Scan(&h.Host, &h.Seq, &h.State, &h.FromDriver, &h.ToDriver, &h.DrainedByOp, &h.MaintenanceID, &h.UpgradeCommand,
-			&h.GateCommand, &h.Output, &h.Error, &h.UpdatedAt)
+			&h.GateCommand, &h.Output, &h.Error, &h.UpdatedAt, &retype)
+		if err == nil && retype != nil {
+			h.Retype = &novaconf.Change{}
+			err = json.Unmarshal(retype, h.Retype)
+		}
 		return h, err
 	})
 	if err != nil {

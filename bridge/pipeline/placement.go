@@ -155,7 +155,7 @@ func (a ServiceAdapter) Claim(ctx context.Context, c ClaimSpec) (Claimed, error)
 	}
 	cl, err := a.S.Claim(ctx, placement.ClaimRequest{Consumer: c.Consumer, ProjectID: c.ProjectID, UserID: c.UserID, Request: q, Read: c.Read})
 	if errors.Is(err, placement.ErrNoCapacity) {
-		return Claimed{}, fmt.Errorf("%w: %v%s", ErrNoCapacity, err, a.retypeHint(c))
+		return Claimed{}, fmt.Errorf("%w: %v%s", ErrNoCapacity, err, a.retypeHint(ctx, c))
 	}
 	if err != nil {
 		return Claimed{}, err
@@ -165,8 +165,11 @@ func (a ServiceAdapter) Claim(ctx context.Context, c ClaimSpec) (Claimed, error)
 
 // retypeHint says, after a claim found no room, which empty GPU of the
 // node could serve it once re-typed ("needs_retype"): a GPU holds one
-// vGPU type and the bridge does not change it. "" when none could.
-func (a ServiceAdapter) retypeHint(c ClaimSpec) string {
+// vGPU type and the bridge does not change a Nova-owned one. For a
+// Nova-owned mdev GPU the hint carries its host's exact nova.conf change
+// and the vgpuctl command that applies it (placement.ExplainRetypes).
+// "" when none could.
+func (a ServiceAdapter) retypeHint(ctx context.Context, c ClaimSpec) string {
 	var d placement.DryRunRequest
 	d.Traits.Required = []string{c.Trait}
 	d.Count, d.Host, d.AllowRetype, d.ExcludeGPUs, d.Limit = c.Count, c.Node, true, c.Exclude, 1
@@ -174,7 +177,14 @@ func (a ServiceAdapter) retypeHint(c ClaimSpec) string {
 	if err != nil || len(out.Candidates) == 0 || !out.Candidates[0].NeedsRetype {
 		return ""
 	}
+	a.S.ExplainRetypes(ctx, &out)
 	g := out.Candidates[0]
+	if g.NovaConf != nil {
+		return fmt.Sprintf("; needs_retype: GPU %s (provider %s) is empty but offers %s; the bridge does not re-type Nova-owned GPUs: "+
+			"run %q (drains the host, applies the nova.conf change through the agent's gpu_retype_command, waits for the provider's trait %s, "+
+			"undrains), or set the host's nova.conf to:\n%s", g.PCIAddress, g.ProviderUUID, orDefault(g.RetypeFrom, "another type"),
+			g.RetypeCommand, c.Trait, g.NovaConf.Text)
+	}
 	return fmt.Sprintf("; needs_retype: GPU %s (provider %s) is empty but offers %s; the bridge does not re-type GPUs: an operator can set it to %s "+
 		"(Nova's [devices] enabled_mdev_types and its provider's trait) and retry", orDefault(g.PCIAddress, "?"), g.ProviderUUID, orDefault(g.RetypeFrom, "another type"), c.Trait)
 }

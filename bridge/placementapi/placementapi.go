@@ -106,6 +106,7 @@ func (h *Handlers) dryRun(c echo.Context) error {
 	case err != nil:
 		return err
 	}
+	h.svc.ExplainRetypes(c.Request().Context(), &out)
 	return c.JSON(http.StatusOK, out)
 }
 

@@ -15,8 +15,8 @@ import (
 
 // fleetCmd is `vgpuctl fleet`: work over several hosts.
 func fleetCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "fleet", Short: "Work over several hosts: rolling vGPU-manager upgrades (admin)"}
-	cmd.AddCommand(fleetUpgradeCmd(g), fleetUpgradeStatusCmd(g))
+	cmd := &cobra.Command{Use: "fleet", Short: "Work over several hosts: rolling vGPU-manager upgrades, Nova GPU re-types (admin)"}
+	cmd.AddCommand(fleetUpgradeCmd(g), fleetUpgradeStatusCmd(g), fleetRetypeCmd(g))
 	return cmd
 }
 
@@ -156,6 +156,19 @@ func fleetUpgradeTable(w io.Writer, op apiclient.FleetUpgrade) {
 		"Max unavailable", fmt.Sprint(op.MaxUnavailable), "Stop on failure", yesNo(op.StopOnFailure), "By", op.CreatedBy,
 		"Started", ts(op.CreatedAt), "Finished", tsp(op.FinishedAt), "Error", orDash(op.Error))
 	fmt.Fprintln(w)
+	if op.Kind == "retype" {
+		header(w, "HOST", "STATE", "GPUS", "ERROR")
+		for _, h := range op.Hosts {
+			var gpus []string
+			if h.Retype != nil {
+				for _, x := range h.Retype.GPUs {
+					gpus = append(gpus, x.PCI+"="+x.To)
+				}
+			}
+			row(w, h.Host, h.State, orDash(strings.Join(gpus, " ")), clip(orDash(h.Error), 80))
+		}
+		return
+	}
 	header(w, "HOST", "STATE", "FROM", "TO", "ERROR")
 	for _, h := range op.Hosts {
 		row(w, h.Host, h.State, orDash(h.FromDriver), orDash(h.ToDriver), clip(orDash(h.Error), 80))

@@ -20,7 +20,8 @@ func placeCmd(g *globals) *cobra.Command {
 chosen. Nothing is claimed: the bridge places on its own when it acts, so
 --dry-run is required. With --allow-retype, empty GPUs of another type that
 could serve after re-typing follow, marked in the RETYPE column (operators
-re-type; the bridge never does).
+re-type; for a Nova-owned GPU the vgpuctl fleet retype command that
+applies the nova.conf change follows the table).
 
   vgpuctl place --dry-run --profile T4-4Q --count 2 --strategy spread`,
 		Args: cobra.NoArgs,
@@ -49,6 +50,17 @@ re-type; the bridge never does).
 						}
 					}
 					row(w, itoa(i+1), c.Host, c.PCIAddress, c.Profile, itoa(c.Amount), itoa(c.FreeAfter), retype, c.Reason)
+				}
+				first := true
+				for _, c := range out.Candidates {
+					if c.RetypeCommand == "" {
+						continue
+					}
+					if first {
+						fmt.Fprintln(w, "\nRe-type a Nova-owned GPU host by host (add --dry-run to print its nova.conf change):")
+						first = false
+					}
+					fmt.Fprintln(w, "  "+c.RetypeCommand)
 				}
 			}); err != nil {
 				return err

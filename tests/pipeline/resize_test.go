@@ -211,6 +211,12 @@ func TestDirectResizeNeedsRetype(t *testing.T) {
 	if r.State != requests.Failed || r.Code != flow.CodeNoCapacity || !strings.Contains(r.Reason, "needs_retype") || !strings.Contains(r.Reason, gpuB) {
 		t.Fatalf("resize to a profile no GPU offers: %s (%s: %s); want no_capacity, needs_retype naming %s", r.State, r.Code, r.Reason, gpuB)
 	}
+	// GPU B is Nova's: the reason carries the host's nova.conf change
+	// (GPU A keeps T4-4Q and its vGPU) and the vgpuctl command.
+	if want := "enabled_mdev_types = nvidia-232, nvidia-233\n\n[mdev_nvidia-232]\ndevice_addresses = " + gpuA + "\n\n[mdev_nvidia-233]\ndevice_addresses = " + gpuB; !strings.Contains(r.Reason, want) ||
+		!strings.Contains(r.Reason, `"vgpuctl fleet retype --gpu `+w.host+"/"+gpuB+`=nvidia-233"`) {
+		t.Errorf("needs_retype reason %q: want the nova.conf change %q and the vgpuctl command", r.Reason, want)
+	}
 	var sent int
 	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM commands WHERE request_id = $1`, id).Scan(&sent), "commands")
 	if sent != 0 {
