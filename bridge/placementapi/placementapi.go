@@ -218,6 +218,11 @@ func (h *Handlers) gpu(g *engine.GPU) GPU {
 	}
 	if len(g.Types) > 0 {
 		out.Trait = g.Types[0]
+	} else if g.Class == placement.BridgeClass {
+		// Its type trait (CUSTOM_1430) is not under type_trait_prefix.
+		out.Trait = placement.OwnedTypeTrait(g.Traits)
+	}
+	if out.Trait != "" {
 		out.Profile = h.svc.ProfileName(out.Trait)
 	}
 	return out
@@ -398,6 +403,8 @@ func (h *Handlers) allocations(c echo.Context) error {
 			r.Host, r.PCIAddress = h.svc.HostName(g.Host.Name), g.PCIAddress()
 			if len(g.Types) > 0 {
 				r.Profile = h.svc.ProfileName(g.Types[0])
+			} else if g.Class == placement.BridgeClass {
+				r.Profile = h.svc.ProfileName(placement.OwnedTypeTrait(g.Traits))
 			}
 		}
 		if project != "" {

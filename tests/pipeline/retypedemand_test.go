@@ -12,6 +12,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/placementapi"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
@@ -341,6 +342,7 @@ func TestRetypeOnDemandTwoEmptyGPUs(t *testing.T) {
 	w.wantTraits(rp1, retypeTrait)
 	w.wantTraits(rp2, vfTrait)
 	w.wantOffers(rp2, true, false)
+	w.wantOwnedRow(r.svc, rp2, vfPF2, vfTrait, vfProfile)
 	typ, _, err := r.svc.OwnedType(w.ctx, w.host, vfPF2)
 	testsvc.Must(t, err, "owned type")
 	if typ != vfType || audits(vfPF) != 1 || audits(vfPF2) != 0 {
@@ -365,5 +367,22 @@ func TestRetypeOnDemandTwoEmptyGPUs(t *testing.T) {
 	if typ != wholeType || step != placement.RetypeDone || audits(vfPF) != 1 || audits(vfPF2) != 1 {
 		t.Errorf("after the 141C: %s is %s (%q) with %d audit rows, %s has %d, want %s done and one re-type each",
 			vfPF2, typ, step, audits(vfPF2), vfPF, audits(vfPF), wholeType)
+	}
+}
+
+// wantOwnedRow checks GET /v1/gpus shows the single-type bridge-owned GPU
+// pf (provider rp) with its type's trait and profile (the provider's
+// trait, not under type_trait_prefix), owner bridge, mode single.
+func (w *world) wantOwnedRow(svc *placement.Service, rp, pf, trait, profile string) {
+	w.t.Helper()
+	rows := w.gpusAPI(svc, "host="+w.node)
+	i := slices.IndexFunc(rows, func(g placementapi.GPU) bool { return g.ProviderUUID == rp })
+	if i < 0 {
+		w.t.Fatalf("GET /v1/gpus lists no row of %s (%s): %+v", pf, rp, rows)
+	}
+	g := rows[i]
+	if g.PCIAddress != pf || g.Trait != trait || g.Profile != profile || g.Owner != placementapi.OwnerBridge || g.Mode != placementapi.ModeSingle ||
+		g.ResourceClass != placement.BridgeClass || g.Framebuffer != nil {
+		w.t.Errorf("GET /v1/gpus row of %s = %+v, want trait %s, profile %s, owner bridge, mode single, %s", pf, g, trait, profile, placement.BridgeClass)
 	}
 }
