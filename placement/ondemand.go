@@ -45,7 +45,9 @@ type Retyped struct {
 //
 // The GPU is chosen deterministically: one whose re-type to that type a
 // stopped bridge left unfinished first (it is finished), then the host's
-// declared GPUs by PCI address. A GPU qualifies when it is not re-typing
+// declared GPUs by PCI address, whatever their order in the option (of
+// two empty GPUs the lower address is re-typed, the other keeps its type:
+// TestRetypeOnDemandTwoEmptyGPUs). A GPU qualifies when it is not re-typing
 // to another type, does not offer the type already, holds no VF typed by
 // the bridge (a VF GPU) or mdev of the bridge (an mdev GPU), has no unit
 // allocated on its provider, is not excluded, and

@@ -121,6 +121,20 @@ func ownedReportGPU(r protocol.Report, pci, typeID string) (protocol.GPU, bool) 
 	return protocol.GPU{}, false
 }
 
+// OwnedTypeTrait is the type trait of a single-type bridge-owned GPU
+// among its provider's traits: the one named as catalog.TraitFor names a
+// vendor-VFIO type (CUSTOM_ and the numeric type id, CUSTOM_1430), which
+// [placement] type_trait_prefix (CUSTOM_NVIDIA_ by default) does not
+// match; "" when there is none (a re-type withdrew it).
+func OwnedTypeTrait(traits []string) string {
+	for _, t := range traits {
+		if id, ok := strings.CutPrefix(t, "CUSTOM_"); ok && id != "" && strings.Trim(id, "0123456789") == "" {
+			return t
+		}
+	}
+	return ""
+}
+
 // OwnedGPU is what the bridge publishes for one bridge-owned GPU: a child
 // provider of the compute node's provider, named as Nova names a GPU's
 // (GPUProviderName), with Total units of BridgeClass and the type's trait;

@@ -129,3 +129,19 @@ func TestOwnedFromReportMixed(t *testing.T) {
 		}
 	}
 }
+
+func TestOwnedTypeTrait(t *testing.T) {
+	for _, c := range []struct {
+		traits []string
+		want   string
+	}{
+		{[]string{"CUSTOM_1430"}, "CUSTOM_1430"},
+		{[]string{"CUSTOM_VGPU_BRIDGE_GPU_FAULT", "CUSTOM_1429"}, "CUSTOM_1429"},
+		{[]string{"CUSTOM_NVIDIA_232", "CUSTOM_", "HW_GPU_API_VULKAN"}, ""},
+		{nil, ""},
+	} {
+		if got := OwnedTypeTrait(c.traits); got != c.want {
+			t.Errorf("OwnedTypeTrait(%v) = %q, want %q", c.traits, got, c.want)
+		}
+	}
+}

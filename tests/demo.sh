@@ -8,6 +8,6 @@
 # cleanup). DEMO_KEEP=1 keeps its temporary directory (configuration, logs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x bin/vgpu-bridge ] && [ -x bin/vgpu-agent ] || make build
+[ -x bin/vgpu-bridge ] && [ -x bin/vgpu-agent ] && [ -x bin/vgpuctl ] || make build
 go build -o bin/vgpu-demo ./tests/demo
 exec bin/vgpu-demo "$@"

@@ -88,6 +88,36 @@ type GPU struct {
 	Traits        []string `json:"traits"`
 	Drained       bool     `json:"drained"`
 	DrainReason   string   `json:"drain_reason,omitempty"`
+	Undeclared    bool     `json:"undeclared,omitempty"`
+	// Owner is "bridge" (a bridge-owned GPU) or "nova".
+	Owner string `json:"owner,omitempty"`
+	// Mode is "single" or "mixed" (GPUModeMixed: the amounts above are
+	// MiB of CUSTOM_VGPU_BRIDGE_FB_MIB, and Framebuffer, TypesInUse and
+	// Health are set).
+	Mode        string          `json:"mode,omitempty"`
+	Framebuffer *GPUFramebuffer `json:"framebuffer,omitempty"`
+	TypesInUse  []GPUTypeInUse  `json:"types_in_use,omitempty"`
+	Health      string          `json:"health,omitempty"`
+	Problem     string          `json:"problem,omitempty"`
+}
+
+// GPUModeMixed is GPU.Mode of a mixed (heterogeneous) bridge-owned GPU.
+const GPUModeMixed = "mixed"
+
+// GPUFramebuffer is a mixed GPU's framebuffer in MiB.
+type GPUFramebuffer struct {
+	TotalMiB int `json:"total_mib"`
+	UsedMiB  int `json:"used_mib"`
+	FreeMiB  int `json:"free_mib"`
+}
+
+// GPUTypeInUse is how many vGPUs of one type a mixed GPU holds.
+type GPUTypeInUse struct {
+	TypeID         string `json:"type_id"`
+	Trait          string `json:"trait"`
+	Profile        string `json:"profile,omitempty"`
+	FramebufferMiB int    `json:"framebuffer_mib"`
+	Count          int    `json:"count"`
 }
 
 // GPUList is the answer of GET /v1/gpus.

@@ -11,6 +11,7 @@ import (
 	_ "embed"
 	"errors"
 	"net/http"
+	"slices"
 	"sort"
 	"time"
 
@@ -153,6 +154,54 @@ type GPU struct {
 	// bridge_owned_gpus, kept (reserved whole) while a vGPU is
 	// allocated on it (placement.Service.RetireOwned).
 	Undeclared bool `json:"undeclared,omitempty"`
+	// Owner is "bridge" for a bridge-owned GPU ([placement]
+	// bridge_owned_gpus), "nova" for the GPUs Nova manages.
+	Owner string `json:"owner"`
+	// Mode is "single" (one vGPU type at a time: Total and the other
+	// amounts count vGPUs) or "mixed" (a bridge-owned GPU declared
+	// HOST/PF=mixed: vGPUs of several types side by side, framebuffer
+	// being the limit; the amounts are MiB of resource_class
+	// CUSTOM_VGPU_BRIDGE_FB_MIB, and Framebuffer, TypesInUse and Health
+	// tell the rest).
+	Mode string `json:"mode"`
+	// Framebuffer is a mixed GPU's framebuffer in MiB.
+	Framebuffer *Framebuffer `json:"framebuffer,omitempty"`
+	// TypesInUse are a mixed GPU's vGPUs by type (its agent's last
+	// report).
+	TypesInUse []TypeInUse `json:"types_in_use,omitempty"`
+	// Health is a mixed GPU's health as its agent last reported it (ok,
+	// degraded, failed, unknown; "" when the report lacks the GPU).
+	Health string `json:"health,omitempty"`
+	// Problem says what of a mixed GPU could not be read (its provider
+	// not published yet, Placement unreachable, no report): the row then
+	// holds what its agent's report says.
+	Problem string `json:"problem,omitempty"`
+}
+
+// Modes of GPU.Mode and owners of GPU.Owner.
+const (
+	ModeSingle  = "single"
+	ModeMixed   = "mixed"
+	OwnerBridge = "bridge"
+	OwnerNova   = "nova"
+)
+
+// Framebuffer is a mixed GPU's framebuffer: Total MiB offered (the GPU's
+// less what Nova's VFs hold), Used of them claimed by vGPUs, Free left
+// (Total less Reserved and Used).
+type Framebuffer struct {
+	TotalMiB int `json:"total_mib"`
+	UsedMiB  int `json:"used_mib"`
+	FreeMiB  int `json:"free_mib"`
+}
+
+// TypeInUse is how many vGPUs of one type a mixed GPU holds.
+type TypeInUse struct {
+	TypeID         string `json:"type_id"`
+	Trait          string `json:"trait"`
+	Profile        string `json:"profile,omitempty"`
+	FramebufferMiB int    `json:"framebuffer_mib"`
+	Count          int    `json:"count"`
 }
 
 func (h *Handlers) gpu(g *engine.GPU) GPU {
@@ -160,18 +209,47 @@ func (h *Handlers) gpu(g *engine.GPU) GPU {
 		ProviderUUID: g.UUID, Name: g.Name, Host: h.svc.HostName(g.Host.Name), Node: g.Host.Name, RootUUID: g.Host.RootUUID,
 		PCIAddress: g.PCIAddress(), ResourceClass: g.Class, Total: g.Inventory.Total, Reserved: g.Inventory.Reserved,
 		Capacity: g.Capacity(), Used: g.Used, Free: g.Free(), Generation: g.Generation, Traits: g.Traits,
-		Undeclared: h.svc.IsUndeclaredOwned(g),
+		Undeclared: h.svc.IsUndeclaredOwned(g), Owner: OwnerNova, Mode: ModeSingle,
+	}
+	if g.Class == placement.BridgeClass {
+		out.Owner = OwnerBridge
 	}
 	if out.Traits == nil {
 		out.Traits = []string{}
 	}
 	if len(g.Types) > 0 {
 		out.Trait = g.Types[0]
+	} else if g.Class == placement.BridgeClass {
+		// Its type trait (CUSTOM_1430) is not under type_trait_prefix.
+		out.Trait = placement.OwnedTypeTrait(g.Traits)
+	}
+	if out.Trait != "" {
 		out.Profile = h.svc.ProfileName(out.Trait)
 	}
 	return out
 }
 
+// mixed is a mixed bridge-owned GPU in answers: its amounts are MiB of
+// placement.BridgeFBClass, its Trait and Profile empty (it offers every
+// type of Traits).
+func (h *Handlers) mixed(m placement.MixedGPU) GPU {
+	out := GPU{
+		ProviderUUID: m.Provider, Name: m.Name, Host: m.Host, Node: m.Node, RootUUID: m.RootUUID, PCIAddress: m.PCI,
+		ResourceClass: placement.BridgeFBClass, Total: m.TotalMiB, Reserved: m.ReservedMiB, Capacity: m.TotalMiB - m.ReservedMiB,
+		Used: m.UsedMiB, Free: max(m.TotalMiB-m.ReservedMiB-m.UsedMiB, 0), Generation: m.Generation, Traits: m.Traits,
+		Owner: OwnerBridge, Mode: ModeMixed, Health: m.Health, Problem: m.Problem,
+	}
+	out.Framebuffer = &Framebuffer{TotalMiB: m.TotalMiB, UsedMiB: m.UsedMiB, FreeMiB: out.Free}
+	for _, u := range m.InUse {
+		out.TypesInUse = append(out.TypesInUse, TypeInUse{TypeID: u.TypeID, Trait: u.Trait, Profile: h.svc.ProfileName(u.Trait),
+			FramebufferMiB: u.FramebufferMiB, Count: u.Count})
+	}
+	return out
+}
+
+// gpus answers the index's GPUs, then the mixed bridge-owned GPUs
+// (placement.Service.MixedGPUs: read from Placement and the agents'
+// reports, as the index never holds them).
 func (h *Handlers) gpus(c echo.Context) error {
 	host, trait, profile := c.QueryParam("host"), c.QueryParam("trait"), c.QueryParam("profile")
 	_, gm, err := h.marks(c)
@@ -186,6 +264,21 @@ func (h *Handlers) gpus(c echo.Context) error {
 			g.Drained, g.DrainReason = m.Drained, m.DrainReason
 		}
 		if (host != "" && host != g.Host && host != g.Node) || (trait != "" && !all[i].HasTrait(trait)) || (profile != "" && profile != g.Profile) {
+			continue
+		}
+		out = append(out, g)
+	}
+	mixed, err := h.svc.MixedGPUs(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	for _, m := range mixed {
+		g := h.mixed(m)
+		if mk, ok := gm[g.ProviderUUID]; ok && g.ProviderUUID != "" {
+			g.Drained, g.DrainReason = mk.Drained, mk.DrainReason
+		}
+		if (host != "" && host != g.Host && host != g.Node) || (trait != "" && !slices.Contains(g.Traits, trait)) ||
+			(profile != "" && !slices.ContainsFunc(g.Traits, func(t string) bool { return h.svc.ProfileName(t) == profile })) {
 			continue
 		}
 		out = append(out, g)
@@ -311,6 +404,8 @@ func (h *Handlers) allocations(c echo.Context) error {
 			r.Host, r.PCIAddress = h.svc.HostName(g.Host.Name), g.PCIAddress()
 			if len(g.Types) > 0 {
 				r.Profile = h.svc.ProfileName(g.Types[0])
+			} else if g.Class == placement.BridgeClass {
+				r.Profile = h.svc.ProfileName(placement.OwnedTypeTrait(g.Traits))
 			}
 		}
 		if project != "" {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -83,11 +84,28 @@ func gpuTable(w io.Writer, gs []apiclient.GPU, withHost bool) {
 	header(w, cols...)
 	for _, x := range gs {
 		cells := []string{x.PCIAddress, x.Profile, x.Trait, itoa(x.Capacity), itoa(x.Used), itoa(x.Free), x.ProviderUUID}
+		if x.Mode == apiclient.GPUModeMixed {
+			// Framebuffer is the limit: MiB, and the vGPUs by type.
+			cells = []string{x.PCIAddress, mixedProfile(x), "-", itoa(x.Capacity) + " MiB", itoa(x.Used) + " MiB", itoa(x.Free) + " MiB", x.ProviderUUID}
+		}
 		if withHost {
 			cells = append([]string{x.Host}, cells...)
 		}
 		row(w, cells...)
 	}
+}
+
+// mixedProfile is a mixed GPU's PROFILE cell: "mixed", then its vGPUs by
+// type (profile, else type id, × count).
+func mixedProfile(x apiclient.GPU) string {
+	var in []string
+	for _, u := range x.TypesInUse {
+		in = append(in, cmp.Or(u.Profile, u.TypeID)+"×"+itoa(u.Count))
+	}
+	if len(in) == 0 {
+		return "mixed"
+	}
+	return "mixed: " + strings.Join(in, ", ")
 }
 
 func gpusCmd(g *globals) *cobra.Command {

@@ -60,7 +60,12 @@ const (
 	t4Trait     = "CUSTOM_NVIDIA_232" // nvidia-232 = GRID T4-4Q
 	t42QTrait   = "CUSTOM_NVIDIA_231" // nvidia-231 = GRID T4-2Q, the second T4's type
 	t4Type      = "nvidia-232"
-	overall     = 150 * time.Second // the whole demo, cleanup excluded
+	// The fake host's H200-like VF GPU (fakehost.DefaultSpec), bridge-owned
+	// on the second host for type 1429 (H200X-70C).
+	vfPF      = "0000:c1:00.0"
+	vfType    = "1429"
+	vfProfile = "H200X-70C"
+	overall   = 150 * time.Second // the whole demo, cleanup excluded
 )
 
 // The fake host's T4s (fakehost.DefaultSpec).
@@ -212,7 +217,7 @@ func randHex(n int) string {
 
 func (d *demo) main() error {
 	fmt.Printf("vgpu-bridge demo %s (%s): the main job against the local Postgres, RabbitMQ and Placement\n", d.id, d.start.UTC().Format(time.RFC3339))
-	for _, b := range []string{"bin/vgpu-bridge", "bin/vgpu-agent"} {
+	for _, b := range []string{"bin/vgpu-bridge", "bin/vgpu-agent", "bin/vgpuctl"} {
 		if _, err := os.Stat(b); err != nil {
 			return fmt.Errorf("%s is missing: run `make build` (or `make demo`) from the repository root", b)
 		}
@@ -260,6 +265,11 @@ func (d *demo) main() error {
 	d.section("GPU fault (an Xid 79 injected through the fake host's NVML mock)")
 	if err := d.gpuFault(); err != nil {
 		return fmt.Errorf("GPU fault: %w", err)
+	}
+
+	d.section("Bridge-owned VF GPU ([placement] bridge_owned_gpus, direct path)")
+	if err := d.vfGPU(); err != nil {
+		return fmt.Errorf("bridge-owned VF GPU: %w", err)
 	}
 
 	d.section("Summary")
@@ -332,8 +342,9 @@ func (d *demo) placement() error {
 		}
 		d.say("Placement: provider %s (VCPU 64, MEMORY_MB 256G) + 2 × T4 children (VGPU 4 %s; %s); %s", h.node, t4Trait, second, what)
 	}
-	// Three instances on the hosts with agents, one on the host without.
-	for i, h := range []*host{d.hosts[0], d.hosts[1], d.hosts[0], d.hosts[2]} {
+	// Three instances on the hosts with agents, one on the host without,
+	// and vm-5 on the second host for its bridge-owned VF GPU.
+	for i, h := range []*host{d.hosts[0], d.hosts[1], d.hosts[0], d.hosts[2], d.hosts[1]} {
 		vm := &instance{label: fmt.Sprintf("vm-%d", i+1), uuid: uuid.NewString(), name: fmt.Sprintf("instance-%08x", i+1), host: h}
 		d.vms = append(d.vms, vm)
 		err := allocations.Update(ctx, d.sc, vm.uuid, allocations.UpdateOpts{
@@ -348,7 +359,7 @@ func (d *demo) placement() error {
 			}
 		})
 	}
-	d.say("Placement: consumers vm-1..vm-4 hold VCPU 2 + MEMORY_MB 2048 on their host (as Nova's scheduler claimed)")
+	d.say("Placement: consumers vm-1..vm-5 hold VCPU 2 + MEMORY_MB 2048 on their host (as Nova's scheduler claimed)")
 	return nil
 }
 
@@ -410,7 +421,8 @@ func (d *demo) fakeHosts() error {
 		}
 		spec := fakehost.DefaultSpec()
 		spec.Host = h.name
-		spec.MdevGPUs[0].Mdevs = nil // start with no vGPU at all
+		spec.MdevGPUs[0].Mdevs = nil   // start with no vGPU at all
+		spec.VFIOGPUs[0].Current = nil // (no VF typed by Nova either)
 		spec.Domains = nil
 		for _, vm := range d.vms {
 			if vm.host == h {
@@ -521,6 +533,10 @@ deadline_check_interval = 500ms
 [placement]
 endpoint_override = %s
 token_file = %s
+# The second host's H200 is the bridge's: the syncing replica publishes
+# its provider (CUSTOM_VGPU_BRIDGE, trait CUSTOM_1429) after each sync.
+bridge_owned_gpus = %s/%s=%s
+sync_interval = 2s
 
 [policy]
 rules_file = %s
@@ -536,7 +552,7 @@ agent_keys_file = %s
 auth = hmac
 secret_files = %s
 `, transportURL, d.dbURL, listen, filepath.Join(d.work, "api-tokens"), notifQueue, results, reports, placementURL,
-		filepath.Join(d.work, "placement-token"), polFile, filepath.Join(etc, "profiles.yaml"), filepath.Join(etc, "driver-compat.yaml"),
+		filepath.Join(d.work, "placement-token"), d.hosts[1].name, vfPF, vfType, polFile, filepath.Join(etc, "profiles.yaml"), filepath.Join(etc, "driver-compat.yaml"),
 		filepath.Join(d.work, "bridge.key"), filepath.Join(d.work, "agent-keys.pem"), secretFile)
 	for name, content := range map[string]string{
 		"rules.yaml":          pol,
@@ -575,6 +591,28 @@ secret_files = %s
 		d.say("`vgpu-bridge keys enrol %s`: key %s-demo trusted for the host's results and reports; agent.key and bridge-keys.pem in %s", h.name, h.name, h.keys)
 	}
 
+	// The provider the bridge creates for the bridge-owned GPU goes with the
+	// demo (after the bridge stopped): vm-5's allocation first, then it.
+	owned := placement.GPUProviderName(d.hosts[1].node, vfPF)
+	d.onCleanup(func(ctx context.Context) {
+		if err := allocations.Delete(ctx, d.sc, d.vms[4].uuid).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
+			fmt.Printf("cleanup: allocations of %s: %v\n", d.vms[4].uuid, err)
+		}
+		pages, err := resourceproviders.List(d.sc, resourceproviders.ListOpts{Name: owned}).AllPages(ctx)
+		if err == nil {
+			var ps []resourceproviders.ResourceProvider
+			if ps, err = resourceproviders.ExtractResourceProviders(pages); err == nil {
+				for _, p := range ps {
+					if err := resourceproviders.Delete(ctx, d.sc, p.UUID).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
+						fmt.Printf("cleanup: provider %s: %v\n", p.UUID, err)
+					}
+				}
+			}
+		}
+		if err != nil {
+			fmt.Printf("cleanup: provider %s: %v\n", owned, err)
+		}
+	})
 	d.bridge, err = d.startProc("bridge.log", "bin/vgpu-bridge", "--config", cfg, "serve")
 	if err != nil {
 		return err
@@ -647,7 +685,8 @@ func (d *demo) startAgents() error {
 		deadline := time.Now().Add(60 * time.Second)
 		for {
 			x, err := d.api.Host(d.ctx, h.node)
-			if err == nil && x.GPUCount == len(gpuPCIs) && x.Free > 0 {
+			// (The second host's bridge-owned GPU joins its T4s once published.)
+			if err == nil && x.GPUCount >= len(gpuPCIs) && x.Free > 0 {
 				d.say("bridge's Placement mirror: %s has %d GPUs, %d vGPU slots free", h.node, x.GPUCount, x.Free)
 				break
 			}
@@ -1017,6 +1056,68 @@ func (d *demo) gpuFault() error {
 	return nil
 }
 
+// vfGPU shows the second host's bridge-owned VF GPU: the provider the
+// bridge published for it (GET /v1/gpus), a direct-path GPU_REQUEST of
+// vm-5 for H200X-70C that types a free VF of it and hot-plugs it, the
+// claim on the bridge's provider, and `vgpuctl gpus --host` of the host.
+func (d *demo) vfGPU() error {
+	vm5 := d.vms[4]
+	h := vm5.host
+	var owned apiclient.GPU
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		l, err := d.api.GPUs(d.ctx, apiclient.GPUFilter{Host: h.node})
+		if err == nil {
+			if i := slices.IndexFunc(l.GPUs, func(g apiclient.GPU) bool { return g.PCIAddress == vfPF && g.Owner == "bridge" && g.Free > 0 && g.Trait == "CUSTOM_"+vfType }); i >= 0 {
+				owned = l.GPUs[i]
+				break
+			}
+		}
+		if time.Now().After(deadline) || d.ctx.Err() != nil {
+			return fmt.Errorf("the bridge did not publish %s/%s within 30s (%v); bridge.log:%s", h.name, vfPF, err, d.logTail("bridge.log"))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	d.names[owned.ProviderUUID] = owned.Name
+	d.say("#9: GET /v1/gpus: the bridge published %s for %s/%s=%s: %s %d, trait %s (%s), owner %s (Nova's VGPU flavors never match it)",
+		owned.Name, h.name, vfPF, vfType, owned.ResourceClass, owned.Total, owned.Trait, owned.Profile, owned.Owner)
+
+	ans, err := d.send("#9", vm5, map[string]any{"type": "GPU_REQUEST", "vm_id": vm5.uuid, "workload": "training", "vgpu_profile": vfProfile, "count": 1}, d.secret)
+	if err != nil {
+		return fmt.Errorf("#9: %w", err)
+	}
+	d.say("#9: 202 Accepted, request %s (%s)", ans.RequestID, ans.StatusURL)
+	r, err := d.follow("#9", vm5, ans.RequestID, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	d.record("#9", vm5, r)
+	d.expect(r.State == "succeeded", "#9 GPU_REQUEST %s for vm-5 on the bridge-owned GPU ended %s (%s %s), want succeeded", vfProfile, r.State, r.Code, r.Reason)
+	d.showAllocations(vm5)
+
+	// What an operator sees: vgpuctl against the bridge's API.
+	cmd := exec.CommandContext(d.ctx, "bin/vgpuctl", "gpus", "--host", h.name)
+	cmd.Env = append(os.Environ(), "VGPUCTL_URL="+d.apiURL, "VGPUCTL_TOKEN="+adminToken)
+	out, err := cmd.CombinedOutput()
+	d.say("#9: vgpuctl gpus --host %s:", h.name)
+	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		fmt.Println("    " + l)
+	}
+	if err != nil {
+		d.expect(false, "vgpuctl gpus --host %s: %v", h.name, err)
+		return nil
+	}
+	l, err := d.api.GPUs(d.ctx, apiclient.GPUFilter{Host: h.node})
+	used := -1
+	if err == nil {
+		if i := slices.IndexFunc(l.GPUs, func(g apiclient.GPU) bool { return g.ProviderUUID == owned.ProviderUUID }); i >= 0 {
+			used = l.GPUs[i].Used
+		}
+	}
+	d.expect(used == 1, "GET /v1/gpus: %d vGPU(s) used on the bridge-owned GPU %s (%v), want 1", used, owned.Name, err)
+	return nil
+}
+
 // vgpuOf returns the consumer's allocations in Placement, printed, and
 // its VGPU units.
 func (d *demo) placementAllocs(vm *instance) (string, int, error) {
@@ -1032,7 +1133,7 @@ func (d *demo) placementAllocs(vm *instance) (string, int, error) {
 		var res []string
 		for rc, n := range pa.Resources {
 			res = append(res, fmt.Sprintf("%s=%d", rc, n))
-			if rc == "VGPU" {
+			if rc == "VGPU" || rc == placement.BridgeClass {
 				units += n
 			}
 		}
@@ -1053,7 +1154,7 @@ func (d *demo) showAllocations(vm *instance) {
 		d.say("   Placement allocations of %s: error %v", vm.label, err)
 		return
 	}
-	d.say("   Placement now: %s → %s (VGPU %d)", vm.label, s, n)
+	d.say("   Placement now: %s → %s (vGPUs %d)", vm.label, s, n)
 }
 
 func (d *demo) summary() {
@@ -1078,14 +1179,14 @@ func (d *demo) summary() {
 
 	fmt.Println("\nPlacement allocations (GET /allocations/{instance} on Placement):")
 	tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	want := map[string]int{"vm-1": 0, "vm-2": 1, "vm-3": 1, "vm-4": 0}
+	want := map[string]int{"vm-1": 0, "vm-2": 1, "vm-3": 1, "vm-4": 0, "vm-5": 1}
 	for _, vm := range d.vms {
 		s, n, err := d.placementAllocs(vm)
 		if err != nil {
 			s = "error: " + err.Error()
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", vm.label, vm.uuid, s)
-		d.expect(err == nil && n == want[vm.label], "%s holds VGPU %d in Placement, want %d", vm.label, n, want[vm.label])
+		d.expect(err == nil && n == want[vm.label], "%s holds %d vGPU(s) in Placement, want %d", vm.label, n, want[vm.label])
 	}
 	tw.Flush()
 
@@ -1108,7 +1209,7 @@ func (d *demo) summary() {
 					p += " (" + a.Profile + ")"
 				}
 				parts = append(parts, p)
-				if a.ResourceClass == "VGPU" {
+				if a.ResourceClass == "VGPU" || a.ResourceClass == placement.BridgeClass {
 					units[vm.label] += a.Amount
 				}
 			}
@@ -1124,7 +1225,7 @@ func (d *demo) summary() {
 	view, units := bridgeView()
 	for _, vm := range d.vms {
 		fmt.Printf("  %s: %s\n", vm.label, view[vm.label])
-		d.expect(units[vm.label] == want[vm.label], "the bridge's view of %s: VGPU %d, want %d (Placement holds the truth above)", vm.label, units[vm.label], want[vm.label])
+		d.expect(units[vm.label] == want[vm.label], "the bridge's view of %s: %d vGPU(s), want %d (Placement holds the truth above)", vm.label, units[vm.label], want[vm.label])
 	}
 
 	fmt.Println("\nvGPUs on the simulated hosts (the agents' last reports, and the fake sysfs):")
@@ -1132,7 +1233,7 @@ func (d *demo) summary() {
 	for _, vm := range d.vms {
 		byUUID[vm.uuid] = vm.label
 	}
-	vm2Has := false
+	vm2Has, vm5Has := false, false
 	for _, h := range d.hosts {
 		if !h.agent {
 			fmt.Printf("  %s: no agent\n", h.name)
@@ -1149,9 +1250,6 @@ func (d *demo) summary() {
 			if err == nil && r != nil {
 				for _, g := range r.GPUs {
 					for _, a := range g.Active {
-						if a.MdevUUID == "" {
-							continue
-						}
 						who := byUUID[a.InstanceUUID]
 						if who == "" {
 							who = a.InstanceUUID
@@ -1159,17 +1257,25 @@ func (d *demo) summary() {
 						if who == "" {
 							who = "(no domain)"
 						}
-						lines = append(lines, fmt.Sprintf("    mdev %s type %s on %s → %s (owner %s)", a.MdevUUID, a.TypeID, g.PCI, who, a.Owner))
+						switch {
+						case a.MdevUUID != "":
+							lines = append(lines, fmt.Sprintf("    mdev %s type %s on %s → %s (owner %s)", a.MdevUUID, a.TypeID, g.PCI, who, a.Owner))
+						case a.PCI != "":
+							lines = append(lines, fmt.Sprintf("    VF %s type %s of %s → %s (owner %s)", a.PCI, a.TypeID, g.PCI, who, a.Owner))
+							if who == "vm-5" {
+								vm5Has = true
+							}
+						}
 					}
 				}
 			}
-			if h != d.hosts[1] || len(lines) > 0 || time.Now().After(deadline) {
+			if h != d.hosts[1] || vm5Has || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
 		sysfs, _ := filepath.Glob(filepath.Join(h.fake, "sys", "bus", "mdev", "devices", "*"))
-		fmt.Printf("  %s: %d mdev(s) reported, %d in sysfs\n", h.name, len(lines), len(sysfs))
+		fmt.Printf("  %s: %d vGPU(s) reported (mdevs and typed VFs), %d mdev(s) in sysfs\n", h.name, len(lines), len(sysfs))
 		for _, l := range lines {
 			fmt.Println(l)
 			if h == d.hosts[1] && strings.Contains(l, "vm-2") {
@@ -1178,4 +1284,5 @@ func (d *demo) summary() {
 		}
 	}
 	d.expect(vm2Has, "the agent of %s does not report vm-2's mdev", d.hosts[1].name)
+	d.expect(vm5Has, "the agent of %s does not report vm-5's VF", d.hosts[1].name)
 }

@@ -30,6 +30,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/fakehost"
+	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/direct"
@@ -102,6 +103,7 @@ type worldOpts struct {
 	gpuBForeign string         // an mdev of this type on gpuB that Placement does not know of
 	projects    map[int]string // the project of w.domains[i], in Placement and the bridge (default w.project)
 	vfHetero    bool           // the VF GPU in the driver's heterogeneous (mixed-size) mode
+	secondVF    bool           // a second, empty VF GPU (vfPF2)
 }
 
 type worldOpt func(*worldOpts)
@@ -110,6 +112,10 @@ func withDomains(n int) worldOpt { return func(o *worldOpts) { o.moreDomains = n
 
 // withVFHetero puts the fake host's VF GPU in heterogeneous mode.
 func withVFHetero() worldOpt { return func(o *worldOpts) { o.vfHetero = true } }
+
+// withSecondVFGPU adds a second H200-like VF GPU, vfPF2, none of its VFs
+// typed.
+func withSecondVFGPU() worldOpt { return func(o *worldOpts) { o.secondVF = true } }
 
 // withProjects puts w.domains[i] in project projects[i] (Placement's
 // consumer and the bridge's instance row).
@@ -164,6 +170,11 @@ func newWorldWith(t *testing.T, rulesYAML string, opts ...worldOpt) *world {
 		spec.Domains[i].UUID = uuid.NewString()
 	}
 	spec.VFIOGPUs[0].Heterogeneous = o.vfHetero
+	if o.secondVF {
+		g := spec.VFIOGPUs[0]
+		g.Addr, g.IOMMUGroup, g.Current = pci.MustParse(vfPF2), 140, nil
+		spec.VFIOGPUs = append(spec.VFIOGPUs, g)
+	}
 	if o.gpuBForeign != "" {
 		spec.MdevGPUs[1].Mdevs = append(spec.MdevGPUs[1].Mdevs, fakehost.Mdev{UUID: uuid.NewString(), Type: o.gpuBForeign})
 	}

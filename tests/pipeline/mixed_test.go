@@ -1,7 +1,10 @@
 package pipeline_test
 
 import (
+	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"testing"
@@ -10,7 +13,10 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/allocationcandidates"
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
 
+	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/placementapi"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
@@ -24,7 +30,9 @@ import (
 // not fit (18843 MiB left) and is refused no_capacity while Placement
 // still offers a 17C there; a release gives its framebuffer back and the
 // 35C then fits. A mixed GPU is never re-typed, by an operator or on
-// demand (on here).
+// demand (on here). GET /v1/gpus lists it (owner bridge, mode mixed, its
+// framebuffer and its vGPUs by type) beside the T4s Nova manages, empty
+// first, then with the 35C and the 17C.
 func TestBridgeOwnedVFMixed(t *testing.T) {
 	t.Parallel()
 	w := newWorldWith(t, testPolicy, withVFHetero())
@@ -37,6 +45,7 @@ func TestBridgeOwnedVFMixed(t *testing.T) {
 		t.Errorf("traits = %v, want %v", tr.Traits, want)
 	}
 	w.wantNeverVGPUCandidate(rp)
+	w.wantMixedRow(r.svc, rp, total, 0, nil)
 	if err := r.svc.Retype(w.ctx, w.host, vfPF, "1430"); !errors.Is(err, placement.ErrRetypeNotCreatable) {
 		t.Errorf("re-type of the mixed GPU: %v, want %v", err, placement.ErrRetypeNotCreatable)
 	}
@@ -75,6 +84,11 @@ func TestBridgeOwnedVFMixed(t *testing.T) {
 	_, err = r.svc.PublishOwned(w.ctx)
 	testsvc.Must(t, err, "publish again")
 	w.wantMixed(rp, total, 35840+17408)
+	w.reportedVF(vfA, instA, true, 30*time.Second)
+	w.wantMixedRow(r.svc, rp, total, 35840+17408, []placementapi.TypeInUse{
+		{TypeID: "1430", Trait: "CUSTOM_1430", Profile: "H200X-35C", FramebufferMiB: 35840, Count: 1},
+		{TypeID: "1431", Trait: "CUSTOM_1431", Profile: "H200X-17C", FramebufferMiB: 17408, Count: 1},
+	})
 
 	// 18843 MiB left: no 35C, a 17C would still fit.
 	if res := attach(instC, "H200X-35C"); res.State != requests.Failed || res.Code != flow.CodeNoCapacity {
@@ -140,5 +154,78 @@ func (w *world) wantFBCandidate(rp string, mib int, trait string, want bool) {
 	}
 	if got != want {
 		w.t.Errorf("GET /allocation_candidates?resources=%s:%d&required=%s: %s a candidate = %v, want %v", placement.BridgeFBClass, mib, trait, rp, got, want)
+	}
+}
+
+// gpusAPI gets GET /v1/gpus?query over svc (as vgpuctl gpus does): its
+// rows of the world's host.
+func (w *world) gpusAPI(svc *placement.Service, query string) []placementapi.GPU {
+	w.t.Helper()
+	srv := api.New(api.Config{Listen: "127.0.0.1:0", Auth: api.NoAuth{}})
+	placementapi.New(svc).Register(srv)
+	rec := httptest.NewRecorder()
+	srv.Echo().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/v1/gpus?"+query, nil))
+	if rec.Code != http.StatusOK {
+		w.t.Fatalf("GET /v1/gpus?%s: %d %s", query, rec.Code, rec.Body.String())
+	}
+	var out struct {
+		GPUs []placementapi.GPU `json:"gpus"`
+	}
+	testsvc.Must(w.t, json.Unmarshal(rec.Body.Bytes(), &out), "GET /v1/gpus answer")
+	var mine []placementapi.GPU
+	for _, g := range out.GPUs {
+		if g.Host == w.host || g.Node == w.node {
+			mine = append(mine, g)
+		}
+	}
+	return mine
+}
+
+// wantMixedRow checks GET /v1/gpus: the world's mixed GPU (provider rp)
+// is one row, owner bridge, mode mixed, total MiB of which used are
+// claimed, its vGPUs by type inUse, healthy, beside the T4s (owner nova,
+// mode single); a profile or trait filter keeps it for a type it offers
+// only.
+func (w *world) wantMixedRow(svc *placement.Service, rp string, total, used int, inUse []placementapi.TypeInUse) {
+	w.t.Helper()
+	rows := w.gpusAPI(svc, "host="+w.node)
+	var mixed []placementapi.GPU
+	singles := 0
+	for _, g := range rows {
+		switch {
+		case g.Mode == placementapi.ModeMixed:
+			mixed = append(mixed, g)
+		case g.Mode == placementapi.ModeSingle && g.Owner == placementapi.OwnerNova && g.ResourceClass == "VGPU":
+			singles++
+		default:
+			w.t.Errorf("GET /v1/gpus row %+v: want a T4 of Nova (single) or the mixed GPU", g)
+		}
+	}
+	if singles != 2 || len(mixed) != 1 {
+		w.t.Fatalf("GET /v1/gpus?host=%s: %d T4s and %d mixed rows (%+v), want 2 and 1", w.node, singles, len(mixed), rows)
+	}
+	g := mixed[0]
+	wantTraits := []string{"CUSTOM_1428", "CUSTOM_1429", "CUSTOM_1430", "CUSTOM_1431"}
+	if g.ProviderUUID != rp || g.Owner != placementapi.OwnerBridge || g.PCIAddress != vfPF || g.Host != w.host || g.Node != w.node ||
+		g.Name != placement.GPUProviderName(w.node, vfPF) || g.RootUUID != w.root || g.ResourceClass != placement.BridgeFBClass ||
+		g.Total != total || g.Capacity != total || g.Used != used || g.Free != total-used || g.Trait != "" || g.Profile != "" ||
+		!slices.Equal(g.Traits, wantTraits) || g.Health != protocol.HealthOK || g.Problem != "" || g.Drained {
+		w.t.Errorf("mixed GPU row = %+v, want provider %s of %s/%s, %s %d/%d MiB used, traits %v, healthy, no problem",
+			g, rp, w.host, vfPF, placement.BridgeFBClass, used, total, wantTraits)
+	}
+	if fb := g.Framebuffer; fb == nil || *fb != (placementapi.Framebuffer{TotalMiB: total, UsedMiB: used, FreeMiB: total - used}) {
+		w.t.Errorf("framebuffer of the mixed GPU = %+v, want %d MiB, %d used", fb, total, used)
+	}
+	if !slices.Equal(g.TypesInUse, inUse) {
+		w.t.Errorf("types in use of the mixed GPU = %+v, want %+v", g.TypesInUse, inUse)
+	}
+	for _, c := range []struct {
+		query string
+		want  bool
+	}{{"profile=H200X-17C", true}, {"trait=CUSTOM_1428", true}, {"profile=T4-4Q", false}, {"trait=CUSTOM_NVIDIA_232", false}} {
+		got := slices.ContainsFunc(w.gpusAPI(svc, c.query), func(x placementapi.GPU) bool { return x.Mode == placementapi.ModeMixed })
+		if got != c.want {
+			w.t.Errorf("GET /v1/gpus?%s lists the mixed GPU: %v, want %v", c.query, got, c.want)
+		}
 	}
 }

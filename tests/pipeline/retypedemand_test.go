@@ -12,6 +12,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/placementapi"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
@@ -301,5 +302,107 @@ func TestRetypeOnDemandUndoneWhenClaimed(t *testing.T) {
 	w.wantOwnedType(r.svc, vfType, "")
 	if a := w.retypeAudits(); len(a) != 0 {
 		t.Errorf("gpu.retype audit rows = %v, want none", a)
+	}
+}
+
+// vfPF2 is the second VF GPU of withSecondVFGPU's worlds.
+const vfPF2 = "0000:c2:00.0"
+
+// TestRetypeOnDemandTwoEmptyGPUs: a host with two empty bridge-owned GPUs
+// offering 1429, declared in reverse address order. A direct-path request
+// for H200X-35C (1430) re-types the one of the lower PCI address
+// (0000:c1:00.0), not the first declared; the other keeps 1429. A request
+// for H200X-141C (1428) then finds 0000:c1:00.0 in use and re-types the
+// next one, 0000:c2:00.0. Each attach types a VF of the GPU re-typed for
+// it, and each GPU has one gpu.retype audit row.
+func TestRetypeOnDemandTwoEmptyGPUs(t *testing.T) {
+	t.Parallel()
+	w := newWorldWith(t, testPolicy, withSecondVFGPU())
+	w.startAgent()
+	r := w.startBridge(replicaOpts{name: "r1", retypeOnDemand: true,
+		owned: []placement.OwnedDecl{{Host: w.host, PCI: vfPF2, TypeID: vfType}, {Host: w.host, PCI: vfPF, TypeID: vfType}}})
+	w.reportedFreeVFs(30 * time.Second)
+	w.emptyVFGPU()
+	w.waitFor(30*time.Second, "a report with "+retypeTo+" creatable 4 times on "+vfPF2, func() bool {
+		rep, ok := w.report()
+		return ok && slices.ContainsFunc(rep.GPUs, func(g protocol.GPU) bool {
+			return g.PCI == vfPF2 && slices.ContainsFunc(g.Types, func(t protocol.VGPUType) bool { return t.ID == retypeTo && t.AvailableInstances == 4 })
+		})
+	})
+	n, err := r.svc.PublishOwned(w.ctx)
+	testsvc.Must(t, err, "publish the two GPUs")
+	rps := map[string]string{}
+	for _, pf := range []string{vfPF, vfPF2} {
+		ps, err := w.placementClient().Providers(w.ctx, placement.ListOpts{Name: placement.GPUProviderName(w.node, pf)})
+		testsvc.Must(t, err, "list providers")
+		if len(ps) != 1 {
+			t.Fatalf("providers of %s: %d, want 1 (PublishOwned changed %d)", pf, len(ps), n)
+		}
+		rps[pf] = ps[0].UUID
+		w.gpus[pf] = ps[0].UUID // removed with the world's providers
+	}
+	rp1, rp2 := rps[vfPF], rps[vfPF2]
+	w.wantOffers(rp1, true, false)
+	w.wantOffers(rp2, true, false)
+	audits := func(pf string) int {
+		t.Helper()
+		var k int
+		testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM audit_log WHERE action = 'gpu.retype' AND object_id = $1`,
+			w.host+"/"+pf).Scan(&k), "audit rows")
+		return k
+	}
+
+	inst := w.domains[3].UUID
+	if res := w.wait(w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": retypeProfile}), 60*time.Second); res.State != requests.Succeeded {
+		t.Fatalf("attach %s: %s (%s: %s)", retypeProfile, res.State, res.Code, res.Reason)
+	}
+	if vf := w.attachedVF(inst, rp1, retypeTo); !strings.HasPrefix(vf, "0000:c1:") {
+		t.Errorf("attached VF %s, want a VF of %s", vf, vfPF)
+	}
+	w.wantTraits(rp1, retypeTrait)
+	w.wantTraits(rp2, vfTrait)
+	w.wantOffers(rp2, true, false)
+	w.wantOwnedRow(r.svc, rp2, vfPF2, vfTrait, vfProfile)
+	typ, _, err := r.svc.OwnedType(w.ctx, w.host, vfPF2)
+	testsvc.Must(t, err, "owned type")
+	if typ != vfType || audits(vfPF) != 1 || audits(vfPF2) != 0 {
+		t.Errorf("after the 35C: %s is %s with %d audit rows, %s has %d, want %s untouched and one re-type of %s",
+			vfPF2, typ, audits(vfPF2), vfPF, audits(vfPF), vfPF2, vfPF)
+	}
+
+	// The lower address is in use now: the next GPU by address is re-typed.
+	const wholeType, wholeTrait, wholeProfile = "1428", "CUSTOM_1428", "H200X-141C"
+	inst2 := w.domains[4].UUID
+	if res := w.wait(w.submit("GPU_REQUEST", inst2, map[string]any{"vgpu_profile": wholeProfile}), 60*time.Second); res.State != requests.Succeeded {
+		t.Fatalf("attach %s: %s (%s: %s)", wholeProfile, res.State, res.Code, res.Reason)
+	}
+	if vf := w.attachedVF(inst2, rp2, wholeType); !strings.HasPrefix(vf, "0000:c2:") {
+		t.Errorf("attached VF %s, want a VF of %s", vf, vfPF2)
+	}
+	w.wantTraits(rp1, retypeTrait)
+	w.wantTraits(rp2, wholeTrait)
+	w.wantOwnedType(r.svc, retypeTo, placement.RetypeDone)
+	typ, step, err := r.svc.OwnedType(w.ctx, w.host, vfPF2)
+	testsvc.Must(t, err, "owned type")
+	if typ != wholeType || step != placement.RetypeDone || audits(vfPF) != 1 || audits(vfPF2) != 1 {
+		t.Errorf("after the 141C: %s is %s (%q) with %d audit rows, %s has %d, want %s done and one re-type each",
+			vfPF2, typ, step, audits(vfPF2), vfPF, audits(vfPF), wholeType)
+	}
+}
+
+// wantOwnedRow checks GET /v1/gpus shows the single-type bridge-owned GPU
+// pf (provider rp) with its type's trait and profile (the provider's
+// trait, not under type_trait_prefix), owner bridge, mode single.
+func (w *world) wantOwnedRow(svc *placement.Service, rp, pf, trait, profile string) {
+	w.t.Helper()
+	rows := w.gpusAPI(svc, "host="+w.node)
+	i := slices.IndexFunc(rows, func(g placementapi.GPU) bool { return g.ProviderUUID == rp })
+	if i < 0 {
+		w.t.Fatalf("GET /v1/gpus lists no row of %s (%s): %+v", pf, rp, rows)
+	}
+	g := rows[i]
+	if g.PCIAddress != pf || g.Trait != trait || g.Profile != profile || g.Owner != placementapi.OwnerBridge || g.Mode != placementapi.ModeSingle ||
+		g.ResourceClass != placement.BridgeClass || g.Framebuffer != nil {
+		w.t.Errorf("GET /v1/gpus row of %s = %+v, want trait %s, profile %s, owner bridge, mode single, %s", pf, g, trait, profile, placement.BridgeClass)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent"
@@ -69,18 +70,33 @@ type fleet struct {
 	requests map[string]string // label → request id
 	overr    []string          // the bridge's option overrides
 	secret   string            // the lab source's secret file
+	mixed    bool              // host A's H200 is a mixed bridge-owned GPU (withMixedGPU)
 }
+
+// fleetOpt changes the fleet startFleet builds.
+type fleetOpt func(*fleet)
+
+// withMixedGPU puts host A's fake H200 in heterogeneous mode and declares
+// it a mixed bridge-owned GPU ([placement] bridge_owned_gpus
+// HOST/0000:c1:00.0=mixed): the bridge publishes its provider.
+func withMixedGPU() fleetOpt { return func(f *fleet) { f.mixed = true } }
+
+// mixedPF is the PF of host A's H200 (fakehost.DefaultSpec).
+const mixedPF = "0000:c1:00.0"
 
 // startFleet creates two compute hosts in Placement (one with an agent on
 // a fake host, one without), runs the bridge on them, publishes Nova's
 // create notifications of an instance on each, and sends two webhook
 // requests, waiting until they are final and the fleet shows the claim.
-func startFleet(t *testing.T) *fleet {
+func startFleet(t *testing.T, opts ...fleetOpt) *fleet {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	id := strings.TrimPrefix(testsvc.Name("ui"), "ui-")
 	f := &fleet{t: t, ctx: ctx, exchange: "nova-ui-" + id, requests: map[string]string{}}
+	for _, o := range opts {
+		o(f)
+	}
 	f.hosts = []*host{
 		{name: "ui-compute-a-" + id, agent: true, gpus: []gpuSpec{
 			{pci: "0000:3b:00.0", trait: t4q4Trait, total: 4},
@@ -96,6 +112,11 @@ func startFleet(t *testing.T) *fleet {
 		h.vm = uuid.NewString()
 	}
 	f.placement()
+	if f.mixed {
+		// The provider the bridge creates goes before the host's root
+		// (cleanups run last first; the bridge has stopped by then).
+		t.Cleanup(func() { f.deleteProviders(placement.GPUProviderName(f.hosts[0].node, mixedPF)) })
+	}
 
 	dir := t.TempDir()
 	f.secret = filepath.Join(dir, "lab.secret")
@@ -114,6 +135,9 @@ func startFleet(t *testing.T) *fleet {
 		"pipeline.poll_interval=100ms",
 		"pipeline.request_timeout=2m",
 		"placement.sync_interval=1s", // the host ↔ node map follows the agent's first report promptly
+	}
+	if f.mixed {
+		f.overr = append(f.overr, "placement.bridge_owned_gpus="+f.hosts[0].name+"/"+mixedPF+"=mixed")
 	}
 	d := testbridge.Start(t, f.config(dir))
 	f.url = "http://" + d.API.Addr()
@@ -170,6 +194,7 @@ func (f *fleet) startAgent(h *host, dir string) {
 	spec.Host = h.name
 	spec.MdevGPUs[0].Addr, spec.MdevGPUs[1].Addr = pci.MustParse(h.gpus[0].pci), pci.MustParse(h.gpus[1].pci)
 	spec.MdevGPUs[0].Mdevs = nil
+	spec.VFIOGPUs[0].Heterogeneous = f.mixed
 	spec.Domains = []fakehost.Domain{{Name: "instance-00000001", UUID: h.vm, Running: true}}
 	fake := filepath.Join(dir, "fake-"+h.name)
 	_, err := fakehost.Build(fake, spec)
@@ -346,6 +371,27 @@ func deleteQueues(t *testing.T, names ...string) {
 		if ch, err := c.Channel(); err == nil {
 			ch.QueueDelete(q, false, false, false) //nolint:errcheck
 			ch.Close()
+		}
+	}
+}
+
+// deleteProviders deletes the Placement providers named name.
+func (f *fleet) deleteProviders(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pages, err := resourceproviders.List(f.sc, resourceproviders.ListOpts{Name: name}).AllPages(ctx)
+	if err != nil {
+		f.t.Logf("cleanup: providers named %s: %v", name, err)
+		return
+	}
+	ps, err := resourceproviders.ExtractResourceProviders(pages)
+	if err != nil {
+		f.t.Logf("cleanup: providers named %s: %v", name, err)
+		return
+	}
+	for _, p := range ps {
+		if err := resourceproviders.Delete(ctx, f.sc, p.UUID).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, 404) {
+			f.t.Logf("cleanup: provider %s: %v", p.UUID, err)
 		}
 	}
 }

@@ -12,6 +12,7 @@ package ui
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/apiclient"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testbridge"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -178,6 +180,60 @@ const cardsJS = `[...document.querySelectorAll('article.host')].map((a) => ({
 	badges: [...a.querySelectorAll('.host-head .badge')].map((b) => b.textContent),
 	gpus: [...a.querySelectorAll('tbody tr')].map((r) => [...r.children].map((c) => c.textContent.trim())),
 }))`
+
+// TestDashboardMixedGPU: a mixed bridge-owned GPU (HOST/PF=mixed) is a
+// row of its host's card, reading "mixed", its framebuffer used and free
+// in MiB and its health; the host's vGPU sum and the capacity-by-type
+// table leave it out (MiB are no vGPUs).
+func TestDashboardMixedGPU(t *testing.T) {
+	chromium := chromiumPath(t)
+	f := startFleet(t, withMixedGPU())
+	a := f.hosts[0]
+	var mixed apiclient.GPU
+	f.waitFor(30*time.Second, "GET /v1/gpus lists the mixed GPU of "+a.name, func() bool {
+		var gl apiclient.GPUList
+		if f.getJSON("/v1/gpus?host="+a.node, &gl) != nil {
+			return false
+		}
+		for _, g := range gl.GPUs {
+			if g.Mode == apiclient.GPUModeMixed && g.PCIAddress == mixedPF && g.ProviderUUID != "" {
+				mixed = g
+				return true
+			}
+		}
+		return false
+	})
+	b := newBrowser(t, chromium)
+	b.do(t, "open and sign in", chromedp.Navigate(f.url+"/ui"), chromedp.WaitVisible(chromedp.CSS("#login")),
+		chromedp.SendKeys(chromedp.CSS("#token"), testbridge.ReaderToken), chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS(`body[data-state="ready"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`article.host[data-node="`+a.node+`"] tr[data-mode="mixed"]`)))
+	var ca hostCard
+	for _, c := range run(t, b, "read the fleet", chromedp.Evaluate[[]hostCard](cardsJS)) {
+		if c.Node == a.node {
+			ca = c
+		}
+	}
+	if ca.Sum != "1 / 8 used" || len(ca.GPUs) != 3 {
+		t.Fatalf("card of %s = %+v; want 1 / 8 used (the T4s' vGPUs) and 3 GPUs", a.node, ca)
+	}
+	i := slices.IndexFunc(ca.GPUs, func(r []string) bool { return len(r) > 0 && r[0] == mixedPF })
+	if i < 0 {
+		t.Fatalf("card of %s has no row of %s: %q", a.node, mixedPF, ca.GPUs)
+	}
+	r := ca.GPUs[i]
+	wantUsed := fmt.Sprintf("%d / %d MiB", mixed.Used, mixed.Capacity)
+	if len(r) != 5 || !strings.HasPrefix(r[1], "mixed") || r[2] != wantUsed || r[3] != fmt.Sprintf("%d MiB", mixed.Free) || !strings.HasPrefix(r[4], "ok") ||
+		mixed.Capacity <= 0 {
+		t.Errorf("mixed GPU row = %q; want mixed, %s, %d MiB free, health ok", r, wantUsed, mixed.Free)
+	}
+	if types := run(t, b, "types", chromedp.Text(chromedp.CSS("#types"))); strings.Contains(types, "CUSTOM_VGPU_BRIDGE_FB_MIB") || strings.Contains(types, "mixed") {
+		t.Errorf("capacity by type lists the mixed GPU: %q", types)
+	}
+	if errs := b.errors(); len(errs) > 0 {
+		t.Errorf("console errors:\n%s", strings.Join(errs, "\n"))
+	}
+}
 
 func TestDashboard(t *testing.T) {
 	chromium := chromiumPath(t)

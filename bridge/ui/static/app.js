@@ -284,6 +284,7 @@
       const types = new Set();
       let withFree = 0;
       for (const g of gpus) {
+        if (g.mode === 'mixed') continue; // MiB of framebuffer, not vGPUs (shown in the fleet)
         cap += g.capacity; used += g.used; free += g.free;
         types.add(g.profile || g.trait || g.resource_class);
         if (g.free > 0) withFree++;
@@ -314,6 +315,7 @@
     if (!last.gpus.ok) { box.replaceChildren(sectionError(last.gpus)); return; }
     const groups = new Map();
     for (const g of last.gpus.value.gpus) {
+      if (g.mode === 'mixed') continue; // no one type: shown in the fleet
       const key = g.profile || g.trait || g.resource_class;
       let x = groups.get(key);
       if (!x) { x = { name: key, trait: g.trait || '', gpus: 0, cap: 0, used: 0, free: 0, hosts: new Set(), freeHosts: new Set() }; groups.set(key, x); }
@@ -389,6 +391,19 @@
       const rows = gpus.map((g) => {
         const gh = health.get(g.pci_address);
         const util = gh && gh.util_percent !== undefined && gh.util_percent !== null ? Math.round(gh.util_percent) + ' %' : null;
+        if (g.mode === 'mixed') {
+          // A mixed bridge-owned GPU: framebuffer (MiB) is the limit.
+          const inUse = (g.types_in_use || []).map((u) => (u.profile || u.type_id) + ' × ' + u.count).join(', ');
+          return h('tr', { dataset: { gpu: g.provider_uuid, mode: 'mixed' } },
+            h('th', { scope: 'row', class: 'mono nowrap', title: g.name }, g.pci_address || g.name),
+            h('td', { class: 'nowrap', title: (g.traits || []).join(' ') }, 'mixed' + (inUse ? ' · ' + inUse : ''),
+              g.drained ? [' ', badge('warn', 'Drained', g.drain_reason || 'no new placements on this GPU')] : null,
+              g.problem ? [' ', badge('warn', 'Incomplete', g.problem)] : null),
+            h('td', null, h('div', { class: 'usage' }, bar(g.used, g.capacity, g.used + ' of ' + g.capacity + ' MiB of framebuffer used'),
+              h('span', { class: 'usage-text' }, g.used + ' / ' + g.capacity + ' MiB'))),
+            h('td', { class: 'num' }, g.free + ' MiB'),
+            h('td', { class: 'nowrap' }, healthBadge(gh || (g.health ? { health: g.health } : null)), util ? [' ', h('span', { class: 'util', title: 'GPU utilisation' }, util)] : null));
+        }
         return h('tr', { dataset: { gpu: g.provider_uuid } },
           h('th', { scope: 'row', class: 'mono nowrap', title: g.name }, g.pci_address || g.name),
           h('td', { class: 'nowrap', title: g.trait || null }, g.profile || g.trait || g.resource_class,
