@@ -158,22 +158,7 @@ func (a *API) start(c echo.Context) error {
 			return api.Problem(http.StatusServiceUnavailable, "Fleet upgrades unavailable", why)
 		}
 	}
-	who := controls.Actor{Name: "anonymous", RequestID: api.RequestID(c)}
-	if pr := api.PrincipalFrom(c); pr != nil && pr.Name != "" {
-		who.Name = pr.Name
-	}
-	op, err := a.Store.Create(ctx, who, o)
-	if errors.Is(err, ErrBusy) {
-		return &api.ProblemDetails{Status: http.StatusConflict, Title: "Upgrade running", Code: "upgrade_running", Detail: err.Error()}
-	}
-	if err != nil {
-		return err
-	}
-	if a.Started != nil {
-		a.Started()
-	}
-	c.Response().Header().Set("Location", "/v1/fleet/upgrades/"+op.ID.String())
-	return c.JSON(http.StatusAccepted, op)
+	return a.record(ctx, c, o, "/v1/fleet/upgrades/")
 }
 
 // plan reads the hosts and checks the target against their guests.
@@ -332,6 +317,13 @@ func (a *API) startRetype(c echo.Context) error {
 	if b.DryRun {
 		return c.JSON(http.StatusOK, p)
 	}
+	return a.record(ctx, c, o, "/v1/fleet/retypes/")
+}
+
+// record records a run of o for the caller and wakes the runner: 202 with
+// the run and its Location (under base), 409 upgrade_running while
+// another run is active.
+func (a *API) record(ctx context.Context, c echo.Context, o Options, base string) error {
 	who := controls.Actor{Name: "anonymous", RequestID: api.RequestID(c)}
 	if pr := api.PrincipalFrom(c); pr != nil && pr.Name != "" {
 		who.Name = pr.Name
@@ -346,6 +338,6 @@ func (a *API) startRetype(c echo.Context) error {
 	if a.Started != nil {
 		a.Started()
 	}
-	c.Response().Header().Set("Location", "/v1/fleet/retypes/"+op.ID.String())
+	c.Response().Header().Set("Location", base+op.ID.String())
 	return c.JSON(http.StatusAccepted, op)
 }

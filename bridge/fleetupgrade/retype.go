@@ -72,15 +72,8 @@ func (r *Runner) retypeStep(ctx context.Context, op Operation, h HostStatus) (St
 		return Upgrading, Update{UpgradeCommand: &cmdID}, also, err
 
 	case Upgrading:
-		res, err := r.result(ctx, *h.UpgradeCommand)
-		var d protocol.UpgradeDetails
-		if len(res.Details) > 0 {
-			_ = json.Unmarshal(res.Details, &d)
-		}
-		if err == nil && res.Status != protocol.Succeeded {
-			err = fmt.Errorf("retype_gpus %s: %s (%s)", res.Status, res.Message, res.Code)
-		}
-		return Verifying, Update{Output: d.Output}, nil, err
+		out, err := r.commandOutput(ctx, *h.UpgradeCommand, "retype_gpus")
+		return Verifying, Update{Output: out}, nil, err
 
 	case Verifying:
 		if err := r.waitTraits(ctx, h.Retype.GPUs); err != nil {

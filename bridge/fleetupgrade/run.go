@@ -351,15 +351,8 @@ func (r *Runner) step(ctx context.Context, op Operation, h HostStatus) (State, U
 		return Upgrading, Update{UpgradeCommand: &cmdID}, also, err
 
 	case Upgrading:
-		res, err := r.result(ctx, *h.UpgradeCommand)
-		var d protocol.UpgradeDetails
-		if len(res.Details) > 0 {
-			_ = json.Unmarshal(res.Details, &d)
-		}
-		if err == nil && res.Status != protocol.Succeeded {
-			err = fmt.Errorf("upgrade_driver %s: %s (%s)", res.Status, res.Message, res.Code)
-		}
-		return Verifying, Update{Output: d.Output}, nil, err
+		out, err := r.commandOutput(ctx, *h.UpgradeCommand, "upgrade_driver")
+		return Verifying, Update{Output: out}, nil, err
 
 	case Verifying:
 		driver, err := r.waitDriver(ctx, h.Host, op.Branch, op.Version)
@@ -500,4 +493,19 @@ func gateFindings(details json.RawMessage) string {
 		}
 	}
 	return strings.Join(bad, "; ")
+}
+
+// commandOutput waits for the result of the host command id (named for
+// errors) and gives the output it kept; a result other than succeeded is
+// an error.
+func (r *Runner) commandOutput(ctx context.Context, id uuid.UUID, name string) (string, error) {
+	res, err := r.result(ctx, id)
+	var d protocol.UpgradeDetails
+	if len(res.Details) > 0 {
+		_ = json.Unmarshal(res.Details, &d)
+	}
+	if err == nil && res.Status != protocol.Succeeded {
+		err = fmt.Errorf("%s %s: %s (%s)", name, res.Status, res.Message, res.Code)
+	}
+	return d.Output, err
 }
