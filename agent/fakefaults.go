@@ -15,6 +15,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/gpu"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // FakeFaultsFile is fakehost.FaultsFile: the agent (serve --fake-host)
@@ -29,47 +30,45 @@ const fakeFaultsPoll = 500 * time.Millisecond
 // ctx ends.
 func watchFakeFaults(ctx context.Context, dir string, m *gpu.Mock, log *slog.Logger) {
 	path := filepath.Join(dir, FakeFaultsFile)
-	t := time.NewTicker(fakeFaultsPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		b, err := os.ReadFile(path)
-		if errors.Is(err, fs.ErrNotExist) {
+	wake.Every(ctx, fakeFaultsPoll, func(context.Context) { injectFaults(path, m, log) })
+}
+
+// injectFaults injects the faults of the file at path into m once, and
+// leaves in the file those that could not be injected yet (none: the file
+// is removed).
+func injectFaults(path string, m *gpu.Mock, log *slog.Logger) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	if err != nil {
+		log.Warn("fake host: cannot read the injected faults", "file", path, logkey.Err, err)
+		return
+	}
+	var left []string
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
+		done, err := injectFault(m, line)
 		if err != nil {
-			log.Warn("fake host: cannot read the injected faults", "file", path, logkey.Err, err)
+			log.Warn("fake host: injected fault ignored", "line", line, logkey.Err, err)
 			continue
 		}
-		var left []string
-		for _, line := range strings.Split(string(b), "\n") {
-			line = strings.TrimSpace(line)
-			if line == "" || strings.HasPrefix(line, "#") {
-				continue
-			}
-			done, err := injectFault(m, line)
-			if err != nil {
-				log.Warn("fake host: injected fault ignored", "line", line, logkey.Err, err)
-				continue
-			}
-			if !done {
-				left = append(left, line)
-				continue
-			}
-			log.Info("fake host: GPU fault injected", "fault", line)
+		if !done {
+			left = append(left, line)
+			continue
 		}
-		if len(left) == 0 {
-			err = os.Remove(path)
-		} else {
-			err = os.WriteFile(path, []byte(strings.Join(left, "\n")+"\n"), 0o644)
-		}
-		if err != nil {
-			log.Warn("fake host: cannot update the injected faults", "file", path, logkey.Err, err)
-		}
+		log.Info("fake host: GPU fault injected", "fault", line)
+	}
+	if len(left) == 0 {
+		err = os.Remove(path)
+	} else {
+		err = os.WriteFile(path, []byte(strings.Join(left, "\n")+"\n"), 0o644)
+	}
+	if err != nil {
+		log.Warn("fake host: cannot update the injected faults", "file", path, logkey.Err, err)
 	}
 }
 

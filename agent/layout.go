@@ -14,6 +14,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/pci"
 	"github.com/vgpu-bridge/vgpu-bridge/agent/sysfs"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/conf"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // VFLayoutEntry is one PF=TYPE:COUNT of [devices] vf_layout: COUNT VFs of
@@ -383,10 +384,8 @@ func waitVFs(ctx context.Context, h LayoutHost, l VFLayout, wait time.Duration) 
 			return nil, fmt.Errorf("vf layout: VFs enabled but not ready after %s (is the NVIDIA vGPU manager loaded?): %s",
 				wait, strings.Join(missing, "; "))
 		}
-		select {
-		case <-ctx.Done():
+		if !wake.Wait(ctx, nil, 200*time.Millisecond) {
 			return nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }

@@ -12,26 +12,21 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // Run fails the requests whose deadline passed (CheckDeadlines) every
 // WatchdogInterval until ctx ends; paused ("deadlines"), it fails none.
 func (p *Path) Run(ctx context.Context) error {
-	t := time.NewTicker(p.cfg.WatchdogInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	wake.Every(ctx, p.cfg.WatchdogInterval, func(ctx context.Context) {
 		if p.paused(ctx, "deadlines") {
-			continue // paused: no decisions, failing requests included
+			return // paused: no decisions, failing requests included
 		}
 		if _, err := p.CheckDeadlines(ctx); err != nil && ctx.Err() == nil {
 			p.log.Warn("pipeline: deadline check failed", logkey.Err, err)
 		}
-	}
+	})
+	return nil
 }
 
 // compensateEnded compensates requests that ended while their vGPUs were

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/novaconf"
 )
 
@@ -151,10 +152,8 @@ func (r *Runner) waitTraits(ctx context.Context, gpus []novaconf.Retype) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the re-type did not show in Placement: %s", strings.Join(missing, "; "))
 		}
-		select {
-		case <-ctx.Done():
+		if !wake.Wait(ctx, nil, r.poll()) {
 			return ctx.Err()
-		case <-time.After(r.poll()):
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
 
@@ -139,9 +140,7 @@ func (r *Runner) poll() time.Duration { return cmp.Or(r.Poll, 2*time.Second) }
 // Run drives every running operation (those a previous run of the bridge
 // left too) until ctx ends.
 func (r *Runner) Run(ctx context.Context) error {
-	t := time.NewTicker(r.poll())
-	defer t.Stop()
-	for {
+	return wake.Loop(ctx, nil, func(ctx context.Context) (time.Duration, error) {
 		ids, err := r.Store.Running(ctx)
 		if err != nil && ctx.Err() == nil {
 			r.log().Warn("fleet upgrade: list running operations", logkey.Err, err)
@@ -166,12 +165,8 @@ func (r *Runner) Run(ctx context.Context) error {
 				}
 			}()
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		return r.poll(), nil
+	})
 }
 
 // lockClass is the first key of the operations' advisory locks.
@@ -259,10 +254,8 @@ func (r *Runner) Drive(ctx context.Context, id uuid.UUID) error {
 					if h.Host == host && !h.State.Final() {
 						// Its step could not be recorded (the database):
 						// it is taken up again after a pause.
-						select {
-						case <-ctx.Done():
+						if !wake.Wait(ctx, nil, r.poll()) {
 							return ctx.Err()
-						case <-time.After(r.poll()):
 						}
 					}
 				}
@@ -429,10 +422,8 @@ func (r *Runner) result(ctx context.Context, id uuid.UUID) (protocol.Result, err
 		if time.Now().After(expires.Add(time.Minute)) {
 			return protocol.Result{}, fmt.Errorf("command %s: no answer from the agent before its expiry", id)
 		}
-		select {
-		case <-ctx.Done():
+		if !wake.Wait(ctx, nil, r.poll()) {
 			return protocol.Result{}, ctx.Err()
-		case <-time.After(r.poll()):
 		}
 	}
 }
@@ -455,10 +446,8 @@ func (r *Runner) waitDriver(ctx context.Context, host, branch, version string) (
 			want := cmp.Or(version, "branch "+branch)
 			return "", fmt.Errorf("the agent still reports driver %q, not %s, after the upgrade", last, want)
 		}
-		select {
-		case <-ctx.Done():
+		if !wake.Wait(ctx, nil, r.poll()) {
 			return "", ctx.Err()
-		case <-time.After(r.poll()):
 		}
 	}
 }

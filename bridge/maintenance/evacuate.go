@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/controls"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // Evacuate starts a maintenance operation that moves every vGPU VM off
@@ -75,10 +76,8 @@ func (a *API) Wait(ctx context.Context, id uuid.UUID) error {
 			}
 			return nil
 		}
-		select {
-		case <-ctx.Done():
+		if !wake.Wait(ctx, nil, cmp.Or(a.Poll, 2*time.Second)) {
 			return ctx.Err()
-		case <-time.After(cmp.Or(a.Poll, 2*time.Second)):
 		}
 	}
 }

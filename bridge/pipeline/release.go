@@ -15,6 +15,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/wake"
 )
 
 // A transaction that gives vGPUs' claims back to Placement (an agent's
@@ -219,16 +220,10 @@ func (r releaser) sweep(ctx context.Context) (int, error) {
 // run sweeps at start and every releaseSweep
 // until ctx ends.
 func (r releaser) run(ctx context.Context) {
-	t := time.NewTicker(releaseSweep)
-	defer t.Stop()
-	for {
+	wake.Loop(ctx, nil, func(ctx context.Context) (time.Duration, error) { //nolint:errcheck // the round never fails
 		if _, err := r.sweep(ctx); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
 			r.log.Warn("pipeline: release sweep failed", logkey.Err, err)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+		return releaseSweep, nil
+	})
 }

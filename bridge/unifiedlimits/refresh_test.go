@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
-	"github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/endpoints"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/limits"
@@ -29,11 +28,7 @@ import (
 func TestRefreshInBackground(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pc, err := openstack.AuthenticatedClient(ctx, gophercloud.AuthOptions{IdentityEndpoint: testsvc.KeystoneURL(), Username: "admin",
-		Password: testsvc.KeystoneAdminPassword(t), DomainName: "Default", TenantName: "admin"})
-	testsvc.Must(t, err, "Keystone admin login (start Keystone with `make services`)")
-	admin, err := openstack.NewIdentityV3(pc, gophercloud.EndpointOpts{})
-	testsvc.Must(t, err, "identity client")
+	admin := testsvc.KeystoneAdmin(ctx, t)
 	svc, err := services.Create(ctx, admin, services.CreateOpts{Type: "vgpu-test-compute", Name: testsvc.Name("refresh")}).Extract()
 	testsvc.Must(t, err, "create service")
 	t.Cleanup(func() { services.Delete(context.Background(), admin, svc.ID) })

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
-	"github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/endpoints"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/limits"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/projects"
@@ -39,11 +38,7 @@ type limitsKeystone struct {
 func newLimitsKeystone(t *testing.T) *limitsKeystone {
 	t.Helper()
 	ctx := context.Background()
-	pc, err := openstack.AuthenticatedClient(ctx, gophercloud.AuthOptions{IdentityEndpoint: testsvc.KeystoneURL(), Username: "admin",
-		Password: testsvc.KeystoneAdminPassword(t), DomainName: "Default", TenantName: "admin"})
-	testsvc.Must(t, err, "Keystone admin login (start Keystone with `make services`)")
-	admin, err := openstack.NewIdentityV3(pc, gophercloud.EndpointOpts{})
-	testsvc.Must(t, err, "identity client")
+	admin := testsvc.KeystoneAdmin(ctx, t)
 	return &limitsKeystone{t: t, ctx: ctx, admin: admin, region: "RegionOne"}
 }
 

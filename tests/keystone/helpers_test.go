@@ -69,13 +69,7 @@ func newKeystone(t *testing.T) *keystone {
 	t.Helper()
 	ctx := context.Background()
 	url := keystoneURL()
-	pc, err := openstack.AuthenticatedClient(ctx, gophercloud.AuthOptions{IdentityEndpoint: url, Username: "admin",
-		Password: adminPassword(t), DomainName: "Default", TenantName: "admin"})
-	if err != nil {
-		t.Fatalf("Keystone at %s: admin login: %v; %s", url, err, startHint)
-	}
-	admin, err := openstack.NewIdentityV3(pc, gophercloud.EndpointOpts{})
-	testsvc.Must(t, err, "identity client")
+	admin := testsvc.KeystoneAdmin(ctx, t)
 	apc, err := openstack.NewClient(url)
 	testsvc.Must(t, err, "identity client")
 	anon, err := openstack.NewIdentityV3(apc, gophercloud.EndpointOpts{})

@@ -2,15 +2,16 @@ package keystone_test
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/gophercloud/gophercloud/v2"
-	"github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/applicationcredentials"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/endpoints"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/services"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -54,11 +55,7 @@ func TestOpenrc(t *testing.T) {
 	// alice's token, and an application credential of hers (it carries
 	// project A's scope).
 	token := ks.token(alice)
-	pc, err := openstack.NewClient(keystoneURL())
-	testsvc.Must(t, err, "identity client")
-	pc.SetToken(token)
-	idc, err := openstack.NewIdentityV3(pc, gophercloud.EndpointOpts{})
-	testsvc.Must(t, err, "identity client")
+	idc := osclient.Config{Endpoint: keystoneURL(), Token: token, Type: "identity", HTTPClient: &http.Client{}}.Static()
 	ac, err := applicationcredentials.Create(ctx, idc, alice.id, applicationcredentials.CreateOpts{Name: testsvc.Name("vgpuctl")}).Extract()
 	testsvc.Must(t, err, "create application credential")
 

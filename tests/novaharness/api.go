@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2"
 
+	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -135,10 +136,8 @@ func testCtx(t testing.TB) (context.Context, context.CancelFunc) {
 // harness's token and Microversion.
 func (n *Nova) ComputeClient(t testing.TB) *gophercloud.ServiceClient {
 	t.Helper()
-	pc := &gophercloud.ProviderClient{}
-	pc.SetToken(n.Token())
-	return &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: strings.TrimSuffix(n.api, "/") + "/",
-		ResourceBase: strings.TrimSuffix(n.api, "/") + "/", Type: "compute", Microversion: Microversion}
+	return osclient.Config{Endpoint: n.api, Token: n.Token(), Type: "compute", Microversion: Microversion,
+		HTTPClient: &http.Client{}}.Static()
 }
 
 // CreateFlavor creates a public flavor with extraSpecs and returns its id.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/gophercloud/gophercloud/v2"
-	"github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/endpoints"
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/limits"
@@ -48,11 +47,7 @@ type limitsWorld struct {
 func newLimitsWorld(t *testing.T, registeredVGPU int) *limitsWorld {
 	t.Helper()
 	ctx := context.Background()
-	pc, err := openstack.AuthenticatedClient(ctx, gophercloud.AuthOptions{IdentityEndpoint: testsvc.KeystoneURL(), Username: "admin",
-		Password: testsvc.KeystoneAdminPassword(t), DomainName: "Default", TenantName: "admin"})
-	testsvc.Must(t, err, "Keystone admin login")
-	admin, err := openstack.NewIdentityV3(pc, gophercloud.EndpointOpts{})
-	testsvc.Must(t, err, "identity client")
+	admin := testsvc.KeystoneAdmin(ctx, t)
 	lw := &limitsWorld{t: t, ctx: ctx, admin: admin, region: "RegionOne"}
 	// Service types of their own: the catalog's compute services (Nova's,
 	// in tests/e2e) stay the only ones of type compute.

@@ -2,9 +2,16 @@ package testsvc
 
 import (
 	"cmp"
+	"context"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack"
+
+	"github.com/vgpu-bridge/vgpu-bridge/internal/osclient"
 )
 
 // KeystoneURL is the test Keystone's identity v3 endpoint (tests/keystone.sh,
@@ -25,4 +32,21 @@ func KeystoneAdminPassword(t testing.TB) string {
 		t.Fatalf("Keystone admin password: %v; start Keystone with `tests/keystone.sh` (run by `make services`)", err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// KeystoneAdmin is an identity v3 client of the test Keystone logged in
+// as its admin (project admin), the way the bridge logs in (package
+// osclient); it fails t with the command that starts Keystone when the
+// login fails.
+func KeystoneAdmin(ctx context.Context, t testing.TB) *gophercloud.ServiceClient {
+	t.Helper()
+	c := osclient.Cloud{Name: "test-admin", Auth: gophercloud.AuthOptions{IdentityEndpoint: KeystoneURL(), Username: "admin",
+		Password: KeystoneAdminPassword(t), DomainName: "Default", TenantName: "admin"}}
+	pc, err := c.Login(ctx, http.Client{})
+	if err != nil {
+		t.Fatalf("Keystone at %s: admin login: %v; start Keystone with `tests/keystone.sh` (run by `make services`)", KeystoneURL(), err)
+	}
+	sc, err := osclient.Config{Type: "identity", FromCatalog: openstack.NewIdentityV3}.Service(pc, gophercloud.EndpointOpts{})
+	Must(t, err, "identity client")
+	return sc
 }
