@@ -31,7 +31,7 @@ func setupControls(w *wiring, pl *placement.Service, pol *policy.Holder, notif *
 		// A mixed bridge-owned GPU, which the mirror's gpus table lacks.
 		KnownGPU: func(ctx context.Context, id string) (controls.KnownGPU, bool, error) {
 			m, ok, err := pl.MixedGPUByProvider(ctx, id)
-			return controls.KnownGPU{Node: m.Node, PCIAddress: m.PCI, ResourceClass: placement.BridgeFBClass}, ok, err
+			return controls.KnownGPU{Node: m.Node, PCIAddress: m.PCI}, ok, err
 		},
 		Changed: pl.RefreshHosts,
 	}

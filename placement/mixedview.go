@@ -347,3 +347,16 @@ func (s *Service) MixedDryRun(ctx context.Context, d DryRunRequest, out *DryRunR
 	}
 	return nil
 }
+
+// MixedPFs are the PFs of the mixed bridge-owned GPUs declared in
+// [placement] bridge_owned_gpus, by compute host (lower-case PCI
+// addresses).
+func (s *Service) MixedPFs() map[string][]string {
+	out := map[string][]string{}
+	for _, d := range s.cfg.OwnedGPUs {
+		if d.Mixed() {
+			out[d.Host] = append(out[d.Host], d.PCI)
+		}
+	}
+	return out
+}

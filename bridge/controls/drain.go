@@ -116,10 +116,12 @@ func scanGPU(row pgx.Row) (GPUState, error) {
 }
 
 // KnownGPU is a GPU the gpus table may lack (a mixed bridge-owned GPU,
-// which the Placement mirror does not keep as a GPU): its node, PCI
-// address and resource class.
+// which the Placement mirror does not keep as a GPU): its node and PCI
+// address. Its row is created without a resource class, so that the
+// drift reconciler, which compares the allocations of the GPUs with one,
+// leaves its framebuffer claims alone as it does without the row.
 type KnownGPU struct {
-	Node, PCIAddress, ResourceClass string
+	Node, PCIAddress string
 }
 
 // GPUKnower finds a GPU the gpus table lacks by provider UUID; ok is
@@ -162,8 +164,8 @@ func (s *Store) DrainGPU(ctx context.Context, who Actor, id, reason string, drai
 				out = GPUState{ProviderUUID: id, Node: kg.Node, PCIAddress: kg.PCIAddress}
 				return nil
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO gpus (provider_uuid, node, pci_address, resource_class) VALUES ($1, nullif($2,''), nullif($3,''), nullif($4,''))
-				ON CONFLICT DO NOTHING`, id, kg.Node, kg.PCIAddress, kg.ResourceClass); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO gpus (provider_uuid, node, pci_address) VALUES ($1, nullif($2,''), nullif($3,''))
+				ON CONFLICT DO NOTHING`, id, kg.Node, kg.PCIAddress); err != nil {
 				return err
 			}
 			cur, err = scanGPU(tx.QueryRow(ctx, `SELECT `+gpuCols+` FROM gpus WHERE provider_uuid = $1 FOR UPDATE`, id))

@@ -43,7 +43,7 @@ func TestBridgeOwnedVFMixedOps(t *testing.T) {
 	(&controls.API{Store: ctl, Changed: r.svc.RefreshHosts,
 		KnownGPU: func(ctx context.Context, id string) (controls.KnownGPU, bool, error) { // as bridge/conf_controls.go
 			m, ok, err := r.svc.MixedGPUByProvider(ctx, id)
-			return controls.KnownGPU{Node: m.Node, PCIAddress: m.PCI, ResourceClass: placement.BridgeFBClass}, ok, err
+			return controls.KnownGPU{Node: m.Node, PCIAddress: m.PCI}, ok, err
 		}}).Register(srv)
 	call := func(method, path string, body any, want int, out any) {
 		t.Helper()
@@ -107,6 +107,14 @@ func TestBridgeOwnedVFMixedOps(t *testing.T) {
 	call(http.MethodPost, "/v1/gpus/"+rp+"/drain", map[string]string{"reason": "fan failure"}, http.StatusOK, &st)
 	if !st.Drained || !st.Changed || st.PCIAddress != vfPF || st.Node != w.node {
 		t.Errorf("drain = %+v, want drained, changed, %s of %s", st, vfPF, w.node)
+	}
+	// Its gpus row has no resource class: the drift reconciler, which
+	// compares the allocations of the GPUs with one, must not judge its
+	// framebuffer claims as stale vGPU claims.
+	var classless bool
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT resource_class IS NULL FROM gpus WHERE provider_uuid = $1`, rp).Scan(&classless), "gpus row")
+	if !classless {
+		t.Errorf("gpus row of the drained mixed GPU has a resource class")
 	}
 	if g := w.mixedAPIRow(srv, rp); !g.Drained || g.DrainReason != "fan failure" {
 		t.Errorf("GET /v1/gpus row after the drain = %+v, want drained", g)
