@@ -28,6 +28,11 @@ func setupControls(w *wiring, pl *placement.Service, pol *policy.Holder, notif *
 		KnownHost: func(name string) bool {
 			return len(pl.Index().HostGPUs(name)) > 0
 		},
+		// A mixed bridge-owned GPU, which the mirror's gpus table lacks.
+		KnownGPU: func(ctx context.Context, id string) (controls.KnownGPU, bool, error) {
+			m, ok, err := pl.MixedGPUByProvider(ctx, id)
+			return controls.KnownGPU{Node: m.Node, PCIAddress: m.PCI}, ok, err
+		},
 		Changed: pl.RefreshHosts,
 	}
 	if notif != nil {

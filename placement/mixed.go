@@ -31,7 +31,8 @@ type MixedClaim struct {
 // BridgeFBClass, added to the consumer's allocations under its
 // generation. Placement checks the capacity: a GPU whose framebuffer left
 // does not hold it answers so and the next GPU of the host (by PCI
-// address) is tried. No GPU of the host holding it is ErrNoCapacity,
+// address) is tried; a GPU an operator drained (the gpus table) is
+// skipped. No GPU of the host holding it is ErrNoCapacity,
 // saying why for each; a host with no mixed GPU is ErrNoCapacity too.
 // The Claim's Amount is MiB, Amount/Count per vGPU.
 func (s *Service) ClaimMixed(ctx context.Context, c MixedClaim) (*Claim, error) {
@@ -73,6 +74,10 @@ func (s *Service) ClaimMixed(ctx context.Context, c MixedClaim) (*Claim, error) 
 		}
 		if slices.Contains(c.Exclude, rp) {
 			why = append(why, d.PCI+": excluded by the request")
+			continue
+		}
+		if s.gpuDrained(rp) {
+			why = append(why, d.PCI+": drained by an operator")
 			continue
 		}
 		s.mixedRPs.Store(rp, d.PCI)

@@ -42,6 +42,9 @@ type MixedGPU struct {
 	// InUse are the bridge's vGPUs on it by type (its VFs the agent
 	// typed, as its last report lists them), by type id.
 	InUse []TypeInUse
+	// TypeMiB is the framebuffer in MiB of one vGPU of each type the GPU
+	// offers, by type trait (its agent's last report; nil without one).
+	TypeMiB map[string]int
 	// Health is the agent's (protocol.GPU.Health): "" when the last
 	// report does not list the GPU.
 	Health  string
@@ -141,6 +144,12 @@ func (s *Service) mixedGPU(ctx context.Context, d OwnedDecl, reports map[string]
 		fb := map[string]int{}
 		for _, t := range g.Types {
 			fb[t.ID] = t.FramebufferMiB
+			if t.FramebufferMiB > 0 {
+				if m.TypeMiB == nil {
+					m.TypeMiB = map[string]int{}
+				}
+				m.TypeMiB[catalog.TraitFor(t.ID)] = t.FramebufferMiB
+			}
 		}
 		for _, a := range g.Active {
 			if a.Owner != protocol.OwnerAgent {
@@ -219,4 +228,135 @@ func (s *Service) mixedProvider(ctx context.Context, m *MixedGPU, p ProviderRef)
 	m.Traits = slices.Sorted(slices.Values(trs))
 	s.mixedRPs.Store(p.UUID, m.PCI)
 	return nil
+}
+
+// MixedGPUByProvider finds the mixed bridge-owned GPU whose provider is
+// id (MixedGPUs: Placement read now); ok is false when none is.
+func (s *Service) MixedGPUByProvider(ctx context.Context, id string) (MixedGPU, bool, error) {
+	ms, err := s.MixedGPUs(ctx)
+	if err != nil {
+		return MixedGPU{}, false, err
+	}
+	for _, m := range ms {
+		if m.Provider != "" && strings.EqualFold(m.Provider, id) {
+			return m, true, nil
+		}
+	}
+	return MixedGPU{}, false, nil
+}
+
+// gpuDrained reports whether an operator drained the GPU provider rp (the
+// gpus table as readHosts last read it).
+func (s *Service) gpuDrained(rp string) bool {
+	s.exMu.RLock()
+	defer s.exMu.RUnlock()
+	return slices.Contains(s.excludeGPUs, rp)
+}
+
+// hostExcluded reports whether the node or compute host is drained,
+// disabled or silent (readHosts).
+func (s *Service) hostExcluded(host, node string) bool {
+	s.exMu.RLock()
+	defer s.exMu.RUnlock()
+	return slices.Contains(s.excludeHosts, node) || (s.nodeOf[host] != "" && slices.Contains(s.excludeHosts, s.nodeOf[host]))
+}
+
+// MixedDryRun adds to out what the mixed bridge-owned GPUs answer a dry
+// run d for one vGPU type (its profile, or the type trait among
+// traits.required): a GPU that offers the type, has every other required
+// trait and none forbidden, is a candidate when count vGPUs of the type
+// fit its framebuffer left (Mode "mixed", FramebufferMiB the MiB they
+// take, FreeAfter the MiB left after), and is listed in out.Rejected
+// with why otherwise (too little framebuffer, drained, its host drained
+// or silent, excluded by the request, not published or not reported).
+// A request for no type, or for a type no mixed GPU offers, adds
+// nothing. Candidates come after the engine's, by host then PCI address;
+// only ctx ending is an error.
+func (s *Service) MixedDryRun(ctx context.Context, d DryRunRequest, out *DryRunResponse) error {
+	has := false
+	for _, o := range s.cfg.OwnedGPUs {
+		has = has || o.Mixed()
+	}
+	if !has {
+		return nil
+	}
+	q, err := s.Request(d)
+	if err != nil {
+		return err
+	}
+	ms, err := s.MixedGPUs(ctx)
+	if err != nil {
+		return err
+	}
+	isType := func(t string) bool {
+		return s.engine.IsType(t) || s.profileName(t) != "" ||
+			slices.ContainsFunc(ms, func(m MixedGPU) bool { return m.TypeMiB[t] > 0 })
+	}
+	trait := ""
+	var others []string
+	for _, t := range q.Required {
+		if trait == "" && isType(t) {
+			trait = t
+			continue
+		}
+		others = append(others, t)
+	}
+	if trait == "" {
+		return nil
+	}
+	n := max(q.Count, 1)
+	for _, m := range ms {
+		if !slices.Contains(m.Traits, trait) {
+			continue
+		}
+		if len(q.Hosts) > 0 && !slices.Contains(q.Hosts, m.Host) && !slices.Contains(q.Hosts, m.Node) {
+			continue
+		}
+		if slices.ContainsFunc(others, func(t string) bool { return !slices.Contains(m.Traits, t) }) ||
+			slices.ContainsFunc(q.Forbidden, func(t string) bool { return slices.Contains(m.Traits, t) }) {
+			continue
+		}
+		per := m.TypeMiB[trait]
+		mib := n * per
+		free := max(m.TotalMiB-m.ReservedMiB-m.UsedMiB, 0)
+		c := DryRunCandidate{Host: m.Host, Node: m.Node, ProviderUUID: m.Provider, PCIAddress: m.PCI, Trait: trait,
+			Profile: s.profileName(trait), Amount: n, Mode: ModeMixed, FramebufferMiB: mib, FreeAfter: free - mib}
+		var why string
+		switch {
+		case m.Provider == "":
+			why = "not published in Placement: " + m.Problem
+		case per <= 0:
+			why = "its agent's last report gives no framebuffer for " + trait
+		case slices.Contains(q.ExcludeGPUs, m.Provider):
+			why = "excluded by the request"
+		case s.gpuDrained(m.Provider):
+			why = "GPU drained"
+		case s.hostExcluded(m.Host, m.Node):
+			why = "host drained, disabled or its agent silent"
+		case mib > free:
+			why = fmt.Sprintf("%d × %d MiB = %d MiB do not fit the %d MiB of framebuffer left", n, per, mib, free)
+		}
+		if why != "" {
+			c.FreeAfter = 0
+			c.Reason = why
+			out.Rejected = append(out.Rejected, c)
+			continue
+		}
+		c.Reason = fmt.Sprintf("mixed GPU: %d × %d MiB fit, %d MiB of framebuffer left after", n, per, free-mib)
+		out.Candidates = append(out.Candidates, c)
+	}
+	return nil
+}
+
+// MixedPFs are the PFs of the mixed bridge-owned GPUs declared in
+// [placement] bridge_owned_gpus, by compute host (lower-case PCI
+// addresses).
+func (s *Service) MixedPFs() map[string][]string {
+	out := map[string][]string{}
+	for _, d := range s.cfg.OwnedGPUs {
+		if d.Mixed() {
+			out[d.Host] = append(out[d.Host], d.PCI)
+		}
+	}
+	return out
 }

@@ -719,11 +719,23 @@ type DryRunCandidate struct {
 	// and verify.
 	NovaConf      *novaconf.Change `json:"nova_conf_change,omitempty"`
 	RetypeCommand string           `json:"retype_command,omitempty"`
+	// Mode is "mixed" for a mixed bridge-owned GPU (MixedDryRun): Amount
+	// counts vGPUs, FramebufferMiB is the MiB of framebuffer they take and
+	// FreeAfter the MiB left after; "" (single) otherwise.
+	Mode           string `json:"mode,omitempty"`
+	FramebufferMiB int    `json:"framebuffer_mib,omitempty"`
 }
+
+// ModeMixed is DryRunCandidate.Mode of a mixed bridge-owned GPU.
+const ModeMixed = "mixed"
 
 // DryRunResponse is the answer of a dry run.
 type DryRunResponse struct {
 	Candidates []DryRunCandidate `json:"candidates"`
+	// Rejected are the mixed bridge-owned GPUs that offer the requested
+	// type but cannot take the request now, Reason saying why
+	// (MixedDryRun).
+	Rejected []DryRunCandidate `json:"rejected,omitempty"`
 }
 
 // ErrUnknownProfile says a dry run named a profile the catalog lacks.

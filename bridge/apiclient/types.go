@@ -38,10 +38,15 @@ type Host struct {
 	Node     string   `json:"node"`
 	RootUUID string   `json:"root_provider_uuid"`
 	Traits   []string `json:"traits"`
-	GPUCount int      `json:"gpu_count"`
-	Capacity int      `json:"capacity"`
-	Used     int      `json:"used"`
-	Free     int      `json:"free"`
+	// GPUCount counts every GPU, the mixed bridge-owned ones
+	// (MixedGPUCount) included; Capacity, Used and Free count the vGPUs
+	// of the others, Framebuffer sums the mixed ones' MiB (nil without).
+	GPUCount      int             `json:"gpu_count"`
+	MixedGPUCount int             `json:"mixed_gpu_count,omitempty"`
+	Capacity      int             `json:"capacity"`
+	Used          int             `json:"used"`
+	Free          int             `json:"free"`
+	Framebuffer   *GPUFramebuffer `json:"framebuffer,omitempty"`
 	// GPUs is filled by GET /v1/hosts/{name} only.
 	GPUs []GPU           `json:"gpus,omitempty"`
 	Raw  json.RawMessage `json:"-"`
@@ -272,6 +277,10 @@ type Candidate struct {
 	NeedsRetype  bool   `json:"needs_retype"`
 	RetypeFrom   string `json:"retype_from,omitempty"`
 	Reason       string `json:"reason"`
+	// Mode is GPUModeMixed on a mixed bridge-owned GPU: FramebufferMiB is
+	// what the vGPUs take and FreeAfter is MiB of framebuffer.
+	Mode           string `json:"mode,omitempty"`
+	FramebufferMiB int    `json:"framebuffer_mib,omitempty"`
 	// NovaConf and RetypeCommand: for a needs_retype answer on a
 	// Nova-owned GPU, its host's nova.conf change and the vgpuctl command.
 	NovaConf      *NovaConfChange `json:"nova_conf_change,omitempty"`
@@ -297,8 +306,11 @@ type NovaConfChange struct {
 
 // DryRunResponse is the answer of a dry run.
 type DryRunResponse struct {
-	Candidates []Candidate     `json:"candidates"`
-	Raw        json.RawMessage `json:"-"`
+	Candidates []Candidate `json:"candidates"`
+	// Rejected are the mixed bridge-owned GPUs offering the type that
+	// cannot take the request now, Reason saying why.
+	Rejected []Candidate     `json:"rejected,omitempty"`
+	Raw      json.RawMessage `json:"-"`
 }
 
 // Explanation is the answer of POST /v1/policy/explain. The decision's

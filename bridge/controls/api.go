@@ -52,6 +52,9 @@ type API struct {
 	// KnownHost reports whether a name the hosts table lacks is a node of
 	// the Placement mirror (drain before its agent first reports).
 	KnownHost func(name string) bool
+	// KnownGPU finds a GPU the gpus table lacks (a mixed bridge-owned
+	// GPU) so that it can be drained.
+	KnownGPU GPUKnower
 	// Replayer, nil: replay answers 501.
 	Replayer Replayer
 	// Changed is called after a drain changed on this replica (the other
@@ -176,7 +179,7 @@ func (a *API) drainGPU(drain bool) echo.HandlerFunc {
 			return err
 		}
 		id := c.Param("id")
-		g, err := a.Store.DrainGPU(c.Request().Context(), actor(c), id, reason, drain)
+		g, err := a.Store.DrainGPU(c.Request().Context(), actor(c), id, reason, drain, a.KnownGPU)
 		if errors.Is(err, ErrNotFound) {
 			return api.Problem(http.StatusNotFound, "GPU not found", "no GPU has provider UUID "+id+" (see GET /v1/gpus)")
 		}

@@ -115,18 +115,60 @@ func scanGPU(row pgx.Row) (GPUState, error) {
 	return g, err
 }
 
+// KnownGPU is a GPU the gpus table may lack (a mixed bridge-owned GPU,
+// which the Placement mirror does not keep as a GPU): its node and PCI
+// address. Its row is created without a resource class, so that the
+// drift reconciler, which compares the allocations of the GPUs with one,
+// leaves its framebuffer claims alone as it does without the row.
+type KnownGPU struct {
+	Node, PCIAddress string
+}
+
+// GPUKnower finds a GPU the gpus table lacks by provider UUID; ok is
+// false when there is none.
+type GPUKnower func(ctx context.Context, id string) (g KnownGPU, ok bool, err error)
+
 // DrainGPU drains or undrains a GPU named by its provider UUID. Undrain
 // also clears a fault mark (GPUFaults): the operator says the GPU has
-// recovered; the placement sync then removes the fault trait.
-func (s *Store) DrainGPU(ctx context.Context, who Actor, id, reason string, drain bool) (GPUState, error) {
+// recovered; the placement sync then removes the fault trait. An id the
+// gpus table lacks is taken when known finds it (a mixed bridge-owned
+// GPU): draining creates its row, undraining it answers it undrained.
+func (s *Store) DrainGPU(ctx context.Context, who Actor, id, reason string, drain bool, known GPUKnower) (GPUState, error) {
 	if _, err := uuid.Parse(id); err != nil {
 		return GPUState{}, fmt.Errorf("GPU %q: %w", id, ErrNotFound)
+	}
+	var kg KnownGPU
+	isKnown := false
+	if known != nil {
+		// Looked up before the transaction (Placement calls): only for an
+		// id the table lacks.
+		var n int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM gpus WHERE provider_uuid = $1`, id).Scan(&n); err != nil {
+			return GPUState{}, err
+		}
+		if n == 0 {
+			var err error
+			if kg, isKnown, err = known(ctx, id); err != nil {
+				return GPUState{}, fmt.Errorf("GPU %q: %w", id, err)
+			}
+		}
 	}
 	var out GPUState
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		cur, err := scanGPU(tx.QueryRow(ctx, `SELECT `+gpuCols+` FROM gpus WHERE provider_uuid = $1 FOR UPDATE`, id))
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("GPU %q: %w", id, ErrNotFound)
+			if !isKnown {
+				return fmt.Errorf("GPU %q: %w", id, ErrNotFound)
+			}
+			if !drain {
+				out = GPUState{ProviderUUID: id, Node: kg.Node, PCIAddress: kg.PCIAddress}
+				return nil
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO gpus (provider_uuid, node, pci_address) VALUES ($1, nullif($2,''), nullif($3,''))
+				ON CONFLICT DO NOTHING`, id, kg.Node, kg.PCIAddress); err != nil {
+				return err
+			}
+			cur, err = scanGPU(tx.QueryRow(ctx, `SELECT `+gpuCols+` FROM gpus WHERE provider_uuid = $1 FOR UPDATE`, id))
 		}
 		if err != nil {
 			return err

@@ -113,6 +113,10 @@ type Snapshot struct {
 	// units for one while it moves, by what they are (TransientMigration,
 	// TransientReservation): expected, never a finding.
 	Transient map[string]string
+	// Mixed holds "host|PF" of the mixed bridge-owned GPUs (HOST/PF=mixed,
+	// PF lower-case): their typed VFs are judged as a bridge-owned VF
+	// GPU's, though their providers are not among GPUs.
+	Mixed map[string]bool
 }
 
 // What a transient consumer is (Snapshot.Transient).
@@ -235,6 +239,9 @@ func Detect(s *Snapshot) []Finding {
 		}
 		for _, g := range h.Report.GPUs {
 			gv := byNodePCI[node+"|"+g.PCI]
+			if gv.Class == "" && s.Mixed[name+"|"+strings.ToLower(g.PCI)] {
+				gv = GPUView{Host: name, Node: node, PCI: g.PCI, Class: placement.BridgeFBClass}
+			}
 			for _, v := range g.Active {
 				if v.InstanceUUID != "" {
 					if in := s.instance(v.InstanceUUID); !in.Known || in.Deleted {
@@ -411,12 +418,13 @@ func Detect(s *Snapshot) []Finding {
 }
 
 // orphanVF judges one typed VF v of GPU g on host: an orphan when g is
-// a bridge-owned VF GPU (its provider is of placement.BridgeClass: never
-// a GPU Nova owns), v is in no domain and no live vGPU of the bridge holds
+// a bridge-owned VF GPU (its provider is of placement.BridgeClass, or it
+// is a mixed one, placement.BridgeFBClass: never a GPU Nova owns), v is
+// in no domain and no live vGPU of the bridge holds
 // it. Only while libvirt answered the agent: without it every VF looks
 // in no domain.
 func orphanVF(host string, r protocol.Report, g protocol.GPU, gv GPUView, v protocol.VGPU, held map[string]bool) (Finding, bool) {
-	if !g.VendorVFIO || gv.Class != placement.BridgeClass || v.InstanceUUID != "" || v.TypeID == "" || v.TypeID == "0" || held[host+"|"+v.PCI] {
+	if !g.VendorVFIO || (gv.Class != placement.BridgeClass && gv.Class != placement.BridgeFBClass) || v.InstanceUUID != "" || v.TypeID == "" || v.TypeID == "0" || held[host+"|"+v.PCI] {
 		return Finding{}, false
 	}
 	for _, e := range r.Errors {

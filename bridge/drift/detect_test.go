@@ -264,3 +264,71 @@ func TestDetectOrphanVF(t *testing.T) {
 		})
 	}
 }
+
+// TestDetectMixedVF: on a mixed bridge-owned GPU (Snapshot.Mixed: its
+// provider is no GPU of the mirror), a VF the agent typed in no domain
+// that no live vGPU of the bridge holds is a repairable orphan naming the
+// VF; one an attachment of the framebuffer class holds is not; an
+// attached vGPU whose VF the report no longer lists typed is a missing
+// device. A VF GPU that is not declared mixed and has no mirrored
+// provider is not judged.
+func TestDetectMixedVF(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	const pf, vf = "0000:c1:00.0", "0000:c1:00.5"
+	typed := protocol.VGPU{PCI: vf, TypeID: "1430", Owner: protocol.OwnerAgent}
+	att := AttachmentView{ID: mdev1, Instance: instA, Host: "h1", Provider: "bbbbbbbb-0000-0000-0000-00000000000b", PCI: vf, Class: placement.BridgeFBClass,
+		Amount: 35840, State: flow.AttAttached, UpdatedAt: now.Add(-time.Minute)}
+	mixed := func(s *Snapshot, declared bool, v ...protocol.VGPU) {
+		h := s.Hosts["h1"]
+		h.Report.GPUs = append(h.Report.GPUs, protocol.GPU{PCI: pf, VendorVFIO: true, Active: v})
+		s.Hosts["h1"] = h
+		if declared {
+			s.Mixed = map[string]bool{"h1|" + pf: true}
+		}
+	}
+	type want struct {
+		kind       Kind
+		pci        string
+		repairable bool
+	}
+	tests := []struct {
+		name  string
+		setup func(s *Snapshot)
+		want  []want
+	}{
+		{"typed, free: orphan", func(s *Snapshot) { mixed(s, true, typed) }, []want{{OrphanMdev, vf, true}}},
+		{"not declared mixed: not judged", func(s *Snapshot) { mixed(s, false, typed) }, nil},
+		{"held by its attachment", func(s *Snapshot) {
+			v := typed
+			v.InstanceUUID = instA
+			mixed(s, true, v)
+			s.Attachments = []AttachmentView{att}
+		}, nil},
+		{"held by a pending attachment, in no domain yet", func(s *Snapshot) {
+			mixed(s, true, typed)
+			a := att
+			a.State = flow.AttPending
+			s.Attachments = []AttachmentView{a}
+		}, nil},
+		{"attached, its VF no longer typed: missing device", func(s *Snapshot) {
+			mixed(s, true)
+			s.Attachments = []AttachmentView{att}
+		}, []want{{MissingDevice, vf, false}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base(now)
+			tc.setup(s)
+			var got []want
+			for _, f := range Detect(s) {
+				got = append(got, want{f.Kind, f.PCI, f.Repairable})
+				if f.Kind == OrphanMdev && (f.Repair == nil || !f.Repair.RemoveMdev || !f.Repair.VF || f.Mdev != "" || f.Host != "h1") {
+					t.Errorf("orphan %+v (repair %+v), want remove_mdev of VF %s on h1", f, f.Repair, vf)
+				}
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("findings %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}

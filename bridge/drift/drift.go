@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,6 +74,14 @@ type Placement interface {
 // reconciler leaves them alone.
 type NovaVFClasses interface {
 	IsNovaVF(class string) bool
+}
+
+// MixedOwned is what a Placement may also offer: the PFs of the mixed
+// bridge-owned GPUs ([placement] bridge_owned_gpus HOST/PF=mixed) by
+// compute host. Their providers are no GPUs of the mirror, so without it
+// the VFs the bridge typed there are never judged.
+type MixedOwned interface {
+	MixedPFs() map[string][]string
 }
 
 // ConsumerTyper is what a Placement may also offer: the Placement
@@ -405,6 +414,14 @@ func (r *Reconciler) load(ctx context.Context, tx pgx.Tx) (*Snapshot, []string, 
 		}
 	}
 	s.GPUs = mine
+	if mo, ok := r.d.Placement.(MixedOwned); ok {
+		s.Mixed = map[string]bool{}
+		for host, pfs := range mo.MixedPFs() {
+			for _, pf := range pfs {
+				s.Mixed[host+"|"+strings.ToLower(pf)] = true
+			}
+		}
+	}
 
 	rows, err = tx.Query(ctx, `SELECT id::text, instance_uuid::text, host, coalesce(provider_uuid::text,''), coalesce(pci_address,''),
 			coalesce(resource_class,''), coalesce(profile,''), amount, coalesce(held_after,0), state, updated_at

@@ -16,7 +16,11 @@ var (
 	_ Placement     = ServiceAdapter{}
 	_ ConsumerTyper = ServiceAdapter{}
 	_ NovaVFClasses = ServiceAdapter{}
+	_ MixedOwned    = ServiceAdapter{}
 )
+
+// MixedPFs implements MixedOwned.
+func (a ServiceAdapter) MixedPFs() map[string][]string { return a.S.MixedPFs() }
 
 // IsNovaVF implements NovaVFClasses.
 func (a ServiceAdapter) IsNovaVF(class string) bool { return a.S.IsNovaVF(class) }

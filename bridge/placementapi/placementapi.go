@@ -1,7 +1,9 @@
 // Package placementapi serves the placement part of the operator API:
 // POST /v1/placements/dry-run, POST /v1/placements/sync, GET /v1/gpus,
 // GET /v1/hosts, GET /v1/hosts/{name} and GET /v1/allocations, all read
-// from the mirror and its in-memory index; and POST
+// from the mirror and its in-memory index (the mixed bridge-owned GPUs,
+// which the index never holds, from Placement and the agents' reports:
+// placement.Service.MixedGPUs); and POST
 // /v1/hosts/{name}/gpus/{pci}/retype, which re-types an empty
 // bridge-owned GPU (retype.go).
 package placementapi
@@ -105,6 +107,9 @@ func (h *Handlers) dryRun(c echo.Context) error {
 	case errors.Is(err, engine.ErrInvalidRequest):
 		return api.ValidationProblem([]api.InvalidParam{{Name: "traits", Reason: err.Error()}})
 	case err != nil:
+		return err
+	}
+	if err := h.svc.MixedDryRun(c.Request().Context(), req, &out); err != nil {
 		return err
 	}
 	h.svc.ExplainRetypes(c.Request().Context(), &out)
@@ -292,11 +297,17 @@ type Host struct {
 	Node     string   `json:"node"`
 	RootUUID string   `json:"root_provider_uuid"`
 	Traits   []string `json:"traits"`
-	GPUs     int      `json:"gpu_count"`
-	Capacity int      `json:"capacity"`
-	Used     int      `json:"used"`
-	Free     int      `json:"free"`
-	Detail   []GPU    `json:"gpus,omitempty"`
+	// GPUs counts every GPU of the host, its mixed bridge-owned GPUs
+	// (MixedGPUs of them) included; Capacity, Used and Free count the
+	// vGPUs of the others (mode single), and Framebuffer sums the MiB of
+	// the mixed ones (absent without any).
+	GPUs        int          `json:"gpu_count"`
+	MixedGPUs   int          `json:"mixed_gpu_count,omitempty"`
+	Capacity    int          `json:"capacity"`
+	Used        int          `json:"used"`
+	Free        int          `json:"free"`
+	Framebuffer *Framebuffer `json:"framebuffer,omitempty"`
+	Detail      []GPU        `json:"gpus,omitempty"`
 	// Drained by an operator, or Disabled by Nova: no new placements.
 	Drained        bool   `json:"drained"`
 	DrainReason    string `json:"drain_reason,omitempty"`
@@ -334,6 +345,43 @@ func (h *Handlers) hostList(c echo.Context) (map[string]*Host, error) {
 		if m, ok := gm[d.ProviderUUID]; ok {
 			d.Drained, d.DrainReason = m.Drained, m.DrainReason
 		}
+		x.Detail = append(x.Detail, d)
+	}
+	// The mixed bridge-owned GPUs, which the index never holds: a host
+	// whose only GPUs are mixed is listed too.
+	mixed, err := h.svc.MixedGPUs(c.Request().Context())
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range mixed {
+		x, ok := hosts[m.Node]
+		if !ok {
+			x = &Host{Name: m.Host, Node: m.Node, RootUUID: m.RootUUID, Traits: []string{}}
+			hk, ok := hm[x.Name]
+			if !ok {
+				hk = hm[x.Node]
+			}
+			x.Drained, x.DrainReason, x.Disabled, x.DisabledReason = hk.Drained, hk.DrainReason, hk.Disabled, hk.DisabledReason
+			hosts[m.Node] = x
+		}
+		if x.RootUUID == "" {
+			x.RootUUID = m.RootUUID
+		}
+		if x.Name == x.Node && m.Host != "" {
+			x.Name = m.Host // the declaration names the compute host
+		}
+		d := h.mixed(m)
+		if mk, ok := gm[d.ProviderUUID]; ok && d.ProviderUUID != "" {
+			d.Drained, d.DrainReason = mk.Drained, mk.DrainReason
+		}
+		x.GPUs++
+		x.MixedGPUs++
+		if x.Framebuffer == nil {
+			x.Framebuffer = &Framebuffer{}
+		}
+		x.Framebuffer.TotalMiB += d.Framebuffer.TotalMiB
+		x.Framebuffer.UsedMiB += d.Framebuffer.UsedMiB
+		x.Framebuffer.FreeMiB += d.Framebuffer.FreeMiB
 		x.Detail = append(x.Detail, d)
 	}
 	return hosts, nil

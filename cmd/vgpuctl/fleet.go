@@ -48,9 +48,9 @@ func hostsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			return g.emit(hl.Raw, func(w io.Writer) {
-				header(w, "NAME", "NODE", "GPUS", "CAPACITY", "USED", "FREE")
+				header(w, "NAME", "NODE", "GPUS", "CAPACITY", "USED", "FREE", "MIXED FB FREE")
 				for _, h := range hl.Hosts {
-					row(w, h.Name, h.Node, itoa(h.GPUCount), itoa(h.Capacity), itoa(h.Used), itoa(h.Free))
+					row(w, h.Name, h.Node, itoa(h.GPUCount), itoa(h.Capacity), itoa(h.Used), itoa(h.Free), hostFB(h))
 				}
 			})
 		},
@@ -67,13 +67,22 @@ func hostsCmd(g *globals) *cobra.Command {
 			return g.emit(h.Raw, func(w io.Writer) {
 				kv(w, "Name", h.Name, "Node", h.Node, "Root provider", h.RootUUID,
 					"GPUs", itoa(h.GPUCount), "vGPU capacity", itoa(h.Capacity), "Used", itoa(h.Used), "Free", itoa(h.Free),
-					"Traits", strings.Join(h.Traits, ","))
+					"Mixed GPUs framebuffer", hostFB(h), "Traits", strings.Join(h.Traits, ","))
 				fmt.Fprintln(w)
 				gpuTable(w, h.GPUs, false)
 			})
 		},
 	})
 	return cmd
+}
+
+// hostFB is a host's MIXED FB FREE cell: the framebuffer its mixed
+// bridge-owned GPUs have left of their total ("-" without any).
+func hostFB(h apiclient.Host) string {
+	if h.Framebuffer == nil || h.MixedGPUCount == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d MiB (%d GPU%s)", h.Framebuffer.FreeMiB, h.Framebuffer.TotalMiB, h.MixedGPUCount, map[bool]string{true: "", false: "s"}[h.MixedGPUCount == 1])
 }
 
 func gpuTable(w io.Writer, gs []apiclient.GPU, withHost bool) {

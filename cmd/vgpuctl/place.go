@@ -49,7 +49,17 @@ applies the nova.conf change follows the table).
 							retype = "yes"
 						}
 					}
-					row(w, itoa(i+1), c.Host, c.PCIAddress, c.Profile, itoa(c.Amount), itoa(c.FreeAfter), retype, c.Reason)
+					free := itoa(c.FreeAfter)
+					if c.Mode == apiclient.GPUModeMixed {
+						free += " MiB" // framebuffer of a mixed GPU
+					}
+					row(w, itoa(i+1), c.Host, c.PCIAddress, c.Profile, itoa(c.Amount), free, retype, c.Reason)
+				}
+				if len(out.Rejected) > 0 {
+					fmt.Fprintln(w, "\nMixed GPUs offering the type that cannot take it now:")
+					for _, c := range out.Rejected {
+						fmt.Fprintf(w, "  %s %s: %s\n", c.Host, c.PCIAddress, c.Reason)
+					}
 				}
 				first := true
 				for _, c := range out.Candidates {

@@ -116,7 +116,7 @@ func TestGPUFaultMovesDirectVGPU(t *testing.T) {
 	}
 
 	// The operator clears the mark after the GPU recovered.
-	g, err := ctl.DrainGPU(w.ctx, controls.Actor{Name: "ops"}, w.gpus[gpuA], "GPU reset, Xid cleared", false)
+	g, err := ctl.DrainGPU(w.ctx, controls.Actor{Name: "ops"}, w.gpus[gpuA], "GPU reset, Xid cleared", false, nil)
 	testsvc.Must(t, err, "undrain GPU A")
 	if g.Drained || g.FaultReason != "" {
 		t.Errorf("after undrain: %+v", g)

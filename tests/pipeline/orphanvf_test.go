@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/drift"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
@@ -136,4 +138,70 @@ func (w *world) orphanVFs() map[string]vfFinding {
 		out[pci] = f
 	}
 	return out
+}
+
+// TestDriftOrphanVFMixed: on the mixed bridge-owned GPU (HOST/PF=mixed,
+// whose provider is no GPU of the mirror), a VF the agent typed outside
+// any request of the bridge is an orphan_mdev finding naming the VF,
+// repaired with remove_mdev (vendor_vfio), which clears its type; the
+// VF of a live 17C of the bridge is no finding, nor is its framebuffer
+// claim.
+func TestDriftOrphanVFMixed(t *testing.T) {
+	t.Parallel()
+	w := newWorldWith(t, testPolicy, withVFHetero())
+	r, rp := w.ownVFGPU(replicaOpts{name: "r1"}, placement.MixedType)
+	rec, err := drift.New(drift.Config{Replica: "d1", Interval: time.Hour, Repair: true, RepairGrace: 0, StaleReportAge: 5 * time.Minute},
+		drift.Deps{Pool: w.pool, Placement: newOutsideTx(t, w.txw, r.svc), Log: logger()})
+	testsvc.Must(t, err, "reconciler")
+	inst := w.domains[3].UUID
+	if res := w.wait(w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "H200X-17C"}), 60*time.Second); res.State != requests.Succeeded {
+		t.Fatalf("17C: %s (%s: %s)", res.State, res.Code, res.Reason)
+	}
+	held := w.attachedVF(inst, rp, "1431")
+	w.reportedVF(held, inst, true, 30*time.Second)
+
+	rep, _ := w.report()
+	var free []string
+	for _, g := range rep.GPUs {
+		if g.PCI == vfPF {
+			free = g.FreeVFs
+		}
+	}
+	if len(free) == 0 {
+		t.Fatalf("no free VF of %s", vfPF)
+	}
+	orphan := free[0]
+	w.rawCommand(protocol.CreateMdev, "", protocol.MdevParams{MdevUUID: uuid.NewString(), ParentPCI: orphan, TypeID: "1431", VendorVFIO: true})
+	w.waitFor(30*time.Second, "the VF reported typed", func() bool {
+		rep, ok := w.report()
+		for _, g := range rep.GPUs {
+			for _, a := range g.Active {
+				if a.PCI == orphan && a.Owner == protocol.OwnerAgent {
+					return ok
+				}
+			}
+		}
+		return false
+	})
+
+	res := runOnce(t, rec)
+	fs := w.orphanVFs()
+	f, ok := fs[orphan]
+	if !ok || len(fs) != 1 || res.Repairs != 1 || !f.repairable || f.repairRequest == "" {
+		t.Fatalf("orphan findings %+v (all %+v), run %+v; want one, repairable, for %s", fs, w.findings(), res, orphan)
+	}
+	for _, x := range w.findings() {
+		if x.instance == inst || strings.Contains(x.detail, held) || strings.Contains(x.detail, rp) {
+			t.Errorf("finding %+v: the 17C, its VF %s and its framebuffer claim on %s are the bridge's", x, held, rp)
+		}
+	}
+	if repair := w.wait(mustUUID(t, f.repairRequest), 60*time.Second); repair.State != requests.Succeeded {
+		t.Fatalf("repair request: %+v", repair)
+	}
+	if got := w.vfType(orphan); got != "0" {
+		t.Errorf("current_vgpu_type of %s after the repair = %q, want 0", orphan, got)
+	}
+	if got := w.vfType(held); got != "1431" {
+		t.Errorf("the 17C's VF %s: %q, want it left typed 1431", held, got)
+	}
 }

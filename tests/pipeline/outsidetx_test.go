@@ -154,6 +154,10 @@ func (o outsideTx) ReleaseUnits(ctx context.Context, consumer, provider, class s
 
 func (o outsideTx) GPUAddress(provider string) string { return o.p.GPUAddress(provider) }
 
+// MixedPFs passes the mixed GPUs' PFs through (drift.MixedOwned): no
+// Placement call.
+func (o outsideTx) MixedPFs() map[string][]string { return o.svc.MixedPFs() }
+
 // ClaimMixed passes the pipeline's claims on mixed GPUs through, checked.
 func (o outsideTx) ClaimMixed(ctx context.Context, host string, c pipeline.ClaimSpec) (pipeline.Claimed, error) {
 	o.check("claim on a mixed GPU for " + c.Consumer)

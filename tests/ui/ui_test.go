@@ -227,6 +227,12 @@ func TestDashboardMixedGPU(t *testing.T) {
 		mixed.Capacity <= 0 {
 		t.Errorf("mixed GPU row = %q; want mixed, %s, %d MiB free, health ok", r, wantUsed, mixed.Free)
 	}
+	// The card's summary counts the mixed GPU and its framebuffer free
+	// (GET /v1/hosts: gpu_count, framebuffer).
+	wantSum := fmt.Sprintf("3 GPUs · %d MiB of mixed framebuffer free", mixed.Free)
+	if sum := run(t, b, "host summary", chromedp.Text(chromedp.CSS(`article.host[data-node="`+a.node+`"] .host-sum`))); !strings.Contains(sum, wantSum) {
+		t.Errorf("summary of %s = %q, want it to say %q", a.node, sum, wantSum)
+	}
 	if types := run(t, b, "types", chromedp.Text(chromedp.CSS("#types"))); strings.Contains(types, "CUSTOM_VGPU_BRIDGE_FB_MIB") || strings.Contains(types, "mixed") {
 		t.Errorf("capacity by type lists the mixed GPU: %q", types)
 	}

@@ -428,7 +428,8 @@
             h('div', { class: 'badges' }, agentBadges(x, s))),
           h('div', { class: 'host-sum' },
             h('strong', null, x.used + ' / ' + x.capacity + ' used'),
-            x.free + ' free · ' + x.gpu_count + ' GPU' + (x.gpu_count === 1 ? '' : 's'))),
+            x.free + ' free · ' + x.gpu_count + ' GPU' + (x.gpu_count === 1 ? '' : 's') +
+              (x.framebuffer ? ' · ' + x.framebuffer.free_mib + ' MiB of mixed framebuffer free' : ''))),
         h('div', { class: 'host-gpus' }, h('table', null,
           h('caption', { class: 'visually-hidden' }, 'GPUs of ' + x.name),
           h('thead', null, h('tr', null,
