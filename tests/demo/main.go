@@ -1068,7 +1068,9 @@ func (d *demo) vfGPU() error {
 	for {
 		l, err := d.api.GPUs(d.ctx, apiclient.GPUFilter{Host: h.node})
 		if err == nil {
-			if i := slices.IndexFunc(l.GPUs, func(g apiclient.GPU) bool { return g.PCIAddress == vfPF && g.Owner == "bridge" && g.Free > 0 && g.Trait == "CUSTOM_"+vfType }); i >= 0 {
+			if i := slices.IndexFunc(l.GPUs, func(g apiclient.GPU) bool {
+				return g.PCIAddress == vfPF && g.Owner == "bridge" && g.Free > 0 && g.Trait == "CUSTOM_"+vfType
+			}); i >= 0 {
 				owned = l.GPUs[i]
 				break
 			}
