@@ -44,7 +44,7 @@ func TestFormatsAndColumns(t *testing.T) {
 			"5 compute-1\n4 compute 2\n"},
 		{"value empty cell", []string{"hosts", "-f", "value", "-c", "node"}, exitOK, "node-1\n\n"},
 		{"value every column", []string{"hosts", "-f", "value"}, exitOK,
-			"compute-1 node-1 2 8 3 5 -\ncompute 2  1 4 0 4 -\n"},
+			"compute-1 node-1 2 8 3 5\ncompute 2  1 4 0 4\n"},
 		{"csv", []string{"hosts", "-f", "csv", "-c", "name", "-c", "used"}, exitOK, "NAME,USED\ncompute-1,3\ncompute 2,0\n"},
 		{"json columns", []string{"hosts", "-f", "json", "-c", "name", "-c", "free"}, exitOK,
 			"[\n  {\n    \"free\": \"5\",\n    \"name\": \"compute-1\"\n  },\n  {\n    \"free\": \"4\",\n    \"name\": \"compute 2\"\n  }\n]\n"},

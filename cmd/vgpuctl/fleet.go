@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -48,9 +49,19 @@ func hostsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			return g.emit(hl.Raw, func(w io.Writer) {
-				header(w, "NAME", "NODE", "GPUS", "CAPACITY", "USED", "FREE", "MIXED FB FREE")
+				// The mixed GPUs' column only where a host has one.
+				mixed := slices.ContainsFunc(hl.Hosts, func(h apiclient.Host) bool { return h.MixedGPUCount > 0 })
+				cols := []string{"NAME", "NODE", "GPUS", "CAPACITY", "USED", "FREE"}
+				if mixed {
+					cols = append(cols, "MIXED FB FREE")
+				}
+				header(w, cols...)
 				for _, h := range hl.Hosts {
-					row(w, h.Name, h.Node, itoa(h.GPUCount), itoa(h.Capacity), itoa(h.Used), itoa(h.Free), hostFB(h))
+					cells := []string{h.Name, h.Node, itoa(h.GPUCount), itoa(h.Capacity), itoa(h.Used), itoa(h.Free)}
+					if mixed {
+						cells = append(cells, hostFB(h))
+					}
+					row(w, cells...)
 				}
 			})
 		},
@@ -65,9 +76,12 @@ func hostsCmd(g *globals) *cobra.Command {
 				return err
 			}
 			return g.emit(h.Raw, func(w io.Writer) {
-				kv(w, "Name", h.Name, "Node", h.Node, "Root provider", h.RootUUID,
-					"GPUs", itoa(h.GPUCount), "vGPU capacity", itoa(h.Capacity), "Used", itoa(h.Used), "Free", itoa(h.Free),
-					"Mixed GPUs framebuffer", hostFB(h), "Traits", strings.Join(h.Traits, ","))
+				pairs := []string{"Name", h.Name, "Node", h.Node, "Root provider", h.RootUUID,
+					"GPUs", itoa(h.GPUCount), "vGPU capacity", itoa(h.Capacity), "Used", itoa(h.Used), "Free", itoa(h.Free)}
+				if h.MixedGPUCount > 0 {
+					pairs = append(pairs, "Mixed GPUs framebuffer", hostFB(h))
+				}
+				kv(w, append(pairs, "Traits", strings.Join(h.Traits, ","))...)
 				fmt.Fprintln(w)
 				gpuTable(w, h.GPUs, false)
 			})
