@@ -73,17 +73,23 @@ type FleetUpgradePlan struct {
 // StartFleetUpgrade starts a fleet upgrade (admin). A dry run answers the
 // plan (plan set, op nil); else the started run.
 func (c *Client) StartFleetUpgrade(ctx context.Context, b FleetUpgradeBody) (*FleetUpgradePlan, *FleetUpgrade, error) {
-	call := Call{Method: http.MethodPost, Path: "/v1/fleet/upgrades", Body: b}
 	if b.DryRun {
 		var p FleetUpgradePlan
-		raw, err := c.callInto(ctx, call, &p)
-		p.Raw = raw
+		var err error
+		p.Raw, err = c.callInto(ctx, Call{Method: http.MethodPost, Path: "/v1/fleet/upgrades", Body: b}, &p)
 		return &p, nil, err
 	}
+	op, err := c.startFleetRun(ctx, "/v1/fleet/upgrades", b)
+	return nil, op, err
+}
+
+// startFleetRun posts a run's body (not a dry run) to path and answers the
+// started run.
+func (c *Client) startFleetRun(ctx context.Context, path string, body any) (*FleetUpgrade, error) {
 	var op FleetUpgrade
-	raw, err := c.callInto(ctx, call, &op)
+	raw, err := c.callInto(ctx, Call{Method: http.MethodPost, Path: path, Body: body}, &op)
 	op.Raw = raw
-	return nil, &op, err
+	return &op, err
 }
 
 // FleetUpgrade returns a fleet upgrade.
@@ -115,15 +121,12 @@ type FleetRetypePlan struct {
 // StartFleetRetype starts a re-type of Nova-owned GPUs (admin). A dry run
 // answers the plan (plan set, op nil); else the started run.
 func (c *Client) StartFleetRetype(ctx context.Context, b FleetRetypeBody) (*FleetRetypePlan, *FleetUpgrade, error) {
-	call := Call{Method: http.MethodPost, Path: "/v1/fleet/retypes", Body: b}
 	if b.DryRun {
 		var p FleetRetypePlan
-		raw, err := c.callInto(ctx, call, &p)
-		p.Raw = raw
+		var err error
+		p.Raw, err = c.callInto(ctx, Call{Method: http.MethodPost, Path: "/v1/fleet/retypes", Body: b}, &p)
 		return &p, nil, err
 	}
-	var op FleetUpgrade
-	raw, err := c.callInto(ctx, call, &op)
-	op.Raw = raw
-	return nil, &op, err
+	op, err := c.startFleetRun(ctx, "/v1/fleet/retypes", b)
+	return nil, op, err
 }

@@ -52,20 +52,7 @@ run with vgpuctl fleet upgrade-status ID.
 			if p != nil {
 				return g.emit(p.Raw, func(w io.Writer) { fleetRetypePlanTable(w, *p) })
 			}
-			if wait {
-				end, err := g.watchFleetUpgrade(cmd, op.ID, interval)
-				if err != nil {
-					return err
-				}
-				op = &end
-			}
-			if err := g.emit(op.Raw, func(w io.Writer) { fleetUpgradeTable(w, *op) }); err != nil {
-				return err
-			}
-			if wait && op.State != "done" {
-				return exitError{exitRequest, fmt.Errorf("fleet retype %s ended %s: %s", op.ID, op.State, op.Error)}
-			}
-			return nil
+			return g.followFleetRun(cmd, "retype", *op, wait, interval)
 		},
 	}
 	fl := cmd.Flags()

@@ -61,20 +61,7 @@ VMs elsewhere) unless --keep-going. With --wait, exit 5 when it failed.`,
 			if p != nil {
 				return g.emit(p.Raw, func(w io.Writer) { fleetPlanTable(w, b, *p) })
 			}
-			if wait {
-				end, err := g.watchFleetUpgrade(cmd, op.ID, interval)
-				if err != nil {
-					return err
-				}
-				op = &end
-			}
-			if err := g.emit(op.Raw, func(w io.Writer) { fleetUpgradeTable(w, *op) }); err != nil {
-				return err
-			}
-			if wait && op.State != "done" {
-				return exitError{exitRequest, fmt.Errorf("fleet upgrade %s ended %s: %s", op.ID, op.State, op.Error)}
-			}
-			return nil
+			return g.followFleetRun(cmd, "upgrade", *op, wait, interval)
 		},
 	}
 	fl := cmd.Flags()
@@ -180,4 +167,24 @@ func orEmpty(s, cond string) string {
 		return ""
 	}
 	return s
+}
+
+// followFleetRun prints a started fleet run (kind: upgrade or retype),
+// after following it to its end with wait; a run followed to an end other
+// than done exits exitRequest.
+func (g *globals) followFleetRun(cmd *cobra.Command, kind string, op apiclient.FleetUpgrade, wait bool, interval time.Duration) error {
+	if wait {
+		end, err := g.watchFleetUpgrade(cmd, op.ID, interval)
+		if err != nil {
+			return err
+		}
+		op = end
+	}
+	if err := g.emit(op.Raw, func(w io.Writer) { fleetUpgradeTable(w, op) }); err != nil {
+		return err
+	}
+	if wait && op.State != "done" {
+		return exitError{exitRequest, fmt.Errorf("fleet %s %s ended %s: %s", kind, op.ID, op.State, op.Error)}
+	}
+	return nil
 }
