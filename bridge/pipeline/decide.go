@@ -380,6 +380,11 @@ type lockedRequest struct {
 // (FOR UPDATE, after the event, as a statement of its own would) and
 // reads its state and last command into req, in the same statement. req
 // is read only when the event is.
+//
+// Without req and with lockInstance (the decision's first transaction,
+// no session lock held), a webhook event's own request
+// (InboxRow.BridgeRequest) is locked and its state read the same way
+// once the instance's lock is taken, for ReadRequest: InboxRow.request.
 func lockEventWith(ctx context.Context, tx pgx.Tx, id int64, lockInstance bool, req *lockedRequest) (InboxRow, bool, error) {
 	var r InboxRow
 	var inst, reqID, proj *string
@@ -397,14 +402,21 @@ func lockEventWith(ctx context.Context, tx pgx.Tx, id int64, lockInstance bool, 
 			EXISTS (SELECT 1 FROM planned_claims p WHERE p.event_id = events.id),
 			EXISTS (SELECT 1 FROM events e WHERE e.instance_uuid = events.instance_uuid AND e.id < events.id AND e.processed_at IS NULL
 				AND (e.deferred_from IS NULL OR e.not_before IS NULL OR e.not_before <= now())),
-			NOT $2 OR instance_uuid IS NULL OR pg_try_advisory_xact_lock(hashtextextended('vgpu-instance:' || instance_uuid::text, 0)),
-			CASE WHEN $3::uuid IS NOT NULL THEN (SELECT state FROM requests WHERE id = $3::uuid FOR UPDATE) END,
+			l.locked, l.own AND l.locked, CASE
+				WHEN $3::uuid IS NOT NULL THEN (SELECT state FROM requests WHERE id = $3::uuid FOR UPDATE)
+				WHEN l.own AND l.locked THEN (SELECT state FROM requests WHERE id = events.request_id::uuid FOR UPDATE) END,
 			CASE WHEN $3::uuid IS NOT NULL THEN (SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $3::uuid) ELSE 0 END
-		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id, lockInstance, reqArg).
+		FROM events, LATERAL (SELECT NOT $2 OR instance_uuid IS NULL
+				OR pg_try_advisory_xact_lock(hashtextextended('vgpu-instance:' || instance_uuid::text, 0)) AS locked,
+			$2 AND $3::uuid IS NULL AND left(source, length($4)) = $4
+				AND coalesce(request_id ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$', false) AS own OFFSET 0) l
+		WHERE id = $1 AND processed_at IS NULL FOR UPDATE OF events SKIP LOCKED`, id, lockInstance, reqArg, WebhookSourcePrefix).
 		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.ReceivedAt, &r.Payload, &reqID, &proj, &r.Attempts,
-			&deferredFrom, &r.DeferredRules, &notBefore, &r.planned, &r.earlier, &instanceLocked, &reqState, &reqSeq)
+			&deferredFrom, &r.DeferredRules, &notBefore, &r.planned, &r.earlier, &instanceLocked, &r.request.read, &reqState, &reqSeq)
 	if req != nil {
 		req.state, req.seq = reqState, reqSeq
+	} else {
+		r.request.state = reqState
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
