@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
@@ -265,7 +266,14 @@ func (p *Processor) decide(ctx context.Context, w *Work, id int64, held string) 
 // takes none of its claims.
 func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 	tx := w.Tx
-	row, ok, err := lockEvent(ctx, tx, w.Row.ID, false)
+	// The event and the first act's request are locked and read in one
+	// statement (the request's state and last command, as the loop below
+	// reads the others'); most events have one act.
+	var first *lockedRequest
+	if len(w.pending) > 0 {
+		first = &lockedRequest{id: w.pending[0].request}
+	}
+	row, ok, err := lockEventWith(ctx, tx, w.Row.ID, false, first)
 	if err != nil || !ok {
 		return false, err
 	}
@@ -276,9 +284,14 @@ func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 	w.Row.Attempts = row.Attempts
 	w.lastAttempt = row.Attempts+1 >= p.cfg.MaxAttempts
 	w.applying = true
-	for _, pa := range w.pending {
+	for i, pa := range w.pending {
 		var st string
-		if err := tx.QueryRow(ctx, `SELECT state, (SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1) FROM requests WHERE id = $1 FOR UPDATE`,
+		if i == 0 {
+			if first.state == nil {
+				return false, fmt.Errorf("read request %s: %w", pa.request, pgx.ErrNoRows)
+			}
+			st, w.seq = *first.state, first.seq
+		} else if err := tx.QueryRow(ctx, `SELECT state, (SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $1) FROM requests WHERE id = $1 FOR UPDATE`,
 			pa.request).Scan(&st, &w.seq); err != nil {
 			return false, fmt.Errorf("read request %s: %w", pa.request, err)
 		}
@@ -352,20 +365,59 @@ func allClaims(cs []stepClaim) []Claim {
 // the transaction's advisory lock of the event's instance, and reports
 // false when another session holds that.
 func lockEvent(ctx context.Context, tx pgx.Tx, id int64, lockInstance bool) (InboxRow, bool, error) {
+	return lockEventWith(ctx, tx, id, lockInstance, nil)
+}
+
+// lockedRequest is a request lockEventWith locks and reads with the
+// event: its state (nil: no such request) and its last command's number.
+type lockedRequest struct {
+	id    uuid.UUID
+	state *string
+	seq   int
+}
+
+// lockEventWith is lockEvent that, with req, also locks request req.id
+// (FOR UPDATE, after the event, as a statement of its own would) and
+// reads its state and last command into req, in the same statement. req
+// is read only when the event is.
+//
+// Without req and with lockInstance (the decision's first transaction,
+// no session lock held), a webhook event's own request
+// (InboxRow.BridgeRequest) is locked and its state read the same way
+// once the instance's lock is taken, for ReadRequest: InboxRow.request.
+func lockEventWith(ctx context.Context, tx pgx.Tx, id int64, lockInstance bool, req *lockedRequest) (InboxRow, bool, error) {
 	var r InboxRow
 	var inst, reqID, proj *string
 	var occurred, notBefore *time.Time
 	var deferredFrom *int64
 	var instanceLocked bool
+	var reqArg *uuid.UUID
+	var reqState *string
+	var reqSeq int
+	if req != nil {
+		reqArg = &req.id
+	}
 	err := tx.QueryRow(ctx, `SELECT id, source, message_id, event_type, instance_uuid::text, occurred_at, received_at, payload, request_id,
 			project_id, attempts, deferred_from, deferred_rules, not_before,
 			EXISTS (SELECT 1 FROM planned_claims p WHERE p.event_id = events.id),
 			EXISTS (SELECT 1 FROM events e WHERE e.instance_uuid = events.instance_uuid AND e.id < events.id AND e.processed_at IS NULL
 				AND (e.deferred_from IS NULL OR e.not_before IS NULL OR e.not_before <= now())),
-			NOT $2 OR instance_uuid IS NULL OR pg_try_advisory_xact_lock(hashtextextended('vgpu-instance:' || instance_uuid::text, 0))
-		FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED`, id, lockInstance).
+			l.locked, l.own AND l.locked, CASE
+				WHEN $3::uuid IS NOT NULL THEN (SELECT state FROM requests WHERE id = $3::uuid FOR UPDATE)
+				WHEN l.own AND l.locked THEN (SELECT state FROM requests WHERE id = events.request_id::uuid FOR UPDATE) END,
+			CASE WHEN $3::uuid IS NOT NULL THEN (SELECT coalesce(max(seq), 0) FROM commands WHERE request_id = $3::uuid) ELSE 0 END
+		FROM events, LATERAL (SELECT NOT $2 OR instance_uuid IS NULL
+				OR pg_try_advisory_xact_lock(hashtextextended('vgpu-instance:' || instance_uuid::text, 0)) AS locked,
+			$2 AND $3::uuid IS NULL AND left(source, length($4)) = $4
+				AND coalesce(request_id ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$', false) AS own OFFSET 0) l
+		WHERE id = $1 AND processed_at IS NULL FOR UPDATE OF events SKIP LOCKED`, id, lockInstance, reqArg, WebhookSourcePrefix).
 		Scan(&r.ID, &r.Source, &r.MessageID, &r.EventType, &inst, &occurred, &r.ReceivedAt, &r.Payload, &reqID, &proj, &r.Attempts,
-			&deferredFrom, &r.DeferredRules, &notBefore, &r.planned, &r.earlier, &instanceLocked)
+			&deferredFrom, &r.DeferredRules, &notBefore, &r.planned, &r.earlier, &instanceLocked, &r.request.read, &reqState, &reqSeq)
+	if req != nil {
+		req.state, req.seq = reqState, reqSeq
+	} else {
+		r.request.state = reqState
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}

@@ -47,6 +47,17 @@ type InboxRow struct {
 	// goes first. A deferred evaluation waiting for its hold to end does
 	// not count (defer.go).
 	earlier bool
+	// request is the row's own request (BridgeRequest) as the statement
+	// that locked the row locked and read it (lockEventWith); read false:
+	// not read there.
+	request ownRequest
+}
+
+// ownRequest is a webhook row's request, locked and read with the row:
+// its state, nil when there is no such request.
+type ownRequest struct {
+	read  bool
+	state *string
 }
 
 // Webhook reports whether the row came by webhook.

@@ -240,7 +240,15 @@ func (r ReadRequest) Exec(ctx context.Context, w *Work) (bool, error) {
 		return false, nil
 	}
 	var st string
-	err := w.Tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, id).Scan(&st)
+	var err error
+	switch own := w.Row.request; {
+	case own.read && own.state == nil:
+		err = pgx.ErrNoRows
+	case own.read:
+		st = *own.state // locked and read with the row (lockEventWith)
+	default:
+		err = w.Tx.QueryRow(ctx, `SELECT state FROM requests WHERE id = $1 FOR UPDATE`, id).Scan(&st)
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil

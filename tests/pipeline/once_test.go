@@ -107,7 +107,8 @@ func (s *statements) lastResultCost() (n, txs int) {
 // TestDecidedOnce: a direct-path attach is decided once. The event is
 // locked by two transactions: the decision, which reads the facts and the
 // policy's state once and commits its planned claim, and the record of
-// the claim made between them, which reads neither again. The planned
+// the claim made between them, which reads neither again. Each locks the
+// request with the event, in the same statement. The planned
 // claim is gone once the attachment is recorded.
 func TestDecidedOnce(t *testing.T) {
 	t.Parallel()
@@ -148,7 +149,10 @@ func TestDecidedOnce(t *testing.T) {
 		parts []string
 		want  int
 	}{
-		{"the event locked (decision, record)", event, []string{"FROM events WHERE id = $1 AND processed_at IS NULL FOR UPDATE SKIP LOCKED"}, 2},
+		{"the event locked (decision, record)", event, []string{"WHERE id = $1 AND processed_at IS NULL FOR UPDATE OF events SKIP LOCKED"}, 2},
+		// The request is locked and read with its event, in both.
+		{"the request locked apart from the event (decision)", id, []string{"SELECT state FROM requests WHERE id = $1 FOR UPDATE"}, 0},
+		{"the request locked apart from the event (record)", id, []string{"SELECT state, (SELECT coalesce(max(seq), 0) FROM commands"}, 0},
 		{"the policy's load state read", inst, []string{"FROM policy_load_since WHERE instance_uuid"}, 1},
 		{"the claim planned", event, []string{"INSERT INTO planned_claims"}, 1},
 		{"the plan dropped with the record", event, []string{"DELETE FROM planned_claims"}, 1},
