@@ -93,6 +93,13 @@ func (w *moveWorld) assertOneVGPU(step, vm, host string, direct bool) string {
 	t.Helper()
 	gpu := w.gpuOf(host)
 	oh, oroot, ogpu := w.other(host)
+	// What the bridge, Placement and the hosts hold, when a check below
+	// fails (a wait's Fatalf included).
+	defer func() {
+		if t.Failed() {
+			w.dump(vm)
+		}
+	}()
 	s := w.n.Server(t, vm)
 	if s.Host != host || s.Status != "ACTIVE" || s.TaskState != "" {
 		t.Errorf("%s: server on %s, %s (task %q), want ACTIVE on %s", step, s.Host, s.Status, s.TaskState, host)
@@ -116,11 +123,6 @@ func (w *moveWorld) assertOneVGPU(step, vm, host string, direct bool) string {
 	// The hosts.
 	fh, fo := w.n.FakeHost(host), w.n.FakeHost(oh)
 	var mdev string
-	defer func() {
-		if t.Failed() {
-			w.dump(vm)
-		}
-	}()
 	w.waitFor(time.Minute, step+": one mdev in the running domain on "+host, func() bool {
 		d, ok := fh.Domain(t, vm)
 		if !ok || d.State != "running" || len(d.Mdevs()) != 1 {
