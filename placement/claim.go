@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
@@ -68,6 +69,13 @@ func (s *Service) Claim(ctx context.Context, cr ClaimRequest) (*Claim, error) {
 			return nil, fmt.Errorf("claim %s: %w", cr.Consumer, err)
 		}
 		if len(cands) == 0 {
+			// A claim on given hosts that finds nothing at all may meet
+			// a mirror that has not seen the host's GPUs yet (added
+			// since the last sync: a move's re-apply follows Nova there
+			// at once); Placement is asked before the answer is no.
+			if round == 0 && len(tried) == 0 && len(q.Hosts) > 0 && s.resyncForClaim(ctx) {
+				continue
+			}
 			break
 		}
 		for _, c := range cands {
@@ -86,6 +94,29 @@ func (s *Service) Claim(ctx context.Context, cr ClaimRequest) (*Claim, error) {
 		}
 	}
 	return nil, fmt.Errorf("claim %s: %w (%d GPUs tried)", cr.Consumer, ErrNoCapacity, len(tried))
+}
+
+// claimResyncEvery is the least time between two syncs that claims
+// finding no candidate run (resyncForClaim): a flood of requests for a
+// full host costs Placement one incremental sync per period at most.
+const claimResyncEvery = 5 * time.Second
+
+// resyncForClaim runs an incremental sync for a claim that found no
+// candidate on the hosts it names, unless one ran less than
+// claimResyncEvery ago or another replica holds the sync; it reports
+// whether the index may have learned something. A claim runs with no
+// transaction open, as the sync's Placement calls need.
+func (s *Service) resyncForClaim(ctx context.Context) bool {
+	now := time.Now().UnixNano()
+	last := s.claimSyncAt.Load()
+	if now-last < int64(claimResyncEvery) || !s.claimSyncAt.CompareAndSwap(last, now) {
+		return false
+	}
+	if _, err := s.SyncNow(ctx, false, nil); err != nil {
+		s.log.Debug("claim: sync for a claim with no candidate", logkey.Err, err)
+		return false
+	}
+	return true
 }
 
 // ClaimOn adds cr's units to the consumer's allocations on GPU provider

@@ -136,6 +136,9 @@ type Service struct {
 
 	syncMu  sync.Mutex  // one sync at a time in this process
 	leading atomic.Bool // this replica holds the sync lock in Run
+	// claimSyncAt is when a claim that found no candidate last synced
+	// (Service.Claim, resyncForClaim; UnixNano).
+	claimSyncAt atomic.Int64
 	synced  atomic.Bool // the index holds the result of a full sync
 	// faultTrait is set once nova.GPUFaultTrait exists in Placement
 	// (SyncFaultTraits creates it at the first sync).

@@ -762,3 +762,39 @@ func TestMirrorFollowsClaims(t *testing.T) {
 	}
 	check("after releasing all", 0)
 }
+
+// TestClaimSyncsForUnknownHost: a claim on a host whose GPUs came into
+// Placement after the last sync (a host added meanwhile, where Nova has
+// just moved an instance) asks Placement before answering no capacity,
+// and lands there; a claim on a host Placement has no GPU of still ends
+// in ErrNoCapacity.
+func TestClaimSyncsForUnknownHost(t *testing.T) {
+	s := newService(t, true)
+	ctx := ctxT(t)
+	if _, err := s.SyncNow(ctx, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	ty := placementfleet.UniqueType()
+	node := name("it-late")
+	f := load(t, s, []placementfleet.Node{{Name: node, GPUs: []placementfleet.GPU{{Trait: ty, Total: 4}}}})
+	if _, ok := s.Index().Lookup(f.GPUs[0][0]); ok {
+		t.Fatal("the index knows the new host's GPU before any sync: the test proves nothing")
+	}
+	inst := consumer(t)
+	cl, err := s.Claim(ctx, placement.ClaimRequest{Consumer: inst, ProjectID: f.Project, UserID: f.User,
+		Request: engine.Request{Required: []string{ty}, Count: 1, Hosts: []string{node}}})
+	if err != nil {
+		t.Fatalf("claim on the host added after the sync: %v", err)
+	}
+	if cl.Provider != f.GPUs[0][0] {
+		t.Errorf("claimed on %s, want the new host's GPU %s", cl.Provider, f.GPUs[0][0])
+	}
+	if con, err := s.Client().Allocations(ctx, inst); err != nil || con.Providers[f.GPUs[0][0]]["VGPU"] != 1 {
+		t.Errorf("Placement after the claim: %+v, %v", con, err)
+	}
+	_, err = s.Claim(ctx, placement.ClaimRequest{Consumer: consumer(t), ProjectID: f.Project, UserID: f.User,
+		Request: engine.Request{Required: []string{ty}, Count: 1, Hosts: []string{name("it-nohost")}}})
+	if !errors.Is(err, placement.ErrNoCapacity) {
+		t.Errorf("claim on a host with no GPU: %v, want ErrNoCapacity", err)
+	}
+}
