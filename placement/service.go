@@ -139,7 +139,7 @@ type Service struct {
 	// claimSyncAt is when a claim that found no candidate last synced
 	// (Service.Claim, resyncForClaim; UnixNano).
 	claimSyncAt atomic.Int64
-	synced  atomic.Bool // the index holds the result of a full sync
+	synced      atomic.Bool // the index holds the result of a full sync
 	// faultTrait is set once nova.GPUFaultTrait exists in Placement
 	// (SyncFaultTraits creates it at the first sync).
 	faultTrait atomic.Bool
