@@ -83,10 +83,8 @@ func (r *Runner) retypeStep(ctx context.Context, op Operation, h HostStatus) (St
 		return Undraining, Update{}, nil, nil
 
 	case Undraining:
-		if h.DrainedByOp {
-			if _, err := r.Drain.DrainHost(ctx, r.Who, h.Host, "", false, nil); err != nil {
-				return "", Update{}, nil, fmt.Errorf("undrain: %w", err)
-			}
+		if err := r.undrain(ctx, h); err != nil {
+			return "", Update{}, nil, err
 		}
 		return Done, Update{}, nil, nil
 	}

@@ -371,10 +371,8 @@ func (r *Runner) step(ctx context.Context, op Operation, h HostStatus) (State, U
 		return Undraining, Update{}, nil, nil
 
 	case Undraining:
-		if h.DrainedByOp {
-			if _, err := r.Drain.DrainHost(ctx, r.Who, h.Host, "", false, nil); err != nil {
-				return "", Update{}, nil, fmt.Errorf("undrain: %w", err)
-			}
+		if err := r.undrain(ctx, h); err != nil {
+			return "", Update{}, nil, err
 		}
 		return Done, Update{}, nil, nil
 	}
@@ -497,4 +495,16 @@ func (r *Runner) commandOutput(ctx context.Context, id uuid.UUID, name string) (
 		err = fmt.Errorf("%s %s: %s (%s)", name, res.Status, res.Message, res.Code)
 	}
 	return d.Output, err
+}
+
+// undrain gives the host back to placements when the run drained it (an
+// operator's own drain stays).
+func (r *Runner) undrain(ctx context.Context, h HostStatus) error {
+	if !h.DrainedByOp {
+		return nil
+	}
+	if _, err := r.Drain.DrainHost(ctx, r.Who, h.Host, "", false, nil); err != nil {
+		return fmt.Errorf("undrain: %w", err)
+	}
+	return nil
 }
