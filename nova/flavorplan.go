@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -34,6 +35,15 @@ type PlanProfile struct {
 	// ALIAS:1 (Nova's PciPassthroughFilter places them on a VF), not for
 	// resources:VGPU and the trait.
 	Alias string `json:"alias,omitempty"`
+	// DriverBranch, when not 0, is the guest driver release branch (550)
+	// the profile's flavors require: they are named
+	// BASE.vgpu-PROFILE-rBRANCH (PlannedBranchFlavorName) and ask, in the
+	// VGPU's request group, for trait1:CUSTOM_VGPU_GUEST_DRIVER_RBRANCH=
+	// required (GuestDriverTrait), which the bridge keeps on the GPU
+	// providers whose host's vGPU manager serves that branch ([placement]
+	// add_driver_traits). 1 to MaxDriverBranch; not with Alias (a
+	// Nova-owned VF's PCI request carries no trait).
+	DriverBranch int `json:"driver_branch,omitempty"`
 }
 
 // AliasSpec is the flavor extra spec of Nova's PCI passthrough requests
@@ -69,7 +79,10 @@ type FlavorProposal struct {
 	BasedOn string     `json:"based_on"`
 	Profile string     `json:"profile"`
 	Trait   string     `json:"trait"`
-	Action  PlanAction `json:"action"`
+	// DriverBranch is the guest driver branch the flavor requires (its
+	// profile's PlanProfile.DriverBranch), 0 for none.
+	DriverBranch int        `json:"driver_branch,omitempty"`
+	Action       PlanAction `json:"action"`
 	// Existing names the flavor of the same name (exists, conflict), or
 	// the equal one under another name (covered).
 	Existing string `json:"existing,omitempty"`
@@ -120,6 +133,19 @@ func PlannedFlavorName(base, profile string) string {
 	return b.String()
 }
 
+// PlannedBranchFlavorName is the name of the vGPU flavor of base for
+// profile that requires guest driver branch: PlannedFlavorName plus
+// "-r" and the branch ("m1.small", T4-4Q and 550 give
+// "m1.small.vgpu-t4-4q-r550"), so that it does not take the name of the
+// flavor without a branch. Branch 0 gives PlannedFlavorName.
+func PlannedBranchFlavorName(base, profile string, branch int) string {
+	name := PlannedFlavorName(base, profile)
+	if branch != 0 {
+		name += "-r" + strconv.Itoa(branch)
+	}
+	return name
+}
+
 // PlanGroup is the request group of the vGPU in the flavors PlanFlavors
 // proposes ("1": resources1:VGPU, trait1:…).
 const PlanGroup = "1"
@@ -128,8 +154,10 @@ const PlanGroup = "1"
 // profile, the flavor BASE.vgpu-PROFILE (PlannedFlavorName) with the
 // base's sizes, visibility and extra specs plus, in request group 1
 // (PlanGroup), resources1:VGPU=1, trait1:TRAIT=required and
-// trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden (GPUFaultTrait), and says what it needs against the flavors that
-// exist (PlanCreate, PlanExists, PlanCovered, PlanConflict). Flavors that
+// trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden (GPUFaultTrait); for a
+// profile with a DriverBranch, BASE.vgpu-PROFILE-rBRANCH with also
+// trait1:CUSTOM_VGPU_GUEST_DRIVER_RBRANCH=required (GuestDriverTrait). It
+// says what each needs against the flavors that exist (PlanCreate, PlanExists, PlanCovered, PlanConflict). Flavors that
 // ask for a vGPU, flavors with malformed extra specs, and profiles without
 // a valid trait are in Skipped. base, when not nil, says which flavors may
 // be bases (e.g. by name); the others still count as existing flavors.
@@ -162,6 +190,17 @@ func PlanFlavors(flavors []PlanFlavor, profiles []PlanProfile, base func(PlanFla
 			continue
 		}
 		seen[p.Name] = true
+		if p.DriverBranch != 0 {
+			switch {
+			case p.DriverBranch < 0 || p.DriverBranch > MaxDriverBranch:
+				plan.Skipped = append(plan.Skipped, PlanSkip{Profile: p.Name, Reason: fmt.Sprintf("driver branch %d: want 1 to %d", p.DriverBranch, MaxDriverBranch)})
+				continue
+			case p.Alias != "":
+				plan.Skipped = append(plan.Skipped, PlanSkip{Profile: p.Name,
+					Reason: fmt.Sprintf("driver branch %d: a Nova-owned VF's PCI request (%s) carries no trait, so its flavors cannot require a guest driver branch", p.DriverBranch, AliasSpec)})
+				continue
+			}
+		}
 		if p.Alias != "" {
 			if strings.ContainsAny(p.Alias, ":, ") {
 				plan.Skipped = append(plan.Skipped, PlanSkip{Profile: p.Name, Reason: fmt.Sprintf("alias %q: a PCI alias name has no ':', ',' or space", p.Alias)})
@@ -205,7 +244,7 @@ func PlanFlavors(flavors []PlanFlavor, profiles []PlanProfile, base func(PlanFla
 			continue
 		}
 		for _, p := range good {
-			name := PlannedFlavorName(base.Name, p.Name)
+			name := PlannedBranchFlavorName(base.Name, p.Name, p.DriverBranch)
 			if _, pci := base.ExtraSpecs[AliasSpec]; pci && p.Alias != "" {
 				plan.Skipped = append(plan.Skipped, PlanSkip{Flavor: base.Name, Profile: p.Name, Reason: "asks for PCI devices already (" + AliasSpec + ")"})
 				continue
@@ -232,10 +271,15 @@ func PlanFlavors(flavors []PlanFlavor, profiles []PlanProfile, base func(PlanFla
 				specs["resources"+PlanGroup+":"+ResourceVGPU] = "1"
 				specs["trait"+PlanGroup+":"+p.Trait] = "required"
 				specs["trait"+PlanGroup+":"+GPUFaultTrait] = "forbidden"
+				if p.DriverBranch != 0 {
+					// On the GPU provider itself (the VGPU's group): the
+					// bridge keeps the driver traits on GPU providers only.
+					specs["trait"+PlanGroup+":"+GuestDriverTrait(p.DriverBranch)] = "required"
+				}
 			}
 			want := PlanFlavor{Name: name, VCPUs: base.VCPUs, RAM: base.RAM, Disk: base.Disk, Ephemeral: base.Ephemeral,
 				Swap: base.Swap, Public: base.Public, ExtraSpecs: specs}
-			prop := FlavorProposal{Flavor: want, BasedOn: base.Name, Profile: p.Name, Trait: p.Trait}
+			prop := FlavorProposal{Flavor: want, BasedOn: base.Name, Profile: p.Name, Trait: p.Trait, DriverBranch: p.DriverBranch}
 			if have, ok := byName[name]; ok {
 				prop.Existing, prop.ExistingID = have.Name, have.ID
 				if diff := FlavorDifferences(have, want); len(diff) == 0 {
@@ -321,7 +365,8 @@ func FlavorDifferences(have, want PlanFlavor) []string {
 
 // describe is a proposal's contents on one line: "vcpus=2 ram=2048
 // disk=20 + resources1:VGPU=1 trait1:CUSTOM_NVIDIA_232=required
-// trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden", and how
+// trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden" (and, with a driver
+// branch, trait1:CUSTOM_VGPU_GUEST_DRIVER_R550=required), and how
 // many extra specs come from the base.
 func describe(f PlanFlavor, base PlanFlavor, p PlanProfile) string {
 	var b strings.Builder
@@ -336,6 +381,9 @@ func describe(f PlanFlavor, base PlanFlavor, p PlanProfile) string {
 		fmt.Fprintf(&b, " + %s=%s:1 (Nova-owned VF)", AliasSpec, p.Alias)
 	} else {
 		fmt.Fprintf(&b, " + resources%[1]s:%[2]s=1 trait%[1]s:%[3]s=required trait%[1]s:%[4]s=forbidden", PlanGroup, ResourceVGPU, p.Trait, GPUFaultTrait)
+		if p.DriverBranch != 0 {
+			fmt.Fprintf(&b, " trait%s:%s=required", PlanGroup, GuestDriverTrait(p.DriverBranch))
+		}
 	}
 	if n := len(base.ExtraSpecs); n > 0 {
 		fmt.Fprintf(&b, " + the %d extra spec(s) of %s", n, base.Name)

@@ -19,6 +19,22 @@ func TestPlannedFlavorName(t *testing.T) {
 			t.Errorf("PlannedFlavorName(%q, %q) = %q, want %q", tc.base, tc.profile, got, tc.want)
 		}
 	}
+	for _, tc := range []struct {
+		base, profile string
+		branch        int
+		want          string
+	}{
+		{"m1.small", "T4-4Q", 550, "m1.small.vgpu-t4-4q-r550"},
+		{"M1.Small", "GRID T4/4Q", 535, "M1.Small.vgpu-grid-t4-4q-r535"},
+		{"m1.small", "T4-4Q", 0, "m1.small.vgpu-t4-4q"},
+	} {
+		if got := nova.PlannedBranchFlavorName(tc.base, tc.profile, tc.branch); got != tc.want {
+			t.Errorf("PlannedBranchFlavorName(%q, %q, %d) = %q, want %q", tc.base, tc.profile, tc.branch, got, tc.want)
+		}
+	}
+	if got := nova.GuestDriverTrait(550); got != "CUSTOM_VGPU_GUEST_DRIVER_R550" {
+		t.Errorf("GuestDriverTrait(550) = %q", got)
+	}
 }
 
 // row is what a test compares of a proposal.
@@ -47,6 +63,10 @@ func vgpuSpecs(trait string, more ...string) map[string]string {
 func TestPlanFlavors(t *testing.T) {
 	t44 := nova.PlanProfile{Name: "T4-4Q", TypeID: "nvidia-232", Trait: "CUSTOM_NVIDIA_232"}
 	t42 := nova.PlanProfile{Name: "T4-2Q", TypeID: "nvidia-231", Trait: "CUSTOM_NVIDIA_231"}
+	// T4-4Q for guests with a 550 driver.
+	t44r550 := t44
+	t44r550.DriverBranch = 550
+	r550 := "trait1:CUSTOM_VGPU_GUEST_DRIVER_R550"
 	small := nova.PlanFlavor{ID: "1", Name: "m1.small", VCPUs: 2, RAM: 2048, Disk: 20, Public: true}
 	large := nova.PlanFlavor{ID: "2", Name: "m1.large", VCPUs: 8, RAM: 16384, Disk: 80, Ephemeral: 10, Swap: 512, Public: true,
 		ExtraSpecs: map[string]string{"hw:cpu_policy": "dedicated"}}
@@ -247,6 +267,79 @@ func TestPlanFlavors(t *testing.T) {
 				{"m1.small.vgpu-t4-4q", "m1.small", "T4-4Q", nova.PlanCovered, "g1.small"},
 			},
 			skipped: []nova.PlanSkip{{Flavor: "m1.bad", Reason: `extra spec "group_policy"="all": want "none" or "isolate"`}},
+		},
+		{
+			name:     "driver branch: the name's suffix and the trait in the VGPU's group",
+			flavors:  []nova.PlanFlavor{small, large},
+			profiles: []nova.PlanProfile{t44r550},
+			want: []row{
+				{"m1.large.vgpu-t4-4q-r550", "m1.large", "T4-4Q", nova.PlanCreate, ""},
+				{"m1.small.vgpu-t4-4q-r550", "m1.small", "T4-4Q", nova.PlanCreate, ""},
+			},
+			check: func(t *testing.T, p nova.FlavorPlan) {
+				got := p.Proposals[1]
+				if want := vgpuSpecs("CUSTOM_NVIDIA_232", r550, "required"); !reflect.DeepEqual(got.Flavor.ExtraSpecs, want) {
+					t.Errorf("extra specs %v\nwant        %v", got.Flavor.ExtraSpecs, want)
+				}
+				if got.DriverBranch != 550 {
+					t.Errorf("driver branch %d, want 550", got.DriverBranch)
+				}
+				if want := "vcpus=2 ram=2048 disk=20 + resources1:VGPU=1 trait1:CUSTOM_NVIDIA_232=required trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden " +
+					r550 + "=required"; got.Detail != want {
+					t.Errorf("detail %q\nwant   %q", got.Detail, want)
+				}
+				b, _ := json.Marshal(got)
+				if !strings.Contains(string(b), `"driver_branch":550`) {
+					t.Errorf("JSON %s lacks driver_branch", b)
+				}
+			},
+		},
+		{
+			name:     "driver branch: the flavor without a branch does not cover it",
+			flavors:  []nova.PlanFlavor{small, same("g1.small", "7"), same("m1.small.vgpu-t4-4q", "8")},
+			profiles: []nova.PlanProfile{t44r550},
+			want:     []row{{"m1.small.vgpu-t4-4q-r550", "m1.small", "T4-4Q", nova.PlanCreate, ""}},
+		},
+		{
+			name: "driver branch: covered by a flavor with the trait, exists under its name",
+			flavors: []nova.PlanFlavor{small, same("g1.small.r550", "7", func(f *nova.PlanFlavor) { f.ExtraSpecs[r550] = "required" }),
+				{ID: "3", Name: "a.small", VCPUs: 2, RAM: 2048, Disk: 20, Public: true},
+				same("a.small.vgpu-t4-4q-r550", "9", func(f *nova.PlanFlavor) { f.ExtraSpecs[r550] = "required" })},
+			profiles: []nova.PlanProfile{t44r550},
+			want: []row{
+				{"a.small.vgpu-t4-4q-r550", "a.small", "T4-4Q", nova.PlanExists, "a.small.vgpu-t4-4q-r550"},
+				{"m1.small.vgpu-t4-4q-r550", "m1.small", "T4-4Q", nova.PlanCovered, "a.small.vgpu-t4-4q-r550"},
+			},
+		},
+		{
+			name: "driver branch: a flavor of the name without the trait conflicts",
+			flavors: []nova.PlanFlavor{small, same("m1.small.vgpu-t4-4q-r550", "9"),
+				same("m1.small.vgpu-t4-4q-r535", "10", func(f *nova.PlanFlavor) { f.ExtraSpecs["trait1:CUSTOM_VGPU_GUEST_DRIVER_R535"] = "required" })},
+			profiles: []nova.PlanProfile{t44r550},
+			want:     []row{{"m1.small.vgpu-t4-4q-r550", "m1.small", "T4-4Q", nova.PlanConflict, "m1.small.vgpu-t4-4q-r550"}},
+			check: func(t *testing.T, p nova.FlavorPlan) {
+				if got, want := p.Proposals[0].Differences, []string{"extra spec " + r550 + " missing"}; !reflect.DeepEqual(got, want) {
+					t.Errorf("differences %q, want %q", got, want)
+				}
+			},
+		},
+		{
+			name:     "without a branch, a flavor with the trait neither covers nor is the plan's",
+			flavors:  []nova.PlanFlavor{small, same("g1.small.r550", "7", func(f *nova.PlanFlavor) { f.ExtraSpecs[r550] = "required" })},
+			profiles: []nova.PlanProfile{t44},
+			want:     []row{{"m1.small.vgpu-t4-4q", "m1.small", "T4-4Q", nova.PlanCreate, ""}},
+		},
+		{
+			name:    "driver branch: out of range, or with an alias, skips the profile",
+			flavors: []nova.PlanFlavor{small},
+			profiles: []nova.PlanProfile{{Name: "A", Trait: "CUSTOM_A", DriverBranch: 10000}, {Name: "B", Trait: "CUSTOM_B", DriverBranch: -1},
+				{Name: "V", Alias: "v", DriverBranch: 550}, t44r550},
+			want: []row{{"m1.small.vgpu-t4-4q-r550", "m1.small", "T4-4Q", nova.PlanCreate, ""}},
+			skipped: []nova.PlanSkip{
+				{Profile: "A", Reason: "driver branch 10000: want 1 to 9999"},
+				{Profile: "B", Reason: "driver branch -1: want 1 to 9999"},
+				{Profile: "V", Reason: "driver branch 550: a Nova-owned VF's PCI request (pci_passthrough:alias) carries no trait, so its flavors cannot require a guest driver branch"},
+			},
 		},
 		{
 			name:     "nothing to plan",

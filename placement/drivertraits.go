@@ -4,24 +4,23 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/resourceproviders"
 	"github.com/gophercloud/gophercloud/v2/openstack/placement/v1/traits"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/vgpu-bridge/vgpu-bridge/nova"
 )
 
 // GuestDriverTraitPrefix starts the traits that say which guest driver
-// release branches a GPU's host serves: CUSTOM_VGPU_GUEST_DRIVER_R535 on a
-// GPU provider means a guest with a 535 driver works on it. A flavor (or
-// an image) asking for trait:CUSTOM_VGPU_GUEST_DRIVER_R535=required keeps
-// Nova's scheduler off hosts whose vGPU manager cannot serve that driver.
-const GuestDriverTraitPrefix = "CUSTOM_VGPU_GUEST_DRIVER_R"
+// release branches a GPU's host serves (nova.GuestDriverTraitPrefix, where
+// vgpuctl flavor plan finds it too).
+const GuestDriverTraitPrefix = nova.GuestDriverTraitPrefix
 
 // GuestDriverTrait is the trait of guest driver branch b.
-func GuestDriverTrait(branch int) string { return GuestDriverTraitPrefix + strconv.Itoa(branch) }
+func GuestDriverTrait(branch int) string { return nova.GuestDriverTrait(branch) }
 
 // hostDriver is what a host's agent last reported of its vGPU manager.
 type hostDriver struct{ hypervisor, version string }

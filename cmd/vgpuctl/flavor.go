@@ -50,6 +50,19 @@ trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden, so that it keeps off a GPU the
 bridge marked faulted (until vgpuctl undrain gpu). Flavors that ask for a vGPU already, and
 flavors with malformed extra specs (reported on stderr), are not bases.
 
+With --driver-branch N (a guest driver release branch, e.g. 550) the plan is
+for guests with a driver of that branch: each flavor is named
+BASE.vgpu-PROFILE-rN (m1.small.vgpu-t4-4q-r550, beside the flavor without a
+branch) and also asks, in request group 1,
+trait1:CUSTOM_VGPU_GUEST_DRIVER_RN=required, a trait the bridge keeps on the
+GPU providers whose host's vGPU manager serves that branch ([placement]
+add_driver_traits = true; without it no host has the trait and every server
+of such a flavor ends NoValidHost). Use them rather than an image property
+trait:CUSTOM_VGPU_GUEST_DRIVER_RN=required: Nova puts an image's traits in the
+unnumbered request group, where the GPU provider of request group 1 does not
+count. Profiles planned as alias flavors are left out with --driver-branch (a
+PCI request carries no trait).
+
 A profile whose GPUs are Nova-owned VFs ([placement] nova_vf_resource_classes)
 gets no resources:VGPU flavor; with --alias PROFILE=ALIAS (the [pci] alias
 vgpuctl host layout printed) it gets alias flavors instead: BASE's contents
@@ -80,12 +93,12 @@ typed for yet can be planned too.
 
 -o json and -o yaml print {"proposals": [...], "skipped": [...]}: each proposal
 with its flavor (name, sizes, is_public, extra_specs), based_on, profile,
-trait, action, existing, existing_id, differences and detail; skipped lists the
+trait, driver_branch (with --driver-branch), action, existing, existing_id, differences and detail; skipped lists the
 flavors and profiles left out, with the reason.
 
 Exit codes: 0 also when the plan has conflicts; 1 when a flavor could not be
-created or Nova answered with an error; 2 for bad flags or an unknown
---profile; 4 when the bridge or Nova cannot be reached.`
+created or Nova answered with an error; 2 for bad flags (a --driver-branch
+that is not 1 to 9999 among them) or an unknown --profile; 4 when the bridge or Nova cannot be reached.`
 
 const flavorPlanExample = `  # What is missing, for the m1 flavors and every profile the fleet is typed for:
   vgpuctl --os-cloud admin flavor plan --flavor 'm1.*'
@@ -97,6 +110,13 @@ const flavorPlanExample = `  # What is missing, for the m1 flavors and every pro
 
   # Create the missing ones (create rows then show created), for T4-4Q only:
   vgpuctl --os-cloud admin flavor plan --flavor 'm1.*' --profile T4-4Q --apply
+
+  # Flavors for guests with a 550 driver, on hosts whose vGPU manager serves it
+  # ([placement] add_driver_traits = true):
+  vgpuctl --os-cloud admin flavor plan --flavor 'm1.*' --driver-branch 550 --apply
+  FLAVOR                     BASED ON   PROFILE  ACTION   DETAIL
+  m1.medium.vgpu-t4-4q-r550  m1.medium  T4-4Q    created  id 7
+  …
 
   # A Nova without Keystone (noauth2), the bridge at its default URL:
   VGPUCTL_COMPUTE_TOKEN=admin:admin vgpuctl flavor plan --compute-url http://127.0.0.1:8774/v2.1 -o json`
@@ -110,6 +130,7 @@ type flavorPlanOpts struct {
 	profiles     []string
 	patterns     []string
 	aliases      []string // PROFILE=ALIAS: the Nova PCI alias of a profile's Nova-owned VFs
+	driverBranch string   // the guest driver branch the flavors require ("" none)
 	computeURL   string
 	computeToken string
 }
@@ -131,6 +152,7 @@ func flavorPlanCmd(g *globals) *cobra.Command {
 	fl.StringSliceVar(&o.profiles, "profile", nil, "only these profiles, e.g. T4-4Q (repeat or comma-separate; default: every profile with GPUs typed for it)")
 	fl.StringSliceVar(&o.aliases, "alias", nil, "PROFILE=ALIAS: plan alias flavors (pci_passthrough:alias=ALIAS:1) for a profile whose GPUs are Nova-owned VFs, ALIAS being the [pci] alias vgpuctl host layout printed, e.g. H200X-35C=h200x-35c (repeat or comma-separate)")
 	fl.StringSliceVar(&o.patterns, "flavor", nil, "only base flavors whose name matches one of these shell patterns, e.g. 'm1.*' (repeat or comma-separate)")
+	fl.StringVar(&o.driverBranch, "driver-branch", "", "plan flavors for guests with a driver of this release branch, e.g. 550: named BASE.vgpu-PROFILE-r550, requiring trait1:CUSTOM_VGPU_GUEST_DRIVER_R550 ([placement] add_driver_traits puts it on the GPUs that serve it)")
 	fl.StringVar(&o.computeURL, "compute-url", "", "Nova's compute API URL, e.g. http://127.0.0.1:8774/v2.1 (default: the catalog's, after a Keystone login: --os-cloud or OS_* variables)")
 	fl.StringVar(&o.computeToken, "compute-token", "", "token for --compute-url without Keystone (env VGPUCTL_COMPUTE_TOKEN; prefer the environment)")
 	return cmd
@@ -141,6 +163,10 @@ func flavorPlan(ctx context.Context, g *globals, o flavorPlanOpts) error {
 		if _, err := path.Match(p, ""); err != nil {
 			return usageErr(fmt.Errorf("--flavor %q: %w", p, err))
 		}
+	}
+	branch, err := parseDriverBranch(o.driverBranch)
+	if err != nil {
+		return usageErr(err)
 	}
 	if o.computeToken == "" {
 		o.computeToken = os.Getenv("VGPUCTL_COMPUTE_TOKEN")
@@ -167,6 +193,11 @@ func flavorPlan(ctx context.Context, g *globals, o flavorPlanOpts) error {
 	profiles, err := planProfiles(ctx, g, o.profiles, aliases)
 	if err != nil {
 		return err
+	}
+	if branch != 0 {
+		for i := range profiles {
+			profiles[i].DriverBranch = branch
+		}
 	}
 	sc, err := computeClient(ctx, g, o)
 	if err != nil {
@@ -251,6 +282,28 @@ func (g *globals) emitPlan(plan nova.FlavorPlan) error {
 			row(w, p.Flavor.Name, p.BasedOn, p.Profile, string(p.Action), clip(p.Detail, 160))
 		}
 	})
+}
+
+// parseDriverBranch reads --driver-branch: "" is none (0), else a
+// release branch of 1 to 4 digits without a leading zero ("550"; "0",
+// "r550" and "550.54.15" are refused, naming the form wanted).
+func parseDriverBranch(s string) (int, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n := 0
+	ok := len(s) <= 4 && s[0] != '0'
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			ok = false
+			break
+		}
+		n = n*10 + int(c-'0')
+	}
+	if !ok || n < 1 || n > nova.MaxDriverBranch {
+		return 0, fmt.Errorf("--driver-branch %q: want a guest driver release branch, a number of 1 to %d such as 550 (the major version of 550.54.15)", s, nova.MaxDriverBranch)
+	}
+	return n, nil
 }
 
 // cloudName is --os-cloud, else $OS_CLOUD.
@@ -390,6 +443,9 @@ func createFlavor(ctx context.Context, sc *gophercloud.ServiceClient, p *nova.Fl
 	disk, eph, swap, public := f.Disk, f.Ephemeral, f.Swap, f.Public
 	opts := flavors.CreateOpts{Name: f.Name, VCPUs: f.VCPUs, RAM: f.RAM, Disk: &disk, Ephemeral: &eph, IsPublic: &public,
 		Description: fmt.Sprintf("%s with one %s vGPU (vgpuctl flavor plan)", p.BasedOn, p.Profile)}
+	if p.DriverBranch != 0 {
+		opts.Description = fmt.Sprintf("%s with one %s vGPU for a %d guest driver (vgpuctl flavor plan)", p.BasedOn, p.Profile, p.DriverBranch)
+	}
 	if swap > 0 {
 		opts.Swap = &swap
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -247,6 +248,17 @@ func TestFlavorPlanExitCodes(t *testing.T) {
 		{"token without URL", []string{"--url", br.URL, "--compute-token", "x"}, exitUsage, "--compute-token needs --compute-url"},
 		{"URL without token", []string{"--url", br.URL, "--compute-url", "http://127.0.0.1:1"}, exitUsage, "--compute-url needs --compute-token"},
 		{"bad pattern", []string{"--url", br.URL, "--compute-url", "http://127.0.0.1:1", "--compute-token", "x", "--flavor", "["}, exitUsage, "--flavor"},
+		{"driver branch with r", []string{"--url", br.URL, "--compute-url", "http://127.0.0.1:1", "--compute-token", "x", "--driver-branch", "r550"}, exitUsage,
+			`--driver-branch "r550": want a guest driver release branch, a number of 1 to 9999 such as 550`},
+		{"driver version as branch", []string{"--url", br.URL, "--compute-url", "http://127.0.0.1:1", "--compute-token", "x", "--driver-branch", "550.54.15"}, exitUsage,
+			`--driver-branch "550.54.15": want`},
+		{"driver branch of 5 digits", []string{"--url", br.URL, "--compute-url", "http://127.0.0.1:1", "--compute-token", "x", "--driver-branch", "10000"}, exitUsage,
+			`--driver-branch "10000": want`},
+		{"driver branch 0", []string{"--url", br.URL, "--compute-url", "http://127.0.0.1:1", "--compute-token", "x", "--driver-branch", "0"}, exitUsage,
+			`--driver-branch "0": want`},
+		{"negative driver branch", []string{"--url", br.URL, "--compute-url", "http://127.0.0.1:1", "--compute-token", "x", "--driver-branch=-550"}, exitUsage,
+			`--driver-branch "-550": want`},
+		{"driver branch before Nova", []string{"--url", "http://127.0.0.1:1", "--driver-branch", "55x"}, exitUsage, `--driver-branch "55x"`},
 		{"unknown profile", []string{"--url", br.URL, "--compute-url", "http://127.0.0.1:1", "--compute-token", "x", "--profile", "T4-5Q"}, exitUsage,
 			"--profile T4-5Q: not in the bridge's profile catalog"},
 		{"profile without trait", []string{"--url", br.URL, "--compute-url", "http://127.0.0.1:1", "--compute-token", "x", "--profile", "T4-8Q"}, exitFailure,
@@ -401,5 +413,108 @@ func TestFlavorPlanNovaVFAlias(t *testing.T) {
 
 	if code, _, _ := vgpuctl(append(base[:len(base)-1], "H200X-35C=a:b")...); code != exitUsage {
 		t.Errorf("--alias with ':' : exit %d, want usage", code)
+	}
+}
+
+// TestFlavorPlanDriverBranch: with --driver-branch 550 each proposal is
+// BASE.vgpu-PROFILE-r550 and asks for
+// trait1:CUSTOM_VGPU_GUEST_DRIVER_R550=required besides the VGPU's specs
+// (driver_branch 550 in JSON); the trait counts in the comparison: a
+// flavor without it neither covers the proposal nor is it under its name
+// (conflict), one with it covers it; --apply creates the flavor with the
+// trait, and the plan without a branch is unchanged.
+func TestFlavorPlanDriverBranch(t *testing.T) {
+	t.Setenv("OS_CLOUD", "")
+	t.Setenv("VGPUCTL_COMPUTE_TOKEN", "admin:admin")
+	br := profilesBridge(t)
+	vgpu := func(more ...string) map[string]string {
+		m := map[string]string{"resources1:VGPU": "1", "trait1:CUSTOM_NVIDIA_232": "required", "trait1:" + nova.GPUFaultTrait: "forbidden"}
+		for i := 0; i+1 < len(more); i += 2 {
+			m[more[i]] = more[i+1]
+		}
+		return m
+	}
+	r550 := "trait1:" + placement.GuestDriverTrait(550)
+	fn := &fakeNova{}
+	fn.add("1", "m1.small", 2, 2048, 20, nil)
+	fn.add("2", "m1.large", 4, 8192, 40, nil)
+	fn.add("3", "m1.tiny", 1, 512, 1, nil)
+	fn.add("4", "g1.small", 2, 2048, 20, vgpu())                                                     // m1.small's flavor without a branch
+	fn.add("5", "m1.large.vgpu-t4-4q-r550", 4, 8192, 40, vgpu())                                     // the name, without the trait
+	fn.add("6", "g1.tiny.r550", 1, 512, 1, vgpu(r550, "required"))                                   // m1.tiny's flavor with the trait
+	fn.add("7", "g1.tiny.r535", 1, 512, 1, vgpu("trait1:CUSTOM_VGPU_GUEST_DRIVER_R535", "required")) // another branch
+	nv := httptest.NewServer(fn)
+	defer nv.Close()
+	base := []string{"flavor", "plan", "--url", br.URL, "--token", "t", "--compute-url", nv.URL + "/v2.1", "--flavor", "m1.*"}
+
+	code, out, errs := vgpuctl(append(base, "--driver-branch", "550")...)
+	if code != exitOK {
+		t.Fatalf("plan: exit %d: %s", code, errs)
+	}
+	for _, want := range []string{
+		"m1.large.vgpu-t4-4q-r550  m1.large  T4-4Q    conflict  left alone: extra spec " + r550 + " missing",
+		// DETAIL is clipped in the table; the JSON below has all of it.
+		"m1.small.vgpu-t4-4q-r550  m1.small  T4-4Q    create    vcpus=2 ram=2048 disk=20 + resources1:VGPU=1 trait1:CUSTOM_NVIDIA_232=required " +
+			"trait1:CUSTOM_VGPU_BRIDGE_GPU_FAULT=forbidden trait1:CUSTOM_VGPU_GUEST",
+		"m1.tiny.vgpu-t4-4q-r550   m1.tiny   T4-4Q    covered   equal to g1.tiny.r550 (id 6)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "\n"); n != 4 {
+		t.Errorf("%d lines, want a header and 3 rows:\n%s", n, out)
+	}
+
+	// Without a branch: the flavors of before, which the trait's flavors
+	// do not cover (the flavor named -r550 without the trait does: it is
+	// a flavor without a branch).
+	code, out, errs = vgpuctl(base...)
+	for _, want := range []string{
+		"m1.large.vgpu-t4-4q  m1.large  T4-4Q    covered  equal to m1.large.vgpu-t4-4q-r550 (id 5)",
+		"m1.small.vgpu-t4-4q  m1.small  T4-4Q    covered  equal to g1.small (id 4)",
+		"m1.tiny.vgpu-t4-4q   m1.tiny   T4-4Q    create",
+	} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Errorf("plan without a branch: exit %d, lacks %q:\n%s%s", code, want, out, errs)
+		}
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.Contains(l, "R550") || strings.HasSuffix(strings.Fields(l)[0], "-r550") {
+			t.Errorf("the plan without a branch plans the branch: %q", l)
+		}
+	}
+
+	// Apply: the flavor with the trait, then (as JSON) it exists.
+	code, out, errs = vgpuctl(append(base, "--driver-branch", "550", "--apply")...)
+	if code != exitOK || !strings.Contains(out, "m1.small.vgpu-t4-4q-r550  m1.small  T4-4Q    created   id new-1") {
+		t.Fatalf("apply: exit %d:\n%s\n%s", code, out, errs)
+	}
+	if got, want := fn.names()["m1.small.vgpu-t4-4q-r550"], vgpu(r550, "required"); !maps.Equal(got, want) {
+		t.Errorf("created flavor's extra specs %v, want %v", got, want)
+	}
+	code, out, errs = vgpuctl(append(base, "--driver-branch", "550", "--flavor", "m1.small", "-o", "json")...)
+	if code != exitOK {
+		t.Fatalf("again: exit %d: %s", code, errs)
+	}
+	var pj planJSON
+	if err := json.Unmarshal([]byte(out), &pj); err != nil {
+		t.Fatalf("json: %v\n%s", err, out)
+	}
+	if len(pj.Proposals) != 3 {
+		t.Fatalf("proposals %+v, want one per m1 flavor", pj.Proposals)
+	}
+	p := pj.Proposals[1]
+	if p.Flavor.Name != "m1.small.vgpu-t4-4q-r550" || p.Action != nova.PlanExists || p.ExistingID != "new-1" || p.DriverBranch != 550 ||
+		p.Flavor.ExtraSpecs[r550] != "required" || !strings.Contains(out, `"driver_branch": 550`) {
+		t.Errorf("second run: %+v\n%s", p, out)
+	}
+	if d := pj.Proposals[0].Detail; d != "left alone: extra spec "+r550+" missing" {
+		t.Errorf("conflict detail %q", d)
+	}
+	for _, p := range pj.Proposals {
+		if p.DriverBranch != 550 || !strings.HasSuffix(p.Flavor.Name, ".vgpu-t4-4q-r550") {
+			t.Errorf("proposal %s: driver_branch %d, want 550", p.Flavor.Name, p.DriverBranch)
+		}
 	}
 }

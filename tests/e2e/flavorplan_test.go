@@ -34,12 +34,13 @@ type flavorPlanRow struct {
 		Public     bool              `json:"is_public"`
 		ExtraSpecs map[string]string `json:"extra_specs"`
 	} `json:"flavor"`
-	BasedOn    string `json:"based_on"`
-	Profile    string `json:"profile"`
-	Trait      string `json:"trait"`
-	Action     string `json:"action"`
-	ExistingID string `json:"existing_id"`
-	Detail     string `json:"detail"`
+	BasedOn      string `json:"based_on"`
+	Profile      string `json:"profile"`
+	Trait        string `json:"trait"`
+	DriverBranch int    `json:"driver_branch"`
+	Action       string `json:"action"`
+	ExistingID   string `json:"existing_id"`
+	Detail       string `json:"detail"`
 }
 
 // TestFlavorPlan: vgpuctl flavor plan proposes, for a plain flavor of the
@@ -153,6 +154,37 @@ func TestFlavorPlan(t *testing.T) {
 	}
 	if n != 1 {
 		t.Errorf("%d flavors named %s after two --apply runs, want 1", n, want)
+	}
+
+	// For guests with a 550 driver: --driver-branch 550 --apply makes
+	// BASE.vgpu-PROFILE-r550 beside it, which also requires the driver
+	// trait in the VGPU's group (no server boots on it here:
+	// TestGuestDriverTraitsKeepNovaOff has Nova schedule by the trait).
+	branchWant := want + "-r550"
+	branchSpecs := maps.Clone(wantSpecs)
+	branchSpecs["trait1:"+nova.GuestDriverTrait(550)] = "required"
+	code, out, errs := w.vgpuctl("flavor", "plan", "--flavor", base, "--profile", w.typ.profile, "--driver-branch", "550", "--apply", "-o", "json")
+	if code != 0 {
+		t.Fatalf("vgpuctl flavor plan --driver-branch 550 --apply: exit %d\n%s%s", code, out, errs)
+	}
+	var branchPlan struct {
+		Proposals []flavorPlanRow `json:"proposals"`
+	}
+	testsvc.Must(t, json.Unmarshal([]byte(out), &branchPlan), "plan JSON: "+out)
+	if len(branchPlan.Proposals) != 1 {
+		t.Fatalf("%d proposals with --driver-branch 550, want one for %s:\n%s", len(branchPlan.Proposals), branchWant, out)
+	}
+	bp := branchPlan.Proposals[0]
+	if bp.Flavor.Name != branchWant || bp.DriverBranch != 550 || bp.Action != "created" || bp.ExistingID == "" || bp.ExistingID == created.ExistingID ||
+		!maps.Equal(bp.Flavor.ExtraSpecs, branchSpecs) {
+		t.Fatalf("proposal %+v; want %s, driver branch 550, created as a new flavor, extra specs %v", bp, branchWant, branchSpecs)
+	}
+	bf, err := flavors.Get(w.ctx, sc, bp.ExistingID).Extract()
+	testsvc.Must(t, err, "get the created -r550 flavor")
+	bspecs, err := flavors.ListExtraSpecs(w.ctx, sc, bp.ExistingID).Extract()
+	testsvc.Must(t, err, "extra specs of the created -r550 flavor")
+	if bf.Name != branchWant || bf.VCPUs != 2 || bf.RAM != 2048 || bf.Disk != 10 || !maps.Equal(bspecs, branchSpecs) {
+		t.Errorf("Nova's flavor %+v with extra specs %v; want %s, 2/2048/10, %v", bf, bspecs, branchWant, branchSpecs)
 	}
 
 	// The tenant's resize to it, through Nova's API: Nova's scheduler
