@@ -81,10 +81,19 @@ type wire struct {
 //
 // Errors are *Error; IsPoison tells whether the message is a dead letter.
 func Decode(body []byte) (*Message, error) {
-	if w, ver, ok := fastWire(body); ok {
-		if m, err := fromWire(&w, ver); err == nil {
-			return m, nil
-		}
+	buf := innerBufs.Get().(*[]byte)
+	w, ver, ok := fastWire(body, buf)
+	var m *Message
+	var err error
+	if ok {
+		// fromWire copies what it keeps of w (strings, the payload).
+		m, err = fromWire(&w, ver)
+	}
+	if cap(*buf) <= maxKeptInnerBuf {
+		innerBufs.Put(buf)
+	}
+	if ok && err == nil {
+		return m, nil
 	}
 	return decodeReference(body)
 }
