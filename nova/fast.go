@@ -119,11 +119,93 @@ var plainASCII = func() (t [256]bool) {
 // when it holds no escape, else a new buffer. It refuses invalid UTF-8 and
 // escaped surrogates (encoding/json replaces those with U+FFFD; the
 // reference path does that).
-func (s *scanner) str() ([]byte, bool) { return s.strInto(nil) }
+func (s *scanner) str() ([]byte, bool) { return s.strCopy() }
 
-// strInto is str, unquoting into dst (from its start) when the string
-// holds an escape.
-func (s *scanner) strInto(dst []byte) ([]byte, bool) {
+// strInto is str, unquoting into *dst (from its start; replaced by a
+// buffer the size of the rest of the input when smaller) when the string
+// holds an escape, in one pass: for a string that is most of the input,
+// as oslo.message is.
+func (s *scanner) strInto(dst *[]byte) ([]byte, bool) {
+	b := s.b
+	if s.peek() != '"' {
+		return nil, false
+	}
+	start := s.i + 1
+	i := start
+	for i < len(b) && plainASCII[b[i]] {
+		i++
+	}
+	if i < len(b) && b[i] == '"' {
+		s.i = i + 1
+		return b[start:i], true
+	}
+	if cap(*dst) < len(b)-start {
+		*dst = make([]byte, 0, len(b)-start)
+	}
+	out := (*dst)[:0]
+	out = append(out, b[start:i]...)
+	ascii := true
+	for i < len(b) {
+		c := b[i]
+		switch {
+		case c == '"':
+			s.i = i + 1
+			// Escapes add valid UTF-8 only: out is valid iff the bytes
+			// copied as they are were.
+			if !ascii && !utf8.Valid(out) {
+				return nil, false
+			}
+			return out, true
+		case c == '\\':
+			if i+1 >= len(b) {
+				return nil, false
+			}
+			switch e := b[i+1]; e {
+			case '"', '\\', '/':
+				out = append(out, e)
+			case 'b':
+				out = append(out, '\b')
+			case 'f':
+				out = append(out, '\f')
+			case 'n':
+				out = append(out, '\n')
+			case 'r':
+				out = append(out, '\r')
+			case 't':
+				out = append(out, '\t')
+			case 'u':
+				if i+5 >= len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
+					return nil, false
+				}
+				r := rune(hexVal(b[i+2])<<12 | hexVal(b[i+3])<<8 | hexVal(b[i+4])<<4 | hexVal(b[i+5]))
+				if r >= 0xD800 && r < 0xE000 {
+					return nil, false
+				}
+				out = utf8.AppendRune(out, r)
+				i += 4
+			default:
+				return nil, false
+			}
+			i += 2
+		case c < 0x20:
+			return nil, false
+		default: // above ASCII
+			ascii = false
+			out = append(out, c)
+			i++
+		}
+		j := i
+		for j < len(b) && plainASCII[b[j]] {
+			j++
+		}
+		out = append(out, b[i:j]...)
+		i = j
+	}
+	return nil, false
+}
+
+// strCopy is str for a string with an escape or a byte above ASCII.
+func (s *scanner) strCopy() ([]byte, bool) {
 	raw, plain, ok := s.skipString()
 	if !ok {
 		return nil, false
@@ -136,10 +218,7 @@ func (s *scanner) strInto(dst []byte) ([]byte, bool) {
 	if !utf8.Valid(raw) {
 		return nil, false
 	}
-	out := dst[:0]
-	if cap(out) < len(raw) {
-		out = make([]byte, 0, len(raw))
-	}
+	out := make([]byte, 0, len(raw))
 	for {
 		j := bytes.IndexByte(raw, '\\')
 		if j < 0 {
@@ -393,10 +472,7 @@ func fastWire(body []byte, buf *[]byte) (w wire, ver string, ok bool) {
 				if hasMsg {
 					return false
 				}
-				v, ok := s.strInto(*buf)
-				if ok && cap(v) > cap(*buf) {
-					*buf = v[:0]
-				}
+				v, ok := s.strInto(buf)
 				inner, hasMsg = v, ok
 				return hasMsg
 			}
