@@ -210,7 +210,9 @@ func wireErr(kind Kind, field string, err error) error {
 // JSON re-encodes the object: its name, namespace, version and data (other
 // header keys such as nova_object.changes are not kept).
 func (o Object) JSON() json.RawMessage {
-	b := make([]byte, 0, len(o.Data)+len(o.Name)+len(o.Namespace)+len(o.Version)+90)
+	// The keys, quotes and braces take 95 bytes; names that need escapes
+	// grow it.
+	b := make([]byte, 0, len(o.Data)+len(o.Name)+len(o.Namespace)+len(o.Version)+96)
 	b = append(b, `{"nova_object.name":`...)
 	b = appendQuoted(b, o.Name)
 	b = append(b, `,"nova_object.namespace":`...)
