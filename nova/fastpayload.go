@@ -15,7 +15,9 @@ import "strconv"
 // extra_specs values strings. For anything else it reports !ok and the
 // reference path (encoding/json) decides, with its precise errors;
 // FuzzFastData checks that both give the same payload for what fastData
-// takes. The data reaching it was validated by the envelope's scan.
+// takes. It checks the grammar of all it reads and skips, so it takes no
+// broken JSON either (DecodeObject's other callers hand it data the
+// envelope's scan did not see).
 
 // fastData decodes data into v (*InstanceAction, *InstanceUpdate or
 // *Flavor); v is changed only when ok.
