@@ -1,7 +1,9 @@
 package nova
 
 import (
+	"bytes"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -117,22 +119,48 @@ var plainASCII = func() (t [256]bool) {
 // when it holds no escape, else a new buffer. It refuses invalid UTF-8 and
 // escaped surrogates (encoding/json replaces those with U+FFFD; the
 // reference path does that).
-func (s *scanner) str() ([]byte, bool) {
-	raw, plain, ok := s.skipString()
-	if !ok {
+func (s *scanner) str() ([]byte, bool) { return s.strCopy() }
+
+// strInto is str, unquoting into *dst (from its start; replaced by a
+// buffer the size of the rest of the input when smaller) when the string
+// holds an escape, in one pass: for a string that is most of the input,
+// as oslo.message is.
+func (s *scanner) strInto(dst *[]byte) ([]byte, bool) {
+	b := s.b
+	if s.peek() != '"' {
 		return nil, false
 	}
-	if plain {
-		return raw, true
+	start := s.i + 1
+	i := start
+	for i < len(b) && plainASCII[b[i]] {
+		i++
 	}
-	out := make([]byte, 0, len(raw))
-	for i := 0; i < len(raw); {
-		c := raw[i]
+	if i < len(b) && b[i] == '"' {
+		s.i = i + 1
+		return b[start:i], true
+	}
+	if cap(*dst) < len(b)-start {
+		*dst = make([]byte, 0, len(b)-start)
+	}
+	out := (*dst)[:0]
+	out = append(out, b[start:i]...)
+	ascii := true
+	for i < len(b) {
+		c := b[i]
 		switch {
+		case c == '"':
+			s.i = i + 1
+			// Escapes add valid UTF-8 only: out is valid iff the bytes
+			// copied as they are were.
+			if !ascii && !utf8.Valid(out) {
+				return nil, false
+			}
+			return out, true
 		case c == '\\':
-			e := raw[i+1]
-			i += 2
-			switch e {
+			if i+1 >= len(b) {
+				return nil, false
+			}
+			switch e := b[i+1]; e {
 			case '"', '\\', '/':
 				out = append(out, e)
 			case 'b':
@@ -146,31 +174,82 @@ func (s *scanner) str() ([]byte, bool) {
 			case 't':
 				out = append(out, '\t')
 			case 'u':
-				r := rune(hexVal(raw[i])<<12 | hexVal(raw[i+1])<<8 | hexVal(raw[i+2])<<4 | hexVal(raw[i+3]))
-				i += 4
+				if i+5 >= len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
+					return nil, false
+				}
+				r := rune(hexVal(b[i+2])<<12 | hexVal(b[i+3])<<8 | hexVal(b[i+4])<<4 | hexVal(b[i+5]))
 				if r >= 0xD800 && r < 0xE000 {
 					return nil, false
 				}
 				out = utf8.AppendRune(out, r)
-			}
-		case c < utf8.RuneSelf:
-			// Copy the run up to the next escape or non-ASCII byte.
-			j := i + 1
-			for j < len(raw) && raw[j] != '\\' && raw[j] < utf8.RuneSelf {
-				j++
-			}
-			out = append(out, raw[i:j]...)
-			i = j
-		default:
-			r, n := utf8.DecodeRune(raw[i:])
-			if r == utf8.RuneError && n == 1 {
+				i += 4
+			default:
 				return nil, false
 			}
-			out = append(out, raw[i:i+n]...)
-			i += n
+			i += 2
+		case c < 0x20:
+			return nil, false
+		default: // above ASCII
+			ascii = false
+			out = append(out, c)
+			i++
+		}
+		j := i
+		for j < len(b) && plainASCII[b[j]] {
+			j++
+		}
+		out = append(out, b[i:j]...)
+		i = j
+	}
+	return nil, false
+}
+
+// strCopy is str for a string with an escape or a byte above ASCII.
+func (s *scanner) strCopy() ([]byte, bool) {
+	raw, plain, ok := s.skipString()
+	if !ok {
+		return nil, false
+	}
+	if plain {
+		return raw, true
+	}
+	// Escapes are ASCII and cut no UTF-8 sequence: raw is valid as a
+	// whole iff each run between them is.
+	if !utf8.Valid(raw) {
+		return nil, false
+	}
+	out := make([]byte, 0, len(raw))
+	for {
+		j := bytes.IndexByte(raw, '\\')
+		if j < 0 {
+			return append(out, raw...), true
+		}
+		out = append(out, raw[:j]...)
+		// skipString checked the escape.
+		e := raw[j+1]
+		raw = raw[j+2:]
+		switch e {
+		case '"', '\\', '/':
+			out = append(out, e)
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r := rune(hexVal(raw[0])<<12 | hexVal(raw[1])<<8 | hexVal(raw[2])<<4 | hexVal(raw[3]))
+			raw = raw[4:]
+			if r >= 0xD800 && r < 0xE000 {
+				return nil, false
+			}
+			out = utf8.AppendRune(out, r)
 		}
 	}
-	return out, true
 }
 
 func isHex(c byte) bool {
@@ -341,6 +420,12 @@ func (s *scanner) strField(p **string) bool {
 	return true
 }
 
+// innerBufs are the buffers oslo.message is unquoted into (Decode).
+var innerBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxKeptInnerBuf is the largest buffer innerBufs keeps.
+const maxKeptInnerBuf = 64 << 10
+
 // wireKeys are the keys of wire; objectKeys those of Object.
 var (
 	wireKeys = []string{"oslo.version", "oslo.message", "message_id", "publisher_id", "event_type", "priority",
@@ -362,7 +447,11 @@ func foldsTo(k []byte, keys []string) bool {
 
 // fastWire decodes body into w and returns the envelope version ("" for
 // the legacy form); ok is false when the reference path must decide.
-func fastWire(body []byte) (w wire, ver string, ok bool) {
+//
+// The inner message is unquoted into *buf when it holds escapes (it does:
+// its quotes); w refers to it, so the caller keeps buf until it has copied
+// what it needs of w.
+func fastWire(body []byte, buf *[]byte) (w wire, ver string, ok bool) {
 	s := scanner{b: body}
 	s.ws()
 	if s.peek() != '{' {
@@ -380,8 +469,11 @@ func fastWire(body []byte) (w wire, ver string, ok bool) {
 				ver, hasVer = string(v), !hasVer && ok
 				return hasVer
 			case "oslo.message":
-				v, ok := s.str()
-				inner, hasMsg = v, !hasMsg && ok
+				if hasMsg {
+					return false
+				}
+				v, ok := s.strInto(buf)
+				inner, hasMsg = v, ok
 				return hasMsg
 			}
 			return false

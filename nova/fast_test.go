@@ -109,3 +109,33 @@ func FuzzFastPath(f *testing.F) {
 		checkSameDecode(t, body)
 	})
 }
+
+// TestDecodeReusesNoInput: Decode unquotes oslo.message into buffers it
+// reuses; each message decodes as the reference path decodes it, and no
+// body is written to (an oslo.message without escapes is a slice of its
+// body, never kept as a buffer).
+func TestDecodeReusesNoInput(t *testing.T) {
+	samples, err := novatest.Samples(samplesDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := []byte(`{"oslo.version":"2.0","oslo.message":"not json, longer than any message` + strings.Repeat(".", 20000) + `"}`)
+	keep := string(plain)
+	for round := 0; round < 2; round++ {
+		for _, s := range samples {
+			if _, err := nova.Decode(plain); err == nil {
+				t.Fatal("a broken message decoded")
+			}
+			body := s.Wire("id-"+s.Name, time.Unix(1714564800, 0))
+			orig := string(body)
+			m, err := nova.Decode(body)
+			rm, rerr := nova.DecodeReference([]byte(orig))
+			if (err == nil) != (rerr == nil) || !reflect.DeepEqual(m, rm) {
+				t.Fatalf("%s: decoded %+v (%v), reference %+v (%v)", s.Name, m, err, rm, rerr)
+			}
+			if string(body) != orig || string(plain) != keep {
+				t.Fatalf("%s: Decode wrote to its input", s.Name)
+			}
+		}
+	}
+}

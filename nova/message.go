@@ -81,10 +81,19 @@ type wire struct {
 //
 // Errors are *Error; IsPoison tells whether the message is a dead letter.
 func Decode(body []byte) (*Message, error) {
-	if w, ver, ok := fastWire(body); ok {
-		if m, err := fromWire(&w, ver); err == nil {
-			return m, nil
-		}
+	buf := innerBufs.Get().(*[]byte)
+	w, ver, ok := fastWire(body, buf)
+	var m *Message
+	var err error
+	if ok {
+		// fromWire copies what it keeps of w (strings, the payload).
+		m, err = fromWire(&w, ver)
+	}
+	if cap(*buf) <= maxKeptInnerBuf {
+		innerBufs.Put(buf)
+	}
+	if ok && err == nil {
+		return m, nil
 	}
 	return decodeReference(body)
 }
@@ -201,7 +210,9 @@ func wireErr(kind Kind, field string, err error) error {
 // JSON re-encodes the object: its name, namespace, version and data (other
 // header keys such as nova_object.changes are not kept).
 func (o Object) JSON() json.RawMessage {
-	b := make([]byte, 0, len(o.Data)+len(o.Name)+len(o.Namespace)+len(o.Version)+90)
+	// The keys, quotes and braces take 95 bytes; names that need escapes
+	// grow it.
+	b := make([]byte, 0, len(o.Data)+len(o.Name)+len(o.Namespace)+len(o.Version)+96)
 	b = append(b, `{"nova_object.name":`...)
 	b = appendQuoted(b, o.Name)
 	b = append(b, `,"nova_object.namespace":`...)

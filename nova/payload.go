@@ -304,6 +304,9 @@ func (in *Instance) resolve(field string) error {
 }
 
 func decodeData(data json.RawMessage, v any, field string) error {
+	if fastData(data, v) {
+		return nil
+	}
 	if err := unmarshalObject(data, v); err != nil {
 		return schemaErr(field, err)
 	}

@@ -35,6 +35,10 @@ func TestHasEscapedNUL(t *testing.T) {
 		`{"a":"\u00001"}`:  true,
 		`{"a":"u0000"}`:    false,
 		`{"a":"\u0001"}`:   false,
+		`\u0000`:           true,
+		`\u000`:            false,
+		`\\\\u0000`:        false,
+		`xx\\\\\u0000`:     true,
 	} {
 		if got := hasEscapedNUL([]byte(in)); got != want {
 			t.Errorf("hasEscapedNUL(%s) = %v, want %v", in, got, want)

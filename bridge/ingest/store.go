@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -446,9 +447,12 @@ func storable(m *nova.Message) error {
 // followed by "u0000").
 func hasEscapedNUL(b []byte) bool {
 	for i := 0; i+5 < len(b); i++ {
-		if b[i] != '\\' {
-			continue
+		// Jump to the next backslash (most of a payload has none).
+		j := bytes.IndexByte(b[i:len(b)-5], '\\')
+		if j < 0 {
+			return false
 		}
+		i += j
 		if b[i+1] == '\\' {
 			i++ // skip the escaped backslash
 			continue
