@@ -30,7 +30,7 @@ import (
 // LockQuota) and the act waits for them (Work.WaitForClaims); the pipeline
 // claims (Claim), and ActPlan runs again in the second transaction (apply) with the claims made.
 func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, state requests.State, plan *flow.Plan, f pipeline.Facts) error {
-	tx, row := w.Tx, w.Row
+	tx := w.Tx
 	if !w.Applying() {
 		var planned []requests.PlannedClaim
 		for _, s := range plan.Steps {
@@ -39,12 +39,10 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 			}
 		}
 		if len(planned) > 0 {
-			// New vGPUs add to the project's usage: lock it now, and stop
-			// if it moved since the decision read it.
-			if err := p.dec.LockQuota(ctx, w); err != nil {
-				return err
-			}
-			if err := requests.PlanClaims(ctx, tx, row.ID, reqID, f.Instance.UUID, planned); err != nil {
+			// New vGPUs add to the project's usage: lock it now; the
+			// statement that commits the plan stops if it moved since
+			// the decision read it.
+			if err := p.dec.PlanClaims(ctx, w, reqID, f.Instance.UUID, planned); err != nil {
 				return err
 			}
 			w.WaitForClaims(reqID, *plan, f)

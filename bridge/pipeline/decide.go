@@ -122,6 +122,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		}
 	}
 	var planned []flow.Attachment // releases the decision planned (ReleaseFor)
+	unknownLock := ""             // an instance whose session lock a failed statement may have taken
 	for {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			ptx := &plannedTx{Tx: tx}
@@ -134,6 +135,15 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 			}
 			var err error
 			closed, err = p.decide(ctx, w, id, held)
+			switch {
+			case w.sessionLocked && release == nil:
+				// Taken by the statement that wrote the plan (writePlan).
+				release = store.Unlocker(ctx, conn, "vgpu-instance:"+w.Row.InstanceUUID)
+			case w.lockUnknown && release == nil:
+				// That statement failed: whether it took the lock is not
+				// known. Given back once the transaction ended.
+				unknownLock = w.Row.InstanceUUID
+			}
 			if err == nil && len(w.pending) > 0 && w.Row.InstanceUUID != "" && held == "" {
 				// Claims next: the instance stays locked until they are
 				// recorded or given back (the transaction's lock ends
@@ -144,6 +154,10 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 			}
 			return err
 		})
+		if unknownLock != "" {
+			conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, "vgpu-instance:"+unknownLock) //nolint:errcheck
+			unknownLock = ""
+		}
 		if errors.Is(err, errQuotaMoved) && !eager {
 			eager = true // again, locking the project's usage before reading it
 			p.m.quotaRetries.Inc()
@@ -252,7 +266,7 @@ func (p *Processor) decide(ctx context.Context, w *Work, id int64, held string) 
 			return false, err
 		}
 	}
-	w.Row, w.requestID = row, requestid.From(ctx)
+	w.Row, w.requestID, w.held = row, requestid.From(ctx), held
 	w.lastAttempt = row.Attempts+1 >= p.cfg.MaxAttempts
 	return true, p.run(ctx, w)
 }

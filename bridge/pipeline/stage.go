@@ -14,6 +14,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -153,6 +154,17 @@ type Work struct {
 	seq      int     // the current act's request's last command (apply reads it with the request's state)
 	giveBack bool    // the current act took none of its claims (it failed for want of capacity)
 	unused   []Claim // claims the acts did not take, given back after the commit
+
+	// planned are the claims PlanClaims planned, not yet written
+	// (writePlan); planWritten: writePlan ran.
+	planned     []plannedWrite
+	planWritten bool
+	// held is the instance whose session lock decideLocked held when the
+	// decision began ("" for none); sessionLocked: writePlan took the
+	// event's instance's, lockUnknown: writePlan failed and may have.
+	held          string
+	sessionLocked bool
+	lockUnknown   bool
 }
 
 // pendingAct is an act (DirectPath.ActPlan) that waits for its claims.
@@ -352,8 +364,10 @@ func (e Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("load facts: %w", err)
 	}
-	ls, err := policystate.Snapshot(ctx, w.Tx, ev.InstanceUUID)
-	if err != nil {
+	var ls *policy.Tracker
+	if st != nil && st.loadState != nil {
+		ls = st.loadState // read with the facts
+	} else if ls, err = policystate.Snapshot(ctx, w.Tx, ev.InstanceUUID); err != nil {
 		return false, fmt.Errorf("load policy state: %w", err)
 	}
 	if w.Row.FollowUp() {
@@ -496,6 +510,22 @@ type Record struct {
 func (r Record) Exec(ctx context.Context, w *Work) (bool, error) {
 	r.Count.Decided(w.Plan.Outcome)
 	id := w.Request
+	if len(w.planned) > 0 && policystate.Distinct(w.Decision.LoadUpdates) {
+		// The plan waits for its claims: it is written with the
+		// decision and the policy's state in one statement.
+		d, err := r.Decisions.decisionRecord(w.Row, &id, w.Decision, w.Plan)
+		if err != nil {
+			return false, err
+		}
+		ps, err := policystate.ApplyParts(w.Decision.LoadUpdates)
+		if err != nil {
+			return false, fmt.Errorf("request %s: apply policy state: %w", w.Request, err)
+		}
+		if err := r.Decisions.writePlan(ctx, w, append([]store.Part{requests.RecordDecisionPart(d)}, ps...)...); err != nil {
+			return false, err
+		}
+		return true, deferHeld(ctx, w)
+	}
 	if err := r.Decisions.recordDecision(ctx, w.Tx, w.Row, &id, w.Decision, w.Plan); err != nil {
 		return false, err
 	}
@@ -515,6 +545,12 @@ func (p *Processor) run(ctx context.Context, w *Work) error {
 	}
 	if _, err := Stages(stages).Exec(ctx, w); err != nil {
 		return fmt.Errorf("event %d: %w", w.Row.ID, err)
+	}
+	if len(w.planned) > 0 || (len(w.pending) > 0 && !w.planWritten) {
+		// Planned claims no Record stage wrote (writePlan).
+		if err := p.dec.writePlan(ctx, w); err != nil {
+			return fmt.Errorf("event %d: %w", w.Row.ID, err)
+		}
 	}
 	if w.closed || len(w.pending) > 0 {
 		return nil

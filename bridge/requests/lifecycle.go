@@ -11,6 +11,7 @@ package requests
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 )
 
 // Execer is what a verb writes through: a transaction, or the pool for a
@@ -53,13 +55,19 @@ type Decision struct {
 // first record). created_at is when the decision was made (after its
 // claims), not when its transaction began.
 func RecordDecision(ctx context.Context, q Execer, d Decision) error {
-	_, err := q.Exec(ctx, `INSERT INTO decisions (event_id, request_id, instance_uuid, policy, rejected, reason, decision, replica, created_at)
-		VALUES ($1, $2, $3::uuid, $4, $5, nullif($6,''), $7, $8, clock_timestamp()) ON CONFLICT (event_id) DO NOTHING`,
-		d.EventID, d.RequestID, d.InstanceUUID, d.Policy, d.Rejected, d.Reason, d.Doc, d.Replica)
-	if err != nil {
+	p := RecordDecisionPart(d)
+	if _, err := q.Exec(ctx, p.SQL, p.Args...); err != nil {
 		return fmt.Errorf("record decision of event %d: %w", d.EventID, err)
 	}
 	return nil
+}
+
+// RecordDecisionPart is RecordDecision as a part of a statement
+// (store.With).
+func RecordDecisionPart(d Decision) store.Part {
+	return store.Part{SQL: `INSERT INTO decisions (event_id, request_id, instance_uuid, policy, rejected, reason, decision, replica, created_at)
+		VALUES ($1::bigint, $2::uuid, $3::uuid, $4::text, $5::bool, nullif($6::text,''), $7::jsonb, $8::text, clock_timestamp()) ON CONFLICT (event_id) DO NOTHING`,
+		Args: []any{d.EventID, d.RequestID, d.InstanceUUID, d.Policy, d.Rejected, d.Reason, d.Doc, d.Replica}}
 }
 
 // Command purposes (commands.purpose).
@@ -206,6 +214,52 @@ func Sent(ctx context.Context, q Execer, id uuid.UUID, signed []byte) error {
 const AttachmentColumns = `id, instance_uuid::text, coalesce(request_id, '00000000-0000-0000-0000-000000000000'::uuid), host, coalesce(node,''),
 	coalesce(provider_uuid::text,''), coalesce(resource_class,''), amount, coalesce(held_after,0), coalesce(pci_address,''),
 	coalesce(type_id,''), coalesce(profile,''), coalesce(trait,''), coalesce(mode,''), state, frame_rate_limit, coalesce(units,0)`
+
+// AttachmentsJSON is the JSON array of the attachments of vgpu_attachments
+// rows that match where, in the order of ScanAttachments' reads (a
+// statement that reads more than them: pipeline's facts);
+// ParseAttachments reads it.
+func AttachmentsJSON(where string) string {
+	return `(SELECT coalesce(jsonb_agg(jsonb_build_object('id', id, 'instance_uuid', instance_uuid::text,
+			'request_id', coalesce(request_id, '00000000-0000-0000-0000-000000000000'::uuid), 'host', host, 'node', coalesce(node,''),
+			'provider', coalesce(provider_uuid::text,''), 'class', coalesce(resource_class,''), 'amount', amount, 'held_after', coalesce(held_after,0),
+			'pci', coalesce(pci_address,''), 'type_id', coalesce(type_id,''), 'profile', coalesce(profile,''), 'trait', coalesce(trait,''),
+			'mode', coalesce(mode,''), 'state', state, 'frame_rate_limit', frame_rate_limit, 'units', coalesce(units,0)) ORDER BY created_at, id), '[]'::jsonb)
+		FROM vgpu_attachments WHERE ` + where + `)`
+}
+
+// ParseAttachments reads an AttachmentsJSON array.
+func ParseAttachments(raw []byte) ([]flow.Attachment, error) {
+	var rows []struct {
+		ID             uuid.UUID `json:"id"`
+		InstanceUUID   string    `json:"instance_uuid"`
+		RequestID      uuid.UUID `json:"request_id"`
+		Host           string    `json:"host"`
+		Node           string    `json:"node"`
+		Provider       string    `json:"provider"`
+		Class          string    `json:"class"`
+		Amount         int       `json:"amount"`
+		HeldAfter      int       `json:"held_after"`
+		PCIAddress     string    `json:"pci"`
+		TypeID         string    `json:"type_id"`
+		Profile        string    `json:"profile"`
+		Trait          string    `json:"trait"`
+		Mode           string    `json:"mode"`
+		State          string    `json:"state"`
+		FrameRateLimit *bool     `json:"frame_rate_limit"`
+		Units          int       `json:"units"`
+	}
+	if err := json.Unmarshal(raw, &rows); err != nil {
+		return nil, fmt.Errorf("read attachments: %w", err)
+	}
+	var out []flow.Attachment
+	for _, r := range rows {
+		out = append(out, flow.Attachment{ID: r.ID, InstanceUUID: r.InstanceUUID, RequestID: r.RequestID, Host: r.Host, Node: r.Node,
+			Provider: r.Provider, Class: r.Class, Amount: r.Amount, HeldAfter: r.HeldAfter, PCIAddress: r.PCIAddress, TypeID: r.TypeID,
+			Profile: r.Profile, Trait: r.Trait, Mode: r.Mode, State: r.State, FrameRateLimit: r.FrameRateLimit, Units: r.Units})
+	}
+	return out, nil
+}
 
 // ScanAttachments reads rows of AttachmentColumns and closes rows.
 func ScanAttachments(rows pgx.Rows) ([]flow.Attachment, error) {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 )
 
 // A decision that needs Placement claims is taken in two transactions
@@ -28,18 +29,25 @@ type PlannedClaim struct {
 // for instance and request reqID. What an earlier attempt at the event
 // planned is dropped first (DropPlanned).
 func PlanClaims(ctx context.Context, tx pgx.Tx, eventID int64, reqID uuid.UUID, instance string, planned []PlannedClaim) error {
+	p := PlanClaimsPart(eventID, reqID, instance, planned)
+	if _, err := tx.Exec(ctx, p.SQL, p.Args...); err != nil {
+		return fmt.Errorf("plan the claims of event %d: %w", eventID, err)
+	}
+	return nil
+}
+
+// PlanClaimsPart is PlanClaims as a part of a statement (store.With):
+// the decision's first transaction writes its plan, its decision and
+// the policy's state in one statement (pipeline's Record stage).
+func PlanClaimsPart(eventID int64, reqID uuid.UUID, instance string, planned []PlannedClaim) store.Part {
 	profiles := make([]string, len(planned))
 	units := make([]int32, len(planned))
 	for i, c := range planned {
 		profiles[i], units[i] = c.Profile, int32(max(c.Units, 1))
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO planned_claims (event_id, request_id, instance_uuid, profile, units)
-		SELECT $1, $2, $3::uuid, p, u FROM unnest($4::text[], $5::int[]) AS c(p, u)`,
-		eventID, reqID, instance, profiles, units)
-	if err != nil {
-		return fmt.Errorf("plan the claims of event %d: %w", eventID, err)
-	}
-	return nil
+	return store.Part{SQL: `INSERT INTO planned_claims (event_id, request_id, instance_uuid, profile, units)
+		SELECT $1::bigint, $2::uuid, $3::uuid, p, u FROM unnest($4::text[], $5::int[]) AS c(p, u)`,
+		Args: []any{eventID, reqID, instance, profiles, units}}
 }
 
 // DropPlanned deletes the planned claims of inbox event eventID: its
