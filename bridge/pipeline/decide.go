@@ -17,6 +17,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
@@ -81,7 +82,8 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		return false, false, fmt.Errorf("event %d: %w", id, err)
 	}
 	defer conn.Release()
-	var release func() // the instance's session lock, when held
+	var release func()  // the instance's session lock, when held
+	var lockedInst string // the instance release gives back
 	defer func() {
 		if release != nil {
 			release()
@@ -95,7 +97,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		if err != nil || !locked {
 			return false, err
 		}
-		release = r
+		release, lockedInst = r, instance
 		return true, nil
 	}
 	w := &Work{hosts: hs}
@@ -138,7 +140,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 			switch {
 			case w.sessionLocked && release == nil:
 				// Taken by the statement that wrote the plan (writePlan).
-				release = store.Unlocker(ctx, conn, "vgpu-instance:"+w.Row.InstanceUUID)
+				release, lockedInst = store.Unlocker(ctx, conn, "vgpu-instance:"+w.Row.InstanceUUID), w.Row.InstanceUUID
 			case w.lockUnknown && release == nil:
 				// That statement failed: whether it took the lock is not
 				// known. Given back once the transaction ended.
@@ -198,16 +200,38 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 	}
 	failpoint.Hit(FailAfterPlacement)
 	recorded := false
+	w.unlockKey = ""
+	if release != nil && lockedInst == w.Row.InstanceUUID {
+		w.unlockKey = "vgpu-instance:" + lockedInst
+	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		ptx := &plannedTx{Tx: tx}
 		defer func() { planned = ptx.releases }()
-		w.Tx, w.Outbox, w.unused = ptx, false, nil
+		w.Tx, w.Outbox, w.unused, w.notes, w.unlockTried = ptx, false, nil, nil, false
 		var err error
 		recorded, err = p.apply(ctx, w)
 		return err
 	})
 	if err == nil {
 		p.rel.made(ctx, planned)
+	}
+	if w.unlockTried {
+		// The statement that closed the event gave the session lock
+		// back (apply).
+		release = nil
+		if err != nil {
+			// It did not commit, and may have given it back: the
+			// session's locks go, and the lock is taken again to give the
+			// claims back under it. Should another replica hold it now,
+			// it decides the event again and adopts the claims, as after
+			// a crash.
+			conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock_all()`) //nolint:errcheck
+			if locked, lerr := sessionLock(w.Row.InstanceUUID); lerr != nil || !locked {
+				p.log.Warn("pipeline: the record of a decision's claims did not commit and its instance is locked by another session: "+
+					"the claims are left to the decision that adopts them", logkey.Instance, w.Row.InstanceUUID, logkey.Err, err)
+				return false, false, err
+			}
+		}
 	}
 	// Still under the instance's lock: no other decision can adopt these
 	// units before they are given back.
@@ -287,7 +311,11 @@ func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 	if len(w.pending) > 0 {
 		first = &lockedRequest{id: w.pending[0].request}
 	}
-	row, ok, err := lockEventWith(ctx, tx, w.Row.ID, false, first)
+	// With unlockKey, the event's instance is locked by the transaction
+	// too (this session holds its session lock: granted at once), so
+	// that the statement that closes the event can give the session lock
+	// back before the commit.
+	row, ok, err := lockEventWith(ctx, tx, w.Row.ID, w.unlockKey != "", first)
 	if err != nil || !ok {
 		return false, err
 	}
@@ -318,7 +346,12 @@ func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 		w.doneWithClaims()
 		w.Outbox = true
 	}
-	return true, requests.CloseApplied(ctx, tx, row.ID)
+	unlock := ""
+	if len(w.unused) == 0 {
+		unlock = w.unlockKey // no claim left to give back under the lock
+	}
+	w.unlockTried = unlock != ""
+	return true, requests.CloseAppliedWith(ctx, tx, row.ID, w.notes, unlock)
 }
 
 // Failpoints of a decision that needs Placement claims

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
@@ -165,6 +166,25 @@ type Work struct {
 	held          string
 	sessionLocked bool
 	lockUnknown   bool
+	// notes are the notifications of the second transaction's act,
+	// queued when it closes the event (NotesLater, apply); unlockKey is
+	// the session lock decideLocked holds of the event's instance, which
+	// that statement gives back when no claim is left to give back
+	// (unlockTried: it ran with it).
+	notes       []notify.Item
+	unlockKey   string
+	unlockTried bool
+}
+
+// NotesLater is where an act of the second transaction (apply) leaves
+// the notifications of its request's transition, which the statement
+// that closes the event queues; nil when they are queued at once (more
+// than one act: each queues its own, in order).
+func (w *Work) NotesLater() *[]notify.Item {
+	if !w.applying || len(w.pending) != 1 {
+		return nil
+	}
+	return &w.notes
 }
 
 // pendingAct is an act (DirectPath.ActPlan) that waits for its claims.

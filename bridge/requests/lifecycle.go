@@ -297,6 +297,28 @@ func AddAttachments(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.
 // as pending (AddAttachments), and the commands it queues with purpose
 // (QueueCommands).
 func RecordAct(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.Attachment, purpose string, cmds []Command) error {
+	if _, err := q.Exec(ctx, `WITH a AS (`+recordAttachmentsSQL+`) `+recordCommandsSQL, recordActArgs(reqID, atts, purpose, cmds)...); err != nil {
+		return fmt.Errorf("request %s: record %d attachment(s) and %d command(s): %w", reqID, len(atts), len(cmds), err)
+	}
+	return nil
+}
+
+// recordAttachmentsSQL and recordCommandsSQL are RecordAct's inserts,
+// with recordActArgs ($1 to $25).
+const (
+	recordAttachmentsSQL = `INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
+				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit, units)
+			SELECT id, inst::uuid, $1, host, node, prov::uuid, class, amount, held, pci, typ, prof, trait, mode, 'pending', frl, nullif(units, 0)
+			FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::text[],
+				$11::text[], $12::text[], $13::text[], $14::text[], $15::bool[], $25::int[])
+				AS t(id, inst, host, node, prov, class, amount, held, pci, typ, prof, trait, mode, frl, units)`
+	recordCommandsSQL = `INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, attachment_id, instance_uuid)
+		SELECT id::uuid, $1, host, kind, body::jsonb, exp, seq, $16, att, nullif(inst, '')::uuid
+		FROM unnest($17::text[], $18::text[], $19::text[], $20::text[], $21::timestamptz[], $22::int[], $23::uuid[], $24::text[])
+			AS c(id, host, kind, body, exp, seq, att, inst)`
+)
+
+func recordActArgs(reqID uuid.UUID, atts []flow.Attachment, purpose string, cmds []Command) []any {
 	n := len(atts)
 	ids, insts, hosts, nodes, provs := make([][16]byte, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	classes, amounts, held, pcis := make([]string, n), make([]int32, n), make([]int32, n), make([]string, n)
@@ -321,22 +343,8 @@ func RecordAct(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.Attac
 			catts[i] = pgtype.UUID{Bytes: *c.AttachmentID, Valid: true}
 		}
 	}
-	if _, err := q.Exec(ctx, `WITH a AS (
-			INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
-				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit, units)
-			SELECT id, inst::uuid, $1, host, node, prov::uuid, class, amount, held, pci, typ, prof, trait, mode, 'pending', frl, nullif(units, 0)
-			FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::text[],
-				$11::text[], $12::text[], $13::text[], $14::text[], $15::bool[], $25::int[])
-				AS t(id, inst, host, node, prov, class, amount, held, pci, typ, prof, trait, mode, frl, units))
-		INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, attachment_id, instance_uuid)
-		SELECT id::uuid, $1, host, kind, body::jsonb, exp, seq, $16, att, nullif(inst, '')::uuid
-		FROM unnest($17::text[], $18::text[], $19::text[], $20::text[], $21::timestamptz[], $22::int[], $23::uuid[], $24::text[])
-			AS c(id, host, kind, body, exp, seq, att, inst)`,
-		reqID, ids, insts, hosts, nodes, provs, classes, amounts, held, pcis, types, profiles, traits, modes, frls,
-		purpose, cids, chosts, kinds, bodies, expires, seqs, catts, cinsts, units); err != nil {
-		return fmt.Errorf("request %s: record %d attachment(s) and %d command(s): %w", reqID, n, m, err)
-	}
-	return nil
+	return []any{reqID, ids, insts, hosts, nodes, provs, classes, amounts, held, pcis, types, profiles, traits, modes, frls,
+		purpose, cids, chosts, kinds, bodies, expires, seqs, catts, cinsts, units}
 }
 
 // BeginRelease marks attachment id as being released by request reqID.

@@ -9,7 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 )
 
 // A decision that needs Placement claims is taken in two transactions
@@ -65,6 +67,42 @@ func CloseApplied(ctx context.Context, q Execer, eventID int64) error {
 	if _, err := q.Exec(ctx, `WITH gone AS (DELETE FROM planned_claims WHERE event_id = $1)
 		UPDATE events SET processed_at = now() WHERE id = $1`, eventID); err != nil {
 		return fmt.Errorf("close event %d with its claims recorded: %w", eventID, err)
+	}
+	return nil
+}
+
+// CloseAppliedWith is CloseApplied that, in the same statement, queues
+// notes (notify.QueueAll: the notifications of the transitions the
+// record made, ActDecided's later) and, with unlock, gives back the
+// session advisory lock of that name (the caller's transaction holds
+// the lock of the same name, to its end). The lock not held is an
+// error.
+func CloseAppliedWith(ctx context.Context, q Querier, eventID int64, notes []notify.Item, unlock string) error {
+	parts := []store.Part{
+		{SQL: `DELETE FROM planned_claims WHERE event_id = $1::bigint`, Args: []any{eventID}},
+		{SQL: `UPDATE events SET processed_at = now() WHERE id = $1::bigint`, Args: []any{eventID}},
+	}
+	signal := "0::bigint"
+	if len(notes) > 0 {
+		p, err := notify.QueueAllPart(notes)
+		if err != nil {
+			return err
+		}
+		parts = append(parts, p)
+		signal = `(SELECT count(*) FROM (SELECT pg_notify('` + notify.Channel + `', '') FROM w3 LIMIT 1) n)`
+	}
+	sql, args := store.With(store.Part{SQL: `SELECT CASE WHEN $1::text <> '' THEN pg_advisory_unlock(hashtextextended($1::text, 0)) END, ` + signal,
+		Args: []any{unlock}}, parts...)
+	var unlocked *bool
+	var signalled int64
+	if err := q.QueryRow(ctx, sql, args...).Scan(&unlocked, &signalled); err != nil {
+		return fmt.Errorf("close event %d with its claims recorded: %w", eventID, err)
+	}
+	if unlock != "" && (unlocked == nil || !*unlocked) {
+		return fmt.Errorf("close event %d with its claims recorded: the lock %s was not held", eventID, unlock)
+	}
+	for _, n := range notes {
+		failpoint.Hit(notify.FailQueued + n.EventType)
 	}
 	return nil
 }
