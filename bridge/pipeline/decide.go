@@ -82,7 +82,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		return false, false, fmt.Errorf("event %d: %w", id, err)
 	}
 	defer conn.Release()
-	var release func()  // the instance's session lock, when held
+	var release func()    // the instance's session lock, when held
 	var lockedInst string // the instance release gives back
 	defer func() {
 		if release != nil {
