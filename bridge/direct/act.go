@@ -30,7 +30,7 @@ import (
 // LockQuota) and the act waits for them (Work.WaitForClaims); the pipeline
 // claims (Claim), and ActPlan runs again in the second transaction (apply) with the claims made.
 func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, state requests.State, plan *flow.Plan, f pipeline.Facts) error {
-	tx, row := w.Tx, w.Row
+	tx := w.Tx
 	if !w.Applying() {
 		var planned []requests.PlannedClaim
 		for _, s := range plan.Steps {
@@ -39,12 +39,10 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 			}
 		}
 		if len(planned) > 0 {
-			// New vGPUs add to the project's usage: lock it now, and stop
-			// if it moved since the decision read it.
-			if err := p.dec.LockQuota(ctx, w); err != nil {
-				return err
-			}
-			if err := requests.PlanClaims(ctx, tx, row.ID, reqID, f.Instance.UUID, planned); err != nil {
+			// New vGPUs add to the project's usage: lock it now; the
+			// statement that commits the plan stops if it moved since
+			// the decision read it.
+			if err := p.dec.PlanClaims(ctx, w, reqID, f.Instance.UUID, planned); err != nil {
 				return err
 			}
 			w.WaitForClaims(reqID, *plan, f)
@@ -231,21 +229,16 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 	// New vGPUs were in the project's usage as planned since the first
 	// transaction: the record takes their place (apply drops the plan).
 	// The releases begin first: the attachments and commands go in one
-	// statement.
+	// statement with the request's move (ActDecided).
 	for _, a := range release {
 		if err := requests.BeginRelease(ctx, tx, a.ID, reqID); err != nil {
 			return err
 		}
 	}
-	if len(atts) > 0 && len(cmds) > 0 {
-		rows, err := commandRows(reqID, cmds)
-		if err != nil {
-			return err
-		}
-		if err := requests.RecordAct(ctx, tx, reqID, atts, requests.PurposeAction, rows); err != nil {
-			return err
-		}
-	} else {
+	// vGPUs with their commands are recorded with the request's move to
+	// decided, in one statement (ActDecided).
+	withMove := len(atts) > 0 && len(cmds) > 0
+	if !withMove {
 		if err := requests.AddAttachments(ctx, tx, reqID, atts); err != nil {
 			return err
 		}
@@ -269,7 +262,16 @@ func (p *Path) ActPlan(ctx context.Context, w *pipeline.Work, reqID uuid.UUID, s
 		return p.dec.Close(ctx, w, reqID, state, *plan)
 	}
 	reason := joinNonEmpty("; ", summary...)
-	if _, err := p.d.Requests.TransitionUntil(ctx, tx, reqID, pipeline.NextState(state, requests.Decided), "queued", reason, "", deadline); err != nil {
+	if withMove {
+		rows, err := commandRows(reqID, cmds)
+		if err != nil {
+			return err
+		}
+		if _, err := p.d.Requests.ActDecided(ctx, tx, reqID, pipeline.NextState(state, requests.Decided), "queued", reason, deadline,
+			atts, requests.PurposeAction, rows, w.NotesLater()); err != nil {
+			return err
+		}
+	} else if _, err := p.d.Requests.TransitionUntil(ctx, tx, reqID, pipeline.NextState(state, requests.Decided), "queued", reason, "", deadline); err != nil {
 		return err
 	}
 	p.count.Claimed(len(atts))

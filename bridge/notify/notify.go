@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 )
 
@@ -250,21 +251,33 @@ func QueueAll(ctx context.Context, q Execer, items []Item) error {
 	if len(items) == 0 {
 		return nil
 	}
+	p, err := QueueAllPart(items)
+	if err != nil {
+		return err
+	}
+	if _, err := q.Exec(ctx, `WITH n AS (`+p.SQL+`)
+		SELECT pg_notify('`+Channel+`', '') FROM n LIMIT 1`, p.Args...); err != nil {
+		return fmt.Errorf("queue %d notifications: %w", len(items), err)
+	}
+	return nil
+}
+
+// QueueAllPart is QueueAll's insert as a part of a statement
+// (store.With): it returns the ids of the notifications, and the
+// statement signals Channel when it returned any (pg_notify). The
+// caller hits the failpoints of Queue (FailQueued) once it ran.
+func QueueAllPart(items []Item) (store.Part, error) {
 	types := make([]string, len(items))
 	prios := make([]string, len(items))
 	payloads := make([]string, len(items))
 	for i, it := range items {
 		b, err := json.Marshal(it.Payload)
 		if err != nil {
-			return fmt.Errorf("notification %s: %w", it.EventType, err)
+			return store.Part{}, fmt.Errorf("notification %s: %w", it.EventType, err)
 		}
 		types[i], prios[i], payloads[i] = it.EventType, string(it.Priority), string(b)
 	}
-	if _, err := q.Exec(ctx, `WITH n AS (INSERT INTO bridge_notifications (event_type, priority, payload)
+	return store.Part{SQL: `INSERT INTO bridge_notifications (event_type, priority, payload)
 			SELECT t, p, b::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS x(t, p, b, o) ORDER BY o
-			RETURNING id)
-		SELECT pg_notify('`+Channel+`', '') FROM n LIMIT 1`, types, prios, payloads); err != nil {
-		return fmt.Errorf("queue %d notifications: %w", len(items), err)
-	}
-	return nil
+			RETURNING id`, Args: []any{types, prios, payloads}}, nil
 }

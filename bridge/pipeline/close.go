@@ -36,6 +36,16 @@ func (d Decisions) closeWithout(ctx context.Context, tx pgx.Tx, row InboxRow, re
 }
 
 func (d Decisions) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow, reqID *uuid.UUID, dec *policy.Decision, plan flow.Plan) error {
+	r, err := d.decisionRecord(row, reqID, dec, plan)
+	if err != nil {
+		return err
+	}
+	return requests.RecordDecision(ctx, tx, r)
+}
+
+// decisionRecord is the record of decision dec with plan for row
+// (recordDecision).
+func (d Decisions) decisionRecord(row InboxRow, reqID *uuid.UUID, dec *policy.Decision, plan flow.Plan) (requests.Decision, error) {
 	doc, err := json.Marshal(struct {
 		*policy.Decision
 		Plan struct {
@@ -52,14 +62,14 @@ func (d Decisions) recordDecision(ctx context.Context, tx pgx.Tx, row InboxRow, 
 		Notes   []string     `json:"notes,omitempty"`
 	}{plan.Outcome, plan.Code, plan.Reason, plan.Notes}, Explanation: dec.Explain()})
 	if err != nil {
-		return err
+		return requests.Decision{}, err
 	}
 	var inst *string
 	if _, err := uuid.Parse(row.InstanceUUID); err == nil {
 		inst = &row.InstanceUUID
 	}
-	return requests.RecordDecision(ctx, tx, requests.Decision{EventID: row.ID, RequestID: reqID, InstanceUUID: inst,
-		Policy: dec.Policy, Rejected: plan.Outcome == flow.OutcomeReject, Reason: plan.Reason, Doc: doc, Replica: d.replica})
+	return requests.Decision{EventID: row.ID, RequestID: reqID, InstanceUUID: inst,
+		Policy: dec.Policy, Rejected: plan.Outcome == flow.OutcomeReject, Reason: plan.Reason, Doc: doc, Replica: d.replica}, nil
 }
 
 func rebuildKind(kind string) bool {

@@ -17,6 +17,7 @@ import (
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/backoff"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 )
 
@@ -81,7 +82,8 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		return false, false, fmt.Errorf("event %d: %w", id, err)
 	}
 	defer conn.Release()
-	var release func() // the instance's session lock, when held
+	var release func()    // the instance's session lock, when held
+	var lockedInst string // the instance release gives back
 	defer func() {
 		if release != nil {
 			release()
@@ -95,7 +97,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		if err != nil || !locked {
 			return false, err
 		}
-		release = r
+		release, lockedInst = r, instance
 		return true, nil
 	}
 	w := &Work{hosts: hs}
@@ -122,6 +124,7 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 		}
 	}
 	var planned []flow.Attachment // releases the decision planned (ReleaseFor)
+	unknownLock := ""             // an instance whose session lock a failed statement may have taken
 	for {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			ptx := &plannedTx{Tx: tx}
@@ -134,6 +137,15 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 			}
 			var err error
 			closed, err = p.decide(ctx, w, id, held)
+			switch {
+			case w.sessionLocked && release == nil:
+				// Taken by the statement that wrote the plan (writePlan).
+				release, lockedInst = store.Unlocker(ctx, conn, "vgpu-instance:"+w.Row.InstanceUUID), w.Row.InstanceUUID
+			case w.lockUnknown && release == nil:
+				// That statement failed: whether it took the lock is not
+				// known. Given back once the transaction ended.
+				unknownLock = w.Row.InstanceUUID
+			}
 			if err == nil && len(w.pending) > 0 && w.Row.InstanceUUID != "" && held == "" {
 				// Claims next: the instance stays locked until they are
 				// recorded or given back (the transaction's lock ends
@@ -144,6 +156,10 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 			}
 			return err
 		})
+		if unknownLock != "" {
+			conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, "vgpu-instance:"+unknownLock) //nolint:errcheck
+			unknownLock = ""
+		}
 		if errors.Is(err, errQuotaMoved) && !eager {
 			eager = true // again, locking the project's usage before reading it
 			p.m.quotaRetries.Inc()
@@ -184,16 +200,38 @@ func (p *Processor) decideLocked(ctx context.Context, c candidate) (outbox, clos
 	}
 	failpoint.Hit(FailAfterPlacement)
 	recorded := false
+	w.unlockKey = ""
+	if release != nil && lockedInst == w.Row.InstanceUUID {
+		w.unlockKey = "vgpu-instance:" + lockedInst
+	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		ptx := &plannedTx{Tx: tx}
 		defer func() { planned = ptx.releases }()
-		w.Tx, w.Outbox, w.unused = ptx, false, nil
+		w.Tx, w.Outbox, w.unused, w.notes, w.unlockTried = ptx, false, nil, nil, false
 		var err error
 		recorded, err = p.apply(ctx, w)
 		return err
 	})
 	if err == nil {
 		p.rel.made(ctx, planned)
+	}
+	if w.unlockTried {
+		// The statement that closed the event gave the session lock
+		// back (apply).
+		release = nil
+		if err != nil {
+			// It did not commit, and may have given it back: the
+			// session's locks go, and the lock is taken again to give the
+			// claims back under it. Should another replica hold it now,
+			// it decides the event again and adopts the claims, as after
+			// a crash.
+			conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock_all()`) //nolint:errcheck
+			if locked, lerr := sessionLock(w.Row.InstanceUUID); lerr != nil || !locked {
+				p.log.Warn("pipeline: the record of a decision's claims did not commit and its instance is locked by another session: "+
+					"the claims are left to the decision that adopts them", logkey.Instance, w.Row.InstanceUUID, logkey.Err, err)
+				return false, false, err
+			}
+		}
 	}
 	// Still under the instance's lock: no other decision can adopt these
 	// units before they are given back.
@@ -252,7 +290,7 @@ func (p *Processor) decide(ctx context.Context, w *Work, id int64, held string) 
 			return false, err
 		}
 	}
-	w.Row, w.requestID = row, requestid.From(ctx)
+	w.Row, w.requestID, w.held = row, requestid.From(ctx), held
 	w.lastAttempt = row.Attempts+1 >= p.cfg.MaxAttempts
 	return true, p.run(ctx, w)
 }
@@ -273,7 +311,11 @@ func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 	if len(w.pending) > 0 {
 		first = &lockedRequest{id: w.pending[0].request}
 	}
-	row, ok, err := lockEventWith(ctx, tx, w.Row.ID, false, first)
+	// With unlockKey, the event's instance is locked by the transaction
+	// too (this session holds its session lock: granted at once), so
+	// that the statement that closes the event can give the session lock
+	// back before the commit.
+	row, ok, err := lockEventWith(ctx, tx, w.Row.ID, w.unlockKey != "", first)
 	if err != nil || !ok {
 		return false, err
 	}
@@ -304,7 +346,12 @@ func (p *Processor) apply(ctx context.Context, w *Work) (bool, error) {
 		w.doneWithClaims()
 		w.Outbox = true
 	}
-	return true, requests.CloseApplied(ctx, tx, row.ID)
+	unlock := ""
+	if len(w.unused) == 0 {
+		unlock = w.unlockKey // no claim left to give back under the lock
+	}
+	w.unlockTried = unlock != ""
+	return true, requests.CloseAppliedWith(ctx, tx, row.ID, w.notes, unlock)
 }
 
 // Failpoints of a decision that needs Placement claims

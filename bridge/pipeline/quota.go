@@ -39,6 +39,9 @@ type quotaGuard struct {
 	project string
 	usage   policy.Usage // what the decision read
 	locked  bool
+	// recheck: PlanClaims locked the usage; the statement that writes
+	// the plan reads it again (writePlan).
+	recheck bool
 	// unified is what was read of the project's unified limits before
 	// the decision's transaction (Deps.Limits; nil: not read).
 	unified *unifiedRead
@@ -68,21 +71,29 @@ var errQuotaMoved = errors.New("the project's vGPU usage changed while the decis
 // readUsage reads project's usage for a decision, locking it first
 // unless ur.lazy.
 func (r *factReader) readUsage(ctx context.Context, tx pgx.Tx, project string, ur usageRead) (policy.Usage, error) {
-	g := ur.guard
 	if !ur.lazy {
 		if err := lockProject(ctx, tx, project); err != nil {
 			return policy.Usage{}, err
 		}
 	}
 	u, err := r.projectUsage(ctx, tx, project)
-	if err != nil || g == nil {
+	if err != nil {
 		return u, err
 	}
+	r.noteUsage(ur, project, u)
+	return u, nil
+}
+
+// noteUsage notes in ur's guard the usage u of project, read as ur says.
+func (r *factReader) noteUsage(ur usageRead, project string, u policy.Usage) {
+	g := ur.guard
+	if g == nil {
+		return
+	}
 	if g.locked && g.project != project {
-		return u, nil // another project's, read for another purpose: the guard keeps the first
+		return // another project's, read for another purpose: the guard keeps the first
 	}
 	g.project, g.usage, g.locked = project, u, g.locked || !ur.lazy
-	return u, nil
 }
 
 func lockProject(ctx context.Context, tx pgx.Tx, project string) error {

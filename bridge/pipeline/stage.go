@@ -12,8 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 )
@@ -153,6 +155,36 @@ type Work struct {
 	seq      int     // the current act's request's last command (apply reads it with the request's state)
 	giveBack bool    // the current act took none of its claims (it failed for want of capacity)
 	unused   []Claim // claims the acts did not take, given back after the commit
+
+	// planned are the claims PlanClaims planned, not yet written
+	// (writePlan); planWritten: writePlan ran.
+	planned     []plannedWrite
+	planWritten bool
+	// held is the instance whose session lock decideLocked held when the
+	// decision began ("" for none); sessionLocked: writePlan took the
+	// event's instance's, lockUnknown: writePlan failed and may have.
+	held          string
+	sessionLocked bool
+	lockUnknown   bool
+	// notes are the notifications of the second transaction's act,
+	// queued when it closes the event (NotesLater, apply); unlockKey is
+	// the session lock decideLocked holds of the event's instance, which
+	// that statement gives back when no claim is left to give back
+	// (unlockTried: it ran with it).
+	notes       []notify.Item
+	unlockKey   string
+	unlockTried bool
+}
+
+// NotesLater is where an act of the second transaction (apply) leaves
+// the notifications of its request's transition, which the statement
+// that closes the event queues; nil when they are queued at once (more
+// than one act: each queues its own, in order).
+func (w *Work) NotesLater() *[]notify.Item {
+	if !w.applying || len(w.pending) != 1 {
+		return nil
+	}
+	return &w.notes
 }
 
 // pendingAct is an act (DirectPath.ActPlan) that waits for its claims.
@@ -352,8 +384,10 @@ func (e Evaluate) Exec(ctx context.Context, w *Work) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("load facts: %w", err)
 	}
-	ls, err := policystate.Snapshot(ctx, w.Tx, ev.InstanceUUID)
-	if err != nil {
+	var ls *policy.Tracker
+	if st != nil && st.loadState != nil {
+		ls = st.loadState // read with the facts
+	} else if ls, err = policystate.Snapshot(ctx, w.Tx, ev.InstanceUUID); err != nil {
 		return false, fmt.Errorf("load policy state: %w", err)
 	}
 	if w.Row.FollowUp() {
@@ -496,6 +530,22 @@ type Record struct {
 func (r Record) Exec(ctx context.Context, w *Work) (bool, error) {
 	r.Count.Decided(w.Plan.Outcome)
 	id := w.Request
+	if len(w.planned) > 0 && policystate.Distinct(w.Decision.LoadUpdates) {
+		// The plan waits for its claims: it is written with the
+		// decision and the policy's state in one statement.
+		d, err := r.Decisions.decisionRecord(w.Row, &id, w.Decision, w.Plan)
+		if err != nil {
+			return false, err
+		}
+		ps, err := policystate.ApplyParts(w.Decision.LoadUpdates)
+		if err != nil {
+			return false, fmt.Errorf("request %s: apply policy state: %w", w.Request, err)
+		}
+		if err := r.Decisions.writePlan(ctx, w, append([]store.Part{requests.RecordDecisionPart(d)}, ps...)...); err != nil {
+			return false, err
+		}
+		return true, deferHeld(ctx, w)
+	}
 	if err := r.Decisions.recordDecision(ctx, w.Tx, w.Row, &id, w.Decision, w.Plan); err != nil {
 		return false, err
 	}
@@ -515,6 +565,12 @@ func (p *Processor) run(ctx context.Context, w *Work) error {
 	}
 	if _, err := Stages(stages).Exec(ctx, w); err != nil {
 		return fmt.Errorf("event %d: %w", w.Row.ID, err)
+	}
+	if len(w.planned) > 0 || (len(w.pending) > 0 && !w.planWritten) {
+		// Planned claims no Record stage wrote (writePlan).
+		if err := p.dec.writePlan(ctx, w); err != nil {
+			return fmt.Errorf("event %d: %w", w.Row.ID, err)
+		}
 	}
 	if w.closed || len(w.pending) > 0 {
 		return nil

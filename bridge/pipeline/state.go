@@ -15,6 +15,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/agent/protocol"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/policystate"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/internal/logkey"
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
@@ -38,6 +39,9 @@ type snapshot struct {
 	project string
 	// limits are the project's unified limits (Deps.Limits); nil: none.
 	limits []policy.UnifiedLimit
+	// loadState is the policy's load state of the instance when
+	// loadFacts read it with the facts (nil: Evaluate reads it).
+	loadState *policy.Tracker
 }
 
 var _ policy.LimitState = (*snapshot)(nil)
@@ -354,18 +358,53 @@ func (r *factReader) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, 
 	var hostNode string
 	var lastReport *time.Time
 	var declared string
-	err = tx.QueryRow(ctx, `SELECT coalesce(i.project_id,''), coalesce(i.user_id,''), coalesce(i.host,''), coalesce(i.node,''),
-			coalesce(i.vm_state,''), i.deleted_at IS NOT NULL OR coalesce(i.vm_state,'') = 'deleted', coalesce(i.flavor->>'name',''), i.vgpus,
-			coalesce(h.node,''), h.last_report_at, coalesce(i.guest_driver,'')
-		FROM instances i LEFT JOIN hosts h ON h.name = i.host WHERE i.uuid = $1`, ev.InstanceUUID).
-		Scan(&f.Instance.ProjectID, &f.Instance.UserID, &f.Instance.Host, &f.Instance.Node, &f.Instance.VMState,
-			&f.Instance.Deleted, &flavor, &vgpus, &hostNode, &lastReport, &declared)
-	switch {
-	case err == pgx.ErrNoRows:
-	case err != nil:
-		return f, nil, fmt.Errorf("read instance %s: %w", ev.InstanceUUID, err)
-	default:
-		f.Instance.Known = true
+	// A decision's own read (lazy: without the project's lock) reads, in
+	// the instance's statement, its vGPUs, its project's usage and the
+	// policy's load state of it too (one statement instead of four).
+	together := ur.lazy
+	var atts []flow.Attachment
+	var usageRows, loadState []byte
+	var usageProject string
+	if together {
+		var known bool
+		var attsRaw []byte
+		err = tx.QueryRow(ctx, `WITH inst AS (SELECT * FROM instances WHERE uuid = $1::uuid),
+				proj AS (SELECT coalesce(nullif($2::text, ''), (SELECT project_id FROM inst), '') AS id)
+			SELECT coalesce(i.project_id,''), coalesce(i.user_id,''), coalesce(i.host,''), coalesce(i.node,''),
+				coalesce(i.vm_state,''), i.deleted_at IS NOT NULL OR coalesce(i.vm_state,'') = 'deleted', coalesce(i.flavor->>'name',''),
+				coalesce(i.vgpus, 0), coalesce(h.node,''), h.last_report_at, coalesce(i.guest_driver,''), i.uuid IS NOT NULL,
+				`+requests.AttachmentsJSON(`instance_uuid = $1::uuid AND state IN ('pending','attached','releasing')`)+`,
+				(SELECT id FROM proj),
+				CASE WHEN (SELECT id FROM proj) <> '' THEN (SELECT coalesce(jsonb_agg(jsonb_build_array(u.p, u.n, u.d)), '[]'::jsonb)
+					FROM (`+strings.ReplaceAll(projectUsageSQL, "$1", "(SELECT id FROM proj)")+`) u(p, n, d)) END,
+				`+policystate.SnapshotJSON("$3::text")+`
+			FROM (SELECT 1) one LEFT JOIN inst i ON true LEFT JOIN hosts h ON h.name = i.host`, ev.InstanceUUID, ev.ProjectID, ev.InstanceUUID).
+			Scan(&f.Instance.ProjectID, &f.Instance.UserID, &f.Instance.Host, &f.Instance.Node, &f.Instance.VMState,
+				&f.Instance.Deleted, &flavor, &vgpus, &hostNode, &lastReport, &declared, &known, &attsRaw, &usageProject, &usageRows, &loadState)
+		if err != nil {
+			return f, nil, fmt.Errorf("read instance %s: %w", ev.InstanceUUID, err)
+		}
+		f.Instance.Known = known
+		if atts, err = requests.ParseAttachments(attsRaw); err != nil {
+			return f, nil, fmt.Errorf("read attachments of %s: %w", ev.InstanceUUID, err)
+		}
+		if st.loadState, err = policystate.FromJSON(ev.InstanceUUID, loadState); err != nil {
+			return f, nil, err
+		}
+	} else {
+		err = tx.QueryRow(ctx, `SELECT coalesce(i.project_id,''), coalesce(i.user_id,''), coalesce(i.host,''), coalesce(i.node,''),
+				coalesce(i.vm_state,''), i.deleted_at IS NOT NULL OR coalesce(i.vm_state,'') = 'deleted', coalesce(i.flavor->>'name',''), i.vgpus,
+				coalesce(h.node,''), h.last_report_at, coalesce(i.guest_driver,'')
+			FROM instances i LEFT JOIN hosts h ON h.name = i.host WHERE i.uuid = $1`, ev.InstanceUUID).
+			Scan(&f.Instance.ProjectID, &f.Instance.UserID, &f.Instance.Host, &f.Instance.Node, &f.Instance.VMState,
+				&f.Instance.Deleted, &flavor, &vgpus, &hostNode, &lastReport, &declared)
+		switch {
+		case err == pgx.ErrNoRows:
+		case err != nil:
+			return f, nil, fmt.Errorf("read instance %s: %w", ev.InstanceUUID, err)
+		default:
+			f.Instance.Known = true
+		}
 	}
 	f.Instance.FlavorVGPUs = vgpus
 	if hostNode != "" {
@@ -377,9 +416,10 @@ func (r *factReader) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, 
 	if lastReport != nil {
 		f.LastReport = *lastReport
 	}
-	atts, err := activeAttachments(ctx, tx, ev.InstanceUUID)
-	if err != nil {
-		return f, nil, err
+	if !together {
+		if atts, err = activeAttachments(ctx, tx, ev.InstanceUUID); err != nil {
+			return f, nil, err
+		}
 	}
 	f.Attachments = atts
 
@@ -425,8 +465,14 @@ func (r *factReader) loadFacts(ctx context.Context, tx pgx.Tx, ev policy.Event, 
 		// or Nova call), after the decision's attachments or Nova resize
 		// are written, so the next one counts them. A decision's own
 		// round takes it only when it adds (quota.go).
-		u, err := r.readUsage(ctx, tx, project, ur)
-		if err != nil {
+		var u policy.Usage
+		if together && usageProject == project {
+			// Read with the instance, without the lock (readUsage's lazy read).
+			if u, err = r.usageFrom(ctx, tx, project, usageRows); err != nil {
+				return f, nil, err
+			}
+			r.noteUsage(ur, project, u)
+		} else if u, err = r.readUsage(ctx, tx, project, ur); err != nil {
 			return f, nil, err
 		}
 		st.usage, st.project = u, project
@@ -469,14 +515,17 @@ const bridgeVGPUsByProfile = `SELECT coalesce(a.profile,''), sum(a.amount)::int,
 			WHERE i.project_id = $1 GROUP BY 1
 		UNION ALL`
 
-func (r *factReader) projectUsage(ctx context.Context, q Querier, project string) (policy.Usage, error) {
-	// Direct-path vGPUs; vGPUs of Nova resizes still under way (they
-	// count before Nova's notifications do); vGPUs decisions planned and
-	// are claiming (requests.PlanClaims); the flavors' vGPUs, with
-	// their request groups for the framebuffer.
-	rows, err := q.Query(ctx, bridgeVGPUsByProfile+`
+// projectUsageSQL reads the rows (profile, count, flavor's demand) of
+// project $1's usage (projectUsage): direct-path vGPUs; vGPUs of Nova
+// resizes still under way (they count before Nova's notifications do);
+// vGPUs decisions planned and are claiming (requests.PlanClaims); the
+// flavors' vGPUs, with their request groups for the framebuffer.
+const projectUsageSQL = bridgeVGPUsByProfile + `
 		SELECT '', vgpus, coalesce(vgpu_demand, 'null'::jsonb) FROM instances
-			WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0`, project)
+			WHERE project_id = $1 AND deleted_at IS NULL AND vgpus > 0`
+
+func (r *factReader) projectUsage(ctx context.Context, q Querier, project string) (policy.Usage, error) {
+	rows, err := q.Query(ctx, projectUsageSQL, project)
 	if err != nil {
 		return policy.Usage{}, fmt.Errorf("read usage of project %s: %w", project, err)
 	}
@@ -485,24 +534,69 @@ func (r *factReader) projectUsage(ctx context.Context, q Querier, project string
 	var n int
 	var demand []byte
 	_, err = pgx.ForEachRow(rows, []any{&prof, &n, &demand}, func() error {
-		u.VGPUs += n
-		switch {
-		case demand != nil:
-			u.FramebufferMiB += r.flavorFramebufferMiB(demand)
-		case prof != "" && r.catalog != nil:
-			if cp, ok := r.catalog.ByName(prof); ok {
-				u.FramebufferMiB += n * cp.FramebufferMiB
-			}
-		}
+		r.addUsage(&u, prof, n, demand)
 		return nil
 	})
 	if err != nil {
 		return u, fmt.Errorf("read usage of project %s: %w", project, err)
 	}
-	// The VFs of Nova-owned VF GPUs flavors ask for by alias.
+	if err := r.addNovaVFs(ctx, q, project, &u); err != nil {
+		return u, err
+	}
+	return u, nil
+}
+
+// usageFrom is projectUsage from its rows read as a JSON array of
+// [profile, count, demand] (loadFacts).
+func (r *factReader) usageFrom(ctx context.Context, q Querier, project string, raw []byte) (policy.Usage, error) {
+	var u policy.Usage
+	var rows [][3]json.RawMessage
+	if err := json.Unmarshal(raw, &rows); err != nil {
+		return u, fmt.Errorf("read usage of project %s: %w", project, err)
+	}
+	for _, row := range rows {
+		var prof string
+		var n int
+		if err := json.Unmarshal(row[0], &prof); err != nil {
+			return u, fmt.Errorf("read usage of project %s: %w", project, err)
+		}
+		if err := json.Unmarshal(row[1], &n); err != nil {
+			return u, fmt.Errorf("read usage of project %s: %w", project, err)
+		}
+		// A JSON null is both no demand (rows of no flavor) and a
+		// flavor's that names none: either counts no framebuffer.
+		var demand []byte
+		if d := row[2]; len(d) > 0 && string(d) != "null" {
+			demand = d
+		}
+		r.addUsage(&u, prof, n, demand)
+	}
+	if err := r.addNovaVFs(ctx, q, project, &u); err != nil {
+		return u, err
+	}
+	return u, nil
+}
+
+// addUsage adds a row of projectUsageSQL to u.
+func (r *factReader) addUsage(u *policy.Usage, prof string, n int, demand []byte) {
+	u.VGPUs += n
+	switch {
+	case demand != nil:
+		u.FramebufferMiB += r.flavorFramebufferMiB(demand)
+	case prof != "" && r.catalog != nil:
+		if cp, ok := r.catalog.ByName(prof); ok {
+			u.FramebufferMiB += n * cp.FramebufferMiB
+		}
+	}
+}
+
+// addNovaVFs adds to u the VFs of Nova-owned VF GPUs the project's
+// flavors ask for by alias (no statement without [placement]
+// nova_vf_aliases).
+func (r *factReader) addNovaVFs(ctx context.Context, q Querier, project string, u *policy.Usage) error {
 	vfs, err := r.novaVFUsage(ctx, q, project)
 	if err != nil {
-		return u, err
+		return err
 	}
 	for _, v := range vfs {
 		u.VGPUs += v.Amount
@@ -512,7 +606,7 @@ func (r *factReader) projectUsage(ctx context.Context, q Querier, project string
 			}
 		}
 	}
-	return u, nil
+	return nil
 }
 
 // flavorFramebufferMiB is the framebuffer of a flavor's vGPUs: for each

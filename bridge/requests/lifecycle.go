@@ -11,6 +11,7 @@ package requests
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
 )
 
 // Execer is what a verb writes through: a transaction, or the pool for a
@@ -53,13 +55,19 @@ type Decision struct {
 // first record). created_at is when the decision was made (after its
 // claims), not when its transaction began.
 func RecordDecision(ctx context.Context, q Execer, d Decision) error {
-	_, err := q.Exec(ctx, `INSERT INTO decisions (event_id, request_id, instance_uuid, policy, rejected, reason, decision, replica, created_at)
-		VALUES ($1, $2, $3::uuid, $4, $5, nullif($6,''), $7, $8, clock_timestamp()) ON CONFLICT (event_id) DO NOTHING`,
-		d.EventID, d.RequestID, d.InstanceUUID, d.Policy, d.Rejected, d.Reason, d.Doc, d.Replica)
-	if err != nil {
+	p := RecordDecisionPart(d)
+	if _, err := q.Exec(ctx, p.SQL, p.Args...); err != nil {
 		return fmt.Errorf("record decision of event %d: %w", d.EventID, err)
 	}
 	return nil
+}
+
+// RecordDecisionPart is RecordDecision as a part of a statement
+// (store.With).
+func RecordDecisionPart(d Decision) store.Part {
+	return store.Part{SQL: `INSERT INTO decisions (event_id, request_id, instance_uuid, policy, rejected, reason, decision, replica, created_at)
+		VALUES ($1::bigint, $2::uuid, $3::uuid, $4::text, $5::bool, nullif($6::text,''), $7::jsonb, $8::text, clock_timestamp()) ON CONFLICT (event_id) DO NOTHING`,
+		Args: []any{d.EventID, d.RequestID, d.InstanceUUID, d.Policy, d.Rejected, d.Reason, d.Doc, d.Replica}}
 }
 
 // Command purposes (commands.purpose).
@@ -207,6 +215,52 @@ const AttachmentColumns = `id, instance_uuid::text, coalesce(request_id, '000000
 	coalesce(provider_uuid::text,''), coalesce(resource_class,''), amount, coalesce(held_after,0), coalesce(pci_address,''),
 	coalesce(type_id,''), coalesce(profile,''), coalesce(trait,''), coalesce(mode,''), state, frame_rate_limit, coalesce(units,0)`
 
+// AttachmentsJSON is the JSON array of the attachments of vgpu_attachments
+// rows that match where, in the order of ScanAttachments' reads (a
+// statement that reads more than them: pipeline's facts);
+// ParseAttachments reads it.
+func AttachmentsJSON(where string) string {
+	return `(SELECT coalesce(jsonb_agg(jsonb_build_object('id', id, 'instance_uuid', instance_uuid::text,
+			'request_id', coalesce(request_id, '00000000-0000-0000-0000-000000000000'::uuid), 'host', host, 'node', coalesce(node,''),
+			'provider', coalesce(provider_uuid::text,''), 'class', coalesce(resource_class,''), 'amount', amount, 'held_after', coalesce(held_after,0),
+			'pci', coalesce(pci_address,''), 'type_id', coalesce(type_id,''), 'profile', coalesce(profile,''), 'trait', coalesce(trait,''),
+			'mode', coalesce(mode,''), 'state', state, 'frame_rate_limit', frame_rate_limit, 'units', coalesce(units,0)) ORDER BY created_at, id), '[]'::jsonb)
+		FROM vgpu_attachments WHERE ` + where + `)`
+}
+
+// ParseAttachments reads an AttachmentsJSON array.
+func ParseAttachments(raw []byte) ([]flow.Attachment, error) {
+	var rows []struct {
+		ID             uuid.UUID `json:"id"`
+		InstanceUUID   string    `json:"instance_uuid"`
+		RequestID      uuid.UUID `json:"request_id"`
+		Host           string    `json:"host"`
+		Node           string    `json:"node"`
+		Provider       string    `json:"provider"`
+		Class          string    `json:"class"`
+		Amount         int       `json:"amount"`
+		HeldAfter      int       `json:"held_after"`
+		PCIAddress     string    `json:"pci"`
+		TypeID         string    `json:"type_id"`
+		Profile        string    `json:"profile"`
+		Trait          string    `json:"trait"`
+		Mode           string    `json:"mode"`
+		State          string    `json:"state"`
+		FrameRateLimit *bool     `json:"frame_rate_limit"`
+		Units          int       `json:"units"`
+	}
+	if err := json.Unmarshal(raw, &rows); err != nil {
+		return nil, fmt.Errorf("read attachments: %w", err)
+	}
+	var out []flow.Attachment
+	for _, r := range rows {
+		out = append(out, flow.Attachment{ID: r.ID, InstanceUUID: r.InstanceUUID, RequestID: r.RequestID, Host: r.Host, Node: r.Node,
+			Provider: r.Provider, Class: r.Class, Amount: r.Amount, HeldAfter: r.HeldAfter, PCIAddress: r.PCIAddress, TypeID: r.TypeID,
+			Profile: r.Profile, Trait: r.Trait, Mode: r.Mode, State: r.State, FrameRateLimit: r.FrameRateLimit, Units: r.Units})
+	}
+	return out, nil
+}
+
 // ScanAttachments reads rows of AttachmentColumns and closes rows.
 func ScanAttachments(rows pgx.Rows) ([]flow.Attachment, error) {
 	defer rows.Close()
@@ -243,6 +297,28 @@ func AddAttachments(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.
 // as pending (AddAttachments), and the commands it queues with purpose
 // (QueueCommands).
 func RecordAct(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.Attachment, purpose string, cmds []Command) error {
+	if _, err := q.Exec(ctx, `WITH a AS (`+recordAttachmentsSQL+`) `+recordCommandsSQL, recordActArgs(reqID, atts, purpose, cmds)...); err != nil {
+		return fmt.Errorf("request %s: record %d attachment(s) and %d command(s): %w", reqID, len(atts), len(cmds), err)
+	}
+	return nil
+}
+
+// recordAttachmentsSQL and recordCommandsSQL are RecordAct's inserts,
+// with recordActArgs ($1 to $25).
+const (
+	recordAttachmentsSQL = `INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
+				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit, units)
+			SELECT id, inst::uuid, $1, host, node, prov::uuid, class, amount, held, pci, typ, prof, trait, mode, 'pending', frl, nullif(units, 0)
+			FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::text[],
+				$11::text[], $12::text[], $13::text[], $14::text[], $15::bool[], $25::int[])
+				AS t(id, inst, host, node, prov, class, amount, held, pci, typ, prof, trait, mode, frl, units)`
+	recordCommandsSQL = `INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, attachment_id, instance_uuid)
+		SELECT id::uuid, $1, host, kind, body::jsonb, exp, seq, $16, att, nullif(inst, '')::uuid
+		FROM unnest($17::text[], $18::text[], $19::text[], $20::text[], $21::timestamptz[], $22::int[], $23::uuid[], $24::text[])
+			AS c(id, host, kind, body, exp, seq, att, inst)`
+)
+
+func recordActArgs(reqID uuid.UUID, atts []flow.Attachment, purpose string, cmds []Command) []any {
 	n := len(atts)
 	ids, insts, hosts, nodes, provs := make([][16]byte, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	classes, amounts, held, pcis := make([]string, n), make([]int32, n), make([]int32, n), make([]string, n)
@@ -267,22 +343,8 @@ func RecordAct(ctx context.Context, q Execer, reqID uuid.UUID, atts []flow.Attac
 			catts[i] = pgtype.UUID{Bytes: *c.AttachmentID, Valid: true}
 		}
 	}
-	if _, err := q.Exec(ctx, `WITH a AS (
-			INSERT INTO vgpu_attachments (id, instance_uuid, request_id, host, node, provider_uuid, resource_class,
-				amount, held_after, pci_address, type_id, profile, trait, mode, state, frame_rate_limit, units)
-			SELECT id, inst::uuid, $1, host, node, prov::uuid, class, amount, held, pci, typ, prof, trait, mode, 'pending', frl, nullif(units, 0)
-			FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[], $9::int[], $10::text[],
-				$11::text[], $12::text[], $13::text[], $14::text[], $15::bool[], $25::int[])
-				AS t(id, inst, host, node, prov, class, amount, held, pci, typ, prof, trait, mode, frl, units))
-		INSERT INTO commands (id, request_id, host, kind, body, expires_at, seq, purpose, attachment_id, instance_uuid)
-		SELECT id::uuid, $1, host, kind, body::jsonb, exp, seq, $16, att, nullif(inst, '')::uuid
-		FROM unnest($17::text[], $18::text[], $19::text[], $20::text[], $21::timestamptz[], $22::int[], $23::uuid[], $24::text[])
-			AS c(id, host, kind, body, exp, seq, att, inst)`,
-		reqID, ids, insts, hosts, nodes, provs, classes, amounts, held, pcis, types, profiles, traits, modes, frls,
-		purpose, cids, chosts, kinds, bodies, expires, seqs, catts, cinsts, units); err != nil {
-		return fmt.Errorf("request %s: record %d attachment(s) and %d command(s): %w", reqID, n, m, err)
-	}
-	return nil
+	return []any{reqID, ids, insts, hosts, nodes, provs, classes, amounts, held, pcis, types, profiles, traits, modes, frls,
+		purpose, cids, chosts, kinds, bodies, expires, seqs, catts, cinsts, units}
 }
 
 // BeginRelease marks attachment id as being released by request reqID.

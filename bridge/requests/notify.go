@@ -19,6 +19,15 @@ import (
 //
 // pre is what move read for it with the move itself.
 func notifyTransition(ctx context.Context, tx pgx.Tx, from State, r Request, pre *notePrefetch) error {
+	it, err := transitionNote(ctx, tx, from, r, pre)
+	if err != nil || it == nil {
+		return err
+	}
+	return notify.Queue(ctx, tx, it.EventType, it.Priority, it.Payload)
+}
+
+// transitionNote is the notification notifyTransition queues, or nil.
+func transitionNote(ctx context.Context, tx pgx.Tx, from State, r Request, pre *notePrefetch) (*notify.Item, error) {
 	var phase string
 	prio := notify.Info
 	switch {
@@ -29,20 +38,20 @@ func notifyTransition(ctx context.Context, tx pgx.Tx, from State, r Request, pre
 	case r.State == Failed || r.State == Rejected:
 		prio = notify.Error
 	default:
-		return nil
+		return nil, nil
 	}
 	p, op, err := actionPayload(ctx, tx, r, pre)
 	if err != nil {
-		return fmt.Errorf("notification of request %s: %w", r.ID, err)
+		return nil, fmt.Errorf("notification of request %s: %w", r.ID, err)
 	}
 	event := notify.RequestError
 	if phase != "" {
 		if op == "" {
-			return nil
+			return nil, nil
 		}
 		event = "vgpu." + op + "." + phase
 	}
-	return notify.Queue(ctx, tx, event, prio, notify.Action(p))
+	return &notify.Item{EventType: event, Priority: prio, Payload: notify.Action(p)}, nil
 }
 
 // notePrefetch is what a transition's notification says of the

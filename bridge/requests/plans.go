@@ -9,6 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/store"
+	"github.com/vgpu-bridge/vgpu-bridge/internal/failpoint"
 )
 
 // A decision that needs Placement claims is taken in two transactions
@@ -28,18 +31,25 @@ type PlannedClaim struct {
 // for instance and request reqID. What an earlier attempt at the event
 // planned is dropped first (DropPlanned).
 func PlanClaims(ctx context.Context, tx pgx.Tx, eventID int64, reqID uuid.UUID, instance string, planned []PlannedClaim) error {
+	p := PlanClaimsPart(eventID, reqID, instance, planned)
+	if _, err := tx.Exec(ctx, p.SQL, p.Args...); err != nil {
+		return fmt.Errorf("plan the claims of event %d: %w", eventID, err)
+	}
+	return nil
+}
+
+// PlanClaimsPart is PlanClaims as a part of a statement (store.With):
+// the decision's first transaction writes its plan, its decision and
+// the policy's state in one statement (pipeline's Record stage).
+func PlanClaimsPart(eventID int64, reqID uuid.UUID, instance string, planned []PlannedClaim) store.Part {
 	profiles := make([]string, len(planned))
 	units := make([]int32, len(planned))
 	for i, c := range planned {
 		profiles[i], units[i] = c.Profile, int32(max(c.Units, 1))
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO planned_claims (event_id, request_id, instance_uuid, profile, units)
-		SELECT $1, $2, $3::uuid, p, u FROM unnest($4::text[], $5::int[]) AS c(p, u)`,
-		eventID, reqID, instance, profiles, units)
-	if err != nil {
-		return fmt.Errorf("plan the claims of event %d: %w", eventID, err)
-	}
-	return nil
+	return store.Part{SQL: `INSERT INTO planned_claims (event_id, request_id, instance_uuid, profile, units)
+		SELECT $1::bigint, $2::uuid, $3::uuid, p, u FROM unnest($4::text[], $5::int[]) AS c(p, u)`,
+		Args: []any{eventID, reqID, instance, profiles, units}}
 }
 
 // DropPlanned deletes the planned claims of inbox event eventID: its
@@ -57,6 +67,42 @@ func CloseApplied(ctx context.Context, q Execer, eventID int64) error {
 	if _, err := q.Exec(ctx, `WITH gone AS (DELETE FROM planned_claims WHERE event_id = $1)
 		UPDATE events SET processed_at = now() WHERE id = $1`, eventID); err != nil {
 		return fmt.Errorf("close event %d with its claims recorded: %w", eventID, err)
+	}
+	return nil
+}
+
+// CloseAppliedWith is CloseApplied that, in the same statement, queues
+// notes (notify.QueueAll: the notifications of the transitions the
+// record made, ActDecided's later) and, with unlock, gives back the
+// session advisory lock of that name (the caller's transaction holds
+// the lock of the same name, to its end). The lock not held is an
+// error.
+func CloseAppliedWith(ctx context.Context, q Querier, eventID int64, notes []notify.Item, unlock string) error {
+	parts := []store.Part{
+		{SQL: `DELETE FROM planned_claims WHERE event_id = $1::bigint`, Args: []any{eventID}},
+		{SQL: `UPDATE events SET processed_at = now() WHERE id = $1::bigint`, Args: []any{eventID}},
+	}
+	signal := "0::bigint"
+	if len(notes) > 0 {
+		p, err := notify.QueueAllPart(notes)
+		if err != nil {
+			return err
+		}
+		parts = append(parts, p)
+		signal = `(SELECT count(*) FROM (SELECT pg_notify('` + notify.Channel + `', '') FROM w3 LIMIT 1) n)`
+	}
+	sql, args := store.With(store.Part{SQL: `SELECT CASE WHEN $1::text <> '' THEN pg_advisory_unlock(hashtextextended($1::text, 0)) END, ` + signal,
+		Args: []any{unlock}}, parts...)
+	var unlocked *bool
+	var signalled int64
+	if err := q.QueryRow(ctx, sql, args...).Scan(&unlocked, &signalled); err != nil {
+		return fmt.Errorf("close event %d with its claims recorded: %w", eventID, err)
+	}
+	if unlock != "" && (unlocked == nil || !*unlocked) {
+		return fmt.Errorf("close event %d with its claims recorded: the lock %s was not held", eventID, unlock)
+	}
+	for _, n := range notes {
+		failpoint.Hit(notify.FailQueued + n.EventType)
 	}
 	return nil
 }

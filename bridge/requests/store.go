@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
+	"github.com/vgpu-bridge/vgpu-bridge/bridge/notify"
 )
 
 // State is where a request stands.
@@ -441,4 +442,67 @@ type Callback struct {
 func CallbackPayload(r Request) Callback {
 	return Callback{RequestID: r.ID, Kind: r.Kind, InstanceUUID: r.InstanceUUID, State: r.State, Phase: r.Phase,
 		Reason: r.Reason, Code: r.Code, CreatedAt: r.CreatedAt, FinishedAt: r.FinishedAt}
+}
+
+// ActDecided records, in one statement, what request id's act does (as
+// RecordAct: its vGPUs, pending, and the commands it queues with
+// purpose) and moves the request to to as TransitionUntil does (audited,
+// deadline set), to a state that is not final. Its notification
+// (vgpu.attach.start …) is queued as TransitionUntil queues it, or,
+// with later, appended there for the caller to queue in the same
+// transaction (CloseAppliedWith).
+func (s *Store) ActDecided(ctx context.Context, tx pgx.Tx, id uuid.UUID, to State, phase, reason string, deadline time.Time,
+	atts []flow.Attachment, purpose string, cmds []Command, later *[]notify.Item) (Request, error) {
+	if !to.Valid() || to.Final() {
+		return Request{}, fmt.Errorf("request %s: ActDecided to %q: %w", id, to, ErrIllegal)
+	}
+	args := append(recordActArgs(id, atts, purpose, cmds), string(to), phase, reason, "", allowedFrom(to), s.actor, &deadline)
+	var was State
+	var pre notePrefetch
+	// The move's notification lists the request's vGPUs: those of the
+	// table (released by it, BeginRelease) and those a inserts, which
+	// the statement's other parts do not see.
+	r, err := scanWith(tx.QueryRow(ctx, `WITH a AS (`+recordAttachmentsSQL+`
+			RETURNING id, request_id, profile, type_id, resource_class, amount, host, provider_uuid, pci_address, state, created_at),
+		cmd AS (`+recordCommandsSQL+`),
+		u AS (
+			UPDATE requests r SET state = $26, phase = nullif($27,''), reason = nullif($28,''),
+				code = nullif($29,''), updated_at = now(),
+				decided_at = CASE WHEN $26 = 'decided' AND decided_at IS NULL THEN now() ELSE decided_at END,
+				dispatched_at = CASE WHEN $26 = 'dispatched' AND dispatched_at IS NULL THEN now() ELSE dispatched_at END,
+				finished_at = CASE WHEN $26 IN ('succeeded','failed','rejected') THEN now() ELSE finished_at END,
+				deadline_at = coalesce($32, deadline_at)
+			FROM (SELECT id AS cur_id, state AS cur_state FROM requests WHERE id = $1 FOR UPDATE) c
+			WHERE r.id = c.cur_id AND c.cur_state = ANY($30::text[])
+			RETURNING c.cur_state, `+columns+`
+		), au AS (
+			INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+			SELECT $31, 'transition', 'request', $1::text, $1,
+				jsonb_build_object('from', cur_state, 'to', $26::text, 'phase', $27::text, 'reason', $28::text, 'code', $29::text) FROM u
+		)
+		SELECT u.*, coalesce(i.project_id, ''), coalesce(i.user_id, ''),
+			CASE WHEN $26 IN ('decided','succeeded','failed','rejected') THEN (SELECT coalesce(jsonb_agg(jsonb_build_object(
+					'new', v.request_id = $1, 'id', v.id::text, 'profile', coalesce(v.profile,''), 'type_id', coalesce(v.type_id,''),
+					'class', coalesce(v.resource_class,'VGPU'), 'amount', v.amount, 'host', v.host, 'provider', coalesce(v.provider_uuid::text,''),
+					'pci', coalesce(v.pci_address,''), 'state', v.state) ORDER BY v.created_at, v.id), '[]'::jsonb)
+				FROM (SELECT id, request_id, profile, type_id, resource_class, amount, host, provider_uuid, pci_address, state, created_at
+						FROM vgpu_attachments WHERE request_id = $1 OR release_request_id = $1
+					UNION ALL SELECT * FROM a) v) END
+		FROM u LEFT JOIN instances i ON i.uuid = u.instance_uuid`, args...),
+		[]any{&was}, &pre.project, &pre.user, &pre.vgpus)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, s.refused(ctx, tx, id, to)
+	}
+	if err != nil {
+		return r, fmt.Errorf("request %s: record %d attachment(s) and %d command(s) and transition: %w", id, len(atts), len(cmds), err)
+	}
+	it, err := transitionNote(ctx, tx, was, r, &pre)
+	if err != nil || it == nil {
+		return r, err
+	}
+	if later != nil {
+		*later = append(*later, *it)
+		return r, nil
+	}
+	return r, notify.Queue(ctx, tx, it.EventType, it.Priority, it.Payload)
 }

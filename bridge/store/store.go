@@ -173,11 +173,18 @@ func TryLock(ctx context.Context, conn *pgxpool.Conn, key string) (release func(
 	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, key).Scan(&ok); err != nil || !ok {
 		return func() {}, false, err
 	}
+	return Unlocker(ctx, conn, key), true, nil
+}
+
+// Unlocker is TryLock's release of the session advisory lock named key,
+// for a lock conn took otherwise (pg_try_advisory_lock in a statement
+// of its own, LockKey).
+func Unlocker(ctx context.Context, conn *pgxpool.Conn, key string) func() {
 	return func() {
 		ctx := context.WithoutCancel(ctx)
 		var unlocked bool
 		if err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, key).Scan(&unlocked); err != nil || !unlocked {
 			conn.Hijack().Close(ctx) //nolint:errcheck
 		}
-	}, true, nil
+	}
 }

@@ -104,6 +104,45 @@ func (s *statements) lastResultCost() (n, txs int) {
 	return n, txs
 }
 
+// decisionCost returns the statements (BEGIN and COMMIT not counted)
+// and transactions of the decision of inbox event: from the first lock
+// of the event to the commit of the transaction that closes it, on the
+// decision's connection, with what that connection sends between its
+// transactions.
+func (s *statements) decisionCost(event int64) (n, txs int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	const lock = "WHERE id = $1 AND processed_at IS NULL FOR UPDATE OF events SKIP LOCKED"
+	from := -1
+	for i, q := range s.seen {
+		if strings.Contains(q.sql, lock) && len(q.args) > 0 && fmt.Sprint(q.args[0]) == fmt.Sprint(event) {
+			from = i
+			break
+		}
+	}
+	if from < 0 {
+		return 0, 0
+	}
+	conn, closing := s.seen[from].conn, false
+	for _, q := range s.seen[from:] {
+		if q.conn != conn {
+			continue
+		}
+		switch {
+		case q.sql == "begin":
+		case q.sql == "commit" || q.sql == "rollback":
+			txs++
+			if closing {
+				return n, txs
+			}
+		default:
+			n++
+			closing = closing || strings.Contains(q.sql, "DELETE FROM planned_claims")
+		}
+	}
+	return n, txs
+}
+
 // TestDecidedOnce: a direct-path attach is decided once. The event is
 // locked by two transactions: the decision, which reads the facts and the
 // policy's state once and commits its planned claim, and the record of
@@ -161,6 +200,21 @@ func TestDecidedOnce(t *testing.T) {
 		if got := st.count(c.first, c.parts...); got != c.want {
 			t.Errorf("%s: %d statements, want %d", c.what, got, c.want)
 		}
+	}
+	// The session lock of the instance is taken and given back in
+	// statements that do more (writePlan, CloseAppliedWith).
+	if n := st.count(nil, "SELECT pg_try_advisory_lock("); n != 0 {
+		t.Errorf("the instance's session lock taken in %d statements of its own, want 0", n)
+	}
+	if n := st.count(nil, "SELECT pg_advisory_unlock("); n != 0 {
+		t.Errorf("the instance's session lock given back in %d statements of its own, want 0", n)
+	}
+	// In all, the decision's two transactions send seven statements:
+	// the event locked, the facts read, the project's usage locked and
+	// the plan written; the event locked again, the vGPUs recorded with
+	// the request's move, the event closed with the move's notification.
+	if n, txs := st.decisionCost(event); n != 7 || txs != 2 {
+		t.Errorf("the decision: %d statements in %d transactions, want 7 in 2", n, txs)
 	}
 	var left int
 	if err := w.pool.QueryRow(w.ctx, `SELECT count(*) FROM planned_claims WHERE instance_uuid = $1`, inst).Scan(&left); err != nil {
