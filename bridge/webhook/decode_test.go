@@ -1,10 +1,13 @@
 package webhook
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/google/uuid"
 )
 
 func allowExample(h string) bool {
@@ -160,4 +163,20 @@ func FuzzDecodeAlertmanager(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAnswerBytes: the 202's body built without reflection is byte for
+// byte what json.Marshal writes (it is stored and replayed as it is),
+// public URLs that JSON escapes included.
+func TestAnswerBytes(t *testing.T) {
+	for _, pub := range []string{"", "https://bridge.example.org:9443", `http://a/<b>&"c"\d`, "http://h/\u2028\xff"} {
+		e := &Endpoint{cfg: Config{PublicURL: pub}, answerHead: answerHead(pub)}
+		for range 3 {
+			id := uuid.Must(uuid.NewV7())
+			want, _ := json.Marshal(Answer{RequestID: id, StatusURL: pub + "/v1/requests/" + id.String(), Skipped: []Skipped{}})
+			if got := e.answer(id); !bytes.Equal(got, want) {
+				t.Errorf("public URL %q: answer\n%s, want\n%s", pub, got, want)
+			}
+		}
+	}
 }

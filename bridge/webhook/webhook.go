@@ -226,6 +226,9 @@ type source struct {
 // Endpoint serves POST /v1/webhooks/{source} and delivers callbacks.
 type Endpoint struct {
 	cfg     Config
+	// answerHead is what a 202's body without skipped entries holds
+	// before its request id (answer).
+	answerHead []byte
 	log     *slog.Logger
 	sources map[string]*source
 	store   *requests.Store
@@ -254,6 +257,7 @@ func New(cfg Config) (*Endpoint, error) {
 	e := &Endpoint{cfg: cfg, log: cfg.Logger, sources: map[string]*source{}, store: cfg.Store, pool: cfg.Pool,
 		queue: make(chan *pending, 8192)}
 	e.bufs.New = func() any { return new(bytes.Buffer) }
+	e.answerHead = answerHead(cfg.PublicURL)
 	e.projectOf = newProjectOf(cfg.Pool, cfg.Now)
 	e.projectLim = newProjectLimiters(cfg.ProjectRate, cfg.ProjectBurst, cfg.Now)
 	var errs []error
@@ -685,8 +689,34 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 			Metrics: n.Metrics, CallbackURL: n.CallbackURL, GuestDriver: n.GuestDriver, Tune: n.Tune}}}
 	}
 	p.encodeEvents()
-	p.answer, _ = json.Marshal(ans)
+	if len(ans.Skipped) == 0 {
+		p.answer = e.answer(id)
+	} else {
+		p.answer, _ = json.Marshal(ans)
+	}
 	return p, nil
+}
+
+// answerHead is the start of the JSON of an Answer, up to its request id
+// in its status_url, for status URLs under publicURL.
+func answerHead(publicURL string) []byte {
+	u, _ := json.Marshal(publicURL + "/v1/requests/")
+	head := []byte(`{"request_id":"` + uuid.Nil.String() + `","status_url":`)
+	return append(head, u[:len(u)-1]...) // without its closing quote
+}
+
+// answer is the JSON of an Answer with no skipped entries, byte for byte
+// what json.Marshal writes (the request id is ASCII that JSON never
+// escapes), without its reflection: it is stored as the idempotency
+// key's first answer and replayed as it is.
+func (e *Endpoint) answer(id uuid.UUID) []byte {
+	const tail = `","skipped":[]}`
+	b := make([]byte, 0, len(e.answerHead)+36+len(tail))
+	b = append(b, e.answerHead...)
+	text := id.String()
+	copy(b[len(`{"request_id":"`):], text) // in place of the nil id
+	b = append(b, text...)
+	return append(b, tail...)
 }
 
 func workloadLabel(l map[string]string) string {
