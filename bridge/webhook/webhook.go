@@ -226,9 +226,6 @@ type source struct {
 // Endpoint serves POST /v1/webhooks/{source} and delivers callbacks.
 type Endpoint struct {
 	cfg     Config
-	// answerHead is what a 202's body without skipped entries holds
-	// before its request id (answer).
-	answerHead []byte
 	log     *slog.Logger
 	sources map[string]*source
 	store   *requests.Store
@@ -236,6 +233,9 @@ type Endpoint struct {
 	queue   chan *pending
 	m       *metrics
 	client  *http.Client
+	// answerHead is what a 202's body without skipped entries holds
+	// before its request id (answer).
+	answerHead []byte
 	// projectOf knows the instances' projects; projectLim limits each
 	// project (nil: no limit).
 	projectOf  *projectOf
