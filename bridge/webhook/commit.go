@@ -48,8 +48,10 @@ func (p *pending) encodeEvents() {
 		if len(p.events) > 1 || p.src.cfg.Format == FormatAlertmanager {
 			ev.msgID += "/" + strconv.Itoa(n)
 		}
-		b, err := json.Marshal(ev.payload)
-		ev.json, ev.err = string(b), err
+		if ev.json == "" { // build encodes a native request's with its body
+			b, err := json.Marshal(ev.payload)
+			ev.json, ev.err = string(b), err
+		}
 		if u, perr := uuid.Parse(ev.vm); perr != nil && ev.err == nil {
 			ev.err = fmt.Errorf("event of request %s: vm_id %q: %w", id, ev.vm, perr)
 		} else {

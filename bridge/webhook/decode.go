@@ -188,17 +188,22 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 		}
 		return s, true
 	}
-	names := make([]string, 0, len(fields))
-	for k := range fields {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
+	known := func(k string) bool {
 		switch k {
 		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce", "guest_driver", "event_id", "tune":
-		default:
-			add(k, "unknown field")
+			return true
 		}
+		return false
+	}
+	var unknown []string
+	for k := range fields {
+		if !known(k) {
+			unknown = append(unknown, k)
+		}
+	}
+	sort.Strings(unknown)
+	for _, k := range unknown {
+		add(k, "unknown field")
 	}
 
 	if s, ok := str("type"); ok {

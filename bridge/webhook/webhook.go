@@ -683,10 +683,10 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 		u := uuid.MustParse(n.VMID)
 		p.req.Kind, p.req.InstanceUUID, p.req.CallbackURL = n.Type, &u, n.CallbackURL
 		p.signedAt, p.eventID = n.Timestamp, n.EventID
-		p.req.Body, _ = json.Marshal(n)
 		p.events = []eventRow{{vm: n.VMID, at: now, payload: EventPayload{RequestID: id, Source: evSource,
 			Type: n.Type, VMID: n.VMID, Workload: n.Workload, VGPUProfile: n.VGPUProfile, Count: n.Count,
 			Metrics: n.Metrics, CallbackURL: n.CallbackURL, GuestDriver: n.GuestDriver, Tune: n.Tune}}}
+		p.req.Body, p.events[0].json = nativeJSON(n, id, evSource)
 	}
 	p.encodeEvents()
 	if len(ans.Skipped) == 0 {
@@ -717,6 +717,34 @@ func (e *Endpoint) answer(id uuid.UUID) []byte {
 	copy(b[len(`{"request_id":"`):], text) // in place of the nil id
 	b = append(b, text...)
 	return append(b, tail...)
+}
+
+// nativeJSON is the JSON of n (the request's body) and that of its inbox
+// event's payload (EventPayload), from one encoding of n: the payload
+// holds n's fields less those only the body has (timestamp, nonce,
+// event_id), and the request id and the source before them. Both are
+// stored as jsonb, where members have no order. The payload is empty
+// when its encoding failed (encodeEvents encodes it again and tells).
+func nativeJSON(n Native, id uuid.UUID, source string) (body json.RawMessage, payload string) {
+	body, err := json.Marshal(n)
+	if err != nil {
+		return body, ""
+	}
+	common := body
+	if !n.Timestamp.IsZero() || n.Nonce != "" || n.EventID != "" {
+		c := n
+		c.Timestamp, c.Nonce, c.EventID = time.Time{}, "", ""
+		if common, err = json.Marshal(c); err != nil {
+			return body, ""
+		}
+	}
+	// A payload omits a count of 0, a body does not; a decoded body's
+	// count is 1 at least.
+	if n.Count == 0 || len(common) < 3 || common[0] != '{' || common[1] == '}' {
+		return body, ""
+	}
+	src, _ := json.Marshal(source)
+	return body, `{"request_id":"` + id.String() + `","source":` + string(src) + `,` + string(common[1:])
 }
 
 func workloadLabel(l map[string]string) string {
