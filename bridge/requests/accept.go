@@ -8,37 +8,40 @@ import (
 // WebhookClaims are the webhook endpoint's claims written with the
 // requests an accepted batch makes (CreateWebhook): its idempotency keys
 // (webhook_idempotency, answer 202) and the digests of the bodies signed
-// alone (webhook_signed_bodies), one entry per claim.
+// alone (webhook_signed_bodies), one entry per claim. Each names the
+// request it made by its place in the requests it is written with.
 type WebhookClaims struct {
 	KeySources, Keys []string
 	KeyHashes        [][]byte // body_sha256
-	KeyRequests      [][16]byte
+	KeyRequests      []int32  // 1-based, as SQL arrays count
 	KeyAnswers       [][]byte // the 202's body, byte for byte
 
 	BodySources  []string
 	BodyHashes   [][]byte
 	BodyKeys     []string // "" for a delivery without a key
-	BodyRequests [][16]byte
+	BodyRequests []int32
 
 	// TTL is how long the claims hold, in seconds.
 	TTL float64
 }
 
-// AddKey appends the claim of an idempotency key.
-func (c *WebhookClaims) AddKey(source, key string, hash []byte, request [16]byte, answer []byte) {
+// AddKey appends the claim of an idempotency key by the request at index
+// request (0-based) of those it is written with.
+func (c *WebhookClaims) AddKey(source, key string, hash []byte, request int, answer []byte) {
 	c.KeySources = append(c.KeySources, source)
 	c.Keys = append(c.Keys, key)
 	c.KeyHashes = append(c.KeyHashes, hash)
-	c.KeyRequests = append(c.KeyRequests, request)
+	c.KeyRequests = append(c.KeyRequests, int32(request+1))
 	c.KeyAnswers = append(c.KeyAnswers, answer)
 }
 
-// AddBody appends the claim of a body signed alone.
-func (c *WebhookClaims) AddBody(source string, hash []byte, key string, request [16]byte) {
+// AddBody appends the claim of a body signed alone by the request at
+// index request (0-based) of those it is written with.
+func (c *WebhookClaims) AddBody(source string, hash []byte, key string, request int) {
 	c.BodySources = append(c.BodySources, source)
 	c.BodyHashes = append(c.BodyHashes, hash)
 	c.BodyKeys = append(c.BodyKeys, key)
-	c.BodyRequests = append(c.BodyRequests, request)
+	c.BodyRequests = append(c.BodyRequests, int32(request+1))
 }
 
 // createWebhookSQL writes, in one statement, the requests (in state
@@ -57,17 +60,17 @@ const createWebhookSQL = `WITH r AS (
 		RETURNING id, source, kind),
 	ev AS (
 		INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id, project_id)
-		SELECT s, m, t, i, o, p::json, r, NULLIF(pj, '')
-		FROM unnest($9::text[], $10::text[], $11::text[], $12::uuid[], $13::timestamptz[], $14::text[], $15::text[], $16::text[])
+		SELECT s, m, t, i, o, p::json, ($2::uuid[])[r]::text, NULLIF(pj, '')
+		FROM unnest($9::text[], $10::text[], $11::text[], $12::uuid[], $13::timestamptz[], $14::text[], $15::int[], $16::text[])
 		  AS x(s, m, t, i, o, p, r, pj)),
 	ik AS (
 		INSERT INTO webhook_idempotency (source, key, body_sha256, request_id, status, response, expires_at)
-		SELECT s, k, h, id, 202, resp, now() + make_interval(secs => $26)
-		FROM unnest($17::text[], $18::text[], $19::bytea[], $20::uuid[], $21::bytea[]) AS t(s, k, h, id, resp)),
+		SELECT s, k, h, ($2::uuid[])[r], 202, resp, now() + make_interval(secs => $26)
+		FROM unnest($17::text[], $18::text[], $19::bytea[], $20::int[], $21::bytea[]) AS t(s, k, h, r, resp)),
 	sb AS (
 		INSERT INTO webhook_signed_bodies (source, body_sha256, key, request_id, expires_at)
-		SELECT s, h, k, id, now() + make_interval(secs => $26)
-		FROM unnest($22::text[], $23::bytea[], $24::text[], $25::uuid[]) AS t(s, h, k, id))
+		SELECT s, h, k, ($2::uuid[])[r], now() + make_interval(secs => $26)
+		FROM unnest($22::text[], $23::bytea[], $24::text[], $25::int[]) AS t(s, h, k, r))
 	INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
 	SELECT $1, 'create', 'request', id::text, id::text,
 	       jsonb_build_object('to', 'accepted', 'source', source, 'kind', kind)
@@ -95,7 +98,7 @@ func (s *Store) CreateWebhook(ctx context.Context, q Execer, rs []Request, evs *
 		c = &WebhookClaims{}
 	}
 	args := append(a,
-		evs.Sources, evs.MessageIDs, evs.Types, evs.Instances, evs.Occurred, evs.Payloads, evs.RequestIDs, evs.Projects,
+		evs.Sources, evs.MessageIDs, evs.Types, evs.Instances, evs.Occurred, evs.Payloads, evs.Requests, evs.Projects,
 		c.KeySources, c.Keys, c.KeyHashes, c.KeyRequests, c.KeyAnswers,
 		c.BodySources, c.BodyHashes, c.BodyKeys, c.BodyRequests,
 		c.TTL)

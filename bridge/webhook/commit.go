@@ -225,7 +225,7 @@ func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []re
 	claims := requests.WebhookClaims{TTL: e.cfg.IdempotencyTTL.Seconds()}
 	var seen map[keyRef]bool
 	var bodies map[bodyRef]bool
-	for _, p := range batch {
+	for i, p := range batch {
 		if p.rejectReason != "" || p.src.cfg.Format == FormatAlertmanager {
 			// Alerts are claimed one by one (claimAlerts): tryCommitTx.
 			return nil, false, nil
@@ -241,7 +241,7 @@ func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []re
 				}
 				bodies[b] = true
 			}
-			claims.AddBody(b.source, p.hash[:], p.key, [16]byte(p.req.ID))
+			claims.AddBody(b.source, p.hash[:], p.key, i)
 		}
 		if p.key == "" {
 			continue
@@ -256,7 +256,7 @@ func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []re
 			}
 			seen[k] = true
 		}
-		claims.AddKey(k.source, k.key, p.hash[:], [16]byte(p.req.ID), p.answer)
+		claims.AddKey(k.source, k.key, p.hash[:], i, p.answer)
 	}
 	err = e.create(ctx, e.pool, batch, &claims)
 	var pe *pgconn.PgError
@@ -280,12 +280,11 @@ func (e *Endpoint) create(ctx context.Context, q requests.Execer, create []*pend
 	var evs requests.WebhookEvents
 	for j, p := range create {
 		reqs[j] = p.req
-		id := p.req.ID.String()
 		for _, ev := range p.events {
 			if ev.err != nil {
 				return ev.err
 			}
-			evs.Add(p.src.label, ev.msgID, ev.payload.Type, [16]byte(ev.vmUUID), ev.at, ev.json, id, ev.project)
+			evs.Add(p.src.label, ev.msgID, ev.payload.Type, [16]byte(ev.vmUUID), ev.at, ev.json, j, ev.project)
 		}
 	}
 	return e.store.CreateWebhook(ctx, q, reqs, &evs, claims)

@@ -3,10 +3,12 @@ package webhook
 import (
 	"context"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -85,6 +87,37 @@ func TestAcceptOneStatement(t *testing.T) {
 	} {
 		if n := e.count(q, id); n != want {
 			t.Errorf("%s: %d, want %d", q, n, want)
+		}
+	}
+}
+
+// TestAcceptBatchRows: requests accepted together (concurrent senders,
+// group commits of several) each get their own rows: the key, the body
+// digest, the inbox event and the stored answer name the request that
+// made them.
+func TestAcceptBatchRows(t *testing.T) {
+	e := newEnv(t, []webhook.Source{batchSource()})
+	const n = 40
+	ids := make([]uuid.UUID, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ids[i] = e.want202(e.postHub("batch", secretNew, nativeBody(`"metrics":{"i":`+strconv.Itoa(i)+`}`), "batch-rows-"+strconv.Itoa(i)))
+		})
+	}
+	wg.Wait()
+	for q, what := range map[string]string{
+		`SELECT count(*) FROM requests r JOIN webhook_idempotency w ON w.source = 'batch' AND w.key = r.idempotency_key AND w.request_id = r.id
+			WHERE r.id = ANY($1) AND position(r.id::text IN convert_from(w.response, 'UTF8')) > 0`: "keys",
+		`SELECT count(*) FROM requests r JOIN webhook_signed_bodies b ON b.source = 'batch' AND b.key = r.idempotency_key AND b.request_id = r.id
+			WHERE r.id = ANY($1)`: "signed bodies",
+		`SELECT count(*) FROM requests r JOIN events ev ON ev.source = 'webhook:batch' AND ev.message_id = r.id::text AND ev.request_id = r.id::text
+			WHERE r.id = ANY($1) AND ev.payload->>'request_id' = r.id::text AND ev.payload->'metrics'->>'i' = substr(r.idempotency_key, 12)
+			  AND r.body->'metrics'->>'i' = substr(r.idempotency_key, 12)`: "events",
+		`SELECT count(*) FROM audit_log WHERE action = 'create' AND object_id = ANY($1::uuid[]::text[])`: "audit rows",
+	} {
+		if got := e.count(q, ids); got != n {
+			t.Errorf("%s: %d of %d requests", what, got, n)
 		}
 	}
 }
