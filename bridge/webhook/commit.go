@@ -48,7 +48,7 @@ func (p *pending) encodeEvents() {
 		if len(p.events) > 1 || p.src.cfg.Format == FormatAlertmanager {
 			ev.msgID += "/" + strconv.Itoa(n)
 		}
-		if ev.json == "" { // build encodes a native request's with its body
+		if ev.json == "" { // build encoded a native request's payload with its body
 			b, err := json.Marshal(ev.payload)
 			ev.json, ev.err = string(b), err
 		}
