@@ -85,41 +85,32 @@ func DeferEvent(ctx context.Context, q Execer, id int64, keepRequest bool, until
 }
 
 // WebhookEvents are the columns of the inbox rows of accepted webhook
-// requests, one entry per event.
+// requests, one entry per event; each names its request by its place in
+// the requests it is written with (CreateWebhook).
 type WebhookEvents struct {
 	Sources, MessageIDs, Types []string
 	Instances                  [][16]byte
 	Occurred                   []time.Time
-	Payloads, RequestIDs       []string
+	Payloads                   []string
+	Requests                   []int32  // 1-based, as SQL arrays count
 	Projects                   []string // "" for none
 }
 
-// Add appends one event.
-func (w *WebhookEvents) Add(source, messageID, typ string, instance [16]byte, at time.Time, payload, requestID, project string) {
+// Add appends one event of the request at index request (0-based) of
+// those it is written with.
+func (w *WebhookEvents) Add(source, messageID, typ string, instance [16]byte, at time.Time, payload string, request int, project string) {
 	w.Sources = append(w.Sources, source)
 	w.MessageIDs = append(w.MessageIDs, messageID)
 	w.Types = append(w.Types, typ)
 	w.Instances = append(w.Instances, instance)
 	w.Occurred = append(w.Occurred, at)
 	w.Payloads = append(w.Payloads, payload)
-	w.RequestIDs = append(w.RequestIDs, requestID)
+	w.Requests = append(w.Requests, int32(request+1))
 	w.Projects = append(w.Projects, project)
 }
 
 // Len is how many events w holds.
 func (w *WebhookEvents) Len() int { return len(w.Sources) }
-
-// QueueWebhookEvents queues w's rows in b (one statement, none when w is
-// empty), written with the batch that creates their requests.
-func QueueWebhookEvents(b *pgx.Batch, w *WebhookEvents) {
-	if w.Len() == 0 {
-		return
-	}
-	b.Queue(`INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id, project_id)
-		SELECT s, m, t, i, o, p::json, r, NULLIF(pj, '')
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::timestamptz[], $6::text[], $7::text[], $8::text[])
-		  AS x(s, m, t, i, o, p, r, pj)`, w.Sources, w.MessageIDs, w.Types, w.Instances, w.Occurred, w.Payloads, w.RequestIDs, w.Projects)
-}
 
 // Notifications are the columns of the inbox rows of notifications from
 // one source, one entry per message; a nil pointer writes NULL. A row

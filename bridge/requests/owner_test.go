@@ -87,6 +87,12 @@ var sharedWriters = map[string]map[string]string{
 	"instance_load":      {"bridge/pipeline": "forgets the load windows it no longer reads"},
 	"diagnostics":        {"bridge/controls": "the retention purge"},
 	"vgpu_usage_periods": {"bridge/requests": "PurgeUsage deletes the closed periods with the usage they froze"},
+	// CreateWebhook writes an accepted batch in one statement: the
+	// requests and events it makes with the endpoint's plain claims
+	// (INSERTs of rows bridge/webhook builds; it alone reads, expires and
+	// resolves them).
+	"webhook_idempotency":   {"bridge/requests": "CreateWebhook claims an accepted batch's keys in the statement that makes its requests"},
+	"webhook_signed_bodies": {"bridge/requests": "CreateWebhook claims an accepted batch's signed bodies in the statement that makes its requests"},
 }
 
 // dynamicWriters lists the packages allowed to write a table named at run

@@ -168,6 +168,26 @@ func (s *Store) QueueCreate(b *pgx.Batch, rs []Request) error {
 	if len(rs) == 0 {
 		return nil
 	}
+	args, err := s.createArgs(rs)
+	if err != nil {
+		return err
+	}
+	b.Queue(`WITH r AS (
+		INSERT INTO requests (id, source, kind, instance_uuid, state, body, callback_url, idempotency_key)
+		SELECT id, source, kind, inst, 'accepted', body::jsonb, cb, key
+		FROM unnest($2::uuid[], $3::text[], $4::text[], $5::uuid[], $6::text[], $7::text[], $8::text[])
+		  AS t(id, source, kind, inst, body, cb, key)
+		RETURNING id, source, kind)
+		INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+		SELECT $1, 'create', 'request', id::text, id::text,
+		       jsonb_build_object('to', 'accepted', 'source', source, 'kind', kind)
+		FROM r`, args...)
+	return nil
+}
+
+// createArgs are the parameters $1 to $8 of the statements that create
+// rs: the actor, then one array per column.
+func (s *Store) createArgs(rs []Request) ([]any, error) {
 	n := len(rs)
 	ids := make([][16]byte, n)
 	sources := make([]string, n)
@@ -178,7 +198,7 @@ func (s *Store) QueueCreate(b *pgx.Batch, rs []Request) error {
 	keys := make([]pgtype.Text, n)
 	for i, r := range rs {
 		if r.ID == uuid.Nil {
-			return fmt.Errorf("create request: no id")
+			return nil, fmt.Errorf("create request: no id")
 		}
 		ids[i] = r.ID
 		sources[i] = r.Source
@@ -190,18 +210,8 @@ func (s *Store) QueueCreate(b *pgx.Batch, rs []Request) error {
 		cbs[i] = pgtype.Text{String: r.CallbackURL, Valid: r.CallbackURL != ""}
 		keys[i] = pgtype.Text{String: r.IdempotencyKey, Valid: r.IdempotencyKey != ""}
 	}
-	b.Queue(`WITH r AS (
-		INSERT INTO requests (id, source, kind, instance_uuid, state, body, callback_url, idempotency_key)
-		SELECT id, source, kind, inst, 'accepted', body::jsonb, cb, key
-		FROM unnest($2::uuid[], $3::text[], $4::text[], $5::uuid[], $6::text[], $7::text[], $8::text[])
-		  AS t(id, source, kind, inst, body, cb, key)
-		RETURNING id, source, kind)
-		INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-		SELECT $1, 'create', 'request', id::text, id::text,
-		       jsonb_build_object('to', 'accepted', 'source', source, 'kind', kind)
-		FROM r`,
-		s.actor, ids, sources, kinds, insts, bodies, cbs, keys)
-	return nil
+	args := make([]any, 0, 26)
+	return append(args, s.actor, ids, sources, kinds, insts, bodies, cbs, keys), nil
 }
 
 const columns = `id, source, kind, instance_uuid, state, coalesce(phase,''), coalesce(reason,''), coalesce(code,''),

@@ -48,8 +48,10 @@ func (p *pending) encodeEvents() {
 		if len(p.events) > 1 || p.src.cfg.Format == FormatAlertmanager {
 			ev.msgID += "/" + strconv.Itoa(n)
 		}
-		b, err := json.Marshal(ev.payload)
-		ev.json, ev.err = string(b), err
+		if ev.json == "" { // build encoded a native request's payload with its body
+			b, err := json.Marshal(ev.payload)
+			ev.json, ev.err = string(b), err
+		}
 		if u, perr := uuid.Parse(ev.vm); perr != nil && ev.err == nil {
 			ev.err = fmt.Errorf("event of request %s: vm_id %q: %w", id, ev.vm, perr)
 		} else {
@@ -213,73 +215,50 @@ func (e *Endpoint) tryCommit(ctx context.Context, batch []*pending) ([]result, e
 	return e.tryCommitTx(ctx, batch)
 }
 
-// tryCommitNew is the common case in one round trip: every request is new
-// (no rejection to record, no idempotency key seen before or twice in the
-// batch). Its statements go in one pipeline, which Postgres runs as one
-// implicit transaction: the keys are claimed by a plain INSERT, so a key
-// taken already fails the whole batch, and nothing of it is kept. ok is
-// false when the batch is not of that kind, or a key was taken: then
-// tryCommitTx decides it.
+// tryCommitNew is the common case in one statement: every request is new
+// (no rejection to record, no idempotency key or signed body seen before
+// or twice in the batch). The statement (requests.CreateWebhook) claims
+// the keys and bodies by plain INSERTs, so one taken already fails it
+// whole, and nothing of it is kept. ok is false when the batch is not of
+// that kind, or a key or a body was taken: then tryCommitTx decides it.
 func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []result, ok bool, err error) {
-	seen := make(map[keyRef]bool, len(batch))
-	bodies := map[bodyRef]bool{}
-	var bSrcs, bKeys []string
-	var bIDs [][16]byte
-	var bHashes [][]byte
-	var srcs, keys []string
-	// [16]byte: pgx sends it as binary uuid (uuid.UUID goes through its
-	// driver.Valuer, as text).
-	var ids [][16]byte
-	var resps, hashes [][]byte
-	for _, p := range batch {
+	claims := requests.WebhookClaims{TTL: e.cfg.IdempotencyTTL.Seconds()}
+	var seen map[keyRef]bool
+	var bodies map[bodyRef]bool
+	for i, p := range batch {
 		if p.rejectReason != "" || p.src.cfg.Format == FormatAlertmanager {
 			// Alerts are claimed one by one (claimAlerts): tryCommitTx.
 			return nil, false, nil
 		}
 		if p.bodyOnly {
 			b := bodyRef{p.src.cfg.Name, p.hash}
-			if bodies[b] {
-				return nil, false, nil
+			if len(batch) > 1 {
+				if bodies[b] {
+					return nil, false, nil
+				}
+				if bodies == nil {
+					bodies = make(map[bodyRef]bool, len(batch))
+				}
+				bodies[b] = true
 			}
-			bodies[b] = true
-			bSrcs, bKeys, bIDs, bHashes = append(bSrcs, b.source), append(bKeys, p.key), append(bIDs, [16]byte(p.req.ID)), append(bHashes, p.hash[:])
+			claims.AddBody(b.source, p.hash[:], p.key, i)
 		}
 		if p.key == "" {
 			continue
 		}
 		k := keyRef{p.src.cfg.Name, p.key}
-		if seen[k] {
-			return nil, false, nil
+		if len(batch) > 1 {
+			if seen[k] {
+				return nil, false, nil
+			}
+			if seen == nil {
+				seen = make(map[keyRef]bool, len(batch))
+			}
+			seen[k] = true
 		}
-		seen[k] = true
-		srcs, keys, ids = append(srcs, k.source), append(keys, k.key), append(ids, [16]byte(p.req.ID))
-		resps, hashes = append(resps, p.answer), append(hashes, p.hash[:])
+		claims.AddKey(k.source, k.key, p.hash[:], i, p.answer)
 	}
-	b := &pgx.Batch{}
-	if len(keys) > 0 {
-		b.Queue(`INSERT INTO webhook_idempotency (source, key, body_sha256, request_id, status, response, expires_at)
-			SELECT s, k, h, id, 202, resp, now() + make_interval(secs => $6)
-			FROM unnest($1::text[], $2::text[], $3::bytea[], $4::uuid[], $5::bytea[]) AS t(s, k, h, id, resp)`,
-			srcs, keys, hashes, ids, resps, e.cfg.IdempotencyTTL.Seconds())
-	}
-	if len(bSrcs) > 0 {
-		b.Queue(`INSERT INTO webhook_signed_bodies (source, body_sha256, key, request_id, expires_at)
-			SELECT s, h, k, id, now() + make_interval(secs => $5)
-			FROM unnest($1::text[], $2::bytea[], $3::text[], $4::uuid[]) AS t(s, h, k, id)`,
-			bSrcs, bHashes, bKeys, bIDs, e.cfg.IdempotencyTTL.Seconds())
-	}
-	if err := e.queueCreate(b, batch); err != nil {
-		return nil, false, err
-	}
-	br := e.pool.SendBatch(ctx, b)
-	for range b.Len() {
-		if _, err = br.Exec(); err != nil {
-			break
-		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	err = e.create(ctx, e.pool, batch, &claims)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "23505" /* unique_violation */ && (pe.TableName == "webhook_idempotency" || pe.TableName == "webhook_signed_bodies") {
 		return nil, false, nil // a key or a body was seen before: the full path tells replay from conflict
@@ -294,25 +273,21 @@ func (e *Endpoint) tryCommitNew(ctx context.Context, batch []*pending) (res []re
 	return res, true, nil
 }
 
-// queueCreate queues the requests of create and their inbox events.
-func (e *Endpoint) queueCreate(b *pgx.Batch, create []*pending) error {
+// create writes the requests of create, their inbox events and claims
+// (nil: none) in one statement of q.
+func (e *Endpoint) create(ctx context.Context, q requests.Execer, create []*pending, claims *requests.WebhookClaims) error {
 	reqs := make([]requests.Request, len(create))
 	var evs requests.WebhookEvents
 	for j, p := range create {
 		reqs[j] = p.req
-		id := p.req.ID.String()
 		for _, ev := range p.events {
 			if ev.err != nil {
 				return ev.err
 			}
-			evs.Add(p.src.label, ev.msgID, ev.payload.Type, [16]byte(ev.vmUUID), ev.at, ev.json, id, ev.project)
+			evs.Add(p.src.label, ev.msgID, ev.payload.Type, [16]byte(ev.vmUUID), ev.at, ev.json, j, ev.project)
 		}
 	}
-	if err := e.store.QueueCreate(b, reqs); err != nil {
-		return err
-	}
-	requests.QueueWebhookEvents(b, &evs)
-	return nil
+	return e.store.CreateWebhook(ctx, q, reqs, &evs, claims)
 }
 
 // tryCommitTx writes batch in one explicit transaction: it claims the
@@ -516,11 +491,7 @@ func (e *Endpoint) tryCommitTx(ctx context.Context, batch []*pending) ([]result,
 	}
 
 	if len(create) > 0 {
-		b := &pgx.Batch{}
-		if err := e.queueCreate(b, create); err != nil {
-			return nil, err
-		}
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if err := e.create(ctx, tx, create, nil); err != nil {
 			return nil, fmt.Errorf("store requests: %w", err)
 		}
 		for _, p := range create {

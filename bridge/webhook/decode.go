@@ -188,17 +188,22 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 		}
 		return s, true
 	}
-	names := make([]string, 0, len(fields))
-	for k := range fields {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
+	known := func(k string) bool {
 		switch k {
 		case "type", "vm_id", "workload", "vgpu_profile", "count", "metrics", "callback_url", "timestamp", "nonce", "guest_driver", "event_id", "tune":
-		default:
-			add(k, "unknown field")
+			return true
 		}
+		return false
+	}
+	var unknown []string
+	for k := range fields {
+		if !known(k) {
+			unknown = append(unknown, k)
+		}
+	}
+	sort.Strings(unknown)
+	for _, k := range unknown {
+		add(k, "unknown field")
 	}
 
 	if s, ok := str("type"); ok {
@@ -270,9 +275,9 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 			}
 			sort.Strings(keys)
 			for _, k := range keys {
-				name := "metrics." + k
+				name := func() string { return "metrics." + k } // only for a refusal
 				if k == "" || len(k) > maxMetricKey {
-					add(name, "names must be 1 to %d characters", maxMetricKey)
+					add(name(), "names must be 1 to %d characters", maxMetricKey)
 					continue
 				}
 				switch x := scalar(m[k]).(type) {
@@ -282,7 +287,7 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 					f, err := strconv.ParseFloat(string(x), 64)
 					mant, _, _ := strings.Cut(strings.ToLower(string(x)), "e")
 					if err != nil || math.IsInf(f, 0) || (f == 0 && strings.ContainsAny(mant, "123456789")) { // over, or under to 0
-						add(name, "must be a number a double can hold (0, or a magnitude from about 4.9e-324 to 1.8e308)")
+						add(name(), "must be a number a double can hold (0, or a magnitude from about 4.9e-324 to 1.8e308)")
 						continue
 					}
 					n.Metrics[k] = x
@@ -290,12 +295,12 @@ func DecodeNative(body []byte, allowHost func(string) bool) (Native, []api.Inval
 					n.Metrics[k] = x
 				case string:
 					if len(x) > maxMetricText {
-						add(name, "strings may be at most %d bytes", maxMetricText)
+						add(name(), "strings may be at most %d bytes", maxMetricText)
 						continue
 					}
 					n.Metrics[k] = x
 				default:
-					add(name, "must be a number, a string or a boolean, not %s", jsonKind(m[k]))
+					add(name(), "must be a number, a string or a boolean, not %s", jsonKind(m[k]))
 				}
 			}
 		}

@@ -1,10 +1,14 @@
 package webhook
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
+
+	"github.com/google/uuid"
 )
 
 func allowExample(h string) bool {
@@ -160,4 +164,54 @@ func FuzzDecodeAlertmanager(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAnswerBytes: the 202's body built without reflection is byte for
+// byte what json.Marshal writes (it is stored and replayed as it is),
+// public URLs that JSON escapes included.
+func TestAnswerBytes(t *testing.T) {
+	for _, pub := range []string{"", "https://bridge.example.org:9443", `http://a/<b>&"c"\d`, "http://h/\u2028\xff"} {
+		e := &Endpoint{cfg: Config{PublicURL: pub}, answerHead: answerHead(pub)}
+		for range 3 {
+			id := uuid.Must(uuid.NewV7())
+			want, _ := json.Marshal(Answer{RequestID: id, StatusURL: pub + "/v1/requests/" + id.String(), Skipped: []Skipped{}})
+			if got := e.answer(id); !bytes.Equal(got, want) {
+				t.Errorf("public URL %q: answer\n%s, want\n%s", pub, got, want)
+			}
+		}
+	}
+}
+
+// TestNativeJSON: the inbox payload spliced from the body's encoding holds
+// what json.Marshal of the EventPayload holds (as jsonb stores it: the
+// same members and values), and the body is json.Marshal's of Native.
+func TestNativeJSON(t *testing.T) {
+	for _, body := range []string{
+		`{"type":"GPU_LOAD","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","workload":"training","metrics":{"util":0.93,"seq":1,"hot":true,"pool":"r<&>"}}`,
+		`{"type":"GPU_REQUEST","vm_id":"8B1A3F50-0B7C-4F2E-9D0A-8F6A1B2C3D4E","workload":"inference","vgpu_profile":"T4-4Q","count":2,"callback_url":"https://127.0.0.1/cb","guest_driver":"550.54.15"}`,
+		`{"type":"GPU_REQUEST","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","workload":"training","timestamp":1700000000,"nonce":"n-1","event_id":"ev-1","tune":{"scheduler":"equal_share","timeslice_us":2000}}`,
+		`{"type":"GPU_RELEASE","vm_id":"8b1a3f50-0b7c-4f2e-9d0a-8f6a1b2c3d4e","nonce":"x"}`,
+	} {
+		n, bad := DecodeNative([]byte(body), func(string) bool { return true })
+		if len(bad) > 0 {
+			t.Fatalf("%s: %v", body, bad)
+		}
+		id := uuid.Must(uuid.NewV7())
+		src := `webhook:a"b<c>`
+		gotBody, gotPayload := nativeJSON(n, id, src)
+		wantBody, _ := json.Marshal(n)
+		if !bytes.Equal(gotBody, wantBody) {
+			t.Errorf("body %s, want %s", gotBody, wantBody)
+		}
+		wantPayload, _ := json.Marshal(EventPayload{RequestID: id, Source: src, Type: n.Type, VMID: n.VMID, Workload: n.Workload,
+			VGPUProfile: n.VGPUProfile, Count: n.Count, Metrics: n.Metrics, CallbackURL: n.CallbackURL, GuestDriver: n.GuestDriver, Tune: n.Tune})
+		var got, want map[string]any
+		if err := json.Unmarshal([]byte(gotPayload), &got); err != nil {
+			t.Fatalf("payload %s: %v", gotPayload, err)
+		}
+		json.Unmarshal(wantPayload, &want)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("payload\n%s, want the members of\n%s", gotPayload, wantPayload)
+		}
+	}
 }

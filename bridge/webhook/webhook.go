@@ -233,6 +233,9 @@ type Endpoint struct {
 	queue   chan *pending
 	m       *metrics
 	client  *http.Client
+	// answerHead is what a 202's body without skipped entries holds
+	// before its request id (answer).
+	answerHead []byte
 	// projectOf knows the instances' projects; projectLim limits each
 	// project (nil: no limit).
 	projectOf  *projectOf
@@ -254,6 +257,7 @@ func New(cfg Config) (*Endpoint, error) {
 	e := &Endpoint{cfg: cfg, log: cfg.Logger, sources: map[string]*source{}, store: cfg.Store, pool: cfg.Pool,
 		queue: make(chan *pending, 8192)}
 	e.bufs.New = func() any { return new(bytes.Buffer) }
+	e.answerHead = answerHead(cfg.PublicURL)
 	e.projectOf = newProjectOf(cfg.Pool, cfg.Now)
 	e.projectLim = newProjectLimiters(cfg.ProjectRate, cfg.ProjectBurst, cfg.Now)
 	var errs []error
@@ -679,14 +683,68 @@ func (e *Endpoint) build(src *source, body []byte, now time.Time) (*pending, []a
 		u := uuid.MustParse(n.VMID)
 		p.req.Kind, p.req.InstanceUUID, p.req.CallbackURL = n.Type, &u, n.CallbackURL
 		p.signedAt, p.eventID = n.Timestamp, n.EventID
-		p.req.Body, _ = json.Marshal(n)
 		p.events = []eventRow{{vm: n.VMID, at: now, payload: EventPayload{RequestID: id, Source: evSource,
 			Type: n.Type, VMID: n.VMID, Workload: n.Workload, VGPUProfile: n.VGPUProfile, Count: n.Count,
 			Metrics: n.Metrics, CallbackURL: n.CallbackURL, GuestDriver: n.GuestDriver, Tune: n.Tune}}}
+		p.req.Body, p.events[0].json = nativeJSON(n, id, evSource)
 	}
 	p.encodeEvents()
-	p.answer, _ = json.Marshal(ans)
+	if len(ans.Skipped) == 0 {
+		p.answer = e.answer(id)
+	} else {
+		p.answer, _ = json.Marshal(ans)
+	}
 	return p, nil
+}
+
+// answerHead is the start of the JSON of an Answer, up to its request id
+// in its status_url, for status URLs under publicURL.
+func answerHead(publicURL string) []byte {
+	u, _ := json.Marshal(publicURL + "/v1/requests/")
+	head := []byte(`{"request_id":"` + uuid.Nil.String() + `","status_url":`)
+	return append(head, u[:len(u)-1]...) // without its closing quote
+}
+
+// answer is the JSON of an Answer with no skipped entries, byte for byte
+// what json.Marshal writes (the request id is ASCII that JSON never
+// escapes), without its reflection: it is stored as the idempotency
+// key's first answer and replayed as it is.
+func (e *Endpoint) answer(id uuid.UUID) []byte {
+	const tail = `","skipped":[]}`
+	b := make([]byte, 0, len(e.answerHead)+36+len(tail))
+	b = append(b, e.answerHead...)
+	text := id.String()
+	copy(b[len(`{"request_id":"`):], text) // in place of the nil id
+	b = append(b, text...)
+	return append(b, tail...)
+}
+
+// nativeJSON is the JSON of n (the request's body) and that of its inbox
+// event's payload (EventPayload), from one encoding of n: the payload
+// holds n's fields less those only the body has (timestamp, nonce,
+// event_id), and the request id and the source before them. Both are
+// stored as jsonb, where members have no order. The payload is empty
+// when its encoding failed (encodeEvents encodes it again and tells).
+func nativeJSON(n Native, id uuid.UUID, source string) (body json.RawMessage, payload string) {
+	body, err := json.Marshal(n)
+	if err != nil {
+		return body, ""
+	}
+	common := body
+	if !n.Timestamp.IsZero() || n.Nonce != "" || n.EventID != "" {
+		c := n
+		c.Timestamp, c.Nonce, c.EventID = time.Time{}, "", ""
+		if common, err = json.Marshal(c); err != nil {
+			return body, ""
+		}
+	}
+	// A payload omits a count of 0, a body does not; a decoded body's
+	// count is 1 at least.
+	if n.Count == 0 || len(common) < 3 || common[0] != '{' || common[1] == '}' {
+		return body, ""
+	}
+	src, _ := json.Marshal(source)
+	return body, `{"request_id":"` + id.String() + `","source":` + string(src) + `,` + string(common[1:])
 }
 
 func workloadLabel(l map[string]string) string {
