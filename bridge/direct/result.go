@@ -40,12 +40,20 @@ func (p *Path) takeResult(ctx context.Context, tx pgx.Tx, ar *pipeline.AgentResu
 		return nil
 	}
 	// The request, locked, what of it is still open, and what its
-	// completion reads (requestView).
+	// completion reads (requestView): read with the result
+	// (requests.FinishCommandOnceView), or here.
 	var st string
 	var nextKind *string
 	var openFailed bool
 	var rv requestView
-	if err := tx.QueryRow(ctx, `SELECT r.state,
+	if v := c.View; v != nil {
+		st, openFailed = string(v.State), v.OpenFailed
+		if v.NextKind != "" {
+			nextKind = &v.NextKind
+		}
+		rv = requestView{releasing: v.Releasing, instance: v.Instance, move: v.Move, workload: v.Workload, kind: v.Kind,
+			profile: v.Profile, host: v.Host}
+	} else if err := tx.QueryRow(ctx, `SELECT r.state,
 			(SELECT kind FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NULL ORDER BY seq LIMIT 1),
 			EXISTS (SELECT 1 FROM commands WHERE request_id = $1 AND purpose = 'action' AND finished_at IS NOT NULL AND result_status <> 'succeeded'),
 			EXISTS (SELECT 1 FROM vgpu_attachments WHERE release_request_id = $1 AND state = 'releasing'),
@@ -102,6 +110,9 @@ func (p *Path) takeResult(ctx context.Context, tx pgx.Tx, ar *pipeline.AgentResu
 // is to decide (the caller wakes it once the transaction committed).
 func (p *Path) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time.Time, rv requestView) (changed bool, err error) {
 	defer wrapErr(&err, "complete request %s", reqID)
+	if !rv.releasing {
+		return p.completeAttach(ctx, tx, reqID, at, rv)
+	}
 	attached, err := requests.MarkAttached(ctx, tx, reqID, at)
 	if err != nil {
 		return false, err
@@ -152,6 +163,39 @@ func (p *Path) complete(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time
 	// Succeeded once the claims given back are made (pipeline.Finish).
 	if err := pipeline.Finish(ctx, tx, p.d.Requests, reqID, requests.Succeeded, reason, ""); err != nil {
 		return false, err
+	}
+	p.count.Finished(requests.Succeeded)
+	return changed, nil
+}
+
+// completeAttach is complete for a request that gives nothing back: its
+// attachments are marked attached, reading what its notification says
+// (requests.MarkAttachedNoted), then it ends succeeded in one statement
+// with its change event and notification (pipeline.FinishNoted).
+func (p *Path) completeAttach(ctx context.Context, tx pgx.Tx, reqID uuid.UUID, at time.Time, rv requestView) (changed bool, err error) {
+	attached, noted, err := requests.MarkAttachedNoted(ctx, tx, reqID, at)
+	if err != nil {
+		return false, err
+	}
+	reason := "all commands succeeded"
+	if attached > 0 {
+		reason = fmt.Sprintf("%d vGPU(s) attached", attached)
+	}
+	var change *pipeline.Change
+	if c, ok := directChange(reqID, rv, int(attached), 0); ok {
+		// An event no rule listens to is written processed: the
+		// pipeline would close it having decided nothing.
+		c.Unheard = !p.d.Policy.Policy().Listens(pipeline.KindVGPUChanged)
+		change = &c
+	}
+	if err := pipeline.FinishNoted(ctx, tx, p.d.Requests, reqID, reason, noted, change); err != nil {
+		return false, err
+	}
+	if change != nil {
+		if change.Unheard {
+			p.count.Decided(flow.OutcomeNothing)
+		}
+		changed = !change.Unheard
 	}
 	p.count.Finished(requests.Succeeded)
 	return changed, nil

@@ -157,37 +157,46 @@ func (x *Dispatcher) relayOnce(ctx context.Context, ch *amqp.Channel, st *relayS
 			}
 			ok = append(ok, r)
 		}
-		for _, r := range ok {
-			// A signed (or rewritten) row keeps what went out (key_id and
-			// sig included): a refusal's body_sha256 is checked against it
-			// (ownRefusal).
-			var signed []byte
-			if r.signed {
-				signed = r.body
-			}
-			if err := requests.Sent(ctx, tx, r.id, signed); err != nil {
-				return err
-			}
-			x.m.published.WithLabelValues("sent").Inc()
-		}
 		sent = len(ok)
-		return x.markDispatched(ctx, tx, ok)
+		return x.markSent(ctx, tx, ok)
 	})
 	return sent, err
 }
 
-// markDispatched moves the requests whose first command went out from
-// decided to dispatched.
-func (x *Dispatcher) markDispatched(ctx context.Context, tx pgx.Tx, sent []*outRow) error {
+// markSent records the commands the broker confirmed as sent and moves
+// the requests whose first command went out from decided to dispatched:
+// the commands are recorded in the statement of the first request's move
+// (requests.Store.TransitionIfSent), or in one of their own
+// (requests.SentBatch) where none moves.
+func (x *Dispatcher) markSent(ctx context.Context, tx pgx.Tx, ok []*outRow) error {
+	cmds := make([]requests.SentCommand, 0, len(ok))
+	for _, r := range ok {
+		// A signed (or rewritten) row keeps what went out (key_id and
+		// sig included): a refusal's body_sha256 is checked against it
+		// (ownRefusal).
+		c := requests.SentCommand{ID: r.id}
+		if r.signed {
+			c.Signed = r.body
+		}
+		cmds = append(cmds, c)
+	}
 	seen := map[uuid.UUID]bool{}
-	for _, r := range sent {
+	for _, r := range ok {
 		if r.request == nil || r.purpose != "action" || seen[*r.request] {
 			continue
 		}
 		seen[*r.request] = true
-		if _, _, err := x.d.Requests.TransitionIf(ctx, tx, *r.request, requests.Decided, requests.Dispatched, x.d.Phase(protocol.Kind(r.kind)), "", ""); err != nil {
+		if _, _, err := x.d.Requests.TransitionIfSent(ctx, tx, *r.request, requests.Decided, requests.Dispatched,
+			x.d.Phase(protocol.Kind(r.kind)), "", "", cmds); err != nil {
 			return err
 		}
+		cmds = nil // recorded
+	}
+	if err := requests.SentBatch(ctx, tx, cmds); err != nil {
+		return err
+	}
+	for range ok {
+		x.m.published.WithLabelValues("sent").Inc()
 	}
 	return nil
 }

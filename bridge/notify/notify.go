@@ -102,6 +102,29 @@ func Queue(ctx context.Context, q Execer, eventType string, prio Priority, paylo
 	return nil
 }
 
+// QueueCTE is Queue as a CTE of another package's statement, one that
+// makes the change the notification reports: name AS (an insert of one
+// notification for each row of from). event, prio and payload are the
+// statement's parameters ($n) of the event type, the priority and the
+// JSON payload (json.Marshal of an Object). The statement selects
+// Pinged(name) to send the NOTIFY, and the caller calls Queued after it.
+func QueueCTE(name, from, event, prio, payload string) string {
+	return name + ` AS (INSERT INTO bridge_notifications (event_type, priority, payload)
+		SELECT ` + event + `::text, ` + prio + `::text, ` + payload + `::jsonb FROM ` + from + ` RETURNING id)`
+}
+
+// Pinged is the expression, of a statement with QueueCTE(name, ...),
+// that sends the NOTIFY Queue sends for the notifications it queued.
+func Pinged(name string) string {
+	return `(SELECT count(pg_notify('` + Channel + `', '')) FROM ` + name + `)`
+}
+
+// Queued marks that a statement with QueueCTE queued a notification of
+// eventType (the failpoint Queue hits).
+func Queued(eventType string) {
+	failpoint.Hit(FailQueued + eventType)
+}
+
 // VGPU is one vGPU in a payload.
 type VGPU struct {
 	AttachmentID  string `json:"attachment_id,omitempty"` // the mdev UUID, direct path

@@ -70,23 +70,32 @@ type Change struct {
 // tx (once per request: a repeated call writes nothing). The workload,
 // when empty, is read from the request's body.
 func RecordChange(ctx context.Context, tx pgx.Tx, c Change) error {
+	e, err := changeEvent(ctx, tx, c)
+	if err != nil || e == nil {
+		return err
+	}
+	if err := requests.QueueEvent(ctx, tx, *e); err != nil {
+		return fmt.Errorf("request %s: record the change of instance %s: %w", c.Request, c.Instance, err)
+	}
+	return nil
+}
+
+// changeEvent is the inbox event RecordChange writes for c; nil when none.
+func changeEvent(ctx context.Context, tx pgx.Tx, c Change) (*requests.Event, error) {
 	if c.Instance == "" {
-		return nil
+		return nil, nil
 	}
 	if c.Workload == "" && !c.WorkloadRead {
 		if err := tx.QueryRow(ctx, `SELECT coalesce(body->>'workload', '') FROM requests WHERE id = $1`, c.Request).Scan(&c.Workload); err != nil {
-			return fmt.Errorf("request %s: read workload: %w", c.Request, err)
+			return nil, fmt.Errorf("request %s: read workload: %w", c.Request, err)
 		}
 	}
 	b, err := json.Marshal(c)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := requests.QueueEvent(ctx, tx, requests.Event{Source: BridgeSource, MessageID: EventVGPUChanged + ":" + c.Request.String(),
-		Type: EventVGPUChanged, Instance: c.Instance, Payload: b, Processed: c.Unheard}); err != nil {
-		return fmt.Errorf("request %s: record the change of instance %s: %w", c.Request, c.Instance, err)
-	}
-	return nil
+	return &requests.Event{Source: BridgeSource, MessageID: EventVGPUChanged + ":" + c.Request.String(),
+		Type: EventVGPUChanged, Instance: c.Instance, Payload: b, Processed: c.Unheard}, nil
 }
 
 // mapBridgeEvent maps a bridge event to the policy's: kind

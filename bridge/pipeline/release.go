@@ -96,6 +96,33 @@ func Finish(ctx context.Context, tx pgx.Tx, store *requests.Store, reqID uuid.UU
 	return requests.PlanFinish(ctx, ptx.Tx, requests.Finish{Request: reqID, State: to, Reason: reason, Code: code}, ids)
 }
 
+// FinishNoted ends request reqID succeeded with reason, as Finish does,
+// after its attachments were marked attached (requests.MarkAttachedNoted,
+// n) in tx. Where tx planned no release, the request ends in one
+// statement with its notification (from n) and the event of change c
+// (RecordChange) when c is set; otherwise c is recorded and the end
+// planned as Finish does.
+func FinishNoted(ctx context.Context, tx pgx.Tx, store *requests.Store, reqID uuid.UUID, reason string, n requests.Noted, c *Change) error {
+	if ptx, ok := tx.(*plannedTx); ok && len(ptx.releases) > 0 {
+		if c != nil {
+			if err := RecordChange(ctx, tx, *c); err != nil {
+				return err
+			}
+		}
+		return Finish(ctx, tx, store, reqID, requests.Succeeded, reason, "")
+	}
+	var ev *requests.Event
+	if c != nil {
+		e, err := changeEvent(ctx, tx, *c)
+		if err != nil {
+			return err
+		}
+		ev = e
+	}
+	_, err := store.SucceedNoted(ctx, tx, reqID, reason, n, ev)
+	return err
+}
+
 // inTx runs fn in a transaction of db, then makes the Placement releases
 // fn planned (ReleaseFor), with no transaction open.
 func (r releaser) inTx(ctx context.Context, db txBeginner, fn func(ctx context.Context, tx pgx.Tx) error) error {

@@ -45,7 +45,10 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 	err = p.rel.inTx(ctx, p.d.Pool, func(ctx context.Context, tx pgx.Tx) error {
 		ar = AgentResult{Result: r}
 		body, _ := json.Marshal(r)
-		c, ok, err := requests.FinishCommandOnce(ctx, tx, r.CommandID, r.Host, string(r.Status), body)
+		// The request of an action command is read (locked) with it for
+		// the direct path (Command.View): not for the Nova path's
+		// verify_vgpu, whose taker reads what it needs.
+		c, ok, err := requests.FinishCommandOnceView(ctx, tx, r.CommandID, r.Host, string(r.Status), body, resultNoView)
 		if err != nil {
 			return fmt.Errorf("result of %s: %w", r.CommandID, err)
 		}
@@ -74,6 +77,10 @@ func (p *Processor) HandleResult(ctx context.Context, r protocol.Result) (err er
 	}
 	return err
 }
+
+// resultNoView are the kinds of action commands whose request
+// HandleResult does not read with the result (the Nova path's).
+var resultNoView = []string{string(protocol.VerifyVGPU)}
 
 // unrecorded says why result r recorded nothing: its command is unknown,
 // or answered already (a duplicate delivery), or another host's.

@@ -138,6 +138,9 @@ type FinishedCommand struct {
 	Kind       string
 	Host       string
 	Attachment *uuid.UUID
+	// View is its request as read, locked, with it
+	// (FinishCommandOnceView); nil when not read.
+	View *ResultView
 }
 
 // FinishCommandOnce records the result of command id, answered by host

@@ -316,7 +316,7 @@ func (s *Store) TransitionUntil(ctx context.Context, tx pgx.Tx, id uuid.UUID, to
 	if !to.Valid() {
 		return Request{}, fmt.Errorf("request %s: unknown state %q: %w", id, to, ErrIllegal)
 	}
-	r, err := s.move(ctx, tx, s.actor, id, allowedFrom(to), to, phase, reason, code, &deadline)
+	r, err := s.move(ctx, tx, s.actor, id, allowedFrom(to), to, phase, reason, code, &deadline, nil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, s.refused(ctx, tx, id, to)
 	}
@@ -330,7 +330,7 @@ func (s *Store) TransitionIf(ctx context.Context, tx pgx.Tx, id uuid.UUID, from,
 	if !Allowed(from, to) {
 		return Request{}, false, fmt.Errorf("request %s: %s → %s: %w", id, from, to, ErrIllegal)
 	}
-	r, err := s.move(ctx, tx, s.actor, id, []string{string(from)}, to, phase, reason, code, nil)
+	r, err := s.move(ctx, tx, s.actor, id, []string{string(from)}, to, phase, reason, code, nil, nil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -341,7 +341,7 @@ func (s *Store) transition(ctx context.Context, tx pgx.Tx, actor string, id uuid
 	if !to.Valid() {
 		return Request{}, fmt.Errorf("request %s: unknown state %q: %w", id, to, ErrIllegal)
 	}
-	r, err := s.move(ctx, tx, actor, id, allowedFrom(to), to, phase, reason, code, nil)
+	r, err := s.move(ctx, tx, actor, id, allowedFrom(to), to, phase, reason, code, nil, nil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, s.refused(ctx, tx, id, to)
 	}
@@ -363,14 +363,33 @@ func (s *Store) refused(ctx context.Context, tx pgx.Tx, id uuid.UUID, to State) 
 
 // move moves request id to state to when its state is one of from, audits
 // the move, queues its notification and, when to is final and the request
-// has a callback URL, its callback. pgx.ErrNoRows: not moved.
+// has a callback URL, its callback. pgx.ErrNoRows: not moved. extra, when
+// set, adds writes of the same transaction to the statement that moves
+// the request (moveExtra).
 func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID, from []string, to State, phase, reason, code string,
-	deadline *time.Time) (Request, error) {
+	deadline *time.Time, extra *moveExtra) (Request, error) {
 	// One statement: the row locked, moved when its state is one of from,
 	// the move audited, and what its notification (notifyTransition)
 	// says of the instance and the request's vGPUs read.
+	args := []any{id, string(to), phase, reason, code, from, actor, deadline}
+	ctes, queued := extra.ctes(&args)
 	var was State
 	var pre notePrefetch
+	var pinged int64
+	vgpus := `CASE WHEN $2 IN ('decided','succeeded','failed','rejected') THEN (SELECT coalesce(jsonb_agg(jsonb_build_object(
+					'new', v.request_id = $1, 'id', v.id::text, 'profile', coalesce(v.profile,''), 'type_id', coalesce(v.type_id,''),
+					'class', coalesce(v.resource_class,'VGPU'), 'amount', v.amount, 'host', v.host, 'provider', coalesce(v.provider_uuid::text,''),
+					'pci', coalesce(v.pci_address,''), 'state', v.state) ORDER BY v.created_at, v.id), '[]'::jsonb)
+				FROM vgpu_attachments v WHERE v.request_id = $1 OR v.release_request_id = $1) END`
+	if extra != nil && extra.noted {
+		vgpus = "NULL::jsonb" // the notification was built beforehand
+	}
+	ping := "0::bigint"
+	if queued {
+		// The statement queues the notification (extra.note) and sends
+		// its NOTIFY.
+		ping = notify.Pinged("n")
+	}
 	r, err := scanWith(tx.QueryRow(ctx, `WITH u AS (
 			UPDATE requests r SET state = $2, phase = nullif($3,''), reason = nullif($4,''),
 				code = nullif($5,''), updated_at = now(),
@@ -385,24 +404,25 @@ func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID,
 			INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
 			SELECT $7, 'transition', 'request', $1::text, $1,
 				jsonb_build_object('from', cur_state, 'to', $2::text, 'phase', $3::text, 'reason', $4::text, 'code', $5::text) FROM u
-		)
-		SELECT u.*, coalesce(i.project_id, ''), coalesce(i.user_id, ''),
-			CASE WHEN $2 IN ('decided','succeeded','failed','rejected') THEN (SELECT coalesce(jsonb_agg(jsonb_build_object(
-					'new', v.request_id = $1, 'id', v.id::text, 'profile', coalesce(v.profile,''), 'type_id', coalesce(v.type_id,''),
-					'class', coalesce(v.resource_class,'VGPU'), 'amount', v.amount, 'host', v.host, 'provider', coalesce(v.provider_uuid::text,''),
-					'pci', coalesce(v.pci_address,''), 'state', v.state) ORDER BY v.created_at, v.id), '[]'::jsonb)
-				FROM vgpu_attachments v WHERE v.request_id = $1 OR v.release_request_id = $1) END
-		FROM u LEFT JOIN instances i ON i.uuid = u.instance_uuid`, id, string(to), phase, reason, code, from, actor, deadline),
-		[]any{&was}, &pre.project, &pre.user, &pre.vgpus)
+		)`+ctes+`
+		SELECT u.*, coalesce(i.project_id, ''), coalesce(i.user_id, ''), `+vgpus+`, `+ping+`
+		FROM u LEFT JOIN instances i ON i.uuid = u.instance_uuid`, args...),
+		[]any{&was}, &pre.project, &pre.user, &pre.vgpus, &pinged)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, err
 	}
 	if err != nil {
 		return r, fmt.Errorf("transition request %s: %w", id, err)
 	}
-	cur := Request{State: was}
-	if err := notifyTransition(ctx, tx, cur.State, r, &pre); err != nil {
-		return r, err
+	switch {
+	case queued:
+		notify.Queued(extra.note.event)
+	case extra != nil && extra.noted: // it notifies nothing
+	default:
+		cur := Request{State: was}
+		if err := notifyTransition(ctx, tx, cur.State, r, &pre); err != nil {
+			return r, err
+		}
 	}
 	if to.Final() && r.CallbackURL != "" {
 		payload, err := json.Marshal(CallbackPayload(r))

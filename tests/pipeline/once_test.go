@@ -13,6 +13,7 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/flow"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
+	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
 
 // statements counts the statements of a pool by the first line that
@@ -319,5 +320,58 @@ func TestReleasedOnce(t *testing.T) {
 	}
 	if left != 0 || ends != 0 || finals != 1 {
 		t.Errorf("planned releases left: %d, planned ends left: %d, final transitions: %d; want 0, 0, 1", left, ends, finals)
+	}
+}
+
+// TestAttachResultOnce: the agent's result that completes a direct-path
+// attach is taken in one transaction of three statements (the result
+// recorded with its request read and locked; the attachment marked
+// attached with its usage opened; the request's success with its audit,
+// change event and notification), and writes what each did apart: the
+// audited moves, the vgpu.attach.end notification naming the vGPU
+// attached, the bridge.vgpu_changed event, the usage interval; the relay
+// recorded the command sent once with the request's move to dispatched.
+func TestAttachResultOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	w.startAgent()
+	st := &statements{}
+	w.startBridge(replicaOpts{name: "r1", tracer: st})
+	inst := w.domains[3].UUID
+	id := w.submit("GPU_REQUEST", inst, map[string]any{"vgpu_profile": "T4-4Q", "count": 1})
+	r := w.wait(id, 60*time.Second)
+	if r.State != requests.Succeeded || r.Reason != "1 vGPU(s) attached" || r.DispatchedAt == nil || r.FinishedAt == nil {
+		t.Fatalf("request %s: %s (%s: %s), dispatched %v, finished %v; want succeeded, 1 vGPU(s) attached", id, r.State, r.Code, r.Reason,
+			r.DispatchedAt, r.FinishedAt)
+	}
+	n, txs := st.lastResultCost()
+	if n != 5 || txs != 1 {
+		t.Errorf("the result that completes the attach: %d statements (begin and commit counted) in %d transactions, want 5 in 1", n, txs)
+	}
+	var moves, note, noteState, noteProject, noteReason, changed string
+	var usage, sentOnce int
+	testsvc.Must(t, w.pool.QueryRow(w.ctx, `SELECT
+			(SELECT string_agg((detail->>'from') || '>' || (detail->>'to'), ',' ORDER BY id) FROM audit_log
+				WHERE request_id::text = $1 AND action = 'transition'),
+			(SELECT string_agg(event_type, ',' ORDER BY id) FROM bridge_notifications WHERE payload->'versioned_object.data'->>'request_id' = $1),
+			coalesce((SELECT payload->'versioned_object.data'->'vgpus'->0->>'state' FROM bridge_notifications
+				WHERE payload->'versioned_object.data'->>'request_id' = $1 AND event_type = 'vgpu.attach.end'), ''),
+			coalesce((SELECT payload->'versioned_object.data'->>'project_id' FROM bridge_notifications
+				WHERE payload->'versioned_object.data'->>'request_id' = $1 AND event_type = 'vgpu.attach.end'), ''),
+			coalesce((SELECT payload->'versioned_object.data'->>'reason' FROM bridge_notifications
+				WHERE payload->'versioned_object.data'->>'request_id' = $1 AND event_type = 'vgpu.attach.end'), ''),
+			coalesce((SELECT event_type FROM events WHERE source = 'bridge' AND message_id = 'vgpu_changed:' || $1::text), ''),
+			(SELECT count(*) FROM vgpu_usage u JOIN vgpu_attachments a ON a.id = u.attachment_id WHERE a.request_id::text = $1 AND u.ended_at IS NULL),
+			(SELECT count(*) FROM commands WHERE request_id::text = $1 AND publish_attempts = 1 AND sent_at IS NOT NULL AND last_error IS NULL)`,
+		id.String()).Scan(&moves, &note, &noteState, &noteProject, &noteReason, &changed, &usage, &sentOnce), "rows of the attach")
+	if moves != "accepted>decided,decided>dispatched,dispatched>succeeded" {
+		t.Errorf("audited moves %s", moves)
+	}
+	if note != "vgpu.attach.start,vgpu.attach.end" || noteState != "attached" || noteProject != w.project || noteReason != r.Reason {
+		t.Errorf("notifications %s; vgpu.attach.end: vGPU %q, project %q, reason %q; want the vGPU attached, project %s, reason %q",
+			note, noteState, noteProject, noteReason, w.project, r.Reason)
+	}
+	if changed != "vgpu_changed" || usage != 1 || sentOnce != 1 {
+		t.Errorf("change event %q, open usage intervals %d, commands sent once %d; want vgpu_changed, 1, 1", changed, usage, sentOnce)
 	}
 }
