@@ -18,7 +18,6 @@ import (
 
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/api"
 	"github.com/vgpu-bridge/vgpu-bridge/bridge/policyreplay"
-	"github.com/vgpu-bridge/vgpu-bridge/bridge/requests"
 	"github.com/vgpu-bridge/vgpu-bridge/policy"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -114,17 +113,16 @@ func TestReplayOverAPI(t *testing.T) {
 	ctx := context.Background()
 	since := time.Now().Add(-time.Second)
 	vm := uuid.New()
-	var w requests.WebhookEvents
+	b := &pgx.Batch{} // the inbox rows as the webhook endpoint writes them
 	for i, p := range []string{
 		fmt.Sprintf(`{"source":"ops","type":"GPU_REQUEST","vm_id":%q,"vgpu_profile":"T4-2Q"}`, vm),
 		fmt.Sprintf(`{"source":"ops","type":"GPU_RELEASE","vm_id":%q}`, vm),
 	} {
 		typ := []string{"GPU_REQUEST", "GPU_RELEASE"}[i]
-		w.Add("webhook:ops", uuid.NewString(), typ, vm, time.Now(), p, uuid.NewString(), "p1")
+		b.Queue(`INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id, project_id)
+			VALUES ('webhook:ops', $1, $2, $3, $4, $5::json, $6, 'p1')`, uuid.NewString(), typ, vm, time.Now(), p, uuid.NewString())
 	}
 	testsvc.Must(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		requests.QueueWebhookEvents(b, &w)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}

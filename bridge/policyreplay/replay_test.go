@@ -89,7 +89,7 @@ func webhookPayload(t *testing.T, id uuid.UUID, typ, vm string, ev requests.Webh
 
 // record writes the state (two instances, one with a direct-path T4-4Q)
 // and a day of events through the bridge's own store: webhook events as
-// the webhook endpoint queues them (requests.QueueWebhookEvents), a Nova
+// the webhook endpoint queues them (requests.CreateWebhook), a Nova
 // notification as the ingest writes it (requests.InsertNotifications),
 // each closed by requests.MarkProcessed as the pipeline closes them.
 // Outside the window: one event received before it, one not processed.
@@ -132,17 +132,16 @@ func record(t *testing.T) day {
 	}
 	queue := func(evs []wh, open bool) []int64 {
 		t.Helper()
-		var w requests.WebhookEvents
+		b := &pgx.Batch{} // the inbox rows as the webhook endpoint writes them
 		var mids []string
 		for _, e := range evs {
 			id := uuid.New()
-			w.Add("webhook:ops", id.String(), e.typ, uuid.MustParse(e.vm), e.at, e.payload, id.String(), "p1")
+			b.Queue(`INSERT INTO events (source, message_id, event_type, instance_uuid, occurred_at, payload, request_id, project_id)
+				VALUES ('webhook:ops', $1, $2, $3, $4, $5::json, $6, 'p1')`, id.String(), e.typ, uuid.MustParse(e.vm), e.at, e.payload, id.String())
 			mids = append(mids, id.String())
 		}
 		var ids []int64
 		must(pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			b := &pgx.Batch{}
-			requests.QueueWebhookEvents(b, &w)
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return err
 			}
