@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -390,21 +391,7 @@ func (s *Store) move(ctx context.Context, tx pgx.Tx, actor string, id uuid.UUID,
 		// its NOTIFY.
 		ping = notify.Pinged("n")
 	}
-	r, err := scanWith(tx.QueryRow(ctx, `WITH u AS (
-			UPDATE requests r SET state = $2, phase = nullif($3,''), reason = nullif($4,''),
-				code = nullif($5,''), updated_at = now(),
-				decided_at = CASE WHEN $2 = 'decided' AND decided_at IS NULL THEN now() ELSE decided_at END,
-				dispatched_at = CASE WHEN $2 = 'dispatched' AND dispatched_at IS NULL THEN now() ELSE dispatched_at END,
-				finished_at = CASE WHEN $2 IN ('succeeded','failed','rejected') THEN now() ELSE finished_at END,
-				deadline_at = coalesce($8, deadline_at)
-			FROM (SELECT id AS cur_id, state AS cur_state FROM requests WHERE id = $1 FOR UPDATE) c
-			WHERE r.id = c.cur_id AND c.cur_state = ANY($6::text[])
-			RETURNING c.cur_state, `+columns+`
-		), a AS (
-			INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-			SELECT $7, 'transition', 'request', $1::text, $1,
-				jsonb_build_object('from', cur_state, 'to', $2::text, 'phase', $3::text, 'reason', $4::text, 'code', $5::text) FROM u
-		)`+ctes+`
+	r, err := scanWith(tx.QueryRow(ctx, `WITH `+transitionCTEs(2, "a")+ctes+`
 		SELECT u.*, coalesce(i.project_id, ''), coalesce(i.user_id, ''), `+vgpus+`, `+ping+`
 		FROM u LEFT JOIN instances i ON i.uuid = u.instance_uuid`, args...),
 		[]any{&was}, &pre.project, &pre.user, &pre.vgpus, &pinged)
@@ -495,21 +482,7 @@ func (s *Store) ActDecided(ctx context.Context, tx pgx.Tx, id uuid.UUID, to Stat
 	r, err := scanWith(tx.QueryRow(ctx, `WITH a AS (`+recordAttachmentsSQL+`
 			RETURNING id, request_id, profile, type_id, resource_class, amount, host, provider_uuid, pci_address, state, created_at),
 		cmd AS (`+recordCommandsSQL+`),
-		u AS (
-			UPDATE requests r SET state = $26, phase = nullif($27,''), reason = nullif($28,''),
-				code = nullif($29,''), updated_at = now(),
-				decided_at = CASE WHEN $26 = 'decided' AND decided_at IS NULL THEN now() ELSE decided_at END,
-				dispatched_at = CASE WHEN $26 = 'dispatched' AND dispatched_at IS NULL THEN now() ELSE dispatched_at END,
-				finished_at = CASE WHEN $26 IN ('succeeded','failed','rejected') THEN now() ELSE finished_at END,
-				deadline_at = coalesce($32, deadline_at)
-			FROM (SELECT id AS cur_id, state AS cur_state FROM requests WHERE id = $1 FOR UPDATE) c
-			WHERE r.id = c.cur_id AND c.cur_state = ANY($30::text[])
-			RETURNING c.cur_state, `+columns+`
-		), au AS (
-			INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
-			SELECT $31, 'transition', 'request', $1::text, $1,
-				jsonb_build_object('from', cur_state, 'to', $26::text, 'phase', $27::text, 'reason', $28::text, 'code', $29::text) FROM u
-		)
+		`+transitionCTEs(26, "au")+`
 		SELECT u.*, coalesce(i.project_id, ''), coalesce(i.user_id, ''),
 			CASE WHEN $26 IN ('decided','succeeded','failed','rejected') THEN (SELECT coalesce(jsonb_agg(jsonb_build_object(
 					'new', v.request_id = $1, 'id', v.id::text, 'profile', coalesce(v.profile,''), 'type_id', coalesce(v.type_id,''),
@@ -535,4 +508,30 @@ func (s *Store) ActDecided(ctx context.Context, tx pgx.Tx, id uuid.UUID, to Stat
 		return r, nil
 	}
 	return r, notify.Queue(ctx, tx, it.EventType, it.Priority, it.Payload)
+}
+
+// transitionCTEs is the part of a statement that moves request $1 to a
+// new state, with its audit row: CTE u (the request as moved, with its
+// former state cur_state, or no row when its state was not one of those
+// allowed) and CTE audit (the audit_log row). The move's parameters
+// follow one another from $k: state, phase, reason, code, the states
+// allowed, the actor, the deadline.
+func transitionCTEs(k int, audit string) string {
+	state, phase, reason, code := "$"+strconv.Itoa(k), "$"+strconv.Itoa(k+1), "$"+strconv.Itoa(k+2), "$"+strconv.Itoa(k+3)
+	allowed, actor, deadline := "$"+strconv.Itoa(k+4), "$"+strconv.Itoa(k+5), "$"+strconv.Itoa(k+6)
+	return `u AS (
+			UPDATE requests r SET state = ` + state + `, phase = nullif(` + phase + `,''), reason = nullif(` + reason + `,''),
+				code = nullif(` + code + `,''), updated_at = now(),
+				decided_at = CASE WHEN ` + state + ` = 'decided' AND decided_at IS NULL THEN now() ELSE decided_at END,
+				dispatched_at = CASE WHEN ` + state + ` = 'dispatched' AND dispatched_at IS NULL THEN now() ELSE dispatched_at END,
+				finished_at = CASE WHEN ` + state + ` IN ('succeeded','failed','rejected') THEN now() ELSE finished_at END,
+				deadline_at = coalesce(` + deadline + `, deadline_at)
+			FROM (SELECT id AS cur_id, state AS cur_state FROM requests WHERE id = $1 FOR UPDATE) c
+			WHERE r.id = c.cur_id AND c.cur_state = ANY(` + allowed + `::text[])
+			RETURNING c.cur_state, ` + columns + `
+		), ` + audit + ` AS (
+			INSERT INTO audit_log (actor, action, object_type, object_id, request_id, detail)
+			SELECT ` + actor + `, 'transition', 'request', $1::text, $1,
+				jsonb_build_object('from', cur_state, 'to', ` + state + `::text, 'phase', ` + phase + `::text, 'reason', ` + reason + `::text, 'code', ` + code + `::text) FROM u
+		)`
 }
