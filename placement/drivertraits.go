@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vgpu-bridge/vgpu-bridge/nova"
+	"github.com/vgpu-bridge/vgpu-bridge/placement/engine"
 )
 
 // GuestDriverTraitPrefix starts the traits that say which guest driver
@@ -47,14 +48,18 @@ func readHostDrivers(ctx context.Context, pool *pgxpool.Pool) (map[string]hostDr
 }
 
 // SyncDriverTraits (opt-in, [placement] add_driver_traits) keeps on each
-// GPU provider the guest driver traits its host's vGPU manager serves
-// (GuestBranches, from the driver compatibility matrix and the version
-// the host's agent reports): the missing ones are added and the ones of
-// another branch (a vGPU manager upgraded) removed. It touches only traits
-// of GuestDriverTraitPrefix, never an inventory; a provider whose host
-// reports no version keeps what it has. A provider whose generation moved
-// (409) is left for the next round. Each change is audited. It returns
-// the providers changed.
+// GPU provider, and on the compute node (root) provider of its host, the
+// guest driver traits the host's vGPU manager serves (GuestBranches, from
+// the driver compatibility matrix and the version the host's agent
+// reports): the missing ones are added and the ones of another branch (a
+// vGPU manager upgraded) removed. The vGPU manager is one per host, so the
+// branches are the host's as much as its GPUs': on the root they meet an
+// image's trait:...=required, which Nova puts in the unnumbered request
+// group, while a flavor asks for the vGPU in a numbered one. It touches
+// only traits of GuestDriverTraitPrefix, never an inventory; a provider
+// whose host reports no version keeps what it has. A provider whose
+// generation moved (409) is left for the next round. Each change is
+// audited. It returns the providers changed.
 func (s *Service) SyncDriverTraits(ctx context.Context) (int, error) {
 	if s.store == nil || s.cfg.GuestBranches == nil {
 		return 0, nil
@@ -66,8 +71,49 @@ func (s *Service) SyncDriverTraits(ctx context.Context) (int, error) {
 	sc := s.client.ServiceClient()
 	created := map[string]bool{}
 	changed := 0
+	for _, p := range driverTraitTargets(s.index.GPUs(), drivers, s.cfg.GuestBranches) {
+		added, removed, ok, err := setGuestDriverTraits(ctx, sc, p.uuid, p.want, created)
+		if err != nil {
+			return changed, fmt.Errorf("the guest driver traits of %s: %w", p.name, err)
+		}
+		if !ok {
+			continue
+		}
+		changed++
+		s.log.Info("placement: guest driver traits set from the host's vGPU manager", "provider", p.name,
+			"compute_node", p.root, "driver_version", p.version, "added", added, "removed", removed)
+		if s.cfg.Auditor != nil {
+			detail := map[string]any{"provider": p.name, "driver_version": p.version, "added": added, "removed": removed,
+				"source": "agent report and driver compatibility matrix"}
+			if p.root {
+				detail["compute_node"] = true
+			}
+			if err := s.cfg.Auditor.Audit(ctx, "placement.driver_traits", "resource_provider", p.uuid, detail); err != nil {
+				return changed, fmt.Errorf("audit the traits of %s: %w", p.name, err)
+			}
+		}
+	}
+	return changed, nil
+}
+
+// driverTraitTarget is a provider whose guest driver traits are to be
+// want (sorted): a GPU's, or its host's compute node (root).
+type driverTraitTarget struct {
+	uuid, name, version string
+	root                bool
+	want                []string
+}
+
+// driverTraitTargets are the providers, among gpus and their hosts' roots
+// (each root once), whose guest driver traits (as the index has them)
+// differ from those their host's vGPU manager serves. A GPU of a host
+// that reports no driver version is left out, and so is its root.
+func driverTraitTargets(gpus []engine.GPU, drivers map[string]hostDriver, branches func(hypervisor, version string) []int) []driverTraitTarget {
 	wantOf := map[hostDriver][]string{}
-	for _, g := range s.index.GPUs() {
+	roots := map[string]bool{}
+	var out []driverTraitTarget
+	for i := range gpus {
+		g := &gpus[i]
 		if g.Host == nil {
 			continue
 		}
@@ -77,54 +123,73 @@ func (s *Service) SyncDriverTraits(ctx context.Context) (int, error) {
 		}
 		want, ok := wantOf[d]
 		if !ok {
-			for _, b := range s.cfg.GuestBranches(d.hypervisor, d.version) {
+			for _, b := range branches(d.hypervisor, d.version) {
 				want = append(want, GuestDriverTrait(b))
 			}
 			slices.Sort(want)
 			wantOf[d] = want
 		}
-		if slices.Equal(guestDriverTraits(g.Traits), want) {
-			continue
+		if !slices.Equal(guestDriverTraits(g.Traits), want) {
+			out = append(out, driverTraitTarget{uuid: g.UUID, name: g.Name, version: d.version, want: want})
 		}
-		cur, err := resourceproviders.GetTraits(ctx, sc, g.UUID).Extract()
-		if err != nil {
-			return changed, fmt.Errorf("traits of %s: %w", g.Name, err)
-		}
-		have := guestDriverTraits(cur.Traits)
-		if slices.Equal(have, want) {
-			continue // the mirror is behind: the next sync brings it
-		}
-		for _, t := range want {
-			if !created[t] {
-				if err := traits.Create(ctx, sc, t).ExtractErr(); err != nil {
-					return changed, fmt.Errorf("create trait %s: %w", t, err)
-				}
-				created[t] = true
-			}
-		}
-		next := slices.DeleteFunc(slices.Clone(cur.Traits), func(t string) bool { return strings.HasPrefix(t, GuestDriverTraitPrefix) })
-		next = append(next, want...)
-		_, err = resourceproviders.UpdateTraits(ctx, sc, g.UUID, resourceproviders.UpdateTraitsOpts{
-			ResourceProviderGeneration: cur.ResourceProviderGeneration, Traits: next}).Extract()
-		switch {
-		case gophercloud.ResponseCodeIs(err, 409):
-			continue
-		case err != nil:
-			return changed, fmt.Errorf("set the guest driver traits of %s: %w", g.Name, err)
-		}
-		changed++
-		added, removed := diff(want, have), diff(have, want)
-		s.log.Info("placement: guest driver traits set from the host's vGPU manager", "provider", g.Name,
-			"driver_version", d.version, "added", added, "removed", removed)
-		if s.cfg.Auditor != nil {
-			detail := map[string]any{"provider": g.Name, "driver_version": d.version, "added": added, "removed": removed,
-				"source": "agent report and driver compatibility matrix"}
-			if err := s.cfg.Auditor.Audit(ctx, "placement.driver_traits", "resource_provider", g.UUID, detail); err != nil {
-				return changed, fmt.Errorf("audit the traits of %s: %w", g.Name, err)
+		// The compute node: Nova's resource tracker keeps the traits it
+		// does not own (see setGuestDriverTraits).
+		if h := g.Host; h.RootUUID != "" && !roots[h.RootUUID] {
+			roots[h.RootUUID] = true
+			if !slices.Equal(guestDriverTraits(h.Traits), want) {
+				out = append(out, driverTraitTarget{uuid: h.RootUUID, name: h.Name, version: d.version, root: true, want: want})
 			}
 		}
 	}
-	return changed, nil
+	return out
+}
+
+// setGuestDriverTraits makes the guest driver traits of provider uuid
+// want (sorted), read afresh from Placement: it creates the traits of
+// want not yet in created, keeps every trait of another prefix, and
+// writes with the provider's generation. ok is false when nothing was
+// written: the provider had them already (the index is behind), or its
+// generation moved (409: the next round retries).
+//
+// On a compute node (root) provider the traits stay: Nova 26's
+// ResourceTracker._update_to_placement rebuilds the root's traits with
+// _get_traits from the ProviderTree, which holds the traits read back
+// from Placement (SchedulerReportClient._refresh_associations) plus the
+// driver's own, and it adds or removes only the driver's capability
+// traits, COMPUTE_NODE and COMPUTE_STATUS_DISABLED ("a
+// CUSTOM_VENDOR_TRAIT_X which we can't touch because it was set
+// externally"); SchedulerReportClient.update_from_provider_tree then
+// writes the traits only when they differ from its cache, and on a 409
+// (its cache older than our write) clears the tree's cache (catch_all)
+// and _update_to_placement redrives from the traits read afresh.
+func setGuestDriverTraits(ctx context.Context, sc *gophercloud.ServiceClient, uuid string, want []string, created map[string]bool) (added, removed []string, ok bool, err error) {
+	cur, err := resourceproviders.GetTraits(ctx, sc, uuid).Extract()
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("read the traits: %w", err)
+	}
+	have := guestDriverTraits(cur.Traits)
+	if slices.Equal(have, want) {
+		return nil, nil, false, nil
+	}
+	for _, t := range want {
+		if !created[t] {
+			if err := traits.Create(ctx, sc, t).ExtractErr(); err != nil {
+				return nil, nil, false, fmt.Errorf("create trait %s: %w", t, err)
+			}
+			created[t] = true
+		}
+	}
+	next := slices.DeleteFunc(slices.Clone(cur.Traits), func(t string) bool { return strings.HasPrefix(t, GuestDriverTraitPrefix) })
+	next = append(next, want...)
+	_, err = resourceproviders.UpdateTraits(ctx, sc, uuid, resourceproviders.UpdateTraitsOpts{
+		ResourceProviderGeneration: cur.ResourceProviderGeneration, Traits: next}).Extract()
+	switch {
+	case gophercloud.ResponseCodeIs(err, 409):
+		return nil, nil, false, nil
+	case err != nil:
+		return nil, nil, false, fmt.Errorf("write the traits: %w", err)
+	}
+	return diff(want, have), diff(have, want), true, nil
 }
 
 // guestDriverTraits are the sorted guest driver traits among ts.

@@ -33,11 +33,12 @@ var (
 			"never removes a trait and never changes an inventory; each trait added is audited. Needs a Placement "+
 			"account allowed to write traits. Example: true")
 	optAddDriverTraits = options.Bool("placement", "add_driver_traits", false,
-		"Opt-in: keep on each GPU provider the traits CUSTOM_VGPU_GUEST_DRIVER_R<branch> of the guest driver "+
-			"release branches its host's vGPU manager serves (the version its agent reports, judged by [policy] "+
-			"driver_compat_file), adding and removing only traits of that prefix, so that a flavor or image asking for "+
-			"trait:CUSTOM_VGPU_GUEST_DRIVER_R535=required never lands where the guest would show code 43 (vgpuctl flavor plan "+
-			"--driver-branch 535 plans such flavors). Each change "+
+		"Opt-in: keep on each GPU provider, and on its host's compute node provider, the traits "+
+			"CUSTOM_VGPU_GUEST_DRIVER_R<branch> of the guest driver release branches the host's vGPU manager serves (the "+
+			"version its agent reports, judged by [policy] driver_compat_file), adding and removing only traits of that "+
+			"prefix, so that a flavor or image asking for trait:CUSTOM_VGPU_GUEST_DRIVER_R535=required never lands where "+
+			"the guest would show code 43 (vgpuctl flavor plan --driver-branch 535 plans such flavors; an image's trait, "+
+			"in Nova's unnumbered request group, is met by the compute node). Each change "+
 			"is audited. Needs a Placement account allowed to write traits. Example: true")
 	optOwnedGPUs = options.List("placement", "bridge_owned_gpus", "",
 		"GPUs that Nova does not manage and the bridge owns, as HOST/PCI=TYPE: Nova's compute service host, the GPU's "+

@@ -20,6 +20,13 @@ import (
 // that cannot serve its driver: a server whose flavor requires the 570
 // branch ends in ERROR with NoValidHost; one requiring 535 lands on the
 // host with its vGPU. The bridge's audit log records the change.
+//
+// The same traits go on the host's compute node (root) provider: an
+// image's trait:...=required lands in Nova's unnumbered request group,
+// while a flavor of vgpuctl flavor plan asks for the vGPU in group 1, so
+// only the root can meet it. A server from an image requiring 570 with a
+// group-1 vGPU flavor ends NoValidHost; one from an image requiring 550
+// lands.
 func TestGuestDriverTraitsKeepNovaOff(t *testing.T) {
 	n := sharedNova(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
@@ -28,26 +35,35 @@ func TestGuestDriverTraitsKeepNovaOff(t *testing.T) {
 	d, _ := startNovaBridge(t, n, "placement.add_driver_traits=true", "placement.sync_interval=1s")
 
 	want := []string{placement.GuestDriverTrait(535), placement.GuestDriverTrait(550)}
-	var got []string
-	waitFor(t, 2*time.Minute, "the guest driver traits on "+gpu, func() bool {
-		var out struct {
-			Traits []string `json:"traits"`
-		}
-		testsvc.Must(t, n.PlacementCall(ctx, http.MethodGet, "/resource_providers/"+gpu+"/traits", nil, &out), "provider traits")
-		got = got[:0]
-		for _, tr := range out.Traits {
-			if strings.HasPrefix(tr, placement.GuestDriverTraitPrefix) {
-				got = append(got, tr)
+	root := n.ComputeNodeProvider(t, host)
+	var rootTraits []string
+	for _, rp := range []string{gpu, root} {
+		var got []string
+		waitFor(t, 2*time.Minute, "the guest driver traits on "+rp, func() bool {
+			var out struct {
+				Traits []string `json:"traits"`
 			}
+			testsvc.Must(t, n.PlacementCall(ctx, http.MethodGet, "/resource_providers/"+rp+"/traits", nil, &out), "provider traits")
+			got = got[:0]
+			for _, tr := range out.Traits {
+				if strings.HasPrefix(tr, placement.GuestDriverTraitPrefix) {
+					got = append(got, tr)
+				}
+			}
+			slices.Sort(got)
+			rootTraits = out.Traits
+			return slices.Equal(got, want)
+		})
+		var audited int
+		testsvc.Must(t, d.Pool.QueryRow(ctx, `SELECT count(*) FROM audit_log WHERE action = 'placement.driver_traits' AND object_id = $1`, rp).
+			Scan(&audited), "audit")
+		if audited != 1 {
+			t.Errorf("%d audit records of the traits of %s, want 1", audited, rp)
 		}
-		slices.Sort(got)
-		return slices.Equal(got, want)
-	})
-	var audited int
-	testsvc.Must(t, d.Pool.QueryRow(ctx, `SELECT count(*) FROM audit_log WHERE action = 'placement.driver_traits' AND object_id = $1`, gpu).
-		Scan(&audited), "audit")
-	if audited != 1 {
-		t.Errorf("%d audit records of the traits of %s, want 1", audited, gpu)
+	}
+	// Nova's own traits of the compute node stay.
+	if !slices.Contains(rootTraits, "COMPUTE_NODE") {
+		t.Errorf("compute node %s traits %v: COMPUTE_NODE gone", root, rootTraits)
 	}
 
 	prefix := testsvc.Name("drv")
@@ -69,4 +85,23 @@ func TestGuestDriverTraitsKeepNovaOff(t *testing.T) {
 	}
 	n.DeleteServer(t, tooNew)
 	n.DeleteServer(t, served)
+
+	// An image's trait: a flavor asking for the vGPU in group 1, as
+	// vgpuctl flavor plan makes them; the image's property is met by the
+	// compute node.
+	grouped := n.CreateFlavor(t, prefix+".t4-4q.g1", 2, 2048, 10,
+		map[string]string{"resources1:VGPU": "1", "trait1:" + directTrait: "required"})
+	imgTooNew := n.CreateServerFrom(t, prefix+"-img-r570", grouped, imageGuestDriverR570, host)
+	if s := n.WaitServer(t, imgTooNew, "ERROR"); !strings.Contains(s.Fault, "No valid host") {
+		t.Errorf("server from an image requiring guest driver 570: %s, fault %q; want ERROR with NoValidHost", s.Status, s.Fault)
+	}
+	imgServed := n.CreateServerFrom(t, prefix+"-img-r550", grouped, imageGuestDriverR550, host)
+	if s := n.WaitServer(t, imgServed, "ACTIVE"); s.Host != host {
+		t.Errorf("server from an image requiring guest driver 550 on %q, want %s", s.Host, host)
+	}
+	if al := n.Allocations(t, imgServed); al[gpu]["VGPU"] != 1 {
+		t.Errorf("allocations of the 550 image's server: %v, want VGPU 1 on %s", al, gpu)
+	}
+	n.DeleteServer(t, imgTooNew)
+	n.DeleteServer(t, imgServed)
 }

@@ -2,12 +2,15 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/vgpu-bridge/vgpu-bridge/placement"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/novaharness"
 	"github.com/vgpu-bridge/vgpu-bridge/tests/testsvc"
 )
@@ -49,7 +52,14 @@ func sharedNova(t *testing.T) *novaharness.Nova {
 		defer cancel()
 		// The alias of the Nova-owned VF GPUs (TestNovaOwnedVFs) is
 		// nova-api's from the start.
-		shared.n, shared.err = novaharness.New(ctx, novaharness.Options{PCIAliases: []string{novaOwnedVFs().AliasSpec()}})
+		// The images of sharedImages are every service's from the start.
+		images, err := writeSharedImages()
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.n, shared.err = novaharness.New(ctx, novaharness.Options{PCIAliases: []string{novaOwnedVFs().AliasSpec()},
+			ImagesFile: images})
 		if shared.err == nil {
 			t.Logf("shared Nova started in %s (%s)", shared.n.StartupTime().Round(100*time.Millisecond), shared.n.StartupPhases())
 		}
@@ -64,4 +74,32 @@ func sharedNova(t *testing.T) *novaharness.Nova {
 		}
 	})
 	return n
+}
+
+// Images the shared Nova has beside novaharness.ImageID: copies of it
+// with a trait:...=required property (TestGuestDriverTraitsKeepNovaOff).
+const (
+	imageGuestDriverR570 = "3f4c2b9e-5a70-4c1e-9d57-0e57a0570570"
+	imageGuestDriverR550 = "3f4c2b9e-5a50-4c1e-9d57-0e57a0550550"
+)
+
+// writeSharedImages writes the images file of the shared Nova
+// (novaharness.Options.ImagesFile) and returns its path.
+func writeSharedImages() (string, error) {
+	image := func(id string, branch int) map[string]any {
+		return map[string]any{"id": id, "name": fmt.Sprintf("guest-driver-r%d", branch),
+			"container_format": "raw", "disk_format": "raw", "size": "25165824",
+			"properties": map[string]any{"kernel_id": "nokernel", "ramdisk_id": "nokernel", "architecture": "x86_64",
+				"trait:" + placement.GuestDriverTrait(branch): "required"}}
+	}
+	b, err := json.Marshal([]map[string]any{image(imageGuestDriverR570, 570), image(imageGuestDriverR550, 550)})
+	if err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", "e2e-images-")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "images.json")
+	return path, os.WriteFile(path, b, 0o644)
 }
