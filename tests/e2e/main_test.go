@@ -22,9 +22,10 @@ import (
 // tests do not see each other's instances on their hosts, agents or
 // Placement providers.
 var shared struct {
-	once sync.Once
-	n    *novaharness.Nova
-	err  error
+	once      sync.Once
+	n         *novaharness.Nova
+	err       error
+	imagesDir string // writeSharedImages's, removed at the end
 }
 
 func TestMain(m *testing.M) {
@@ -39,6 +40,9 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "stop the shared Nova: %v\n", err)
 			code = 1
 		}
+	}
+	if shared.imagesDir != "" {
+		os.RemoveAll(shared.imagesDir)
 	}
 	os.Exit(code)
 }
@@ -100,6 +104,7 @@ func writeSharedImages() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	shared.imagesDir = dir
 	path := filepath.Join(dir, "images.json")
 	return path, os.WriteFile(path, b, 0o644)
 }
