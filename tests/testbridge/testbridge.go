@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -270,6 +271,12 @@ func Spawn(t testing.TB, addr string, args []string, logPath, fp string) *Subpro
 		t.Fatal(err)
 	}
 	fmt.Fprintf(logf, "----- bridge, failpoint %q -----\n", fp)
+	if !slices.Contains(args, "--config") {
+		// Never the machine's /etc/vgpu-bridge/bridge.conf, the default:
+		// tests/keystone's TestInstall puts the package's there (Keystone
+		// authentication) while other packages' tests run.
+		args = append(slices.Clone(args), "--config", "")
+	}
 	cmd := exec.Command(testsvc.Binary(t, "vgpu-bridge"), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), failpoint.Env+"="+fp)
