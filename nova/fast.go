@@ -160,20 +160,10 @@ func (s *scanner) strInto(dst *[]byte) ([]byte, bool) {
 			if i+1 >= len(b) {
 				return nil, false
 			}
-			switch e := b[i+1]; e {
-			case '"', '\\', '/':
-				out = append(out, e)
-			case 'b':
-				out = append(out, '\b')
-			case 'f':
-				out = append(out, '\f')
-			case 'n':
-				out = append(out, '\n')
-			case 'r':
-				out = append(out, '\r')
-			case 't':
-				out = append(out, '\t')
-			case 'u':
+			switch e := b[i+1]; {
+			case simpleEscape[e] != 0:
+				out = append(out, simpleEscape[e])
+			case e == 'u':
 				if i+5 >= len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
 					return nil, false
 				}
@@ -228,20 +218,10 @@ func (s *scanner) strCopy() ([]byte, bool) {
 		// skipString checked the escape.
 		e := raw[j+1]
 		raw = raw[j+2:]
-		switch e {
-		case '"', '\\', '/':
-			out = append(out, e)
-		case 'b':
-			out = append(out, '\b')
-		case 'f':
-			out = append(out, '\f')
-		case 'n':
-			out = append(out, '\n')
-		case 'r':
-			out = append(out, '\r')
-		case 't':
-			out = append(out, '\t')
-		case 'u':
+		switch {
+		case simpleEscape[e] != 0:
+			out = append(out, simpleEscape[e])
+		case e == 'u':
 			r := rune(hexVal(raw[0])<<12 | hexVal(raw[1])<<8 | hexVal(raw[2])<<4 | hexVal(raw[3]))
 			raw = raw[4:]
 			if r >= 0xD800 && r < 0xE000 {
@@ -251,6 +231,10 @@ func (s *scanner) strCopy() ([]byte, bool) {
 		}
 	}
 }
+
+// simpleEscape maps the letter after a backslash in a JSON string to the
+// byte it stands for (0: not one of JSON's one-letter escapes).
+var simpleEscape = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
 func isHex(c byte) bool {
 	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
